@@ -1,0 +1,206 @@
+// Package pgtest gives tests a real PostgreSQL: one lazily created pool per
+// test binary and a fresh, migrated schema per test, so tests run in
+// parallel without seeing each other's rows.
+//
+// The database comes from PROJECTOR_TEST_DATABASE_URL when it is set.
+// Otherwise pgtest starts a throwaway cluster from the local PostgreSQL
+// binaries for the life of the test binary. With CI=true and neither
+// available, tests fail (never skip) with a message that says what to start.
+//
+// Every package's TestMain calls [Main], which also checks for leaked
+// goroutines after the tests ran.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgserver"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// EnvURL names the variable that points tests at a database.
+const EnvURL = "PROJECTOR_TEST_DATABASE_URL"
+
+// schemaPrefix marks schemas made by tests; stale ones (from a killed run)
+// are dropped when a test binary starts.
+const schemaPrefix = "pt_"
+
+var shared struct {
+	once   sync.Once
+	url    string
+	server *pgserver.Server
+	pool   *pgxpool.Pool
+	err    error
+}
+
+// Main runs a package's tests, then closes the shared pool, stops a
+// throwaway server if one was started and fails the run if goroutines leaked.
+func Main(m *testing.M) {
+	code := m.Run()
+	if shared.pool != nil {
+		shared.pool.Close()
+	}
+	if shared.server != nil {
+		if err := shared.server.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func setup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	shared.url = os.Getenv(EnvURL)
+	if shared.url == "" {
+		srv, err := pgserver.Start(ctx)
+		if err != nil {
+			shared.err = fmt.Errorf("no test database: %s is not set and a throwaway cluster could not be started: %w\n"+
+				"Start PostgreSQL and set %s=postgres://user@127.0.0.1:5432/db (or run `make test`, which finds or starts one)", EnvURL, err, EnvURL)
+			return
+		}
+		shared.server, shared.url = srv, srv.URL
+	}
+	cfg, err := pgxpool.ParseConfig(shared.url)
+	if err != nil {
+		shared.err = fmt.Errorf("parse %s: %w", EnvURL, err)
+		return
+	}
+	cfg.MaxConns = 24
+	shared.pool, shared.err = pgxpool.NewWithConfig(ctx, cfg)
+	if shared.err == nil {
+		shared.err = shared.pool.Ping(ctx)
+	}
+	if shared.err != nil {
+		shared.err = fmt.Errorf("connect to test database: %w", shared.err)
+		return
+	}
+	dropStale(ctx, shared.pool)
+}
+
+func ready(t testing.TB) {
+	t.Helper()
+	shared.once.Do(setup)
+	if shared.err != nil {
+		// A missing database is a failure, never a skip: in CI a skipped
+		// suite would read as a green one.
+		t.Fatal(shared.err)
+	}
+}
+
+// URL returns the test database's URL.
+func URL(t testing.TB) string {
+	ready(t)
+	return shared.url
+}
+
+// Pool returns the pool every test of the binary shares. Do not close it.
+func Pool(t testing.TB) *pgxpool.Pool {
+	ready(t)
+	return shared.pool
+}
+
+// NewPool returns a pool of its own, closed when the test ends, for tests
+// that need several independent clients (several dispatchers, say).
+func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	ready(t)
+	cfg, err := pgxpool.ParseConfig(shared.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Schema creates a new schema with every migration applied and drops it
+// when the test ends (kept, and named in the log, when the test failed and
+// PROJECTOR_TEST_KEEP is set).
+func Schema(t testing.TB) string {
+	t.Helper()
+	pool := Pool(t)
+	name := schemaPrefix + strconv.FormatInt(time.Now().Unix(), 10) + "_" + randomHex(4)
+	ctx := context.Background()
+	if _, err := postgres.Migrate(ctx, pool, name); err != nil {
+		t.Fatalf("migrate test schema %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() && os.Getenv("PROJECTOR_TEST_KEEP") != "" {
+			t.Logf("kept schema %s for inspection", name)
+			return
+		}
+		if _, err := pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
+			t.Logf("drop test schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// Store returns a store on a new schema of its own with reg's event types.
+func Store(t testing.TB, reg *projector.Registry, cfg ...postgres.Config) *postgres.Store {
+	t.Helper()
+	var c postgres.Config
+	if len(cfg) > 0 {
+		c = cfg[0]
+	}
+	c.Schema = Schema(t)
+	c.Registry = reg
+	s, err := postgres.New(context.Background(), Pool(t), c)
+	if err != nil {
+		t.Fatalf("new store: %v", err)
+	}
+	return s
+}
+
+// dropStale removes test schemas older than an hour: leftovers of runs that
+// were killed before their cleanups ran.
+func dropStale(ctx context.Context, pool *pgxpool.Pool) {
+	rows, err := pool.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pt\_%'`)
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	cutoff := time.Now().Add(-time.Hour).Unix()
+	for _, n := range names {
+		var ts int64
+		if _, err := fmt.Sscanf(n, schemaPrefix+"%d_", &ts); err != nil || ts >= cutoff {
+			continue
+		}
+		_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{n}.Sanitize()+` CASCADE`)
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(errors.Join(errors.New("pgtest: random"), err))
+	}
+	return hex.EncodeToString(b)
+}

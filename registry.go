@@ -1,0 +1,297 @@
+package projector
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"regexp"
+	"slices"
+	"sync"
+)
+
+// Validator is implemented by payloads that can check themselves. The store
+// calls Validate before it writes anything; an error refuses the whole append
+// and matches [ErrInvalidPayload].
+type Validator interface {
+	Validate() error
+}
+
+// UpcastFunc turns a stored payload of one schema version into the JSON of
+// the next version. It must not keep a reference to its argument.
+type UpcastFunc func(old json.RawMessage) (json.RawMessage, error)
+
+// Upcaster converts payloads stored at schema version From into version
+// From+1.
+type Upcaster struct {
+	From int
+	Func UpcastFunc
+}
+
+// TypeConfig describes how an event type's payload has evolved. The zero value
+// is a type that is still at its first schema version.
+type TypeConfig struct {
+	// SchemaVersion is the version of the payload shape the Go type has now;
+	// 0 means 1. Appends record it, so later shapes can upcast older rows.
+	SchemaVersion int
+	// Upcasters hold one step for every older version, 1 to SchemaVersion-1.
+	// Reads apply them in order before decoding into the Go type.
+	Upcasters []Upcaster
+}
+
+// EventType is the handle [Define] returns for an event type whose payload
+// Go type is T. Typed handlers and filters take it instead of a bare name, so
+// a typo is a compile error rather than a silent miss.
+type EventType[T any] struct {
+	name    string
+	version int
+}
+
+// Name returns the registered type name, such as "ticket.opened".
+func (e EventType[T]) Name() string { return e.name }
+
+// SchemaVersion returns the current schema version of the payload.
+func (e EventType[T]) SchemaVersion() int { return e.version }
+
+// TypeInfo is what the registry knows of one event type.
+type TypeInfo struct {
+	Name          string
+	GoType        reflect.Type
+	SchemaVersion int
+}
+
+type typeEntry struct {
+	TypeInfo
+	upcasters []UpcastFunc // index i upcasts version i+1 to i+2
+	decode    func(json.RawMessage) (any, error)
+}
+
+// Registry holds every defined event type. Define all types at start-up,
+// before the first append or read; the registry is safe for concurrent use.
+type Registry struct {
+	mu     sync.RWMutex
+	byName map[string]*typeEntry
+	byType map[reflect.Type]*typeEntry
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{byName: map[string]*typeEntry{}, byType: map[reflect.Type]*typeEntry{}}
+}
+
+// typeNamePattern enforces "<area>.<past-tense-verb>", with more dotted parts
+// allowed ("billing.invoice.paid"), all lower case.
+var typeNamePattern = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$`)
+
+// Define registers T as the payload of the event type name. Names are
+// "<area>.<past-tense-verb>" in lower case ("ticket.opened"). A name or a Go
+// type can be defined once; T must be a non-pointer, non-interface type that
+// encoding/json can encode. Pass at most one [TypeConfig] when the payload
+// has more than one schema version.
+func Define[T any](r *Registry, name string, cfg ...TypeConfig) (EventType[T], error) {
+	var zero EventType[T]
+	if r == nil {
+		return zero, fmt.Errorf("%w: define %q: nil registry", ErrInvalidEventType, name)
+	}
+	if len(cfg) > 1 {
+		return zero, fmt.Errorf("%w: define %q: at most one TypeConfig", ErrInvalidEventType, name)
+	}
+	var c TypeConfig
+	if len(cfg) == 1 {
+		c = cfg[0]
+	}
+	if !typeNamePattern.MatchString(name) {
+		return zero, fmt.Errorf("%w: define %q: a name is <area>.<past-tense-verb> in lower case, such as \"ticket.opened\"", ErrInvalidEventType, name)
+	}
+	goType := reflect.TypeFor[T]()
+	switch goType.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Func, reflect.Chan, reflect.UnsafePointer:
+		return zero, fmt.Errorf("%w: define %q: payload type %s must be a value type such as a struct", ErrInvalidEventType, name, goType)
+	}
+	version := c.SchemaVersion
+	if version == 0 {
+		version = 1
+	}
+	if version < 1 {
+		return zero, fmt.Errorf("%w: define %q: schema version %d is below 1", ErrInvalidEventType, name, version)
+	}
+	steps := make([]UpcastFunc, version-1)
+	for _, u := range c.Upcasters {
+		if u.From < 1 || u.From >= version {
+			return zero, fmt.Errorf("%w: define %q: upcaster from version %d is outside 1..%d", ErrInvalidEventType, name, u.From, version-1)
+		}
+		if u.Func == nil {
+			return zero, fmt.Errorf("%w: define %q: upcaster from version %d has no function", ErrInvalidEventType, name, u.From)
+		}
+		if steps[u.From-1] != nil {
+			return zero, fmt.Errorf("%w: define %q: two upcasters from version %d", ErrInvalidEventType, name, u.From)
+		}
+		steps[u.From-1] = u.Func
+	}
+	for i, s := range steps {
+		if s == nil {
+			return zero, fmt.Errorf("%w: define %q: schema version %d needs an upcaster from version %d", ErrInvalidEventType, name, version, i+1)
+		}
+	}
+
+	entry := &typeEntry{
+		TypeInfo:  TypeInfo{Name: name, GoType: goType, SchemaVersion: version},
+		upcasters: steps,
+		decode: func(data json.RawMessage) (any, error) {
+			var v T
+			if err := json.Unmarshal(data, &v); err != nil {
+				return nil, err
+			}
+			return v, nil
+		},
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if prev, ok := r.byName[name]; ok {
+		return zero, fmt.Errorf("%w: %q is already defined with payload %s", ErrDuplicateEventType, name, prev.GoType)
+	}
+	if prev, ok := r.byType[goType]; ok {
+		return zero, fmt.Errorf("%w: payload %s is already the payload of %q", ErrDuplicateEventType, goType, prev.Name)
+	}
+	r.byName[name] = entry
+	r.byType[goType] = entry
+	return EventType[T]{name: name, version: version}, nil
+}
+
+// MustDefine is [Define] for package-level declarations: it panics on error,
+// which at start-up is the error surfacing where it should.
+func MustDefine[T any](r *Registry, name string, cfg ...TypeConfig) EventType[T] {
+	et, err := Define[T](r, name, cfg...)
+	if err != nil {
+		panic(err)
+	}
+	return et
+}
+
+// Lookup returns what the registry knows of the type name.
+func (r *Registry) Lookup(name string) (TypeInfo, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.byName[name]
+	if !ok {
+		return TypeInfo{}, false
+	}
+	return e.TypeInfo, true
+}
+
+// Names returns every defined type name, sorted.
+func (r *Registry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.byName))
+	for n := range r.byName {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Encoded is a payload ready to be stored.
+type Encoded struct {
+	Type          string
+	SchemaVersion int
+	Data          json.RawMessage
+}
+
+// Encode resolves payload's event type from its Go type (a pointer is
+// followed to its value), validates it and encodes it as JSON. It fails with
+// [ErrUnknownEventType] for a type never defined and [ErrInvalidPayload] for
+// a payload that fails validation or encoding.
+func (r *Registry) Encode(payload any) (Encoded, error) {
+	if payload == nil {
+		return Encoded{}, fmt.Errorf("%w: nil payload", ErrInvalidPayload)
+	}
+	v := reflect.ValueOf(payload)
+	for v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return Encoded{}, fmt.Errorf("%w: nil %s payload", ErrInvalidPayload, v.Type())
+		}
+		v = v.Elem()
+	}
+	r.mu.RLock()
+	e, ok := r.byType[v.Type()]
+	r.mu.RUnlock()
+	if !ok {
+		return Encoded{}, fmt.Errorf("%w: payload type %s was never defined (call projector.Define)", ErrUnknownEventType, v.Type())
+	}
+	if err := validate(v); err != nil {
+		return Encoded{}, fmt.Errorf("%w: %s: %w", ErrInvalidPayload, e.Name, err)
+	}
+	data, err := json.Marshal(v.Interface())
+	if err != nil {
+		return Encoded{}, fmt.Errorf("%w: %s: encode: %w", ErrInvalidPayload, e.Name, err)
+	}
+	return Encoded{Type: e.Name, SchemaVersion: e.SchemaVersion, Data: data}, nil
+}
+
+// validate runs Validate on the value, or on a pointer to it when only the
+// pointer implements Validator.
+func validate(v reflect.Value) error {
+	if val, ok := v.Interface().(Validator); ok {
+		return val.Validate()
+	}
+	p := reflect.New(v.Type())
+	p.Elem().Set(v)
+	if val, ok := p.Interface().(Validator); ok {
+		return val.Validate()
+	}
+	return nil
+}
+
+// Decode upcasts a stored payload from schemaVersion to the type's current
+// version and decodes it into the registered Go type. It returns the upcast
+// JSON too, and fails with [ErrUnknownEventType] for a name never defined and
+// [ErrInvalidPayload] for data that cannot be upcast or decoded, including a
+// schema version newer than the type knows (a newer deployment wrote it).
+func (r *Registry) Decode(name string, schemaVersion int, data json.RawMessage) (any, json.RawMessage, error) {
+	r.mu.RLock()
+	e, ok := r.byName[name]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: %q was never defined", ErrUnknownEventType, name)
+	}
+	data, err := e.upcast(schemaVersion, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := e.decode(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: decode %s v%d: %w", ErrInvalidPayload, name, e.SchemaVersion, err)
+	}
+	return v, data, nil
+}
+
+// Upcast brings a stored payload to the type's current schema version
+// without decoding it, for readers that want JSON only.
+func (r *Registry) Upcast(name string, schemaVersion int, data json.RawMessage) (json.RawMessage, int, error) {
+	r.mu.RLock()
+	e, ok := r.byName[name]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: %q was never defined", ErrUnknownEventType, name)
+	}
+	out, err := e.upcast(schemaVersion, data)
+	return out, e.SchemaVersion, err
+}
+
+func (e *typeEntry) upcast(from int, data json.RawMessage) (json.RawMessage, error) {
+	if from < 1 || from > e.SchemaVersion {
+		return nil, fmt.Errorf("%w: %s stored at schema version %d, this program knows 1..%d", ErrInvalidPayload, e.Name, from, e.SchemaVersion)
+	}
+	for v := from; v < e.SchemaVersion; v++ {
+		out, err := e.upcasters[v-1](data)
+		if err != nil {
+			return nil, fmt.Errorf("%w: upcast %s from v%d: %w", ErrInvalidPayload, e.Name, v, err)
+		}
+		if !json.Valid(out) {
+			return nil, fmt.Errorf("%w: upcast %s from v%d returned invalid JSON", ErrInvalidPayload, e.Name, v)
+		}
+		data = out
+	}
+	return data, nil
+}

@@ -1,0 +1,215 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/projectorhq/projector"
+)
+
+// AppendResult is what an append wrote.
+type AppendResult struct {
+	// Events are the stored events in version order, payloads included.
+	Events []projector.Event
+	// Version is the stream's version after the append.
+	Version int64
+}
+
+// Append appends payloads, in order, to stream inside the caller's
+// transaction, after checking expected against the stream's version. Each
+// payload's Go type must have been defined in the store's registry; payloads
+// implementing [projector.Validator] are validated. Metadata (correlation,
+// causation, actor, headers) comes from ctx; without a correlation id the
+// append starts a new one.
+//
+// Nothing is written when a payload is unknown or invalid
+// ([projector.ErrUnknownEventType], [projector.ErrInvalidPayload]) or when
+// the version check fails (a [*projector.ConcurrencyError]); the transaction
+// stays usable. A concurrency error is also returned when this transaction
+// is older than the one that last appended to the stream: retry in a new
+// transaction. When an inline projection fails after the events were
+// written, the transaction is aborted, so neither the events, the read
+// models, nor the caller's own writes can commit.
+//
+// All events of one append go out in a single statement.
+func (s *Store) Append(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads ...any) (AppendResult, error) {
+	res, err := s.appendEvents(ctx, tx, stream, expected, payloads)
+	if err != nil {
+		return AppendResult{}, fmt.Errorf("append to stream %s: %w", stream, err)
+	}
+	return res, nil
+}
+
+func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads []any) (AppendResult, error) {
+	if tx == nil {
+		return AppendResult{}, errors.New("nil transaction: append runs inside the caller's transaction")
+	}
+	if err := stream.Validate(); err != nil {
+		return AppendResult{}, err
+	}
+	if expected < projector.AnyVersion {
+		return AppendResult{}, fmt.Errorf("%w: expected version %d (want AnyVersion, NoStream or ExactVersion(n≥0))", projector.ErrInvalidStream, int64(expected))
+	}
+	if len(payloads) == 0 {
+		return AppendResult{}, fmt.Errorf("%w: no events to append", projector.ErrInvalidPayload)
+	}
+
+	n := len(payloads)
+	events := make([]projector.Event, n)
+	ids := make([]uuid.UUID, n)
+	types := make([]string, n)
+	versions := make([]int32, n)
+	datas := make([]string, n)
+	md := projector.MetadataFrom(ctx)
+	if md.CorrelationID == uuid.Nil {
+		md.CorrelationID = newID()
+	}
+	for i, p := range payloads {
+		enc, err := s.registry.Encode(p)
+		if err != nil {
+			return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
+		}
+		ids[i] = newID()
+		types[i] = enc.Type
+		versions[i] = int32(enc.SchemaVersion)
+		datas[i] = string(enc.Data)
+		events[i] = projector.Event{
+			ID: ids[i], Stream: stream, Type: enc.Type, SchemaVersion: enc.SchemaVersion,
+			Data: enc.Data, Payload: deref(p), Metadata: md,
+		}
+	}
+	var causation *uuid.UUID
+	if md.CausationID != uuid.Nil {
+		causation = &md.CausationID
+	}
+	var headers []byte
+	if len(md.Headers) > 0 {
+		var err error
+		if headers, err = json.Marshal(md.Headers); err != nil {
+			return AppendResult{}, fmt.Errorf("%w: headers: %w", projector.ErrInvalidPayload, err)
+		}
+	}
+
+	rows, err := tx.Query(ctx, s.sql.append,
+		stream.Tenant, stream.Type, stream.ID, int64(n), int64(expected),
+		ids, types, versions, datas,
+		md.CorrelationID, causation, md.Actor, headers)
+	if err != nil {
+		return AppendResult{}, mapError(stream, expected, err)
+	}
+	type inserted struct {
+		pos     projector.Position
+		version int64
+		at      time.Time
+	}
+	var got []inserted
+	var r inserted
+	_, err = pgx.ForEachRow(rows, []any{&r.pos.TxID, &r.pos.Seq, &r.version, &r.at}, func() error {
+		got = append(got, r)
+		return nil
+	})
+	if err != nil {
+		return AppendResult{}, mapError(stream, expected, err)
+	}
+	if len(got) == 0 {
+		return AppendResult{}, s.refusal(ctx, tx, stream, expected)
+	}
+	if len(got) != n {
+		return AppendResult{}, s.abort(ctx, tx, fmt.Errorf("inserted %d of %d events", len(got), n))
+	}
+	// RETURNING order is not guaranteed; versions are contiguous from the
+	// lowest, and payload i got version lowest+i.
+	lowest := got[0].version
+	for _, g := range got {
+		lowest = min(lowest, g.version)
+	}
+	for _, g := range got {
+		i := g.version - lowest
+		if i < 0 || i >= int64(n) {
+			return AppendResult{}, s.abort(ctx, tx, fmt.Errorf("insert returned non-contiguous versions"))
+		}
+		events[i].Version, events[i].Position, events[i].RecordedAt = g.version, g.pos, g.at
+	}
+	for _, p := range s.inline {
+		if err := p.ApplyInline(ctx, tx, events); err != nil {
+			return AppendResult{}, s.abort(ctx, tx, fmt.Errorf("inline projection %q: %w", p.Name(), err))
+		}
+	}
+	return AppendResult{Events: events, Version: events[n-1].Version}, nil
+}
+
+// refusal reads the stream head to say why the head upsert matched nothing.
+func (s *Store) refusal(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion) error {
+	var version int64
+	var last uint64
+	var mine *uint64
+	err := tx.QueryRow(ctx, s.sql.streamHead, stream.Tenant, stream.Type, stream.ID).Scan(&version, &last, &mine)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: 0, Reason: "stream does not exist"}
+	}
+	if err != nil {
+		return &projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: -1, Reason: "reading the stream head failed: " + err.Error()}
+	}
+	ce := &projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: version}
+	if (expected == projector.AnyVersion || int64(expected) == version) && mine != nil && last > *mine {
+		ce.Reason = fmt.Sprintf("transaction %d is older than transaction %d, which appended to the stream after it started writing; retry in a new transaction", *mine, last)
+	}
+	return ce
+}
+
+// abort puts the transaction into the failed state, so a caller who ignores
+// the returned error still cannot commit half an append: COMMIT on an
+// aborted transaction rolls back.
+func (s *Store) abort(ctx context.Context, tx pgx.Tx, cause error) error {
+	_, _ = tx.Exec(context.WithoutCancel(ctx), abortSQL)
+	return cause
+}
+
+// abortSQL raises an error inside the transaction: the one portable way to
+// mark a transaction as failed from the client without ending it.
+const abortSQL = `DO $$BEGIN RAISE EXCEPTION 'projector: append failed after writing; the transaction is aborted and must be rolled back'; END$$`
+
+// mapError turns driver errors into Projector's: serialization failures,
+// deadlocks and a version that another writer inserted first are all the
+// retryable concurrency error.
+func mapError(stream projector.StreamRef, expected projector.ExpectedVersion, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01", "23505":
+			return fmt.Errorf("%w (%s)", &projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: -1, Reason: pgErr.Message}, pgErr.Code)
+		}
+	}
+	return err
+}
+
+// newID returns a time-ordered UUID (version 7), which keeps the event-id
+// index append-mostly.
+func newID() uuid.UUID {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return uuid.New()
+	}
+	return id
+}
+
+// deref returns the value a payload pointer points at, so handlers always
+// receive values whatever the caller appended.
+func deref(p any) any {
+	v := reflect.ValueOf(p)
+	if v.Kind() != reflect.Pointer {
+		return p
+	}
+	for v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	return v.Interface()
+}

@@ -1,0 +1,266 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+)
+
+// StreamQuery bounds a stream read. The zero value reads the whole stream.
+type StreamQuery struct {
+	// FromVersion is the first version to read; 0 means 1.
+	FromVersion int64
+	// ToVersion is the last version to read; 0 means the end.
+	ToVersion int64
+	// Until, when set, stops at the last event recorded at or before it.
+	Until time.Time
+}
+
+// ReadStream reads a stream's events in version order through the pool. A
+// stream that does not exist reads as no events.
+func (s *Store) ReadStream(ctx context.Context, stream projector.StreamRef, q StreamQuery) ([]projector.Event, error) {
+	return s.ReadStreamTx(ctx, s.pool, stream, q)
+}
+
+// ReadStreamTx is [Store.ReadStream] inside the caller's transaction (or on
+// any connection), so a read and a later append see the same state.
+func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.StreamRef, q StreamQuery) ([]projector.Event, error) {
+	if err := stream.Validate(); err != nil {
+		return nil, fmt.Errorf("read stream: %w", err)
+	}
+	from := max(q.FromVersion, 1)
+	to := q.ToVersion
+	if to <= 0 {
+		to = math.MaxInt64
+	}
+	var until *time.Time
+	if !q.Until.IsZero() {
+		until = &q.Until
+	}
+	rows, err := db.Query(ctx, s.sql.readStream, stream.Tenant, stream.Type, stream.ID, from, to, until)
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	events, err := s.collect(rows, false)
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	return events, nil
+}
+
+// StreamVersion returns the stream's current version, or an error matching
+// [projector.ErrNotFound] if it does not exist.
+func (s *Store) StreamVersion(ctx context.Context, db DBTX, stream projector.StreamRef) (int64, error) {
+	var version int64
+	var last uint64
+	var mine *uint64
+	err := db.QueryRow(ctx, s.sql.streamHead, stream.Tenant, stream.Type, stream.ID).Scan(&version, &last, &mine)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("stream %s: %w", stream, projector.ErrNotFound)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("stream %s version: %w", stream, err)
+	}
+	return version, nil
+}
+
+// DefaultReadLimit is the batch size of a log read that names none.
+const DefaultReadLimit = 500
+
+// LogQuery selects a slice of the global log.
+type LogQuery struct {
+	// After is the cursor: the read starts after this position.
+	After projector.Position
+	// Limit caps the events returned; 0 means [DefaultReadLimit].
+	Limit int
+	// EventTypes, when non-empty, keeps only these types.
+	EventTypes []string
+	// StreamTypes, when non-empty, keeps only these stream types.
+	StreamTypes []string
+	// Raw skips decoding: events carry Data but no Payload, and types the
+	// registry does not know are returned instead of failing the read.
+	Raw bool
+}
+
+// LogBatch is one read of the global log.
+type LogBatch struct {
+	// Events are in log order, all from finished transactions.
+	Events []projector.Event
+	// Horizon is the oldest transaction id that was still running when the
+	// read was taken: every event of an older transaction is final.
+	Horizon uint64
+	// Full reports that Limit events came back, so more may follow at once.
+	Full bool
+}
+
+// Next returns where a cursor that started at after may move once every
+// event of the batch is processed. For a full batch that is the last event;
+// otherwise every matching event below the horizon has been seen, so the
+// cursor may move up to the horizon even if the filter matched nothing.
+func (b LogBatch) Next(after projector.Position) projector.Position {
+	next := after
+	if n := len(b.Events); n > 0 {
+		next = b.Events[n-1].Position
+	}
+	if !b.Full {
+		if h := projector.Horizon(b.Horizon); next.Less(h) {
+			next = h
+		}
+	}
+	return next
+}
+
+// ReadLog reads the global log through the pool. See [Store.ReadLogTx].
+func (s *Store) ReadLog(ctx context.Context, q LogQuery) (LogBatch, error) {
+	return s.ReadLogTx(ctx, s.pool, q)
+}
+
+// ReadLogTx reads the events after q.After in (transaction id, sequence)
+// order, taking only events whose transaction finished before the read's
+// snapshot: the gap-safe read. A cursor that only ever moves to
+// [LogBatch.Next] never passes an event that commits later, whatever order
+// concurrent transactions commit in (promise 3). A long-running transaction
+// holds the horizon back, delaying delivery of later events until it ends;
+// it never loses them.
+func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, error) {
+	limit := cmp.Or(q.Limit, DefaultReadLimit)
+	if limit < 0 {
+		return LogBatch{}, fmt.Errorf("read log: negative limit %d", limit)
+	}
+	rows, err := db.Query(ctx, s.sql.readLog, q.After.TxID, q.After.Seq, limit, nilIfEmpty(q.EventTypes), nilIfEmpty(q.StreamTypes))
+	if err != nil {
+		return LogBatch{}, fmt.Errorf("read log after %s: %w", q.After, err)
+	}
+	var batch LogBatch
+	batch.Events, err = s.collectWithHorizon(rows, &batch.Horizon, q.Raw)
+	if err != nil {
+		return LogBatch{}, fmt.Errorf("read log after %s: %w", q.After, err)
+	}
+	batch.Full = len(batch.Events) == limit
+	return batch, nil
+}
+
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
+
+// row is one scanned event row, with nullable columns as pointers.
+type row struct {
+	txID          *uint64
+	seq           *int64
+	id            uuid.UUID
+	tenant        string
+	streamType    string
+	streamID      string
+	version       int64
+	typ           string
+	schemaVersion int32
+	data          []byte
+	correlation   uuid.UUID
+	causation     *uuid.UUID
+	actor         string
+	headers       []byte
+	recordedAt    time.Time
+}
+
+func (r *row) dest() []any {
+	return []any{&r.txID, &r.seq, &r.id, &r.tenant, &r.streamType, &r.streamID, &r.version, &r.typ,
+		&r.schemaVersion, &r.data, &r.correlation, &r.causation, &r.actor, &r.headers, &r.recordedAt}
+}
+
+func (s *Store) collect(rows pgx.Rows, raw bool) ([]projector.Event, error) {
+	var out []projector.Event
+	var r row
+	_, err := pgx.ForEachRow(rows, r.dest(), func() error {
+		ev, err := s.decodeRow(&r, raw)
+		if err != nil {
+			return err
+		}
+		out = append(out, ev)
+		return nil
+	})
+	return out, err
+}
+
+// collectWithHorizon reads the log query's rows: the horizon in the first
+// column, then an event, or NULLs when nothing matched.
+func (s *Store) collectWithHorizon(rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
+	var out []projector.Event
+	var r row
+	dest := append([]any{horizon}, r.dest()...)
+	_, err := pgx.ForEachRow(rows, dest, func() error {
+		if r.seq == nil {
+			return nil
+		}
+		ev, err := s.decodeRow(&r, raw)
+		if err != nil {
+			return err
+		}
+		out = append(out, ev)
+		return nil
+	})
+	return out, err
+}
+
+func (s *Store) decodeRow(r *row, raw bool) (projector.Event, error) {
+	ev, err := DecodeEnvelope(r.txID, r.seq, r.id, projector.StreamRef{Tenant: r.tenant, Type: r.streamType, ID: r.streamID},
+		r.version, r.typ, int(r.schemaVersion), r.data, r.correlation, r.causation, r.actor, r.headers, r.recordedAt)
+	if err != nil {
+		return ev, err
+	}
+	if raw {
+		if data, v, err := s.registry.Upcast(ev.Type, ev.SchemaVersion, ev.Data); err == nil {
+			ev.Data, ev.SchemaVersion = data, v
+		}
+		return ev, nil
+	}
+	payload, data, err := s.registry.Decode(ev.Type, ev.SchemaVersion, ev.Data)
+	if err != nil {
+		return ev, fmt.Errorf("event %s (%s v%d of %s): %w", ev.ID, ev.Type, ev.SchemaVersion, ev.Stream, err)
+	}
+	info, _ := s.registry.Lookup(ev.Type)
+	ev.Payload, ev.Data, ev.SchemaVersion = payload, data, info.SchemaVersion
+	return ev, nil
+}
+
+// DecodeEnvelope assembles an event from stored columns, checking what the
+// schema cannot: that data is a JSON value and headers, when present, a
+// JSON object of strings. It never panics, whatever the bytes (a fuzz test
+// holds it to that).
+func DecodeEnvelope(txID *uint64, seq *int64, id uuid.UUID, stream projector.StreamRef, version int64, typ string,
+	schemaVersion int, data []byte, correlation uuid.UUID, causation *uuid.UUID, actor string, headers []byte, recordedAt time.Time,
+) (projector.Event, error) {
+	ev := projector.Event{
+		ID: id, Stream: stream, Version: version, Type: typ, SchemaVersion: schemaVersion,
+		Metadata: projector.Metadata{CorrelationID: correlation, Actor: actor}, RecordedAt: recordedAt,
+	}
+	if txID == nil || seq == nil {
+		return ev, fmt.Errorf("%w: event %s has no log position", projector.ErrInvalidPayload, id)
+	}
+	ev.Position = projector.Position{TxID: *txID, Seq: *seq}
+	if causation != nil {
+		ev.Metadata.CausationID = *causation
+	}
+	if !json.Valid(data) {
+		return ev, fmt.Errorf("%w: event %s: stored data is not JSON", projector.ErrInvalidPayload, id)
+	}
+	ev.Data = json.RawMessage(append([]byte(nil), data...))
+	if len(headers) > 0 && string(headers) != "null" {
+		if err := json.Unmarshal(headers, &ev.Metadata.Headers); err != nil {
+			return ev, fmt.Errorf("%w: event %s: headers: %w", projector.ErrInvalidPayload, id, err)
+		}
+	}
+	return ev, nil
+}

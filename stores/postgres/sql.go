@@ -1,0 +1,102 @@
+package postgres
+
+import "strings"
+
+// statements holds the fixed hot-path SQL with the schema filled in once.
+type statements struct {
+	append        string
+	streamHead    string
+	readStream    string
+	readLog       string
+	restoredCheck string
+}
+
+const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
+	e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at`
+
+// appendSQL writes a stream's head and its new events in one statement, one
+// round trip whatever the number of events.
+//
+// The head upsert is where both concurrency rules live. The expected version
+// is checked against the row as it is after any concurrent writer committed
+// (ON CONFLICT re-reads the locked row), and a transaction older than the one
+// that last appended is refused (last_tx_id <= ours), so a stream's versions
+// always sort the same way as its transaction ids (promise 4). A refused head
+// returns no row, the event insert then inserts nothing, and the caller reads
+// the head to report why. A stream that does not exist is only created when
+// the caller expects no stream or any version; an exact version takes the
+// plain UPDATE, which re-checks the row after waiting for its lock the same
+// way.
+const appendSQL = `
+WITH created AS (
+	INSERT INTO {{s}}.projector_streams AS s (tenant_id, stream_type, stream_id, version, last_tx_id)
+	SELECT $1, $2, $3, $4, pg_current_xact_id() WHERE $5::bigint <= 0
+	ON CONFLICT (tenant_id, stream_type, stream_id) DO UPDATE
+		SET version = s.version + $4, last_tx_id = pg_current_xact_id(), updated_at = now()
+		WHERE $5::bigint = -1 AND s.last_tx_id <= pg_current_xact_id()
+	RETURNING s.version
+), advanced AS (
+	UPDATE {{s}}.projector_streams AS s
+	SET version = s.version + $4, last_tx_id = pg_current_xact_id(), updated_at = now()
+	WHERE $5::bigint > 0 AND s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3
+	  AND s.version = $5::bigint AND s.last_tx_id <= pg_current_xact_id()
+	RETURNING s.version
+), head AS (
+	SELECT version FROM created UNION ALL SELECT version FROM advanced
+)
+INSERT INTO {{s}}.projector_events
+	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
+	 correlation_id, causation_id, actor, headers)
+SELECT ev.id, $1, $2, $3, head.version - $4 + ev.ord, ev.type, ev.sv, ev.data,
+	$10, $11, $12, $13
+FROM head, unnest($6::uuid[], $7::text[], $8::int[], $9::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
+ORDER BY ev.ord
+RETURNING tx_id, seq, version, recorded_at`
+
+const streamHeadSQL = `
+SELECT version, last_tx_id, pg_current_xact_id_if_assigned()
+FROM {{s}}.projector_streams
+WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3`
+
+const readStreamSQL = `
+SELECT ` + eventColumns + `
+FROM {{s}}.projector_events e
+WHERE e.tenant_id = $1 AND e.stream_type = $2 AND e.stream_id = $3
+  AND e.version >= $4 AND e.version <= $5
+  AND ($6::timestamptz IS NULL OR e.recorded_at <= $6::timestamptz)
+ORDER BY e.version`
+
+// readLogSQL is the gap-safe read. The horizon is the oldest transaction
+// still running (or this one, if it has an id: a dispatcher reading inside
+// its own transaction must not move past the events it emits itself). Every
+// transaction below the horizon has finished, so rows below it are final and
+// reading them in (tx_id, seq) order never passes a row that commits later.
+// The horizon is returned even when no row matches, in the same snapshot, so
+// a consumer whose filter matched nothing can still move forward.
+const readLogSQL = `
+WITH h AS MATERIALIZED (
+	SELECT LEAST(pg_snapshot_xmin(pg_current_snapshot()), pg_current_xact_id_if_assigned()) AS xmin
+)
+SELECT h.xmin, ` + eventColumns + `
+FROM h LEFT JOIN LATERAL (
+	SELECT * FROM {{s}}.projector_events e
+	WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < h.xmin
+	  AND ($4::text[] IS NULL OR e.type = ANY($4::text[]))
+	  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
+	ORDER BY e.tx_id, e.seq
+	LIMIT $3
+) e ON true`
+
+const restoredCheckSQL = `
+SELECT (SELECT max(tx_id) FROM {{s}}.projector_events), pg_snapshot_xmax(pg_current_snapshot())`
+
+func buildStatements(schema string) statements {
+	r := strings.NewReplacer("{{s}}", schema)
+	return statements{
+		append:        r.Replace(appendSQL),
+		streamHead:    r.Replace(streamHeadSQL),
+		readStream:    r.Replace(readStreamSQL),
+		readLog:       r.Replace(readLogSQL),
+		restoredCheck: r.Replace(restoredCheckSQL),
+	}
+}

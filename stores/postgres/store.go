@@ -1,0 +1,225 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/migrations"
+)
+
+// DefaultSchema is the schema Projector's tables live in unless configured.
+const DefaultSchema = "projector"
+
+// TenantSetting is the transaction-local setting that holds the tenant of a
+// tenant-scoped transaction. Row-level-security policies compare against it:
+//
+//	USING (tenant_id = current_setting('projector.tenant_id', true))
+const TenantSetting = "projector.tenant_id"
+
+// ErrRestoredDatabase means the events table holds transaction ids from the
+// future of this server: the database was restored from a dump into another
+// cluster. Reading on would hide new events behind old cursors, so the store
+// refuses to start; see docs/operations.md for the repair.
+var ErrRestoredDatabase = errors.New("projector: database restored into a different cluster")
+
+// ErrSchemaOutdated means the schema is missing migrations this binary needs.
+var ErrSchemaOutdated = errors.New("projector: schema needs migrating")
+
+// DBTX is what reads need: a pool, a connection or a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// DB is a DBTX that can also begin a transaction: a pool or a connection.
+type DB interface {
+	DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// InlineProjection is applied inside the transaction of every append, after
+// the events are inserted, so the events and the read models it writes commit
+// together or not at all. The projection package implements it; the store
+// declares it so no append can bypass a registered inline projection.
+type InlineProjection interface {
+	// Name identifies the projection in errors.
+	Name() string
+	// ApplyInline applies the events one append wrote, in version order.
+	// Events carry their decoded Payload. An error aborts the transaction.
+	ApplyInline(ctx context.Context, tx pgx.Tx, events []projector.Event) error
+}
+
+// Config configures a [Store]. Registry is required; every other field has a
+// documented default.
+type Config struct {
+	// Schema holds Projector's tables; default [DefaultSchema].
+	Schema string
+	// Registry defines the event types the store may append and decode.
+	Registry *projector.Registry
+	// TenantRole, when set, is the role tenant-scoped transactions switch to
+	// with SET LOCAL ROLE. It must exist, must not be a superuser and must not
+	// have BYPASSRLS, so row-level security holds even when the application
+	// connects as a superuser or as the tables' owner.
+	TenantRole string
+	// Inline projections run inside every append's transaction.
+	Inline []InlineProjection
+	// Logger receives the store's few log lines; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Store is the event store: appends, stream reads and the gap-safe global
+// log, on one PostgreSQL schema. It is safe for concurrent use.
+type Store struct {
+	pool     *pgxpool.Pool
+	schema   string // validated, unquoted
+	registry *projector.Registry
+	role     string
+	inline   []InlineProjection
+	logger   *slog.Logger
+	sql      statements
+}
+
+// New checks the schema and returns a store. It fails with
+// [ErrSchemaOutdated] if migrations are pending and with
+// [ErrRestoredDatabase] if the stored transaction ids are ahead of the
+// server's (a restore into a new cluster).
+func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("postgres store: nil pool")
+	}
+	if cfg.Registry == nil {
+		return nil, errors.New("postgres store: Config.Registry is required")
+	}
+	s := &Store{
+		pool:     pool,
+		schema:   schemaOrDefault(cfg.Schema),
+		registry: cfg.Registry,
+		role:     cfg.TenantRole,
+		logger:   cmp.Or(cfg.Logger, slog.Default()),
+	}
+	if err := ValidateSchema(s.schema); err != nil {
+		return nil, fmt.Errorf("postgres store: %w", err)
+	}
+	names := map[string]bool{}
+	for i, p := range cfg.Inline {
+		if p == nil {
+			return nil, fmt.Errorf("postgres store: inline projection %d is nil", i)
+		}
+		if names[p.Name()] {
+			return nil, fmt.Errorf("postgres store: inline projection %q registered twice", p.Name())
+		}
+		names[p.Name()] = true
+	}
+	s.inline = append([]InlineProjection(nil), cfg.Inline...)
+	s.sql = buildStatements(quoteIdent(s.schema))
+
+	if err := s.checkSchema(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.checkRestored(ctx); err != nil {
+		return nil, err
+	}
+	if s.role != "" {
+		if err := s.checkTenantRole(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Pool returns the pool the store was built on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Schema returns the schema the store's tables live in.
+func (s *Store) Schema() string { return s.schema }
+
+// Registry returns the store's event-type registry.
+func (s *Store) Registry() *projector.Registry { return s.registry }
+
+// Table returns the quoted, schema-qualified name of one of Projector's
+// tables, such as Table("projector_events"), for packages that keep their
+// own state beside the log.
+func (s *Store) Table(name string) string { return quoteIdent(s.schema) + "." + quoteIdent(name) }
+
+func (s *Store) checkSchema(ctx context.Context) error {
+	all, err := migrations.All()
+	if err != nil {
+		return err
+	}
+	status, err := MigrationStatus(ctx, s.pool, s.schema)
+	if err != nil {
+		return fmt.Errorf("postgres store: %w", err)
+	}
+	var pending []int
+	for _, m := range status {
+		if !m.Applied() {
+			pending = append(pending, m.Version)
+		}
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("%w: schema %q lacks migrations %v; run `projector migrate up` or postgres.Migrate", ErrSchemaOutdated, s.schema, pending)
+	}
+	if len(status) > len(all) {
+		s.logger.WarnContext(ctx, "postgres store: schema has migrations newer than this binary; it may be running an older release",
+			slog.String("schema", s.schema), slog.Int("known", len(all)), slog.Int("applied", len(status)))
+	}
+	return nil
+}
+
+// checkRestored compares the newest stored transaction id with the server's
+// next one. On the cluster that wrote them, stored ids are always older.
+func (s *Store) checkRestored(ctx context.Context) error {
+	var maxTx *uint64
+	var next uint64
+	if err := s.pool.QueryRow(ctx, s.sql.restoredCheck).Scan(&maxTx, &next); err != nil {
+		return fmt.Errorf("postgres store: check transaction ids: %w", err)
+	}
+	if maxTx != nil && *maxTx >= next {
+		return fmt.Errorf("%w: schema %q holds events written by transaction %d but this server's next transaction id is %d; "+
+			"new events would sort before old ones and consumers would never see them. "+
+			"Run `projector repair restored-cluster` before starting (docs/operations.md, \"Restoring a backup\")",
+			ErrRestoredDatabase, s.schema, *maxTx, next)
+	}
+	return nil
+}
+
+func (s *Store) checkTenantRole(ctx context.Context) error {
+	var super, bypass bool
+	err := s.pool.QueryRow(ctx, `SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = $1`, s.role).Scan(&super, &bypass)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("postgres store: tenant role %q does not exist (CREATE ROLE %s NOLOGIN; see docs/tenancy.md)", s.role, quoteIdent(s.role))
+	}
+	if err != nil {
+		return fmt.Errorf("postgres store: look up tenant role %q: %w", s.role, err)
+	}
+	if super || bypass {
+		return fmt.Errorf("postgres store: tenant role %q is a superuser or has BYPASSRLS, so row-level security would not apply to it", s.role)
+	}
+	return nil
+}
+
+var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidateSchema reports whether name is an acceptable schema name: lower
+// case letters, digits and underscores, at most 63 bytes, so it never needs
+// quoting surprises in hand-written SQL.
+func ValidateSchema(name string) error {
+	if !schemaPattern.MatchString(name) {
+		return fmt.Errorf("schema name %q: want lower case letters, digits and _ (at most 63, not starting with a digit)", name)
+	}
+	return nil
+}
+
+func schemaOrDefault(s string) string { return cmp.Or(s, DefaultSchema) }
+
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
