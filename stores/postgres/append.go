@@ -64,7 +64,9 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 
 	n := len(payloads)
 	events := make([]projector.Event, n)
-	ids := make([]uuid.UUID, n)
+	// [16]byte rather than uuid.UUID: pgx encodes it natively, where a
+	// uuid.UUID goes through driver.Valuer and a failed plan per element.
+	ids := make([][16]byte, n)
 	types := make([]string, n)
 	versions := make([]int32, n)
 	datas := make([]string, n)
@@ -77,18 +79,20 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 		if err != nil {
 			return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
 		}
-		ids[i] = newID()
+		id := newID()
+		ids[i] = id
 		types[i] = enc.Type
 		versions[i] = int32(enc.SchemaVersion)
 		datas[i] = string(enc.Data)
 		events[i] = projector.Event{
-			ID: ids[i], Stream: stream, Type: enc.Type, SchemaVersion: enc.SchemaVersion,
+			ID: id, Stream: stream, Type: enc.Type, SchemaVersion: enc.SchemaVersion,
 			Data: enc.Data, Payload: deref(p), Metadata: md,
 		}
 	}
-	var causation *uuid.UUID
+	var causation *[16]byte
 	if md.CausationID != uuid.Nil {
-		causation = &md.CausationID
+		c := [16]byte(md.CausationID)
+		causation = &c
 	}
 	var headers []byte
 	if len(md.Headers) > 0 {
@@ -101,7 +105,7 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 	rows, err := tx.Query(ctx, s.sql.append,
 		stream.Tenant, stream.Type, stream.ID, int64(n), int64(expected),
 		ids, types, versions, datas,
-		md.CorrelationID, causation, md.Actor, headers)
+		[16]byte(md.CorrelationID), causation, md.Actor, headers)
 	if err != nil {
 		return AppendResult{}, mapError(stream, expected, err)
 	}

@@ -138,3 +138,4 @@ func TestAppendExpectedVersions(t *testing.T) {
 		t.Fatalf("expected version -7: %v", err)
 	}
 }
+

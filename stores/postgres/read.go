@@ -197,21 +197,29 @@ func (s *Store) collect(rows pgx.Rows, raw bool) ([]projector.Event, error) {
 // collectWithHorizon reads the log query's rows: the horizon in the first
 // column, then an event, or NULLs when nothing matched.
 func (s *Store) collectWithHorizon(rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
+	defer rows.Close()
 	var out []projector.Event
 	var r row
 	dest := append([]any{horizon}, r.dest()...)
-	_, err := pgx.ForEachRow(rows, dest, func() error {
-		if r.seq == nil {
-			return nil
+	onlyHorizon := make([]any, len(dest))
+	onlyHorizon[0] = horizon
+	for rows.Next() {
+		if rows.RawValues()[1] == nil { // the outer join's empty side
+			if err := rows.Scan(onlyHorizon...); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
 		}
 		ev, err := s.decodeRow(&r, raw)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		out = append(out, ev)
-		return nil
-	})
-	return out, err
+	}
+	return out, rows.Err()
 }
 
 func (s *Store) decodeRow(r *row, raw bool) (projector.Event, error) {
