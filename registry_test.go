@@ -39,7 +39,10 @@ func TestDefine(t *testing.T) {
 		wantErr error
 	}{
 		{"plain", func(r *projector.Registry) error { _, err := projector.Define[opened](r, "ticket.opened"); return err }, nil},
-		{"three parts", func(r *projector.Registry) error { _, err := projector.Define[opened](r, "billing.invoice.paid"); return err }, nil},
+		{"three parts", func(r *projector.Registry) error {
+			_, err := projector.Define[opened](r, "billing.invoice.paid")
+			return err
+		}, nil},
 		{"no area", func(r *projector.Registry) error { _, err := projector.Define[opened](r, "opened"); return err }, projector.ErrInvalidEventType},
 		{"upper case", func(r *projector.Registry) error { _, err := projector.Define[opened](r, "Ticket.Opened"); return err }, projector.ErrInvalidEventType},
 		{"pointer payload", func(r *projector.Registry) error { _, err := projector.Define[*opened](r, "ticket.opened"); return err }, projector.ErrInvalidEventType},

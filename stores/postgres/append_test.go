@@ -138,4 +138,3 @@ func TestAppendExpectedVersions(t *testing.T) {
 		t.Fatalf("expected version -7: %v", err)
 	}
 }
-

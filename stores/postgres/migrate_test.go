@@ -19,7 +19,9 @@ func TestMigrateConcurrently(t *testing.T) {
 	ctx := context.Background()
 	schema := "pt_migrate_" + t.Name()[len(t.Name())-5:]
 	pool := pgtest.NewPool(t, 8)
-	t.Cleanup(func() { _, _ = pgtest.Pool(t).Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`) })
+	t.Cleanup(func() {
+		_, _ = pgtest.Pool(t).Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	})
 	all, err := migrations.All()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,50 @@
+# Projector's everyday commands. `make demo` and `make test` are the two a
+# newcomer needs; both find a PostgreSQL or start a throwaway one.
+
+GO       ?= go
+PKGS     ?= ./...
+# Set by scripts/test-database-url when a local server answers; empty means
+# the test harness starts a throwaway cluster from the local binaries.
+TEST_DB  := $(shell scripts/test-database-url)
+STATICCHECK_VERSION ?= v0.8.2
+
+.PHONY: all demo test test-short bench fuzz lint build clean
+
+all: build test
+
+## demo: run the helpdesk example end to end (finds or starts PostgreSQL)
+demo:
+	$(GO) run ./cmd/projector demo
+
+## build: build the projector binary into bin/
+build:
+	$(GO) build -o bin/projector ./cmd/projector
+
+## test: vet, then the whole suite with the race detector against real PostgreSQL
+test:
+	$(GO) vet $(PKGS)
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+## test-short: the suite without -race, for a quick loop
+test-short:
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -count=1 $(PKGS)
+
+## bench: benchmarks, each printed beside its raw-PostgreSQL baseline
+bench:
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench . -benchtime 3s $(PKGS)
+
+## fuzz: run each fuzz target for FUZZTIME (default 20s)
+FUZZTIME ?= 20s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz '^FuzzParsePosition$$' -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime $(FUZZTIME) ./stores/postgres
+
+## lint: gofmt, vet and staticcheck
+lint:
+	@test -z "$$(gofmt -l .)" || (gofmt -l . && echo "gofmt needed" && exit 1)
+	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
+
+clean:
+	rm -rf bin

@@ -1,0 +1,231 @@
+// Package cli is Projector's ops command line as a library: it returns the
+// command tree for a given registry, so an application can mount the same
+// commands in its own binary with its own event types and projections
+// compiled in. cmd/projector is this package's main with the example
+// application registered.
+//
+// Every command takes --database-url (or PROJECTOR_DATABASE_URL) and
+// --schema (or PROJECTOR_SCHEMA). Exit codes are documented on [Main].
+package cli
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// Exit codes of [Main].
+const (
+	// ExitOK: the command did what it was asked.
+	ExitOK = 0
+	// ExitError: the command failed (database unreachable, query failed).
+	ExitError = 1
+	// ExitUsage: the command line was wrong (unknown flag, missing argument,
+	// bad value).
+	ExitUsage = 2
+	// ExitRefused: the operation is not allowed in the current state (a
+	// guarded transition) and nothing changed.
+	ExitRefused = 3
+)
+
+// Environment variables read by every command.
+const (
+	EnvDatabaseURL = "PROJECTOR_DATABASE_URL"
+	EnvSchema      = "PROJECTOR_SCHEMA"
+)
+
+// Config is what an application hands the command tree.
+type Config struct {
+	// Name is the binary's name in help texts; default "projector".
+	Name string
+	// Version is printed by `version`; default the module version the
+	// binary was built from.
+	Version string
+	// Registry holds the application's event types; required by commands
+	// that decode events.
+	Registry *projector.Registry
+	// Logger receives log lines of long-running commands; default a text
+	// logger on standard error.
+	Logger *slog.Logger
+	// Commands are extra subcommands to mount (the example binary adds
+	// `demo`).
+	Commands []*cobra.Command
+}
+
+// App is the state shared by the commands of one invocation.
+type App struct {
+	cfg         Config
+	databaseURL string
+	schema      string
+	out, errOut io.Writer
+}
+
+// New returns the root command with every subcommand mounted.
+func New(cfg Config) *cobra.Command {
+	cfg.Name = cmp.Or(cfg.Name, "projector")
+	if cfg.Registry == nil {
+		cfg.Registry = projector.NewRegistry()
+	}
+	app := &App{cfg: cfg}
+	root := &cobra.Command{
+		Use:   cfg.Name,
+		Short: "Projections and read models for event-sourced Go applications on PostgreSQL",
+		Long: cfg.Name + ` runs Projector's dispatcher and lets operators inspect and steer it.
+
+Every command connects with --database-url (default $` + EnvDatabaseURL + `) and
+works on the schema --schema (default $` + EnvSchema + ` or "projector").
+
+Exit codes: 0 success, 1 failure, 2 bad command line, 3 refused (the operation
+is not allowed in the current state; nothing changed).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+			app.out, app.errOut = cmd.OutOrStdout(), cmd.ErrOrStderr()
+		},
+	}
+	root.PersistentFlags().StringVar(&app.databaseURL, "database-url", os.Getenv(EnvDatabaseURL), "PostgreSQL URL (default $"+EnvDatabaseURL+")")
+	root.PersistentFlags().StringVar(&app.schema, "schema", cmp.Or(os.Getenv(EnvSchema), postgres.DefaultSchema), "schema holding Projector's tables (default $"+EnvSchema+" or projector)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(app.versionCmd(), app.migrateCmd())
+	root.AddCommand(cfg.Commands...)
+	return root
+}
+
+// Main runs the command tree on os.Args with a context cancelled by SIGINT
+// or SIGTERM, prints a failure as one line on standard error and returns
+// the exit code: [ExitOK], [ExitError], [ExitUsage] or [ExitRefused].
+func Main(cfg Config) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := New(cfg)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	fmt.Fprintf(root.ErrOrStderr(), "%s: %s\n", root.Name(), oneLine(err))
+	return ExitCode(err)
+}
+
+// ExitCode maps an error from a command to its exit code.
+func ExitCode(err error) int {
+	var ue usageError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &ue) || isCobraUsage(err):
+		return ExitUsage
+	case errors.Is(err, projector.ErrInvalidTransition):
+		return ExitRefused
+	default:
+		return ExitError
+	}
+}
+
+// usageError marks a bad command line.
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+// isCobraUsage recognises the one usage error cobra returns untyped: an
+// unknown subcommand.
+func isCobraUsage(err error) bool {
+	return strings.HasPrefix(err.Error(), "unknown command ")
+}
+
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " ")), " ")
+}
+
+// connectTimeout bounds how long a command waits for an unreachable
+// database before it gives up with an error, so scripts never hang.
+const connectTimeout = 10 * time.Second
+
+// Pool connects to the configured database and checks it answers.
+func (a *App) Pool(ctx context.Context) (*pgxpool.Pool, error) {
+	if a.databaseURL == "" {
+		return nil, usageError{fmt.Errorf("no database: pass --database-url or set %s", EnvDatabaseURL)}
+	}
+	return Connect(ctx, a.databaseURL)
+}
+
+// Connect opens a pool on url and pings it within a bounded time.
+func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("database url: %w", err)}
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > connectTimeout {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", describe(cfg), err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach database at %s: %w", describe(cfg), err)
+	}
+	return pool, nil
+}
+
+// describe names a database without its password.
+func describe(cfg *pgxpool.Config) string {
+	c := cfg.ConnConfig
+	return fmt.Sprintf("%s:%d/%s as %s", c.Host, c.Port, c.Database, c.User)
+}
+
+// Store opens the event store on the configured schema.
+func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, error) {
+	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger()})
+}
+
+func (a *App) logger() *slog.Logger {
+	if a.cfg.Logger != nil {
+		return a.cfg.Logger
+	}
+	return slog.New(slog.NewTextHandler(cmp.Or[io.Writer](a.errOut, os.Stderr), nil))
+}
+
+func (a *App) versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version of this binary",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v := a.cfg.Version
+			if v == "" {
+				v = "(devel)"
+				if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+					v = bi.Main.Version
+				}
+			}
+			fmt.Fprintf(a.out, "%s %s\n", a.cfg.Name, v)
+			return nil
+		},
+	}
+}
+
+// noArgs is cobra.NoArgs with the usage exit code.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if err := cobra.NoArgs(cmd, args); err != nil {
+		return usageError{err}
+	}
+	return nil
+}

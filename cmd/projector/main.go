@@ -1,0 +1,28 @@
+// Command projector is Projector's ops CLI and daemon with the example
+// helpdesk application compiled in. Applications with their own event types
+// and projections build the same commands into their own binary with the
+// cli package.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/cli"
+	"github.com/projectorhq/projector/examples/helpdesk"
+)
+
+func main() {
+	types, err := helpdesk.Define(projector.NewRegistry())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "projector:", err)
+		os.Exit(cli.ExitError)
+	}
+	os.Exit(cli.Main(cli.Config{
+		Registry: types.Registry,
+		Commands: []*cobra.Command{demoCmd()},
+	}))
+}
