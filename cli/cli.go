@@ -94,8 +94,12 @@ Exit codes: 0 success, 1 failure, 2 bad command line, 3 refused (the operation
 is not allowed in the current state; nothing changed).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			app.out, app.errOut = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			if err := postgres.ValidateSchema(app.schema); err != nil {
+				return usageError{fmt.Errorf("--schema: %w", err)}
+			}
+			return nil
 		},
 	}
 	root.PersistentFlags().StringVar(&app.databaseURL, "database-url", os.Getenv(EnvDatabaseURL), "PostgreSQL URL (default $"+EnvDatabaseURL+")")
