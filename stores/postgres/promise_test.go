@@ -29,6 +29,8 @@ type countInline struct {
 
 func (c *countInline) Name() string { return "count" }
 
+func (c *countInline) Validate(*projector.Registry) error { return nil }
+
 func (c *countInline) ApplyInline(ctx context.Context, tx pgx.Tx, events []projector.Event) error {
 	for _, ev := range events {
 		if _, err := tx.Exec(ctx, `INSERT INTO `+c.table+` (stream_id, n) VALUES ($1, 1)

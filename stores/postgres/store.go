@@ -54,6 +54,9 @@ type DB interface {
 type InlineProjection interface {
 	// Name identifies the projection in errors.
 	Name() string
+	// Validate reports a definition error or a handled event type the
+	// registry does not define; New refuses to start with either.
+	Validate(reg *projector.Registry) error
 	// ApplyInline applies the events one append wrote, in version order.
 	// Events carry their decoded Payload. An error aborts the transaction.
 	ApplyInline(ctx context.Context, tx pgx.Tx, events []projector.Event) error
@@ -119,6 +122,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("postgres store: inline projection %q registered twice", p.Name())
 		}
 		names[p.Name()] = true
+		if err := p.Validate(cfg.Registry); err != nil {
+			return nil, fmt.Errorf("postgres store: %w", err)
+		}
 	}
 	s.inline = append([]InlineProjection(nil), cfg.Inline...)
 	s.sql = buildStatements(quoteIdent(s.schema))

@@ -1,0 +1,151 @@
+package projection
+
+import (
+	"cmp"
+	"fmt"
+	"time"
+
+	"github.com/projectorhq/projector"
+)
+
+// Delivery says which processes apply a consumer's events.
+type Delivery int
+
+const (
+	// Shared: every event is applied once in total, by whichever process
+	// holds the consumer's one shard. The default.
+	Shared Delivery = iota
+	// PerInstance: every process applies every event, each with its own
+	// shard and cursor (in-memory caches, live counters, local fan-out).
+	PerInstance
+)
+
+// String renders the delivery for logs and status output.
+func (d Delivery) String() string {
+	if d == PerInstance {
+		return "per-instance"
+	}
+	return "shared"
+}
+
+// ErrorMode says what a handler error does to a shard.
+type ErrorMode int
+
+const (
+	// HaltOnError retries the failing event with exponential backoff and,
+	// after MaxAttempts, marks the shard dead until an operator acts. Events
+	// before the failing one are committed; nothing after it is applied.
+	// The default.
+	HaltOnError ErrorMode = iota
+	// SkipApplyErrors is continuous mode: the failing event's effects are
+	// rolled back, the event goes to the dead-letter table and the shard
+	// goes on with the next one.
+	SkipApplyErrors
+)
+
+// String renders the mode for logs and status output.
+func (m ErrorMode) String() string {
+	if m == SkipApplyErrors {
+		return "skip-apply-errors"
+	}
+	return "halt-on-error"
+}
+
+// StartFrom says where a consumer seen for the first time starts reading.
+type StartFrom int
+
+const (
+	// FromBeginning replays the whole log. The default.
+	FromBeginning StartFrom = iota
+	// FromNow starts after everything already committed when the consumer
+	// is first registered.
+	FromNow
+)
+
+// Defaults of [AsyncConfig].
+const (
+	DefaultBatchSize    = 500
+	DefaultMaxAttempts  = 10
+	DefaultRetryBackoff = time.Second
+	DefaultMaxBackoff   = 5 * time.Minute
+)
+
+// AsyncConfig configures an async projection. The zero value is a shared,
+// halt-on-error consumer that starts from the beginning of the log.
+type AsyncConfig struct {
+	Delivery  Delivery
+	ErrorMode ErrorMode
+	StartFrom StartFrom
+	// BatchSize caps the events applied in one transaction; default
+	// [DefaultBatchSize].
+	BatchSize int
+	// MaxAttempts is how many times a failing event is tried before the
+	// shard goes dead (halt mode); default [DefaultMaxAttempts].
+	MaxAttempts int
+	// RetryBackoff is the wait after the first failure, doubled after each
+	// further one up to MaxBackoff; defaults [DefaultRetryBackoff] and
+	// [DefaultMaxBackoff]. A random ±20% is added so shards failing together
+	// do not retry together.
+	RetryBackoff time.Duration
+	MaxBackoff   time.Duration
+}
+
+// Async is a projection applied by the dispatcher daemon after commit, in
+// batches, each batch in one transaction together with the consumer's
+// cursor. Register handlers with [On], [OnEvent] or [OnBatch], then hand it
+// to a [Dispatcher].
+type Async struct {
+	name string
+	cfg  AsyncConfig
+	t    table
+}
+
+// NewAsync returns an async projection; zero fields of cfg take their
+// documented defaults.
+func NewAsync(name string, cfg AsyncConfig) *Async {
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
+	cfg.RetryBackoff = cmp.Or(cfg.RetryBackoff, DefaultRetryBackoff)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff)
+	p := &Async{name: name, cfg: cfg}
+	switch {
+	case validName(name) != nil:
+		p.t.fail(name, validName(name))
+	case cfg.BatchSize < 1 || cfg.BatchSize > 100_000:
+		p.t.fail(name, fmt.Errorf("batch size %d outside 1..100000", cfg.BatchSize))
+	case cfg.MaxAttempts < 1:
+		p.t.fail(name, fmt.Errorf("max attempts %d below 1", cfg.MaxAttempts))
+	case cfg.RetryBackoff < 0 || cfg.MaxBackoff < cfg.RetryBackoff:
+		p.t.fail(name, fmt.Errorf("retry backoff %v / max %v", cfg.RetryBackoff, cfg.MaxBackoff))
+	case cfg.Delivery != Shared && cfg.Delivery != PerInstance:
+		p.t.fail(name, fmt.Errorf("unknown delivery %d", cfg.Delivery))
+	case cfg.ErrorMode != HaltOnError && cfg.ErrorMode != SkipApplyErrors:
+		p.t.fail(name, fmt.Errorf("unknown error mode %d", cfg.ErrorMode))
+	}
+	return p
+}
+
+// Name returns the projection's (and its consumer's) name.
+func (p *Async) Name() string { return p.name }
+
+// Config returns the projection's configuration with defaults filled in.
+func (p *Async) Config() AsyncConfig { return p.cfg }
+
+// EventTypes returns the handled event types in registration order.
+func (p *Async) EventTypes() []string { return p.t.eventTypes() }
+
+func (p *Async) handlers() *table { return &p.t }
+
+// Validate reports a registration error, or a handled type reg does not
+// define.
+func (p *Async) Validate(reg *projector.Registry) error { return p.t.validate(p.name, reg) }
+
+// backoff returns the wait before attempt n+1 after n failures.
+func (p *Async) backoff(failures int, jitter float64) time.Duration {
+	d := p.cfg.RetryBackoff
+	for i := 1; i < failures && d < p.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, p.cfg.MaxBackoff)
+	return time.Duration(float64(d) * (0.8 + 0.4*jitter))
+}

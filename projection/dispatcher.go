@@ -1,0 +1,453 @@
+package projection
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// EnvInstanceID names the variable a dispatcher takes its instance id from
+// when its config has none.
+const EnvInstanceID = "PROJECTOR_INSTANCE_ID"
+
+// Defaults of [Config].
+const (
+	DefaultPollMin      = 5 * time.Millisecond
+	DefaultPollMax      = 250 * time.Millisecond
+	DefaultRecheck      = time.Second
+	DefaultConcurrency  = 4
+	DefaultMetricsEvery = 10 * time.Second
+)
+
+// Config configures a [Dispatcher]. Store and Projections are required.
+type Config struct {
+	Store       *postgres.Store
+	Projections []*Async
+	// InstanceID identifies this process among the fleet: per-instance
+	// consumers keep one shard per instance id. Default $PROJECTOR_INSTANCE_ID,
+	// else a random UUID (whose per-instance shards are then removed at a
+	// graceful stop, since no later process can resume them).
+	InstanceID string
+	// Logger receives the dispatcher's log lines; default slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the dispatcher's metrics; nil means no metrics.
+	Registerer prometheus.Registerer
+	// PollMin and PollMax bound the adaptive poll of the log head that wakes
+	// caught-up shards: PollMin while events keep arriving, doubling up to
+	// PollMax while nothing does. Defaults [DefaultPollMin], [DefaultPollMax].
+	PollMin, PollMax time.Duration
+	// Recheck is how often a shard that is not running here (locked by
+	// another process, dead, disabled) looks at its state again; default
+	// [DefaultRecheck].
+	Recheck time.Duration
+	// Concurrency caps the passes running at once (each holds a connection);
+	// default [DefaultConcurrency].
+	Concurrency int
+	// MetricsEvery is how often lag gauges are refreshed; default
+	// [DefaultMetricsEvery].
+	MetricsEvery time.Duration
+}
+
+// Dispatcher is the daemon that applies async projections: one loop per
+// consumer shard, each pass one transaction that locks the shard's state row
+// (FOR UPDATE SKIP LOCKED), reads the next batch with the gap-safe log read,
+// runs the handlers and advances the cursor. See the package documentation
+// for the guarantees.
+type Dispatcher struct {
+	store      *postgres.Store
+	admin      *Admin
+	cfg        Config
+	instance   string
+	randomID   bool
+	shards     []*shard
+	logger     *slog.Logger
+	metrics    *metrics
+	sql        dispatchSQL
+	sem        chan struct{}
+	wake       broadcast
+	mu         sync.Mutex
+	started    bool
+	stopping   bool
+	softCancel context.CancelFunc
+	hardCancel context.CancelFunc
+	wg         sync.WaitGroup
+	stopped    chan struct{}
+}
+
+// shard is one consumer shard run by this dispatcher.
+type shard struct {
+	id   ShardID
+	proj *Async
+}
+
+// New validates the configuration and the projections against the store's
+// registry and returns a dispatcher ready to Start.
+func New(cfg Config) (*Dispatcher, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("projection dispatcher: Config.Store is required")
+	}
+	if len(cfg.Projections) == 0 {
+		return nil, errors.New("projection dispatcher: no projections")
+	}
+	cfg.PollMin = cmp.Or(cfg.PollMin, DefaultPollMin)
+	cfg.PollMax = max(cmp.Or(cfg.PollMax, DefaultPollMax), cfg.PollMin)
+	cfg.Recheck = cmp.Or(cfg.Recheck, DefaultRecheck)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	cfg.MetricsEvery = cmp.Or(cfg.MetricsEvery, DefaultMetricsEvery)
+	d := &Dispatcher{
+		store:   cfg.Store,
+		admin:   NewAdmin(cfg.Store),
+		cfg:     cfg,
+		logger:  cmp.Or(cfg.Logger, slog.Default()),
+		sql:     buildDispatchSQL(cfg.Store),
+		sem:     make(chan struct{}, cfg.Concurrency),
+		stopped: make(chan struct{}),
+	}
+	d.instance = cmp.Or(cfg.InstanceID, os.Getenv(EnvInstanceID))
+	if d.instance == "" {
+		d.instance, d.randomID = uuid.NewString(), true
+	}
+	if d.instance == SharedInstance {
+		return nil, fmt.Errorf("projection dispatcher: instance id %q is reserved for shared consumers; choose another (%s)", SharedInstance, EnvInstanceID)
+	}
+	seen := map[string]bool{}
+	for _, p := range cfg.Projections {
+		if p == nil {
+			return nil, errors.New("projection dispatcher: nil projection")
+		}
+		if seen[p.name] {
+			return nil, fmt.Errorf("%w: projection %q registered twice", ErrInvalidDefinition, p.name)
+		}
+		seen[p.name] = true
+		if err := p.Validate(cfg.Store.Registry()); err != nil {
+			return nil, err
+		}
+		id := ShardID{Consumer: p.name, Instance: SharedInstance}
+		if p.cfg.Delivery == PerInstance {
+			id.Instance = d.instance
+		}
+		d.shards = append(d.shards, &shard{id: id, proj: p})
+	}
+	if cfg.Registerer != nil {
+		m, err := newMetrics(cfg.Registerer)
+		if err != nil {
+			return nil, fmt.Errorf("projection dispatcher: metrics: %w", err)
+		}
+		d.metrics = m
+	}
+	return d, nil
+}
+
+// InstanceID returns this dispatcher's instance id.
+func (d *Dispatcher) InstanceID() string { return d.instance }
+
+// Shards returns the shards this dispatcher runs.
+func (d *Dispatcher) Shards() []ShardID {
+	out := make([]ShardID, len(d.shards))
+	for i, s := range d.shards {
+		out[i] = s.id
+	}
+	return out
+}
+
+// Start registers every shard's state row (before any pass, so retention
+// sees every consumer) and starts the loops. It returns once they run;
+// cancelling ctx stops the dispatcher as Stop does. A second Start is a
+// no-op; a Start after Stop is an error.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.started {
+		if d.stopping {
+			return errors.New("projection dispatcher: already stopped; build a new one")
+		}
+		return nil
+	}
+	if err := d.register(ctx); err != nil {
+		return err
+	}
+	d.started = true
+	soft, softCancel := context.WithCancel(ctx)
+	hard, hardCancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.softCancel, d.hardCancel = softCancel, hardCancel
+
+	d.wg.Go(func() { d.probeLoop(soft) })
+	if d.metrics != nil {
+		d.wg.Go(func() { d.metricsLoop(soft) })
+	}
+	for _, sh := range d.shards {
+		d.wg.Go(func() { d.runShard(soft, hard, sh) })
+	}
+	go func() {
+		d.wg.Wait()
+		d.cleanup()
+		hardCancel()
+		close(d.stopped)
+	}()
+	d.logger.InfoContext(ctx, "projection dispatcher: started", slog.String("instance_id", d.instance), slog.Int("shards", len(d.shards)))
+	return nil
+}
+
+// Stop lets each shard finish the batch it is applying, then stops. If ctx
+// ends first, running batches are cancelled and roll back (nothing is lost:
+// they are applied again later). Safe to call twice, and before Start.
+func (d *Dispatcher) Stop(ctx context.Context) error {
+	d.mu.Lock()
+	if !d.started {
+		d.started, d.stopping = true, true
+		close(d.stopped)
+		d.mu.Unlock()
+		return nil
+	}
+	d.stopping = true
+	d.softCancel()
+	d.mu.Unlock()
+	select {
+	case <-d.stopped:
+		return nil
+	case <-ctx.Done():
+		d.hardCancel()
+		<-d.stopped
+		return fmt.Errorf("projection dispatcher: stop: %w; running batches were rolled back", ctx.Err())
+	}
+}
+
+// Stopped is closed once the dispatcher has stopped.
+func (d *Dispatcher) Stopped() <-chan struct{} { return d.stopped }
+
+// register creates the state rows of this dispatcher's shards that do not
+// exist yet, with the cursor where each projection says to start.
+func (d *Dispatcher) register(ctx context.Context) error {
+	var xmin uint64
+	if err := d.store.Pool().QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())`).Scan(&xmin); err != nil {
+		return fmt.Errorf("projection dispatcher: read horizon: %w", err)
+	}
+	for _, sh := range d.shards {
+		start := projector.Start
+		if sh.proj.cfg.StartFrom == FromNow {
+			start = projector.Horizon(xmin)
+		}
+		if _, err := d.store.Pool().Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq); err != nil {
+			return fmt.Errorf("projection dispatcher: register consumer %s: %w", sh.id, err)
+		}
+	}
+	return nil
+}
+
+// cleanup removes per-instance shards of a random instance id: no later
+// process can ever resume them, and left behind they would hold retention
+// back forever.
+func (d *Dispatcher) cleanup() {
+	if !d.randomID {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, sh := range d.shards {
+		if sh.id.Instance != d.instance {
+			continue
+		}
+		if _, err := d.store.Pool().Exec(ctx, d.sql.unregister, sh.id.Consumer, sh.id.Instance); err != nil {
+			d.logger.WarnContext(ctx, "projection dispatcher: remove per-instance shard", slog.String("consumer", sh.id.String()), slog.Any("error", err))
+		}
+	}
+}
+
+// runShard is one shard's loop: pass after pass while there is work, then
+// wait for a wake-up, a retry time or a recheck.
+func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
+	log := d.logger.With(slog.String("consumer", sh.id.Consumer), slog.String("instance_id", sh.id.Instance))
+	dbFailures := 0
+	for {
+		// Take the wake channel before the pass so a wake-up that arrives
+		// during it is not lost.
+		woken := d.wake.wait()
+		select {
+		case d.sem <- struct{}{}:
+		case <-soft.Done():
+			return
+		}
+		res, err := d.pass(hard, sh)
+		<-d.sem
+		if soft.Err() != nil {
+			return
+		}
+
+		var wait time.Duration
+		wake := true
+		switch {
+		case err != nil:
+			dbFailures++
+			wait = dbBackoff(dbFailures)
+			wake = false
+			log.WarnContext(soft, "projection dispatcher: pass failed; retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
+		case res.kind == passMore:
+			dbFailures = 0
+			continue
+		case res.kind == passCaughtUp:
+			dbFailures = 0
+			wait = d.cfg.Recheck
+		case res.kind == passRetryAt:
+			dbFailures = 0
+			wait, wake = time.Until(res.retryAt), false
+		default: // locked elsewhere, dead, disabled
+			dbFailures = 0
+			wait, wake = d.cfg.Recheck, false
+		}
+		if wait <= 0 {
+			continue
+		}
+		timer := time.NewTimer(wait)
+		if !wake {
+			woken = nil
+		}
+		select {
+		case <-soft.Done():
+			timer.Stop()
+			return
+		case <-woken:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// dbBackoff is the wait after n consecutive database failures (connection
+// lost, server restarting): 100ms doubling to 30s, with jitter.
+func dbBackoff(n int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < n && d < 30*time.Second; i++ {
+		d *= 2
+	}
+	d = min(d, 30*time.Second)
+	return time.Duration(float64(d) * (0.75 + 0.5*rand.Float64()))
+}
+
+// probeLoop polls the log head and wakes the shards when what a reader can
+// be handed has moved: new events below the horizon, or held events released
+// by a transaction ending. Adaptive: PollMin while things move, doubling to
+// PollMax while they do not. The figures behind this choice over
+// LISTEN/NOTIFY are in docs/performance.md.
+func (d *Dispatcher) probeLoop(ctx context.Context) {
+	interval := d.cfg.PollMin
+	var last projector.Position
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		pos, err := d.deliverable(ctx)
+		switch {
+		case err != nil:
+			interval = d.cfg.PollMax
+		case pos != last:
+			last = pos
+			d.wake.broadcast()
+			interval = d.cfg.PollMin
+		default:
+			interval = min(interval*2, d.cfg.PollMax)
+		}
+		timer.Reset(interval)
+	}
+}
+
+// deliverable returns the newest position a reader could be handed now: the
+// newest visible event, or the horizon if that is older.
+func (d *Dispatcher) deliverable(ctx context.Context) (projector.Position, error) {
+	var txID *uint64
+	var seq *int64
+	var xmin uint64
+	if err := d.store.Pool().QueryRow(ctx, d.sql.probe).Scan(&txID, &seq, &xmin); err != nil {
+		return projector.Position{}, err
+	}
+	if txID == nil {
+		return projector.Start, nil
+	}
+	head := projector.Position{TxID: *txID, Seq: *seq}
+	if h := projector.Horizon(xmin); h.Less(head) {
+		return h, nil
+	}
+	return head, nil
+}
+
+// CatchUp waits until every shard this dispatcher runs (that is not dead
+// or disabled) has passed everything deliverable when CatchUp was called,
+// polling the state table. It returns an error naming dead shards, if any,
+// once the others are caught up. The dispatcher must be running.
+func (d *Dispatcher) CatchUp(ctx context.Context) error {
+	target, err := d.deliverable(ctx)
+	if err != nil {
+		return fmt.Errorf("catch up: %w", err)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		behind, dead := 0, []string{}
+		for _, sh := range d.shards {
+			st, err := d.admin.Status(ctx, sh.id)
+			if err != nil {
+				return fmt.Errorf("catch up: %w", err)
+			}
+			switch {
+			case st.Status == StatusDead:
+				dead = append(dead, sh.id.String())
+			case st.Status == StatusDisabled:
+			case st.Cursor.Less(target):
+				behind++
+			}
+		}
+		if behind == 0 {
+			if len(dead) > 0 {
+				return fmt.Errorf("catch up: consumers %v are dead", dead)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("catch up: %d shards still behind: %w", behind, ctx.Err())
+		case <-d.stopped:
+			return errors.New("catch up: dispatcher stopped")
+		case <-tick.C:
+		}
+	}
+}
+
+// broadcast wakes every waiter at once: waiters take the current channel,
+// broadcast closes it and installs a new one.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) broadcast() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+	}
+	b.ch = make(chan struct{})
+}

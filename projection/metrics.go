@@ -1,0 +1,130 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the dispatcher's Prometheus series, all labelled by consumer
+// and instance_id except the horizon age, which is the database's.
+type metrics struct {
+	lagEvents   *prometheus.GaugeVec
+	lagSeconds  *prometheus.GaugeVec
+	status      *prometheus.GaugeVec
+	processed   *prometheus.CounterVec
+	failed      *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+	batchApply  *prometheus.HistogramVec
+	horizonAge  prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	labels := []string{"consumer", "instance_id"}
+	m := &metrics{
+		lagEvents: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_consumer_lag_events",
+			Help: "Events after the consumer shard's cursor (all types, capped at 10M), refreshed periodically.",
+		}, labels),
+		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_consumer_lag_seconds",
+			Help: "Age of the oldest event after the consumer shard's cursor; 0 when caught up.",
+		}, labels),
+		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_consumer_status",
+			Help: "1 for the consumer shard's current status (idle, processing, dead, disabled), 0 for the others.",
+		}, append(labels, "status")),
+		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "projector_events_processed_total",
+			Help: "Events applied and committed by this process.",
+		}, labels),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "projector_events_failed_total",
+			Help: "Handler failures (each failed attempt counts once).",
+		}, labels),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "projector_dead_letters_total",
+			Help: "Events this process wrote to the dead-letter table in continuous mode.",
+		}, labels),
+		batchApply: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "projector_batch_apply_duration_seconds",
+			Help:    "Time to apply one batch, from the first handler call to commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, labels),
+		horizonAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "projector_horizon_age_seconds",
+			Help: "Age of the oldest transaction holding a transaction id in the cluster: how long delivery of later events may be held back.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge} {
+		if err := reg.Register(c); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if errors.As(err, &already) {
+				return nil, errors.New("a projector dispatcher's metrics are already registered on this Registerer; give each dispatcher its own (prometheus.WrapRegistererWith)")
+			}
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) batch(id ShardID, applied, failed, deadLetters int, started time.Time) {
+	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
+	m.processed.With(l).Add(float64(applied))
+	if failed > 0 {
+		m.failed.With(l).Add(float64(failed))
+	}
+	if deadLetters > 0 {
+		m.deadLetters.With(l).Add(float64(deadLetters))
+	}
+	if !started.IsZero() {
+		m.batchApply.With(l).Observe(time.Since(started).Seconds())
+	}
+}
+
+const horizonAgeSQL = `SELECT coalesce(extract(epoch FROM now() - least(
+	(SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL),
+	(SELECT min(prepared) FROM pg_prepared_xacts))), 0)::float8`
+
+// metricsLoop refreshes the gauges that need a query.
+func (d *Dispatcher) metricsLoop(ctx context.Context) {
+	tick := time.NewTicker(d.cfg.MetricsEvery)
+	defer tick.Stop()
+	for {
+		d.refreshGauges(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (d *Dispatcher) refreshGauges(ctx context.Context) {
+	for _, sh := range d.shards {
+		st, err := d.admin.Status(ctx, sh.id)
+		if err != nil {
+			if ctx.Err() == nil {
+				d.logger.DebugContext(ctx, "projection dispatcher: refresh metrics", slog.Any("error", err))
+			}
+			return
+		}
+		l := prometheus.Labels{"consumer": sh.id.Consumer, "instance_id": sh.id.Instance}
+		d.metrics.lagEvents.With(l).Set(float64(st.LagEvents))
+		d.metrics.lagSeconds.With(l).Set(st.LagSeconds)
+		for _, s := range []Status{StatusIdle, StatusProcessing, StatusDead, StatusDisabled} {
+			v := 0.0
+			if s == st.Status {
+				v = 1
+			}
+			d.metrics.status.With(prometheus.Labels{"consumer": sh.id.Consumer, "instance_id": sh.id.Instance, "status": string(s)}).Set(v)
+		}
+	}
+	var age float64
+	if err := d.store.Pool().QueryRow(ctx, horizonAgeSQL).Scan(&age); err == nil {
+		d.metrics.horizonAge.Set(age)
+	}
+}

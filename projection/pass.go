@@ -1,0 +1,384 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+type passKind int
+
+const (
+	passCaughtUp passKind = iota // nothing more to read below the horizon
+	passMore                     // a full batch: read again at once
+	passRetryAt                  // an event is failing; wait until retryAt
+	passLocked                   // another process holds the shard
+	passDead
+	passDisabled
+)
+
+type passResult struct {
+	kind    passKind
+	retryAt time.Time
+}
+
+type dispatchSQL struct {
+	register, unregister, lock, exists, advance, fail, deadLetter, probe string
+}
+
+func buildDispatchSQL(store *postgres.Store) dispatchSQL {
+	c, e := store.Table("projector_consumers"), store.Table("projector_events")
+	return dispatchSQL{
+		register: `INSERT INTO ` + c + ` (name, instance_id, cursor_tx_id, cursor_seq) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (name, instance_id) DO NOTHING`,
+		unregister: `DELETE FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
+		lock: `SELECT cursor_tx_id, cursor_seq, status, attempts,
+				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
+				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch')
+			FROM ` + c + ` WHERE name = $1 AND instance_id = $2 FOR UPDATE SKIP LOCKED`,
+		exists: `SELECT EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $1 AND instance_id = $2)`,
+		advance: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = 0,
+				last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL,
+				failed_event_id = NULL, next_retry_at = NULL, processed = processed + $6, updated_at = now()
+			WHERE name = $1 AND instance_id = $2`,
+		fail: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = $6,
+				last_error = $7, last_error_at = now(), failed_tx_id = $8, failed_seq = $9, failed_event_id = $10,
+				next_retry_at = CASE WHEN $5 = 'dead' THEN NULL ELSE now() + make_interval(secs => $11) END,
+				processed = processed + $12, updated_at = now()
+			WHERE name = $1 AND instance_id = $2`,
+		deadLetter: `INSERT INTO ` + store.Table("projector_dead_letters") + `
+			(consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id, stream_type, stream_id, version, error, attempts, reason)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1, 'apply-error')`,
+		probe: `SELECT e.tx_id, e.seq, pg_snapshot_xmin(pg_current_snapshot())
+			FROM (SELECT 1) one LEFT JOIN LATERAL (
+				SELECT tx_id, seq FROM ` + e + ` ORDER BY tx_id DESC, seq DESC LIMIT 1
+			) e ON true`,
+	}
+}
+
+// pass runs one transaction for sh: lock its state row, read a batch, apply
+// it, advance the cursor, commit. A handler failure is not an error of the
+// pass (it is recorded on the shard); an error means the database failed
+// and the transaction rolled back.
+func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
+	tx, err := d.store.Pool().Begin(ctx)
+	if err != nil {
+		return passResult{}, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	var st struct {
+		cursor      projector.Position
+		status      Status
+		attempts    int
+		failedEvent uuid.UUID
+		waiting     bool
+		retryAt     time.Time
+	}
+	err = tx.QueryRow(ctx, d.sql.lock, sh.id.Consumer, sh.id.Instance).Scan(
+		&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d.lockedOrMissing(ctx, tx, sh)
+	}
+	if err != nil {
+		return passResult{}, fmt.Errorf("lock shard: %w", err)
+	}
+	switch {
+	case st.status == StatusDead:
+		return passResult{kind: passDead}, nil
+	case st.status == StatusDisabled:
+		return passResult{kind: passDisabled}, nil
+	case st.waiting:
+		return passResult{kind: passRetryAt, retryAt: st.retryAt}, nil
+	}
+
+	cfg := sh.proj.cfg
+	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: cfg.BatchSize, EventTypes: sh.proj.t.types, Raw: true})
+	if err != nil {
+		return passResult{}, err
+	}
+	next := batch.Next(st.cursor)
+	status := StatusIdle
+	if batch.Full {
+		status = StatusProcessing
+	}
+	if len(batch.Events) == 0 {
+		if next == st.cursor && st.status == StatusIdle && st.attempts == 0 {
+			return passResult{kind: passCaughtUp}, nil // nothing to write
+		}
+		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, 0); err != nil {
+			return passResult{}, fmt.Errorf("advance cursor: %w", err)
+		}
+		return d.commit(ctx, tx, sh, passCaughtUp, 0, 0, 0, time.Time{})
+	}
+
+	started := time.Now()
+	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant}
+	rest, applied, deadLetters := batch.Events, 0, 0
+	for len(rest) > 0 {
+		k, herr := r.applyUntil(ctx, rest, 0)
+		if r.abort != nil {
+			return passResult{}, r.abort
+		}
+		if k < 0 {
+			applied += len(rest)
+			break
+		}
+		applied += k
+		failing := rest[k]
+		if err := r.unscope(ctx); err != nil {
+			return passResult{}, err
+		}
+		if cfg.ErrorMode == HaltOnError {
+			cursor := st.cursor
+			if k > 0 {
+				cursor = rest[k-1].Position
+			}
+			return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, cursor, failing, herr, applied, started)
+		}
+		if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
+			failing.Position.Seq, failing.Type, failing.Stream.Tenant, failing.Stream.Type, failing.Stream.ID, failing.Version,
+			herr.Error()); err != nil {
+			return passResult{}, fmt.Errorf("write dead letter: %w", err)
+		}
+		deadLetters++
+		d.logger.WarnContext(ctx, "projection dispatcher: event dead-lettered (continuous mode)",
+			slog.String("consumer", sh.id.String()), slog.String("event_id", failing.ID.String()),
+			slog.String("type", failing.Type), slog.Any("error", herr))
+		rest = rest[k+1:]
+	}
+	if err := r.unscope(ctx); err != nil {
+		return passResult{}, err
+	}
+	if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, applied); err != nil {
+		return passResult{}, fmt.Errorf("advance cursor: %w", err)
+	}
+	kind := passCaughtUp
+	if batch.Full {
+		kind = passMore
+	}
+	return d.commit(ctx, tx, sh, kind, applied, 0, deadLetters, started)
+}
+
+func (d *Dispatcher) commit(ctx context.Context, tx pgx.Tx, sh *shard, kind passKind, applied, failed, deadLetters int, started time.Time) (passResult, error) {
+	if err := tx.Commit(ctx); err != nil {
+		return passResult{}, fmt.Errorf("commit: %w", err)
+	}
+	if d.metrics != nil {
+		d.metrics.batch(sh.id, applied, failed, deadLetters, started)
+	}
+	return passResult{kind: kind}, nil
+}
+
+// lockedOrMissing tells a shard another process holds from one whose row
+// was deleted (an operator removed it), which is registered again.
+func (d *Dispatcher) lockedOrMissing(ctx context.Context, tx pgx.Tx, sh *shard) (passResult, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, d.sql.exists, sh.id.Consumer, sh.id.Instance).Scan(&exists); err != nil {
+		return passResult{}, fmt.Errorf("look up shard: %w", err)
+	}
+	if !exists {
+		if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, uint64(0), int64(0)); err != nil {
+			return passResult{}, fmt.Errorf("register shard again: %w", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return passResult{}, fmt.Errorf("register shard again: %w", err)
+		}
+		d.logger.WarnContext(ctx, "projection dispatcher: shard row was missing; registered again from the beginning", slog.String("consumer", sh.id.String()))
+		return passResult{kind: passMore}, nil
+	}
+	return passResult{kind: passLocked}, nil
+}
+
+// recordFailure commits the events before the failing one and records the
+// failure: attempts (counted per failing event), error, position and the
+// next retry time, or dead after MaxAttempts.
+func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, attempts int, prevFailed uuid.UUID,
+	cursor projector.Position, failing projector.Event, herr error, applied int, started time.Time,
+) (passResult, error) {
+	if failing.ID == prevFailed {
+		attempts++
+	} else {
+		attempts = 1
+	}
+	cfg := sh.proj.cfg
+	status := StatusProcessing
+	if attempts >= cfg.MaxAttempts {
+		status = StatusDead
+	}
+	wait := sh.proj.backoff(attempts, rand.Float64())
+	if _, err := tx.Exec(ctx, d.sql.fail, sh.id.Consumer, sh.id.Instance, cursor.TxID, cursor.Seq, status, attempts,
+		herr.Error(), failing.Position.TxID, failing.Position.Seq, [16]byte(failing.ID), wait.Seconds(), applied); err != nil {
+		return passResult{}, fmt.Errorf("record failure: %w", err)
+	}
+	res, err := d.commit(ctx, tx, sh, passRetryAt, applied, 1, 0, started)
+	if err != nil {
+		return res, err
+	}
+	log := d.logger.With(slog.String("consumer", sh.id.Consumer), slog.String("instance_id", sh.id.Instance),
+		slog.String("event_id", failing.ID.String()), slog.String("type", failing.Type),
+		slog.String("position", failing.Position.String()), slog.Int("attempt", attempts), slog.Any("error", herr))
+	if status == StatusDead {
+		log.ErrorContext(ctx, "projection dispatcher: shard is dead after MaxAttempts; it stays stopped until an operator restarts, skips or disables it",
+			slog.Int("max_attempts", cfg.MaxAttempts))
+		return passResult{kind: passDead}, nil
+	}
+	log.WarnContext(ctx, "projection dispatcher: handler failed; will retry", slog.Duration("retry_in", wait))
+	res.retryAt = time.Now().Add(wait)
+	return res, nil
+}
+
+// run is the state of one pass's handler calls.
+type run struct {
+	d  *Dispatcher
+	tx pgx.Tx
+	sh *shard
+	// scope is the tenant the transaction is scoped to, "" when unknown
+	// (after a rollback to a savepoint).
+	scope string
+	// abort is set when the transaction itself failed (a savepoint could
+	// not be rolled back to): the pass must end.
+	abort error
+}
+
+// applyUntil applies events in order under a savepoint. It returns -1 when
+// all were applied, else the index of the first event that failed and its
+// error; then the effects of the events before it are in place and those of
+// the failing event and after are rolled back.
+func (r *run) applyUntil(ctx context.Context, events []projector.Event, depth int) (int, error) {
+	sp := "projector_sp" + strconv.Itoa(depth)
+	if _, err := r.tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
+		r.abort = fmt.Errorf("savepoint: %w", err)
+		return 0, r.abort
+	}
+	k, err := r.apply(ctx, events)
+	if err == nil {
+		return -1, nil
+	}
+	if _, rerr := r.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
+		r.abort = fmt.Errorf("handler failed (%v) and the transaction could not be rolled back to its savepoint: %w", err, rerr)
+		return 0, r.abort
+	}
+	r.scope = ""
+	if len(events) == 1 {
+		return 0, err
+	}
+	if r.sh.proj.t.batch == nil {
+		// Per-event: events[:k] went through before; apply them again.
+		if k == 0 {
+			return 0, err
+		}
+		if j, err2 := r.applyUntil(ctx, events[:k], depth+1); j >= 0 || r.abort != nil {
+			return j, err2
+		}
+		return k, err
+	}
+	// Batch: bisect to find the first failing event.
+	mid := len(events) / 2
+	if j, err2 := r.applyUntil(ctx, events[:mid], depth+1); j >= 0 || r.abort != nil {
+		return j, err2
+	}
+	if j, err2 := r.applyUntil(ctx, events[mid:], depth+1); j >= 0 || r.abort != nil {
+		return mid + j, err2
+	}
+	return -1, nil // failed whole, passed in halves: applied
+}
+
+// apply runs the handlers over events; for per-event handlers it returns
+// the index of the event that failed.
+func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) {
+	t := &r.sh.proj.t
+	for i := range events {
+		ev := &events[i]
+		if ev.Payload == nil {
+			payload, data, err := r.d.store.Registry().Decode(ev.Type, ev.SchemaVersion, ev.Data)
+			if err != nil {
+				return i, err
+			}
+			ev.Payload, ev.Data = payload, data
+		}
+	}
+	if t.batch != nil {
+		for _, b := range groupBatch(events) {
+			if err := r.scopeTo(ctx, b.Tenant); err != nil {
+				return 0, err
+			}
+			if err := r.call(ctx, func(ctx context.Context) error { return t.batch(ctx, handlerTx{r.tx}, b) }); err != nil {
+				return 0, err
+			}
+		}
+		return -1, nil
+	}
+	for i, ev := range events {
+		h := t.byType[ev.Type]
+		if h == nil {
+			continue // the read filter makes this unreachable
+		}
+		if err := r.scopeTo(ctx, ev.Stream.Tenant); err != nil {
+			return i, err
+		}
+		hctx := projector.WithCausationID(projector.WithMetadata(ctx, ev.Metadata), ev.ID)
+		if err := r.call(hctx, func(ctx context.Context) error { return h(ctx, handlerTx{r.tx}, ev) }); err != nil {
+			return i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
+		}
+	}
+	return -1, nil
+}
+
+// call runs a handler, turning a panic into an error.
+func (r *run) call(ctx context.Context, fn func(context.Context) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic in handler: %v", p)
+			r.d.logger.ErrorContext(ctx, "projection dispatcher: handler panicked", slog.String("consumer", r.sh.id.String()),
+				slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+		}
+	}()
+	return fn(ctx)
+}
+
+func (r *run) scopeTo(ctx context.Context, tenant string) error {
+	if r.scope == tenant {
+		return nil
+	}
+	if err := r.d.store.ScopeTx(ctx, r.tx, tenant); err != nil {
+		return err
+	}
+	r.scope = tenant
+	return nil
+}
+
+// unscope returns the transaction to the connecting role before the
+// dispatcher writes its own state, which the tenant role has no grants on.
+func (r *run) unscope(ctx context.Context) error {
+	if r.scope == projector.SystemTenant {
+		return nil
+	}
+	if err := r.d.store.ScopeTx(ctx, r.tx, projector.SystemTenant); err != nil {
+		return fmt.Errorf("leave tenant scope: %w", err)
+	}
+	r.scope = projector.SystemTenant
+	return nil
+}
+
+// errTxOwned is what a handler gets for trying to end the dispatcher's
+// transaction.
+var errTxOwned = errors.New("projection: the dispatcher owns this transaction; return an error to roll back instead")
+
+// handlerTx is the dispatcher's transaction as handlers see it: everything
+// but ending it.
+type handlerTx struct{ pgx.Tx }
+
+func (handlerTx) Commit(context.Context) error   { return errTxOwned }
+func (handlerTx) Rollback(context.Context) error { return errTxOwned }

@@ -1,0 +1,316 @@
+package projection
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// SharedInstance is the instance id of a shared consumer's one shard. It is
+// reserved: no dispatcher may use it as its own instance id.
+const SharedInstance = "__shared__"
+
+// Status is a shard's state.
+type Status string
+
+// Shard states and the transitions between them:
+//
+//	idle ⇄ processing    the dispatcher, as it catches up and keeps up
+//	processing → dead    MaxAttempts failures of one event (halt mode)
+//	dead → idle          Restart (retry the event) or Skip (dead-letter it)
+//	any but disabled → disabled    Disable
+//	disabled → idle      Enable
+const (
+	StatusIdle       Status = "idle"
+	StatusProcessing Status = "processing"
+	StatusDead       Status = "dead"
+	StatusDisabled   Status = "disabled"
+)
+
+// ShardID names one consumer shard.
+type ShardID struct {
+	// Consumer is the projection's name.
+	Consumer string
+	// Instance is the instance id of a per-instance shard; empty means the
+	// shared shard, [SharedInstance].
+	Instance string
+}
+
+func (s ShardID) normal() ShardID {
+	if s.Instance == "" {
+		s.Instance = SharedInstance
+	}
+	return s
+}
+
+// String renders the shard as consumer or consumer@instance.
+func (s ShardID) String() string {
+	s = s.normal()
+	if s.Instance == SharedInstance {
+		return s.Consumer
+	}
+	return s.Consumer + "@" + s.Instance
+}
+
+// ShardState is a shard's row, with its lag measured when it was read.
+type ShardState struct {
+	ShardID
+	Cursor    projector.Position
+	Status    Status
+	Attempts  int
+	LastError string
+	// LastErrorAt is zero when the shard has no error.
+	LastErrorAt time.Time
+	// FailedAt is the position of the event that is failing; zero without.
+	FailedAt      projector.Position
+	FailedEventID uuid.UUID
+	NextRetryAt   time.Time
+	Processed     int64
+	UpdatedAt     time.Time
+	// LagEvents counts events after the cursor (whatever their type, up to
+	// [LagCountCap]); LagSeconds is the age of the oldest of them.
+	LagEvents  int64
+	LagSeconds float64
+}
+
+// Failing reports a shard that is retrying an event.
+func (s ShardState) Failing() bool { return s.Attempts > 0 && s.Status != StatusDead }
+
+// LagCountCap bounds the lag count so a status call stays cheap on a
+// consumer that is millions of events behind.
+const LagCountCap = 10_000_000
+
+// TransitionError is an operation refused in the shard's current state. It
+// matches [projector.ErrInvalidTransition]; nothing was changed.
+type TransitionError struct {
+	Shard   ShardID
+	Op      string
+	From    Status
+	Allowed []Status
+	// Detail adds why, when the status alone does not say (skip needs a
+	// failing event).
+	Detail string
+}
+
+// Error implements error.
+func (e *TransitionError) Error() string {
+	allowed := make([]string, len(e.Allowed))
+	for i, s := range e.Allowed {
+		allowed[i] = string(s)
+	}
+	msg := fmt.Sprintf("cannot %s consumer %s: it is %s; %s is allowed only from %s", e.Op, e.Shard, e.From, e.Op, strings.Join(allowed, " or "))
+	if e.Detail != "" {
+		msg += " (" + e.Detail + ")"
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, projector.ErrInvalidTransition) true.
+func (e *TransitionError) Is(target error) bool { return target == projector.ErrInvalidTransition }
+
+// Admin runs the operator's functions on consumer shards: list, status and
+// the guarded transitions. It needs only the store, not the projections, so
+// an ops tool can steer a fleet it does not run.
+type Admin struct {
+	store *postgres.Store
+	sql   adminSQL
+}
+
+// NewAdmin returns the ops functions for the consumers of store's schema.
+func NewAdmin(store *postgres.Store) *Admin {
+	return &Admin{store: store, sql: buildAdminSQL(store)}
+}
+
+type adminSQL struct {
+	list, lock, update, deadLetter, eventAt string
+}
+
+const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status, c.attempts,
+	coalesce(c.last_error, ''), coalesce(c.last_error_at, 'epoch'), coalesce(c.failed_tx_id, '0'), coalesce(c.failed_seq, 0),
+	coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'), coalesce(c.next_retry_at, 'epoch'), c.processed, c.updated_at`
+
+func buildAdminSQL(store *postgres.Store) adminSQL {
+	c, e := store.Table("projector_consumers"), store.Table("projector_events")
+	return adminSQL{
+		list: `SELECT ` + shardColumns + `,
+			(SELECT count(*) FROM (SELECT 1 FROM ` + e + ` e WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) LIMIT ` + fmt.Sprint(LagCountCap) + `) l),
+			coalesce(extract(epoch FROM now() - (SELECT e.recorded_at FROM ` + e + ` e
+				WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) ORDER BY e.tx_id, e.seq LIMIT 1)), 0)::float8
+			FROM ` + c + ` c WHERE ($1::text IS NULL OR c.name = $1) AND ($2::text IS NULL OR c.instance_id = $2)
+			ORDER BY c.name, c.instance_id`,
+		lock: `SELECT ` + shardColumns + `, 0::bigint, 0::float8 FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE`,
+		update: `UPDATE ` + c + ` SET status = $3, attempts = $4, cursor_tx_id = $5, cursor_seq = $6,
+			last_error = NULLIF($7, ''), last_error_at = CASE WHEN $7 = '' THEN NULL ELSE last_error_at END,
+			failed_tx_id = CASE WHEN $7 = '' THEN NULL ELSE failed_tx_id END,
+			failed_seq = CASE WHEN $7 = '' THEN NULL ELSE failed_seq END,
+			failed_event_id = CASE WHEN $7 = '' THEN NULL ELSE failed_event_id END,
+			next_retry_at = NULL, updated_at = now()
+			WHERE name = $1 AND instance_id = $2`,
+		deadLetter: `INSERT INTO ` + store.Table("projector_dead_letters") + `
+			(consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id, stream_type, stream_id, version, error, attempts, reason)
+			SELECT $1, $2, e.id, e.tx_id, e.seq, e.type, e.tenant_id, e.stream_type, e.stream_id, e.version, $5, $6, $7
+			FROM ` + e + ` e WHERE e.tx_id = $3 AND e.seq = $4`,
+	}
+}
+
+func scanShard(row pgx.Row) (ShardState, error) {
+	var s ShardState
+	err := row.Scan(&s.Consumer, &s.Instance, &s.Cursor.TxID, &s.Cursor.Seq, &s.Status, &s.Attempts,
+		&s.LastError, &s.LastErrorAt, &s.FailedAt.TxID, &s.FailedAt.Seq, &s.FailedEventID, &s.NextRetryAt,
+		&s.Processed, &s.UpdatedAt, &s.LagEvents, &s.LagSeconds)
+	if s.LastErrorAt.Unix() == 0 {
+		s.LastErrorAt = time.Time{}
+	}
+	if s.NextRetryAt.Unix() == 0 {
+		s.NextRetryAt = time.Time{}
+	}
+	return s, err
+}
+
+// List returns every shard of every consumer (consumer "" ) or of one, with
+// its lag.
+func (a *Admin) List(ctx context.Context, consumer string) ([]ShardState, error) {
+	var name *string
+	if consumer != "" {
+		name = &consumer
+	}
+	return a.list(ctx, name, nil)
+}
+
+func (a *Admin) list(ctx context.Context, name, instance *string) ([]ShardState, error) {
+	rows, err := a.store.Pool().Query(ctx, a.sql.list, name, instance)
+	if err != nil {
+		return nil, fmt.Errorf("list consumers: %w", err)
+	}
+	var out []ShardState
+	for rows.Next() {
+		s, err := scanShard(rows)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("list consumers: %w", err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list consumers: %w", err)
+	}
+	return out, nil
+}
+
+// Status returns one shard's state, or an error matching
+// [projector.ErrNotFound].
+func (a *Admin) Status(ctx context.Context, id ShardID) (ShardState, error) {
+	id = id.normal()
+	states, err := a.list(ctx, &id.Consumer, &id.Instance)
+	if err != nil {
+		return ShardState{}, err
+	}
+	if len(states) == 0 {
+		return ShardState{}, fmt.Errorf("consumer %s: %w", id, projector.ErrNotFound)
+	}
+	return states[0], nil
+}
+
+// Restart moves a dead shard back to idle with its attempts cleared and its
+// cursor kept, so the failing event is tried again. Only from dead.
+func (a *Admin) Restart(ctx context.Context, id ShardID) error {
+	return a.transition(ctx, id, "restart", []Status{StatusDead}, func(s *ShardState, _ txExec) (string, error) {
+		s.Status, s.Attempts = StatusIdle, 0
+		return "", nil
+	})
+}
+
+// Skip moves a dead or failing shard past its failing event, recording the
+// event in the dead-letter table, and sets it idle. Only from dead, or from
+// processing while an event is failing.
+func (a *Admin) Skip(ctx context.Context, id ShardID) error {
+	return a.transition(ctx, id, "skip", []Status{StatusDead, StatusProcessing}, func(s *ShardState, exec txExec) (string, error) {
+		if s.FailedAt == (projector.Position{}) {
+			return "no event is failing", nil
+		}
+		n, err := exec(ctx, a.sql.deadLetter, s.Consumer, s.Instance, s.FailedAt.TxID, s.FailedAt.Seq,
+			cmp.Or(s.LastError, "skipped by an operator"), s.Attempts, "skipped")
+		if err != nil {
+			return "", fmt.Errorf("record dead letter: %w", err)
+		}
+		if n == 0 {
+			return "", fmt.Errorf("failing event at %s is no longer in the log", s.FailedAt)
+		}
+		s.Cursor, s.Status, s.Attempts = s.FailedAt, StatusIdle, 0
+		return "", nil
+	})
+}
+
+// Disable stops a shard: the dispatcher leaves it alone and retention no
+// longer waits for it. From any state but disabled.
+func (a *Admin) Disable(ctx context.Context, id ShardID) error {
+	return a.transition(ctx, id, "disable", []Status{StatusIdle, StatusProcessing, StatusDead}, func(s *ShardState, _ txExec) (string, error) {
+		s.Status = StatusDisabled
+		return "", nil
+	})
+}
+
+// Enable moves a disabled shard back to idle; it resumes from its cursor.
+// Only from disabled.
+func (a *Admin) Enable(ctx context.Context, id ShardID) error {
+	return a.transition(ctx, id, "enable", []Status{StatusDisabled}, func(s *ShardState, _ txExec) (string, error) {
+		s.Status, s.Attempts = StatusIdle, 0
+		return "", nil
+	})
+}
+
+// txExec runs statements of the current transition.
+type txExec func(ctx context.Context, sql string, args ...any) (int64, error)
+
+// transition locks the shard's row (waiting for a running batch to finish),
+// checks the state, lets change edit it and writes it back, all in one
+// transaction: a refused transition changes nothing.
+func (a *Admin) transition(ctx context.Context, id ShardID, op string, allowed []Status, change func(*ShardState, txExec) (refuse string, err error)) error {
+	id = id.normal()
+	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		s, err := scanShard(tx.QueryRow(ctx, a.sql.lock, id.Consumer, id.Instance))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("consumer %s: %w", id, projector.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(allowed, s.Status) {
+			return &TransitionError{Shard: id, Op: op, From: s.Status, Allowed: allowed}
+		}
+		refuse, err := change(&s, func(ctx context.Context, sql string, args ...any) (int64, error) {
+			tag, err := tx.Exec(ctx, sql, args...)
+			return tag.RowsAffected(), err
+		})
+		if err != nil {
+			return err
+		}
+		if refuse != "" {
+			return &TransitionError{Shard: id, Op: op, From: s.Status, Allowed: allowed, Detail: refuse}
+		}
+		lastError := s.LastError
+		if s.Attempts == 0 {
+			lastError = ""
+		}
+		_, err = tx.Exec(ctx, a.sql.update, id.Consumer, id.Instance, s.Status, s.Attempts, s.Cursor.TxID, s.Cursor.Seq, lastError)
+		return err
+	})
+	if err != nil {
+		var te *TransitionError
+		if errors.As(err, &te) || errors.Is(err, projector.ErrNotFound) {
+			return err
+		}
+		return fmt.Errorf("%s consumer %s: %w", op, id, err)
+	}
+	return nil
+}
