@@ -369,49 +369,54 @@ func (d *Dispatcher) probeLoop(ctx context.Context) {
 // deliverable returns the newest position a reader could be handed now: the
 // newest visible event, or the horizon if that is older.
 func (d *Dispatcher) deliverable(ctx context.Context) (projector.Position, error) {
-	var txID *uint64
-	var seq *int64
-	var xmin uint64
-	if err := d.store.Pool().QueryRow(ctx, d.sql.probe).Scan(&txID, &seq, &xmin); err != nil {
+	head, xmin, err := d.head(ctx)
+	if err != nil {
 		return projector.Position{}, err
 	}
-	if txID == nil {
-		return projector.Start, nil
-	}
-	head := projector.Position{TxID: *txID, Seq: *seq}
 	if h := projector.Horizon(xmin); h.Less(head) {
 		return h, nil
 	}
 	return head, nil
 }
 
-// CatchUp waits until every shard this dispatcher runs (that is not dead
-// or disabled) has passed everything deliverable when CatchUp was called,
-// polling the state table. It returns an error naming dead shards, if any,
-// once the others are caught up. The dispatcher must be running.
-func (d *Dispatcher) CatchUp(ctx context.Context) error {
-	target, err := d.deliverable(ctx)
-	if err != nil {
-		return fmt.Errorf("catch up: %w", err)
+// head returns the newest committed event's position (every committed event
+// sorts at or before it) and the current horizon.
+func (d *Dispatcher) head(ctx context.Context) (projector.Position, uint64, error) {
+	var txID *uint64
+	var seq *int64
+	var xmin uint64
+	if err := d.store.Pool().QueryRow(ctx, d.sql.probe).Scan(&txID, &seq, &xmin); err != nil {
+		return projector.Position{}, 0, err
 	}
+	if txID == nil {
+		return projector.Start, xmin, nil
+	}
+	return projector.Position{TxID: *txID, Seq: *seq}, xmin, nil
+}
+
+// CatchUp waits until every shard this dispatcher runs (that is not dead
+// or disabled) has passed every event committed before CatchUp was called,
+// polling the state table. It returns an error naming dead shards, if any,
+// once the others are caught up. Database errors are retried until ctx ends,
+// as the dispatcher itself retries them. The dispatcher must be running.
+func (d *Dispatcher) CatchUp(ctx context.Context) error {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
+	var target *projector.Position
+	var lastErr error
 	for {
-		behind, dead := 0, []string{}
-		for _, sh := range d.shards {
-			st, err := d.admin.Status(ctx, sh.id)
-			if err != nil {
-				return fmt.Errorf("catch up: %w", err)
-			}
-			switch {
-			case st.Status == StatusDead:
-				dead = append(dead, sh.id.String())
-			case st.Status == StatusDisabled:
-			case st.Cursor.Less(target):
-				behind++
+		behind, dead := -1, []string{}
+		if target == nil {
+			if pos, _, err := d.head(ctx); err != nil {
+				lastErr = err
+			} else {
+				target = &pos
 			}
 		}
-		if behind == 0 {
+		if target != nil {
+			behind, dead, lastErr = d.behind(ctx, *target)
+		}
+		if behind == 0 && lastErr == nil {
 			if len(dead) > 0 {
 				return fmt.Errorf("catch up: consumers %v are dead", dead)
 			}
@@ -419,12 +424,35 @@ func (d *Dispatcher) CatchUp(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			if lastErr != nil {
+				return fmt.Errorf("catch up: %w (last error: %w)", ctx.Err(), lastErr)
+			}
 			return fmt.Errorf("catch up: %d shards still behind: %w", behind, ctx.Err())
 		case <-d.stopped:
 			return errors.New("catch up: dispatcher stopped")
 		case <-tick.C:
 		}
 	}
+}
+
+// behind counts this dispatcher's live shards whose cursor is before
+// target, and names the dead ones.
+func (d *Dispatcher) behind(ctx context.Context, target projector.Position) (int, []string, error) {
+	behind, dead := 0, []string{}
+	for _, sh := range d.shards {
+		st, err := d.admin.Status(ctx, sh.id)
+		if err != nil {
+			return -1, nil, err
+		}
+		switch {
+		case st.Status == StatusDead:
+			dead = append(dead, sh.id.String())
+		case st.Status == StatusDisabled:
+		case st.Cursor.Less(target):
+			behind++
+		}
+	}
+	return behind, dead, nil
 }
 
 // broadcast wakes every waiter at once: waiters take the current channel,

@@ -123,12 +123,27 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // NewPool returns a pool of its own, closed when the test ends, for tests
 // that need several independent clients (several dispatchers, say).
 func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	cfg := PoolConfig(t)
+	cfg.MaxConns = maxConns
+	return PoolFromConfig(t, cfg)
+}
+
+// PoolConfig returns a pool configuration for the test database, to adjust
+// (an application_name to find the pool's backends by, say) before
+// [PoolFromConfig].
+func PoolConfig(t testing.TB) *pgxpool.Config {
+	t.Helper()
 	ready(t)
 	cfg, err := pgxpool.ParseConfig(shared.url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.MaxConns = maxConns
+	return cfg
+}
+
+// PoolFromConfig opens a pool closed when the test ends.
+func PoolFromConfig(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
+	t.Helper()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,196 @@
+package projection_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// A child is this test binary run as a dispatcher process, so tests can
+// kill a real process (SIGKILL) or run several side by side.
+const (
+	childEnv           = "PROJECTOR_TEST_CHILD"
+	childURLEnv        = "PROJECTOR_TEST_CHILD_URL"
+	childSchemaEnv     = "PROJECTOR_TEST_CHILD_SCHEMA"
+	childBatchEnv      = "PROJECTOR_TEST_CHILD_BATCH"
+	childKillAfterEmit = "PROJECTOR_TEST_CHILD_KILL_AFTER_EMIT"
+)
+
+// childProjections are what a child runs: "counting" (opened and commented
+// events, shared) and "emitter", which appends one ticket.closed event to
+// stream emitted/x-<id> for every ticket.opened it handles, in the
+// dispatcher's transaction. killAfterEmit > 0 makes the emitter SIGKILL its
+// own process right after its killAfterEmit-th append: a crash between
+// handler and commit.
+func childProjections(store *postgres.Store, types testevents.Types, batch int, killAfterEmit int64) []*projection.Async {
+	count := projection.NewAsync("counting", projection.AsyncConfig{BatchSize: batch})
+	h := countingHandler(store.Schema(), "counting")
+	must(projection.OnEvent(count, types.Opened, h))
+	must(projection.OnEvent(count, types.Commented, h))
+
+	var emitted atomic.Int64
+	emit := projection.NewAsync("emitter", projection.AsyncConfig{BatchSize: batch})
+	must(projection.On(emit, types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, e testevents.TicketOpened) error {
+		if _, err := store.Append(ctx, tx, projector.Stream("emitted", "x-"+ev.Stream.ID), projector.AnyVersion, testevents.TicketClosed{Reason: "auto"}); err != nil {
+			return err
+		}
+		if killAfterEmit > 0 && emitted.Add(1) == killAfterEmit {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never returns: the process is gone
+		}
+		return nil
+	}))
+	return []*projection.Async{count, emit}
+}
+
+// runChild is the child's main: run the dispatcher until SIGTERM, then stop
+// gracefully.
+func runChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
+	if err != nil {
+		logger.Error("child: pool", "error", err)
+		return 1
+	}
+	defer pool.Close()
+	types := testevents.New()
+	schema := os.Getenv(childSchemaEnv)
+	batch, _ := strconv.Atoi(os.Getenv(childBatchEnv))
+	kill, _ := strconv.ParseInt(os.Getenv(childKillAfterEmit), 10, 64)
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, Logger: logger})
+	if err != nil {
+		logger.Error("child: store", "error", err)
+		return 1
+	}
+	projs := childProjections(store, types, batch, kill)
+	d, err := projection.New(projection.Config{Store: store, Projections: projs, Logger: logger,
+		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
+	if err != nil {
+		logger.Error("child: dispatcher", "error", err)
+		return 1
+	}
+	if err := d.Start(ctx); err != nil {
+		logger.Error("child: start", "error", err)
+		return 1
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := d.Stop(sctx); err != nil {
+		logger.Error("child: stop", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// child is a running child process.
+type child struct {
+	cmd *exec.Cmd
+	out *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (e *env) startChild(url string, batch int, extraEnv ...string) *child {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+url, childSchemaEnv+"="+e.schema,
+		childBatchEnv+"="+strconv.Itoa(batch))
+	cmd.Env = append(cmd.Env, extraEnv...)
+	c := &child{cmd: cmd, out: &syncBuffer{}}
+	cmd.Stdout, cmd.Stderr = c.out, c.out
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if e.t.Failed() {
+			e.t.Logf("child %d output:\n%s", cmd.Process.Pid, c.out.String())
+		}
+	})
+	return c
+}
+
+func (c *child) kill(t testing.TB) {
+	t.Helper()
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
+}
+
+// terminate stops the child gracefully and fails the test if it did not
+// exit cleanly.
+func (c *child) terminate(t testing.TB) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("child %d: %v\n%s", c.cmd.Process.Pid, err, c.out.String())
+	}
+}
+
+// checkEmitted fails unless every ticket.opened event caused exactly one
+// emitted event, with the right causation id.
+func (e *env) checkEmitted(wantOpened int) {
+	e.t.Helper()
+	var emitted, distinct, orphans int
+	err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*), count(DISTINCT causation_id),
+		count(*) FILTER (WHERE causation_id NOT IN (SELECT id FROM `+e.store.Table("projector_events")+` WHERE type = 'ticket.opened'))
+		FROM `+e.store.Table("projector_events")+` WHERE stream_type = 'emitted'`).Scan(&emitted, &distinct, &orphans)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if emitted != wantOpened || distinct != wantOpened || orphans != 0 {
+		e.t.Fatalf("emitted %d events for %d distinct causes (%d orphans); want exactly one for each of %d opened events",
+			emitted, distinct, orphans, wantOpened)
+	}
+}
+
+func openedCount(versions map[string]int64) int {
+	n := 0
+	for _, v := range versions {
+		if v > 0 {
+			n++
+		}
+	}
+	return n
+}

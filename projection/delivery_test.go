@@ -1,0 +1,168 @@
+package projection_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/projection"
+)
+
+// Promise 6, in one process: three dispatchers with pools of their own
+// share one consumer while 16 writers append 20,000 events; every event is
+// applied exactly once in total, each stream in order.
+func TestPromise6_SharedDeliveryExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i := range 3 {
+		store := e.storeOn(pgtest.NewPool(t, 3))
+		p := counting(e.schema, e.types, "counting", projection.AsyncConfig{BatchSize: 200})
+		e.dispatcher(projection.Config{Store: store, Projections: []*projection.Async{p}, InstanceID: "d" + strconv.Itoa(i), Concurrency: 2})
+	}
+	versions := e.appendMany(16, 20000, 400)
+	want := total(versions)
+	eventually(t, 2*time.Minute, "every event applied", func() bool { return e.applied("counting") >= want })
+	e.checkCounts("counting", versions)
+}
+
+// Promise 6 across OS processes: three child processes run the same shared
+// consumers while the test appends.
+func TestPromise6_SharedDeliveryAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	url := pgtest.URL(t)
+	children := []*child{e.startChild(url, 100), e.startChild(url, 100), e.startChild(url, 100)}
+	versions := e.appendMany(16, 20000, 400)
+	want := total(versions)
+	eventually(t, 2*time.Minute, "every event applied", func() bool { return e.applied("counting") >= want })
+	eventually(t, time.Minute, "every opened event emitted", func() bool { return e.emittedCount() >= openedCount(versions) })
+	for _, c := range children {
+		c.terminate(t)
+	}
+	e.checkCounts("counting", versions)
+	e.checkEmitted(openedCount(versions))
+}
+
+// Per-instance delivery: every instance applies every event.
+func TestPerInstanceDeliveryAppliesEverywhere(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	versions := e.appendMany(4, 2000, 40)
+	for _, id := range []string{"alpha", "beta", "gamma"} {
+		p := projection.NewAsync("live", projection.AsyncConfig{Delivery: projection.PerInstance, BatchSize: 150})
+		h := countingHandler(e.schema, "live@"+id)
+		must(projection.OnEvent(p, e.types.Opened, h))
+		must(projection.OnEvent(p, e.types.Commented, h))
+		e.dispatcher(projection.Config{Store: e.storeOn(pgtest.NewPool(t, 2)), Projections: []*projection.Async{p}, InstanceID: id})
+	}
+	want := total(versions)
+	for _, id := range []string{"alpha", "beta", "gamma"} {
+		eventually(t, time.Minute, id+" applied everything", func() bool { return e.applied("live@"+id) >= want })
+		e.checkCounts("live@"+id, versions)
+	}
+	st, err := projection.NewAdmin(e.store).List(e.ctx, "live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 3 {
+		t.Fatalf("per-instance consumer has %d shards, want 3", len(st))
+	}
+}
+
+// Promise 5: a dispatcher in a child process is SIGKILLed at random moments
+// while it catches up, at least ten times, and restarted each time; in the
+// end the read model is exactly right. One of the runs kills itself between
+// a handler's append and the commit: the emitted event still exists exactly
+// once.
+func TestPromise5_CrashRecoveryExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	url := pgtest.URL(t)
+	versions := e.appendMany(8, 20000, 300)
+	rng := rand.New(rand.NewPCG(5, 5))
+
+	// A crash between handler and commit, deterministically: the emitter
+	// kills its process right after its 150th append.
+	c := e.startChild(url, 50, childKillAfterEmit+"=150")
+	if err := c.cmd.Wait(); err == nil {
+		t.Fatal("the child meant to kill itself exited cleanly")
+	}
+
+	kills, round := 0, 0
+	for kills < 10 {
+		round++
+		if round > 60 {
+			t.Fatalf("only %d kills landed while catching up in %d rounds", kills, round)
+		}
+		c := e.startChild(url, 50)
+		time.Sleep(time.Duration(80+rng.IntN(250)) * time.Millisecond) // a random moment, not a synchronisation
+		applied := e.applied("counting")
+		c.kill(t)
+		if applied > 0 && applied < total(versions) {
+			kills++
+		} else if applied >= total(versions) {
+			// Caught up before the kill: give it more to catch up on.
+			for id, v := range appendWith(t, e.ctx, e.store, 4, 3000, 60, fmt.Sprintf("r%d", round)) {
+				versions[id] = v
+			}
+		}
+	}
+	final := e.startChild(url, 500)
+	want := total(versions)
+	eventually(t, 2*time.Minute, "every event applied after the crashes", func() bool { return e.applied("counting") >= want })
+	eventually(t, time.Minute, "every opened event emitted", func() bool { return e.emittedCount() >= openedCount(versions) })
+	final.terminate(t)
+	e.checkCounts("counting", versions)
+	e.checkEmitted(openedCount(versions))
+	t.Logf("%d kills while catching up, %d events", kills, want)
+}
+
+func (e *env) emittedCount() int {
+	e.t.Helper()
+	var n int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.store.Table("projector_events")+` WHERE stream_type = 'emitted'`).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// Losing the database connection mid-run (backends terminated, as on a
+// failover) is survived: the dispatcher retries with backoff and ends with
+// every event applied exactly once.
+func TestDispatcherSurvivesConnectionLoss(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	app := "projector-connloss-" + e.schema
+	cfg := pgtest.PoolConfig(t)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.MaxConns = 4
+	pool := pgtest.PoolFromConfig(t, cfg)
+	versions := e.appendMany(8, 8000, 200)
+	p := counting(e.schema, e.types, "counting", projection.AsyncConfig{BatchSize: 50})
+	d := e.dispatcher(projection.Config{Store: e.storeOn(pool), Projections: []*projection.Async{p}})
+
+	terminated := 0
+	for i := 0; i < 5 && e.applied("counting") < total(versions); i++ {
+		eventually(t, time.Minute, "progress before the next termination", func() bool { return e.applied("counting") > int64(i*1000) })
+		var n int
+		err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) x`, app).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		terminated += n
+	}
+	if terminated == 0 {
+		t.Fatal("no backend was terminated: the test did not exercise connection loss")
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.checkCounts("counting", versions)
+	t.Logf("terminated %d backends", terminated)
+}
