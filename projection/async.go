@@ -57,8 +57,10 @@ type StartFrom int
 const (
 	// FromBeginning replays the whole log. The default.
 	FromBeginning StartFrom = iota
-	// FromNow starts after everything already committed when the consumer
-	// is first registered.
+	// FromNow starts at the log's horizon when the consumer is first
+	// registered: after every transaction that had finished by then. Events
+	// of transactions still running are delivered, so a transaction that
+	// held the horizon back may also bring a few that committed just before.
 	FromNow
 )
 
