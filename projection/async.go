@@ -90,6 +90,13 @@ type AsyncConfig struct {
 	// do not retry together.
 	RetryBackoff time.Duration
 	MaxBackoff   time.Duration
+	// AfterCommit, when set, is called with the events of every batch the
+	// shard applied, right after the batch's transaction committed: the
+	// place for in-memory state that must only ever reflect committed work
+	// (a live counter on a per-instance consumer, a push to connected
+	// clients). It runs on the shard's goroutine; keep it quick. Events a
+	// continuous-mode shard dead-lettered are not included.
+	AfterCommit func(events []projector.Event)
 }
 
 // Async is a projection applied by the dispatcher daemon after commit, in

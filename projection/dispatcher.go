@@ -440,15 +440,19 @@ func (d *Dispatcher) CatchUp(ctx context.Context) error {
 func (d *Dispatcher) behind(ctx context.Context, target projector.Position) (int, []string, error) {
 	behind, dead := 0, []string{}
 	for _, sh := range d.shards {
-		st, err := d.admin.Status(ctx, sh.id)
+		// Cursor and status only: the lag count Admin.Status adds would read
+		// the whole backlog on every poll.
+		var cursor projector.Position
+		var status Status
+		err := d.store.Pool().QueryRow(ctx, d.sql.cursor, sh.id.Consumer, sh.id.Instance).Scan(&cursor.TxID, &cursor.Seq, &status)
 		if err != nil {
-			return -1, nil, err
+			return -1, nil, fmt.Errorf("read shard %s: %w", sh.id, err)
 		}
 		switch {
-		case st.Status == StatusDead:
+		case status == StatusDead:
 			dead = append(dead, sh.id.String())
-		case st.Status == StatusDisabled:
-		case st.Cursor.Less(target):
+		case status == StatusDisabled:
+		case cursor.Less(target):
 			behind++
 		}
 	}

@@ -179,9 +179,12 @@ func (t *table) eventTypes() []string { return slices.Clone(t.types) }
 func groupBatch(events []projector.Event) []Batch {
 	var batches []Batch
 	byTenant := map[string]int{}
-	byStream := map[projector.StreamRef][2]int{}
+	byStream := make(map[projector.StreamRef][2]int, len(events)/4)
 	for _, ev := range events {
-		bi, ok := byTenant[ev.Stream.Tenant]
+		bi, ok := 0, len(batches) > 0 && batches[0].Tenant == ev.Stream.Tenant
+		if !ok { // most batches hold one tenant: skip the map until a second appears
+			bi, ok = byTenant[ev.Stream.Tenant]
+		}
 		if !ok {
 			bi = len(batches)
 			byTenant[ev.Stream.Tenant] = bi

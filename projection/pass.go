@@ -34,7 +34,7 @@ type passResult struct {
 }
 
 type dispatchSQL struct {
-	register, unregister, lock, exists, advance, fail, deadLetter, probe string
+	register, unregister, lock, exists, advance, fail, deadLetter, probe, cursor string
 }
 
 func buildDispatchSQL(store *postgres.Store) dispatchSQL {
@@ -47,6 +47,7 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch')
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2 FOR UPDATE SKIP LOCKED`,
+		cursor: `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $1 AND instance_id = $2)`,
 		advance: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = 0,
 				last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL,
@@ -120,22 +121,23 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, 0); err != nil {
 			return passResult{}, fmt.Errorf("advance cursor: %w", err)
 		}
-		return d.commit(ctx, tx, sh, passCaughtUp, 0, 0, 0, time.Time{})
+		return d.commit(ctx, tx, sh, passCaughtUp, nil, 0, 0, time.Time{})
 	}
 
 	started := time.Now()
 	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant}
-	rest, applied, deadLetters := batch.Events, 0, 0
+	rest, deadLetters := batch.Events, 0
+	var done []projector.Event // applied, for AfterCommit
 	for len(rest) > 0 {
 		k, herr := r.applyUntil(ctx, rest, 0)
 		if r.abort != nil {
 			return passResult{}, r.abort
 		}
 		if k < 0 {
-			applied += len(rest)
+			done = append(done, rest...)
 			break
 		}
-		applied += k
+		done = append(done, rest[:k]...)
 		failing := rest[k]
 		if err := r.unscope(ctx); err != nil {
 			return passResult{}, err
@@ -145,7 +147,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			if k > 0 {
 				cursor = rest[k-1].Position
 			}
-			return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, cursor, failing, herr, applied, started)
+			return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, cursor, failing, herr, done, started)
 		}
 		if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
 			failing.Position.Seq, failing.Type, failing.Stream.Tenant, failing.Stream.Type, failing.Stream.ID, failing.Version,
@@ -161,22 +163,26 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if err := r.unscope(ctx); err != nil {
 		return passResult{}, err
 	}
-	if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, applied); err != nil {
+	if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, len(done)); err != nil {
 		return passResult{}, fmt.Errorf("advance cursor: %w", err)
 	}
 	kind := passCaughtUp
 	if batch.Full {
 		kind = passMore
 	}
-	return d.commit(ctx, tx, sh, kind, applied, 0, deadLetters, started)
+	return d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
 }
 
-func (d *Dispatcher) commit(ctx context.Context, tx pgx.Tx, sh *shard, kind passKind, applied, failed, deadLetters int, started time.Time) (passResult, error) {
+// commit ends the pass's transaction and reports what it applied.
+func (d *Dispatcher) commit(ctx context.Context, tx pgx.Tx, sh *shard, kind passKind, applied []projector.Event, failed, deadLetters int, started time.Time) (passResult, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return passResult{}, fmt.Errorf("commit: %w", err)
 	}
 	if d.metrics != nil {
-		d.metrics.batch(sh.id, applied, failed, deadLetters, started)
+		d.metrics.batch(sh.id, len(applied), failed, deadLetters, started)
+	}
+	if fn := sh.proj.cfg.AfterCommit; fn != nil && len(applied) > 0 {
+		fn(applied)
 	}
 	return passResult{kind: kind}, nil
 }
@@ -205,7 +211,7 @@ func (d *Dispatcher) lockedOrMissing(ctx context.Context, tx pgx.Tx, sh *shard) 
 // failure: attempts (counted per failing event), error, position and the
 // next retry time, or dead after MaxAttempts.
 func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, attempts int, prevFailed uuid.UUID,
-	cursor projector.Position, failing projector.Event, herr error, applied int, started time.Time,
+	cursor projector.Position, failing projector.Event, herr error, applied []projector.Event, started time.Time,
 ) (passResult, error) {
 	if failing.ID == prevFailed {
 		attempts++
@@ -219,7 +225,7 @@ func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, at
 	}
 	wait := sh.proj.backoff(attempts, rand.Float64())
 	if _, err := tx.Exec(ctx, d.sql.fail, sh.id.Consumer, sh.id.Instance, cursor.TxID, cursor.Seq, status, attempts,
-		herr.Error(), failing.Position.TxID, failing.Position.Seq, [16]byte(failing.ID), wait.Seconds(), applied); err != nil {
+		herr.Error(), failing.Position.TxID, failing.Position.Seq, [16]byte(failing.ID), wait.Seconds(), len(applied)); err != nil {
 		return passResult{}, fmt.Errorf("record failure: %w", err)
 	}
 	res, err := d.commit(ctx, tx, sh, passRetryAt, applied, 1, 0, started)

@@ -33,7 +33,7 @@ func FuzzDecodeEnvelope(f *testing.F) {
 			}
 			return
 		}
-		if ev.Position.TxID != 7 || len(ev.Data) != len(data) {
+		if ev.Position.TxID != 7 || string(ev.Data) != string(data) {
 			t.Fatalf("decoded %+v", ev)
 		}
 	})
