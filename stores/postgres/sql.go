@@ -9,6 +9,8 @@ type statements struct {
 	readStream    string
 	readLog       string
 	restoredCheck string
+	pruneCount    string
+	pruneDelete   string
 }
 
 const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
@@ -98,5 +100,7 @@ func buildStatements(schema string) statements {
 		readStream:    r.Replace(readStreamSQL),
 		readLog:       r.Replace(readLogSQL),
 		restoredCheck: r.Replace(restoredCheckSQL),
+		pruneCount:    r.Replace(pruneCountSQL),
+		pruneDelete:   r.Replace(pruneDeleteSQL),
 	}
 }

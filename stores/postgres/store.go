@@ -76,6 +76,11 @@ type Config struct {
 	TenantRole string
 	// Inline projections run inside every append's transaction.
 	Inline []InlineProjection
+	// Ephemeral lists stream types whose events may be deleted once old
+	// (sessions, telemetry): what Prune and `projector events prune` act on
+	// when told no stream types. Aggregate streams are history; leave them
+	// out.
+	Ephemeral []string
 	// Logger receives the store's few log lines; default slog.Default().
 	Logger *slog.Logger
 }
@@ -83,13 +88,14 @@ type Config struct {
 // Store is the event store: appends, stream reads and the gap-safe global
 // log, on one PostgreSQL schema. It is safe for concurrent use.
 type Store struct {
-	pool     *pgxpool.Pool
-	schema   string // validated, unquoted
-	registry *projector.Registry
-	role     string
-	inline   []InlineProjection
-	logger   *slog.Logger
-	sql      statements
+	pool      *pgxpool.Pool
+	schema    string // validated, unquoted
+	registry  *projector.Registry
+	role      string
+	inline    []InlineProjection
+	ephemeral []string
+	logger    *slog.Logger
+	sql       statements
 }
 
 // New checks the schema and returns a store. It fails with
@@ -127,6 +133,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		}
 	}
 	s.inline = append([]InlineProjection(nil), cfg.Inline...)
+	s.ephemeral = append([]string(nil), cfg.Ephemeral...)
 	s.sql = buildStatements(quoteIdent(s.schema))
 
 	if err := s.checkSchema(ctx); err != nil {
