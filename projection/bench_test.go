@@ -188,7 +188,7 @@ func (e *env) rawLoop(b *testing.B, upsert string, setBased bool) int64 {
 	ctx := e.ctx
 	pool := e.store.Pool()
 	cursorT := e.table("bench_cursor")
-	e.exec(`INSERT INTO `+cursorT+` VALUES ('raw', '0', 0)`)
+	e.exec(`INSERT INTO ` + cursorT + ` VALUES ('raw', '0', 0)`)
 	read := `SELECT e.tx_id, e.seq, e.stream_id FROM ` + e.store.Table("projector_events") + ` e
 		WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < pg_snapshot_xmin(pg_current_snapshot())
 		  AND e.type = ANY($3::text[])

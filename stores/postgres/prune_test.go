@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
