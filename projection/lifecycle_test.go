@@ -201,10 +201,13 @@ func TestHandlerEmitsWithCausation(t *testing.T) {
 	e := newEnv(t)
 	p := projection.NewAsync("emit", projection.AsyncConfig{})
 	must(projection.On(p, e.types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, _ testevents.TicketOpened) error {
-		_, err := e.store.Append(ctx, tx, projector.Stream("followup", ev.Stream.ID), projector.NoStream, testevents.TicketClosed{Reason: "auto"})
+		_, err := projection.Emit(ctx, tx, projector.Stream("followup", ev.Stream.ID), projector.NoStream, testevents.TicketClosed{Reason: "auto"})
 		return err
 	}))
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	if _, err := projection.Emit(e.ctx, nil, projector.Stream("x", "y"), projector.AnyVersion, testevents.TicketClosed{}); !errors.Is(err, projection.ErrNoDispatcher) {
+		t.Fatalf("Emit outside a handler: %v", err)
+	}
 	opened := e.appendOne("t1", projector.NoStream, testevents.TicketOpened{Title: "x"})[0]
 	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
 	defer cancel()

@@ -320,7 +320,7 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 			if err := r.scopeTo(ctx, b.Tenant); err != nil {
 				return 0, err
 			}
-			if err := r.call(ctx, func(ctx context.Context) error { return t.batch(ctx, handlerTx{r.tx}, b) }); err != nil {
+			if err := r.call(withStore(ctx, r.d.store), func(ctx context.Context) error { return t.batch(ctx, handlerTx{r.tx}, b) }); err != nil {
 				return 0, err
 			}
 		}
@@ -334,7 +334,7 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 		if err := r.scopeTo(ctx, ev.Stream.Tenant); err != nil {
 			return i, err
 		}
-		hctx := projector.WithCausationID(projector.WithMetadata(ctx, ev.Metadata), ev.ID)
+		hctx := withStore(projector.WithCausationID(projector.WithMetadata(ctx, ev.Metadata), ev.ID), r.d.store)
 		if err := r.call(hctx, func(ctx context.Context) error { return h(ctx, handlerTx{r.tx}, ev) }); err != nil {
 			return i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
 		}

@@ -1,0 +1,34 @@
+package projection
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// ErrNoDispatcher: Emit was called outside a handler run by a dispatcher.
+var ErrNoDispatcher = errors.New("projection: Emit called outside a dispatcher handler")
+
+type storeKey struct{}
+
+func withStore(ctx context.Context, s *postgres.Store) context.Context {
+	return context.WithValue(ctx, storeKey{}, s)
+}
+
+// Emit appends events from inside an async handler, through the
+// dispatcher's store and the handler's transaction: they commit with the
+// consumer's cursor, so each exists exactly once even across crashes, and
+// they carry the handled event's correlation id with its id as causation.
+// It is store.Append for handlers that were written without a store at
+// hand (sagas, process managers).
+func Emit(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads ...any) (postgres.AppendResult, error) {
+	s, ok := ctx.Value(storeKey{}).(*postgres.Store)
+	if !ok {
+		return postgres.AppendResult{}, ErrNoDispatcher
+	}
+	return s.Append(ctx, tx, stream, expected, payloads...)
+}
