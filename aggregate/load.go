@@ -2,6 +2,7 @@ package aggregate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -64,7 +65,7 @@ func (r *Repository[S]) LoadTx(ctx context.Context, db postgres.DBTX, stream pro
 
 func (r *Repository[S]) loadTx(ctx context.Context, db postgres.DBTX, stream projector.StreamRef, q Query) (Loaded[S], error) {
 	if db == nil {
-		return Loaded[S]{}, fmt.Errorf("nil connection")
+		return Loaded[S]{}, errors.New("nil connection")
 	}
 	if err := stream.Validate(); err != nil {
 		return Loaded[S]{}, err

@@ -95,7 +95,8 @@ type Snapshots struct {
 	// used. 0 means 1.
 	Version int
 	// Keep is how many snapshots to keep per stream and aggregate, newest
-	// first; older ones are deleted when a new one is written. 0 keeps
+	// first and whatever their Version, so snapshots of a retired shape age
+	// out too; older ones are deleted when a new one is written. 0 keeps
 	// every snapshot, so loads as of any version or time start near their
 	// target.
 	Keep int
@@ -168,8 +169,10 @@ func (r *Repository[S]) Name() string { return r.name }
 type Loaded[S any] struct {
 	// Stream is the stream the state was folded from.
 	Stream projector.StreamRef
-	// State is the folded state. Treat it as a value: a Writer or a later
-	// load never shares it, but maps and slices inside it are not copied.
+	// State is the folded state. Every load folds a state of its own, but
+	// a Writer folds its appends into the state it fetched, so maps (and
+	// slices' backing arrays) in a state it returned may change on its next
+	// append: copy them if you keep them across appends.
 	State S
 	// Version is the version of the last event folded into State; 0 for a
 	// stream that does not exist yet (only [Repository.FetchForWriting] and
