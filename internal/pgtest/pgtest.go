@@ -52,6 +52,7 @@ var shared struct {
 func Main(m *testing.M) {
 	code := m.Run()
 	if shared.pool != nil {
+		dropExampleSchemas()
 		shared.pool.Close()
 	}
 	if shared.server != nil {

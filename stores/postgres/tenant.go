@@ -52,8 +52,9 @@ func (s *Store) ScopeTx(ctx context.Context, tx pgx.Tx, tenant string) error {
 
 // GrantTenantRole grants role what it needs on Projector's own tables for
 // handlers that append events while scoped to a tenant: usage of the schema,
-// reading and writing the log and the stream heads. Grants on the
-// application's own read-model tables remain the application's to make.
+// reading and writing the log and the stream heads, and reading, writing and
+// pruning aggregate snapshots. Grants on the application's own read-model
+// tables remain the application's to make.
 func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 	schema = schemaOrDefault(schema)
 	if err := ValidateSchema(schema); err != nil {
@@ -61,7 +62,8 @@ func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 	}
 	q, r := quoteIdent(schema), quoteIdent(role)
 	sql := `GRANT USAGE ON SCHEMA ` + q + ` TO ` + r + `;
-GRANT SELECT, INSERT, UPDATE ON ` + q + `.projector_events, ` + q + `.projector_streams TO ` + r + `;`
+GRANT SELECT, INSERT, UPDATE ON ` + q + `.projector_events, ` + q + `.projector_streams TO ` + r + `;
+GRANT SELECT, INSERT, DELETE ON ` + q + `.projector_snapshots TO ` + r + `;`
 	if _, err := db.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("grant tenant role %s on schema %s: %w", r, q, err)
 	}
