@@ -25,6 +25,8 @@ type tenantRecorder struct{ table string }
 
 func (r tenantRecorder) Name() string { return "tenant_recorder" }
 
+func (r tenantRecorder) Validate(*projector.Registry) error { return nil }
+
 func (r tenantRecorder) ApplyInline(ctx context.Context, tx pgx.Tx, events []projector.Event) error {
 	_, err := tx.Exec(ctx, `INSERT INTO `+r.table+` VALUES ($1, current_setting('projector.tenant_id', true))`, events[0].Stream.ID)
 	return err
