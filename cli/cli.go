@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -59,6 +60,11 @@ type Config struct {
 	// Registry holds the application's event types; required by commands
 	// that decode events.
 	Registry *projector.Registry
+	// Wire builds the application's projections for a store on schema: the
+	// inline projections every append runs, the async projections `run`
+	// dispatches, the stream types `events prune` may delete by default, and
+	// a setup step for the application's own tables. Nil means none.
+	Wire func(schema string) (Wiring, error)
 	// Logger receives log lines of long-running commands; default a text
 	// logger on standard error.
 	Logger *slog.Logger
@@ -67,12 +73,23 @@ type Config struct {
 	Commands []*cobra.Command
 }
 
+// Wiring is an application's projections, as [Config.Wire] returns them.
+type Wiring struct {
+	Inline    []postgres.InlineProjection
+	Async     []*projection.Async
+	Ephemeral []string
+	// Setup creates or updates the application's read-model tables; `run`
+	// calls it before starting the dispatcher.
+	Setup func(ctx context.Context, db postgres.DBTX) error
+}
+
 // App is the state shared by the commands of one invocation.
 type App struct {
 	cfg         Config
 	databaseURL string
 	schema      string
 	out, errOut io.Writer
+	wired       *Wiring
 }
 
 // New returns the root command with every subcommand mounted.
@@ -105,7 +122,7 @@ is not allowed in the current state; nothing changed).`,
 	root.PersistentFlags().StringVar(&app.databaseURL, "database-url", os.Getenv(EnvDatabaseURL), "PostgreSQL URL (default $"+EnvDatabaseURL+")")
 	root.PersistentFlags().StringVar(&app.schema, "schema", cmp.Or(os.Getenv(EnvSchema), postgres.DefaultSchema), "schema holding Projector's tables (default $"+EnvSchema+" or projector)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(app.versionCmd(), app.migrateCmd(), app.statusCmd(), app.consumerCmd())
+	root.AddCommand(app.versionCmd(), app.migrateCmd(), app.statusCmd(), app.consumerCmd(), app.eventsCmd(), app.runCmd())
 	root.AddCommand(cfg.Commands...)
 	return root
 }
@@ -195,9 +212,31 @@ func describe(cfg *pgxpool.Config) string {
 	return fmt.Sprintf("%s:%d/%s as %s", c.Host, c.Port, c.Database, c.User)
 }
 
-// Store opens the event store on the configured schema.
+// Store opens the event store on the configured schema, with the
+// application's inline projections and ephemeral stream types.
 func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, error) {
-	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger()})
+	w, err := a.wiring()
+	if err != nil {
+		return nil, err
+	}
+	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
+		Inline: w.Inline, Ephemeral: w.Ephemeral})
+}
+
+// wiring calls Config.Wire once per invocation.
+func (a *App) wiring() (Wiring, error) {
+	if a.wired != nil {
+		return *a.wired, nil
+	}
+	var w Wiring
+	if a.cfg.Wire != nil {
+		var err error
+		if w, err = a.cfg.Wire(a.schema); err != nil {
+			return Wiring{}, fmt.Errorf("wire projections: %w", err)
+		}
+	}
+	a.wired = &w
+	return w, nil
 }
 
 func (a *App) logger() *slog.Logger {

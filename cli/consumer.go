@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -72,10 +74,19 @@ func WriteStatus(w io.Writer, shards []projection.ShardState, asJSON bool) error
 		if s.Failing() {
 			status += " (failing)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", s.Consumer, s.Instance, status, s.Cursor,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", s.Consumer, s.Instance, status, cursor(s.Cursor),
 			s.LagEvents, age(s.LagSeconds), s.Attempts, shorten(s.LastError, 60))
 	}
 	return tw.Flush()
+}
+
+// cursor renders a position for people: a cursor moved to the horizon
+// (every event of transactions up to tx) reads "tx/max".
+func cursor(p projector.Position) string {
+	if p.Seq == math.MaxInt64 {
+		return fmt.Sprintf("%d/max", p.TxID)
+	}
+	return p.String()
 }
 
 func age(seconds float64) string {
@@ -256,7 +267,7 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 	row("consumer", s.Consumer)
 	row("instance", s.Instance)
 	row("status", string(s.Status))
-	row("cursor", s.Cursor.String())
+	row("cursor", cursor(s.Cursor))
 	row("lag", fmt.Sprintf("%d events, oldest %s", s.LagEvents, age(s.LagSeconds)))
 	row("processed", fmt.Sprint(s.Processed))
 	row("attempts", fmt.Sprint(s.Attempts))

@@ -230,14 +230,14 @@ func (d *Dispatcher) Stopped() <-chan struct{} { return d.stopped }
 // register creates the state rows of this dispatcher's shards that do not
 // exist yet, with the cursor where each projection says to start.
 func (d *Dispatcher) register(ctx context.Context) error {
-	var xmin uint64
-	if err := d.store.Pool().QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())`).Scan(&xmin); err != nil {
-		return fmt.Errorf("projection dispatcher: read horizon: %w", err)
+	horizon, err := d.store.Horizon(ctx)
+	if err != nil {
+		return fmt.Errorf("projection dispatcher: %w", err)
 	}
 	for _, sh := range d.shards {
 		start := projector.Start
 		if sh.proj.cfg.StartFrom == FromNow {
-			start = projector.Horizon(xmin)
+			start = horizon
 		}
 		if _, err := d.store.Pool().Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq); err != nil {
 			return fmt.Errorf("projection dispatcher: register consumer %s: %w", sh.id, err)

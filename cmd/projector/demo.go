@@ -37,12 +37,13 @@ its own schema (--demo-schema, reset on every run) and never touches others.`,
 				return err
 			}
 			defer cleanup()
+			cfg.Progress = true
 			return helpdesk.RunDemo(ctx, pool, out, cfg)
 		},
 	}
 	cmd.Flags().StringVar(&cfg.Schema, "demo-schema", "projector_demo", "schema the demo resets and uses")
-	cmd.Flags().IntVar(&cfg.Tickets, "tickets", 300, "tickets the simulated customers open")
-	cmd.Flags().IntVar(&cfg.Users, "users", 8, "simulated users working at once")
+	cmd.Flags().IntVar(&cfg.Users, "users", 8, "simulated customers and agents working at once")
+	cmd.Flags().IntVar(&cfg.Actions, "actions", 400, "commands each simulated user sends")
 	cmd.Flags().BoolVar(&throwaway, "throwaway", false, "always start a throwaway PostgreSQL, even if one answers")
 	return cmd
 }

@@ -23,6 +23,15 @@ func main() {
 	}
 	os.Exit(cli.Main(cli.Config{
 		Registry: types.Registry,
+		Wire: func(schema string) (cli.Wiring, error) {
+			// Welcome mails go to standard output: the example's stand-in
+			// for a mail service.
+			app, err := helpdesk.NewApp(types, schema, os.Stdout)
+			if err != nil {
+				return cli.Wiring{}, err
+			}
+			return cli.Wiring{Inline: app.Inline(), Async: app.Async(), Ephemeral: helpdesk.Ephemeral, Setup: app.Migrate}, nil
+		},
 		Commands: []*cobra.Command{demoCmd()},
 	}))
 }

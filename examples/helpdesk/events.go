@@ -15,7 +15,12 @@ const (
 	TicketStream   = "ticket"
 	CustomerStream = "customer"
 	AgentStream    = "agent"
+	// SessionStream holds agents' presence pings: ephemeral, prunable.
+	SessionStream = "session"
 )
+
+// Ephemeral are the stream types retention may delete by default.
+var Ephemeral = []string{SessionStream}
 
 // CustomerRegistered: a customer signed up.
 type CustomerRegistered struct {
@@ -61,6 +66,12 @@ type TicketCommented struct {
 	Body   string `json:"body"`
 }
 
+// AgentPinged: an agent's console reported the agent present. Kept only
+// for a while (see Ephemeral).
+type AgentPinged struct {
+	Agent string `json:"agent"`
+}
+
 // TicketClosed: the ticket is resolved.
 type TicketClosed struct {
 	Resolution string `json:"resolution"`
@@ -75,6 +86,7 @@ type Types struct {
 	TicketAssigned     projector.EventType[TicketAssigned]
 	TicketCommented    projector.EventType[TicketCommented]
 	TicketClosed       projector.EventType[TicketClosed]
+	AgentPinged        projector.EventType[AgentPinged]
 }
 
 // Define defines the helpdesk's event types in r.
@@ -98,6 +110,9 @@ func Define(r *projector.Registry) (Types, error) {
 		return t, err
 	}
 	if t.TicketClosed, err = projector.Define[TicketClosed](r, "ticket.closed"); err != nil {
+		return t, err
+	}
+	if t.AgentPinged, err = projector.Define[AgentPinged](r, "agent.pinged"); err != nil {
 		return t, err
 	}
 	return t, nil

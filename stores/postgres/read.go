@@ -279,3 +279,15 @@ func DecodeEnvelope(txID *uint64, seq *int64, id uuid.UUID, stream projector.Str
 	}
 	return ev, nil
 }
+
+// Horizon returns the position a reader starting now may begin at without
+// missing anything still to come: just before the oldest transaction still
+// running. Every event of a finished transaction sorts before it; some may
+// have committed moments ago.
+func (s *Store) Horizon(ctx context.Context) (projector.Position, error) {
+	var xmin uint64
+	if err := s.pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())`).Scan(&xmin); err != nil {
+		return projector.Position{}, fmt.Errorf("read horizon: %w", err)
+	}
+	return projector.Horizon(xmin), nil
+}

@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector/projection"
+)
+
+// runConfig configures the daemon `run` starts.
+type runConfig struct {
+	// HTTPAddr serves /metrics, /healthz and /readyz; empty disables it.
+	HTTPAddr string
+	// InstanceID identifies this process; default $PROJECTOR_INSTANCE_ID or
+	// a random UUID.
+	InstanceID string
+	// StopTimeout bounds the graceful stop: running batches get this long
+	// to finish before they are rolled back.
+	StopTimeout time.Duration
+}
+
+func (a *App) runCmd() *cobra.Command {
+	var cfg runConfig
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the dispatcher for this binary's projections, with /metrics, /healthz and /readyz",
+		Long: `run starts the dispatcher daemon for the async projections compiled into this
+binary and serves, on --http-addr:
+
+  /metrics   Prometheus metrics (projector_* and Go runtime)
+  /healthz   200 while the process runs
+  /readyz    200 while the dispatcher runs and the database answers, else 503
+
+SIGINT or SIGTERM stops it gracefully: running batches get --stop-timeout to
+finish, then roll back (nothing is lost; they are applied again later).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context(), cfg) },
+	}
+	cmd.Flags().StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9464", "address for /metrics, /healthz, /readyz (empty: no HTTP)")
+	cmd.Flags().StringVar(&cfg.InstanceID, "instance-id", "", "this process's instance id (default $"+projection.EnvInstanceID+" or a random UUID)")
+	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown")
+	return cmd
+}
+
+// run is the `run` command: it runs until ctx is cancelled, then stops
+// gracefully.
+func (a *App) run(ctx context.Context, cfg runConfig) error {
+	log := a.logger()
+	pool, err := a.Pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	w, err := a.wiring()
+	if err != nil {
+		return err
+	}
+	if len(w.Async) == 0 {
+		return errors.New("this binary has no async projections to run (cli.Config.Wire returned none)")
+	}
+	if w.Setup != nil {
+		if err := w.Setup(ctx, pool); err != nil {
+			return fmt.Errorf("set up the application's tables: %w", err)
+		}
+	}
+	store, err := a.Store(ctx, pool)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d, err := projection.New(projection.Config{Store: store, Projections: w.Async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
+
+	var running atomic.Bool
+	var srv *http.Server
+	addr := ""
+	if cfg.HTTPAddr != "" {
+		ln, err := net.Listen("tcp", cfg.HTTPAddr)
+		if err != nil {
+			return usageError{fmt.Errorf("--http-addr: %w", err)}
+		}
+		addr = ln.Addr().String()
+		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("run: http server", slog.Any("error", err))
+			}
+		}()
+	}
+	if err := d.Start(ctx); err != nil {
+		if srv != nil {
+			_ = srv.Close()
+		}
+		return err
+	}
+	running.Store(true)
+	fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(w.Async), d.InstanceID())
+	if addr != "" {
+		fmt.Fprintf(a.out, "; metrics on http://%s/metrics", addr)
+	}
+	fmt.Fprintln(a.out)
+
+	<-ctx.Done()
+	running.Store(false)
+	fmt.Fprintf(a.out, "%s run: stopping\n", a.cfg.Name)
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmpDuration(cfg.StopTimeout, 30*time.Second))
+	defer cancel()
+	stopErr := d.Stop(stopCtx)
+	if srv != nil {
+		_ = srv.Shutdown(stopCtx)
+	}
+	if stopErr != nil {
+		return stopErr
+	}
+	fmt.Fprintf(a.out, "%s run: stopped\n", a.cfg.Name)
+	return nil
+}
+
+func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !running.Load() {
+			http.Error(w, "dispatcher not running", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := ping(ctx); err != nil {
+			http.Error(w, "database unreachable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+func cmpDuration(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
