@@ -162,10 +162,11 @@ type usageError struct{ error }
 
 func (u usageError) Unwrap() error { return u.error }
 
-// isCobraUsage recognises the one usage error cobra returns untyped: an
-// unknown subcommand.
+// isCobraUsage recognises the usage errors cobra returns untyped: an
+// unknown subcommand and a missing required flag.
 func isCobraUsage(err error) bool {
-	return strings.HasPrefix(err.Error(), "unknown command ")
+	msg := err.Error()
+	return strings.HasPrefix(msg, "unknown command ") || strings.HasPrefix(msg, "required flag(s) ")
 }
 
 func oneLine(err error) string {
