@@ -113,14 +113,18 @@ is not allowed in the current state; nothing changed).`,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			app.out, app.errOut = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			app.databaseURL = cmp.Or(app.databaseURL, os.Getenv(EnvDatabaseURL))
+			app.schema = cmp.Or(app.schema, os.Getenv(EnvSchema), postgres.DefaultSchema)
 			if err := postgres.ValidateSchema(app.schema); err != nil {
 				return usageError{fmt.Errorf("--schema: %w", err)}
 			}
 			return nil
 		},
 	}
-	root.PersistentFlags().StringVar(&app.databaseURL, "database-url", os.Getenv(EnvDatabaseURL), "PostgreSQL URL (default $"+EnvDatabaseURL+")")
-	root.PersistentFlags().StringVar(&app.schema, "schema", cmp.Or(os.Getenv(EnvSchema), postgres.DefaultSchema), "schema holding Projector's tables (default $"+EnvSchema+" or projector)")
+	// Defaults come from the environment at run time, not into the flag
+	// defaults, so --help never prints a URL with its password.
+	root.PersistentFlags().StringVar(&app.databaseURL, "database-url", "", "PostgreSQL URL (default $"+EnvDatabaseURL+")")
+	root.PersistentFlags().StringVar(&app.schema, "schema", "", "schema holding Projector's tables (default $"+EnvSchema+" or projector)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(app.versionCmd(), app.migrateCmd(), app.statusCmd(), app.consumerCmd(), app.eventsCmd(), app.runCmd())
 	root.AddCommand(cfg.Commands...)

@@ -253,7 +253,7 @@ refused with exit code 3 and changes nothing:
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(a.out, "%s %s: now %s at %s\n", op.use, id, st.Status, st.Cursor)
+				fmt.Fprintf(a.out, "%s %s: now %s at %s\n", op.use, id, st.Status, cursor(st.Cursor))
 				return nil
 			},
 		})

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -32,6 +34,7 @@ its own schema (--demo-schema, reset on every run) and never touches others.`,
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
 			url, _ := cmd.Flags().GetString("database-url")
+			url = cmp.Or(url, os.Getenv(cli.EnvDatabaseURL))
 			pool, cleanup, err := findDatabase(ctx, url, throwaway, out)
 			if err != nil {
 				return err
