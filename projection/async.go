@@ -90,6 +90,12 @@ type AsyncConfig struct {
 	// do not retry together.
 	RetryBackoff time.Duration
 	MaxBackoff   time.Duration
+	// RawPayloads skips decoding payloads: handlers get ev.Data (upcast
+	// JSON) and a nil ev.Payload. For batch and untyped handlers that write
+	// the JSON straight to SQL or only need the envelope, it saves the
+	// decoding, a sixth of a busy dispatcher's CPU. Typed handlers ([On])
+	// need payloads, so the two do not mix.
+	RawPayloads bool
 	// AfterCommit, when set, is called with the events of every batch the
 	// shard applied, right after the batch's transaction committed: the
 	// place for in-memory state that must only ever reflect committed work
@@ -147,7 +153,12 @@ func (p *Async) handlers() *table { return &p.t }
 
 // Validate reports a registration error, or a handled type reg does not
 // define.
-func (p *Async) Validate(reg *projector.Registry) error { return p.t.validate(p.name, reg) }
+func (p *Async) Validate(reg *projector.Registry) error {
+	if p.cfg.RawPayloads && p.t.typed {
+		return fmt.Errorf("%w: projection %q: RawPayloads with typed handlers (On), which need decoded payloads; use OnEvent or OnBatch", ErrInvalidDefinition, p.name)
+	}
+	return p.t.validate(p.name, reg)
+}
 
 // backoff returns the wait before attempt n+1 after n failures.
 func (p *Async) backoff(failures int, jitter float64) time.Duration {

@@ -76,8 +76,8 @@ func BenchmarkCatchUp(b *testing.B) {
 		}))
 		return p
 	}
-	batched := func() *projection.Async {
-		p := projection.NewAsync("bench", projection.AsyncConfig{BatchSize: 500})
+	batched := func(raw bool) *projection.Async {
+		p := projection.NewAsync("bench", projection.AsyncConfig{BatchSize: 500, RawPayloads: raw})
 		must(projection.OnBatch(p, func(ctx context.Context, tx pgx.Tx, batch projection.Batch) error {
 			ids := make([]string, len(batch.Streams))
 			counts := make([]int64, len(batch.Streams))
@@ -94,7 +94,8 @@ func BenchmarkCatchUp(b *testing.B) {
 		raw, proj func(b *testing.B) int64
 	}{
 		{"per-event", func(b *testing.B) int64 { return e.rawLoop(b, upsert, false) }, func(b *testing.B) int64 { return e.runDispatcher(b, perEvent()) }},
-		{"batch", func(b *testing.B) int64 { return e.rawLoop(b, setUpsert, true) }, func(b *testing.B) int64 { return e.runDispatcher(b, batched()) }},
+		{"batch", func(b *testing.B) int64 { return e.rawLoop(b, setUpsert, true) }, func(b *testing.B) int64 { return e.runDispatcher(b, batched(false)) }},
+		{"batch-raw-payloads", func(b *testing.B) int64 { return e.rawLoop(b, setUpsert, true) }, func(b *testing.B) int64 { return e.runDispatcher(b, batched(true)) }},
 	}
 	// Each iteration runs the raw loop and then Projector on the same
 	// backlog, so drift on a shared machine hits both alike; -benchtime 3x

@@ -307,7 +307,7 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 	t := &r.sh.proj.t
 	for i := range events {
 		ev := &events[i]
-		if ev.Payload == nil {
+		if ev.Payload == nil && !r.sh.proj.cfg.RawPayloads {
 			payload, data, err := r.d.store.Registry().Decode(ev.Type, ev.SchemaVersion, ev.Data)
 			if err != nil {
 				return i, err
