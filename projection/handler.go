@@ -208,7 +208,7 @@ func groupBatch(events []projector.Event) []Batch {
 	backing := make([]projector.Event, len(events))
 	off := 0
 	for _, g := range groups {
-		batches[g.batch].Streams[g.stream].Events = backing[off:off : off+g.n]
+		batches[g.batch].Streams[g.stream].Events = backing[off : off : off+g.n]
 		off += g.n
 	}
 	for i := range events {
