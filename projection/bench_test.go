@@ -17,6 +17,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // benchEvents is the catch-up backlog: 100,000 by default, 1,000,000 with
@@ -383,4 +384,70 @@ func percentile(d []time.Duration, p int) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+// BenchmarkAppendInline measures an append with one inline projection (an
+// upsert per event, in the append's transaction) beside the same append
+// without it, interleaved op by op in the same run: the cost of keeping a
+// read model exactly as fresh as the events.
+func BenchmarkAppendInline(b *testing.B) {
+	for _, n := range []int{1, 100} {
+		for _, form := range []string{"per-event", "batch"} {
+			b.Run(fmt.Sprintf("events=%d/%s", n, form), func(b *testing.B) { benchAppendInline(b, n, form == "batch") })
+		}
+	}
+}
+
+func benchAppendInline(b *testing.B, n int, batch bool) {
+	e := newEnv(b)
+	e.benchTables()
+	upsert := `INSERT INTO ` + e.table("bench_counts") + ` AS c (stream_id, n) VALUES ($1, 1) ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1`
+	setUpsert := `INSERT INTO ` + e.table("bench_counts") + ` AS c (stream_id, n) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET n = c.n + excluded.n`
+	inline := projection.NewInline("counts")
+	if batch {
+		must(projection.OnBatch(inline, func(ctx context.Context, tx pgx.Tx, b projection.Batch) error {
+			for _, s := range b.Streams { // one stream per append: one statement
+				if _, err := tx.Exec(ctx, setUpsert, s.Stream.ID, len(s.Events)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, e.types.Commented))
+	} else {
+		must(projection.OnEvent(inline, e.types.Commented, func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+			_, err := tx.Exec(ctx, upsert, ev.Stream.ID)
+			return err
+		}))
+	}
+	with, err := postgres.New(e.ctx, e.store.Pool(), postgres.Config{Schema: e.schema, Registry: e.types.Registry, Inline: []postgres.InlineProjection{inline}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	payloads := make([]any, n)
+	for i := range payloads {
+		payloads[i] = testevents.TicketCommented{Body: "the printer is on fire again", N: i}
+	}
+	var plainTime, inlineTime time.Duration
+	for i := 0; b.Loop(); i++ {
+		for j, store := range []*postgres.Store{e.store, with} {
+			stream := projector.Stream("ticket", fmt.Sprintf("%d-%d", j, i-i%10))
+			start := time.Now()
+			err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
+				_, err := store.Append(e.ctx, tx, stream, projector.AnyVersion, payloads...)
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if j == 0 {
+				plainTime += time.Since(start)
+			} else {
+				inlineTime += time.Since(start)
+			}
+		}
+	}
+	events := float64(b.N * n)
+	b.ReportMetric(events/plainTime.Seconds(), "plain-events/s")
+	b.ReportMetric(events/inlineTime.Seconds(), "inline-events/s")
+	b.ReportMetric(100*plainTime.Seconds()/inlineTime.Seconds(), "%-of-plain")
 }

@@ -24,8 +24,9 @@ var exampleSchemas struct {
 // ExampleStore returns a store with reg's event types on a fresh migrated
 // schema of the shared test database, for Example functions, which have no
 // testing.T: it panics on error, and [Main] drops the schema when the
-// package's tests are done.
-func ExampleStore(reg *projector.Registry) *postgres.Store {
+// package's tests are done. cfg, if given, supplies the store's other
+// settings (inline projections, say); its Schema and Registry are replaced.
+func ExampleStore(reg *projector.Registry, cfg ...postgres.Config) *postgres.Store {
 	shared.once.Do(setup)
 	if shared.err != nil {
 		panic(shared.err)
@@ -38,7 +39,12 @@ func ExampleStore(reg *projector.Registry) *postgres.Store {
 	if _, err := postgres.Migrate(ctx, shared.pool, name); err != nil {
 		panic(fmt.Errorf("pgtest: migrate example schema %s: %w", name, err))
 	}
-	s, err := postgres.New(ctx, shared.pool, postgres.Config{Schema: name, Registry: reg})
+	var c postgres.Config
+	if len(cfg) > 0 {
+		c = cfg[0]
+	}
+	c.Schema, c.Registry = name, reg
+	s, err := postgres.New(ctx, shared.pool, c)
 	if err != nil {
 		panic(fmt.Errorf("pgtest: example store: %w", err))
 	}
