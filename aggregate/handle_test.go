@@ -191,15 +191,7 @@ func TestHandleUnderTenantRole(t *testing.T) {
 	schema := pgtest.Schema(t)
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	role := schema + "_tenant"
-	q := pgx.Identifier{role}.Sanitize()
-	if _, err := pool.Exec(ctx, `CREATE ROLE `+q+` NOLOGIN`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP OWNED BY `+q+`; DROP ROLE `+q) })
-	if err := postgres.GrantTenantRole(ctx, pool, schema, role); err != nil {
-		t.Fatal(err)
-	}
+	role, _ := pgtest.TenantRole(t, schema)
 	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
 	if err != nil {
 		t.Fatal(err)

@@ -105,10 +105,15 @@ func shorten(s string, n int) string {
 }
 
 func (a *App) statusCmd() *cobra.Command {
+	return a.listCmd("status", "Show every consumer shard: status, cursor, lag, attempts, last error")
+}
+
+// listCmd is `status` and `consumer list`: every shard, as a table or JSON.
+func (a *App) listCmd(use, short string) *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
-		Use:   "status",
-		Short: "Show every consumer shard: status, cursor, lag, attempts, last error",
+		Use:   use,
+		Short: short,
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := outputFormat(format)
@@ -173,28 +178,7 @@ refused with exit code 3 and changes nothing:
 	}
 	root.PersistentFlags().StringVar(&instance, "instance", projection.SharedInstance, "instance id of the shard (per-instance consumers)")
 
-	list := &cobra.Command{
-		Use:   "list",
-		Short: "List every consumer shard (same as status)",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			admin, done, err := a.admin(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			shards, err := admin.List(cmd.Context(), "")
-			if err != nil {
-				return err
-			}
-			return WriteStatus(a.out, shards, asJSON)
-		},
-	}
-	list.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
+	list := a.listCmd("list", "List every consumer shard (same as status)")
 
 	status := &cobra.Command{
 		Use:   "status NAME",

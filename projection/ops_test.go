@@ -113,25 +113,8 @@ func TestPromise8_HandlersAreTenantScoped(t *testing.T) {
 	schema := pgtest.Schema(t)
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
-	role := schema + "_tenant"
-	notes := pgx.Identifier{schema, "notes"}.Sanitize()
-	qrole := pgx.Identifier{role}.Sanitize()
-	for _, sql := range []string{
-		`CREATE ROLE ` + qrole + ` NOLOGIN`,
-		`CREATE TABLE ` + notes + ` (tenant_id text NOT NULL, body text NOT NULL)`,
-		`ALTER TABLE ` + notes + ` ENABLE ROW LEVEL SECURITY`,
-		`CREATE POLICY tenant_isolation ON ` + notes + ` TO ` + qrole + `
-			USING (tenant_id = current_setting('projector.tenant_id', true))
-			WITH CHECK (tenant_id = current_setting('projector.tenant_id', true))`,
-		`GRANT SELECT, INSERT ON ` + notes + ` TO ` + qrole,
-		`INSERT INTO ` + notes + ` VALUES ('a', 'a-note'), ('b', 'b-note')`,
-	} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP OWNED BY `+qrole+`; DROP ROLE `+qrole) })
-	if err := postgres.GrantTenantRole(ctx, pool, schema, role); err != nil {
+	role, notes := pgtest.TenantRole(t, schema)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+notes+` VALUES ('a', 'a-note'), ('b', 'b-note')`); err != nil {
 		t.Fatal(err)
 	}
 	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})

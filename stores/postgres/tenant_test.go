@@ -14,44 +14,13 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// tenantRole creates a role of the test's own (roles are cluster-wide) and a
-// notes table with a row-level-security policy for it.
-func tenantRole(t *testing.T, schema string) (role, table string) {
-	t.Helper()
-	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	role = schema + "_tenant"
-	table = pgx.Identifier{schema, "notes"}.Sanitize()
-	q := pgx.Identifier{role}.Sanitize()
-	for _, sql := range []string{
-		`CREATE ROLE ` + q + ` NOLOGIN`,
-		`CREATE TABLE ` + table + ` (tenant_id text NOT NULL, body text NOT NULL)`,
-		`ALTER TABLE ` + table + ` ENABLE ROW LEVEL SECURITY`,
-		`CREATE POLICY tenant_isolation ON ` + table + ` TO ` + q + `
-			USING (tenant_id = current_setting('projector.tenant_id', true))
-			WITH CHECK (tenant_id = current_setting('projector.tenant_id', true))`,
-		`GRANT SELECT, INSERT ON ` + table + ` TO ` + q,
-	} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	if err := postgres.GrantTenantRole(ctx, pool, schema, role); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(ctx, `DROP OWNED BY `+q+`; DROP ROLE `+q)
-	})
-	return role, table
-}
-
 // Promise 8 at the store: a transaction scoped to tenant A can neither read
 // nor write tenant B's rows, although the test connects as a superuser.
 func TestPromise8_TenantScopedTransaction(t *testing.T) {
 	t.Parallel()
 	types := testevents.New()
 	schema := pgtest.Schema(t)
-	role, table := tenantRole(t, schema)
+	role, table := pgtest.TenantRole(t, schema)
 	ctx := context.Background()
 	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
 	if err != nil {
