@@ -70,6 +70,7 @@ const (
 	DefaultMaxAttempts  = 10
 	DefaultRetryBackoff = time.Second
 	DefaultMaxBackoff   = 5 * time.Minute
+	DefaultBatchTimeout = time.Minute
 )
 
 // AsyncConfig configures an async projection. The zero value is a shared,
@@ -90,6 +91,13 @@ type AsyncConfig struct {
 	// do not retry together.
 	RetryBackoff time.Duration
 	MaxBackoff   time.Duration
+	// BatchTimeout bounds how long the handlers of one batch may run; past
+	// it their context is cancelled and the batch fails like any handler
+	// error (retried with backoff, dead after MaxAttempts). A pass that has
+	// written holds back delivery for every consumer in the cluster until it
+	// commits, so a hung handler must not run forever. Default
+	// [DefaultBatchTimeout].
+	BatchTimeout time.Duration
 	// RawPayloads skips decoding payloads: handlers get ev.Data (upcast
 	// JSON) and a nil ev.Payload. For batch and untyped handlers that write
 	// the JSON straight to SQL or only need the envelope, it saves the
@@ -122,6 +130,7 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
 	cfg.RetryBackoff = cmp.Or(cfg.RetryBackoff, DefaultRetryBackoff)
 	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff)
+	cfg.BatchTimeout = cmp.Or(cfg.BatchTimeout, DefaultBatchTimeout)
 	p := &Async{name: name, cfg: cfg}
 	switch {
 	case validName(name) != nil:
@@ -130,6 +139,8 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 		p.t.fail(name, fmt.Errorf("batch size %d outside 1..100000", cfg.BatchSize))
 	case cfg.MaxAttempts < 1:
 		p.t.fail(name, fmt.Errorf("max attempts %d below 1", cfg.MaxAttempts))
+	case cfg.BatchTimeout < 0:
+		p.t.fail(name, fmt.Errorf("batch timeout %v is negative", cfg.BatchTimeout))
 	case cfg.RetryBackoff < 0 || cfg.MaxBackoff < cfg.RetryBackoff:
 		p.t.fail(name, fmt.Errorf("retry backoff %v / max %v", cfg.RetryBackoff, cfg.MaxBackoff))
 	case cfg.Delivery != Shared && cfg.Delivery != PerInstance:

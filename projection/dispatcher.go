@@ -61,8 +61,9 @@ type Config struct {
 }
 
 // Dispatcher is the daemon that applies async projections: one loop per
-// consumer shard, each pass one transaction that locks the shard's state row
-// (FOR UPDATE SKIP LOCKED), reads the next batch with the gap-safe log read,
+// consumer shard, each pass one transaction that takes the shard's advisory
+// lock (skipping a shard another process holds), reads the next batch with
+// the gap-safe log read,
 // runs the handlers and advances the cursor. See the package documentation
 // for the guarantees.
 type Dispatcher struct {
@@ -88,8 +89,15 @@ type Dispatcher struct {
 
 // shard is one consumer shard run by this dispatcher.
 type shard struct {
-	id   ShardID
-	proj *Async
+	id      ShardID
+	proj    *Async
+	lockKey string // see shardLockKey
+}
+
+// shardLockKey names a shard's advisory lock: hashed to 64 bits in the
+// database, keyed on the schema so side-by-side schemas never contend.
+func shardLockKey(schema string, id ShardID) string {
+	return "projector.shard\x1f" + schema + "\x1f" + id.Consumer + "\x1f" + id.Instance
 }
 
 // New validates the configuration and the projections against the store's
@@ -138,7 +146,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		if p.cfg.Delivery == PerInstance {
 			id.Instance = d.instance
 		}
-		d.shards = append(d.shards, &shard{id: id, proj: p})
+		d.shards = append(d.shards, &shard{id: id, proj: p, lockKey: shardLockKey(cfg.Store.Schema(), id)})
 	}
 	if cfg.Registerer != nil {
 		m, err := newMetrics(cfg.Registerer)

@@ -21,9 +21,13 @@
 //
 // Each async projection is a consumer with one or more shards, each a row in
 // projector_consumers holding a cursor into the log. A [Shared] consumer has
-// one shard that any number of dispatchers compete for: a pass locks the row
-// with SELECT … FOR UPDATE SKIP LOCKED, so exactly one process applies a
-// given batch and the others skip it without waiting (promise 6). A
+// one shard that any number of dispatchers compete for: a pass tries the
+// shard's transaction-scoped advisory lock, so exactly one process applies a
+// given batch and the others skip it without waiting (promise 6). An
+// advisory lock rather than SELECT … FOR UPDATE SKIP LOCKED on the row,
+// because a row lock gives the pass a transaction id at once, and a running
+// transaction with an id holds back delivery cluster-wide: a slow read-only
+// handler would stall every other consumer. A
 // [PerInstance] consumer has a shard per dispatcher instance id: every
 // process applies every event.
 //
@@ -42,6 +46,13 @@
 // join the transaction. They happen at least once: a batch that fails or
 // crashes after the effect is applied again. Make them idempotent with the
 // event id (ev.ID), which is stable across replays.
+//
+// # Slow handlers
+//
+// A pass that has written holds back delivery of later events for every
+// consumer until it commits (promise 3 cuts both ways). Keep handlers quick;
+// each batch has a deadline, AsyncConfig.BatchTimeout, past which it fails
+// and is retried like any error.
 //
 // # Errors
 //

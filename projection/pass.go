@@ -34,7 +34,7 @@ type passResult struct {
 }
 
 type dispatchSQL struct {
-	register, unregister, lock, exists, advance, fail, deadLetter, probe, cursor string
+	register, unregister, lock, waitLock, advance, fail, deadLetter, probe, cursor string
 }
 
 func buildDispatchSQL(store *postgres.Store) dispatchSQL {
@@ -43,12 +43,20 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 		register: `INSERT INTO ` + c + ` (name, instance_id, cursor_tx_id, cursor_seq) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (name, instance_id) DO NOTHING`,
 		unregister: `DELETE FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
-		lock: `SELECT cursor_tx_id, cursor_seq, status, attempts,
-				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
-				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch')
-			FROM ` + c + ` WHERE name = $1 AND instance_id = $2 FOR UPDATE SKIP LOCKED`,
-		cursor: `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
-		exists: `SELECT EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $1 AND instance_id = $2)`,
+		// The shard is locked with a transaction-scoped advisory lock rather
+		// than a row lock: a row lock would give the pass a transaction id at
+		// once, and every running transaction with an id holds back the
+		// horizon of every reader in the cluster. With the advisory lock a
+		// pass takes an id only when a handler first writes, or at the
+		// cursor update, so a slow read-only handler (a call to another
+		// service) does not stall every other consumer.
+		lock: `WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(hashtextextended($3::text, 0)) AS ok)
+			SELECT l.ok, c.name IS NOT NULL, coalesce(c.cursor_tx_id, '0'), coalesce(c.cursor_seq, 0), coalesce(c.status, 'idle'), coalesce(c.attempts, 0),
+				coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'),
+				coalesce(c.next_retry_at > now(), false), coalesce(c.next_retry_at, 'epoch')
+			FROM l LEFT JOIN ` + c + ` c ON l.ok AND c.name = $1 AND c.instance_id = $2`,
+		waitLock: `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`,
+		cursor:   `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		advance: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = 0,
 				last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL,
 				failed_event_id = NULL, next_retry_at = NULL, processed = processed + $6, updated_at = now()
@@ -79,21 +87,18 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	var st struct {
-		cursor      projector.Position
-		status      Status
-		attempts    int
-		failedEvent uuid.UUID
-		waiting     bool
-		retryAt     time.Time
-	}
-	err = tx.QueryRow(ctx, d.sql.lock, sh.id.Consumer, sh.id.Instance).Scan(
+	var st shardRow
+	var locked, exists bool
+	err = tx.QueryRow(ctx, d.sql.lock, sh.id.Consumer, sh.id.Instance, sh.lockKey).Scan(&locked, &exists,
 		&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return d.lockedOrMissing(ctx, tx, sh)
-	}
 	if err != nil {
 		return passResult{}, fmt.Errorf("lock shard: %w", err)
+	}
+	switch {
+	case !locked:
+		return passResult{kind: passLocked}, nil // another process has it
+	case !exists:
+		return d.registerAgain(ctx, tx, sh)
 	}
 	switch {
 	case st.status == StatusDead:
@@ -125,12 +130,23 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 
 	started := time.Now()
-	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant}
+	// Handlers get a deadline: a pass with a transaction id holds back
+	// every reader's horizon while it runs, so a hung handler must fail
+	// (and be retried, or go dead) rather than stall the fleet.
+	handlerCtx, cancel := context.WithTimeout(ctx, cfg.BatchTimeout)
+	defer cancel()
+	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant, handlerCtx: handlerCtx}
 	rest, deadLetters := batch.Events, 0
 	var done []projector.Event // applied, for AfterCommit
 	for len(rest) > 0 {
 		k, herr := r.applyUntil(ctx, rest, 0)
 		if r.abort != nil {
+			if errors.Is(handlerCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && r.current != nil {
+				// The deadline cancelled a statement and took the connection
+				// with it: record the failure from a fresh transaction.
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				return d.recordTimeout(ctx, sh, st, *r.current, fmt.Errorf("batch timeout (%v) exceeded: %w", cfg.BatchTimeout, herr))
+			}
 			return passResult{}, r.abort
 		}
 		if k < 0 {
@@ -187,24 +203,27 @@ func (d *Dispatcher) commit(ctx context.Context, tx pgx.Tx, sh *shard, kind pass
 	return passResult{kind: kind}, nil
 }
 
-// lockedOrMissing tells a shard another process holds from one whose row
-// was deleted (an operator removed it), which is registered again.
-func (d *Dispatcher) lockedOrMissing(ctx context.Context, tx pgx.Tx, sh *shard) (passResult, error) {
-	var exists bool
-	if err := tx.QueryRow(ctx, d.sql.exists, sh.id.Consumer, sh.id.Instance).Scan(&exists); err != nil {
-		return passResult{}, fmt.Errorf("look up shard: %w", err)
+// shardRow is what a pass reads of its shard's state.
+type shardRow struct {
+	cursor      projector.Position
+	status      Status
+	attempts    int
+	failedEvent uuid.UUID
+	waiting     bool
+	retryAt     time.Time
+}
+
+// registerAgain restores a shard row an operator deleted, from the
+// beginning of the log.
+func (d *Dispatcher) registerAgain(ctx context.Context, tx pgx.Tx, sh *shard) (passResult, error) {
+	if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, uint64(0), int64(0)); err != nil {
+		return passResult{}, fmt.Errorf("register shard again: %w", err)
 	}
-	if !exists {
-		if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, uint64(0), int64(0)); err != nil {
-			return passResult{}, fmt.Errorf("register shard again: %w", err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return passResult{}, fmt.Errorf("register shard again: %w", err)
-		}
-		d.logger.WarnContext(ctx, "projection dispatcher: shard row was missing; registered again from the beginning", slog.String("consumer", sh.id.String()))
-		return passResult{kind: passMore}, nil
+	if err := tx.Commit(ctx); err != nil {
+		return passResult{}, fmt.Errorf("register shard again: %w", err)
 	}
-	return passResult{kind: passLocked}, nil
+	d.logger.WarnContext(ctx, "projection dispatcher: shard row was missing; registered again from the beginning", slog.String("consumer", sh.id.String()))
+	return passResult{kind: passMore}, nil
 }
 
 // recordFailure commits the events before the failing one and records the
@@ -245,11 +264,43 @@ func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, at
 	return res, nil
 }
 
+// recordTimeout records a failure of the event that was running when the
+// batch timeout struck, in a transaction of its own: the pass's transaction
+// died with its connection. Nothing of the batch was committed, so the
+// cursor stays where it was.
+func (d *Dispatcher) recordTimeout(ctx context.Context, sh *shard, st shardRow, failing projector.Event, herr error) (passResult, error) {
+	tx, err := d.store.Pool().Begin(ctx)
+	if err != nil {
+		return passResult{}, fmt.Errorf("record timeout: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '10s'`); err != nil {
+		return passResult{}, fmt.Errorf("record timeout: %w", err)
+	}
+	if _, err := tx.Exec(ctx, d.sql.waitLock, sh.lockKey); err != nil {
+		return passResult{}, fmt.Errorf("record timeout: %w", err)
+	}
+	var cur projector.Position
+	if err := tx.QueryRow(ctx, d.sql.cursor, sh.id.Consumer, sh.id.Instance).Scan(&cur.TxID, &cur.Seq, new(Status)); err != nil {
+		return passResult{}, fmt.Errorf("record timeout: %w", err)
+	}
+	if cur != st.cursor {
+		return passResult{kind: passMore}, nil // someone moved the shard meanwhile; start over
+	}
+	return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, st.cursor, failing, herr, nil, time.Now())
+}
+
 // run is the state of one pass's handler calls.
 type run struct {
 	d  *Dispatcher
 	tx pgx.Tx
 	sh *shard
+	// handlerCtx carries the batch deadline; handlers run under it, the
+	// pass's own statements do not.
+	handlerCtx context.Context
+	// current is the event a handler is working on (the first of a batch
+	// handler's events), for a failure that ends the transaction.
+	current *projector.Event
 	// scope is the tenant the transaction is scoped to, "" when unknown
 	// (after a rollback to a savepoint).
 	scope string
@@ -320,7 +371,8 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 			if err := r.scopeTo(ctx, b.Tenant); err != nil {
 				return 0, err
 			}
-			if err := r.call(withStore(ctx, r.d.store), func(ctx context.Context) error { return t.batch(ctx, handlerTx{r.tx}, b) }); err != nil {
+			r.current = &b.Streams[0].Events[0]
+			if err := r.call(withStore(r.handlerCtx, r.d.store), func(ctx context.Context) error { return t.batch(ctx, handlerTx{r.tx}, b) }); err != nil {
 				return 0, err
 			}
 		}
@@ -334,7 +386,8 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 		if err := r.scopeTo(ctx, ev.Stream.Tenant); err != nil {
 			return i, err
 		}
-		hctx := withStore(projector.WithCausationID(projector.WithMetadata(ctx, ev.Metadata), ev.ID), r.d.store)
+		r.current = &events[i]
+		hctx := withStore(projector.WithCausationID(projector.WithMetadata(r.handlerCtx, ev.Metadata), ev.ID), r.d.store)
 		if err := r.call(hctx, func(ctx context.Context) error { return h(ctx, handlerTx{r.tx}, ev) }); err != nil {
 			return i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
 		}

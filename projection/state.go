@@ -132,7 +132,7 @@ func NewAdmin(store *postgres.Store) *Admin {
 }
 
 type adminSQL struct {
-	list, lock, update, deadLetter string
+	list, lock, waitLock, update, deadLetter string
 }
 
 const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status, c.attempts,
@@ -148,7 +148,8 @@ func buildAdminSQL(store *postgres.Store) adminSQL {
 				WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) ORDER BY e.tx_id, e.seq LIMIT 1)), 0)::float8
 			FROM ` + c + ` c WHERE ($1::text IS NULL OR c.name = $1) AND ($2::text IS NULL OR c.instance_id = $2)
 			ORDER BY c.name, c.instance_id`,
-		lock: `SELECT ` + shardColumns + `, 0::bigint, 0::float8 FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE`,
+		lock:     `SELECT ` + shardColumns + `, 0::bigint, 0::float8 FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE`,
+		waitLock: `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`,
 		update: `UPDATE ` + c + ` SET status = $3, attempts = $4, cursor_tx_id = $5, cursor_seq = $6,
 			last_error = NULLIF($7, ''), last_error_at = CASE WHEN $7 = '' THEN NULL ELSE last_error_at END,
 			failed_tx_id = CASE WHEN $7 = '' THEN NULL ELSE failed_tx_id END,
@@ -278,6 +279,11 @@ type txExec func(ctx context.Context, sql string, args ...any) (int64, error)
 func (a *Admin) transition(ctx context.Context, id ShardID, op string, allowed []Status, change func(*ShardState, txExec) (refuse string, err error)) error {
 	id = id.normal()
 	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		// Wait for a running batch: the dispatcher holds the shard's
+		// advisory lock for the length of a pass.
+		if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), id)); err != nil {
+			return err
+		}
 		s, err := scanShard(tx.QueryRow(ctx, a.sql.lock, id.Consumer, id.Instance))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("consumer %s: %w", id, projector.ErrNotFound)
