@@ -389,6 +389,37 @@ func TestRepairRefusesHealthyDatabase(t *testing.T) {
 	}
 }
 
+// The start-up check looks at consumer positions as well as events: an idle
+// cursor rests at a horizon past the newest event, and a cluster whose next
+// transaction id falls in between would deliver new events behind it.
+func TestRestoredGuardSeesConsumerCursors(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ev := f.appendTx(t, projector.Stream("ticket", "g"), projector.NoStream, testevents.TicketOpened{Title: "g"}).Events[0]
+	var xmax uint64
+	if err := f.store.Pool().QueryRow(f.ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())`).Scan(&xmax); err != nil {
+		t.Fatal(err)
+	}
+	f.insertShard(t, shard{name: "ahead", instance: "__shared__", status: "idle", cursor: projector.Position{TxID: xmax + 1_000_000, Seq: math.MaxInt64}})
+	if _, err := f.newStore(t); !errors.Is(err, postgres.ErrRestoredDatabase) {
+		t.Fatalf("New with a cursor from the future: %v, want ErrRestoredDatabase", err)
+	}
+	rep, err := f.repair(t, postgres.RepairOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Restored || rep.NewestIn != "projector_consumers.cursor_tx_id" || len(rep.Consumers) != 1 ||
+		rep.Consumers[0].NewCursor != (projector.Position{TxID: postgres.RepairTxID, Seq: 1}) {
+		t.Fatalf("report: %+v", rep)
+	}
+	if id := f.eventAt(t, projector.Position{TxID: postgres.RepairTxID, Seq: 1}); id != ev.ID {
+		t.Fatalf("event at %d/1 is %v, want %v", postgres.RepairTxID, id, ev.ID)
+	}
+	if _, err := f.newStore(t); err != nil {
+		t.Fatalf("New after the repair: %v", err)
+	}
+}
+
 // A session still using the tables (a dispatcher mid-batch, say) makes the
 // repair give up after its lock timeout with ErrRepairBusy, changing
 // nothing, rather than hang or interleave.
