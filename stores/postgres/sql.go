@@ -89,8 +89,17 @@ FROM h LEFT JOIN LATERAL (
 	LIMIT $3
 ) e ON true`
 
+// restoredCheckSQL finds the newest stored transaction id: of an event, or
+// of a consumer's cursor or failing event. Cursors matter on their own: an
+// idle cursor rests at a horizon (xmin-1, max) past the newest event, so a
+// restore into a cluster whose next id falls between the two would pass a
+// check of the events alone and then skip new events silently. Stream heads
+// and dead letters are left out: a seq scan of every stream at start-up is
+// not worth it, and neither can hide an event (the repair covers them).
 const restoredCheckSQL = `
-SELECT (SELECT max(tx_id) FROM {{s}}.projector_events), pg_snapshot_xmax(pg_current_snapshot())`
+SELECT GREATEST((SELECT max(tx_id) FROM {{s}}.projector_events),
+	(SELECT max(GREATEST(cursor_tx_id, failed_tx_id)) FROM {{s}}.projector_consumers)),
+	pg_snapshot_xmax(pg_current_snapshot())`
 
 func buildStatements(schema string) statements {
 	r := strings.NewReplacer("{{s}}", schema)

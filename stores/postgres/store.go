@@ -189,8 +189,9 @@ func (s *Store) checkSchema(ctx context.Context) error {
 	return nil
 }
 
-// checkRestored compares the newest stored transaction id with the server's
-// next one. On the cluster that wrote them, stored ids are always older.
+// checkRestored compares the newest stored transaction id (of an event or a
+// consumer position) with the server's next one. On the cluster that wrote
+// them, stored ids are always older.
 func (s *Store) checkRestored(ctx context.Context) error {
 	var maxTx *uint64
 	var next uint64
@@ -198,7 +199,7 @@ func (s *Store) checkRestored(ctx context.Context) error {
 		return fmt.Errorf("postgres store: check transaction ids: %w", err)
 	}
 	if maxTx != nil && *maxTx >= next {
-		return fmt.Errorf("%w: schema %q holds events written by transaction %d but this server's next transaction id is %d; "+
+		return fmt.Errorf("%w: schema %q holds log positions of transaction %d but this server's next transaction id is %d; "+
 			"new events would sort before old ones and consumers would never see them. "+
 			"Run `projector repair restored-cluster` before starting (docs/operations.md, \"Restoring a backup\")",
 			ErrRestoredDatabase, s.schema, *maxTx, next)
