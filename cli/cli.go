@@ -270,6 +270,23 @@ func (a *App) versionCmd() *cobra.Command {
 	}
 }
 
+// group returns a parent command. It is runnable so that an unknown
+// subcommand is a usage error (exit 2): for arguments to a parent that is
+// not, cobra shows help and exits 0.
+func group(use, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
+			}
+			return cmd.Help()
+		},
+	}
+}
+
 // noArgs is cobra.NoArgs with the usage exit code.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if err := cobra.NoArgs(cmd, args); err != nil {

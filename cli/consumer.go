@@ -162,10 +162,8 @@ func (a *App) admin(cmd *cobra.Command) (*projection.Admin, func(), error) {
 
 func (a *App) consumerCmd() *cobra.Command {
 	var instance, format string
-	root := &cobra.Command{
-		Use:   "consumer",
-		Short: "Inspect and steer consumer shards (list, status, restart, skip, disable, enable)",
-		Long: `Each async projection is a consumer with one shard (shared delivery) or one per
+	root := group("consumer", "Inspect and steer consumer shards (list, status, restart, skip, disable, enable)")
+	root.Long = `Each async projection is a consumer with one shard (shared delivery) or one per
 instance (per-instance delivery). These commands act on one shard: the shared one
 unless --instance names another. A transition the shard's state does not allow is
 refused with exit code 3 and changes nothing:
@@ -174,8 +172,7 @@ refused with exit code 3 and changes nothing:
   skip      dead, or processing while an event is failing → idle, past the failing
             event, which is recorded in projector_dead_letters
   disable   idle, processing or dead → disabled (retention stops waiting for it)
-  enable    disabled → idle`,
-	}
+  enable    disabled → idle`
 	root.PersistentFlags().StringVar(&instance, "instance", projection.SharedInstance, "instance id of the shard (per-instance consumers)")
 
 	list := a.listCmd("list", "List every consumer shard (same as status)")

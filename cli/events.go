@@ -14,10 +14,7 @@ import (
 )
 
 func (a *App) eventsCmd() *cobra.Command {
-	root := &cobra.Command{
-		Use:   "events",
-		Short: "Work on the event log: prune old ephemeral events, follow new ones",
-	}
+	root := group("events", "Work on the event log: prune old ephemeral events, follow new ones")
 	root.AddCommand(a.pruneCmd(), a.tailCmd())
 	return root
 }

@@ -12,19 +12,7 @@ import (
 )
 
 func (a *App) repairCmd() *cobra.Command {
-	root := &cobra.Command{
-		Use:   "repair",
-		Short: "Repair Projector's tables after an out-of-the-ordinary event (restored-cluster)",
-		// Runnable so that an unknown subcommand is a usage error: cobra
-		// shows help, with exit code 0, for arguments to a parent that is not.
-		Args: cobra.ArbitraryArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
-			}
-			return cmd.Help()
-		},
-	}
+	root := group("repair", "Repair Projector's tables after an out-of-the-ordinary event (restored-cluster)")
 	var opts postgres.RepairOptions
 	restored := &cobra.Command{
 		Use:   "restored-cluster",

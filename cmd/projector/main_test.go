@@ -101,6 +101,8 @@ func TestBadCommandLines(t *testing.T) {
 	}{
 		{"unknown flag", []string{"migrate", "--bogus"}, nil, 2, "unknown flag"},
 		{"unknown command", []string{"frobnicate"}, nil, 2, "unknown command"},
+		{"unknown subcommand", []string{"consumer", "frobnicate"}, nil, 2, "unknown command"},
+		{"unknown events subcommand", []string{"events", "frobnicate"}, nil, 2, "unknown command"},
 		{"extra argument", []string{"version", "extra"}, nil, 2, "unknown command"},
 		{"no database", []string{"migrate", "status"}, nil, 2, "PROJECTOR_DATABASE_URL"},
 		{"malformed url", []string{"migrate", "status", "--database-url", "postgres://%zz"}, nil, 2, "database url"},
