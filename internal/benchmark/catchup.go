@@ -203,6 +203,10 @@ func (c *CatchUp) Measure(ctx context.Context, form Form) (CatchUpResult, error)
 		return res, fmt.Errorf("catch-up: unknown form %q", form)
 	}
 	for _, raw := range []bool{true, false} {
+		side := "dispatcher"
+		if raw {
+			side = "raw loop"
+		}
 		if err := c.reset(ctx); err != nil {
 			return res, err
 		}
@@ -221,10 +225,10 @@ func (c *CatchUp) Measure(ctx context.Context, form Form) (CatchUpResult, error)
 		took := time.Since(start)
 		stopHeap()
 		if err != nil {
-			return res, fmt.Errorf("catch-up %s (raw %v): %w", form, raw, err)
+			return res, fmt.Errorf("catch-up %s, %s: %w", form, side, err)
 		}
 		if err := c.checkApplied(ctx); err != nil {
-			return res, fmt.Errorf("catch-up %s (raw %v): %w", form, raw, err)
+			return res, fmt.Errorf("catch-up %s, %s: %w", form, side, err)
 		}
 		if raw {
 			res.RawEvents, res.RawTime = int64(c.cfg.Events), took

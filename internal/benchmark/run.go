@@ -115,7 +115,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (rep Report, err e
 	cfg.Progress(fmt.Sprintf("working in schema %s (dropped at the end)", rep.Schema))
 
 	for _, n := range cfg.EventsPerTx {
-		cfg.Progress(fmt.Sprintf("append: %d events per transaction, %d writers, %v", n, cfg.Writers, cfg.AppendDuration))
+		cfg.Progress(fmt.Sprintf("append: %d event%s per transaction, %d writers, %v", n, plural(n), cfg.Writers, cfg.AppendDuration))
 		r, err := MeasureAppend(ctx, store, cfg.appendConfig(n))
 		if err != nil {
 			return rep, err
