@@ -106,8 +106,8 @@ is not allowed in the current state; nothing changed).`,
 	root.PersistentFlags().StringVar(&app.schema, "schema", cmp.Or(os.Getenv(EnvSchema), postgres.DefaultSchema), "schema holding Projector's tables (default $"+EnvSchema+" or projector)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(app.versionCmd(), app.migrateCmd(), app.statusCmd(), app.consumerCmd())
-	root.AddCommand(app.benchCmd())
 	root.AddCommand(cfg.Commands...)
+	root.AddCommand(app.benchCmd())
 	return root
 }
 
