@@ -46,15 +46,8 @@ func (c AppendConfig) withDefaults() AppendConfig {
 }
 
 func (c AppendConfig) validate() error {
-	switch {
-	case c.EventsPerTx < 1 || c.EventsPerTx > 10_000:
-		return fmt.Errorf("events per transaction %d outside 1..10000", c.EventsPerTx)
-	case c.Writers < 1 || c.Writers > 1000:
-		return fmt.Errorf("writers %d outside 1..1000", c.Writers)
-	case c.Duration < 0:
-		return fmt.Errorf("negative append duration %v", c.Duration)
-	}
-	return nil
+	return errors.Join(within("events per transaction", c.EventsPerTx, 1, 10_000),
+		within("writers", c.Writers, 1, 1000), notNegative("append duration", c.Duration))
 }
 
 // AppendResult is one append figure.

@@ -153,7 +153,7 @@ func TestRunDropsItsSchema(t *testing.T) {
 	if !strings.HasPrefix(rep.Schema, benchmark.SchemaPrefix) || rep.ServerVersion == "" {
 		t.Errorf("report schema %q, server %q", rep.Schema, rep.ServerVersion)
 	}
-	if schemaExists(t, rep.Schema) {
+	if pgtest.SchemaExists(t, rep.Schema) {
 		t.Errorf("schema %s left behind", rep.Schema)
 	}
 	figs := rep.Figures()
@@ -189,7 +189,7 @@ func TestRunCancelledDropsItsSchema(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("run: %v, want cancelled", err)
 	}
-	if schema == "" || schemaExists(t, schema) {
+	if schema == "" || pgtest.SchemaExists(t, schema) {
 		t.Errorf("schema %q left behind", schema)
 	}
 }
@@ -200,7 +200,7 @@ func TestDropSchemaRefusesOthers(t *testing.T) {
 	if err := benchmark.DropSchema(ctx, store); err == nil {
 		t.Fatal("dropped a schema benchmark.NewSchema did not make")
 	}
-	if !schemaExists(t, store.Schema()) {
+	if !pgtest.SchemaExists(t, store.Schema()) {
 		t.Fatal("schema gone")
 	}
 }
@@ -235,13 +235,4 @@ func TestStoreWithoutBenchTypes(t *testing.T) {
 	if _, err := benchmark.NewAppender(ctx, store, 1); err == nil || !strings.Contains(err.Error(), "benchmark.NewRegistry") {
 		t.Errorf("appender on a foreign registry: %v", err)
 	}
-}
-
-func schemaExists(t *testing.T, name string) bool {
-	t.Helper()
-	var ok bool
-	if err := pgtest.Pool(t).QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok); err != nil {
-		t.Fatal(err)
-	}
-	return ok
 }

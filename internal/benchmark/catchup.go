@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -43,15 +44,8 @@ func (c CatchUpConfig) withDefaults() CatchUpConfig {
 }
 
 func (c CatchUpConfig) validate() error {
-	switch {
-	case c.Events < 1:
-		return fmt.Errorf("backlog of %d events", c.Events)
-	case c.Streams < 1:
-		return fmt.Errorf("backlog over %d streams", c.Streams)
-	case c.BatchSize < 1 || c.BatchSize > 100_000:
-		return fmt.Errorf("batch size %d outside 1..100000", c.BatchSize)
-	}
-	return nil
+	return errors.Join(within("backlog events", c.Events, 1, math.MaxInt32),
+		within("streams", c.Streams, 1, math.MaxInt32), within("batch size", c.BatchSize, 1, 100_000))
 }
 
 // Form is the shape of the handlers being measured.

@@ -44,13 +44,7 @@ func (c LatencyConfig) withDefaults() LatencyConfig {
 }
 
 func (c LatencyConfig) validate() error {
-	switch {
-	case c.Rate < 1 || c.Rate > 100_000:
-		return fmt.Errorf("rate %d events/s outside 1..100000", c.Rate)
-	case c.Duration < 0:
-		return fmt.Errorf("negative latency duration %v", c.Duration)
-	}
-	return nil
+	return errors.Join(within("rate", c.Rate, 1, 100_000), notNegative("latency duration", c.Duration))
 }
 
 // Side is what carries an event from its append's commit to the code that

@@ -184,6 +184,22 @@ func (r Report) Figures() []Figure {
 	return out
 }
 
+// within reports a size outside lo..hi; the Config validations are lists
+// of these.
+func within(what string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%s %d outside %d..%d", what, v, lo, hi)
+	}
+	return nil
+}
+
+func notNegative(what string, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("negative %s %v", what, d)
+	}
+	return nil
+}
+
 func plural(n int) string {
 	if n == 1 {
 		return ""
