@@ -21,15 +21,6 @@ func benchEnv(t *testing.T) []string {
 	return []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t)}
 }
 
-func schemaExists(t *testing.T, name string) bool {
-	t.Helper()
-	var ok bool
-	if err := pgtest.Pool(t).QueryRow(t.Context(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok); err != nil {
-		t.Fatal(err)
-	}
-	return ok
-}
-
 func TestBenchTable(t *testing.T) {
 	t.Parallel()
 	r := run(t, benchEnv(t), tinyBench...)
@@ -47,7 +38,7 @@ func TestBenchTable(t *testing.T) {
 	}
 	_, after, _ := strings.Cut(r.stdout, "schema ")
 	schema, _, _ := strings.Cut(after, " ")
-	if !strings.HasPrefix(schema, "projector_bench_") || schemaExists(t, schema) {
+	if !strings.HasPrefix(schema, "projector_bench_") || pgtest.SchemaExists(t, schema) {
 		t.Errorf("schema %q: want a projector_bench_ schema, dropped", schema)
 	}
 	if !strings.Contains(r.stderr, "bench: latency") {
@@ -73,7 +64,7 @@ func TestBenchJSON(t *testing.T) {
 			t.Errorf("figure %+v", f)
 		}
 	}
-	if !strings.HasPrefix(out.Schema, "projector_bench_") || schemaExists(t, out.Schema) {
+	if !strings.HasPrefix(out.Schema, "projector_bench_") || pgtest.SchemaExists(t, out.Schema) {
 		t.Errorf("schema %q: want a projector_bench_ schema, dropped", out.Schema)
 	}
 }
@@ -111,7 +102,7 @@ func TestBenchInterrupted(t *testing.T) {
 	if cmd.ProcessState.ExitCode() != cli.ExitError || !strings.Contains(rest.String(), "context canceled") {
 		t.Errorf("interrupted bench: %v, stderr %q", err, rest.String())
 	}
-	if schema == "" || schemaExists(t, schema) {
+	if schema == "" || pgtest.SchemaExists(t, schema) {
 		t.Errorf("schema %q left behind", schema)
 	}
 }
@@ -134,13 +125,7 @@ func TestBenchBadFlags(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r := run(t, benchEnv(t), append([]string{"bench"}, tc.args...)...)
-			if r.code != cli.ExitUsage {
-				t.Fatalf("exit %d, want %d: %+v", r.code, cli.ExitUsage, r)
-			}
-			if !strings.Contains(r.stderr, tc.msg) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
-				t.Fatalf("stderr %q: want one line containing %q", r.stderr, tc.msg)
-			}
+			wantError(t, run(t, benchEnv(t), append([]string{"bench"}, tc.args...)...), cli.ExitUsage, tc.msg)
 		})
 	}
 }
