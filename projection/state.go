@@ -132,7 +132,7 @@ func NewAdmin(store *postgres.Store) *Admin {
 }
 
 type adminSQL struct {
-	list, lock, update, deadLetter, eventAt string
+	list, lock, update, deadLetter string
 }
 
 const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status, c.attempts,
