@@ -128,6 +128,7 @@ is not allowed in the current state; nothing changed).`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(app.versionCmd(), app.migrateCmd(), app.statusCmd(), app.consumerCmd(), app.eventsCmd(), app.runCmd(), app.repairCmd())
 	root.AddCommand(cfg.Commands...)
+	root.AddCommand(app.benchCmd())
 	return root
 }
 

@@ -5,20 +5,22 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime"
-	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/benchmark"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
+
+// quiet discards the log lines of dispatchers in benchmarks and examples.
+var quiet = slog.New(slog.DiscardHandler)
 
 // benchEvents is the catch-up backlog: 100,000 by default, 1,000,000 with
 // PROJECTOR_BENCH_EVENTS=1000000 (docs/performance.md has both).
@@ -29,231 +31,41 @@ func benchEvents() int {
 	return 100_000
 }
 
-const benchStreams = 1000
-
-var quiet = slog.New(slog.DiscardHandler)
-
-// backlog fills the log with n ticket.commented events over benchStreams
-// streams, 100,000 per transaction, straight in SQL (the append path has its
-// own benchmark).
-func backlog(b *testing.B, e *env, n int) {
-	b.Helper()
-	for from := 0; from < n; from += 100_000 {
-		to := min(from+100_000, n)
-		e.exec(`INSERT INTO `+e.store.Table("projector_events")+` (id, tenant_id, stream_type, stream_id, version, type, schema_version, data, correlation_id)
-			SELECT gen_random_uuid(), $1, 'ticket', 's-' || (g % $2), g / $2 + 1, 'ticket.commented', 1, '{"body":"the printer is on fire","n":1}', gen_random_uuid()
-			FROM generate_series($3::int, $4::int - 1) g`, projector.SystemTenant, benchStreams, from, to)
-	}
-	e.exec(`ANALYZE ` + e.store.Table("projector_events"))
-}
-
-func (e *env) benchTables() {
-	e.exec(`CREATE TABLE ` + e.table("bench_counts") + ` (stream_id text PRIMARY KEY, n bigint NOT NULL)`)
-	e.exec(`CREATE TABLE ` + e.table("bench_cursor") + ` (name text PRIMARY KEY, tx_id xid8 NOT NULL, seq bigint NOT NULL)`)
-}
-
 // BenchmarkCatchUp measures one dispatcher catching up a backlog with a
 // counting projection that upserts one row per stream, beside a hand-written
 // loop doing the same work on raw SQL in the same run: one transaction per
 // batch that locks a cursor row, reads the batch in (tx_id, seq) order below
 // the horizon, upserts and moves the cursor. Per-event handlers are compared
 // with a loop issuing the same per-event statements; the batch form with a
-// set-based (unnest) loop. Peak Go heap during the run is reported too: the
-// dispatcher streams batches, so it must not grow with the backlog.
+// set-based (unnest) loop, with payloads decoded and without
+// (AsyncConfig.RawPayloads). Peak Go heap during the run is reported too: the
+// dispatcher streams batches, so it must not grow with the backlog. The work
+// itself is benchmark.CatchUp, shared with `projector bench`.
 func BenchmarkCatchUp(b *testing.B) {
 	n := benchEvents()
-	e := newEnv(b)
-	e.benchTables()
-	backlog(b, e, n)
-	upsert := `INSERT INTO ` + e.table("bench_counts") + ` AS c (stream_id, n) VALUES ($1, 1) ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1`
-	setUpsert := `INSERT INTO ` + e.table("bench_counts") + ` AS c (stream_id, n) SELECT * FROM unnest($1::text[], $2::bigint[])
-		ON CONFLICT (stream_id) DO UPDATE SET n = c.n + excluded.n`
-
-	perEvent := func() *projection.Async {
-		p := projection.NewAsync("bench", projection.AsyncConfig{BatchSize: 500})
-		must(projection.OnEvent(p, e.types.Commented, func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-			_, err := tx.Exec(ctx, upsert, ev.Stream.ID)
-			return err
-		}))
-		return p
-	}
-	batched := func(raw bool) *projection.Async {
-		p := projection.NewAsync("bench", projection.AsyncConfig{BatchSize: 500, RawPayloads: raw})
-		must(projection.OnBatch(p, func(ctx context.Context, tx pgx.Tx, batch projection.Batch) error {
-			ids := make([]string, len(batch.Streams))
-			counts := make([]int64, len(batch.Streams))
-			for i, s := range batch.Streams {
-				ids[i], counts[i] = s.Stream.ID, int64(len(s.Events))
-			}
-			_, err := tx.Exec(ctx, setUpsert, ids, counts)
-			return err
-		}, e.types.Commented))
-		return p
-	}
-	pairs := []struct {
-		name      string
-		raw, proj func(b *testing.B) int64
-	}{
-		{"per-event", func(b *testing.B) int64 { return e.rawLoop(b, upsert, false) }, func(b *testing.B) int64 { return e.runDispatcher(b, perEvent()) }},
-		{"batch", func(b *testing.B) int64 { return e.rawLoop(b, setUpsert, true) }, func(b *testing.B) int64 { return e.runDispatcher(b, batched(false)) }},
-		{"batch-raw-payloads", func(b *testing.B) int64 { return e.rawLoop(b, setUpsert, true) }, func(b *testing.B) int64 { return e.runDispatcher(b, batched(true)) }},
+	ctx := context.Background()
+	c, err := benchmark.NewCatchUp(ctx, pgtest.Store(b, benchmark.NewRegistry()), benchmark.CatchUpConfig{Events: n})
+	if err != nil {
+		b.Fatal(err)
 	}
 	// Each iteration runs the raw loop and then Projector on the same
 	// backlog, so drift on a shared machine hits both alike; -benchtime 3x
 	// interleaves three pairs.
-	for _, pair := range pairs {
-		b.Run(fmt.Sprintf("events=%d/%s", n, pair.name), func(b *testing.B) {
-			var rawTime, projTime time.Duration
+	for _, form := range benchmark.Forms() {
+		b.Run(fmt.Sprintf("events=%d/%s", n, form), func(b *testing.B) {
+			var t benchmark.Throughput
 			var peak uint64
 			for b.Loop() {
-				for i, run := range []func(*testing.B) int64{pair.raw, pair.proj} {
-					e.exec(`TRUNCATE ` + e.table("bench_counts") + `, ` + e.table("bench_cursor") + `, ` + e.store.Table("projector_consumers"))
-					runtime.GC()
-					stop := func() {}
-					if i == 1 {
-						stop = sampleHeap(&peak)
-					}
-					start := time.Now()
-					applied := run(b)
-					took := time.Since(start)
-					stop()
-					if applied != int64(n) {
-						b.Fatalf("applied %d of %d events", applied, n)
-					}
-					if i == 0 {
-						rawTime += took
-					} else {
-						projTime += took
-					}
+				r, err := c.Measure(ctx, form)
+				if err != nil {
+					b.Fatal(err)
 				}
+				t.Add(r.Throughput)
+				peak = max(peak, r.PeakHeap)
 			}
-			events := float64(n) * float64(b.N)
-			b.ReportMetric(events/rawTime.Seconds(), "raw-events/s")
-			b.ReportMetric(events/projTime.Seconds(), "projector-events/s")
-			b.ReportMetric(100*rawTime.Seconds()/projTime.Seconds(), "%-of-raw")
+			t.Report(b)
 			b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
 		})
-	}
-}
-
-// sampleHeap records the peak heap in use until the returned stop is called.
-func sampleHeap(peak *uint64) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(20 * time.Millisecond)
-		defer t.Stop()
-		var ms runtime.MemStats
-		for {
-			runtime.ReadMemStats(&ms)
-			*peak = max(*peak, ms.HeapInuse)
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	})
-	return func() { close(done); wg.Wait() }
-}
-
-func (e *env) runDispatcher(b *testing.B, p *projection.Async) int64 {
-	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{p}, Concurrency: 1, Logger: quiet})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := d.Start(e.ctx); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Minute)
-	defer cancel()
-	if err := d.CatchUp(ctx); err != nil {
-		b.Fatal(err)
-	}
-	if err := d.Stop(ctx); err != nil {
-		b.Fatal(err)
-	}
-	return e.benchApplied(b)
-}
-
-func (e *env) benchApplied(b *testing.B) int64 {
-	var n int64
-	if err := e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(sum(n), 0) FROM `+e.table("bench_counts")).Scan(&n); err != nil {
-		b.Fatal(err)
-	}
-	return n
-}
-
-// rawLoop is the baseline: what a careful engineer would write by hand for
-// the same job, without Projector.
-func (e *env) rawLoop(b *testing.B, upsert string, setBased bool) int64 {
-	ctx := e.ctx
-	pool := e.store.Pool()
-	cursorT := e.table("bench_cursor")
-	e.exec(`INSERT INTO ` + cursorT + ` VALUES ('raw', '0', 0)`)
-	read := `SELECT e.tx_id, e.seq, e.stream_id FROM ` + e.store.Table("projector_events") + ` e
-		WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < pg_snapshot_xmin(pg_current_snapshot())
-		  AND e.type = ANY($3::text[])
-		ORDER BY e.tx_id, e.seq LIMIT 500`
-	types := []string{"ticket.commented"}
-	for {
-		full := false
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			var txID uint64
-			var seq int64
-			if err := tx.QueryRow(ctx, `SELECT tx_id, seq FROM `+cursorT+` WHERE name = 'raw' FOR UPDATE SKIP LOCKED`).Scan(&txID, &seq); err != nil {
-				return err
-			}
-			rows, err := tx.Query(ctx, read, txID, seq, types)
-			if err != nil {
-				return err
-			}
-			var streams []string
-			var stream string
-			n := 0
-			if _, err := pgx.ForEachRow(rows, []any{&txID, &seq, &stream}, func() error {
-				streams = append(streams, stream)
-				n++
-				return nil
-			}); err != nil {
-				return err
-			}
-			full = n == 500
-			if n == 0 {
-				return nil
-			}
-			if setBased {
-				byStream := map[string]int64{}
-				var order []string
-				for _, s := range streams {
-					if byStream[s] == 0 {
-						order = append(order, s)
-					}
-					byStream[s]++
-				}
-				counts := make([]int64, len(order))
-				for i, s := range order {
-					counts[i] = byStream[s]
-				}
-				if _, err := tx.Exec(ctx, upsert, order, counts); err != nil {
-					return err
-				}
-			} else {
-				for _, s := range streams {
-					if _, err := tx.Exec(ctx, upsert, s); err != nil {
-						return err
-					}
-				}
-			}
-			_, err = tx.Exec(ctx, `UPDATE `+cursorT+` SET tx_id = $1, seq = $2 WHERE name = 'raw'`, txID, seq)
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if !full {
-			return e.benchApplied(b)
-		}
 	}
 }
 
@@ -261,129 +73,25 @@ func (e *env) rawLoop(b *testing.B, upsert string, setBased bool) int64 {
 // of the handler's batch, at a steady 500 events/s for five seconds, beside
 // the raw floor of the same run: LISTEN/NOTIFY, the fastest push PostgreSQL
 // has, from the commit of an append that notifies to the notification's
-// arrival.
+// arrival. The work itself is benchmark.LatencySamples, shared with
+// `projector bench`.
 func BenchmarkLatency(b *testing.B) {
-	const rate, duration = 500, 5 * time.Second
-	for _, mode := range []string{"raw-notify", "projector"} {
-		b.Run(mode, func(b *testing.B) {
-			e := newEnv(b)
-			var p50, p99 time.Duration
+	cfg := benchmark.LatencyConfig{Rate: 500, Duration: 5 * time.Second}
+	for _, side := range []benchmark.Side{benchmark.ListenNotify, benchmark.Dispatcher} {
+		b.Run(string(side), func(b *testing.B) {
+			ctx := context.Background()
+			store := pgtest.Store(b, benchmark.NewRegistry())
+			var p benchmark.Percentiles
 			for b.Loop() {
-				lat := e.measureLatency(b, mode, rate, duration)
-				p50, p99 = percentile(lat, 50), percentile(lat, 99)
-			}
-			b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
-			b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
-		})
-	}
-}
-
-func (e *env) measureLatency(b *testing.B, mode string, rate int, duration time.Duration) []time.Duration {
-	ctx, cancel := context.WithCancel(e.ctx)
-	defer cancel()
-	var mu sync.Mutex
-	committed := map[string]time.Time{}
-	var lat []time.Duration
-	arrived := func(id string, at time.Time) {
-		mu.Lock()
-		defer mu.Unlock()
-		if c, ok := committed[id]; ok {
-			lat = append(lat, at.Sub(c))
-			delete(committed, id)
-		} else {
-			committed[id] = at // arrived before the writer noted its commit
-		}
-	}
-	commit := func(id string, at time.Time) {
-		mu.Lock()
-		defer mu.Unlock()
-		if a, ok := committed[id]; ok {
-			lat = append(lat, max(a.Sub(at), 0))
-			delete(committed, id)
-		} else {
-			committed[id] = at
-		}
-	}
-	var stop func()
-	switch mode {
-	case "projector":
-		p := projection.NewAsync("latency", projection.AsyncConfig{AfterCommit: func(evs []projector.Event) {
-			now := time.Now()
-			for _, ev := range evs {
-				arrived(ev.Stream.ID, now)
-			}
-		}})
-		must(projection.OnEvent(p, e.types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }))
-		d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{p}, Logger: quiet})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := d.Start(ctx); err != nil {
-			b.Fatal(err)
-		}
-		stop = func() { _ = d.Stop(context.Background()) }
-	default:
-		conn, err := e.store.Pool().Acquire(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := conn.Exec(ctx, `LISTEN projector_latency`); err != nil {
-			b.Fatal(err)
-		}
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for {
-				n, err := conn.Conn().WaitForNotification(ctx)
+				lat, err := benchmark.LatencySamples(ctx, store, side, cfg)
 				if err != nil {
-					return
+					b.Fatal(err)
 				}
-				arrived(n.Payload, time.Now())
+				p = benchmark.Summarize(lat)
 			}
+			p.Report(b)
 		})
-		stop = func() { cancel(); wg.Wait(); conn.Release() }
 	}
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	end := time.Now().Add(duration)
-	for i := 0; time.Now().Before(end); i++ {
-		<-tick.C
-		id := "l-" + strconv.Itoa(i)
-		err := pgx.BeginFunc(ctx, e.store.Pool(), func(tx pgx.Tx) error {
-			if _, err := e.store.Append(ctx, tx, projector.Stream("ticket", id), projector.NoStream, testevents.TicketOpened{Title: "t"}); err != nil {
-				return err
-			}
-			if mode == "raw-notify" {
-				_, err := tx.Exec(ctx, `SELECT pg_notify('projector_latency', $1)`, id)
-				return err
-			}
-			return nil
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		commit(id, time.Now())
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		left := len(committed)
-		mu.Unlock()
-		if left == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	stop()
-	return lat
-}
-
-func percentile(d []time.Duration, p int) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, len(s)*p/100)]
 }
 
 // BenchmarkAppendInline measures an append with one inline projection (an
@@ -400,7 +108,7 @@ func BenchmarkAppendInline(b *testing.B) {
 
 func benchAppendInline(b *testing.B, n int, batch bool) {
 	e := newEnv(b)
-	e.benchTables()
+	e.exec(`CREATE TABLE ` + e.table("bench_counts") + ` (stream_id text PRIMARY KEY, n bigint NOT NULL)`)
 	upsert := `INSERT INTO ` + e.table("bench_counts") + ` AS c (stream_id, n) VALUES ($1, 1) ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1`
 	setUpsert := `INSERT INTO ` + e.table("bench_counts") + ` AS c (stream_id, n) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET n = c.n + excluded.n`
 	inline := projection.NewInline("counts")

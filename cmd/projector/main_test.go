@@ -111,14 +111,20 @@ func TestBadCommandLines(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r := run(t, tc.env, tc.args...)
-			if r.code != tc.code {
-				t.Fatalf("exit %d, want %d: %+v", r.code, tc.code, r)
-			}
-			if !strings.Contains(r.stderr, tc.msg) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
-				t.Fatalf("stderr %q: want one line containing %q", r.stderr, tc.msg)
-			}
+			wantError(t, run(t, tc.env, tc.args...), tc.code, tc.msg)
 		})
+	}
+}
+
+// wantError fails the test unless r exited with code and printed one line
+// on standard error containing msg.
+func wantError(t *testing.T, r result, code int, msg string) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit %d, want %d: %+v", r.code, code, r)
+	}
+	if !strings.Contains(r.stderr, msg) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+		t.Fatalf("stderr %q: want one line containing %q", r.stderr, msg)
 	}
 }
 

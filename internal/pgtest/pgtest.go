@@ -192,6 +192,18 @@ func Store(t testing.TB, reg *projector.Registry, cfg ...postgres.Config) *postg
 	return s
 }
 
+// SchemaExists reports whether the test database has a schema called name:
+// for tests of code that must clean up the schemas it makes.
+func SchemaExists(t testing.TB, name string) bool {
+	t.Helper()
+	var ok bool
+	err := Pool(t).QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok)
+	if err != nil {
+		t.Fatalf("look up schema %s: %v", name, err)
+	}
+	return ok
+}
+
 // dropStale removes test schemas older than an hour: leftovers of runs that
 // were killed before their cleanups ran.
 func dropStale(ctx context.Context, pool *pgxpool.Pool) {

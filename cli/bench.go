@@ -1,0 +1,190 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector/internal/benchmark"
+	"github.com/projectorhq/projector/projection"
+)
+
+func (a *App) benchCmd() *cobra.Command {
+	var cfg benchmark.Config
+	var format string
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure append, catch-up and latency on this database, each beside its raw-PostgreSQL baseline",
+		Long: `bench measures Projector on the configured database and prints each figure beside
+the raw-PostgreSQL baseline of the same work, measured in the same run:
+
+  append        Store.Append against one INSERT … SELECT FROM unnest of rows of
+                the same shape into a table of the same shape, 1 and 100 events
+                per transaction, --writers at once
+  catch-up      a dispatcher catching up a --events backlog with a counting
+                projection (one upsert per stream) against a hand-written loop:
+                per-event handlers, and the batch (OnBatch + unnest) form with
+                payloads decoded and without (RawPayloads)
+  latency       append commit to AfterCommit at --rate events/s, p50 and p99,
+                against LISTEN/NOTIFY from the same commit (the floor)
+
+It works in a schema of its own (projector_bench_<random>), created and migrated
+at the start and dropped at the end, also on failure or Ctrl-C; --schema is not
+used. It loads the database while it runs: do not point it at a busy production
+primary. See docs/performance.md for what each line means.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			for _, f := range []struct {
+				name     string
+				positive bool
+			}{
+				{"writers", cfg.Writers > 0}, {"append-duration", cfg.AppendDuration > 0},
+				{"events", cfg.Backlog > 0}, {"batch-size", cfg.BatchSize > 0},
+				{"rate", cfg.Rate > 0}, {"latency-duration", cfg.LatencyDuration > 0},
+			} {
+				if !f.positive {
+					return usageError{fmt.Errorf("--%s must be positive", f.name)}
+				}
+			}
+			if err := cfg.Validate(); err != nil {
+				return usageError{err}
+			}
+			pool, err := a.Pool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			cfg.Progress = func(msg string) { fmt.Fprintf(a.errOut, "bench: %s\n", msg) }
+			rep, err := benchmark.Run(cmd.Context(), pool, cfg)
+			if err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			return writeBench(a.out, rep, asJSON)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Writers, "writers", benchmark.DefaultWriters, "concurrent appenders in the append figures")
+	f.DurationVar(&cfg.AppendDuration, "append-duration", benchmark.DefaultAppendDuration, "measuring time of each append figure, both sides together")
+	f.IntVar(&cfg.Backlog, "events", benchmark.DefaultBacklog, "catch-up backlog in events")
+	f.IntVar(&cfg.BatchSize, "batch-size", projection.DefaultBatchSize, "catch-up events per transaction, both sides")
+	f.IntVar(&cfg.Rate, "rate", benchmark.DefaultRate, "latency figures: events appended per second")
+	f.DurationVar(&cfg.LatencyDuration, "latency-duration", benchmark.DefaultLatencyDuration, "latency figures: how long each side appends")
+	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+// BenchJSON is the output of `bench -o json`.
+type BenchJSON struct {
+	Schema        string            `json:"schema"`
+	ServerVersion string            `json:"server_version"`
+	Config        BenchConfigJSON   `json:"config"`
+	Figures       []BenchFigureJSON `json:"figures"`
+}
+
+// BenchConfigJSON is the configuration a bench run used, defaults filled
+// in, so a figure can be reproduced.
+type BenchConfigJSON struct {
+	EventsPerTx    []int   `json:"events_per_tx"`
+	Writers        int     `json:"writers"`
+	AppendSeconds  float64 `json:"append_seconds"`
+	Backlog        int     `json:"backlog_events"`
+	BatchSize      int     `json:"batch_size"`
+	Rate           int     `json:"rate_events_per_second"`
+	LatencySeconds float64 `json:"latency_seconds"`
+}
+
+// BenchFigureJSON is one figure: Projector beside its raw baseline, in
+// Unit. Ratio is projector / raw (0 when raw is 0): a fraction of raw for
+// throughput, a multiple of the floor for latency.
+type BenchFigureJSON struct {
+	Figure        string  `json:"figure"`
+	Unit          string  `json:"unit"`
+	Projector     float64 `json:"projector"`
+	Raw           float64 `json:"raw"`
+	Ratio         float64 `json:"ratio"`
+	LowerIsBetter bool    `json:"lower_is_better"`
+	PeakHeapMiB   float64 `json:"peak_heap_mib,omitempty"`
+}
+
+func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
+	figs := rep.Figures()
+	if asJSON {
+		c := rep.Config
+		out := BenchJSON{
+			Schema: rep.Schema, ServerVersion: rep.ServerVersion,
+			Config: BenchConfigJSON{
+				EventsPerTx: c.EventsPerTx, Writers: c.Writers, AppendSeconds: c.AppendDuration.Seconds(),
+				Backlog: c.Backlog, BatchSize: c.BatchSize, Rate: c.Rate, LatencySeconds: c.LatencyDuration.Seconds(),
+			},
+			Figures: make([]BenchFigureJSON, len(figs)),
+		}
+		for i, f := range figs {
+			out.Figures[i] = BenchFigureJSON{
+				Figure: f.Name, Unit: f.Unit, Projector: f.Projector, Raw: f.Raw, Ratio: f.Ratio(),
+				LowerIsBetter: f.LowerIsBetter, PeakHeapMiB: f.PeakHeapMiB,
+			}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	fmt.Fprintf(w, "PostgreSQL %s, schema %s (dropped)\n\n", rep.ServerVersion, rep.Schema)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FIGURE\tPROJECTOR\tRAW BASELINE\tRATIO")
+	for _, f := range figs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Name, value(f.Projector, f.Unit), value(f.Raw, f.Unit), ratio(f))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	heap := ""
+	for i, c := range rep.CatchUp {
+		if i > 0 {
+			heap += ", "
+		}
+		heap += fmt.Sprintf("%.1f MiB (%s)", float64(c.PeakHeap)/(1<<20), c.Form)
+	}
+	fmt.Fprintf(w, "\ndispatcher's peak Go heap during catch-up: %s\n", heap)
+	_, err := fmt.Fprintf(w, "catch-up backlog: %s events over %s streams, batches of %d\n",
+		thousands(int64(rep.Config.Backlog)), thousands(benchmark.DefaultStreams), rep.Config.BatchSize)
+	return err
+}
+
+func value(v float64, unit string) string {
+	if unit == "ms" {
+		return fmt.Sprintf("%.2f ms", v)
+	}
+	return thousands(int64(v+0.5)) + " " + unit
+}
+
+func ratio(f benchmark.Figure) string {
+	r := f.Ratio()
+	switch {
+	case r == 0:
+		return "-"
+	case f.LowerIsBetter && r >= 10:
+		return fmt.Sprintf("%.0f× raw", r)
+	case f.LowerIsBetter:
+		return fmt.Sprintf("%.1f× raw", r)
+	default:
+		return fmt.Sprintf("%.0f%% of raw", 100*r)
+	}
+}
+
+// thousands renders a count with thousands separators, as the docs print
+// rates.
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}

@@ -1,0 +1,238 @@
+package benchmark_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/benchmark"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// tiny is a full run small enough for a test: a few seconds in all.
+var tiny = benchmark.Config{
+	EventsPerTx: []int{1, 10}, Writers: 2, AppendDuration: 200 * time.Millisecond,
+	Backlog: 1000, BatchSize: 100,
+	Rate: 200, LatencyDuration: 300 * time.Millisecond,
+}
+
+func setup(t *testing.T) (context.Context, *postgres.Store) {
+	t.Helper()
+	return context.Background(), pgtest.Store(t, benchmark.NewRegistry())
+}
+
+// count runs a count(*) query.
+func count(t *testing.T, store *postgres.Store, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := store.Pool().QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func rawTables(t *testing.T, store *postgres.Store) int64 {
+	return count(t, store, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'bench\_raw\_events\_%'`, store.Schema())
+}
+
+func checkThroughput(t *testing.T, what string, tp benchmark.Throughput) {
+	t.Helper()
+	if tp.RawEvents <= 0 || tp.ProjectorEvents <= 0 || tp.RawRate() <= 0 || tp.ProjectorRate() <= 0 || tp.Ratio() <= 0 {
+		t.Errorf("%s: not a sane figure: %+v (rates %.0f / %.0f, ratio %.2f)", what, tp, tp.ProjectorRate(), tp.RawRate(), tp.Ratio())
+	}
+}
+
+func TestAppenderWritesBothSides(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	a, err := benchmark.NewAppender(ctx, store, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w0, w1 := a.Writer(0), a.Writer(1)
+	for range 12 { // past ten ops, so a second stream per writer
+		for _, w := range []*benchmark.AppendWriter{w0, w1} {
+			if raw, proj, err := w.Pair(ctx); err != nil || raw <= 0 || proj <= 0 {
+				t.Fatalf("pair: %v, %v, %v", raw, proj, err)
+			}
+		}
+	}
+	if n := count(t, store, `SELECT count(*) FROM `+store.Table("projector_events")+` WHERE type = $1`, benchmark.AppendedType); n != 2*12*5 {
+		t.Errorf("Projector side appended %d events, want %d", n, 2*12*5)
+	}
+	if n := count(t, store, `SELECT count(DISTINCT stream_id) FROM `+store.Table("projector_events")); n != 4 {
+		t.Errorf("%d streams, want 2 per writer", n)
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := rawTables(t, store); n != 0 {
+		t.Errorf("%d baseline tables left after Close", n)
+	}
+}
+
+func TestMeasureAppend(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	res, err := benchmark.MeasureAppend(ctx, store, benchmark.AppendConfig{EventsPerTx: 3, Writers: 3, Duration: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkThroughput(t, "append", res.Throughput)
+	if res.EventsPerTx != 3 || res.Writers != 3 {
+		t.Errorf("result sizes %+v", res)
+	}
+	if n := count(t, store, `SELECT count(*) FROM `+store.Table("projector_events")+` WHERE type = $1`, benchmark.AppendedType); n != res.ProjectorEvents {
+		t.Errorf("log holds %d appended events, result counts %d", n, res.ProjectorEvents)
+	}
+	if n := rawTables(t, store); n != 0 {
+		t.Errorf("%d baseline tables left behind", n)
+	}
+}
+
+func TestMeasureCatchUp(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	cfg := benchmark.CatchUpConfig{Events: 1234, Streams: 7, BatchSize: 100}
+	res, err := benchmark.MeasureCatchUp(ctx, store, cfg)
+	if err != nil {
+		t.Fatal(err) // includes a side that applied more or fewer events than the backlog
+	}
+	if len(res) != len(benchmark.Forms()) {
+		t.Fatalf("%d results, want one per form", len(res))
+	}
+	for i, r := range res {
+		checkThroughput(t, string(r.Form), r.Throughput)
+		if r.Form != benchmark.Forms()[i] || r.RawEvents != 1234 || r.ProjectorEvents != 1234 || r.BatchSize != 100 || r.PeakHeap == 0 {
+			t.Errorf("result %d: %+v", i, r)
+		}
+	}
+	if n := count(t, store, `SELECT count(*) FROM `+store.Table("projector_events")+` WHERE type = $1`, benchmark.BackloggedType); n != 1234 {
+		t.Errorf("backlog of %d events, want 1234", n)
+	}
+	// A second backlog in the same log would be counted with the first.
+	if _, err := benchmark.NewCatchUp(ctx, store, cfg); err == nil || !strings.Contains(err.Error(), "already holds a backlog") {
+		t.Errorf("second backlog: %v", err)
+	}
+}
+
+func TestMeasureLatency(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	res, err := benchmark.MeasureLatency(ctx, store, benchmark.LatencyConfig{Rate: 200, Duration: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err) // includes an event that never arrived
+	}
+	appended := count(t, store, `SELECT count(*) FROM `+store.Table("projector_events")+` WHERE type = $1`, benchmark.TimedType)
+	if got := int64(res.Raw.Samples + res.Projector.Samples); got != appended || res.Raw.Samples == 0 || res.Projector.Samples == 0 {
+		t.Errorf("samples raw %d + projector %d, appended %d", res.Raw.Samples, res.Projector.Samples, appended)
+	}
+	// The floor may see a notification before the appender sees its own
+	// commit (a zero sample), so only its tail must be above zero.
+	if res.Projector.P50 <= 0 || res.Projector.P99 < res.Projector.P50 || res.Raw.P99 <= 0 || res.Rate != 200 {
+		t.Errorf("latency %+v", res)
+	}
+}
+
+func TestRunDropsItsSchema(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	var progress []string
+	cfg := tiny
+	cfg.Progress = func(msg string) { progress = append(progress, msg) }
+	rep, err := benchmark.Run(context.Background(), pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(rep.Schema, benchmark.SchemaPrefix) || rep.ServerVersion == "" {
+		t.Errorf("report schema %q, server %q", rep.Schema, rep.ServerVersion)
+	}
+	if pgtest.SchemaExists(t, rep.Schema) {
+		t.Errorf("schema %s left behind", rep.Schema)
+	}
+	figs := rep.Figures()
+	if len(figs) != 7 {
+		t.Fatalf("%d figures, want 2 append + 3 catch-up + 2 latency: %+v", len(figs), figs)
+	}
+	for _, f := range figs {
+		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio() <= 0) || (f.Unit == "events/s") == f.LowerIsBetter {
+			t.Errorf("figure %+v (ratio %.2f)", f, f.Ratio())
+		}
+	}
+	if len(progress) != 5 || !strings.Contains(progress[0], rep.Schema) {
+		t.Errorf("progress %q", progress)
+	}
+}
+
+// Cancelling mid-run, as Ctrl-C does, still drops the schema.
+func TestRunCancelledDropsItsSchema(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var schema string
+	cfg := tiny
+	cfg.Progress = func(msg string) {
+		if s, ok := strings.CutPrefix(msg, "working in schema "); ok {
+			schema, _, _ = strings.Cut(s, " ")
+		}
+		if strings.HasPrefix(msg, "catch-up") {
+			cancel()
+		}
+	}
+	_, err := benchmark.Run(ctx, pgtest.Pool(t), cfg)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v, want cancelled", err)
+	}
+	if schema == "" || pgtest.SchemaExists(t, schema) {
+		t.Errorf("schema %q left behind", schema)
+	}
+}
+
+func TestDropSchemaRefusesOthers(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	if err := benchmark.DropSchema(ctx, store); err == nil {
+		t.Fatal("dropped a schema benchmark.NewSchema did not make")
+	}
+	if !pgtest.SchemaExists(t, store.Schema()) {
+		t.Fatal("schema gone")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		cfg  benchmark.Config
+		ok   bool
+	}{
+		{"zero means defaults", benchmark.Config{}, true},
+		{"tiny", tiny, true},
+		{"negative writers", benchmark.Config{Writers: -1}, false},
+		{"append size zero", benchmark.Config{EventsPerTx: []int{0}}, false},
+		{"negative backlog", benchmark.Config{Backlog: -5}, false},
+		{"huge batch", benchmark.Config{BatchSize: 1_000_000}, false},
+		{"rate too high", benchmark.Config{Rate: 1_000_000}, false},
+		{"negative duration", benchmark.Config{LatencyDuration: -time.Second}, false},
+	}
+	for _, tc := range cases {
+		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: Validate() = %v", tc.name, err)
+		}
+	}
+}
+
+func TestStoreWithoutBenchTypes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := pgtest.Store(t, projector.NewRegistry())
+	if _, err := benchmark.NewAppender(ctx, store, 1); err == nil || !strings.Contains(err.Error(), "benchmark.NewRegistry") {
+		t.Errorf("appender on a foreign registry: %v", err)
+	}
+}

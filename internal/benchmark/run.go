@@ -1,0 +1,211 @@
+package benchmark
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projectorhq/projector/projection"
+)
+
+// Config sizes a full [Run]. Zero fields take the defaults of the
+// measurement they belong to.
+type Config struct {
+	// EventsPerTx lists the append sizes measured; default 1 and 100.
+	EventsPerTx []int
+	// Writers is the concurrent appenders; default [DefaultWriters].
+	Writers int
+	// AppendDuration is the measuring time of each append size, both sides
+	// together; default [DefaultAppendDuration].
+	AppendDuration time.Duration
+	// Backlog is the catch-up backlog in events; default [DefaultBacklog].
+	Backlog int
+	// BatchSize is the catch-up batch size; default
+	// [projection.DefaultBatchSize].
+	BatchSize int
+	// Rate is the latency measurement's append rate in events per second;
+	// default [DefaultRate].
+	Rate int
+	// LatencyDuration is how long each latency side appends; default
+	// [DefaultLatencyDuration].
+	LatencyDuration time.Duration
+	// Progress, when set, is told what is about to be measured, so a
+	// person watching a long run knows where it is.
+	Progress func(msg string)
+}
+
+// WithDefaults returns c with every zero field set to its default, so a
+// caller can print what will run.
+func (c Config) WithDefaults() Config {
+	if len(c.EventsPerTx) == 0 {
+		c.EventsPerTx = []int{1, 100}
+	}
+	c.Writers = cmp.Or(c.Writers, DefaultWriters)
+	c.AppendDuration = cmp.Or(c.AppendDuration, DefaultAppendDuration)
+	c.Backlog = cmp.Or(c.Backlog, DefaultBacklog)
+	c.BatchSize = cmp.Or(c.BatchSize, projection.DefaultBatchSize)
+	c.Rate = cmp.Or(c.Rate, DefaultRate)
+	c.LatencyDuration = cmp.Or(c.LatencyDuration, DefaultLatencyDuration)
+	if c.Progress == nil {
+		c.Progress = func(string) {}
+	}
+	return c
+}
+
+func (c Config) appendConfig(n int) AppendConfig {
+	return AppendConfig{EventsPerTx: n, Writers: c.Writers, Duration: c.AppendDuration}
+}
+
+func (c Config) catchUpConfig() CatchUpConfig {
+	return CatchUpConfig{Events: c.Backlog, BatchSize: c.BatchSize}
+}
+
+func (c Config) latencyConfig() LatencyConfig {
+	return LatencyConfig{Rate: c.Rate, Duration: c.LatencyDuration}
+}
+
+// Validate reports a size out of range, before anything connects. Zero
+// fields are valid: they mean the default.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	for _, n := range c.EventsPerTx {
+		errs = append(errs, c.appendConfig(n).validate())
+	}
+	errs = append(errs, c.catchUpConfig().withDefaults().validate(), c.latencyConfig().validate())
+	return errors.Join(errs...)
+}
+
+// Report is what a [Run] measured.
+type Report struct {
+	// Schema is the throwaway schema the run worked in, dropped since.
+	Schema string
+	// ServerVersion is PostgreSQL's server_version, for reproducing figures.
+	ServerVersion string
+	// Config is the run's configuration with defaults filled in.
+	Config  Config
+	Append  []AppendResult
+	CatchUp []CatchUpResult
+	Latency LatencyResult
+}
+
+// Run measures everything, in a schema of its own made with [NewSchema]
+// and dropped afterwards whether the run succeeded, failed or was
+// cancelled: append throughput for each size, catch-up for each [Form],
+// then latency.
+func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (rep Report, err error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return rep, err
+	}
+	rep.Config = cfg
+	if err := pool.QueryRow(ctx, `SHOW server_version`).Scan(&rep.ServerVersion); err != nil {
+		return rep, fmt.Errorf("read server version: %w", err)
+	}
+	store, err := NewSchema(ctx, pool)
+	if err != nil {
+		return rep, err
+	}
+	rep.Schema = store.Schema()
+	defer func() { err = errors.Join(err, DropSchema(ctx, store)) }()
+	cfg.Progress(fmt.Sprintf("working in schema %s (dropped at the end)", rep.Schema))
+
+	for _, n := range cfg.EventsPerTx {
+		cfg.Progress(fmt.Sprintf("append: %d event%s per transaction, %d writers, %v", n, plural(n), cfg.Writers, cfg.AppendDuration))
+		r, err := MeasureAppend(ctx, store, cfg.appendConfig(n))
+		if err != nil {
+			return rep, err
+		}
+		rep.Append = append(rep.Append, r)
+	}
+	cfg.Progress(fmt.Sprintf("catch-up: backlog of %d events, batches of %d, per-event and batch handlers", cfg.Backlog, cfg.BatchSize))
+	if rep.CatchUp, err = MeasureCatchUp(ctx, store, cfg.catchUpConfig()); err != nil {
+		return rep, err
+	}
+	cfg.Progress(fmt.Sprintf("latency: %d events/s for %v per side", cfg.Rate, cfg.LatencyDuration))
+	if rep.Latency, err = MeasureLatency(ctx, store, cfg.latencyConfig()); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// Figure is one line of the report: Projector beside its baseline.
+type Figure struct {
+	// Name says what was measured ("append, 1 event/tx, 4 writers").
+	Name string
+	// Unit is "events/s" or "ms".
+	Unit string
+	// Projector and Raw are the two sides' values in Unit.
+	Projector, Raw float64
+	// LowerIsBetter is set for latencies.
+	LowerIsBetter bool
+	// PeakHeapMiB is the dispatcher's peak Go heap, catch-up figures only.
+	PeakHeapMiB float64
+}
+
+// Ratio returns Projector's value over the baseline's: the fraction of raw
+// throughput, or how many times the raw latency. Zero when the baseline is
+// zero.
+func (f Figure) Ratio() float64 {
+	if f.Raw == 0 {
+		return 0
+	}
+	return f.Projector / f.Raw
+}
+
+// Figures flattens the report into its lines, in the order measured.
+func (r Report) Figures() []Figure {
+	var out []Figure
+	for _, a := range r.Append {
+		out = append(out, Figure{
+			Name: fmt.Sprintf("append, %d event%s/tx, %d writers", a.EventsPerTx, plural(a.EventsPerTx), a.Writers),
+			Unit: "events/s", Projector: a.ProjectorRate(), Raw: a.RawRate(),
+		})
+	}
+	for _, c := range r.CatchUp {
+		name := "catch-up, per-event handler"
+		switch c.Form {
+		case Batched:
+			name = "catch-up, batch handler (unnest)"
+		case BatchedRawPayloads:
+			name = "catch-up, batch handler, raw payloads"
+		}
+		out = append(out, Figure{
+			Name: name, Unit: "events/s", Projector: c.ProjectorRate(), Raw: c.RawRate(),
+			PeakHeapMiB: float64(c.PeakHeap) / (1 << 20),
+		})
+	}
+	l := r.Latency
+	out = append(out,
+		Figure{Name: fmt.Sprintf("latency p50 at %d events/s", l.Rate), Unit: "ms", Projector: ms(l.Projector.P50), Raw: ms(l.Raw.P50), LowerIsBetter: true},
+		Figure{Name: fmt.Sprintf("latency p99 at %d events/s", l.Rate), Unit: "ms", Projector: ms(l.Projector.P99), Raw: ms(l.Raw.P99), LowerIsBetter: true},
+	)
+	return out
+}
+
+// within reports a size outside lo..hi; the Config validations are lists
+// of these.
+func within(what string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("%s %d outside %d..%d", what, v, lo, hi)
+	}
+	return nil
+}
+
+func notNegative(what string, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("negative %s %v", what, d)
+	}
+	return nil
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
