@@ -166,3 +166,21 @@ func TestDispatcherSurvivesConnectionLoss(t *testing.T) {
 	e.checkCounts("counting", versions)
 	t.Logf("terminated %d backends", terminated)
 }
+
+// Promise 6 under heavy contention: four dispatchers fight over one shard
+// with batches of one event, so passes hand the shard over thousands of
+// times; each must see the cursor its predecessor committed.
+func TestPromise6_ShardHandOverUnderContention(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	versions := e.appendMany(4, 1500, 30)
+	for i := range 4 {
+		store := e.storeOn(pgtest.NewPool(t, 2))
+		p := counting(e.schema, e.types, "contended", projection.AsyncConfig{BatchSize: 1})
+		e.dispatcher(projection.Config{Store: store, Projections: []*projection.Async{p}, InstanceID: "c" + strconv.Itoa(i),
+			PollMin: time.Millisecond, PollMax: 2 * time.Millisecond, Recheck: time.Millisecond})
+	}
+	want := total(versions)
+	eventually(t, 2*time.Minute, "every event applied", func() bool { return e.applied("contended") >= want })
+	e.checkCounts("contended", versions)
+}

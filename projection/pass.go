@@ -34,7 +34,7 @@ type passResult struct {
 }
 
 type dispatchSQL struct {
-	register, unregister, lock, waitLock, advance, fail, deadLetter, probe, cursor string
+	register, unregister, tryLock, state, waitLock, advance, fail, deadLetter, probe, cursor string
 }
 
 func buildDispatchSQL(store *postgres.Store) dispatchSQL {
@@ -50,11 +50,14 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 		// pass takes an id only when a handler first writes, or at the
 		// cursor update, so a slow read-only handler (a call to another
 		// service) does not stall every other consumer.
-		lock: `WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(hashtextextended($3::text, 0)) AS ok)
-			SELECT l.ok, c.name IS NOT NULL, coalesce(c.cursor_tx_id, '0'), coalesce(c.cursor_seq, 0), coalesce(c.status, 'idle'), coalesce(c.attempts, 0),
-				coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'),
-				coalesce(c.next_retry_at > now(), false), coalesce(c.next_retry_at, 'epoch')
-			FROM l LEFT JOIN ` + c + ` c ON l.ok AND c.name = $1 AND c.instance_id = $2`,
+		tryLock: `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, 0))`,
+		// Read in a statement of its own, after the lock: in one statement
+		// the snapshot would predate the lock, and a pass that committed in
+		// between would be read as not yet done.
+		state: `SELECT cursor_tx_id, cursor_seq, status, attempts,
+				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
+				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch')
+			FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		waitLock: `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`,
 		cursor:   `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		advance: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = 0,
@@ -87,11 +90,22 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
+	// The lock and the state read go out pipelined, one round trip, as two
+	// statements: the read's snapshot is taken after the lock is held.
 	var st shardRow
-	var locked, exists bool
-	err = tx.QueryRow(ctx, d.sql.lock, sh.id.Consumer, sh.id.Instance, sh.lockKey).Scan(&locked, &exists,
-		&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt)
-	if err != nil {
+	var locked bool
+	b := &pgx.Batch{}
+	b.Queue(d.sql.tryLock, sh.lockKey).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+	exists := true
+	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			exists = false
+			return nil
+		}
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return passResult{}, fmt.Errorf("lock shard: %w", err)
 	}
 	switch {
