@@ -181,15 +181,21 @@ func (t *table) eventTypes() []string { return slices.Clone(t.types) }
 // Every stream's events share one backing array: two passes, a handful of
 // allocations per batch rather than one per stream.
 func groupBatch(events []projector.Event) []Batch {
-	type group struct{ batch, stream, n int }
+	type group struct{ batch, stream, n, first int }
 	var batches []Batch
 	byTenant := map[string]int{}
-	byStream := make(map[projector.StreamRef]int, len(events)/2)
+	// Keyed by stream id alone (one string to hash, not three); the rare id
+	// shared by streams of another type or tenant goes to byRef.
+	byID := make(map[string]int, len(events)/2)
+	var byRef map[projector.StreamRef]int
 	var groups []group
 	of := make([]int, len(events)) // event i belongs to groups[of[i]]
 	for i := range events {
 		ref := events[i].Stream
-		gi, ok := byStream[ref]
+		gi, ok := byID[ref.ID]
+		if ok && events[groups[gi].first].Stream != ref {
+			gi, ok = byRef[ref]
+		}
 		if !ok {
 			bi, ok := byTenant[ref.Tenant]
 			if !ok {
@@ -198,8 +204,15 @@ func groupBatch(events []projector.Event) []Batch {
 				batches = append(batches, Batch{Tenant: ref.Tenant})
 			}
 			gi = len(groups)
-			byStream[ref] = gi
-			groups = append(groups, group{batch: bi, stream: len(batches[bi].Streams)})
+			if first, taken := byID[ref.ID]; !taken {
+				byID[ref.ID] = gi
+			} else if events[groups[first].first].Stream != ref {
+				if byRef == nil {
+					byRef = map[projector.StreamRef]int{}
+				}
+				byRef[ref] = gi
+			}
+			groups = append(groups, group{batch: bi, stream: len(batches[bi].Streams), first: i})
 			batches[bi].Streams = append(batches[bi].Streams, StreamEvents{Stream: ref})
 		}
 		groups[gi].n++

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/projectorhq/projector"
 )
@@ -161,23 +162,39 @@ type row struct {
 	txID          *uint64
 	seq           *int64
 	id            [16]byte // not uuid.UUID: pgx scans that through sql.Scanner, a slow path
-	tenant        string
-	streamType    string
+	tenant        pgtype.DriverBytes
+	streamType    pgtype.DriverBytes
 	streamID      string
 	version       int64
-	typ           string
+	typ           pgtype.DriverBytes
 	schemaVersion int32
 	data          []byte
 	correlation   [16]byte
 	causation     *[16]byte
-	actor         string
+	actor         pgtype.DriverBytes
 	headers       []byte
 	recordedAt    time.Time
+	// names interns the few distinct tenants, stream types, event types and
+	// actors of a read: one string each instead of one per row.
+	names map[string]string
 }
 
 func (r *row) dest() []any {
 	return []any{&r.txID, &r.seq, &r.id, &r.tenant, &r.streamType, &r.streamID, &r.version, &r.typ,
 		&r.schemaVersion, &r.data, &r.correlation, &r.causation, &r.actor, &r.headers, &r.recordedAt}
+}
+
+// intern returns b as a string, the same string for equal bytes.
+func (r *row) intern(b []byte) string {
+	if s, ok := r.names[string(b)]; ok { // no allocation for the lookup
+		return s
+	}
+	if r.names == nil {
+		r.names = map[string]string{}
+	}
+	s := string(b)
+	r.names[s] = s
+	return s
 }
 
 func (s *Store) collect(rows pgx.Rows, raw bool) ([]projector.Event, error) {
@@ -198,7 +215,7 @@ func (s *Store) collect(rows pgx.Rows, raw bool) ([]projector.Event, error) {
 // column, then an event, or NULLs when nothing matched.
 func (s *Store) collectWithHorizon(rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
 	defer rows.Close()
-	var out []projector.Event
+	out := make([]projector.Event, 0, 64)
 	var r row
 	dest := append([]any{horizon}, r.dest()...)
 	onlyHorizon := make([]any, len(dest))
@@ -228,8 +245,8 @@ func (s *Store) decodeRow(r *row, raw bool) (projector.Event, error) {
 		c := uuid.UUID(*r.causation)
 		causation = &c
 	}
-	ev, err := DecodeEnvelope(r.txID, r.seq, r.id, projector.StreamRef{Tenant: r.tenant, Type: r.streamType, ID: r.streamID},
-		r.version, r.typ, int(r.schemaVersion), r.data, r.correlation, causation, r.actor, r.headers, r.recordedAt)
+	ev, err := DecodeEnvelope(r.txID, r.seq, r.id, projector.StreamRef{Tenant: r.intern(r.tenant), Type: r.intern(r.streamType), ID: r.streamID},
+		r.version, r.intern(r.typ), int(r.schemaVersion), r.data, r.correlation, causation, r.intern(r.actor), r.headers, r.recordedAt)
 	if err != nil {
 		return ev, err
 	}
