@@ -40,12 +40,17 @@ const EnvURL = "PROJECTOR_TEST_DATABASE_URL"
 const schemaPrefix = "pt_"
 
 var shared struct {
-	once   sync.Once
-	url    string
-	server *pgserver.Server
-	pool   *pgxpool.Pool
-	err    error
+	once          sync.Once
+	url           string
+	server        *pgserver.Server
+	stopContainer func() error
+	pool          *pgxpool.Pool
+	err           error
 }
+
+// startContainer starts PostgreSQL in a container; set by the
+// testcontainers build tag (container.go), nil otherwise.
+var startContainer func(ctx context.Context) (url string, stop func() error, err error)
 
 // Main runs a package's tests, then closes the shared pool, stops a
 // throwaway server if one was started and fails the run if goroutines leaked.
@@ -60,7 +65,14 @@ func Main(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "pgtest:", err)
 		}
 	}
-	if code == 0 {
+	if shared.stopContainer != nil {
+		if err := shared.stopContainer(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
+	}
+	// Docker's client keeps goroutines of its own after a container run;
+	// the leak check speaks for Projector's code on the other paths.
+	if code == 0 && shared.stopContainer == nil {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
 			code = 1
@@ -75,12 +87,25 @@ func setup() {
 	shared.url = os.Getenv(EnvURL)
 	if shared.url == "" {
 		srv, err := pgserver.Start(ctx)
-		if err != nil {
+		switch {
+		case err == nil:
+			shared.server, shared.url = srv, srv.URL
+		case errors.Is(err, pgserver.ErrNoBinaries) && startContainer != nil:
+			url, stop, cerr := startContainer(ctx)
+			if cerr != nil {
+				shared.err = fmt.Errorf("no test database: %s is not set, no local PostgreSQL binaries, and %w", EnvURL, cerr)
+				return
+			}
+			shared.url, shared.stopContainer = url, stop
+		default:
+			hint := ""
+			if startContainer == nil {
+				hint = "; where Docker runs, `go test -tags testcontainers ./...` starts one in a container"
+			}
 			shared.err = fmt.Errorf("no test database: %s is not set and a throwaway cluster could not be started: %w\n"+
-				"Start PostgreSQL and set %s=postgres://user@127.0.0.1:5432/db (or run `make test`, which finds or starts one)", EnvURL, err, EnvURL)
+				"Start PostgreSQL and set %s=postgres://user@127.0.0.1:5432/db (or run `make test`, which finds or starts one)%s", EnvURL, err, EnvURL, hint)
 			return
 		}
-		shared.server, shared.url = srv, srv.URL
 	}
 	cfg, err := pgxpool.ParseConfig(shared.url)
 	if err != nil {
