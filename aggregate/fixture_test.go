@@ -170,27 +170,6 @@ func newRand(t testing.TB) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 }
 
-// waitUntilBlocked polls pg_stat_activity until backend pid waits on a
-// heavyweight lock (row, transaction or advisory): proof that it queued
-// behind another transaction, without guessing at timings.
-func waitUntilBlocked(t testing.TB, db postgres.DBTX, pid uint32) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var waitType *string
-		if err := db.QueryRow(context.Background(), `SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waitType); err != nil {
-			t.Fatalf("pg_stat_activity for backend %d: %v", pid, err)
-		}
-		if waitType != nil && *waitType == "Lock" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend %d never waited on a lock", pid)
-		}
-		time.Sleep(2 * time.Millisecond) // polling interval, not synchronisation
-	}
-}
-
 func backendPID(t testing.TB, tx pgx.Tx) uint32 {
 	t.Helper()
 	var pid uint32

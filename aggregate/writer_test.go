@@ -12,6 +12,7 @@ import (
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/aggregate"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -150,7 +151,7 @@ func TestFetchExclusiveWaits(t *testing.T) {
 				w, err := tickets.FetchExclusive(f.ctx, second, s)
 				done <- fetched{w, err}
 			}()
-			waitUntilBlocked(t, f.store.Pool(), pid)
+			pgtest.WaitUntilBlocked(t, f.store.Pool(), pid)
 			select {
 			case r := <-done:
 				t.Fatalf("second exclusive fetch returned while the first held the stream: %+v", r)
@@ -198,7 +199,7 @@ func TestFetchExclusiveWaits(t *testing.T) {
 			_, err := f.store.Append(f.ctx, appender, s, projector.AnyVersion, testevents.TicketCommented{Body: "plain"})
 			done <- err
 		}()
-		waitUntilBlocked(t, f.store.Pool(), pid)
+		pgtest.WaitUntilBlocked(t, f.store.Pool(), pid)
 		select {
 		case err := <-done:
 			t.Fatalf("plain append returned while an exclusive writer held the stream: %v", err)
@@ -297,7 +298,7 @@ func TestAssertVersion(t *testing.T) {
 			_, err := f.store.Append(ctx, other, s, projector.ExactVersion(1), testevents.TicketCommented{Body: "must wait"})
 			done <- err
 		}()
-		waitUntilBlocked(t, f.store.Pool(), pid)
+		pgtest.WaitUntilBlocked(t, f.store.Pool(), pid)
 		select {
 		case err := <-done:
 			t.Fatalf("append returned while the version was asserted: %v", err)
@@ -420,7 +421,7 @@ func TestAssertVersion(t *testing.T) {
 		}
 		var wg sync.WaitGroup
 		wg.Go(func() { appendOrRollback(0) })
-		waitUntilBlocked(t, f.store.Pool(), pid)
+		pgtest.WaitUntilBlocked(t, f.store.Pool(), pid)
 		appendOrRollback(1)
 		wg.Wait()
 		failed := 0

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -24,27 +24,6 @@ func (f fixture) begin(t *testing.T) pgx.Tx {
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(f.ctx)) })
 	return tx
-}
-
-// waitUntilBlocked polls pg_stat_activity until backend pid waits on a
-// heavyweight lock (a row, transaction or advisory lock): proof that it is
-// queued behind another transaction, without guessing at timings.
-func waitUntilBlocked(t *testing.T, db postgres.DBTX, pid uint32) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var waitType *string
-		if err := db.QueryRow(context.Background(), `SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waitType); err != nil {
-			t.Fatalf("pg_stat_activity for backend %d: %v", pid, err)
-		}
-		if waitType != nil && *waitType == "Lock" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend %d never waited on a lock", pid)
-		}
-		time.Sleep(2 * time.Millisecond) // polling interval, not synchronisation
-	}
 }
 
 func backendPID(t *testing.T, tx pgx.Tx) uint32 {
@@ -159,7 +138,7 @@ func TestLockStreamWaitsForHolder(t *testing.T) {
 				v, err := f.store.LockStream(f.ctx, waiter, s, postgres.LockOptions{})
 				done <- result{v, err}
 			}()
-			waitUntilBlocked(t, f.store.Pool(), pid)
+			pgtest.WaitUntilBlocked(t, f.store.Pool(), pid)
 			select {
 			case r := <-done:
 				t.Fatalf("second locker returned while the first held the stream: %+v", r)

@@ -152,7 +152,7 @@ func TestPromise9_ConsumerRegisteringDuringPrune(t *testing.T) {
 		done <- result{res, err}
 	}()
 	// The prune must be waiting on the registration's lock, not done.
-	waitForLockWait(t, f.store.Pool(), f.store.Table("projector_consumers"))
+	pgtest.WaitForLockOn(t, f.store.Pool(), f.store.Table("projector_consumers"))
 	select {
 	case r := <-done:
 		t.Fatalf("prune finished while a consumer registration was uncommitted: %+v %v", r.res, r.err)
@@ -171,25 +171,6 @@ func TestPromise9_ConsumerRegisteringDuringPrune(t *testing.T) {
 	if n := f.remaining(t, "session"); n != 5 {
 		t.Fatalf("%d events left; the new consumer needed all 5", n)
 	}
-}
-
-// waitForLockWait polls pg_stat_activity until some backend waits for a
-// lock on table: a real observation of the blocked statement, not a sleep.
-func waitForLockWait(t *testing.T, pool postgres.DBTX, table string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		var waiting bool
-		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE NOT l.granted AND l.relation = $1::regclass)`, table).Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	t.Fatalf("nobody waited for a lock on %s", table)
 }
 
 func TestPruneBadInput(t *testing.T) {

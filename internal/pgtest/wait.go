@@ -1,0 +1,51 @@
+package pgtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// WaitUntilBlocked polls pg_stat_activity until backend pid waits on a
+// heavyweight lock (a row, transaction or advisory lock): proof that it is
+// queued behind another transaction, without guessing at timings.
+func WaitUntilBlocked(t testing.TB, db postgres.DBTX, pid uint32) {
+	t.Helper()
+	waitFor(t, "backend to wait on a lock", func() (bool, error) {
+		var waitType *string
+		err := db.QueryRow(context.Background(), `SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waitType)
+		return waitType != nil && *waitType == "Lock", err
+	})
+}
+
+// WaitForLockOn polls pg_locks until some backend waits for a lock on table
+// (a quoted, qualified name): for a statement whose backend the test cannot
+// name, such as one inside a library call.
+func WaitForLockOn(t testing.TB, db postgres.DBTX, table string) {
+	t.Helper()
+	waitFor(t, "a backend to wait for a lock on "+table, func() (bool, error) {
+		var waiting bool
+		err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE NOT l.granted AND l.relation = $1::regclass)`, table).Scan(&waiting)
+		return waiting, err
+	})
+}
+
+func waitFor(t testing.TB, what string, observed func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok, err := observed()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
