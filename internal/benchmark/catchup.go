@@ -322,8 +322,9 @@ func stopDispatcher(ctx context.Context, d *projection.Dispatcher) error {
 // each, per-event upserts or one set-based upsert per batch.
 func (c *CatchUp) rawLoop(ctx context.Context, setBased bool) error {
 	types := []string{BackloggedType}
+	applied := 0
 	for {
-		full := false
+		full, n := false, 0
 		err := pgx.BeginFunc(ctx, c.store.Pool(), func(tx pgx.Tx) error {
 			var txID uint64
 			var seq int64
@@ -342,7 +343,7 @@ func (c *CatchUp) rawLoop(ctx context.Context, setBased bool) error {
 			}); err != nil {
 				return fmt.Errorf("read batch: %w", err)
 			}
-			full = len(streams) == c.cfg.BatchSize
+			full, n = len(streams) == c.cfg.BatchSize, len(streams)
 			if len(streams) == 0 {
 				return nil
 			}
@@ -363,8 +364,22 @@ func (c *CatchUp) rawLoop(ctx context.Context, setBased bool) error {
 			}
 			return nil
 		})
-		if err != nil || !full {
+		if err != nil {
 			return err
+		}
+		applied += n
+		switch {
+		case full:
+		case applied >= c.cfg.Events:
+			return nil
+		default:
+			// A transaction elsewhere in the cluster holds the horizon back:
+			// the rest of the backlog is there but not yet deliverable.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(2 * time.Millisecond):
+			}
 		}
 	}
 }
