@@ -29,9 +29,11 @@ test:
 test-short:
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -count=1 $(PKGS)
 
-## bench: benchmarks, each printed beside its raw-PostgreSQL baseline
+## bench: benchmarks, each printed beside its raw-PostgreSQL baseline (about 10 minutes)
 bench:
-	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench . -benchtime 3s $(PKGS)
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench . -benchtime 3s ./stores/postgres ./aggregate
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'AppendInline' -benchtime 3s ./projection
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'CatchUp|Latency' -benchtime 1x -timeout 30m ./projection
 
 ## fuzz: run each fuzz target for FUZZTIME (default 20s)
 FUZZTIME ?= 20s
