@@ -149,7 +149,8 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	// (and be retried, or go dead) rather than stall the fleet.
 	handlerCtx, cancel := context.WithTimeout(ctx, cfg.BatchTimeout)
 	defer cancel()
-	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant, handlerCtx: handlerCtx}
+	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant, queue: &writeQueue{}}
+	r.handlerCtx = context.WithValue(handlerCtx, queueKey{}, r.queue)
 	rest, deadLetters := batch.Events, 0
 	var done []projector.Event // applied, for AfterCommit
 	for len(rest) > 0 {
@@ -315,6 +316,8 @@ type run struct {
 	// current is the event a handler is working on (the first of a batch
 	// handler's events), for a failure that ends the transaction.
 	current *projector.Event
+	// queue holds the writes handlers queued with Queue.
+	queue *writeQueue
 	// scope is the tenant the transaction is scoped to, "" when unknown
 	// (after a rollback to a savepoint).
 	scope string
@@ -370,6 +373,7 @@ func (r *run) applyUntil(ctx context.Context, events []projector.Event, depth in
 // the index of the event that failed.
 func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) {
 	t := &r.sh.proj.t
+	r.queue.reset()
 	for i := range events {
 		ev := &events[i]
 		if ev.Payload == nil && !r.sh.proj.cfg.RawPayloads {
@@ -382,6 +386,12 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 	}
 	if t.batch != nil {
 		for _, b := range groupBatch(events) {
+			if b.Tenant != r.scope {
+				if _, err := r.queue.flush(ctx, r.tx); err != nil {
+					return 0, err
+				}
+				r.queue.reset()
+			}
 			if err := r.scopeTo(ctx, b.Tenant); err != nil {
 				return 0, err
 			}
@@ -390,6 +400,9 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 				return 0, err
 			}
 		}
+		if _, err := r.queue.flush(ctx, r.tx); err != nil {
+			return 0, err
+		}
 		return -1, nil
 	}
 	for i, ev := range events {
@@ -397,16 +410,24 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 		if h == nil {
 			continue // the read filter makes this unreachable
 		}
-		if err := r.scopeTo(ctx, ev.Stream.Tenant); err != nil {
-			return i, err
+		if ev.Stream.Tenant != r.scope {
+			// Queued writes run under the tenant that queued them.
+			if k, err := r.queue.flush(ctx, r.tx); err != nil {
+				return k, err
+			}
+			r.queue.reset()
+			if err := r.scopeTo(ctx, ev.Stream.Tenant); err != nil {
+				return i, err
+			}
 		}
 		r.current = &events[i]
+		r.queue.current = i
 		hctx := withStore(projector.WithCausationID(projector.WithMetadata(r.handlerCtx, ev.Metadata), ev.ID), r.d.store)
 		if err := r.call(hctx, func(ctx context.Context) error { return h(ctx, handlerTx{r.tx}, ev) }); err != nil {
 			return i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
 		}
 	}
-	return -1, nil
+	return r.queue.flush(ctx, r.tx)
 }
 
 // call runs a handler, turning a panic into an error.

@@ -29,7 +29,7 @@ func TestBenchTable(t *testing.T) {
 	}
 	for _, row := range []string{
 		"FIGURE", "append, 1 event/tx, 2 writers", "append, 100 events/tx, 2 writers",
-		"catch-up, per-event handler", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
+		"catch-up, per-event handler", "catch-up, per-event handler, queued writes", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
 		"% of raw", "events/s", " ms ", "peak Go heap",
 	} {
 		if !strings.Contains(r.stdout, row) {
@@ -56,7 +56,7 @@ func TestBenchJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("stdout is not JSON: %v\n%s", err, r.stdout)
 	}
-	if len(out.Figures) != 7 || out.Config.Writers != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
+	if len(out.Figures) != 8 || out.Config.Writers != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
 		t.Errorf("output %+v", out)
 	}
 	for _, f := range out.Figures {

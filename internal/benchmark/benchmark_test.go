@@ -157,8 +157,8 @@ func TestRunDropsItsSchema(t *testing.T) {
 		t.Errorf("schema %s left behind", rep.Schema)
 	}
 	figs := rep.Figures()
-	if len(figs) != 7 {
-		t.Fatalf("%d figures, want 2 append + 3 catch-up + 2 latency: %+v", len(figs), figs)
+	if len(figs) != 8 {
+		t.Fatalf("%d figures, want 2 append + 4 catch-up + 2 latency: %+v", len(figs), figs)
 	}
 	for _, f := range figs {
 		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio() <= 0) || (f.Unit == "events/s") == f.LowerIsBetter {

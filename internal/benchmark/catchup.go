@@ -55,6 +55,10 @@ const (
 	// PerEvent: one handler call and one upsert per event, against a loop
 	// issuing the same per-event statements.
 	PerEvent Form = "per-event"
+	// Pipelined: per-event handlers that queue their upsert with
+	// [projection.Queue], against a loop sending the same per-event
+	// statements in one pgx.Batch per batch.
+	Pipelined Form = "per-event-pipelined"
 	// Batched: one OnBatch handler per batch writing one unnest upsert,
 	// against a set-based loop doing the same.
 	Batched Form = "batch"
@@ -66,7 +70,7 @@ const (
 )
 
 // Forms returns every form, in the order they are reported.
-func Forms() []Form { return []Form{PerEvent, Batched, BatchedRawPayloads} }
+func Forms() []Form { return []Form{PerEvent, Pipelined, Batched, BatchedRawPayloads} }
 
 // CatchUpResult is one catch-up figure.
 type CatchUpResult struct {
@@ -194,8 +198,8 @@ func (c *CatchUp) Measure(ctx context.Context, form Form) (CatchUpResult, error)
 	res := CatchUpResult{Form: form, Events: c.cfg.Events, BatchSize: c.cfg.BatchSize}
 	var p *projection.Async
 	switch form {
-	case PerEvent:
-		p = c.perEvent()
+	case PerEvent, Pipelined:
+		p = c.perEvent(form == Pipelined)
 	case Batched, BatchedRawPayloads:
 		p = c.batched(form == BatchedRawPayloads)
 	default:
@@ -217,7 +221,7 @@ func (c *CatchUp) Measure(ctx context.Context, form Form) (CatchUpResult, error)
 		start := time.Now()
 		var err error
 		if raw {
-			err = c.rawLoop(ctx, form != PerEvent)
+			err = c.rawLoop(ctx, form)
 		} else {
 			err = c.dispatch(ctx, p)
 		}
@@ -238,10 +242,13 @@ func (c *CatchUp) Measure(ctx context.Context, form Form) (CatchUpResult, error)
 	return res, nil
 }
 
-func (c *CatchUp) perEvent() *projection.Async {
+func (c *CatchUp) perEvent(queued bool) *projection.Async {
 	p := projection.NewAsync(catchUpConsumer, projection.AsyncConfig{BatchSize: c.cfg.BatchSize})
 	// Registration errors surface from projection.New, which validates.
 	_ = projection.OnEvent(p, typeName(BackloggedType), func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if queued {
+			return projection.Queue(ctx, c.upsert, ev.Stream.ID)
+		}
 		_, err := tx.Exec(ctx, c.upsert, ev.Stream.ID)
 		return err
 	})
@@ -320,7 +327,7 @@ func stopDispatcher(ctx context.Context, d *projection.Dispatcher) error {
 
 // rawLoop is the baseline: batches of the same size in one transaction
 // each, per-event upserts or one set-based upsert per batch.
-func (c *CatchUp) rawLoop(ctx context.Context, setBased bool) error {
+func (c *CatchUp) rawLoop(ctx context.Context, form Form) error {
 	types := []string{BackloggedType}
 	applied := 0
 	for {
@@ -347,12 +354,21 @@ func (c *CatchUp) rawLoop(ctx context.Context, setBased bool) error {
 			if len(streams) == 0 {
 				return nil
 			}
-			if setBased {
+			switch form {
+			case Batched, BatchedRawPayloads:
 				ids, counts := countByStream(streams)
 				if _, err := tx.Exec(ctx, c.setUpsert, ids, counts); err != nil {
 					return fmt.Errorf("upsert: %w", err)
 				}
-			} else {
+			case Pipelined:
+				b := &pgx.Batch{}
+				for _, s := range streams {
+					b.Queue(c.upsert, s)
+				}
+				if err := tx.SendBatch(ctx, b).Close(); err != nil {
+					return fmt.Errorf("upsert: %w", err)
+				}
+			default:
 				for _, s := range streams {
 					if _, err := tx.Exec(ctx, c.upsert, s); err != nil {
 						return fmt.Errorf("upsert: %w", err)

@@ -169,6 +169,8 @@ func (r Report) Figures() []Figure {
 	for _, c := range r.CatchUp {
 		name := "catch-up, per-event handler"
 		switch c.Form {
+		case Pipelined:
+			name = "catch-up, per-event handler, queued writes"
 		case Batched:
 			name = "catch-up, batch handler (unnest)"
 		case BatchedRawPayloads:
