@@ -130,8 +130,12 @@ func (r *Repository[S]) handleOnce(ctx context.Context, stream projector.StreamR
 		return Result[S]{}, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := r.store.ScopeTx(ctx, tx, stream.Tenant); err != nil {
-		return Result[S]{}, err
+	// A fresh transaction is already unscoped: only a tenant stream needs
+	// the round trip that scopes it.
+	if stream.Tenant != projector.SystemTenant {
+		if err := r.store.ScopeTx(ctx, tx, stream.Tenant); err != nil {
+			return Result[S]{}, err
+		}
 	}
 	var w *Writer[S]
 	if exclusive {

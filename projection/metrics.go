@@ -104,15 +104,24 @@ func (d *Dispatcher) metricsLoop(ctx context.Context) {
 }
 
 func (d *Dispatcher) refreshGauges(ctx context.Context) {
-	for _, sh := range d.shards {
-		st, err := d.admin.Status(ctx, sh.id)
-		if err != nil {
-			if ctx.Err() == nil {
-				d.logger.DebugContext(ctx, "projection dispatcher: refresh metrics", slog.Any("error", err))
-			}
-			return
+	// One listing (each shard's lag counted in the same query) rather than a
+	// status query per shard.
+	all, err := d.admin.List(ctx, "")
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logger.DebugContext(ctx, "projection dispatcher: refresh metrics", slog.Any("error", err))
 		}
-		l := prometheus.Labels{"consumer": sh.id.Consumer, "instance_id": sh.id.Instance}
+		return
+	}
+	mine := make(map[ShardID]bool, len(d.shards))
+	for _, sh := range d.shards {
+		mine[sh.id] = true
+	}
+	for _, st := range all {
+		if !mine[st.ShardID] {
+			continue
+		}
+		l := prometheus.Labels{"consumer": st.Consumer, "instance_id": st.Instance}
 		d.metrics.lagEvents.With(l).Set(float64(st.LagEvents))
 		d.metrics.lagSeconds.With(l).Set(st.LagSeconds)
 		for _, s := range []Status{StatusIdle, StatusProcessing, StatusDead, StatusDisabled} {
@@ -120,7 +129,7 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 			if s == st.Status {
 				v = 1
 			}
-			d.metrics.status.With(prometheus.Labels{"consumer": sh.id.Consumer, "instance_id": sh.id.Instance, "status": string(s)}).Set(v)
+			d.metrics.status.With(prometheus.Labels{"consumer": st.Consumer, "instance_id": st.Instance, "status": string(s)}).Set(v)
 		}
 	}
 	var age float64
