@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
@@ -93,6 +94,11 @@ type shard struct {
 	proj    *Async
 	lockKey string // see shardLockKey
 }
+
+// waitShardLockSQL takes a shard's advisory lock (see shardLockKey),
+// waiting for a running pass: what operator transitions and out-of-band
+// failure records do before touching a shard.
+const waitShardLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
 
 // shardLockKey names a shard's advisory lock: hashed to 64 bits in the
 // database, keyed on the schema so side-by-side schemas never contend.
@@ -446,23 +452,37 @@ func (d *Dispatcher) CatchUp(ctx context.Context) error {
 // behind counts this dispatcher's live shards whose cursor is before
 // target, and names the dead ones.
 func (d *Dispatcher) behind(ctx context.Context, target projector.Position) (int, []string, error) {
-	behind, dead := 0, []string{}
-	for _, sh := range d.shards {
-		// Cursor and status only: the lag count Admin.Status adds would read
-		// the whole backlog on every poll.
-		var cursor projector.Position
-		var status Status
-		err := d.store.Pool().QueryRow(ctx, d.sql.cursor, sh.id.Consumer, sh.id.Instance).Scan(&cursor.TxID, &cursor.Seq, &status)
-		if err != nil {
-			return -1, nil, fmt.Errorf("read shard %s: %w", sh.id, err)
-		}
+	// Cursors and statuses only, every shard in one query: the lag count
+	// Admin.List adds would read the whole backlog on every poll.
+	names := make([]string, len(d.shards))
+	instances := make([]string, len(d.shards))
+	for i, sh := range d.shards {
+		names[i], instances[i] = sh.id.Consumer, sh.id.Instance
+	}
+	rows, err := d.store.Pool().Query(ctx, d.sql.cursors, names, instances)
+	if err != nil {
+		return -1, nil, fmt.Errorf("read shards: %w", err)
+	}
+	var id ShardID
+	var cursor projector.Position
+	var status Status
+	behind, dead, seen := 0, []string{}, 0
+	_, err = pgx.ForEachRow(rows, []any{&id.Consumer, &id.Instance, &cursor.TxID, &cursor.Seq, &status}, func() error {
+		seen++
 		switch {
 		case status == StatusDead:
-			dead = append(dead, sh.id.String())
+			dead = append(dead, id.String())
 		case status == StatusDisabled:
 		case cursor.Less(target):
 			behind++
 		}
+		return nil
+	})
+	if err != nil {
+		return -1, nil, fmt.Errorf("read shards: %w", err)
+	}
+	if seen != len(d.shards) {
+		return -1, nil, fmt.Errorf("read shards: %d of %d state rows exist", seen, len(d.shards))
 	}
 	return behind, dead, nil
 }

@@ -34,7 +34,7 @@ type passResult struct {
 }
 
 type dispatchSQL struct {
-	register, unregister, tryLock, state, waitLock, advance, fail, deadLetter, probe, cursor string
+	register, unregister, tryLock, state, waitLock, advance, fail, deadLetter, probe, cursor, cursors string
 }
 
 func buildDispatchSQL(store *postgres.Store) dispatchSQL {
@@ -58,8 +58,10 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch')
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
-		waitLock: `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`,
+		waitLock: waitShardLockSQL,
 		cursor:   `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
+		cursors: `SELECT c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status FROM ` + c + ` c
+			JOIN unnest($1::text[], $2::text[]) AS s(name, instance_id) USING (name, instance_id)`,
 		advance: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = 0,
 				last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL,
 				failed_event_id = NULL, next_retry_at = NULL, processed = processed + $6, updated_at = now()

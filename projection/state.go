@@ -149,7 +149,7 @@ func buildAdminSQL(store *postgres.Store) adminSQL {
 			FROM ` + c + ` c WHERE ($1::text IS NULL OR c.name = $1) AND ($2::text IS NULL OR c.instance_id = $2)
 			ORDER BY c.name, c.instance_id`,
 		lock:     `SELECT ` + shardColumns + `, 0::bigint, 0::float8 FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE`,
-		waitLock: `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`,
+		waitLock: waitShardLockSQL,
 		update: `UPDATE ` + c + ` SET status = $3, attempts = $4, cursor_tx_id = $5, cursor_seq = $6,
 			last_error = NULLIF($7, ''), last_error_at = CASE WHEN $7 = '' THEN NULL ELSE last_error_at END,
 			failed_tx_id = CASE WHEN $7 = '' THEN NULL ELSE failed_tx_id END,
