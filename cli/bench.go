@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -132,9 +131,7 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 				LowerIsBetter: f.LowerIsBetter, PeakHeapMiB: f.PeakHeapMiB,
 			}
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
+		return writeJSON(w, out)
 	}
 	fmt.Fprintf(w, "PostgreSQL %s, schema %s (dropped)\n\n", rep.ServerVersion, rep.Schema)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

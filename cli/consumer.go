@@ -59,9 +59,7 @@ func WriteStatus(w io.Writer, shards []projection.ShardState, asJSON bool) error
 		for i, s := range shards {
 			out[i] = toJSON(s)
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
+		return writeJSON(w, out)
 	}
 	if len(shards) == 0 {
 		_, err := fmt.Fprintln(w, "no consumers registered yet (they appear when a dispatcher first starts)")
@@ -120,16 +118,13 @@ func (a *App) listCmd(use, short string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			admin, done, err := a.admin(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			shards, err := admin.List(cmd.Context(), "")
-			if err != nil {
-				return err
-			}
-			return WriteStatus(a.out, shards, asJSON)
+			return a.withAdmin(cmd, func(admin *projection.Admin) error {
+				shards, err := admin.List(cmd.Context(), "")
+				if err != nil {
+					return err
+				}
+				return WriteStatus(a.out, shards, asJSON)
+			})
 		},
 	}
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
@@ -146,18 +141,26 @@ func outputFormat(f string) (bool, error) {
 	return false, usageError{fmt.Errorf("--output %q: want table or json", f)}
 }
 
-// admin opens the pool and store for an ops command; done releases them.
-func (a *App) admin(cmd *cobra.Command) (*projection.Admin, func(), error) {
+// withAdmin opens the pool and store for an ops command, runs fn and
+// releases them.
+func (a *App) withAdmin(cmd *cobra.Command, fn func(*projection.Admin) error) error {
 	pool, err := a.Pool(cmd.Context())
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
+	defer pool.Close()
 	store, err := a.Store(cmd.Context(), pool)
 	if err != nil {
-		pool.Close()
-		return nil, nil, err
+		return err
 	}
-	return projection.NewAdmin(store), pool.Close, nil
+	return fn(projection.NewAdmin(store))
+}
+
+// writeJSON writes v as indented JSON, the form every `-o json` takes.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 func (a *App) consumerCmd() *cobra.Command {
@@ -186,21 +189,16 @@ refused with exit code 3 and changes nothing:
 			if err != nil {
 				return err
 			}
-			admin, done, err := a.admin(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			st, err := admin.Status(cmd.Context(), projection.ShardID{Consumer: args[0], Instance: instance})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				enc := json.NewEncoder(a.out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(toJSON(st))
-			}
-			return writeShard(a.out, st)
+			return a.withAdmin(cmd, func(admin *projection.Admin) error {
+				st, err := admin.Status(cmd.Context(), projection.ShardID{Consumer: args[0], Instance: instance})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(a.out, toJSON(st))
+				}
+				return writeShard(a.out, st)
+			})
 		},
 	}
 	status.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
@@ -221,21 +219,18 @@ refused with exit code 3 and changes nothing:
 			Short: op.short,
 			Args:  exactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				admin, done, err := a.admin(cmd)
-				if err != nil {
-					return err
-				}
-				defer done()
-				id := projection.ShardID{Consumer: args[0], Instance: instance}
-				if err := op.run(admin, cmd.Context(), id); err != nil {
-					return err
-				}
-				st, err := admin.Status(cmd.Context(), id)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(a.out, "%s %s: now %s at %s\n", op.use, id, st.Status, cursor(st.Cursor))
-				return nil
+				return a.withAdmin(cmd, func(admin *projection.Admin) error {
+					id := projection.ShardID{Consumer: args[0], Instance: instance}
+					if err := op.run(admin, cmd.Context(), id); err != nil {
+						return err
+					}
+					st, err := admin.Status(cmd.Context(), id)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(a.out, "%s %s: now %s at %s\n", op.use, id, st.Status, cursor(st.Cursor))
+					return nil
+				})
 			},
 		})
 	}

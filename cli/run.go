@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,6 +57,9 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 // run is the `run` command: it runs until ctx is cancelled, then stops
 // gracefully.
 func (a *App) run(ctx context.Context, cfg runConfig) error {
+	if cfg.StopTimeout < 0 {
+		return usageError{fmt.Errorf("--stop-timeout %v is negative", cfg.StopTimeout)}
+	}
 	log := a.logger()
 	pool, err := a.Pool(ctx)
 	if err != nil {
@@ -117,7 +121,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	<-ctx.Done()
 	running.Store(false)
 	fmt.Fprintf(a.out, "%s run: stopping\n", a.cfg.Name)
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmpDuration(cfg.StopTimeout, 30*time.Second))
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(cfg.StopTimeout, 30*time.Second))
 	defer cancel()
 	stopErr := d.Stop(stopCtx)
 	if srv != nil {
@@ -150,11 +154,4 @@ func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(c
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
-}
-
-func cmpDuration(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
 }
