@@ -15,13 +15,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -143,8 +147,15 @@ func Main(cfg Config) int {
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintf(root.ErrOrStderr(), "%s: %s\n", root.Name(), oneLine(err))
+	fmt.Fprintf(root.ErrOrStderr(), "%s: %s\n", root.Name(), message(err))
 	return ExitCode(err)
+}
+
+// message is err on one line without a leading "projector: ": Main prints
+// the binary's name first, and a bare sentinel of ours would otherwise read
+// "projector: projector: schema needs migrating".
+func message(err error) string {
+	return strings.TrimPrefix(oneLine(err), "projector: ")
 }
 
 // ExitCode maps an error from a command to its exit code.
@@ -191,32 +202,169 @@ func (a *App) Pool(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 // Connect opens a pool on url and pings it within a bounded time.
+//
+// No error it returns holds any part of the URL's password, whatever the
+// URL looks like: a URL whose user info has an unescaped '@' (which the
+// driver would split at the wrong place, taking part of the password for
+// the host) is refused as a usage error without being echoed, the database
+// is described by host and port only, and the driver's own messages are
+// scrubbed of the password. A server that answers but refuses (no such
+// database, no such role, wrong password) is told apart from one that does
+// not answer, so the message says what to fix.
 func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	secrets, err := urlSecrets(url)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("database url: %w", err)}
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, usageError{scrub(fmt.Errorf("database url: %w", err), secrets)}
+	}
+	if p := cfg.ConnConfig.Password; p != "" {
+		secrets = append(secrets, p)
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", describe(cfg), err)
+		return nil, scrub(fmt.Errorf("connect to %s: %w", describe(cfg), err), secrets)
 	}
 	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot reach database at %s: %w", describe(cfg), err)
+		return nil, scrub(connectError(cfg, err), secrets)
 	}
 	return pool, nil
 }
 
-// describe names a database without its password.
+// connectError says why a ping failed: the server refused us (and what to
+// do about it) or it did not answer at all.
+func connectError(cfg *pgxpool.Config, err error) error {
+	where := describe(cfg)
+	db := cfg.ConnConfig.Database
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		var msg string
+		switch pgErr.Code {
+		case "3D000": // invalid_catalog_name
+			msg = fmt.Sprintf("database %q does not exist on the server at %s: create it (createdb %s) or name another in --database-url or $%s",
+				db, where, db, EnvDatabaseURL)
+		case "28000": // invalid_authorization_specification: no such role, or pg_hba.conf
+			msg = fmt.Sprintf("the server at %s refused the login: %s: check the user in --database-url or $%s (the role must exist with LOGIN, and pg_hba.conf must let it in)",
+				where, pgErr.Message, EnvDatabaseURL)
+		case "28P01": // invalid_password
+			msg = fmt.Sprintf("the server at %s refused the login: %s: check the password in --database-url or $%s (it is never printed)",
+				where, pgErr.Message, EnvDatabaseURL)
+		default:
+			msg = fmt.Sprintf("the server at %s refused the connection: %s (SQLSTATE %s)", where, pgErr.Message, pgErr.Code)
+		}
+		return &hiddenError{msg: msg, err: err}
+	}
+	// The driver's connect error starts with "failed to connect to
+	// `user=… database=…`"; the cause after it is what the operator needs.
+	cause := err
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) && ce.Unwrap() != nil {
+		cause = ce.Unwrap()
+	}
+	// It repeats the same line for every address and fallback it tried.
+	var lines []string
+	for _, l := range strings.Split(cause.Error(), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !slices.Contains(lines, l) {
+			lines = append(lines, l)
+		}
+	}
+	return &hiddenError{msg: fmt.Sprintf("cannot reach database at %s: %s", where, strings.Join(lines, "; ")), err: err}
+}
+
+// describe names a database by host and port only: never the user, and
+// never anything a mis-split URL may have put into the host from the
+// password.
 func describe(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
-	return fmt.Sprintf("%s:%d/%s as %s", c.Host, c.Port, c.Database, c.User)
+	host := c.Host
+	if i := strings.LastIndexByte(host, '@'); i >= 0 {
+		host = host[i+1:]
+	}
+	return fmt.Sprintf("%s:%d", host, c.Port)
 }
+
+// urlSecrets returns the password a database URL or key=value connection
+// string holds, in every spelling an error might echo, and refuses a URL
+// whose user info cannot be split without guessing.
+func urlSecrets(raw string) ([]string, error) {
+	var secrets []string
+	add := func(s string) {
+		if s == "" {
+			return
+		}
+		secrets = append(secrets, s)
+		if u, err := neturl.PathUnescape(s); err == nil && u != s {
+			secrets = append(secrets, u)
+		}
+	}
+	if rest, ok := cutScheme(raw); ok {
+		beforeQuery, query, _ := strings.Cut(rest, "?")
+		beforeQuery, _, _ = strings.Cut(beforeQuery, "#")
+		authority, _, _ := strings.Cut(beforeQuery, "/")
+		switch at := strings.Count(beforeQuery, "@"); {
+		case at > 1 || strings.Count(authority, "@") != at:
+			// Drivers split at different '@'s (libpq and pgx at the
+			// first, net/url at the last): whatever we guessed, part of
+			// the password could end up printed as the host.
+			return nil, errors.New("the user info has an unescaped '@' or '/' (the URL is not printed): percent-encode '@' as %40 and '/' as %2F in the user name and password")
+		case at == 1:
+			userinfo, _, _ := strings.Cut(authority, "@")
+			if _, pw, ok := strings.Cut(userinfo, ":"); ok {
+				add(pw)
+			}
+		}
+		if q, err := neturl.ParseQuery(query); err == nil {
+			add(q.Get("password"))
+		}
+		return secrets, nil
+	}
+	for _, m := range keywordPassword.FindAllStringSubmatch(raw, -1) {
+		add(m[1]) // quoted, as written
+		add(strings.NewReplacer(`\'`, "'", `\\`, `\`).Replace(m[1]))
+		add(m[2]) // unquoted
+	}
+	return secrets, nil
+}
+
+// keywordPassword finds password=… in a key=value connection string, quoted
+// (with backslash escapes) or not.
+var keywordPassword = regexp.MustCompile(`(?i)\bpassword\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))`)
+
+func cutScheme(raw string) (string, bool) {
+	for _, scheme := range []string{"postgres://", "postgresql://"} {
+		if len(raw) >= len(scheme) && strings.EqualFold(raw[:len(scheme)], scheme) {
+			return raw[len(scheme):], true
+		}
+	}
+	return "", false
+}
+
+// scrub hides every secret in err's text, keeping err for errors.Is and
+// errors.As.
+func scrub(err error, secrets []string) error {
+	msg := err.Error()
+	for _, s := range secrets {
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+	}
+	return &hiddenError{msg: msg, err: err}
+}
+
+// hiddenError shows msg in place of err's own text.
+type hiddenError struct {
+	msg string
+	err error
+}
+
+func (h *hiddenError) Error() string { return h.msg }
+func (h *hiddenError) Unwrap() error { return h.err }
 
 // Store opens the event store on the configured schema, with the
 // application's inline projections and ephemeral stream types.

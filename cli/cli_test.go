@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,12 +32,59 @@ func TestParseAge(t *testing.T) {
 		{"soon", 0, true},
 		{"", 0, true},
 		{"1.5d", 0, true},
+		{"106751d", 106751 * 24 * time.Hour, false},
 	}
 	for _, c := range cases {
 		got, err := parseAge(c.in)
 		if (err != nil) != c.wantErr || got != c.want {
 			t.Errorf("parseAge(%q) = %v, %v; want %v, error %v", c.in, got, err, c.want, c.wantErr)
 		}
+	}
+}
+
+// Ages that do not fit a time.Duration are refused, naming the limit: they
+// once wrapped around (214897102651462d became about a second and pruned
+// everything) or turned negative (106752d).
+func TestParseAgeRefusesOverflow(t *testing.T) {
+	for _, in := range []string{"106752d", "99999999d", "214897102651462d", "9223372036854775807d", "99999999999999999999d", "9999999999h", "2562048h"} {
+		got, err := parseAge(in)
+		if err == nil {
+			t.Errorf("parseAge(%q) = %v, want an error", in, got)
+			continue
+		}
+		if !strings.Contains(err.Error(), "106751d") {
+			t.Errorf("parseAge(%q): %v: want the limit named", in, err)
+		}
+	}
+}
+
+// Connect never puts any part of a URL's user info in an error, whatever
+// the URL looks like and wherever the failure happens (parse, dial, ping).
+func TestConnectErrorHidesUserInfo(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{
+		"postgres://u:S3cret@PW-hb@127.0.0.1:1/db",
+		"postgresql://u:S3cret@PW-hb@127.0.0.1:99999999/db",
+		"postgres://u:S3cret%40PW-hb@127.0.0.1:1/db?connect_timeout=1",
+		"postgres://u:S3cret%40PW-hb@127.0.0.1:99999999/db",
+		"postgres://u:S3cret%40PW-hb@[::1:1/db",
+		"host=127.0.0.1 port=1 user=u password=S3cret@PW-hb connect_timeout=1",
+		"host=127.0.0.1 port=x user=u password='S3cret@PW-hb'",
+		"host=127.0.0.1 port=x user=u password = 'S3cret @PW-hb' sslmode=bogus",
+	} {
+		pool, err := Connect(t.Context(), url)
+		if err == nil {
+			pool.Close()
+			t.Fatalf("%q: connected", url)
+		}
+		for _, secret := range []string{"S3cret", "PW-hb"} {
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("Connect(%q) error shows %q: %v", url, secret, err)
+			}
+		}
+	}
+	if _, err := Connect(t.Context(), "postgres://u:S3cret@PW-hb@127.0.0.1:1/db"); ExitCode(err) != ExitUsage {
+		t.Errorf("an unescaped '@' in the user info: exit %d, want %d: %v", ExitCode(err), ExitUsage, err)
 	}
 }
 
