@@ -2,11 +2,16 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
@@ -23,7 +28,7 @@ func (a *App) pruneCmd() *cobra.Command {
 	var olderThan string
 	var opts postgres.PruneOptions
 	cmd := &cobra.Command{
-		Use:   "prune --older-than DURATION [--stream-type T ...] [--dry-run]",
+		Use:   "prune --older-than DURATION [--stream-type T ...] [--include-aggregates] [--dry-run]",
 		Short: "Delete old events of ephemeral stream types that every consumer has passed",
 		Long: `prune deletes events of the given stream types (by default those the application
 declares ephemeral) recorded before now minus --older-than, by the database clock.
@@ -33,7 +38,12 @@ yet, and never an event recorded in the dead-letter table. When a consumer holds
 events back, prune says which one and how far behind it is; skip its failing event or
 disable it if it should not hold retention back.
 
-DURATION is a Go duration (90m, 12h) or a number of days (30d).`,
+A stream type the application does not declare ephemeral is aggregate history:
+deleting its old events leaves streams that fold from the middle. Naming one with
+--stream-type is refused unless --include-aggregates is given too; run with
+--dry-run first to see, per stream type, what would go.
+
+DURATION is a Go duration (90m, 12h) or a number of days (30d), at most ` + fmt.Sprint(maxAgeDays) + `d.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			d, err := parseAge(olderThan)
@@ -41,6 +51,9 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d).`,
 				return usageError{fmt.Errorf("--older-than: %w", err)}
 			}
 			opts.OlderThan = d
+			if opts.BatchSize < 1 || opts.BatchSize > postgres.MaxPruneBatchSize {
+				return usageError{fmt.Errorf("--batch-size %d: want 1 to %d", opts.BatchSize, postgres.MaxPruneBatchSize)}
+			}
 			pool, err := a.Pool(cmd.Context())
 			if err != nil {
 				return err
@@ -54,6 +67,9 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d).`,
 				return usageError{fmt.Errorf("no stream types: name them with --stream-type (this application declares none ephemeral)")}
 			}
 			res, err := store.Prune(cmd.Context(), opts)
+			if errors.Is(err, postgres.ErrAggregateHistory) {
+				return usageError{fmt.Errorf("--stream-type: %w; this deletes their old history: add --include-aggregates if you mean it (try --dry-run first)", err)}
+			}
 			if err != nil {
 				return err
 			}
@@ -67,6 +83,13 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d).`,
 			}
 			fmt.Fprintf(a.out, "%s %d events of stream types %s recorded before %s\n", verb, res.Deleted,
 				strings.Join(types, ", "), res.Cutoff.Local().Format(time.RFC3339))
+			for _, t := range res.Types {
+				kind := "ephemeral"
+				if !t.Ephemeral {
+					kind = "aggregate history"
+				}
+				fmt.Fprintf(a.out, "  %d events of stream type %s (%s) from %d %s\n", t.Events, t.StreamType, kind, t.Streams, plural(t.Streams, "stream"))
+			}
 			if b := res.Blocker; b != nil {
 				id := b.Consumer
 				if b.Instance != "__shared__" {
@@ -81,41 +104,83 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d).`,
 	}
 	cmd.Flags().StringVar(&olderThan, "older-than", "", "minimum age of events to delete, e.g. 720h or 30d (required)")
 	cmd.Flags().StringSliceVar(&opts.StreamTypes, "stream-type", nil, "stream type to prune (repeatable; default: the ephemeral types)")
-	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "count what would be deleted and held back, delete nothing")
-	cmd.Flags().IntVar(&opts.BatchSize, "batch-size", 10_000, "events deleted per transaction")
+	cmd.Flags().BoolVar(&opts.IncludeAggregates, "include-aggregates", false, "allow --stream-type to name types not declared ephemeral (aggregate history)")
+	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "count what would be deleted and held back, per stream type; delete nothing")
+	cmd.Flags().IntVar(&opts.BatchSize, "batch-size", 10_000, fmt.Sprintf("events deleted per transaction (1 to %d)", postgres.MaxPruneBatchSize))
 	_ = cmd.MarkFlagRequired("older-than")
 	return cmd
 }
 
-// parseAge accepts Go durations and whole days ("30d").
+// plural is word, with an s unless n is one.
+func plural(n int64, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
+}
+
+// maxAgeDays is the longest age a time.Duration holds, in whole days
+// (about 292 years): a longer one used to wrap around, to a negative age or
+// to one of about a second.
+const maxAgeDays = int64(math.MaxInt64 / int64(24*time.Hour))
+
+// parseAge accepts Go durations and whole days ("30d"), positive and no
+// longer than maxAgeDays.
 func parseAge(s string) (time.Duration, error) {
+	limit := fmt.Sprintf("at most %dd, about 292 years", maxAgeDays)
 	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err != nil || n <= 0 {
-			return 0, fmt.Errorf("%q: want a positive number of days such as 30d", s)
+		n, err := strconv.ParseInt(days, 10, 64)
+		switch {
+		case errors.Is(err, strconv.ErrRange) || n > maxAgeDays:
+			return 0, fmt.Errorf("%q is too long: %s", s, limit)
+		case err != nil || n <= 0:
+			return 0, fmt.Errorf("%q: want a positive number of days such as 30d, %s", s, limit)
 		}
 		return time.Duration(n) * 24 * time.Hour, nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%q: want a positive duration such as 720h or 30d", s)
+		return 0, fmt.Errorf("%q: want a positive duration such as 720h or 30d, %s", s, limit)
 	}
 	return d, nil
 }
 
 func (a *App) tailCmd() *cobra.Command {
-	var types []string
+	var f tailFilter
 	var limit int
 	var fromStart bool
+	var format string
 	cmd := &cobra.Command{
-		Use:   "tail [--type T ...]",
+		Use:   "tail [--type T ...] [--stream-type T ... [--stream ID ...]] [-o json]",
 		Short: "Follow new events live, one line each, until interrupted",
 		Long: `tail prints events as they become deliverable, in log order, one line each:
-time, type, stream and version, then the JSON payload. It starts at the log's
-current horizon (or at the beginning with --from-start) and follows until
-interrupted, or until --limit events were printed.`,
+time, type, stream and version, then the JSON payload; with -o json, one JSON
+object per line instead. It starts at the log's current horizon (or at the
+beginning with --from-start) and follows until interrupted, or until --limit
+events were printed.
+
+--type keeps events of the given types, which must be defined by this binary's
+application; --stream-type keeps events of the given stream types, and --stream
+(which needs --stream-type) only the streams with the given ids.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit < 0 {
+				return usageError{fmt.Errorf("--limit %d: want 0 (follow until interrupted) or a positive count", limit)}
+			}
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			if len(f.streams) > 0 && len(f.streamTypes) == 0 {
+				return usageError{errors.New("--stream needs --stream-type: a stream id is only unique within its type")}
+			}
+			if names := a.cfg.Registry.Names(); len(names) > 0 { // an empty registry: the binary does not know the types
+				for _, t := range f.types {
+					if _, ok := a.cfg.Registry.Lookup(t); !ok {
+						return usageError{fmt.Errorf("--type %q is not an event type of this application (defined: %s)", t, strings.Join(names, ", "))}
+					}
+				}
+			}
 			ctx := cmd.Context()
 			pool, err := a.Pool(ctx)
 			if err != nil {
@@ -132,21 +197,69 @@ interrupted, or until --limit events were printed.`,
 					return err
 				}
 			}
-			return a.follow(ctx, store, after, types, limit)
+			print := a.printLine
+			if asJSON {
+				enc := json.NewEncoder(a.out)
+				print = func(ev projector.Event) error { return enc.Encode(tailJSON(ev)) }
+			}
+			return a.follow(ctx, store, after, f, limit, print)
 		},
 	}
-	cmd.Flags().StringSliceVar(&types, "type", nil, "only events of this type (repeatable)")
+	cmd.Flags().StringSliceVar(&f.types, "type", nil, "only events of this type (repeatable)")
+	cmd.Flags().StringSliceVar(&f.streamTypes, "stream-type", nil, "only events of streams of this type (repeatable)")
+	cmd.Flags().StringSliceVar(&f.streams, "stream", nil, "only events of the stream with this id, with --stream-type (repeatable)")
 	cmd.Flags().IntVar(&limit, "limit", 0, "exit after printing this many events (0: follow until interrupted)")
 	cmd.Flags().BoolVar(&fromStart, "from-start", false, "print the log from its beginning first")
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table (one line per event) or json (one object per line)")
 	return cmd
 }
 
+// tailFilter is what `events tail` keeps.
+type tailFilter struct {
+	types, streamTypes, streams []string
+}
+
+// TailJSON is one line of `events tail -o json`.
+type TailJSON struct {
+	Position      string            `json:"position"`
+	ID            string            `json:"id"`
+	RecordedAt    time.Time         `json:"recorded_at"`
+	Type          string            `json:"type"`
+	SchemaVersion int               `json:"schema_version"`
+	Tenant        string            `json:"tenant"`
+	StreamType    string            `json:"stream_type"`
+	StreamID      string            `json:"stream_id"`
+	Version       int64             `json:"version"`
+	CorrelationID string            `json:"correlation_id"`
+	CausationID   string            `json:"causation_id,omitempty"`
+	Actor         string            `json:"actor,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	Data          json.RawMessage   `json:"data"`
+}
+
+func tailJSON(ev projector.Event) TailJSON {
+	j := TailJSON{
+		Position: ev.Position.String(), ID: ev.ID.String(), RecordedAt: ev.RecordedAt, Type: ev.Type, SchemaVersion: ev.SchemaVersion,
+		Tenant: ev.Stream.Tenant, StreamType: ev.Stream.Type, StreamID: ev.Stream.ID, Version: ev.Version,
+		CorrelationID: ev.Metadata.CorrelationID.String(), Actor: ev.Metadata.Actor, Headers: ev.Metadata.Headers, Data: ev.Data,
+	}
+	if ev.Metadata.CausationID != uuid.Nil {
+		j.CausationID = ev.Metadata.CausationID.String()
+	}
+	return j
+}
+
+func (a *App) printLine(ev projector.Event) error {
+	_, err := fmt.Fprintf(a.out, "%s  %-20s %s v%d  %s\n", ev.RecordedAt.Local().Format("2006-01-02T15:04:05.000Z07:00"), ev.Type, ev.Stream, ev.Version, ev.Data)
+	return err
+}
+
 // follow prints events after the cursor as they arrive, polling while idle.
-func (a *App) follow(ctx context.Context, store *postgres.Store, after projector.Position, types []string, limit int) error {
+func (a *App) follow(ctx context.Context, store *postgres.Store, after projector.Position, f tailFilter, limit int, print func(projector.Event) error) error {
 	printed := 0
 	idle := 10 * time.Millisecond
 	for {
-		b, err := store.ReadLog(ctx, postgres.LogQuery{After: after, EventTypes: types, Raw: true})
+		b, err := store.ReadLog(ctx, postgres.LogQuery{After: after, EventTypes: f.types, StreamTypes: f.streamTypes, Raw: true})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -154,7 +267,12 @@ func (a *App) follow(ctx context.Context, store *postgres.Store, after projector
 			return err
 		}
 		for _, ev := range b.Events {
-			fmt.Fprintf(a.out, "%s  %-20s %s v%d  %s\n", ev.RecordedAt.Local().Format("2006-01-02T15:04:05.000"), ev.Type, ev.Stream, ev.Version, ev.Data)
+			if len(f.streams) > 0 && !slices.Contains(f.streams, ev.Stream.ID) {
+				continue
+			}
+			if err := print(ev); err != nil {
+				return err
+			}
 			printed++
 			if limit > 0 && printed >= limit {
 				return nil

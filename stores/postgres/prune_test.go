@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,12 +116,12 @@ func TestPromise9_PruneNeverOutrunsAConsumer(t *testing.T) {
 	if n := f.remaining(t, "session"); n != 1 {
 		t.Fatalf("%d session events left, want only the dead-lettered one", n)
 	}
-	// Named explicitly, aggregate streams go too, once no consumer that is
+	// Named explicitly and included, aggregate streams go too, once no consumer that is
 	// not disabled still needs them.
 	if _, err := f.store.Pool().Exec(f.ctx, `UPDATE `+f.store.Table("projector_consumers")+` SET status = 'disabled' WHERE name = 'slow'`); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := f.store.Prune(f.ctx, postgres.PruneOptions{OlderThan: tiny, StreamTypes: []string{"ticket"}}); err != nil || res.Deleted != 1 {
+	if res, err := f.store.Prune(f.ctx, postgres.PruneOptions{OlderThan: tiny, StreamTypes: []string{"ticket"}, IncludeAggregates: true}); err != nil || res.Deleted != 1 {
 		t.Fatalf("named prune: %+v %v", res, err)
 	}
 }
@@ -181,7 +183,45 @@ func TestPruneBadInput(t *testing.T) {
 	if _, err := store.Prune(ctx, postgres.PruneOptions{OlderThan: time.Hour}); !errors.Is(err, postgres.ErrNoStreamTypes) {
 		t.Fatalf("prune with no types and nothing ephemeral: %v", err)
 	}
-	if _, err := store.Prune(ctx, postgres.PruneOptions{StreamTypes: []string{"x"}}); err == nil {
-		t.Fatal("prune with no age accepted")
+	for _, opts := range []postgres.PruneOptions{
+		{StreamTypes: []string{"x"}, IncludeAggregates: true},
+		{StreamTypes: []string{"x"}, IncludeAggregates: true, OlderThan: -time.Hour},
+		{StreamTypes: []string{"x"}, IncludeAggregates: true, OlderThan: time.Hour, BatchSize: -1},
+		{StreamTypes: []string{"x"}, IncludeAggregates: true, OlderThan: time.Hour, BatchSize: postgres.MaxPruneBatchSize + 1},
+	} {
+		if _, err := store.Prune(ctx, opts); !errors.Is(err, postgres.ErrInvalidPrune) {
+			t.Errorf("prune %+v: %v, want ErrInvalidPrune", opts, err)
+		}
+	}
+}
+
+// A stream type that is not declared ephemeral is aggregate history: naming
+// it deletes nothing unless IncludeAggregates says so, and a dry run breaks
+// what it would delete down by stream type.
+func TestPruneKeepsAggregateHistoryUnlessIncluded(t *testing.T) {
+	t.Parallel()
+	f := pruneSetup(t)
+	f.appendTx(t, projector.Stream("ticket", "t1"), projector.NoStream, testevents.TicketOpened{Title: "a"}, testevents.TicketOpened{Title: "b"})
+	f.appendTx(t, projector.Stream("ticket", "t2"), projector.NoStream, testevents.TicketOpened{Title: "c"})
+	f.appendTx(t, projector.Stream("session", "s1"), projector.NoStream, testevents.TicketOpened{Title: "x"})
+
+	_, err := f.store.Prune(f.ctx, postgres.PruneOptions{OlderThan: tiny, StreamTypes: []string{"session", "ticket"}})
+	if !errors.Is(err, postgres.ErrAggregateHistory) || !strings.Contains(err.Error(), "ticket") {
+		t.Fatalf("prune naming an aggregate type: %v, want ErrAggregateHistory naming ticket", err)
+	}
+	if f.remaining(t, "ticket") != 3 || f.remaining(t, "session") != 1 {
+		t.Fatal("a refused prune deleted events")
+	}
+	dry, err := f.store.Prune(f.ctx, postgres.PruneOptions{OlderThan: tiny, StreamTypes: []string{"session", "ticket"}, IncludeAggregates: true, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []postgres.PruneTypeCount{{StreamType: "session", Ephemeral: true, Events: 1, Streams: 1}, {StreamType: "ticket", Events: 3, Streams: 2}}
+	if dry.Deleted != 4 || !slices.Equal(dry.Types, want) {
+		t.Fatalf("dry run: %+v, types %+v, want %+v", dry, dry.Types, want)
+	}
+	res, err := f.store.Prune(f.ctx, postgres.PruneOptions{OlderThan: tiny, StreamTypes: []string{"ticket"}, IncludeAggregates: true})
+	if err != nil || res.Deleted != 3 || f.remaining(t, "ticket") != 0 {
+		t.Fatalf("prune with IncludeAggregates: %+v %v", res, err)
 	}
 }
