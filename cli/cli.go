@@ -173,6 +173,11 @@ func ExitCode(err error) int {
 	}
 }
 
+// Usage marks err as a bad command line, so [ExitCode] maps it to
+// [ExitUsage]: for the flag checks of commands an application mounts
+// through [Config.Commands].
+func Usage(err error) error { return usageError{err} }
+
 // usageError marks a bad command line.
 type usageError struct{ error }
 

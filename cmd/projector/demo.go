@@ -27,12 +27,30 @@ func demoCmd() *cobra.Command {
 
 It uses --database-url or PROJECTOR_DATABASE_URL when given, else a local
 PostgreSQL if one answers, else it starts a throwaway PostgreSQL from the local
-server binaries in a temporary directory and removes it afterwards. It works in
-its own schema (--demo-schema, reset on every run) and never touches others.`,
+server binaries in a temporary directory and removes it afterwards.
+
+It works in its own schema, --demo-schema (or --schema; default projector_demo),
+which it creates and marks as its own, and drops and recreates on the next run.
+It never drops a schema it did not create: pointed at one, it stops with an
+error (exit 1) and changes nothing. PROJECTOR_SCHEMA is not used, so the demo
+never lands in the schema your application uses.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
+			if cmd.Flags().Changed("schema") {
+				schema, _ := cmd.Flags().GetString("schema")
+				if cmd.Flags().Changed("demo-schema") && schema != cfg.Schema {
+					return cli.Usage(fmt.Errorf("--schema %q and --demo-schema %q disagree: give one", schema, cfg.Schema))
+				}
+				cfg.Schema = schema
+			}
+			if cfg.Users < 1 || cfg.Users > helpdesk.MaxDemoUsers {
+				return cli.Usage(fmt.Errorf("--users %d: want 1 to %d", cfg.Users, helpdesk.MaxDemoUsers))
+			}
+			if cfg.Actions < 1 || cfg.Actions > helpdesk.MaxDemoActions {
+				return cli.Usage(fmt.Errorf("--actions %d: want 1 to %d", cfg.Actions, helpdesk.MaxDemoActions))
+			}
 			url, _ := cmd.Flags().GetString("database-url")
 			url = cmp.Or(url, os.Getenv(cli.EnvDatabaseURL))
 			pool, cleanup, err := findDatabase(ctx, url, throwaway, out)
@@ -40,15 +58,26 @@ its own schema (--demo-schema, reset on every run) and never touches others.`,
 				return err
 			}
 			defer cleanup()
-			cfg.Progress = true
+			cfg.Progress = isTerminal(out)
 			return helpdesk.RunDemo(ctx, pool, out, cfg)
 		},
 	}
-	cmd.Flags().StringVar(&cfg.Schema, "demo-schema", "projector_demo", "schema the demo resets and uses")
-	cmd.Flags().IntVar(&cfg.Users, "users", 8, "simulated customers and agents working at once")
-	cmd.Flags().IntVar(&cfg.Actions, "actions", 400, "commands each simulated user sends")
+	cmd.Flags().StringVar(&cfg.Schema, "demo-schema", "projector_demo", "schema the demo creates, uses, and drops on its next run (only one it created)")
+	cmd.Flags().IntVar(&cfg.Users, "users", 8, fmt.Sprintf("simulated customers and agents working at once (1 to %d)", helpdesk.MaxDemoUsers))
+	cmd.Flags().IntVar(&cfg.Actions, "actions", 400, fmt.Sprintf("commands each simulated user sends (1 to %d)", helpdesk.MaxDemoActions))
 	cmd.Flags().BoolVar(&throwaway, "throwaway", false, "always start a throwaway PostgreSQL, even if one answers")
 	return cmd
+}
+
+// isTerminal reports whether w is a terminal: a progress bar redraws itself
+// with carriage returns, which only a terminal shows as one line.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // localCandidates are tried, in order, when no URL was given: the libpq

@@ -275,7 +275,10 @@ func TestEventsPruneAndTail(t *testing.T) {
 // read model.
 func TestDemoCommand(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
+	schema := fmt.Sprintf("pt_%d_demo%d", time.Now().Unix(), time.Now().UnixNano()%1e9) // new: the demo creates it
+	t.Cleanup(func() {
+		_, _ = pgtest.Pool(t).Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	})
 	r := run(t, []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t)}, "demo", "--demo-schema", schema, "--users", "4", "--actions", "50")
 	if r.code != 0 {
 		t.Fatalf("demo: %+v", r)

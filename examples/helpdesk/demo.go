@@ -27,15 +27,33 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
+// Limits of [DemoConfig]'s sizes.
+const (
+	MaxDemoUsers   = 1000
+	MaxDemoActions = 1_000_000
+)
+
+// ErrNotDemoSchema: the demo was pointed at a schema that exists and that it
+// did not create. It drops its schema on every run, so it only ever drops
+// one that carries its mark.
+var ErrNotDemoSchema = errors.New("not a demo schema")
+
+// demoMark is the comment the demo sets on the schema it creates, at
+// creation: the only proof that a schema is the demo's to drop.
+const demoMark = "projector demo: created by RunDemo, dropped and recreated on every run"
+
 // DemoConfig sizes the demo.
 type DemoConfig struct {
-	// Schema is where the demo's tables go; it is dropped and recreated.
-	// Default "projector_demo".
+	// Schema is where the demo's tables go. The demo creates it and marks it
+	// as its own; on the next run it drops and recreates a schema with that
+	// mark, and refuses ([ErrNotDemoSchema]) one without. Default
+	// "projector_demo".
 	Schema string
 	// Users is how many simulated customers and agents act at once;
-	// default 8.
+	// default 8, at most MaxDemoUsers.
 	Users int
-	// Actions is how many commands each user sends; default 400.
+	// Actions is how many commands each user sends; default 400, at most
+	// MaxDemoActions.
 	Actions int
 	// Seed makes the simulated choices repeatable; default 1.
 	Seed uint64
@@ -62,8 +80,11 @@ func RunDemo(ctx context.Context, pool *pgxpool.Pool, out io.Writer, cfg DemoCon
 	if err := postgres.ValidateSchema(cfg.Schema); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{cfg.Schema}.Sanitize()+` CASCADE`); err != nil {
-		return fmt.Errorf("reset demo schema: %w", err)
+	if cfg.Users < 1 || cfg.Users > MaxDemoUsers || cfg.Actions < 1 || cfg.Actions > MaxDemoActions {
+		return fmt.Errorf("demo: %d users and %d actions: want 1 to %d users and 1 to %d actions", cfg.Users, cfg.Actions, MaxDemoUsers, MaxDemoActions)
+	}
+	if err := resetSchema(ctx, pool, cfg.Schema); err != nil {
+		return err
 	}
 	applied, err := postgres.Migrate(ctx, pool, cfg.Schema)
 	if err != nil {
@@ -124,6 +145,41 @@ func RunDemo(ctx context.Context, pool *pgxpool.Pool, out io.Writer, cfg DemoCon
 	fmt.Fprintf(out, "\n== Retention (`projector events prune --older-than 1ms`)\ndeleted %d agent pings of stream type %q; every consumer had passed them, and ticket streams are never pruned unless named\n",
 		res.Deleted, SessionStream)
 	return nil
+}
+
+// resetSchema drops the demo's schema from an earlier run, if there is one,
+// and creates it afresh with the demo's mark. A schema that exists without
+// the mark is someone else's: it is refused, never dropped.
+func resetSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	ident := pgx.Identifier{schema}.Sanitize()
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// Two demos on one schema take turns rather than drop each
+		// other's tables half-way.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('projector demo schema ' || $1))`, schema); err != nil {
+			return err
+		}
+		var comment *string
+		err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1`, schema).Scan(&comment)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return err
+		case comment == nil || *comment != demoMark:
+			return fmt.Errorf("schema %q exists and was not created by the demo, which drops its schema on every run: "+
+				"choose another --demo-schema, or drop it yourself if it is a leftover of an older demo (DROP SCHEMA %s CASCADE): %w",
+				schema, ident, ErrNotDemoSchema)
+		default:
+			if _, err := tx.Exec(ctx, `DROP SCHEMA `+ident+` CASCADE`); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, `CREATE SCHEMA `+ident+`; COMMENT ON SCHEMA `+ident+` IS '`+demoMark+`'`)
+		return err
+	})
+	if err != nil && !errors.Is(err, ErrNotDemoSchema) {
+		return fmt.Errorf("reset demo schema %s: %w", schema, err)
+	}
+	return err
 }
 
 // catchUp runs the dispatcher until every consumer has applied everything,
