@@ -63,6 +63,10 @@ primary. See docs/performance.md for what each line means.`,
 			defer pool.Close()
 			cfg.Progress = func(msg string) { fmt.Fprintf(a.errOut, "bench: %s\n", msg) }
 			rep, err := benchmark.Run(cmd.Context(), pool, cfg)
+			if err != nil && cmd.Context().Err() != nil {
+				// Ctrl-C: say so, not just "context canceled".
+				return fmt.Errorf("bench: interrupted: no figures (its schema was dropped): %w", err)
+			}
 			if err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
