@@ -177,7 +177,9 @@ func TestDemoKeepsASchemaItDidNotCreate(t *testing.T) {
 	pool := pgtest.Pool(t)
 	schema := fmt.Sprintf("pt_%d_keep%d", time.Now().Unix(), time.Now().UnixNano()%1e6)
 	ctx := context.Background()
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	})
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema+`; CREATE TABLE `+schema+`.precious (v text); INSERT INTO `+schema+`.precious VALUES ('keep me')`); err != nil {
 		t.Fatal(err)
 	}
