@@ -3,11 +3,13 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
 
 	"github.com/projectorhq/projector"
@@ -119,5 +121,22 @@ func TestCursorDisplay(t *testing.T) {
 	}
 	if got := shorten("a  very\nlong   error message", 12); got != "a very long…" {
 		t.Errorf("shorten: %q", got)
+	}
+}
+
+// A missing positional argument is named, with the usage line, and is a
+// usage error: it used to say only "accepts 1 arg(s), received 0".
+func TestMissingArgumentIsNamed(t *testing.T) {
+	cmd := &cobra.Command{Use: "skip NAME", Args: exactArgs(1), RunE: func(*cobra.Command, []string) error { return nil }}
+	cmd.SetArgs(nil)
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	err := cmd.Execute()
+	if ExitCode(err) != ExitUsage || err == nil || !strings.Contains(err.Error(), "missing NAME") || !strings.Contains(err.Error(), "skip NAME") {
+		t.Fatalf("missing argument: exit %d, %v", ExitCode(err), err)
+	}
+	cmd.SetArgs([]string{"a", "b"})
+	if err := cmd.Execute(); ExitCode(err) != ExitUsage {
+		t.Fatalf("extra argument: exit %d, %v", ExitCode(err), err)
 	}
 }

@@ -261,11 +261,21 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 	return tw.Flush()
 }
 
-// exactArgs is cobra.ExactArgs with the usage exit code.
+// exactArgs is cobra.ExactArgs with the usage exit code, naming the
+// missing argument from the command's Use line ("skip NAME": "missing
+// NAME").
 func exactArgs(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < n {
+			names := strings.Fields(cmd.Use)[1:]
+			missing := fmt.Sprintf("%d more argument(s)", n-len(args))
+			if len(names) >= n {
+				missing = strings.Join(names[len(args):n], " ")
+			}
+			return usageError{fmt.Errorf("missing %s (usage: %s)", missing, cmd.UseLine())}
+		}
 		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
-			return usageError{err}
+			return usageError{fmt.Errorf("%w (usage: %s)", err, cmd.UseLine())}
 		}
 		return nil
 	}
