@@ -164,6 +164,10 @@ func ExitCode(err error) int {
 	switch {
 	case err == nil:
 		return ExitOK
+	case errors.Is(err, syscall.EADDRINUSE):
+		// A port someone else holds is the machine's state, not a bad
+		// command line, even when reported against --http-addr.
+		return ExitError
 	case errors.As(err, &ue) || isCobraUsage(err):
 		return ExitUsage
 	case errors.Is(err, projector.ErrInvalidTransition):

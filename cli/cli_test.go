@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,6 +107,8 @@ func TestExitCode(t *testing.T) {
 		{&projection.TransitionError{Op: "restart", From: projection.StatusIdle}, ExitRefused},
 		{fmt.Errorf("op: %w", projector.ErrInvalidTransition), ExitRefused},
 		{fmt.Errorf("consumer x: %w", projector.ErrNotFound), ExitError},
+		// A port in use is a failure, not a bad command line.
+		{usageError{fmt.Errorf("--http-addr: %w", &net.OpError{Op: "listen", Net: "tcp", Err: os.NewSyscallError("bind", syscall.EADDRINUSE)})}, ExitError},
 	}
 	for _, c := range cases {
 		if got := ExitCode(c.err); got != c.want {

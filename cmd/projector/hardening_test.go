@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -224,4 +225,17 @@ func TestTailFiltersAndJSON(t *testing.T) {
 	}
 	wantError(t, run(t, o.env, "events", "tail", "-o", "yaml"), 2, "--output")
 	wantError(t, run(t, o.env, "events", "tail", "--stream", "T-1"), 2, "--stream-type")
+}
+
+// `run --http-addr` on a port another process holds is a failure (exit 1),
+// not a bad command line (exit 2).
+func TestRunPortInUseExitsOne(t *testing.T) {
+	t.Parallel()
+	o := newOpsEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	wantError(t, run(t, o.env, "run", "--http-addr", ln.Addr().String(), "--instance-id", "port-test"), 1, "address already in use")
 }
