@@ -67,6 +67,9 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d), at most ` + fmt.
 				return usageError{fmt.Errorf("no stream types: name them with --stream-type (this application declares none ephemeral)")}
 			}
 			res, err := store.Prune(cmd.Context(), opts)
+			if errors.Is(err, postgres.ErrInvalidPrune) {
+				return usageError{err}
+			}
 			if errors.Is(err, postgres.ErrAggregateHistory) {
 				return usageError{fmt.Errorf("--stream-type: %w; this deletes their old history: add --include-aggregates if you mean it (try --dry-run first)", err)}
 			}

@@ -142,7 +142,7 @@ func RunDemo(ctx context.Context, pool *pgxpool.Pool, out io.Writer, cfg DemoCon
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\n== Retention (`projector events prune --older-than 1ms`)\ndeleted %d agent pings of stream type %q; every consumer had passed them, and ticket streams are never pruned unless named\n",
+	fmt.Fprintf(out, "\n== Retention (`projector events prune --older-than 1ms`)\ndeleted %d agent pings of stream type %q; every consumer had passed them; ticket streams are aggregate history, never pruned unless named and included\n",
 		res.Deleted, SessionStream)
 	return nil
 }
