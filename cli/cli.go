@@ -315,23 +315,24 @@ func urlSecrets(raw string) ([]string, error) {
 		}
 	}
 	if rest, ok := cutScheme(raw); ok {
-		beforeQuery, query, _ := strings.Cut(rest, "?")
-		beforeQuery, _, _ = strings.Cut(beforeQuery, "#")
-		authority, _, _ := strings.Cut(beforeQuery, "/")
-		switch at := strings.Count(beforeQuery, "@"); {
-		case at > 1 || strings.Count(authority, "@") != at:
-			// Drivers split at different '@'s (libpq and pgx at the
-			// first, net/url at the last): whatever we guessed, part of
-			// the password could end up printed as the host.
-			return nil, errors.New("the user info has an unescaped '@' or '/' (the URL is not printed): percent-encode '@' as %40 and '/' as %2F in the user name and password")
-		case at == 1:
-			userinfo, _, _ := strings.Cut(authority, "@")
-			if _, pw, ok := strings.Cut(userinfo, ":"); ok {
-				add(pw)
-			}
+		// The user info ends at the first '@' before any '/', as pgx and
+		// libpq read it (net/url takes the last '@' instead).
+		userinfo, hostAndRest := "", rest
+		if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+			userinfo, hostAndRest = rest[:i], rest[i+1:]
+		}
+		hostAndPath, query, _ := strings.Cut(hostAndRest, "?")
+		if strings.Contains(hostAndPath, "@") {
+			// Another '@': the password holds an unescaped '@' or '/', and
+			// the driver would take part of it for the host and print it.
+			return nil, errors.New("the user info holds an unescaped '@' or '/' (the URL is not printed): percent-encode them as %40 and %2F")
+		}
+		if _, pw, ok := strings.Cut(userinfo, ":"); ok {
+			add(pw)
 		}
 		if q, err := neturl.ParseQuery(query); err == nil {
 			add(q.Get("password"))
+			add(q.Get("sslpassword"))
 		}
 		return secrets, nil
 	}
