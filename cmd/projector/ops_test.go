@@ -193,7 +193,7 @@ func TestConsumerTransitions(t *testing.T) {
 		{[]string{"consumer", "enable", "agent_workload"}, 0, "now idle"},
 		{[]string{"consumer", "status", "agent_workload"}, 0, "status"},
 		{[]string{"consumer", "restart", "nobody"}, 1, "not found"},
-		{[]string{"consumer", "restart"}, 2, "accepts 1 arg"},
+		{[]string{"consumer", "restart"}, 2, "missing NAME"},
 		{[]string{"consumer", "status", "agent_workload", "--instance", "elsewhere"}, 1, "not found"},
 	}
 	for _, s := range steps {
