@@ -73,8 +73,7 @@ func TestVersion(t *testing.T) {
 func TestMigrateUpAndStatus(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	schema := "pt_cli_" + fmt.Sprint(time.Now().UnixNano()%1e9)
-	t.Cleanup(func() { _, _ = pgtest.Pool(t).Exec(t.Context(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	schema := newSchemaName(t)
 	env := []string{"PROJECTOR_DATABASE_URL=" + url}
 
 	r := run(t, env, "migrate", "status", "--schema", schema)
@@ -92,6 +91,37 @@ func TestMigrateUpAndStatus(t *testing.T) {
 	r = run(t, []string{}, "migrate", "status", "--schema", schema, "--database-url", url)
 	if r.code != 0 || strings.Contains(r.stdout, "pending") {
 		t.Fatalf("status after: %+v", r)
+	}
+}
+
+// newSchemaName returns a name for a schema the binary will create, dropped
+// when the test ends. It is in the pt_<unix>_ form the harness sweeps when
+// a killed run left it behind, and it is dropped with a context of its own:
+// t.Context() is already cancelled when cleanups run, which once left a
+// schema behind on every run.
+func newSchemaName(t *testing.T) string {
+	t.Helper()
+	schema := fmt.Sprintf("pt_%d_cli%d", time.Now().Unix(), time.Now().UnixNano()%1e9)
+	t.Cleanup(func() {
+		if _, err := pgtest.Pool(t).Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	return schema
+}
+
+// The schemas the binary creates in tests are gone when the test ends.
+func TestCLISchemaDroppedAfterTest(t *testing.T) {
+	t.Parallel()
+	var schema string
+	t.Run("creates", func(t *testing.T) {
+		schema = newSchemaName(t)
+		if r := run(t, []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t)}, "migrate", "--schema", schema); r.code != 0 {
+			t.Fatalf("migrate: %+v", r)
+		}
+	})
+	if pgtest.SchemaExists(t, schema) {
+		t.Fatalf("schema %s outlived its test", schema)
 	}
 }
 
