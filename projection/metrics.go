@@ -71,6 +71,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// start creates the shard's counters and histogram at zero, so series that
+// alerts use (increase(projector_events_failed_total[15m])) exist from the
+// start rather than from the first failure, which increase() would not
+// count. Gauges are left to the first measurement: a zero lag published
+// before it would be a lie.
+func (m *metrics) start(id ShardID) {
+	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
+	m.processed.With(l).Add(0)
+	m.failed.With(l).Add(0)
+	m.deadLetters.With(l).Add(0)
+	m.batchApply.With(l)
+}
+
 func (m *metrics) batch(id ShardID, applied, failed, deadLetters int, started time.Time) {
 	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
 	m.processed.With(l).Add(float64(applied))
@@ -89,7 +102,11 @@ const horizonAgeSQL = `SELECT coalesce(extract(epoch FROM now() - least(
 	(SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL),
 	(SELECT min(prepared) FROM pg_prepared_xacts))), 0)::float8`
 
-// metricsLoop refreshes the gauges that need a query.
+// metricsLoop refreshes the gauges that need a query: at start (gauges do
+// not exist until then, rather than report a lag nobody measured), every
+// MetricsEvery, and as soon as a shard that was behind catches up, so the
+// backlog found at start-up is not reported for a whole period after it is
+// gone.
 func (d *Dispatcher) metricsLoop(ctx context.Context) {
 	tick := time.NewTicker(d.cfg.MetricsEvery)
 	defer tick.Stop()
@@ -99,6 +116,7 @@ func (d *Dispatcher) metricsLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-d.remeasure:
 		}
 	}
 }
