@@ -192,9 +192,9 @@ func TestConsumerTransitions(t *testing.T) {
 		{[]string{"consumer", "disable", "agent_workload"}, 3, "it is disabled; disable is allowed only from idle or processing or dead"},
 		{[]string{"consumer", "enable", "agent_workload"}, 0, "now idle"},
 		{[]string{"consumer", "status", "agent_workload"}, 0, "status"},
-		{[]string{"consumer", "restart", "nobody"}, 1, "not found"},
+		{[]string{"consumer", "restart", "nobody"}, 2, "not found; registered consumers: agent_workload"},
 		{[]string{"consumer", "restart"}, 2, "accepts 1 arg"},
-		{[]string{"consumer", "status", "agent_workload", "--instance", "elsewhere"}, 1, "not found"},
+		{[]string{"consumer", "status", "agent_workload", "--instance", "elsewhere"}, 2, "has shards for instances: __shared__"},
 	}
 	for _, s := range steps {
 		r := run(t, o.env, s.args...)
