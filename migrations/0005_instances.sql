@@ -31,9 +31,10 @@ CREATE TABLE {{schema}}.projector_instances (
 
 -- Per-instance shards registered before heartbeats existed: their instance
 -- was last seen when its shard last moved, and, not knowing better, its id
--- counts as fixed (its shards are halted rather than removed when pruned).
-INSERT INTO {{schema}}.projector_instances (instance_id, consumers, started_at, last_seen_at)
-SELECT instance_id, array_agg(name ORDER BY name), min(created_at), max(updated_at)
+-- counts as fixed (its shards are halted rather than removed when pruned)
+-- and as stopped (not live) until its dispatcher's first heartbeat.
+INSERT INTO {{schema}}.projector_instances (instance_id, consumers, started_at, last_seen_at, stopped_at)
+SELECT instance_id, array_agg(name ORDER BY name), min(created_at), max(updated_at), max(updated_at)
 FROM {{schema}}.projector_consumers
 WHERE instance_id <> '__shared__'
 GROUP BY instance_id;
