@@ -56,7 +56,7 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 	cmd.Flags().StringVar(&cfg.InstanceID, "instance-id", "", "this process's instance id (default $"+projection.EnvInstanceID+" or a random UUID)")
 	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown")
 	cmd.Flags().DurationVar(&cfg.InstanceExpiry, "instance-expiry", projection.DefaultInstanceExpiry,
-		fmt.Sprintf("how long this instance may go unseen before its per-instance shards stop holding retention back (%v to %v)", minInstanceExpiry, projection.MaxInstanceExpiry))
+		fmt.Sprintf("how long this instance may go unseen before its per-instance shards stop holding retention back (%s to %s)", human(minInstanceExpiry), human(projection.MaxInstanceExpiry)))
 	return cmd
 }
 
@@ -71,7 +71,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 		return usageError{fmt.Errorf("--stop-timeout %v is negative", cfg.StopTimeout)}
 	}
 	if cfg.InstanceExpiry != 0 && (cfg.InstanceExpiry < minInstanceExpiry || cfg.InstanceExpiry > projection.MaxInstanceExpiry) {
-		return usageError{fmt.Errorf("--instance-expiry %v: want between %v and %v", cfg.InstanceExpiry, minInstanceExpiry, projection.MaxInstanceExpiry)}
+		return usageError{fmt.Errorf("--instance-expiry %v: want between %s and %s", cfg.InstanceExpiry, human(minInstanceExpiry), human(projection.MaxInstanceExpiry))}
 	}
 	log := a.logger()
 	pool, err := a.Pool(ctx)

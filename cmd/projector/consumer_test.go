@@ -105,13 +105,18 @@ func TestStatusDispatcherPruneAdviceAndRemove(t *testing.T) {
 }
 
 // `status --watch` refreshes until interrupted, and refuses an interval out
-// of range.
+// of range; so does `run --instance-expiry`.
 func TestStatusWatch(t *testing.T) {
 	t.Parallel()
 	o := newOpsEnv(t)
 	for _, bad := range []string{"10ms", "2h", "-1s", "soon"} {
 		if r := run(t, o.env, "status", "--watch", bad); r.code != 2 {
 			t.Errorf("--watch %s: exit %d, want 2 (%s)", bad, r.code, r.stderr)
+		}
+	}
+	for _, bad := range []string{"1s", "-24h", "400d"} {
+		if r := run(t, o.env, "run", "--instance-expiry", bad); r.code != 2 || !strings.Contains(r.stderr, "--instance-expiry") {
+			t.Errorf("run --instance-expiry %s: exit %d, want 2 (%s)", bad, r.code, r.stderr)
 		}
 	}
 	cmd := exec.Command(binary, "status", "--watch", "500ms")
