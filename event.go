@@ -159,6 +159,18 @@ func Horizon(xmin uint64) Position {
 	return Position{TxID: xmin - 1, Seq: math.MaxInt64}
 }
 
+// Before returns the highest position that sorts before p: a cursor there
+// has passed every event before p and not p itself.
+func (p Position) Before() Position {
+	if p.Seq == 0 {
+		if p.TxID == 0 {
+			return Start
+		}
+		return Position{TxID: p.TxID - 1, Seq: math.MaxInt64}
+	}
+	return Position{TxID: p.TxID, Seq: p.Seq - 1}
+}
+
 // String renders the position as "txid/seq".
 func (p Position) String() string {
 	return strconv.FormatUint(p.TxID, 10) + "/" + strconv.FormatInt(p.Seq, 10)
