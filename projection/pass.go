@@ -159,7 +159,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	for len(rest) > 0 {
 		k, herr := r.applyUntil(ctx, rest, 0)
 		if (r.timedOut || r.abort != nil) && errors.Is(handlerCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && r.current != nil {
-			return d.batchTimedOut(ctx, tx, sh, st, batch.Events, *r.current, r.abort != nil, herr, started)
+			return d.batchTimedOut(ctx, tx, sh, st, batch.Events, *r.current, herr, started)
 		}
 		if r.abort != nil {
 			return passResult{}, r.abort
@@ -224,21 +224,11 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 // Either way the shard's cursor stays right before the first event not
 // applied, which is what lets Skip move past exactly the failing event.
 func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, events []projector.Event,
-	failing projector.Event, connLost bool, herr error, started time.Time,
+	failing projector.Event, herr error, started time.Time,
 ) (passResult, error) {
-	if connLost {
-		// The deadline closed the connection under a running statement, but
-		// its backend goes on (PostgreSQL does not notice a closed client
-		// while a statement runs) holding the shard's lock and, once it has
-		// written, the horizon of every reader. A cancel request, exact by
-		// the backend's pid and secret key, ends it.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if err := tx.Conn().PgConn().CancelRequest(cctx); err != nil {
-			d.logger.WarnContext(ctx, "projection dispatcher: could not cancel the timed-out batch's statement; its backend holds the shard until the statement ends",
-				slog.String("consumer", sh.id.String()), slog.Any("error", err))
-		}
-		cancel()
-	}
+	// When the deadline cut off a running statement, pgx closed the
+	// connection and sent PostgreSQL a cancel request for its backend, so
+	// the backend does not keep the shard's lock and the horizon.
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	timeout := sh.proj.cfg.BatchTimeout
 	herr = fmt.Errorf("batch timeout (%v) exceeded: %w", timeout, herr)

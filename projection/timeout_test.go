@@ -95,6 +95,16 @@ func TestBatchTimeoutBlamesRunningEventAndSkipPassesOnlyIt(t *testing.T) {
 			if !strings.Contains(st.LastError, "batch timeout") {
 				t.Errorf("last error %q does not name the batch timeout", st.LastError)
 			}
+			if name == "statement" {
+				// The cut-off statement's backend was cancelled, not left to
+				// hold the shard's lock and the horizon for 20 seconds.
+				eventually(t, 5*time.Second, "the timed-out statement's backend to end", func() bool {
+					var n int
+					err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity
+						WHERE query = 'SELECT pg_sleep(20)' AND state <> 'idle' AND pid <> pg_backend_pid()`).Scan(&n)
+					return err == nil && n == 0
+				})
+			}
 			for i, ev := range events[:6] {
 				if n := e.traced("slow", ev.ID); n != 1 {
 					t.Errorf("event %d, before the one that hung: applied %d times, want 1", i+1, n)
