@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -102,3 +103,108 @@ func TestTenantRoleChecks(t *testing.T) {
 		t.Fatal("New accepted a superuser as the tenant role")
 	}
 }
+
+// Scoping only ever narrows privileges: an application that logs in as a
+// superuser and drops to an application role (through the role run-time
+// parameter, or SET ROLE after connecting) must stay that role, or the
+// tenant role, inside tenant-scoped transactions and after scoping back to
+// the system tenant — never become the superuser again, which would read
+// and write every tenant's rows.
+func TestScopeTxKeepsSessionRole(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                   string
+		afterConnect, withRole bool
+	}{
+		{"runtime param, no tenant role", false, false},
+		{"set role after connect, no tenant role", true, false},
+		{"runtime param, tenant role", false, true},
+		{"set role after connect, tenant role", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			types := testevents.New()
+			schema := pgtest.Schema(t)
+			tenantRole, notes := pgtest.TenantRole(t, schema)
+			app, appNotes := pgtest.AppRole(t, schema)
+			if _, err := pgtest.Pool(t).Exec(ctx, `INSERT INTO `+notes+` VALUES ('a', 'a1'), ('b', 'b1');
+				INSERT INTO `+appNotes+` VALUES ('a', 'a1'), ('b', 'b1')`); err != nil {
+				t.Fatal(err)
+			}
+			// One connection, so the last check sees the session the
+			// scoped transactions ran on.
+			pool := pgtest.PoolAs(t, app, tc.afterConnect, 1)
+			cfg := postgres.Config{Schema: schema, Registry: types.Registry, Logger: discardLogger()}
+			scopedUser, table := app, appNotes
+			if tc.withRole {
+				cfg.TenantRole, scopedUser, table = tenantRole, tenantRole, notes
+			}
+			store, err := postgres.New(ctx, pool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			err = store.InTenantTx(ctx, "a", func(ctx context.Context, tx pgx.Tx) error {
+				if u := currentUser(t, tx); u != scopedUser {
+					t.Errorf("scoped to tenant a: current_user %s, want %s", u, scopedUser)
+				}
+				if seen := bodies(t, tx, table); len(seen) != 1 || seen[0] != "a1" {
+					t.Errorf("scoped to tenant a: sees %v, want [a1]", seen)
+				}
+				for _, tenant := range []string{projector.SystemTenant, "b", projector.SystemTenant} {
+					if err := store.ScopeTx(ctx, tx, tenant); err != nil {
+						return err
+					}
+					want := app
+					if tenant != projector.SystemTenant {
+						want = scopedUser
+					}
+					if u := currentUser(t, tx); u != want {
+						t.Errorf("re-scoped to %s: current_user %s, want %s", tenant, u, want)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = store.InTenantTx(ctx, projector.SystemTenant, func(ctx context.Context, tx pgx.Tx) error {
+				if u := currentUser(t, tx); u != app {
+					t.Errorf("system tenant: current_user %s, want %s", u, app)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if u := currentUser(t, pool); u != app {
+				t.Errorf("after scoped transactions the session is %s, want %s", u, app)
+			}
+		})
+	}
+}
+
+func currentUser(t *testing.T, db postgres.DBTX) string {
+	t.Helper()
+	var u string
+	if err := db.QueryRow(context.Background(), `SELECT current_user`).Scan(&u); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func bodies(t *testing.T, db postgres.DBTX, table string) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT body FROM `+table+` ORDER BY body`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seen
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
