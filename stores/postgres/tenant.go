@@ -2,7 +2,11 @@ package postgres
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -88,21 +92,71 @@ SELECT set_config($1, $2, true), set_config('role', coalesce($3::text, outer_rol
 FROM outer_role`
 
 // GrantTenantRole grants role what it needs on Projector's own tables for
-// handlers that append events while scoped to a tenant: usage of the schema,
-// reading and writing the log and the stream heads, and reading, writing and
-// pruning aggregate snapshots. Grants on the application's own read-model
-// tables remain the application's to make.
+// handlers that append events while scoped to a tenant — usage of the
+// schema, reading and writing the log and the stream heads, and reading,
+// writing and pruning aggregate snapshots — and puts row-level security on
+// those three tables so that role only ever reaches the rows of the tenant
+// its transaction is scoped to: without it, tenant a's handler could read
+// tenant b's events and append to b's streams.
+//
+// The policies change nothing for anyone else. A permissive policy lets
+// every role through as before (the table owner and superusers bypass
+// row-level security anyway), and a restrictive one, written TO role alone,
+// adds the tenant filter for that role. That is why they are made here
+// rather than by a migration: an application that does not use a TenantRole
+// never has row-level security on Projector's tables. Enabling row-level
+// security and creating policies needs the tables' owner (or a superuser);
+// the statements take a brief exclusive lock on the tables, so run it at
+// deploy time, and again after a migration adds tables. It is idempotent,
+// and may be called for several tenant roles. Grants and policies on the
+// application's own read-model tables remain the application's to make.
 func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 	schema = schemaOrDefault(schema)
 	if err := ValidateSchema(schema); err != nil {
 		return err
 	}
+	if role == "" {
+		return errors.New("grant tenant role: empty role name")
+	}
 	q, r := quoteIdent(schema), quoteIdent(role)
-	sql := `GRANT USAGE ON SCHEMA ` + q + ` TO ` + r + `;
+	var sql strings.Builder
+	sql.WriteString(`GRANT USAGE ON SCHEMA ` + q + ` TO ` + r + `;
 GRANT SELECT, INSERT, UPDATE ON ` + q + `.projector_events, ` + q + `.projector_streams TO ` + r + `;
-GRANT SELECT, INSERT, DELETE ON ` + q + `.projector_snapshots TO ` + r + `;`
-	if _, err := db.Exec(ctx, sql); err != nil {
+GRANT SELECT, INSERT, DELETE ON ` + q + `.projector_snapshots TO ` + r + `;
+`)
+	tenantPolicy := quoteIdent(tenantPolicyName(role))
+	match := `tenant_id = current_setting('` + TenantSetting + `', true)`
+	for _, table := range tenantTables {
+		t := q + "." + quoteIdent(table)
+		sql.WriteString(`ALTER TABLE ` + t + ` ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS projector_unscoped ON ` + t + `;
+CREATE POLICY projector_unscoped ON ` + t + ` USING (true) WITH CHECK (true);
+DROP POLICY IF EXISTS ` + tenantPolicy + ` ON ` + t + `;
+CREATE POLICY ` + tenantPolicy + ` ON ` + t + ` AS RESTRICTIVE TO ` + r + ` USING (` + match + `) WITH CHECK (` + match + `);
+`)
+	}
+	// Sent as one simple-protocol query: PostgreSQL runs it as one
+	// transaction, so no moment exists with row-level security enabled and
+	// a policy missing.
+	if _, err := db.Exec(ctx, sql.String()); err != nil {
 		return fmt.Errorf("grant tenant role %s on schema %s: %w", r, q, err)
 	}
 	return nil
+}
+
+// tenantTables are Projector's tables that hold tenant rows, each keyed by
+// a tenant_id column, that a tenant role is granted.
+var tenantTables = []string{"projector_events", "projector_streams", "projector_snapshots"}
+
+// tenantPolicyName names the restrictive policy of one tenant role, so
+// granting a second role never replaces the first one's filter. A name that
+// would not fit PostgreSQL's 63 bytes (it would be truncated, and two long
+// role names could then collide) is replaced by a hash of the role.
+func tenantPolicyName(role string) string {
+	const prefix = "projector_tenant_"
+	if len(prefix)+len(role) <= 63 {
+		return prefix + role
+	}
+	sum := sha256.Sum256([]byte(role))
+	return prefix + hex.EncodeToString(sum[:16])
 }

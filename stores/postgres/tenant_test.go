@@ -208,3 +208,103 @@ func bodies(t *testing.T, db postgres.DBTX, table string) []string {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// With a TenantRole, Projector's own tables are tenant-filtered too: a
+// transaction scoped to tenant a cannot read tenant b's events, stream heads
+// or snapshots, nor append to b's streams, although the test connects as a
+// superuser. Unscoped work — on the superuser pool and on a non-owner
+// application role — still sees and writes everything.
+func TestTenantRoleFiltersProjectorTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	app, _ := pgtest.AppRole(t, schema)
+	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamA, streamB := projector.TenantStream("a", "ticket", "t1"), projector.TenantStream("b", "ticket", "t1")
+	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		for _, s := range []projector.StreamRef{streamA, streamB} {
+			if _, err := store.Append(ctx, tx, s, projector.NoStream, testevents.TicketOpened{Title: s.Tenant}); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+store.Table("projector_snapshots")+`
+			(tenant_id, stream_type, stream_id, aggregate, snapshot_version, version, state, event_recorded_at)
+			VALUES ('a', 'ticket', 't1', 'ticket', 1, 1, '{}', now()), ('b', 'ticket', 't1', 'ticket', 1, 1, '{}', now())`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, streams, snapshots := store.Table("projector_events"), store.Table("projector_streams"), store.Table("projector_snapshots")
+
+	err = store.InTenantTx(ctx, "a", func(ctx context.Context, tx pgx.Tx) error {
+		for _, table := range []string{events, streams, snapshots} {
+			if n := countRows(t, tx, `SELECT count(*) FROM `+table+` WHERE tenant_id <> 'a'`); n != 0 {
+				t.Errorf("scoped to tenant a: %s shows %d rows of other tenants", table, n)
+			}
+			if n := countRows(t, tx, `SELECT count(*) FROM `+table); n != 1 {
+				t.Errorf("scoped to tenant a: %s shows %d rows, want a's 1", table, n)
+			}
+		}
+		got, err := store.ReadStreamTx(ctx, tx, streamB, postgres.StreamQuery{})
+		if err != nil {
+			return err
+		}
+		if len(got) != 0 {
+			t.Errorf("scoped to tenant a: read %d events of tenant b's stream", len(got))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		stream projector.StreamRef
+		exp    projector.ExpectedVersion
+	}{
+		{streamB, projector.AnyVersion},
+		{projector.TenantStream("b", "ticket", "t2"), projector.NoStream},
+	} {
+		err = store.InTenantTx(ctx, "a", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := store.Append(ctx, tx, tc.stream, tc.exp, testevents.TicketOpened{Title: "forged"})
+			return err
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("tenant a appending to %s: %v, want a row-level-security violation", tc.stream, err)
+		}
+	}
+
+	// Unscoped work is unchanged, for the superuser and for a non-owner
+	// application role alike: it sees every tenant and may append.
+	appStore, err := postgres.New(ctx, pgtest.PoolAs(t, app, false, 2), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*postgres.Store{store, appStore} {
+		err = s.InTenantTx(ctx, projector.SystemTenant, func(ctx context.Context, tx pgx.Tx) error {
+			for table, want := range map[string]int{events: 2, streams: 2, snapshots: 2} {
+				if n := countRows(t, tx, `SELECT count(*) FROM `+table); n != want {
+					t.Errorf("unscoped as %s: %s shows %d rows, want %d", currentUser(t, tx), table, n, want)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = appStore.InTenantTx(ctx, projector.SystemTenant, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := appStore.Append(ctx, tx, streamB, projector.AnyVersion, testevents.TicketOpened{Title: "system work"})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("unscoped append as the application role: %v", err)
+	}
+}
