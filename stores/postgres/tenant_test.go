@@ -1,13 +1,16 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -306,5 +309,59 @@ func TestTenantRoleFiltersProjectorTables(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("unscoped append as the application role: %v", err)
+	}
+}
+
+// A store whose tenant-scoped transactions would isolate nothing — a
+// superuser or BYPASSRLS role and no TenantRole — says so at New with a
+// warning, or refuses with ErrNoTenantIsolation under StrictTenancy; a
+// TenantRole, or a role that row-level security applies to, is accepted
+// quietly.
+func TestNewWarnsWithoutTenantIsolation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	tenantRole, _ := pgtest.TenantRole(t, schema)
+	app, _ := pgtest.AppRole(t, schema)
+	bypass := schema + "_bypass"
+	q := pgx.Identifier{bypass}.Sanitize()
+	if _, err := pgtest.Pool(t).Exec(ctx, `CREATE ROLE `+q+` NOLOGIN BYPASSRLS IN ROLE `+pgx.Identifier{app}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pgtest.Pool(t).Exec(context.Background(), `DROP ROLE `+q) })
+
+	for _, tc := range []struct {
+		name       string
+		pool       *pgxpool.Pool
+		tenantRole string
+		unisolated bool
+	}{
+		{"superuser", pgtest.Pool(t), "", true},
+		{"bypassrls role", pgtest.PoolAs(t, bypass, false, 1), "", true},
+		{"superuser with tenant role", pgtest.Pool(t), tenantRole, false},
+		{"application role", pgtest.PoolAs(t, app, true, 1), "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var log bytes.Buffer
+			cfg := postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: tc.tenantRole,
+				Logger: slog.New(slog.NewTextHandler(&log, nil))}
+			if _, err := postgres.New(ctx, tc.pool, cfg); err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			warned := strings.Contains(log.String(), "level=WARN") && strings.Contains(log.String(), "TenantRole")
+			if warned != tc.unisolated {
+				t.Errorf("warned %v, want %v; log: %q", warned, tc.unisolated, log.String())
+			}
+
+			cfg.StrictTenancy = true
+			_, err := postgres.New(ctx, tc.pool, cfg)
+			if tc.unisolated && !errors.Is(err, postgres.ErrNoTenantIsolation) {
+				t.Errorf("strict New: %v, want ErrNoTenantIsolation", err)
+			}
+			if !tc.unisolated && err != nil {
+				t.Errorf("strict New: %v", err)
+			}
+		})
 	}
 }
