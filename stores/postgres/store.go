@@ -234,6 +234,23 @@ func (s *Store) checkTenantRole(ctx context.Context) error {
 	if super || bypass {
 		return fmt.Errorf("postgres store: tenant role %q is a superuser or has BYPASSRLS, so row-level security would not apply to it", s.role)
 	}
+	// A table's owner, and any role with the owner's privileges, bypasses
+	// its row-level security: the policies GrantTenantRole writes on
+	// Projector's tables would then filter nothing.
+	var owned []string
+	rows, err := s.pool.Query(ctx, `SELECT c.relname FROM pg_class c
+		WHERE c.relnamespace = $1::regnamespace AND c.relname = ANY($2) AND pg_has_role($3, c.relowner, 'USAGE')
+		ORDER BY c.relname`, s.schema, tenantTables, s.role)
+	if err == nil {
+		owned, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return fmt.Errorf("postgres store: look up the owners of Projector's tables: %w", err)
+	}
+	if len(owned) > 0 {
+		return fmt.Errorf("postgres store: tenant role %q owns (or has the privileges of the owner of) %v in schema %q, "+
+			"so row-level security would not apply to it there; use a role that owns nothing (docs/tenancy.md)", s.role, owned, s.schema)
+	}
 	return nil
 }
 

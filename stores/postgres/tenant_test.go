@@ -365,3 +365,21 @@ func TestNewWarnsWithoutTenantIsolation(t *testing.T) {
 		})
 	}
 }
+
+// A tenant role that owns Projector's tables (or has their owner's
+// privileges) bypasses their row-level security, so the policies
+// GrantTenantRole writes would filter nothing: New refuses it.
+func TestTenantRoleMustNotOwnTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	if _, err := pgtest.Pool(t).Exec(ctx, `ALTER TABLE `+pgx.Identifier{schema, "projector_events"}.Sanitize()+` OWNER TO `+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	_, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err == nil || !strings.Contains(err.Error(), "owns") {
+		t.Fatalf("New with a tenant role that owns the events table: %v, want a refusal", err)
+	}
+}
