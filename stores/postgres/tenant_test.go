@@ -224,6 +224,11 @@ func TestTenantRoleFiltersProjectorTables(t *testing.T) {
 	schema := pgtest.Schema(t)
 	role, _ := pgtest.TenantRole(t, schema)
 	app, _ := pgtest.AppRole(t, schema)
+	// pgtest.TenantRole granted once; a second grant (after a migration,
+	// say) must replace the policies, not fail on them.
+	if err := postgres.GrantTenantRole(ctx, pgtest.Pool(t), schema, role); err != nil {
+		t.Fatalf("second GrantTenantRole: %v", err)
+	}
 	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
 	if err != nil {
 		t.Fatal(err)
