@@ -521,7 +521,7 @@ func (r *run) scopeTo(ctx context.Context, tenant string) error {
 	return nil
 }
 
-// unscope returns the transaction to the connecting role before the
+// unscope returns the transaction to the session's own role before the
 // dispatcher writes its own state, which the tenant role has no grants on.
 func (r *run) unscope(ctx context.Context) error {
 	if r.scope == projector.SystemTenant {
