@@ -89,6 +89,10 @@ type LogQuery struct {
 	StreamTypes []string
 	// Raw skips decoding: events carry Data but no Payload, and types the
 	// registry does not know are returned instead of failing the read.
+	// Data is upcast to the type's current schema version; an event whose
+	// upcaster refuses it comes back as stored, at its stored (older)
+	// SchemaVersion, so the reader can tell. The dispatcher fails such an
+	// event for every handler form, as it does for typed handlers.
 	Raw bool
 }
 
@@ -251,6 +255,10 @@ func (s *Store) decodeRow(r *row, raw bool) (projector.Event, error) {
 		return ev, err
 	}
 	if raw {
+		// A refused upcast leaves the event at its stored schema version:
+		// a raw read must not fail on one event (a dispatcher could not then
+		// blame it, retry it or dead-letter it), and the version tells the
+		// reader that Data is not in the current shape.
 		if data, v, err := s.registry.Upcast(ev.Type, ev.SchemaVersion, ev.Data); err == nil {
 			ev.Data, ev.SchemaVersion = data, v
 		}
