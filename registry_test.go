@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/projectorhq/projector"
@@ -45,6 +46,10 @@ func TestDefine(t *testing.T) {
 			return err
 		}, nil},
 		{"no area", func(r *projector.Registry) error { _, err := projector.Define[opened](r, "opened"); return err }, projector.ErrInvalidEventType},
+		{"name over MaxNameLength", func(r *projector.Registry) error {
+			_, err := projector.Define[opened](r, "ticket."+strings.Repeat("a", projector.MaxNameLength))
+			return err
+		}, projector.ErrInvalidEventType},
 		{"upper case", func(r *projector.Registry) error { _, err := projector.Define[opened](r, "Ticket.Opened"); return err }, projector.ErrInvalidEventType},
 		{"pointer payload", func(r *projector.Registry) error { _, err := projector.Define[*opened](r, "ticket.opened"); return err }, projector.ErrInvalidEventType},
 		{"interface payload", func(r *projector.Registry) error { _, err := projector.Define[any](r, "ticket.opened"); return err }, projector.ErrInvalidEventType},
