@@ -181,3 +181,140 @@ func TestEncodeRefusesWhatPostgresCannotStoreExactly(t *testing.T) {
 		})
 	}
 }
+
+// checkStorable fails unless s is what PostgreSQL text stores exactly.
+func checkStorable(t *testing.T, what, s string) {
+	t.Helper()
+	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		t.Fatalf("accepted %s %q, which PostgreSQL cannot store", what, s)
+	}
+}
+
+// FuzzStreamRefValidate: Validate never panics; what it accepts is
+// non-empty, valid UTF-8, NUL-free and within MaxNameLength in every part;
+// what it refuses matches ErrInvalidStream with a message that carries no raw
+// bytes; String never carries raw bytes either.
+func FuzzStreamRefValidate(f *testing.F) {
+	f.Add("acme", "ticket", "t-1")
+	f.Add(projector.SystemTenant, "ticket", "a\x00b")
+	f.Add("\xff", "tick\xc3et", "\xed\xa0\x80")
+	f.Add("", "ticket", "1")
+	f.Add("Zürich", strings.Repeat("x", 300), "line\nbreak")
+	f.Fuzz(func(t *testing.T, tenant, typ, id string) {
+		ref := projector.TenantStream(tenant, typ, id)
+		if s := ref.String(); !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 || len(s) > 3*(projector.MaxNameLength+2)+2 {
+			t.Fatalf("String echoes raw input: %q", s)
+		}
+		err := ref.Validate()
+		if err != nil {
+			if !errors.Is(err, projector.ErrInvalidStream) {
+				t.Fatalf("error %v does not match ErrInvalidStream", err)
+			}
+			if msg := err.Error(); !utf8.ValidString(msg) || strings.ContainsAny(msg, "\x00\n") || len(msg) > 1200 {
+				t.Fatalf("message echoes raw input: %q", msg)
+			}
+			return
+		}
+		for _, part := range []string{tenant, typ, id} {
+			if part == "" || len(part) > projector.MaxNameLength {
+				t.Fatalf("accepted %q with a part of %d bytes", ref, len(part))
+			}
+			checkStorable(t, "stream part", part)
+		}
+	})
+}
+
+// FuzzMetadataValidate: Validate never panics; accepted metadata is valid
+// UTF-8 and NUL-free throughout and encodes to JSON without any change;
+// refused metadata matches ErrInvalidPayload with a harmless message.
+func FuzzMetadataValidate(f *testing.F) {
+	f.Add("agent-7", "trace", "abc")
+	f.Add("a\x00", "k", "v")
+	f.Add("", "k\xff", "v")
+	f.Add("", "k", "\ufffd\xfe")
+	f.Fuzz(func(t *testing.T, actor, key, value string) {
+		md := projector.Metadata{Actor: actor, Headers: map[string]string{key: value}}
+		err := md.Validate()
+		if err != nil {
+			if !errors.Is(err, projector.ErrInvalidPayload) {
+				t.Fatalf("error %v does not match ErrInvalidPayload", err)
+			}
+			if msg := err.Error(); !utf8.ValidString(msg) || strings.ContainsAny(msg, "\x00\n") || len(msg) > 1000 {
+				t.Fatalf("message echoes raw input: %q", msg)
+			}
+			return
+		}
+		checkStorable(t, "actor", actor)
+		checkStorable(t, "header name", key)
+		checkStorable(t, "header value", value)
+		data, err := json.Marshal(md.Headers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back map[string]string
+		if err := json.Unmarshal(data, &back); err != nil || back[key] != value || len(back) != 1 {
+			t.Fatalf("headers changed on the way: %q → %q (%v)", md.Headers, back, err)
+		}
+	})
+}
+
+// FuzzEncodeStorable: Encode never panics; what it accepts is valid UTF-8
+// JSON with no NUL in any string, and a string payload comes back exactly;
+// what it refuses matches ErrInvalidPayload.
+func FuzzEncodeStorable(f *testing.F) {
+	f.Add("hello", []byte(`{"a":1}`))
+	f.Add("a\xffb", []byte(`"\ufffd"`))
+	f.Add("\ufffd", []byte(`"\u0000"`))
+	f.Add(`\u0000`, []byte(`"\ud800"`))
+	f.Add("", []byte("\"\xff\""))
+	r := projector.NewRegistry()
+	projector.MustDefine[note](r, "note.taken")
+	f.Fuzz(func(t *testing.T, text string, raw []byte) {
+		p := note{Text: text}
+		if json.Valid(raw) {
+			p.Raw = raw
+		}
+		enc, err := r.Encode(p)
+		if err != nil {
+			if !errors.Is(err, projector.ErrInvalidPayload) {
+				t.Fatalf("error %v does not match ErrInvalidPayload", err)
+			}
+			return
+		}
+		if !utf8.Valid(enc.Data) {
+			t.Fatalf("accepted invalid UTF-8 JSON %q", enc.Data)
+		}
+		var back note
+		if err := json.Unmarshal(enc.Data, &back); err != nil {
+			t.Fatal(err)
+		}
+		if back.Text != text {
+			t.Fatalf("text changed on the way: %q became %q", text, back.Text)
+		}
+		checkStorable(t, "text", back.Text)
+		var tree any
+		if err := json.Unmarshal(enc.Data, &tree); err != nil {
+			t.Fatal(err)
+		}
+		if s := strings.Join(stringsIn(tree, nil), ""); strings.IndexByte(s, 0) >= 0 {
+			t.Fatalf("accepted a NUL in %q", enc.Data)
+		}
+	})
+}
+
+// stringsIn collects every string (keys too) of a decoded JSON value.
+func stringsIn(v any, out []string) []string {
+	switch v := v.(type) {
+	case string:
+		out = append(out, v)
+	case []any:
+		for _, e := range v {
+			out = stringsIn(e, out)
+		}
+	case map[string]any:
+		for k, e := range v {
+			out = stringsIn(e, append(out, k))
+		}
+	}
+	return out
+}
