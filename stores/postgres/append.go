@@ -38,9 +38,9 @@ type AppendResult struct {
 // [projector.ErrInvalidPayload]; see [projector.StreamRef.Validate] and
 // [projector.Metadata.Validate]); nothing is written either when the version
 // check fails (a [*projector.ConcurrencyError]). In all these cases the
-// transaction stays usable. A concurrency error is also returned when this transaction
-// is older than the one that last appended to the stream: retry in a new
-// transaction. When an inline projection fails after the events were
+// transaction stays usable. A concurrency error is also returned when this
+// transaction is older than the one that last appended to the stream: retry
+// in a new transaction. When an inline projection fails after the events were
 // written, the transaction is aborted, so neither the events, the read
 // models, nor the caller's own writes can commit.
 //
