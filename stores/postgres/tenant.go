@@ -44,6 +44,11 @@ func (s *Store) ScopeTx(ctx context.Context, tx pgx.Tx, tenant string) error {
 	if tenant == "" {
 		return fmt.Errorf("scope transaction: %w: empty tenant (use projector.SystemTenant for unscoped work)", projector.ErrInvalidStream)
 	}
+	// Checked before anything is sent: a tenant PostgreSQL cannot store
+	// (NUL, invalid UTF-8, too long) would abort the caller's transaction.
+	if err := projector.TenantStream(tenant, "scope", "scope").Validate(); err != nil {
+		return fmt.Errorf("scope transaction to tenant %s: %w", projector.Printable(tenant), err)
+	}
 	setting := tenant
 	if tenant == projector.SystemTenant {
 		setting = ""

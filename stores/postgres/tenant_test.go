@@ -388,3 +388,28 @@ func TestTenantRoleMustNotOwnTables(t *testing.T) {
 		t.Fatalf("New with a tenant role that owns the events table: %v, want a refusal", err)
 	}
 }
+
+// A tenant PostgreSQL cannot store is refused before anything is sent: the
+// caller's transaction stays usable and the error is typed and quotes no raw
+// bytes.
+func TestScopeTxRefusesUnstorableTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := pgtest.Store(t, testevents.New().Registry)
+	for _, tenant := range []string{"a\x00b", "bad\xff", strings.Repeat("t", projector.MaxNameLength+1)} {
+		err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+			err := store.ScopeTx(ctx, tx, tenant)
+			if !errors.Is(err, projector.ErrInvalidStream) {
+				t.Errorf("tenant %q: %v, want ErrInvalidStream", tenant, err)
+			}
+			if err != nil && strings.ContainsAny(err.Error(), "\x00\xff") {
+				t.Errorf("tenant %q: the error carries raw bytes: %q", tenant, err)
+			}
+			_, err = tx.Exec(ctx, `SELECT 1`)
+			return err
+		})
+		if err != nil {
+			t.Errorf("tenant %q: the caller's transaction is unusable after the refusal: %v", tenant, err)
+		}
+	}
+}
