@@ -82,6 +82,7 @@ func (e *InlineProjectionError) Is(target error) bool { return target == ErrInli
 type inlineFence struct {
 	blocked map[string]*InlineProjectionError
 	loaded  time.Time
+	seq     uint64 // order of the reading; see publish
 }
 
 // inlineState is the store's part of the inline-projection record: its own
@@ -92,12 +93,14 @@ type inlineState struct {
 	recordSQL  string
 	readSQL    string
 	fence      atomic.Pointer[inlineFence]
+	reads      atomic.Uint64 // numbers readings, so an older one never replaces a newer
 	refreshing atomic.Bool
 }
 
 type ownInline struct {
-	version int
-	types   map[string]bool
+	version  int
+	typeList []string // sorted, as recorded
+	types    map[string]bool
 }
 
 // recordedInline is one row of projector_inline_projections.
@@ -133,7 +136,6 @@ func (s *Store) setupInline(ctx context.Context, projections []InlineProjection,
 		recordSQL: r.Replace(recordInlineSQL),
 		readSQL:   r.Replace(readInlineSQL),
 	}
-	var toRecord []RecordedInline
 	for _, p := range projections {
 		rp, ok := p.(RecordedInline)
 		if !ok {
@@ -142,28 +144,14 @@ func (s *Store) setupInline(ctx context.Context, projections []InlineProjection,
 		if rp.Version() < 1 {
 			return fmt.Errorf("postgres store: inline projection %q has version %d; want 1 or more", rp.Name(), rp.Version())
 		}
-		types := rp.EventTypes()
-		own := ownInline{version: rp.Version(), types: make(map[string]bool, len(types))}
+		types := slices.Sorted(slices.Values(rp.EventTypes()))
+		own := ownInline{version: rp.Version(), typeList: types, types: make(map[string]bool, len(types))}
 		for _, t := range types {
 			own.types[t] = true
 		}
 		s.inlineRec.mine[rp.Name()] = own
-		toRecord = append(toRecord, rp)
 	}
-	if len(toRecord) > 0 {
-		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			for _, rp := range toRecord {
-				types := slices.Sorted(slices.Values(rp.EventTypes()))
-				if _, err := tx.Exec(ctx, s.inlineRec.recordSQL, rp.Name(), rp.Version(), types); err != nil {
-					return fmt.Errorf("record inline projection %q: %w", rp.Name(), err)
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("postgres store: %w", err)
-		}
-	}
+	// The first refresh records what the schema lacks.
 	if err := s.RefreshInline(ctx); err != nil {
 		return fmt.Errorf("postgres store: %w", err)
 	}
@@ -186,15 +174,54 @@ func (f *inlineFence) byProjection() map[string]*InlineProjectionError {
 	return out
 }
 
-// RefreshInline re-reads the inline projections recorded in the schema now.
-// A store does this by itself at most every [Config.InlineRefresh], in the
-// background and never inside an append, so calling it is only needed where
-// a change must take effect at once: in tests, or after
-// [RetireInlineProjection] in the same process.
+// RefreshInline re-reads the inline projections recorded in the schema now,
+// and records again any of this store's own that the record lacks (or has at
+// an older version, or without all of its types), so a projection retired
+// while a process still runs it comes back, and the fence holds while anyone
+// applies it. A store does this by itself at most every
+// [Config.InlineRefresh], in the background and never inside an append, so
+// calling it is only needed where a change must take effect at once: in
+// tests, or after [RetireInlineProjection] in the same process.
 func (s *Store) RefreshInline(ctx context.Context) error {
+	st := s.inlineRec
+	seq := st.reads.Add(1)
+	recorded, err := s.readInline(ctx)
+	if err != nil {
+		return err
+	}
+	if missing := st.unrecorded(recorded); len(missing) > 0 {
+		if err := s.recordInline(ctx, missing); err != nil {
+			return err
+		}
+		if recorded, err = s.readInline(ctx); err != nil {
+			return err
+		}
+	}
+	f := st.buildFence(recorded, time.Now())
+	f.seq = seq
+	st.publish(f)
+	return nil
+}
+
+// publish installs f unless a reading that started later is already in
+// place: a slow background refresh must not bring back a fence that a
+// RefreshInline after a retire has lifted.
+func (st *inlineState) publish(f *inlineFence) {
+	for {
+		cur := st.fence.Load()
+		if cur != nil && cur.seq > f.seq {
+			return
+		}
+		if st.fence.CompareAndSwap(cur, f) {
+			return
+		}
+	}
+}
+
+func (s *Store) readInline(ctx context.Context) ([]recordedInline, error) {
 	rows, err := s.pool.Query(ctx, s.inlineRec.readSQL)
 	if err != nil {
-		return fmt.Errorf("read inline projections: %w", err)
+		return nil, fmt.Errorf("read inline projections: %w", err)
 	}
 	var recorded []recordedInline
 	var r recordedInline
@@ -203,10 +230,49 @@ func (s *Store) RefreshInline(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("read inline projections: %w", err)
+		return nil, fmt.Errorf("read inline projections: %w", err)
 	}
-	s.inlineRec.fence.Store(s.inlineRec.buildFence(recorded, time.Now()))
-	return nil
+	return recorded, nil
+}
+
+// recordInline upserts names (this store's own projections) in one
+// transaction; the statement keeps the newest version.
+func (s *Store) recordInline(ctx context.Context, names []string) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, name := range names {
+			own := s.inlineRec.mine[name]
+			if _, err := tx.Exec(ctx, s.inlineRec.recordSQL, name, own.version, own.typeList); err != nil {
+				return fmt.Errorf("record inline projection %q: %w", name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// unrecorded lists this store's projections the record does not cover as
+// well as the store applies them, in name order.
+func (st *inlineState) unrecorded(recorded []recordedInline) []string {
+	byName := make(map[string]recordedInline, len(recorded))
+	for _, r := range recorded {
+		byName[r.name] = r
+	}
+	var out []string
+	for name, own := range st.mine {
+		r, ok := byName[name]
+		switch {
+		case !ok, r.version < own.version:
+			out = append(out, name)
+		case r.version == own.version:
+			for _, t := range own.typeList {
+				if !slices.Contains(r.types, t) {
+					out = append(out, name)
+					break
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // buildFence decides, once per reading, which event types this store may
@@ -279,7 +345,7 @@ func (s *Store) refreshInlineAsync(ctx context.Context) {
 		defer cancel()
 		if err := s.RefreshInline(rctx); err != nil {
 			old := st.fence.Load()
-			st.fence.Store(&inlineFence{blocked: old.blocked, loaded: time.Now()})
+			st.publish(&inlineFence{blocked: old.blocked, loaded: time.Now(), seq: old.seq})
 			s.logger.WarnContext(rctx, "postgres store: could not re-read the recorded inline projections; keeping the previous reading",
 				slog.String("schema", s.schema), slog.Any("error", err))
 		}
