@@ -318,18 +318,50 @@ func TestInlineProjectionVersionFence(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Retiring the projection lifts the fence for stores that re-read.
-	retired, err := postgres.RetireInlineProjection(s.ctx, s.pool, s.schema, "ticket_summary")
-	if err != nil || !retired {
-		t.Fatalf("retire: %v, %v", retired, err)
+}
+
+// Retiring an inline projection lifts the fence only once no process runs
+// it: a store that still applies it records it again when it re-reads.
+func TestInlineProjectionRetire(t *testing.T) {
+	t.Parallel()
+	s := newInlineFenceSetup(t)
+	withP := s.store(t, postgres.Config{Inline: []postgres.InlineProjection{s.projection(t, 1, false)}})
+	without := s.store(t, postgres.Config{})
+	retire := func() bool {
+		t.Helper()
+		retired, err := postgres.RetireInlineProjection(s.ctx, s.pool, s.schema, "ticket_summary")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return retired
 	}
-	if retired, err := postgres.RetireInlineProjection(s.ctx, s.pool, s.schema, "ticket_summary"); err != nil || retired {
-		t.Fatalf("retire twice: %v, %v; want false, nil", retired, err)
+
+	// Retired while a store still runs it: that store's next reading
+	// records it again, and the fence holds.
+	if !retire() {
+		t.Fatal("retire found no record")
 	}
-	if err := late.RefreshInline(s.ctx); err != nil {
+	if err := withP.RefreshInline(s.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.appendOne(late, "t7", testevents.TicketOpened{Title: "after retire"}); err != nil {
+	if err := without.RefreshInline(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := s.appendOne(without, "t1", testevents.TicketOpened{Title: "bypass"})
+	wantInlineRefusal(t, err, postgres.InlineProjectionError{Projection: "ticket_summary", EventType: "ticket.opened", Recorded: 1, Have: 0})
+
+	// Once nothing runs it (withP is not used again), retiring lifts the
+	// fence for stores that re-read; a second retire finds nothing.
+	if !retire() {
+		t.Fatal("retire found no record after it was recorded again")
+	}
+	if retire() {
+		t.Fatal("retire twice reported a record")
+	}
+	if err := without.RefreshInline(s.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.appendOne(without, "t2", testevents.TicketOpened{Title: "after retire"}); err != nil {
 		t.Fatalf("append after the projection was retired: %v", err)
 	}
 }
