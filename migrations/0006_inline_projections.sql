@@ -1,8 +1,8 @@
 -- The inline projections the processes writing to this schema run, so a
 -- process that lacks one cannot silently append events it covers.
 --
--- A store records its inline projections when it starts (postgres.New) and
--- refuses to append an event type a recorded projection covers unless it runs
+-- A store records its inline projections when it starts (postgres.New), and
+-- again when it re-reads the table and finds one missing, and refuses to append an event type a recorded projection covers unless it runs
 -- that projection at the recorded version (or a newer one). The newest version
 -- wins: a store starting with an older version never lowers it, which is the
 -- fence a rolling deploy needs. At one version the covered types only grow
@@ -10,8 +10,8 @@
 -- flip-flopped. An operator removes a projection that is gone for good with
 -- postgres.RetireInlineProjection; nothing else deletes rows.
 --
--- Stores read the whole table at start and then every few seconds, never per
--- append, so it stays off the append's hot path.
+-- Stores read the whole table at start and then in the background (every
+-- second by default), never inside an append, so it stays off the hot path.
 
 CREATE TABLE {{schema}}.projector_inline_projections (
     name        text        PRIMARY KEY,
