@@ -1,9 +1,10 @@
 -- The inline projections the processes writing to this schema run, so a
 -- process that lacks one cannot silently append events it covers.
 --
--- A store records its inline projections when it starts (postgres.New), and
--- again when it re-reads the table and finds one missing, and refuses to append an event type a recorded projection covers unless it runs
--- that projection at the recorded version (or a newer one). The newest version
+-- A store records its inline projections when it starts (postgres.New) and
+-- again when it re-reads the table and finds one missing. It refuses to
+-- append an event type a recorded projection covers unless it runs that
+-- projection at the recorded version (or a newer one). The newest version
 -- wins: a store starting with an older version never lowers it, which is the
 -- fence a rolling deploy needs. At one version the covered types only grow
 -- (a union), so two definitions sharing a version are caught rather than
