@@ -18,6 +18,10 @@ import (
 // recorded in its schema unless [Config.InlineRefresh] says otherwise.
 const DefaultInlineRefresh = time.Second
 
+// refusalRefresh is how old a reading must be before a refusal based on it
+// starts a refresh of its own.
+const refusalRefresh = 100 * time.Millisecond
+
 // ErrInlineProjectionRequired means an append was refused because an inline
 // projection recorded in the schema covers one of its event types and this
 // store does not run that projection, or runs an older version of it.
@@ -320,8 +324,11 @@ func (s *Store) checkInline(ctx context.Context, types []string) error {
 		if b := f.blocked[typ]; b != nil {
 			// A refusal may rest on a reading up to InlineRefresh old (the
 			// projection may have been retired since): refresh now, so a
-			// retry sees the current record.
-			s.refreshInlineAsync(ctx)
+			// retry sees the current record, but not for every refusal of
+			// a writer retrying in a loop.
+			if time.Since(f.loaded) >= min(st.refresh, refusalRefresh) {
+				s.refreshInlineAsync(ctx)
+			}
 			e := *b
 			return &e
 		}
