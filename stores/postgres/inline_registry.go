@@ -159,8 +159,16 @@ func (s *Store) setupInline(ctx context.Context, projections []InlineProjection,
 	if err := s.RefreshInline(ctx); err != nil {
 		return fmt.Errorf("postgres store: %w", err)
 	}
+	// An older version is a deploy in progress or a binary left behind:
+	// worth a warning. A missing projection is normal for a process that
+	// only reads (the CLI, a dashboard), so it is only noted.
 	for name, b := range s.inlineRec.fence.Load().byProjection() {
-		s.logger.WarnContext(ctx, "postgres store: an inline projection recorded in the schema is newer than this store's or missing from it; appends of the event types it covers will be refused",
+		if b.Have == 0 {
+			s.logger.InfoContext(ctx, "postgres store: an inline projection recorded in the schema is not in Config.Inline; appends of the event types it covers will be refused",
+				slog.String("schema", s.schema), slog.String("projection", name), slog.Int("recorded_version", b.Recorded))
+			continue
+		}
+		s.logger.WarnContext(ctx, "postgres store: an inline projection recorded in the schema is newer than this store's; appends of the event types it covers will be refused",
 			slog.String("schema", s.schema), slog.String("projection", name),
 			slog.Int("recorded_version", b.Recorded), slog.Int("version", b.Have))
 	}
