@@ -97,6 +97,9 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 			Data: enc.Data, Payload: deref(p), Metadata: md,
 		}
 	}
+	if err := s.checkInline(ctx, types); err != nil {
+		return AppendResult{}, err
+	}
 	var causation *[16]byte
 	if md.CausationID != uuid.Nil {
 		c := [16]byte(md.CausationID)

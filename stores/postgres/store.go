@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -87,8 +88,17 @@ type Config struct {
 	// isolate nothing. Without it New logs a warning instead. Set it in
 	// applications that rely on tenancy.
 	StrictTenancy bool
-	// Inline projections run inside every append's transaction.
+	// Inline projections run inside every append's transaction. Those that
+	// implement [RecordedInline] (projection.Inline does) are recorded in
+	// the schema at New, and from then on any store on the schema that lacks
+	// one, or runs an older version of it, is refused appends of the event
+	// types it covers ([ErrInlineProjectionRequired]).
 	Inline []InlineProjection
+	// InlineRefresh is how often the store re-reads the recorded inline
+	// projections, in the background; default [DefaultInlineRefresh]. A
+	// projection recorded by another process fences this one's appends
+	// within about this long.
+	InlineRefresh time.Duration
 	// Ephemeral lists stream types whose events may be deleted once old
 	// (sessions, telemetry): what Prune and `projector events prune` act on
 	// when told no stream types. Aggregate streams are history; leave them
@@ -106,6 +116,7 @@ type Store struct {
 	registry  *projector.Registry
 	role      string
 	inline    []InlineProjection
+	inlineRec *inlineState // the recorded inline projections as last read
 	ephemeral []string
 	logger    *slog.Logger
 	sql       statements
@@ -160,6 +171,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 			return nil, err
 		}
 	} else if err := s.checkUnisolated(ctx, cfg.StrictTenancy); err != nil {
+		return nil, err
+	}
+	if err := s.setupInline(ctx, s.inline, cfg.InlineRefresh); err != nil {
 		return nil, err
 	}
 	return s, nil
