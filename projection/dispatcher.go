@@ -131,6 +131,32 @@ type shard struct {
 	id      ShardID
 	proj    *Async
 	lockKey string // see shardLockKey
+	// limit, when not zero, caps the next batch below BatchSize: after a
+	// batch timeout, the events that finished within the deadline. Only
+	// the shard's own loop touches it.
+	limit int
+}
+
+// batchLimit is how many events the shard's next pass reads.
+func (sh *shard) batchLimit(batchSize int) int {
+	if sh.limit > 0 && sh.limit < batchSize {
+		return sh.limit
+	}
+	return batchSize
+}
+
+// growLimit lets a batch cut short by a timeout grow back towards
+// batchSize, by a quarter a pass: a handler that slowed down for a while
+// gets its full batches back, one that is always slow settles just below
+// the size that times out.
+func (sh *shard) growLimit(batchSize int) {
+	if sh.limit == 0 {
+		return
+	}
+	sh.limit += max(1, sh.limit/4)
+	if sh.limit >= batchSize {
+		sh.limit = 0
+	}
 }
 
 // waitShardLockSQL takes a shard's advisory lock (see shardLockKey),

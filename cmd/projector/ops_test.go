@@ -38,7 +38,22 @@ func newOpsEnv(t *testing.T) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := pgtest.Store(t, types.Registry, postgres.Config{Ephemeral: helpdesk.Ephemeral})
+	// The binary wires the helpdesk's inline projection and records it in
+	// the schema, so the store standing in for the application runs it too:
+	// a store without it would be refused the ticket events it covers.
+	ctx, schema := context.Background(), pgtest.Schema(t)
+	app, err := helpdesk.NewApp(types, schema, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Migrate(ctx, pgtest.Pool(t)); err != nil {
+		t.Fatal(err)
+	}
+	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry,
+		Inline: app.Inline(), Ephemeral: helpdesk.Ephemeral})
+	if err != nil {
+		t.Fatal(err)
+	}
 	o := &opsEnv{t: t, schema: store.Schema(), store: store,
 		env: []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + store.Schema()}}
 	o.append(projector.Stream(helpdesk.CustomerStream, "ada"), helpdesk.CustomerRegistered{Name: "ada", Email: "ada@example.com"})
