@@ -166,6 +166,8 @@ const waitShardLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1::text
 
 // shardLockKey names a shard's advisory lock: hashed to 64 bits in the
 // database, keyed on the schema so side-by-side schemas never contend.
+// The prune in stores/postgres builds the same key in SQL (tryShardLock) to
+// pass over an expired shard only while no pass runs it: change both.
 func shardLockKey(schema string, id ShardID) string {
 	return "projector.shard\x1f" + schema + "\x1f" + id.Consumer + "\x1f" + id.Instance
 }

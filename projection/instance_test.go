@@ -342,3 +342,39 @@ func seriesCount(t *testing.T, reg *prometheus.Registry, name string) int {
 	}
 	return 0
 }
+
+// An expired shard that a pass is applying after all (its instance alive
+// but its heartbeats lost) is neither passed over nor halted: prune only
+// skips an expired shard whose lock it holds.
+func TestExpiredShardBeingAppliedStillHoldsRetention(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.appendMany(1, 20, 2)
+	e.exec(`INSERT INTO ` + e.store.Table("projector_consumers") + ` (name, instance_id) VALUES ('cache', 'pod-busy')`)
+	e.exec(`INSERT INTO ` + e.store.Table("projector_instances") + ` (instance_id, consumers, last_seen_at) VALUES ('pod-busy', '{cache}', now() - interval '3 days')`)
+	// What a running pass holds: the shard's transaction-scoped lock.
+	pass, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pass.Rollback(e.ctx) }()
+	if _, err := pass.Exec(e.ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`,
+		"projector.shard\x1f"+e.schema+"\x1fcache\x1fpod-busy"); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.pruneAll(); res.Deleted != 0 || res.Blocker == nil || res.Blocker.Instance != "pod-busy" {
+		t.Fatalf("prune passed an expired shard a pass holds: %+v", res)
+	}
+	if st := e.shardState("cache", "pod-busy"); st.Status != projection.StatusIdle {
+		t.Fatalf("a shard a pass holds was halted: %+v", st)
+	}
+	if err := pass.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.pruneAll(); res.Deleted == 0 {
+		t.Fatalf("prune after the pass ended: %+v", res)
+	}
+	if st := e.shardState("cache", "pod-busy"); st.Status != projection.StatusDead {
+		t.Fatalf("expired shard pruned past, not halted: %+v", st)
+	}
+}

@@ -159,7 +159,8 @@ func (s *Store) slowestShard(ctx context.Context, tx pgx.Tx, types []string, cut
 	}
 	var b PruneBlocker
 	guard := projector.Position{}
-	err := tx.QueryRow(ctx, fill(slowestShardSQL)).Scan(&b.Consumer, &b.Instance, &b.Status, &b.Cursor.TxID, &b.Cursor.Seq, &b.Dispatcher)
+	lockPrefix := shardLockPrefix(s.schema)
+	err := tx.QueryRow(ctx, strings.ReplaceAll(fill(slowestShardSQL), "{{lockPrefix}}", "$1"), lockPrefix).Scan(&b.Consumer, &b.Instance, &b.Status, &b.Cursor.TxID, &b.Cursor.Seq, &b.Dispatcher)
 	found := err == nil
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -169,7 +170,7 @@ func (s *Store) slowestShard(ctx context.Context, tx pgx.Tx, types []string, cut
 		guard = b.Cursor
 	}
 	if !dryRun {
-		if _, err := tx.Exec(ctx, fill(haltExpiredFixedSQL), types, cutoff, guard.TxID, guard.Seq, !found); err != nil {
+		if _, err := tx.Exec(ctx, strings.ReplaceAll(fill(haltExpiredFixedSQL), "{{lockPrefix}}", "$6"), types, cutoff, guard.TxID, guard.Seq, !found, lockPrefix); err != nil {
 			return projector.Position{}, nil, fmt.Errorf("halt expired shards pruned past: %w", err)
 		}
 	}
@@ -182,6 +183,21 @@ func (s *Store) slowestShard(ctx context.Context, tx pgx.Tx, types []string, cut
 // expiredInstance holds for an instance row i not seen for its expiry.
 const expiredInstance = `i.last_seen_at < now() - i.expire_after`
 
+// shardLockPrefix is the start of the key of a shard's advisory lock in
+// schema, as package projection builds it (shardLockKey): the prefix, then
+// consumer, a unit separator and instance id.
+func shardLockPrefix(schema string) string { return "projector.shard\x1f" + schema + "\x1f" }
+
+// tryShardLock takes the advisory lock of shard c for the prune's
+// transaction (re-entrant: true again if this transaction holds it), with
+// the key prefix in the parameter the statement puts in {{lockPrefix}}. An
+// expired shard is only passed over while prune holds its lock: a pass
+// running on it (its instance alive after all) keeps it in the guard, and
+// no pass can start on it until the prune batch, and any halt it writes,
+// has committed. An operator transition waits for the lock before it locks
+// the row, so it cannot deadlock with a halt.
+const tryShardLock = `pg_try_advisory_xact_lock(hashtextextended({{lockPrefix}}::text || c.name || chr(31) || c.instance_id, 0))`
+
 // removeExpiredRandomSQL removes expired random instance ids and their
 // per-instance shards: a SIGKILLed process with a random id left them, and
 // no process can ever resume them. Dead letters are kept.
@@ -191,15 +207,18 @@ DELETE FROM {{c}} c USING gone g WHERE c.instance_id = g.instance_id AND c.insta
 
 // slowestShardSQL reads the retention guard: the lowest cursor of the
 // shards that are neither disabled nor stale (a per-instance shard whose
-// instance is expired), with whether a live dispatcher runs it (a heartbeat
-// within three intervals, projection.LiveHeartbeats).
+// instance is expired, and whose lock this transaction could take), with
+// whether a live dispatcher runs it (a heartbeat within three intervals,
+// projection.LiveHeartbeats). The CASE keeps the lock attempt to expired
+// shards: a live one is never locked by a prune.
 const slowestShardSQL = `SELECT c.name, c.instance_id, c.status, c.cursor_tx_id, c.cursor_seq,
 	CASE WHEN EXISTS (SELECT 1 FROM {{i}} i WHERE c.name = ANY(i.consumers)
 		AND (c.instance_id = '__shared__' OR i.instance_id = c.instance_id)
 		AND i.stopped_at IS NULL AND i.last_seen_at > now() - 3 * i.heartbeat_every) THEN 'live' ELSE 'none' END
 FROM {{c}} c
 WHERE c.status <> 'disabled'
-  AND NOT (c.instance_id <> '__shared__' AND EXISTS (SELECT 1 FROM {{i}} i WHERE i.instance_id = c.instance_id AND ` + expiredInstance + `))
+  AND NOT CASE WHEN c.instance_id <> '__shared__' AND EXISTS (SELECT 1 FROM {{i}} i WHERE i.instance_id = c.instance_id AND ` + expiredInstance + `)
+	THEN ` + tryShardLock + ` ELSE false END
 ORDER BY c.cursor_tx_id, c.cursor_seq LIMIT 1`
 
 // haltExpiredFixedSQL marks dead the expired fixed-id shards that have a
@@ -217,7 +236,8 @@ WHERE i.instance_id = c.instance_id AND c.instance_id <> '__shared__' AND NOT i.
 	WHERE e.stream_type = ANY($1::text[]) AND e.recorded_at < $2
 	  AND (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq)
 	  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
-	  AND NOT EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id))`
+	  AND NOT EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id))
+  AND CASE WHEN ` + expiredInstance + ` THEN ` + tryShardLock + ` ELSE false END`
 
 // Ephemeral returns the stream types the store was told may be pruned by
 // default.
