@@ -102,21 +102,18 @@ type Config struct {
 // runs the handlers and advances the cursor. See the package documentation
 // for the guarantees.
 type Dispatcher struct {
-	store    *postgres.Store
-	admin    *Admin
-	cfg      Config
-	instance string
-	randomID bool
-	shards   []*shard
-	logger   *slog.Logger
-	metrics  *metrics
-	sql      dispatchSQL
-	isql     instanceSQL
-	sem      chan struct{}
-	wake     broadcast
-	// remeasure asks the metrics loop for a refresh now: a shard that was
-	// behind has caught up, and the lag it measured is stale.
-	remeasure  chan struct{}
+	store      *postgres.Store
+	admin      *Admin
+	cfg        Config
+	instance   string
+	randomID   bool
+	shards     []*shard
+	logger     *slog.Logger
+	metrics    *metrics
+	sql        dispatchSQL
+	isql       instanceSQL
+	sem        chan struct{}
+	wake       broadcast
 	mu         sync.Mutex
 	started    bool
 	stopping   bool
@@ -124,6 +121,9 @@ type Dispatcher struct {
 	hardCancel context.CancelFunc
 	wg         sync.WaitGroup
 	stopped    chan struct{}
+	// remeasure asks the metrics loop for a refresh now: a shard that was
+	// behind has caught up, and the lag it measured is stale.
+	remeasure chan struct{}
 }
 
 // shard is one consumer shard run by this dispatcher.
