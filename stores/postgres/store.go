@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -120,6 +121,10 @@ type Store struct {
 	ephemeral []string
 	logger    *slog.Logger
 	sql       statements
+	// unisolated, when set, is the warning the first tenant-scoped
+	// transaction logs (see checkUnisolated).
+	unisolated     func(context.Context)
+	unisolatedOnce sync.Once
 }
 
 // New checks the schema and returns a store. It fails with
@@ -273,8 +278,10 @@ func (s *Store) checkTenantRole(ctx context.Context) error {
 // Without a TenantRole, tenant scoping only sets the tenant setting, and a
 // superuser or BYPASSRLS role ignores every policy keyed on it: tenant-scoped
 // transactions would look as if they worked and isolate nothing. Strict
-// refuses that; otherwise it is a warning, since many applications have no
-// tenants at all.
+// refuses that. Otherwise the warning is logged once, by the first
+// transaction scoped to a tenant: many applications have no tenants at all,
+// and their logs (and every ops command's stderr) should not carry a warning
+// about isolation they never asked for.
 func (s *Store) checkUnisolated(ctx context.Context, strict bool) error {
 	var user string
 	var super, bypass bool
@@ -289,9 +296,11 @@ func (s *Store) checkUnisolated(ctx context.Context, strict bool) error {
 		return fmt.Errorf("%w: role %q is a superuser or has BYPASSRLS and no TenantRole is configured, so row-level security "+
 			"would not apply to tenant-scoped transactions; set Config.TenantRole (docs/tenancy.md)", ErrNoTenantIsolation, user)
 	}
-	s.logger.WarnContext(ctx, "postgres store: tenant-scoped transactions are not isolated: the role is a superuser or has BYPASSRLS "+
-		"and no TenantRole is set, so row-level-security policies do not apply (set Config.TenantRole, or StrictTenancy to refuse; docs/tenancy.md)",
-		slog.String("role", user), slog.Bool("superuser", super), slog.Bool("bypassrls", bypass))
+	s.unisolated = func(ctx context.Context) {
+		s.logger.WarnContext(ctx, "postgres store: tenant-scoped transactions are not isolated: the role is a superuser or has BYPASSRLS "+
+			"and no TenantRole is set, so row-level-security policies do not apply (set Config.TenantRole, or StrictTenancy to refuse; docs/tenancy.md)",
+			slog.String("role", user), slog.Bool("superuser", super), slog.Bool("bypassrls", bypass))
+	}
 	return nil
 }
 

@@ -52,6 +52,8 @@ func (s *Store) ScopeTx(ctx context.Context, tx pgx.Tx, tenant string) error {
 	setting := tenant
 	if tenant == projector.SystemTenant {
 		setting = ""
+	} else if s.unisolated != nil {
+		s.unisolatedOnce.Do(func() { s.unisolated(ctx) })
 	}
 	var err error
 	switch {

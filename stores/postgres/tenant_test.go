@@ -351,16 +351,28 @@ func TestNewWarnsWithoutTenantIsolation(t *testing.T) {
 			var log bytes.Buffer
 			cfg := postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: tc.tenantRole,
 				Logger: slog.New(slog.NewTextHandler(&log, nil))}
-			if _, err := postgres.New(ctx, tc.pool, cfg); err != nil {
+			store, err := postgres.New(ctx, tc.pool, cfg)
+			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
+			if strings.Contains(log.String(), "level=WARN") {
+				t.Errorf("New warned before any tenant-scoped transaction: %q", log.String())
+			}
+			for range 2 { // the warning comes once, with the first
+				if err := store.InTenantTx(ctx, "a", func(context.Context, pgx.Tx) error { return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
 			warned := strings.Contains(log.String(), "level=WARN") && strings.Contains(log.String(), "TenantRole")
+			if n := strings.Count(log.String(), "level=WARN"); n > 1 {
+				t.Errorf("warned %d times, want once", n)
+			}
 			if warned != tc.unisolated {
 				t.Errorf("warned %v, want %v; log: %q", warned, tc.unisolated, log.String())
 			}
 
 			cfg.StrictTenancy = true
-			_, err := postgres.New(ctx, tc.pool, cfg)
+			_, err = postgres.New(ctx, tc.pool, cfg)
 			if tc.unisolated && !errors.Is(err, postgres.ErrNoTenantIsolation) {
 				t.Errorf("strict New: %v, want ErrNoTenantIsolation", err)
 			}
