@@ -121,8 +121,8 @@ type Dispatcher struct {
 	hardCancel context.CancelFunc
 	wg         sync.WaitGroup
 	stopped    chan struct{}
-	// remeasure asks the metrics loop for a refresh now: a shard that was
-	// behind has caught up, and the lag it measured is stale.
+	// remeasure asks the metrics loop for a refresh now: a shard whose
+	// published lag is not zero has caught up, so that lag may be stale.
 	remeasure chan struct{}
 }
 
@@ -420,7 +420,6 @@ func (d *Dispatcher) cleanup() {
 func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 	log := d.logger.With(slog.String("consumer", sh.id.Consumer), slog.String("instance_id", sh.id.Instance))
 	dbFailures := 0
-	behind := true // until a pass finds the shard caught up
 	for {
 		// Take the wake channel before the pass so a wake-up that arrives
 		// during it is not lost.
@@ -446,13 +445,14 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 			log.WarnContext(soft, "projection dispatcher: pass failed; retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
 		case res.kind == passMore:
 			dbFailures = 0
-			behind = true
 			continue
 		case res.kind == passCaughtUp:
 			dbFailures = 0
 			wait = d.cfg.Recheck
-			if behind {
-				behind = false
+			if d.metrics != nil && d.metrics.lagging(sh.id) {
+				// The gauge still shows the lag measured before this
+				// catch-up: measure again rather than report it for a
+				// whole period.
 				select {
 				case d.remeasure <- struct{}{}:
 				default: // one is pending already
