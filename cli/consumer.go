@@ -90,8 +90,9 @@ func WriteStatus(w io.Writer, shards []projection.ShardState, asJSON bool) error
 	})
 }
 
-// writeTable renders a tab-separated table aligned, without the trailing
-// blanks tabwriter pads an empty last cell with.
+// writeTable renders a tab-separated table aligned, without the blanks
+// tabwriter leaves at the end of a line whose last cell is empty (the cell
+// before it is padded to its column's width).
 func writeTable(w io.Writer, fill func(tw io.Writer)) error {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
