@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -32,7 +30,7 @@ func ExampleStore(reg *projector.Registry, cfg ...postgres.Config) *postgres.Sto
 		panic(shared.err)
 	}
 	ctx := context.Background()
-	name := schemaPrefix + strconv.FormatInt(time.Now().Unix(), 10) + "_" + randomHex(4)
+	name := newSchemaName("")
 	exampleSchemas.mu.Lock()
 	exampleSchemas.names = append(exampleSchemas.names, name)
 	exampleSchemas.mu.Unlock()
