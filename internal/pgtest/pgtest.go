@@ -279,7 +279,7 @@ func SchemaExists(t testing.TB, name string) bool {
 
 // dropStale removes test schemas left behind by runs that were killed
 // before their cleanups ran: every schema the suite makes — pt_<unix>_…
-// ([Schema], [ExampleStore]), pt_<kind>_<unix>_… ([SchemaName]), older
+// ([Schema], [ExampleDatabase]), pt_<kind>_<unix>_… ([SchemaName]), older
 // pt_<name> schemas of tests that chose a fixed name, and the
 // projector_bench_… schemas of `projector bench` — once it is older than
 // its stale age. The age is the unix time in the name where there is one,

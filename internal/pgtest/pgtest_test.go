@@ -24,7 +24,7 @@ func TestDropStaleFindsEveryTestSchemaKind(t *testing.T) {
 	hour := strconv.FormatInt(time.Now().Add(-2*time.Hour).Unix(), 10)
 	suffix := randomHex(4)
 	old := []string{
-		"pt_" + hour + "_" + suffix,         // pgtest.Schema, ExampleStore
+		"pt_" + hour + "_" + suffix,         // pgtest.Schema, ExampleDatabase
 		"pt_cli_" + hour + "_" + suffix,     // SchemaName(t, "cli")
 		"pt_cli_" + suffix[:6] + "123",      // an older fixed-name test: aged by its migrations
 		"pt_migrate_" + suffix,              // TestMigrateConcurrently's kind of name
