@@ -14,12 +14,16 @@ var (
 	ErrUnknownEventType = errors.New("projector: unknown event type")
 	// ErrDuplicateEventType: a type name or Go type was defined twice.
 	ErrDuplicateEventType = errors.New("projector: event type defined twice")
-	// ErrInvalidEventType: a definition breaks the naming or versioning rules.
+	// ErrInvalidEventType: a definition breaks the naming or versioning
+	// rules, or an event type name given to a read cannot be a name at all.
 	ErrInvalidEventType = errors.New("projector: invalid event type definition")
-	// ErrInvalidPayload: a payload failed its own validation or could not be
-	// encoded or decoded.
+	// ErrInvalidPayload: a payload failed its own validation, could not be
+	// encoded or decoded, or holds what PostgreSQL cannot store exactly
+	// (invalid UTF-8, NUL); also metadata (actor, headers) that cannot be
+	// stored exactly.
 	ErrInvalidPayload = errors.New("projector: invalid payload")
-	// ErrInvalidStream: a stream reference is incomplete.
+	// ErrInvalidStream: a stream reference is incomplete or cannot be
+	// stored (see [StreamRef.Validate]).
 	ErrInvalidStream = errors.New("projector: invalid stream reference")
 	// ErrConcurrency: another writer changed the stream first. It is
 	// retryable: load the stream again, decide again, append again.

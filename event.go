@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -78,9 +80,20 @@ func TenantStream(tenant, streamType, id string) StreamRef {
 	return StreamRef{Tenant: tenant, Type: streamType, ID: id}
 }
 
-// Validate reports whether the reference names a stream: every part must be
-// non-empty, so an application cannot write into an unnamed tenant by
-// forgetting to set one.
+// MaxNameLength is the longest tenant, stream type, stream id or event type
+// name, in bytes. A stream's three names are the key of the stream and event
+// indexes, and a PostgreSQL b-tree entry cannot exceed about 2.7 kB; 255
+// bytes each keeps every key storable with room to spare, and is more than
+// any real name needs. Appends and reads refuse longer names before sending
+// anything.
+const MaxNameLength = 255
+
+// Validate reports whether the reference names a stream PostgreSQL can
+// store. Every part must be non-empty, so an application cannot write into an
+// unnamed tenant by forgetting to set one; valid UTF-8 without NUL bytes,
+// which PostgreSQL text cannot hold (a raw driver error would abort the
+// caller's transaction); and at most [MaxNameLength] bytes. The error matches
+// [ErrInvalidStream] and never carries the raw bytes.
 func (s StreamRef) Validate() error {
 	switch {
 	case s.Tenant == "":
@@ -90,12 +103,90 @@ func (s StreamRef) Validate() error {
 	case s.ID == "":
 		return fmt.Errorf("%w: stream %s has no id", ErrInvalidStream, s)
 	}
+	for _, part := range [...]struct{ what, v string }{{"tenant", s.Tenant}, {"type", s.Type}, {"id", s.ID}} {
+		if problem := storable(part.v, MaxNameLength); problem != "" {
+			return fmt.Errorf("%w: stream %s: the %s %s", ErrInvalidStream, s, part.what, problem)
+		}
+	}
 	return nil
 }
 
-// String renders the reference as tenant/type/id for logs and errors.
+// String renders the reference as tenant/type/id for logs and errors. A part
+// that is not a plain, printable name of at most [MaxNameLength] bytes is
+// shown quoted with Go escapes and cut short, so a log line or an error never
+// carries raw control or invalid bytes, or a megabyte of id.
 func (s StreamRef) String() string {
-	return s.Tenant + "/" + s.Type + "/" + s.ID
+	return Printable(s.Tenant) + "/" + Printable(s.Type) + "/" + Printable(s.ID)
+}
+
+// Validate reports whether PostgreSQL can store the metadata exactly as
+// given: the actor and every header name and value must be valid UTF-8
+// without NUL bytes. encoding/json would silently turn invalid UTF-8 into
+// U+FFFD, and PostgreSQL refuses NUL in text and jsonb with an error that
+// aborts the caller's transaction; appends call Validate before sending
+// anything instead. The error matches [ErrInvalidPayload] and never carries
+// the raw bytes.
+func (m Metadata) Validate() error {
+	if problem := storable(m.Actor, 0); problem != "" {
+		return fmt.Errorf("%w: metadata: the actor %s %s", ErrInvalidPayload, Printable(m.Actor), problem)
+	}
+	for k, v := range m.Headers {
+		if problem := storable(k, 0); problem != "" {
+			return fmt.Errorf("%w: metadata: the header name %s %s", ErrInvalidPayload, Printable(k), problem)
+		}
+		if problem := storable(v, 0); problem != "" {
+			return fmt.Errorf("%w: metadata: the value of header %s %s", ErrInvalidPayload, Printable(k), problem)
+		}
+	}
+	return nil
+}
+
+// storable says why PostgreSQL text cannot hold s exactly, or would refuse
+// it as a name longer than limit bytes (0: no limit); "" when it can.
+func storable(s string, limit int) string {
+	switch {
+	case limit > 0 && len(s) > limit:
+		return fmt.Sprintf("is %d bytes long, over the limit of %d", len(s), limit)
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	case strings.IndexByte(s, 0) >= 0:
+		return "contains a NUL byte, which PostgreSQL cannot store"
+	}
+	return ""
+}
+
+// printableCut is how much of an unprintable or oversized value an error
+// message shows.
+const printableCut = 64
+
+// Printable renders a user-supplied name for a log line or an error
+// message: as it is when it is valid UTF-8, printable and at most
+// [MaxNameLength] bytes; otherwise quoted with Go escapes (so NUL, control
+// characters and invalid bytes show as \x00, \n, \xff) and, past 64 bytes,
+// cut short with its length noted.
+func Printable(s string) string {
+	if len(s) <= MaxNameLength && isPrintable(s) {
+		return s
+	}
+	if len(s) <= printableCut {
+		return strconv.Quote(s)
+	}
+	cut := printableCut
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strconv.Quote(s[:cut]) + "…(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+func isPrintable(s string) bool {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			// RuneError is also what an invalid byte decodes to: quote
+			// both, the genuine U+FFFD is rare in a name.
+			return false
+		}
+	}
+	return true
 }
 
 // ExpectedVersion is what an append asserts about a stream's current version
@@ -157,6 +248,18 @@ func Horizon(xmin uint64) Position {
 		return Start
 	}
 	return Position{TxID: xmin - 1, Seq: math.MaxInt64}
+}
+
+// Before returns the highest position that sorts before p: a cursor there
+// has passed every event before p and not p itself.
+func (p Position) Before() Position {
+	if p.Seq == 0 {
+		if p.TxID == 0 {
+			return Start
+		}
+		return Position{TxID: p.TxID - 1, Seq: math.MaxInt64}
+	}
+	return Position{TxID: p.TxID, Seq: p.Seq - 1}
 }
 
 // String renders the position as "txid/seq".

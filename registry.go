@@ -99,6 +99,9 @@ func Define[T any](r *Registry, name string, cfg ...TypeConfig) (EventType[T], e
 	if len(cfg) == 1 {
 		c = cfg[0]
 	}
+	if len(name) > MaxNameLength {
+		return zero, fmt.Errorf("%w: define %s: a name is at most %d bytes", ErrInvalidEventType, Printable(name), MaxNameLength)
+	}
 	if !typeNamePattern.MatchString(name) {
 		return zero, fmt.Errorf("%w: define %q: a name is <area>.<past-tense-verb> in lower case, such as \"ticket.opened\"", ErrInvalidEventType, name)
 	}
@@ -201,7 +204,10 @@ type Encoded struct {
 // Encode resolves payload's event type from its Go type (a pointer is
 // followed to its value), validates it and encodes it as JSON. It fails with
 // [ErrUnknownEventType] for a type never defined and [ErrInvalidPayload] for
-// a payload that fails validation or encoding.
+// a payload that fails validation or encoding, or that PostgreSQL's jsonb
+// could not store exactly as given: a string that is not valid UTF-8 (which
+// encoding/json would silently replace with U+FFFD), a NUL character, or, from
+// a custom marshaller, invalid UTF-8 or an unpaired surrogate escape.
 func (r *Registry) Encode(payload any) (Encoded, error) {
 	if payload == nil {
 		return Encoded{}, fmt.Errorf("%w: nil payload", ErrInvalidPayload)
@@ -225,6 +231,9 @@ func (r *Registry) Encode(payload any) (Encoded, error) {
 	data, err := json.Marshal(v.Interface())
 	if err != nil {
 		return Encoded{}, fmt.Errorf("%w: %s: encode: %w", ErrInvalidPayload, e.Name, err)
+	}
+	if err := checkEncoded(data, v); err != nil {
+		return Encoded{}, fmt.Errorf("%w: %s: %w", ErrInvalidPayload, e.Name, err)
 	}
 	return Encoded{Type: e.Name, SchemaVersion: e.SchemaVersion, Data: data}, nil
 }

@@ -3,6 +3,8 @@ package projector_test
 import (
 	"encoding/json"
 	"errors"
+	"math"
+	"strings"
 	"testing"
 
 	"github.com/projectorhq/projector"
@@ -44,6 +46,10 @@ func TestDefine(t *testing.T) {
 			return err
 		}, nil},
 		{"no area", func(r *projector.Registry) error { _, err := projector.Define[opened](r, "opened"); return err }, projector.ErrInvalidEventType},
+		{"name over MaxNameLength", func(r *projector.Registry) error {
+			_, err := projector.Define[opened](r, "ticket."+strings.Repeat("a", projector.MaxNameLength))
+			return err
+		}, projector.ErrInvalidEventType},
 		{"upper case", func(r *projector.Registry) error { _, err := projector.Define[opened](r, "Ticket.Opened"); return err }, projector.ErrInvalidEventType},
 		{"pointer payload", func(r *projector.Registry) error { _, err := projector.Define[*opened](r, "ticket.opened"); return err }, projector.ErrInvalidEventType},
 		{"interface payload", func(r *projector.Registry) error { _, err := projector.Define[any](r, "ticket.opened"); return err }, projector.ErrInvalidEventType},
@@ -217,5 +223,18 @@ func TestPositionOrder(t *testing.T) {
 	h := projector.Horizon(6)
 	if !a.Less(h) || !h.Less(b) {
 		t.Fatalf("horizon(6)=%v must sort after every event of tx 5 and before every event of tx 6", h)
+	}
+	for _, p := range []projector.Position{a, b, {TxID: 7, Seq: 0}} {
+		before := p.Before()
+		if !before.Less(p) {
+			t.Errorf("%v.Before() = %v does not sort before it", p, before)
+		}
+		// Nothing sorts strictly between: the next position up is p.
+		if next := (projector.Position{TxID: before.TxID, Seq: before.Seq + 1}); before.Seq != math.MaxInt64 && next != p {
+			t.Errorf("%v.Before() = %v leaves room for %v in between", p, before, next)
+		}
+	}
+	if projector.Start.Before() != projector.Start {
+		t.Error("Start.Before() must stay at Start")
 	}
 }

@@ -1,11 +1,15 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +18,7 @@ import (
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // ShardJSON is one shard in `status -o json` and `consumer status -o json`.
@@ -31,13 +36,19 @@ type ShardJSON struct {
 	NextRetryAt *time.Time `json:"next_retry_at,omitempty"`
 	Processed   int64      `json:"processed"`
 	UpdatedAt   time.Time  `json:"updated_at"`
+	// Dispatcher is live, none or stale: see projection.DispatcherState.
+	Dispatcher string     `json:"dispatcher"`
+	LastSeenAt *time.Time `json:"last_seen_at,omitempty"`
 }
 
 func toJSON(s projection.ShardState) ShardJSON {
 	j := ShardJSON{
-		Consumer: s.Consumer, Instance: s.Instance, Status: string(s.Status), Cursor: s.Cursor.String(),
+		Consumer: s.Consumer, Instance: s.Instance, Status: string(s.Status), Cursor: cursor(s.Cursor),
 		LagEvents: s.LagEvents, LagSeconds: s.LagSeconds, Attempts: s.Attempts, LastError: s.LastError,
-		Processed: s.Processed, UpdatedAt: s.UpdatedAt,
+		Processed: s.Processed, UpdatedAt: s.UpdatedAt, Dispatcher: string(s.Dispatcher),
+	}
+	if !s.LastSeen.IsZero() {
+		j.LastSeenAt = &s.LastSeen
 	}
 	if !s.LastErrorAt.IsZero() {
 		j.LastErrorAt = &s.LastErrorAt
@@ -46,7 +57,7 @@ func toJSON(s projection.ShardState) ShardJSON {
 		j.NextRetryAt = &s.NextRetryAt
 	}
 	if s.FailedAt.TxID != 0 {
-		j.FailedAt = s.FailedAt.String()
+		j.FailedAt = cursor(s.FailedAt)
 	}
 	return j
 }
@@ -65,21 +76,52 @@ func WriteStatus(w io.Writer, shards []projection.ShardState, asJSON bool) error
 		_, err := fmt.Fprintln(w, "no consumers registered yet (they appear when a dispatcher first starts)")
 		return err
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tINSTANCE\tSTATUS\tCURSOR\tLAG\tLAG AGE\tATTEMPTS\tLAST ERROR")
-	for _, s := range shards {
-		status := string(s.Status)
-		if s.Failing() {
-			status += " (failing)"
+	now := time.Now()
+	return writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "CONSUMER\tINSTANCE\tSTATUS\tDISPATCHER\tCURSOR\tLAG\tLAG AGE\tATTEMPTS\tLAST ERROR")
+		for _, s := range shards {
+			status := string(s.Status)
+			if s.Failing() {
+				status += " (failing)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", s.Consumer, s.Instance, status, dispatcher(s, now), cursor(s.Cursor),
+				s.LagEvents, age(s.LagSeconds), s.Attempts, shorten(s.LastError, 60))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", s.Consumer, s.Instance, status, cursor(s.Cursor),
-			s.LagEvents, age(s.LagSeconds), s.Attempts, shorten(s.LastError, 60))
-	}
-	return tw.Flush()
+	})
 }
 
-// cursor renders a position for people: a cursor moved to the horizon
-// (every event of transactions up to tx) reads "tx/max".
+// writeTable renders a tab-separated table aligned, without the blanks
+// tabwriter leaves at the end of a line whose last cell is empty (the cell
+// before it is padded to its column's width).
+func writeTable(w io.Writer, fill func(tw io.Writer)) error {
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+	fill(tw)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var out strings.Builder
+	for line := range strings.Lines(buf.String()) {
+		out.WriteString(strings.TrimRight(line, " \n"))
+		out.WriteString("\n")
+	}
+	_, err := io.WriteString(w, out.String())
+	return err
+}
+
+// dispatcher renders whether a live dispatcher runs the shard, with when
+// one was last seen if none does now.
+func dispatcher(s projection.ShardState, now time.Time) string {
+	d := string(s.Dispatcher)
+	if s.Dispatcher != projection.DispatcherLive && !s.LastSeen.IsZero() {
+		d += " (seen " + ago(s.LastSeen, now) + ")"
+	}
+	return d
+}
+
+// cursor renders a position for people, the same way in every command and
+// in JSON: "tx/seq", and "tx/max" for a cursor moved to the horizon (every
+// event of transactions up to tx).
 func cursor(p projector.Position) string {
 	if p.Seq == math.MaxInt64 {
 		return fmt.Sprintf("%d/max", p.TxID)
@@ -87,11 +129,71 @@ func cursor(p projector.Position) string {
 	return p.String()
 }
 
+// age renders a lag in seconds for people, "-" when there is none.
 func age(seconds float64) string {
 	if seconds <= 0 {
 		return "-"
 	}
-	return (time.Duration(seconds * float64(time.Second))).Round(time.Millisecond).String()
+	return human(time.Duration(seconds * float64(time.Second)))
+}
+
+// human rounds a duration to what a person reads at a glance: two units at
+// most ("10m54s", "2h5m", "3d4h"), milliseconds only below a second.
+func human(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "-" + human(-d)
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		return twoUnits(d.Round(time.Second), time.Minute, "m", time.Second, "s")
+	case d < 24*time.Hour:
+		return twoUnits(d.Round(time.Minute), time.Hour, "h", time.Minute, "m")
+	}
+	return twoUnits(d.Round(time.Hour), 24*time.Hour, "d", time.Hour, "h")
+}
+
+// twoUnits renders d in big units and the rest in small ones, leaving out a
+// zero rest ("2h", not "2h0m").
+func twoUnits(d, big time.Duration, bigName string, small time.Duration, smallName string) string {
+	s := fmt.Sprintf("%d%s", d/big, bigName)
+	if rest := (d % big) / small; rest > 0 {
+		s += fmt.Sprintf("%d%s", rest, smallName)
+	}
+	return s
+}
+
+// ago renders how long before now t was, in its largest unit ("2h ago",
+// "in 5s" for a time still to come).
+func ago(t, now time.Time) string {
+	d := now.Sub(t)
+	suffix := " ago"
+	prefix := ""
+	if d < 0 {
+		d, prefix, suffix = -d, "in ", ""
+	}
+	var v string
+	switch {
+	case d < time.Second:
+		return "just now"
+	case d < time.Minute:
+		v = fmt.Sprintf("%ds", d/time.Second)
+	case d < time.Hour:
+		v = fmt.Sprintf("%dm", d/time.Minute)
+	case d < 24*time.Hour:
+		v = fmt.Sprintf("%dh", d/time.Hour)
+	default:
+		v = fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
+	return prefix + v + suffix
+}
+
+// timestamp renders a time with its zone and how long ago it was:
+// "2026-11-30T09:41:02Z (2h ago)".
+func timestamp(t, now time.Time) string {
+	return t.Local().Format(time.RFC3339) + " (" + ago(t, now) + ")"
 }
 
 func shorten(s string, n int) string {
@@ -103,32 +205,145 @@ func shorten(s string, n int) string {
 }
 
 func (a *App) statusCmd() *cobra.Command {
-	return a.listCmd("status", "Show every consumer shard: status, cursor, lag, attempts, last error")
+	return a.listCmd("status", "Show every consumer shard: status, dispatcher, cursor, lag, attempts, last error")
 }
 
-// listCmd is `status` and `consumer list`: every shard, as a table or JSON.
+// Bounds of `status --watch`.
+const (
+	minWatch = 500 * time.Millisecond
+	maxWatch = time.Hour
+)
+
+// listCmd is `status` and `consumer list`: every shard, as a table or JSON,
+// once or every --watch interval until interrupted.
 func (a *App) listCmd(use, short string) *cobra.Command {
 	var format string
+	var watch time.Duration
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Args:  noArgs,
+		Long: short + `.
+
+DISPATCHER says whether anything is applying the shard's events: live (a running
+dispatcher that runs it heartbeat recently), none (no live dispatcher runs it: it
+waits, and holds retention back, until one starts or it is removed or disabled), or
+stale (a per-instance shard whose instance has not been seen for its expiry, a day
+by default: it no longer holds retention back). --watch 2s redraws every 2 seconds
+until interrupted.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := outputFormat(format)
 			if err != nil {
 				return err
 			}
+			if cmd.Flags().Changed("watch") && (watch < minWatch || watch > maxWatch) {
+				return usageError{fmt.Errorf("--watch %v: want an interval between %v and %v", watch, minWatch, maxWatch)}
+			}
 			return a.withAdmin(cmd, func(admin *projection.Admin) error {
-				shards, err := admin.List(cmd.Context(), "")
-				if err != nil {
-					return err
+				ctx := cmd.Context()
+				for {
+					shards, err := admin.List(ctx, "")
+					if err != nil {
+						if watch > 0 && ctx.Err() != nil {
+							return nil // interrupted mid-refresh
+						}
+						return err
+					}
+					if watch > 0 && !asJSON {
+						if isTerminal(a.out) {
+							fmt.Fprint(a.out, "\033[H\033[2J") // home, clear
+						}
+						fmt.Fprintf(a.out, "every %v, %s (Ctrl-C stops)\n\n", watch, time.Now().Format(time.RFC3339))
+					}
+					if err := WriteStatus(a.out, shards, asJSON); err != nil {
+						return err
+					}
+					if watch == 0 {
+						return nil
+					}
+					select {
+					case <-ctx.Done():
+						return nil
+					case <-time.After(watch):
+					}
+					if !asJSON && !isTerminal(a.out) {
+						fmt.Fprintln(a.out)
+					}
 				}
-				return WriteStatus(a.out, shards, asJSON)
 			})
 		},
 	}
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
+	cmd.Flags().DurationVar(&watch, "watch", 0, fmt.Sprintf("redraw every interval (%v to %v) until interrupted", minWatch, maxWatch))
 	return cmd
+}
+
+// isTerminal reports whether w is a terminal, where --watch may redraw in
+// place; elsewhere each refresh is appended.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// unknownConsumer turns a consumer-not-found error into a usage error
+// (exit 2) that lists what exists: the registered consumers, or the shards
+// of the named consumer when only the instance is wrong.
+func unknownConsumer(ctx context.Context, admin *projection.Admin, consumer string, err error) error {
+	if !errors.Is(err, projector.ErrNotFound) {
+		return err
+	}
+	all, lerr := admin.List(ctx, "")
+	if lerr != nil {
+		return err
+	}
+	var names, instances []string
+	for _, s := range all {
+		if !slices.Contains(names, s.Consumer) {
+			names = append(names, s.Consumer)
+		}
+		if s.Consumer == consumer {
+			instances = append(instances, s.Instance)
+		}
+	}
+	switch {
+	case len(instances) > 0:
+		return usageError{fmt.Errorf("%w; consumer %s has shards for instances: %s (choose one with --instance)", err, consumer, strings.Join(instances, ", "))}
+	case len(names) == 0:
+		return usageError{fmt.Errorf("%w; no consumers are registered in this schema (they appear when a dispatcher first starts)", err)}
+	}
+	return usageError{fmt.Errorf("%w; registered consumers: %s", err, strings.Join(names, ", "))}
+}
+
+// PruneAdvice is what `events prune` prints when a consumer shard held
+// events back: which, how far behind, and the fix that matches its state
+// and whether a live dispatcher runs it. Empty when nothing was held back.
+func PruneAdvice(name string, res postgres.PruneResult) string {
+	b := res.Blocker
+	if b == nil {
+		return ""
+	}
+	id := b.Consumer
+	if b.Instance != projection.SharedInstance {
+		id += " --instance " + b.Instance
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "held back %d events: consumer %s (instance %s, %s, dispatcher %s) has not passed them; it is %d events behind at %s.\n",
+		res.HeldBack, b.Consumer, b.Instance, b.Status, b.Dispatcher, b.Behind, cursor(b.Cursor))
+	switch {
+	case b.Status == string(projection.StatusDead):
+		fmt.Fprintf(&sb, "It is dead: see why with `%s consumer status %s`, then fix the handler and `%s consumer restart %s`, or `%s consumer skip %s` past the failing event.\n",
+			name, id, name, id, name, id)
+	case b.Dispatcher == string(projection.DispatcherLive):
+		fmt.Fprintf(&sb, "A live dispatcher is applying it: it passes them as it catches up (`%s status --watch 5s` shows its lag); prune again later.\n", name)
+	default:
+		fmt.Fprintf(&sb, "No live dispatcher runs it: start one with this projection (`%s run`), or if the projection is retired, `%s consumer remove %s` (or `%s consumer disable %s` to keep its state).\n",
+			name, name, id, name, id)
+	}
+	return sb.String()
 }
 
 func outputFormat(f string) (bool, error) {
@@ -165,7 +380,7 @@ func writeJSON(w io.Writer, v any) error {
 
 func (a *App) consumerCmd() *cobra.Command {
 	var instance, format string
-	root := group("consumer", "Inspect and steer consumer shards (list, status, restart, skip, disable, enable)")
+	root := group("consumer", "Inspect and steer consumer shards (list, status, restart, skip, disable, enable, remove)")
 	root.Long = `Each async projection is a consumer with one shard (shared delivery) or one per
 instance (per-instance delivery). These commands act on one shard: the shared one
 unless --instance names another. A transition the shard's state does not allow is
@@ -175,7 +390,13 @@ refused with exit code 3 and changes nothing:
   skip      dead, or processing while an event is failing → idle, past the failing
             event, which is recorded in projector_dead_letters
   disable   idle, processing or dead → disabled (retention stops waiting for it)
-  enable    disabled → idle`
+  enable    disabled → idle
+  remove    unregister: delete the consumer's shards (all of them, or the one
+            --instance names), keeping its dead letters; refused (exit code 3)
+            while a dispatcher runs it
+
+A consumer name that is not registered is a usage error (exit code 2) that lists
+the registered ones.`
 	root.PersistentFlags().StringVar(&instance, "instance", projection.SharedInstance, "instance id of the shard (per-instance consumers)")
 
 	list := a.listCmd("list", "List every consumer shard (same as status)")
@@ -192,7 +413,7 @@ refused with exit code 3 and changes nothing:
 			return a.withAdmin(cmd, func(admin *projection.Admin) error {
 				st, err := admin.Status(cmd.Context(), projection.ShardID{Consumer: args[0], Instance: instance})
 				if err != nil {
-					return err
+					return unknownConsumer(cmd.Context(), admin, args[0], err)
 				}
 				if asJSON {
 					return writeJSON(a.out, toJSON(st))
@@ -222,7 +443,7 @@ refused with exit code 3 and changes nothing:
 				return a.withAdmin(cmd, func(admin *projection.Admin) error {
 					id := projection.ShardID{Consumer: args[0], Instance: instance}
 					if err := op.run(admin, cmd.Context(), id); err != nil {
-						return err
+						return unknownConsumer(cmd.Context(), admin, id.Consumer, err)
 					}
 					st, err := admin.Status(cmd.Context(), id)
 					if err != nil {
@@ -234,31 +455,60 @@ refused with exit code 3 and changes nothing:
 			},
 		})
 	}
+
+	root.AddCommand(&cobra.Command{
+		Use:   "remove NAME",
+		Short: "Unregister a consumer no dispatcher runs: delete its shards (every one, or --instance's), keep its dead letters",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			only := ""
+			if cmd.Flags().Changed("instance") {
+				only = instance
+			}
+			return a.withAdmin(cmd, func(admin *projection.Admin) error {
+				removed, err := admin.Remove(cmd.Context(), args[0], only)
+				if err != nil {
+					return unknownConsumer(cmd.Context(), admin, args[0], err)
+				}
+				names := make([]string, len(removed))
+				for i, id := range removed {
+					names[i] = id.String()
+				}
+				fmt.Fprintf(a.out, "removed consumer %s: %d shards (%s); its dead letters are kept\n", args[0], len(removed), strings.Join(names, ", "))
+				return nil
+			})
+		},
+	})
 	return root
 }
 
 func writeShard(w io.Writer, s projection.ShardState) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
-	row("consumer", s.Consumer)
-	row("instance", s.Instance)
-	row("status", string(s.Status))
-	row("cursor", cursor(s.Cursor))
-	row("lag", fmt.Sprintf("%d events, oldest %s", s.LagEvents, age(s.LagSeconds)))
-	row("processed", fmt.Sprint(s.Processed))
-	row("attempts", fmt.Sprint(s.Attempts))
-	if s.LastError != "" {
-		row("last error", s.LastError)
-		row("last error at", s.LastErrorAt.Local().Format(time.RFC3339))
-	}
-	if s.FailedAt.TxID != 0 {
-		row("failing event", fmt.Sprintf("%s at %s", s.FailedEventID, s.FailedAt))
-	}
-	if !s.NextRetryAt.IsZero() {
-		row("next retry", s.NextRetryAt.Local().Format(time.RFC3339))
-	}
-	row("updated", s.UpdatedAt.Local().Format(time.RFC3339))
-	return tw.Flush()
+	now := time.Now()
+	return writeTable(w, func(tw io.Writer) {
+		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+		row("consumer", s.Consumer)
+		row("instance", s.Instance)
+		row("status", string(s.Status))
+		row("dispatcher", dispatcher(s, now))
+		if !s.LastSeen.IsZero() {
+			row("last seen", timestamp(s.LastSeen, now))
+		}
+		row("cursor", cursor(s.Cursor))
+		row("lag", fmt.Sprintf("%d events, oldest %s", s.LagEvents, age(s.LagSeconds)))
+		row("processed", fmt.Sprint(s.Processed))
+		row("attempts", fmt.Sprint(s.Attempts))
+		if s.LastError != "" {
+			row("last error", s.LastError)
+			row("last error at", timestamp(s.LastErrorAt, now))
+		}
+		if s.FailedAt.TxID != 0 {
+			row("failing event", fmt.Sprintf("%s at %s", s.FailedEventID, cursor(s.FailedAt)))
+		}
+		if !s.NextRetryAt.IsZero() {
+			row("next retry", timestamp(s.NextRetryAt, now))
+		}
+		row("updated", timestamp(s.UpdatedAt, now))
+	})
 }
 
 // exactArgs is cobra.ExactArgs with the usage exit code.

@@ -67,15 +67,7 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d).`,
 			}
 			fmt.Fprintf(a.out, "%s %d events of stream types %s recorded before %s\n", verb, res.Deleted,
 				strings.Join(types, ", "), res.Cutoff.Local().Format(time.RFC3339))
-			if b := res.Blocker; b != nil {
-				id := b.Consumer
-				if b.Instance != "__shared__" {
-					id += " --instance " + b.Instance
-				}
-				fmt.Fprintf(a.out, "held back %d events: consumer %s (instance %s, %s) has not passed them; it is %d events behind at %s.\n"+
-					"If it should not hold retention back: `%s consumer skip %s` past a failing event, or `%s consumer disable %s`.\n",
-					res.HeldBack, b.Consumer, b.Instance, b.Status, b.Behind, b.Cursor, a.cfg.Name, id, a.cfg.Name, id)
-			}
+			fmt.Fprint(a.out, PruneAdvice(a.cfg.Name, res))
 			return nil
 		},
 	}

@@ -85,10 +85,10 @@ func writeRepair(w io.Writer, rep postgres.RepairReport, took time.Duration) err
 		for _, c := range rep.Consumers {
 			failing := "-"
 			if c.OldFailedAt.TxID != 0 {
-				failing = c.OldFailedAt.String() + " → " + c.NewFailedAt.String()
+				failing = cursor(c.OldFailedAt) + " → " + cursor(c.NewFailedAt)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", c.Consumer, c.Instance, c.Status,
-				c.OldCursor, c.NewCursor, c.Behind, c.SeesAgain, failing)
+				cursor(c.OldCursor), cursor(c.NewCursor), c.Behind, c.SeesAgain, failing)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -29,6 +29,10 @@ type runConfig struct {
 	// StopTimeout bounds the graceful stop: running batches get this long
 	// to finish before they are rolled back.
 	StopTimeout time.Duration
+	// InstanceExpiry is projection.Config.InstanceExpiry: how long this
+	// instance may go unseen before its per-instance shards stop holding
+	// retention back.
+	InstanceExpiry time.Duration
 }
 
 func (a *App) runCmd() *cobra.Command {
@@ -51,14 +55,23 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 	cmd.Flags().StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9464", "address for /metrics, /healthz, /readyz (empty: no HTTP)")
 	cmd.Flags().StringVar(&cfg.InstanceID, "instance-id", "", "this process's instance id (default $"+projection.EnvInstanceID+" or a random UUID)")
 	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown")
+	cmd.Flags().DurationVar(&cfg.InstanceExpiry, "instance-expiry", projection.DefaultInstanceExpiry,
+		fmt.Sprintf("how long this instance may go unseen before its per-instance shards stop holding retention back (%s to %s)", human(minInstanceExpiry), human(projection.MaxInstanceExpiry)))
 	return cmd
 }
+
+// minInstanceExpiry is the shortest --instance-expiry: as many heartbeats
+// as the dispatcher requires at its default heartbeat.
+const minInstanceExpiry = projection.MinExpiryHeartbeats * projection.DefaultHeartbeatEvery
 
 // run is the `run` command: it runs until ctx is cancelled, then stops
 // gracefully.
 func (a *App) run(ctx context.Context, cfg runConfig) error {
 	if cfg.StopTimeout < 0 {
 		return usageError{fmt.Errorf("--stop-timeout %v is negative", cfg.StopTimeout)}
+	}
+	if cfg.InstanceExpiry != 0 && (cfg.InstanceExpiry < minInstanceExpiry || cfg.InstanceExpiry > projection.MaxInstanceExpiry) {
+		return usageError{fmt.Errorf("--instance-expiry %v: want between %s and %s", cfg.InstanceExpiry, human(minInstanceExpiry), human(projection.MaxInstanceExpiry))}
 	}
 	log := a.logger()
 	pool, err := a.Pool(ctx)
@@ -84,7 +97,8 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	d, err := projection.New(projection.Config{Store: store, Projections: w.Async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg})
+	d, err := projection.New(projection.Config{Store: store, Projections: w.Async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg,
+		InstanceExpiry: cfg.InstanceExpiry})
 	if err != nil {
 		return err
 	}

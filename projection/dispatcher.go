@@ -30,7 +30,28 @@ const (
 	DefaultRecheck      = time.Second
 	DefaultConcurrency  = 4
 	DefaultMetricsEvery = 10 * time.Second
+	// DefaultHeartbeatEvery is how often a dispatcher records that its
+	// instance is alive.
+	DefaultHeartbeatEvery = 10 * time.Second
+	// DefaultInstanceExpiry is how long an instance may go unseen before its
+	// per-instance shards stop holding retention back.
+	DefaultInstanceExpiry = 24 * time.Hour
 )
+
+// Bounds of [Config.HeartbeatEvery] and [Config.InstanceExpiry].
+const (
+	MinHeartbeatEvery = 100 * time.Millisecond
+	MaxHeartbeatEvery = 5 * time.Minute
+	// MinExpiryHeartbeats: an instance expiry shorter than this many
+	// heartbeats would let a slow but running instance's shards go stale.
+	MinExpiryHeartbeats = 10
+	MaxInstanceExpiry   = 366 * 24 * time.Hour
+)
+
+// ErrNotStarted is returned by [Dispatcher.CatchUp] on a dispatcher that was
+// never started: nothing would ever move its shards, so waiting for them
+// would never end.
+var ErrNotStarted = errors.New("projection dispatcher: not started")
 
 // Config configures a [Dispatcher]. Store and Projections are required.
 type Config struct {
@@ -59,6 +80,19 @@ type Config struct {
 	// MetricsEvery is how often lag gauges are refreshed; default
 	// [DefaultMetricsEvery].
 	MetricsEvery time.Duration
+	// HeartbeatEvery is how often the dispatcher records in
+	// projector_instances that its instance is alive (riding on the log
+	// probe), which is how `status` tells a shard a live dispatcher holds
+	// from an unattended one. Default [DefaultHeartbeatEvery]; between
+	// [MinHeartbeatEvery] and [MaxHeartbeatEvery].
+	HeartbeatEvery time.Duration
+	// InstanceExpiry is how long this instance may go unseen (killed,
+	// scaled away, renamed) before its per-instance shards stop holding
+	// retention back: a random instance id's are then removed by the next
+	// prune, a fixed id's are kept but halted if a prune deletes events they
+	// had not applied. Default [DefaultInstanceExpiry]; at least
+	// [MinExpiryHeartbeats] heartbeats, at most [MaxInstanceExpiry].
+	InstanceExpiry time.Duration
 }
 
 // Dispatcher is the daemon that applies async projections: one loop per
@@ -77,6 +111,7 @@ type Dispatcher struct {
 	logger     *slog.Logger
 	metrics    *metrics
 	sql        dispatchSQL
+	isql       instanceSQL
 	sem        chan struct{}
 	wake       broadcast
 	mu         sync.Mutex
@@ -86,6 +121,9 @@ type Dispatcher struct {
 	hardCancel context.CancelFunc
 	wg         sync.WaitGroup
 	stopped    chan struct{}
+	// remeasure asks the metrics loop for a refresh now: a shard whose
+	// published lag is not zero has caught up, so that lag may be stale.
+	remeasure chan struct{}
 }
 
 // shard is one consumer shard run by this dispatcher.
@@ -93,6 +131,32 @@ type shard struct {
 	id      ShardID
 	proj    *Async
 	lockKey string // see shardLockKey
+	// limit, when not zero, caps the next batch below BatchSize: after a
+	// batch timeout, the events that finished within the deadline. Only
+	// the shard's own loop touches it.
+	limit int
+}
+
+// batchLimit is how many events the shard's next pass reads.
+func (sh *shard) batchLimit(batchSize int) int {
+	if sh.limit > 0 && sh.limit < batchSize {
+		return sh.limit
+	}
+	return batchSize
+}
+
+// growLimit lets a batch cut short by a timeout grow back towards
+// batchSize, by a quarter a pass: a handler that slowed down for a while
+// gets its full batches back, one that is always slow settles just below
+// the size that times out.
+func (sh *shard) growLimit(batchSize int) {
+	if sh.limit == 0 {
+		return
+	}
+	sh.limit += max(1, sh.limit/4)
+	if sh.limit >= batchSize {
+		sh.limit = 0
+	}
 }
 
 // waitShardLockSQL takes a shard's advisory lock (see shardLockKey),
@@ -102,6 +166,8 @@ const waitShardLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1::text
 
 // shardLockKey names a shard's advisory lock: hashed to 64 bits in the
 // database, keyed on the schema so side-by-side schemas never contend.
+// The prune in stores/postgres builds the same key in SQL (tryShardLock) to
+// pass over an expired shard only while no pass runs it: change both.
 func shardLockKey(schema string, id ShardID) string {
 	return "projector.shard\x1f" + schema + "\x1f" + id.Consumer + "\x1f" + id.Instance
 }
@@ -120,14 +186,25 @@ func New(cfg Config) (*Dispatcher, error) {
 	cfg.Recheck = cmp.Or(cfg.Recheck, DefaultRecheck)
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
 	cfg.MetricsEvery = cmp.Or(cfg.MetricsEvery, DefaultMetricsEvery)
+	cfg.HeartbeatEvery = cmp.Or(cfg.HeartbeatEvery, DefaultHeartbeatEvery)
+	cfg.InstanceExpiry = cmp.Or(cfg.InstanceExpiry, DefaultInstanceExpiry)
+	if cfg.HeartbeatEvery < MinHeartbeatEvery || cfg.HeartbeatEvery > MaxHeartbeatEvery {
+		return nil, fmt.Errorf("projection dispatcher: Config.HeartbeatEvery %v: want between %v and %v", cfg.HeartbeatEvery, MinHeartbeatEvery, MaxHeartbeatEvery)
+	}
+	if minExpiry := MinExpiryHeartbeats * cfg.HeartbeatEvery; cfg.InstanceExpiry < minExpiry || cfg.InstanceExpiry > MaxInstanceExpiry {
+		return nil, fmt.Errorf("projection dispatcher: Config.InstanceExpiry %v: want between %v (%d heartbeats) and %v", cfg.InstanceExpiry, minExpiry, MinExpiryHeartbeats, MaxInstanceExpiry)
+	}
 	d := &Dispatcher{
 		store:   cfg.Store,
 		admin:   NewAdmin(cfg.Store),
 		cfg:     cfg,
 		logger:  cmp.Or(cfg.Logger, slog.Default()),
 		sql:     buildDispatchSQL(cfg.Store),
+		isql:    buildInstanceSQL(cfg.Store),
 		sem:     make(chan struct{}, cfg.Concurrency),
 		stopped: make(chan struct{}),
+
+		remeasure: make(chan struct{}, 1),
 	}
 	d.instance = cmp.Or(cfg.InstanceID, os.Getenv(EnvInstanceID))
 	if d.instance == "" {
@@ -193,6 +270,11 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return err
 	}
 	d.started = true
+	if d.metrics != nil {
+		for _, sh := range d.shards {
+			d.metrics.start(sh.id)
+		}
+	}
 	soft, softCancel := context.WithCancel(ctx)
 	hard, hardCancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.softCancel, d.hardCancel = softCancel, hardCancel
@@ -241,34 +323,85 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 // Stopped is closed once the dispatcher has stopped.
 func (d *Dispatcher) Stopped() <-chan struct{} { return d.stopped }
 
+// instanceSQL is what a dispatcher writes about its instance in
+// projector_instances (migration 0005).
+type instanceSQL struct {
+	heartbeat, stopped, forget string
+}
+
+func buildInstanceSQL(store *postgres.Store) instanceSQL {
+	i := store.Table("projector_instances")
+	return instanceSQL{
+		// One statement for the first heartbeat and every later one:
+		// started_at is kept on conflict, everything else is this process's.
+		heartbeat: `INSERT INTO ` + i + ` AS i (instance_id, random_id, consumers, heartbeat_every, expire_after)
+			VALUES ($1, $2, $3, make_interval(secs => $4), make_interval(secs => $5))
+			ON CONFLICT (instance_id) DO UPDATE SET random_id = EXCLUDED.random_id, consumers = EXCLUDED.consumers,
+				heartbeat_every = EXCLUDED.heartbeat_every, expire_after = EXCLUDED.expire_after,
+				last_seen_at = now(), stopped_at = NULL,
+				started_at = CASE WHEN $6 THEN now() ELSE i.started_at END`,
+		stopped: `UPDATE ` + i + ` SET stopped_at = now(), last_seen_at = now() WHERE instance_id = $1`,
+		forget:  `DELETE FROM ` + i + ` WHERE instance_id = $1`,
+	}
+}
+
+// heartbeat records that this instance is alive and which consumers it
+// runs; start says it is the first of this process.
+func (d *Dispatcher) heartbeat(ctx context.Context, db postgres.DBTX, start bool) error {
+	names := make([]string, len(d.shards))
+	for i, sh := range d.shards {
+		names[i] = sh.id.Consumer
+	}
+	_, err := db.Exec(ctx, d.isql.heartbeat, d.instance, d.randomID, names, d.cfg.HeartbeatEvery.Seconds(), d.cfg.InstanceExpiry.Seconds(), start)
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	return nil
+}
+
 // register creates the state rows of this dispatcher's shards that do not
-// exist yet, with the cursor where each projection says to start.
+// exist yet, with the cursor where each projection says to start, and
+// writes the instance's first heartbeat, in one transaction. The inserts
+// lock the consumers table against a concurrent prune (which holds it in
+// SHARE mode), so a prune either sees this instance as alive or has
+// committed, and marked what it pruned past, before the first pass.
 func (d *Dispatcher) register(ctx context.Context) error {
 	horizon, err := d.store.Horizon(ctx)
 	if err != nil {
 		return fmt.Errorf("projection dispatcher: %w", err)
 	}
-	for _, sh := range d.shards {
-		start := projector.Start
-		if sh.proj.cfg.StartFrom == FromNow {
-			start = horizon
+	err = pgx.BeginFunc(ctx, d.store.Pool(), func(tx pgx.Tx) error {
+		for _, sh := range d.shards {
+			start := projector.Start
+			if sh.proj.cfg.StartFrom == FromNow {
+				start = horizon
+			}
+			if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq); err != nil {
+				return fmt.Errorf("register consumer %s: %w", sh.id, err)
+			}
 		}
-		if _, err := d.store.Pool().Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq); err != nil {
-			return fmt.Errorf("projection dispatcher: register consumer %s: %w", sh.id, err)
-		}
+		return d.heartbeat(ctx, tx, true)
+	})
+	if err != nil {
+		return fmt.Errorf("projection dispatcher: %w", err)
 	}
 	return nil
 }
 
-// cleanup removes per-instance shards of a random instance id: no later
-// process can ever resume them, and left behind they would hold retention
-// back forever.
+// cleanup runs once the loops have ended. It removes the per-instance shards
+// of a random instance id, and its instance row: no later process can ever
+// resume them, and left behind they would hold retention back until they
+// expire. A fixed id's instance is marked stopped, so status shows its
+// shards unattended at once rather than after missed heartbeats.
 func (d *Dispatcher) cleanup() {
-	if !d.randomID {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if !d.randomID {
+		if _, err := d.store.Pool().Exec(ctx, d.isql.stopped, d.instance); err != nil {
+			d.logger.WarnContext(ctx, "projection dispatcher: mark instance stopped", slog.String("instance_id", d.instance), slog.Any("error", err))
+		}
+		return
+	}
 	for _, sh := range d.shards {
 		if sh.id.Instance != d.instance {
 			continue
@@ -276,6 +409,9 @@ func (d *Dispatcher) cleanup() {
 		if _, err := d.store.Pool().Exec(ctx, d.sql.unregister, sh.id.Consumer, sh.id.Instance); err != nil {
 			d.logger.WarnContext(ctx, "projection dispatcher: remove per-instance shard", slog.String("consumer", sh.id.String()), slog.Any("error", err))
 		}
+	}
+	if _, err := d.store.Pool().Exec(ctx, d.isql.forget, d.instance); err != nil {
+		d.logger.WarnContext(ctx, "projection dispatcher: remove instance", slog.String("instance_id", d.instance), slog.Any("error", err))
 	}
 }
 
@@ -313,6 +449,15 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		case res.kind == passCaughtUp:
 			dbFailures = 0
 			wait = d.cfg.Recheck
+			if d.metrics != nil && d.metrics.lagging(sh.id) {
+				// The gauge still shows the lag measured before this
+				// catch-up: measure again rather than report it for a
+				// whole period.
+				select {
+				case d.remeasure <- struct{}{}:
+				default: // one is pending already
+				}
+			}
 		case res.kind == passRetryAt:
 			dbFailures = 0
 			wait, wake = time.Until(res.retryAt), false
@@ -354,16 +499,29 @@ func dbBackoff(n int) time.Duration {
 // by a transaction ending. Adaptive: PollMin while things move, doubling to
 // PollMax while they do not. The figures behind this choice over
 // LISTEN/NOTIFY are in docs/performance.md.
+//
+// The loop also carries the instance's heartbeat, a statement of its own
+// every HeartbeatEvery: the probe is read-only and runs far more often.
 func (d *Dispatcher) probeLoop(ctx context.Context) {
 	interval := d.cfg.PollMin
 	var last projector.Position
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	lastBeat := time.Now() // register wrote the first
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+		}
+		if time.Since(lastBeat) >= d.cfg.HeartbeatEvery {
+			if err := d.heartbeat(ctx, d.store.Pool(), false); err != nil {
+				if ctx.Err() == nil {
+					d.logger.WarnContext(ctx, "projection dispatcher: heartbeat failed; will retry", slog.Any("error", err))
+				}
+			} else {
+				lastBeat = time.Now()
+			}
 		}
 		pos, err := d.deliverable(ctx)
 		switch {
@@ -412,8 +570,16 @@ func (d *Dispatcher) head(ctx context.Context) (projector.Position, uint64, erro
 // or disabled) has passed every event committed before CatchUp was called,
 // polling the state table. It returns an error naming dead shards, if any,
 // once the others are caught up. Database errors are retried until ctx ends,
-// as the dispatcher itself retries them. The dispatcher must be running.
+// as the dispatcher itself retries them. The dispatcher must be running: on
+// one never started CatchUp returns [ErrNotStarted] at once rather than wait
+// for shards nothing moves.
 func (d *Dispatcher) CatchUp(ctx context.Context) error {
+	d.mu.Lock()
+	started := d.started
+	d.mu.Unlock()
+	if !started {
+		return fmt.Errorf("catch up: %w; call Start first", ErrNotStarted)
+	}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	var target *projector.Position

@@ -37,6 +37,20 @@
 // [PerInstance] consumer has a shard per dispatcher instance id: every
 // process applies every event.
 //
+// # Heartbeats and stale instances
+//
+// Each dispatcher records its instance in projector_instances when it
+// starts and refreshes the row every [Config.HeartbeatEvery], riding on the
+// loop that probes the log head. [Admin.List] uses it to tell a shard a live
+// dispatcher holds from an unattended one ([ShardState.Dispatcher]), and
+// [Admin.Remove] to refuse removing a consumer something runs. A
+// per-instance shard whose instance has not been seen for
+// [Config.InstanceExpiry] is stale: a process that died without a graceful
+// stop must not hold retention back forever, so the store's Prune passes it,
+// removing it if its instance id was random (no process can resume it) and
+// halting it, with the reason, if a fixed id's unapplied events are deleted,
+// so the instance does not resume over the gap unknowingly when it returns.
+//
 // # Ordering and exactly-once effects
 //
 // A pass reads with the store's gap-safe log read, so the cursor never passes

@@ -120,7 +120,12 @@ func OnEvent(p Projection, et TypeName, fn HandlerFunc) error {
 	if t.byType == nil {
 		t.byType = map[string]HandlerFunc{}
 	}
-	t.byType[name] = fn
+	t.byType[name] = func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if err := refusedUpcast(ctx, &ev); err != nil {
+			return err
+		}
+		return fn(ctx, tx, ev)
+	}
 	t.types = append(t.types, name)
 	return nil
 }
@@ -149,7 +154,12 @@ func OnBatch(p Projection, fn BatchFunc, types ...TypeName) error {
 		}
 		seen[et.Name()] = true
 	}
-	t.batch = fn
+	t.batch = func(ctx context.Context, tx pgx.Tx, b Batch) error {
+		if err := refusedUpcastIn(ctx, b); err != nil {
+			return err
+		}
+		return fn(ctx, tx, b)
+	}
 	for _, et := range types {
 		t.types = append(t.types, et.Name())
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // Inline is a projection applied inside the transaction of every append
@@ -18,14 +19,18 @@ import (
 // Inline handlers run in the caller's transaction as the caller scoped it:
 // Projector does not switch tenants there.
 type Inline struct {
-	name string
-	t    table
+	name    string
+	version int
+	t       table
 }
+
+// The store records an Inline in the database; see [Inline.SetVersion].
+var _ postgres.RecordedInline = (*Inline)(nil)
 
 // NewInline returns an empty inline projection; register handlers with
 // [On], [OnEvent] or [OnBatch].
 func NewInline(name string) *Inline {
-	p := &Inline{name: name}
+	p := &Inline{name: name, version: 1}
 	if err := validName(name); err != nil {
 		p.t.fail(name, err)
 	}
@@ -36,6 +41,27 @@ func NewInline(name string) *Inline {
 func (p *Inline) Name() string { return p.name }
 
 func (p *Inline) handlers() *table { return &p.t }
+
+// Version returns the projection's definition version: 1 unless
+// [Inline.SetVersion] raised it. The store records it in the database with
+// the handled event types (it implements postgres.RecordedInline).
+func (p *Inline) Version() int { return p.version }
+
+// SetVersion sets the projection's definition version (at least 1; 1 by
+// default). Raise it when a change to the handlers must stop binaries with
+// the older definition from appending the event types it handles: once a
+// store with the new version has started on a schema, the newest version
+// recorded there wins, and a store with an older one is refused those
+// appends with postgres.ErrInlineProjectionRequired. That is the fence for a
+// rolling deploy; see docs/projections.md. A version below 1 is an
+// [ErrInvalidDefinition], returned here and again when the store starts.
+func (p *Inline) SetVersion(v int) error {
+	if v < 1 {
+		return p.t.fail(p.name, fmt.Errorf("version %d: want 1 or more", v))
+	}
+	p.version = v
+	return nil
+}
 
 // EventTypes returns the handled event types in registration order.
 func (p *Inline) EventTypes() []string { return p.t.eventTypes() }

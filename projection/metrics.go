@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,17 @@ type metrics struct {
 	deadLetters *prometheus.CounterVec
 	batchApply  *prometheus.HistogramVec
 	horizonAge  prometheus.Gauge
+
+	// lagged holds the shards whose last published lag was not zero.
+	mu     sync.Mutex
+	lagged map[ShardID]bool
+}
+
+// lagging reports whether the shard's last published lag was not zero.
+func (m *metrics) lagging(id ShardID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lagged[id]
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -58,6 +70,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "projector_horizon_age_seconds",
 			Help: "Age of the oldest transaction holding a transaction id in the cluster: how long delivery of later events may be held back.",
 		}),
+		lagged: map[ShardID]bool{},
 	}
 	for _, c := range []prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge} {
 		if err := reg.Register(c); err != nil {
@@ -69,6 +82,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// start creates the shard's counters and histogram at zero, so series that
+// alerts use (increase(projector_events_failed_total[15m])) exist from the
+// start rather than from the first failure, which increase() would not
+// count. Gauges are left to the first measurement: a zero lag published
+// before it would be a lie.
+func (m *metrics) start(id ShardID) {
+	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
+	m.processed.With(l).Add(0)
+	m.failed.With(l).Add(0)
+	m.deadLetters.With(l).Add(0)
+	m.batchApply.With(l)
 }
 
 func (m *metrics) batch(id ShardID, applied, failed, deadLetters int, started time.Time) {
@@ -89,16 +115,33 @@ const horizonAgeSQL = `SELECT coalesce(extract(epoch FROM now() - least(
 	(SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL),
 	(SELECT min(prepared) FROM pg_prepared_xacts))), 0)::float8`
 
-// metricsLoop refreshes the gauges that need a query.
+// minRemeasure spaces the refreshes a catch-up asks for: a shard whose
+// lag is events held back by a long transaction is caught up on every pass.
+const minRemeasure = time.Second
+
+// metricsLoop refreshes the gauges that need a query: at start (gauges do
+// not exist until then, rather than report a lag nobody measured), every
+// MetricsEvery, and soon after a shard whose published lag is not zero
+// catches up, so the backlog found at start-up is not reported for a whole
+// period after it is gone.
 func (d *Dispatcher) metricsLoop(ctx context.Context) {
 	tick := time.NewTicker(d.cfg.MetricsEvery)
 	defer tick.Stop()
 	for {
+		last := time.Now()
 		d.refreshGauges(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-d.remeasure:
+			if wait := minRemeasure - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+			}
 		}
 	}
 }
@@ -123,6 +166,9 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 		}
 		l := prometheus.Labels{"consumer": st.Consumer, "instance_id": st.Instance}
 		d.metrics.lagEvents.With(l).Set(float64(st.LagEvents))
+		d.metrics.mu.Lock()
+		d.metrics.lagged[st.ShardID] = st.LagEvents > 0
+		d.metrics.mu.Unlock()
 		d.metrics.lagSeconds.With(l).Set(st.LagSeconds)
 		for _, s := range []Status{StatusIdle, StatusProcessing, StatusDead, StatusDisabled} {
 			v := 0.0

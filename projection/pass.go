@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"time"
 
@@ -126,7 +127,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 
 	cfg := sh.proj.cfg
-	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: cfg.BatchSize, EventTypes: sh.proj.t.types, Raw: true})
+	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(cfg.BatchSize), EventTypes: sh.proj.t.types, Raw: true})
 	if err != nil {
 		return passResult{}, err
 	}
@@ -157,13 +158,10 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	var done []projector.Event // applied, for AfterCommit
 	for len(rest) > 0 {
 		k, herr := r.applyUntil(ctx, rest, 0)
+		if (r.timedOut || r.abort != nil) && errors.Is(handlerCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && r.current != nil {
+			return d.batchTimedOut(ctx, tx, sh, st, batch.Events, *r.current, herr, started)
+		}
 		if r.abort != nil {
-			if errors.Is(handlerCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && r.current != nil {
-				// The deadline cancelled a statement and took the connection
-				// with it: record the failure from a fresh transaction.
-				_ = tx.Rollback(context.WithoutCancel(ctx))
-				return d.recordTimeout(ctx, sh, st, *r.current, fmt.Errorf("batch timeout (%v) exceeded: %w", cfg.BatchTimeout, herr))
-			}
 			return passResult{}, r.abort
 		}
 		if k < 0 {
@@ -176,11 +174,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			return passResult{}, err
 		}
 		if cfg.ErrorMode == HaltOnError {
-			cursor := st.cursor
-			if k > 0 {
-				cursor = rest[k-1].Position
-			}
-			return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, cursor, failing, herr, done, started)
+			return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, failing, herr, done, started)
 		}
 		if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
 			failing.Position.Seq, failing.Type, failing.Stream.Tenant, failing.Stream.Type, failing.Stream.ID, failing.Version,
@@ -203,7 +197,58 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if batch.Full {
 		kind = passMore
 	}
-	return d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
+	res, err := d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
+	if err == nil {
+		sh.growLimit(cfg.BatchSize)
+	}
+	return res, err
+}
+
+// batchTimedOut handles a batch whose deadline struck while the handlers
+// of failing (an event of events) were running. Nothing of the batch can
+// commit: its handlers' context is gone, and when the deadline cancelled a
+// statement the connection went with it. Re-applying the events before
+// failing under the expired context would fail them too and blame (or, in
+// continuous mode, dead-letter) events whose handlers had succeeded, so:
+//
+//   - when events ran before failing, the next pass, at once, reads only
+//     those (they finished within the deadline once, so they commit), and
+//     failing then runs at the head of the pass after, under a deadline of
+//     its own;
+//   - when failing is the first event, it alone outlasted the deadline: that
+//     is a failure of failing, recorded from a fresh transaction, retried
+//     with backoff and dead after MaxAttempts like any other. A timeout is
+//     never dead-lettered, even in continuous mode: a slow dependency is
+//     not a poison event.
+//
+// Either way the shard's cursor stays right before the first event not
+// applied, which is what lets Skip move past exactly the failing event.
+func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, events []projector.Event,
+	failing projector.Event, herr error, started time.Time,
+) (passResult, error) {
+	// When the deadline cut off a running statement, pgx closed the
+	// connection and sent PostgreSQL a cancel request for its backend, so
+	// the backend does not keep the shard's lock and the horizon.
+	_ = tx.Rollback(context.WithoutCancel(ctx))
+	timeout := sh.proj.cfg.BatchTimeout
+	herr = fmt.Errorf("batch timeout (%v) exceeded: %w", timeout, herr)
+	if d.metrics != nil {
+		d.metrics.batch(sh.id, 0, 1, 0, time.Time{})
+	}
+	cut := slices.IndexFunc(events, func(ev projector.Event) bool { return ev.Position == failing.Position })
+	if sh.proj.t.batch != nil || cut < 0 {
+		// A batch handler got many events at once: which one was slow is
+		// unknown, so halve the batch until one event alone times out.
+		cut = len(events) / 2
+	}
+	if cut > 0 {
+		sh.limit = cut
+		d.logger.WarnContext(ctx, "projection dispatcher: batch timed out; retrying at once with the events that finished before the deadline",
+			slog.String("consumer", sh.id.String()), slog.Int("events", cut), slog.Duration("batch_timeout", timeout),
+			slog.String("running", failing.ID.String()), slog.Any("error", herr))
+		return passResult{kind: passMore}, nil
+	}
+	return d.recordTimeout(ctx, sh, st, events[0], herr, started)
 }
 
 // commit ends the pass's transaction and reports what it applied.
@@ -246,9 +291,17 @@ func (d *Dispatcher) registerAgain(ctx context.Context, tx pgx.Tx, sh *shard) (p
 // recordFailure commits the events before the failing one and records the
 // failure: attempts (counted per failing event), error, position and the
 // next retry time, or dead after MaxAttempts.
+//
+// The cursor moves to just before the failing event. Every event of the
+// consumer's types before it was applied in tx (or earlier), and any event
+// between the last of them and the failing one is of another type: the
+// pass read them all below one horizon. So the failing event is the next
+// event after the cursor, the invariant Admin.Skip checks before it moves
+// the cursor past it.
 func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, attempts int, prevFailed uuid.UUID,
-	cursor projector.Position, failing projector.Event, herr error, applied []projector.Event, started time.Time,
+	failing projector.Event, herr error, applied []projector.Event, started time.Time,
 ) (passResult, error) {
+	cursor := failing.Position.Before()
 	if failing.ID == prevFailed {
 		attempts++
 	} else {
@@ -281,11 +334,10 @@ func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, at
 	return res, nil
 }
 
-// recordTimeout records a failure of the event that was running when the
-// batch timeout struck, in a transaction of its own: the pass's transaction
-// died with its connection. Nothing of the batch was committed, so the
-// cursor stays where it was.
-func (d *Dispatcher) recordTimeout(ctx context.Context, sh *shard, st shardRow, failing projector.Event, herr error) (passResult, error) {
+// recordTimeout records a failure of the first event of a batch, which
+// alone outlasted the batch timeout, in a transaction of its own: the
+// pass's transaction cannot be used after its deadline.
+func (d *Dispatcher) recordTimeout(ctx context.Context, sh *shard, st shardRow, failing projector.Event, herr error, started time.Time) (passResult, error) {
 	tx, err := d.store.Pool().Begin(ctx)
 	if err != nil {
 		return passResult{}, fmt.Errorf("record timeout: %w", err)
@@ -304,7 +356,7 @@ func (d *Dispatcher) recordTimeout(ctx context.Context, sh *shard, st shardRow, 
 	if cur != st.cursor {
 		return passResult{kind: passMore}, nil // someone moved the shard meanwhile; start over
 	}
-	return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, st.cursor, failing, herr, nil, time.Now())
+	return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, failing, herr, nil, started)
 }
 
 // run is the state of one pass's handler calls.
@@ -326,6 +378,8 @@ type run struct {
 	// abort is set when the transaction itself failed (a savepoint could
 	// not be rolled back to): the pass must end.
 	abort error
+	// timedOut is set when a handler failed after the batch deadline.
+	timedOut bool
 }
 
 // applyUntil applies events in order under a savepoint. It returns -1 when
@@ -341,6 +395,13 @@ func (r *run) applyUntil(ctx context.Context, events []projector.Event, depth in
 	k, err := r.apply(ctx, events)
 	if err == nil {
 		return -1, nil
+	}
+	if r.handlerCtx.Err() != nil {
+		// Past the batch deadline: applying anything again would run under
+		// the expired context and fail whatever it touched. The pass
+		// handles the timeout as a whole.
+		r.timedOut = true
+		return k, err
 	}
 	if _, rerr := r.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
 		r.abort = fmt.Errorf("handler failed (%v) and the transaction could not be rolled back to its savepoint: %w", err, rerr)
@@ -424,6 +485,11 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 		}
 		r.current = &events[i]
 		r.queue.current = i
+		if err := r.handlerCtx.Err(); err != nil {
+			// The deadline passed while an earlier handler ignored it:
+			// running more would only lengthen the overrun.
+			return i, err
+		}
 		hctx := withStore(projector.WithCausationID(projector.WithMetadata(r.handlerCtx, ev.Metadata), ev.ID), r.d.store)
 		if err := r.call(hctx, func(ctx context.Context) error { return h(ctx, handlerTx{r.tx}, ev) }); err != nil {
 			return i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
@@ -455,7 +521,7 @@ func (r *run) scopeTo(ctx context.Context, tenant string) error {
 	return nil
 }
 
-// unscope returns the transaction to the connecting role before the
+// unscope returns the transaction to the session's own role before the
 // dispatcher writes its own state, which the tenant role has no grants on.
 func (r *run) unscope(ctx context.Context) error {
 	if r.scope == projector.SystemTenant {

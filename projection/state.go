@@ -81,7 +81,36 @@ type ShardState struct {
 	// [LagCountCap]); LagSeconds is the age of the oldest of them.
 	LagEvents  int64
 	LagSeconds float64
+	// Dispatcher says whether a live dispatcher runs the shard, from the
+	// heartbeats in projector_instances: see [DispatcherState].
+	Dispatcher DispatcherState
+	// LastSeen is the newest heartbeat of a dispatcher instance that runs
+	// the shard (for a per-instance shard: of its instance); zero if none
+	// ever ran it since heartbeats were recorded.
+	LastSeen time.Time
 }
+
+// DispatcherState says whether anything is applying a shard's events, so an
+// idle shard can be told from an unattended one.
+type DispatcherState string
+
+const (
+	// DispatcherLive: a dispatcher running the shard has heartbeat within
+	// the last [LiveHeartbeats] heartbeat intervals and has not stopped.
+	DispatcherLive DispatcherState = "live"
+	// DispatcherNone: no live dispatcher runs the shard. It still holds
+	// retention back; start a dispatcher for it, or remove or disable it.
+	DispatcherNone DispatcherState = "none"
+	// DispatcherStale: a per-instance shard whose instance has not been
+	// seen for its expiry ([Config.InstanceExpiry]). It no longer holds
+	// retention back; see docs/operations.md for what `events prune` does to
+	// it.
+	DispatcherStale DispatcherState = "stale"
+)
+
+// LiveHeartbeats is how many heartbeat intervals a dispatcher may miss
+// before the shards it runs are no longer shown as live.
+const LiveHeartbeats = 3
 
 // Failing reports a shard that is retrying an event.
 func (s ShardState) Failing() bool { return s.Attempts > 0 && s.Status != StatusDead }
@@ -108,11 +137,10 @@ func (e *TransitionError) Error() string {
 	for i, s := range e.Allowed {
 		allowed[i] = string(s)
 	}
-	msg := fmt.Sprintf("cannot %s consumer %s: it is %s; %s is allowed only from %s", e.Op, e.Shard, e.From, e.Op, strings.Join(allowed, " or "))
 	if e.Detail != "" {
-		msg += " (" + e.Detail + ")"
+		return fmt.Sprintf("cannot %s consumer %s (%s): %s", e.Op, e.Shard, e.From, e.Detail)
 	}
-	return msg
+	return fmt.Sprintf("cannot %s consumer %s: it is %s; %s is allowed only from %s", e.Op, e.Shard, e.From, e.Op, strings.Join(allowed, " or "))
 }
 
 // Is makes errors.Is(err, projector.ErrInvalidTransition) true.
@@ -132,24 +160,43 @@ func NewAdmin(store *postgres.Store) *Admin {
 }
 
 type adminSQL struct {
-	list, lock, waitLock, update, deadLetter string
+	list, lock, waitLock, update, deadLetter, between, lockTable, tryLock, remove string
 }
 
 const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status, c.attempts,
 	coalesce(c.last_error, ''), coalesce(c.last_error_at, 'epoch'), coalesce(c.failed_tx_id, '0'), coalesce(c.failed_seq, 0),
 	coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'), coalesce(c.next_retry_at, 'epoch'), c.processed, c.updated_at`
 
+// dispatcherColumns are a shard's DispatcherState and LastSeen, from the
+// heartbeats of the instances that run it: any instance listing the
+// consumer for a shared shard, the shard's own instance for a per-instance
+// one. Stale applies to per-instance shards only: a shared shard is the
+// consumer's one shard, which any later dispatcher resumes.
+func dispatcherColumns(instances string) string {
+	runs := `c.name = ANY(i.consumers) AND (c.instance_id = '` + SharedInstance + `' OR i.instance_id = c.instance_id)`
+	return `CASE
+		WHEN EXISTS (SELECT 1 FROM ` + instances + ` i WHERE ` + runs + ` AND i.stopped_at IS NULL
+			AND i.last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * i.heartbeat_every) THEN 'live'
+		WHEN c.instance_id <> '` + SharedInstance + `' AND EXISTS (SELECT 1 FROM ` + instances + ` i
+			WHERE i.instance_id = c.instance_id AND i.last_seen_at < now() - i.expire_after) THEN 'stale'
+		ELSE 'none' END,
+		coalesce((SELECT max(i.last_seen_at) FROM ` + instances + ` i
+			WHERE i.instance_id = c.instance_id OR (c.instance_id = '` + SharedInstance + `' AND c.name = ANY(i.consumers))), 'epoch')`
+}
+
 func buildAdminSQL(store *postgres.Store) adminSQL {
 	c, e := store.Table("projector_consumers"), store.Table("projector_events")
+	disp := dispatcherColumns(store.Table("projector_instances"))
 	return adminSQL{
-		list: `SELECT ` + shardColumns + `,
+		list: `SELECT ` + shardColumns + `, ` + disp + `,
 			(SELECT count(*) FROM (SELECT 1 FROM ` + e + ` e WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) LIMIT ` + fmt.Sprint(LagCountCap) + `) l),
 			coalesce(extract(epoch FROM now() - (SELECT e.recorded_at FROM ` + e + ` e
 				WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) ORDER BY e.tx_id, e.seq LIMIT 1)), 0)::float8
 			FROM ` + c + ` c WHERE ($1::text IS NULL OR c.name = $1) AND ($2::text IS NULL OR c.instance_id = $2)
 			ORDER BY c.name, c.instance_id`,
-		lock:     `SELECT ` + shardColumns + `, 0::bigint, 0::float8 FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE`,
+		lock:     `SELECT ` + shardColumns + `, ` + disp + `, 0::bigint, 0::float8 FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE OF c`,
 		waitLock: waitShardLockSQL,
+		between:  `SELECT EXISTS (SELECT 1 FROM ` + e + ` WHERE (tx_id, seq) > ($1::xid8, $2::bigint) AND (tx_id, seq) < ($3::xid8, $4::bigint))`,
 		update: `UPDATE ` + c + ` SET status = $3, attempts = $4, cursor_tx_id = $5, cursor_seq = $6,
 			last_error = NULLIF($7, ''), last_error_at = CASE WHEN $7 = '' THEN NULL ELSE last_error_at END,
 			failed_tx_id = CASE WHEN $7 = '' THEN NULL ELSE failed_tx_id END,
@@ -161,6 +208,12 @@ func buildAdminSQL(store *postgres.Store) adminSQL {
 			(consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id, stream_type, stream_id, version, error, attempts, reason)
 			SELECT $1, $2, e.id, e.tx_id, e.seq, e.type, e.tenant_id, e.stream_type, e.stream_id, e.version, $5, $6, $7
 			FROM ` + e + ` e WHERE e.tx_id = $3 AND e.seq = $4`,
+		// SHARE ROW EXCLUSIVE waits for passes that have written and keeps
+		// dispatchers from registering or writing until the removal commits,
+		// so the liveness read after it is not overtaken by a start.
+		lockTable: `LOCK TABLE ` + c + ` IN SHARE ROW EXCLUSIVE MODE`,
+		tryLock:   `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, 0))`,
+		remove:    `DELETE FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 	}
 }
 
@@ -168,7 +221,10 @@ func scanShard(row pgx.Row) (ShardState, error) {
 	var s ShardState
 	err := row.Scan(&s.Consumer, &s.Instance, &s.Cursor.TxID, &s.Cursor.Seq, &s.Status, &s.Attempts,
 		&s.LastError, &s.LastErrorAt, &s.FailedAt.TxID, &s.FailedAt.Seq, &s.FailedEventID, &s.NextRetryAt,
-		&s.Processed, &s.UpdatedAt, &s.LagEvents, &s.LagSeconds)
+		&s.Processed, &s.UpdatedAt, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds)
+	if s.LastSeen.Unix() == 0 {
+		s.LastSeen = time.Time{}
+	}
 	if s.LastErrorAt.Unix() == 0 {
 		s.LastErrorAt = time.Time{}
 	}
@@ -238,6 +294,18 @@ func (a *Admin) Skip(ctx context.Context, id ShardID) error {
 	return a.transition(ctx, id, "skip", []Status{StatusDead, StatusProcessing}, func(s *ShardState, exec txExec) (string, error) {
 		if s.FailedAt == (projector.Position{}) {
 			return "no event is failing", nil
+		}
+		// Moving the cursor to the failing event passes every event
+		// before it: refuse unless they were all applied, which the
+		// dispatcher records by leaving the cursor right before the
+		// failing event. (A failure recorded otherwise, by an older
+		// version, is retried once by a restart and then recorded so.)
+		var unapplied bool
+		if err := a.store.Pool().QueryRow(ctx, a.sql.between, s.Cursor.TxID, s.Cursor.Seq, s.FailedAt.TxID, s.FailedAt.Seq).Scan(&unapplied); err != nil {
+			return "", fmt.Errorf("check events before the failing one: %w", err)
+		}
+		if unapplied {
+			return fmt.Sprintf("events between its cursor %s and the failing event at %s were not applied; restart it so they are, then skip if the event still fails", s.Cursor, s.FailedAt), nil
 		}
 		n, err := exec(ctx, a.sql.deadLetter, s.Consumer, s.Instance, s.FailedAt.TxID, s.FailedAt.Seq,
 			cmp.Or(s.LastError, "skipped by an operator"), s.Attempts, "skipped")
@@ -319,4 +387,94 @@ func (a *Admin) transition(ctx context.Context, id ShardID, op string, allowed [
 		return fmt.Errorf("%s consumer %s: %w", op, id, err)
 	}
 	return nil
+}
+
+// InUseError is a removal refused because a dispatcher runs the consumer:
+// removing the state of a shard that is being applied would have the
+// dispatcher register it again from its start. It matches
+// [projector.ErrInvalidTransition]; nothing was changed.
+type InUseError struct {
+	Consumer string
+	// Reasons says, per shard, what runs it.
+	Reasons []string
+}
+
+// Error implements error.
+func (e *InUseError) Error() string {
+	return fmt.Sprintf("cannot remove consumer %s while a dispatcher runs it: %s; stop those dispatchers (or deploy them without the projection) and try again",
+		e.Consumer, strings.Join(e.Reasons, "; "))
+}
+
+// Is makes errors.Is(err, projector.ErrInvalidTransition) true.
+func (e *InUseError) Is(target error) bool { return target == projector.ErrInvalidTransition }
+
+// Remove unregisters a consumer: it deletes the state rows of its shards
+// (every shard when instance is "", else the one shard of that instance id;
+// [SharedInstance] names the shared one), so retention no longer waits for
+// it and status no longer lists it. Its dead letters are kept. A dispatcher
+// that runs the projection again later registers it afresh, from where its
+// StartFrom says.
+//
+// Remove refuses with an [*InUseError] while a dispatcher runs any of those
+// shards: a live heartbeat from an instance that runs the consumer, or a
+// shard lock held by a pass. It returns the shards it removed, or an error
+// matching [projector.ErrNotFound] when there are none.
+func (a *Admin) Remove(ctx context.Context, consumer, instance string) ([]ShardID, error) {
+	var removed []ShardID
+	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, a.sql.lockTable); err != nil {
+			return err
+		}
+		var name, inst *string = &consumer, nil
+		if instance != "" {
+			inst = &instance
+		}
+		rows, err := tx.Query(ctx, a.sql.list, name, inst)
+		if err != nil {
+			return err
+		}
+		shards, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ShardState, error) { return scanShard(row) })
+		if err != nil {
+			return err
+		}
+		if len(shards) == 0 {
+			id := ShardID{Consumer: consumer, Instance: instance}
+			if instance == "" {
+				return fmt.Errorf("consumer %s: %w", consumer, projector.ErrNotFound)
+			}
+			return fmt.Errorf("consumer %s: %w", id, projector.ErrNotFound)
+		}
+		var reasons []string
+		for _, s := range shards {
+			if s.Dispatcher == DispatcherLive {
+				reasons = append(reasons, fmt.Sprintf("shard %s has a live dispatcher (last heartbeat %s ago)", s.ShardID, time.Since(s.LastSeen).Round(time.Second)))
+				continue
+			}
+			var free bool
+			if err := tx.QueryRow(ctx, a.sql.tryLock, shardLockKey(a.store.Schema(), s.ShardID)).Scan(&free); err != nil {
+				return err
+			}
+			if !free {
+				reasons = append(reasons, fmt.Sprintf("shard %s is locked by a pass or an operator transition in progress", s.ShardID))
+			}
+		}
+		if len(reasons) > 0 {
+			return &InUseError{Consumer: consumer, Reasons: reasons}
+		}
+		for _, s := range shards {
+			if _, err := tx.Exec(ctx, a.sql.remove, s.Consumer, s.Instance); err != nil {
+				return err
+			}
+			removed = append(removed, s.ShardID)
+		}
+		return nil
+	})
+	if err != nil {
+		var inUse *InUseError
+		if errors.As(err, &inUse) || errors.Is(err, projector.ErrNotFound) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("remove consumer %s: %w", consumer, err)
+	}
+	return removed, nil
 }

@@ -38,7 +38,22 @@ func newOpsEnv(t *testing.T) *opsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := pgtest.Store(t, types.Registry, postgres.Config{Ephemeral: helpdesk.Ephemeral})
+	// The binary wires the helpdesk's inline projection and records it in
+	// the schema, so the store standing in for the application runs it too:
+	// a store without it would be refused the ticket events it covers.
+	ctx, schema := context.Background(), pgtest.Schema(t)
+	app, err := helpdesk.NewApp(types, schema, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Migrate(ctx, pgtest.Pool(t)); err != nil {
+		t.Fatal(err)
+	}
+	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry,
+		Inline: app.Inline(), Ephemeral: helpdesk.Ephemeral})
+	if err != nil {
+		t.Fatal(err)
+	}
 	o := &opsEnv{t: t, schema: store.Schema(), store: store,
 		env: []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + store.Schema(), "PROJECTOR_EXAMPLE=1"}}
 	o.append(projector.Stream(helpdesk.CustomerStream, "ada"), helpdesk.CustomerRegistered{Name: "ada", Email: "ada@example.com"})
@@ -192,9 +207,9 @@ func TestConsumerTransitions(t *testing.T) {
 		{[]string{"consumer", "disable", "agent_workload"}, 3, "it is disabled; disable is allowed only from idle or processing or dead"},
 		{[]string{"consumer", "enable", "agent_workload"}, 0, "now idle"},
 		{[]string{"consumer", "status", "agent_workload"}, 0, "status"},
-		{[]string{"consumer", "restart", "nobody"}, 1, "not found"},
+		{[]string{"consumer", "restart", "nobody"}, 2, "not found; registered consumers: agent_workload"},
 		{[]string{"consumer", "restart"}, 2, "accepts 1 arg"},
-		{[]string{"consumer", "status", "agent_workload", "--instance", "elsewhere"}, 1, "not found"},
+		{[]string{"consumer", "status", "agent_workload", "--instance", "elsewhere"}, 2, "has shards for instances: __shared__"},
 	}
 	for _, s := range steps {
 		r := run(t, o.env, s.args...)

@@ -30,12 +30,17 @@ type AppendResult struct {
 // causation, actor, headers) comes from ctx; without a correlation id the
 // append starts a new one.
 //
-// Nothing is written when a payload is unknown or invalid
-// ([projector.ErrUnknownEventType], [projector.ErrInvalidPayload]) or when
-// the version check fails (a [*projector.ConcurrencyError]); the transaction
-// stays usable. A concurrency error is also returned when this transaction
-// is older than the one that last appended to the stream: retry in a new
-// transaction. When an inline projection fails after the events were
+// Nothing is written, and nothing is sent to PostgreSQL, when a payload is
+// unknown or invalid ([projector.ErrUnknownEventType],
+// [projector.ErrInvalidPayload]), when the stream reference or the metadata
+// hold what PostgreSQL cannot store exactly (NUL bytes, invalid UTF-8, names
+// over [projector.MaxNameLength] bytes: [projector.ErrInvalidStream],
+// [projector.ErrInvalidPayload]; see [projector.StreamRef.Validate] and
+// [projector.Metadata.Validate]); nothing is written either when the version
+// check fails (a [*projector.ConcurrencyError]). In all these cases the
+// transaction stays usable. A concurrency error is also returned when this
+// transaction is older than the one that last appended to the stream: retry
+// in a new transaction. When an inline projection fails after the events were
 // written, the transaction is aborted, so neither the events, the read
 // models, nor the caller's own writes can commit.
 //
@@ -61,6 +66,10 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 	if len(payloads) == 0 {
 		return AppendResult{}, fmt.Errorf("%w: no events to append", projector.ErrInvalidPayload)
 	}
+	md := projector.MetadataFrom(ctx)
+	if err := md.Validate(); err != nil {
+		return AppendResult{}, err
+	}
 
 	n := len(payloads)
 	events := make([]projector.Event, n)
@@ -70,7 +79,6 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 	types := make([]string, n)
 	versions := make([]int32, n)
 	datas := make([]string, n)
-	md := projector.MetadataFrom(ctx)
 	if md.CorrelationID == uuid.Nil {
 		md.CorrelationID = newID()
 	}
@@ -88,6 +96,9 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 			ID: id, Stream: stream, Type: enc.Type, SchemaVersion: enc.SchemaVersion,
 			Data: enc.Data, Payload: deref(p), Metadata: md,
 		}
+	}
+	if err := s.checkInline(ctx, types); err != nil {
+		return AppendResult{}, err
 	}
 	var causation *[16]byte
 	if md.CausationID != uuid.Nil {

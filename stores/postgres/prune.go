@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,6 +54,10 @@ type PruneBlocker struct {
 	Cursor                     projector.Position
 	// Behind counts the events after its cursor.
 	Behind int64
+	// Dispatcher is "live" when a dispatcher running the shard has a recent
+	// heartbeat, else "none": the shard is unattended, and waiting will not
+	// help. (Stale per-instance shards never block; see Prune.)
+	Dispatcher string
 }
 
 // Prune deletes events of the given (or ephemeral) stream types older than
@@ -61,6 +66,14 @@ type PruneBlocker struct {
 // table. Each delete transaction locks the consumers table in SHARE mode
 // before reading the slowest cursor, so a consumer registering at that
 // moment either is seen or waits for the delete to commit.
+//
+// A per-instance shard whose instance has not been seen for its expiry
+// (projector_instances, written by dispatcher heartbeats) is stale and does
+// not hold retention back. Unless DryRun, the prune also removes the stale
+// shards of random instance ids (no process can resume them), and halts
+// (marks dead, saying why) a stale shard of a fixed id whose unapplied
+// events it is about to delete, so that instance, if it returns, stops
+// loudly instead of resuming over the gap.
 func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error) {
 	if opts.OlderThan <= 0 {
 		return PruneResult{}, fmt.Errorf("prune: --older-than must be positive, got %v", opts.OlderThan)
@@ -83,7 +96,7 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, erro
 			if _, err := tx.Exec(ctx, `LOCK TABLE `+s.Table("projector_consumers")+` IN SHARE MODE`); err != nil {
 				return fmt.Errorf("lock consumers: %w", err)
 			}
-			guard, blocker, err := s.slowestShard(ctx, tx)
+			guard, blocker, err := s.slowestShard(ctx, tx, types, res.Cutoff, opts.DryRun)
 			if err != nil {
 				return err
 			}
@@ -129,20 +142,102 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, erro
 	return res, nil
 }
 
-// slowestShard returns the lowest cursor among shards that are not
-// disabled, and that shard; none means no consumer holds anything back.
-func (s *Store) slowestShard(ctx context.Context, tx pgx.Tx) (projector.Position, *PruneBlocker, error) {
+// slowestShard returns the lowest cursor among shards that are neither
+// disabled nor stale, and that shard; none means no consumer holds anything
+// back. Unless dryRun it first removes the stale shards of random instance
+// ids, and then halts the stale fixed-id shards whose events a prune of
+// types before cutoff under that guard would delete (see Prune).
+func (s *Store) slowestShard(ctx context.Context, tx pgx.Tx, types []string, cutoff time.Time, dryRun bool) (projector.Position, *PruneBlocker, error) {
+	fill := func(sql string) string {
+		return strings.NewReplacer("{{c}}", s.Table("projector_consumers"), "{{i}}", s.Table("projector_instances"),
+			"{{e}}", s.Table("projector_events"), "{{d}}", s.Table("projector_dead_letters")).Replace(sql)
+	}
+	if !dryRun {
+		if _, err := tx.Exec(ctx, fill(removeExpiredRandomSQL)); err != nil {
+			return projector.Position{}, nil, fmt.Errorf("remove expired shards of random instance ids: %w", err)
+		}
+	}
 	var b PruneBlocker
-	err := tx.QueryRow(ctx, `SELECT name, instance_id, status, cursor_tx_id, cursor_seq FROM `+s.Table("projector_consumers")+`
-		WHERE status <> 'disabled' ORDER BY cursor_tx_id, cursor_seq LIMIT 1`).Scan(&b.Consumer, &b.Instance, &b.Status, &b.Cursor.TxID, &b.Cursor.Seq)
-	if errors.Is(err, pgx.ErrNoRows) {
+	guard := projector.Position{}
+	lockPrefix := shardLockPrefix(s.schema)
+	err := tx.QueryRow(ctx, strings.ReplaceAll(fill(slowestShardSQL), "{{lockPrefix}}", "$1"), lockPrefix).Scan(&b.Consumer, &b.Instance, &b.Status, &b.Cursor.TxID, &b.Cursor.Seq, &b.Dispatcher)
+	found := err == nil
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return projector.Position{}, nil, fmt.Errorf("read slowest consumer: %w", err)
+	default:
+		guard = b.Cursor
+	}
+	if !dryRun {
+		if _, err := tx.Exec(ctx, strings.ReplaceAll(fill(haltExpiredFixedSQL), "{{lockPrefix}}", "$6"), types, cutoff, guard.TxID, guard.Seq, !found, lockPrefix); err != nil {
+			return projector.Position{}, nil, fmt.Errorf("halt expired shards pruned past: %w", err)
+		}
+	}
+	if !found {
 		return projector.Position{}, nil, nil
 	}
-	if err != nil {
-		return projector.Position{}, nil, fmt.Errorf("read slowest consumer: %w", err)
-	}
-	return b.Cursor, &b, nil
+	return guard, &b, nil
 }
+
+// expiredInstance holds for an instance row i not seen for its expiry.
+const expiredInstance = `i.last_seen_at < now() - i.expire_after`
+
+// shardLockPrefix is the start of the key of a shard's advisory lock in
+// schema, as package projection builds it (shardLockKey): the prefix, then
+// consumer, a unit separator and instance id.
+func shardLockPrefix(schema string) string { return "projector.shard\x1f" + schema + "\x1f" }
+
+// tryShardLock takes the advisory lock of shard c for the prune's
+// transaction (re-entrant: true again if this transaction holds it), with
+// the key prefix in the parameter the statement puts in {{lockPrefix}}. An
+// expired shard is only passed over while prune holds its lock: a pass
+// running on it (its instance alive after all) keeps it in the guard, and
+// no pass can start on it until the prune batch, and any halt it writes,
+// has committed. An operator transition waits for the lock before it locks
+// the row, so it cannot deadlock with a halt.
+const tryShardLock = `pg_try_advisory_xact_lock(hashtextextended({{lockPrefix}}::text || c.name || chr(31) || c.instance_id, 0))`
+
+// removeExpiredRandomSQL removes expired random instance ids and their
+// per-instance shards: a SIGKILLed process with a random id left them, and
+// no process can ever resume them. Dead letters are kept.
+const removeExpiredRandomSQL = `WITH gone AS (
+	DELETE FROM {{i}} i WHERE i.random_id AND ` + expiredInstance + ` RETURNING i.instance_id)
+DELETE FROM {{c}} c USING gone g WHERE c.instance_id = g.instance_id AND c.instance_id <> '__shared__'`
+
+// slowestShardSQL reads the retention guard: the lowest cursor of the
+// shards that are neither disabled nor stale (a per-instance shard whose
+// instance is expired, and whose lock this transaction could take), with
+// whether a live dispatcher runs it (a heartbeat within three intervals,
+// projection.LiveHeartbeats). The CASE keeps the lock attempt to expired
+// shards: a live one is never locked by a prune.
+const slowestShardSQL = `SELECT c.name, c.instance_id, c.status, c.cursor_tx_id, c.cursor_seq,
+	CASE WHEN EXISTS (SELECT 1 FROM {{i}} i WHERE c.name = ANY(i.consumers)
+		AND (c.instance_id = '__shared__' OR i.instance_id = c.instance_id)
+		AND i.stopped_at IS NULL AND i.last_seen_at > now() - 3 * i.heartbeat_every) THEN 'live' ELSE 'none' END
+FROM {{c}} c
+WHERE c.status <> 'disabled'
+  AND NOT CASE WHEN c.instance_id <> '__shared__' AND EXISTS (SELECT 1 FROM {{i}} i WHERE i.instance_id = c.instance_id AND ` + expiredInstance + `)
+	THEN ` + tryShardLock + ` ELSE false END
+ORDER BY c.cursor_tx_id, c.cursor_seq LIMIT 1`
+
+// haltExpiredFixedSQL marks dead the expired fixed-id shards that have a
+// prune candidate (types $1, before $2, passed by the guard $3/$4, or any
+// when $5 says there is no guard) after their cursor: the prune is about to
+// delete events they never applied. Marked once; the error says what to do.
+const haltExpiredFixedSQL = `UPDATE {{c}} c SET status = 'dead', next_retry_at = NULL, last_error_at = now(), updated_at = now(),
+	last_error = format('events after its cursor were pruned while instance %s was away (last seen %s, expiry %s); '
+		'resuming would skip them. Restart it to resume past the gap, or remove the shard (consumer remove --instance %s) '
+		'so it registers afresh', c.instance_id, to_char(i.last_seen_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), i.expire_after, c.instance_id)
+FROM {{i}} i
+WHERE i.instance_id = c.instance_id AND c.instance_id <> '__shared__' AND NOT i.random_id AND ` + expiredInstance + `
+  AND c.status <> 'disabled' AND coalesce(c.last_error, '') NOT LIKE 'events after its cursor were pruned%'
+  AND EXISTS (SELECT 1 FROM {{e}} e
+	WHERE e.stream_type = ANY($1::text[]) AND e.recorded_at < $2
+	  AND (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq)
+	  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
+	  AND NOT EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id))
+  AND CASE WHEN ` + expiredInstance + ` THEN ` + tryShardLock + ` ELSE false END`
 
 // Ephemeral returns the stream types the store was told may be pruned by
 // default.

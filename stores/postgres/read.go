@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -59,8 +61,12 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 }
 
 // StreamVersion returns the stream's current version, or an error matching
-// [projector.ErrNotFound] if it does not exist.
+// [projector.ErrNotFound] if it does not exist. An invalid reference is
+// refused before anything is sent ([projector.ErrInvalidStream]).
 func (s *Store) StreamVersion(ctx context.Context, db DBTX, stream projector.StreamRef) (int64, error) {
+	if err := stream.Validate(); err != nil {
+		return 0, fmt.Errorf("stream version: %w", err)
+	}
 	var version int64
 	var last uint64
 	var mine *uint64
@@ -89,6 +95,10 @@ type LogQuery struct {
 	StreamTypes []string
 	// Raw skips decoding: events carry Data but no Payload, and types the
 	// registry does not know are returned instead of failing the read.
+	// Data is upcast to the type's current schema version; an event whose
+	// upcaster refuses it comes back as stored, at its stored (older)
+	// SchemaVersion, so the reader can tell. The dispatcher fails such an
+	// event for every handler form, as it does for typed handlers.
 	Raw bool
 }
 
@@ -137,6 +147,12 @@ func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, e
 	if limit < 0 {
 		return LogBatch{}, fmt.Errorf("read log: negative limit %d", limit)
 	}
+	if err := checkFilter(q.EventTypes, "event type", projector.ErrInvalidEventType); err != nil {
+		return LogBatch{}, fmt.Errorf("read log: %w", err)
+	}
+	if err := checkFilter(q.StreamTypes, "stream type", projector.ErrInvalidStream); err != nil {
+		return LogBatch{}, fmt.Errorf("read log: %w", err)
+	}
 	rows, err := db.Query(ctx, s.sql.readLog, q.After.TxID, q.After.Seq, limit, nilIfEmpty(q.EventTypes), nilIfEmpty(q.StreamTypes))
 	if err != nil {
 		return LogBatch{}, fmt.Errorf("read log after %s: %w", q.After, err)
@@ -148,6 +164,19 @@ func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, e
 	}
 	batch.Full = len(batch.Events) == limit
 	return batch, nil
+}
+
+// checkFilter refuses a filter name PostgreSQL could not even compare (NUL
+// bytes, invalid UTF-8) before it is sent: the driver's error would abort a
+// caller's transaction. A name that is merely unknown or too long matches
+// nothing and is fine.
+func checkFilter(names []string, what string, sentinel error) error {
+	for _, n := range names {
+		if !utf8.ValidString(n) || strings.IndexByte(n, 0) >= 0 {
+			return fmt.Errorf("%w: %s filter %s is not valid UTF-8 or contains a NUL byte", sentinel, what, projector.Printable(n))
+		}
+	}
+	return nil
 }
 
 func nilIfEmpty(s []string) []string {
@@ -251,6 +280,10 @@ func (s *Store) decodeRow(r *row, raw bool) (projector.Event, error) {
 		return ev, err
 	}
 	if raw {
+		// A refused upcast leaves the event at its stored schema version:
+		// a raw read must not fail on one event (a dispatcher could not then
+		// blame it, retry it or dead-letter it), and the version tells the
+		// reader that Data is not in the current shape.
 		if data, v, err := s.registry.Upcast(ev.Type, ev.SchemaVersion, ev.Data); err == nil {
 			ev.Data, ev.SchemaVersion = data, v
 		}

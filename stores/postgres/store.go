@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -30,6 +32,13 @@ const TenantSetting = "projector.tenant_id"
 // cluster. Reading on would hide new events behind old cursors, so the store
 // refuses to start; see docs/operations.md for the repair.
 var ErrRestoredDatabase = errors.New("projector: database restored into a different cluster")
+
+// ErrNoTenantIsolation means tenant-scoped transactions would not be
+// isolated: no TenantRole is configured and the connecting role is a
+// superuser or has BYPASSRLS, so PostgreSQL applies no row-level-security
+// policy to it and every tenant sees every row. New returns it only when
+// Config.StrictTenancy asks; otherwise it logs a warning.
+var ErrNoTenantIsolation = errors.New("projector: tenant scoping would not be enforced")
 
 // ErrSchemaOutdated means the schema is missing migrations this binary needs.
 var ErrSchemaOutdated = errors.New("projector: schema needs migrating")
@@ -74,8 +83,23 @@ type Config struct {
 	// have BYPASSRLS, so row-level security holds even when the application
 	// connects as a superuser or as the tables' owner.
 	TenantRole string
-	// Inline projections run inside every append's transaction.
+	// StrictTenancy makes New refuse, with [ErrNoTenantIsolation], a pool
+	// whose role is a superuser or has BYPASSRLS when no TenantRole is set:
+	// such a store's tenant-scoped transactions look as if they worked but
+	// isolate nothing. Without it New logs a warning instead. Set it in
+	// applications that rely on tenancy.
+	StrictTenancy bool
+	// Inline projections run inside every append's transaction. Those that
+	// implement [RecordedInline] (projection.Inline does) are recorded in
+	// the schema at New, and from then on any store on the schema that lacks
+	// one, or runs an older version of it, is refused appends of the event
+	// types it covers ([ErrInlineProjectionRequired]).
 	Inline []InlineProjection
+	// InlineRefresh is how often the store re-reads the recorded inline
+	// projections, in the background; default [DefaultInlineRefresh]. A
+	// projection recorded by another process fences this one's appends
+	// within about this long.
+	InlineRefresh time.Duration
 	// Ephemeral lists stream types whose events may be deleted once old
 	// (sessions, telemetry): what Prune and `projector events prune` act on
 	// when told no stream types. Aggregate streams are history; leave them
@@ -93,9 +117,14 @@ type Store struct {
 	registry  *projector.Registry
 	role      string
 	inline    []InlineProjection
+	inlineRec *inlineState // the recorded inline projections as last read
 	ephemeral []string
 	logger    *slog.Logger
 	sql       statements
+	// unisolated, when set, is the warning the first tenant-scoped
+	// transaction logs (see checkUnisolated).
+	unisolated     func(context.Context)
+	unisolatedOnce sync.Once
 }
 
 // New checks the schema and returns a store. It fails with
@@ -146,6 +175,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		if err := s.checkTenantRole(ctx); err != nil {
 			return nil, err
 		}
+	} else if err := s.checkUnisolated(ctx, cfg.StrictTenancy); err != nil {
+		return nil, err
+	}
+	if err := s.setupInline(ctx, s.inline, cfg.InlineRefresh); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -218,6 +252,54 @@ func (s *Store) checkTenantRole(ctx context.Context) error {
 	}
 	if super || bypass {
 		return fmt.Errorf("postgres store: tenant role %q is a superuser or has BYPASSRLS, so row-level security would not apply to it", s.role)
+	}
+	// A table's owner, and any role with the owner's privileges, bypasses
+	// its row-level security: the policies GrantTenantRole writes on
+	// Projector's tables would then filter nothing.
+	var owned []string
+	rows, err := s.pool.Query(ctx, `SELECT c.relname FROM pg_class c
+		WHERE c.relnamespace = $1::regnamespace AND c.relname = ANY($2) AND pg_has_role($3, c.relowner, 'USAGE')
+		ORDER BY c.relname`, s.schema, tenantTables, s.role)
+	if err == nil {
+		owned, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return fmt.Errorf("postgres store: look up the owners of Projector's tables: %w", err)
+	}
+	if len(owned) > 0 {
+		return fmt.Errorf("postgres store: tenant role %q owns (or has the privileges of the owner of) %v in schema %q, "+
+			"so row-level security would not apply to it there; use a role that owns nothing (docs/tenancy.md)", s.role, owned, s.schema)
+	}
+	return nil
+}
+
+// checkUnisolated looks at the role the pool's sessions run as (current_user:
+// the role a login drops to, which is what row-level security looks at).
+// Without a TenantRole, tenant scoping only sets the tenant setting, and a
+// superuser or BYPASSRLS role ignores every policy keyed on it: tenant-scoped
+// transactions would look as if they worked and isolate nothing. Strict
+// refuses that. Otherwise the warning is logged once, by the first
+// transaction scoped to a tenant: many applications have no tenants at all,
+// and their logs (and every ops command's stderr) should not carry a warning
+// about isolation they never asked for.
+func (s *Store) checkUnisolated(ctx context.Context, strict bool) error {
+	var user string
+	var super, bypass bool
+	err := s.pool.QueryRow(ctx, `SELECT current_user, rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user`).Scan(&user, &super, &bypass)
+	if err != nil {
+		return fmt.Errorf("postgres store: look up the connecting role: %w", err)
+	}
+	if !super && !bypass {
+		return nil
+	}
+	if strict {
+		return fmt.Errorf("%w: role %q is a superuser or has BYPASSRLS and no TenantRole is configured, so row-level security "+
+			"would not apply to tenant-scoped transactions; set Config.TenantRole (docs/tenancy.md)", ErrNoTenantIsolation, user)
+	}
+	s.unisolated = func(ctx context.Context) {
+		s.logger.WarnContext(ctx, "postgres store: tenant-scoped transactions are not isolated: the role is a superuser or has BYPASSRLS "+
+			"and no TenantRole is set, so row-level-security policies do not apply (set Config.TenantRole, or StrictTenancy to refuse; docs/tenancy.md)",
+			slog.String("role", user), slog.Bool("superuser", super), slog.Bool("bypassrls", bypass))
 	}
 	return nil
 }

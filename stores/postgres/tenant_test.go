@@ -1,12 +1,16 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -100,5 +104,324 @@ func TestTenantRoleChecks(t *testing.T) {
 	_, err = postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: "postgres"})
 	if err == nil {
 		t.Fatal("New accepted a superuser as the tenant role")
+	}
+}
+
+// Scoping only ever narrows privileges: an application that logs in as a
+// superuser and drops to an application role (through the role run-time
+// parameter, or SET ROLE after connecting) must stay that role, or the
+// tenant role, inside tenant-scoped transactions and after scoping back to
+// the system tenant — never become the superuser again, which would read
+// and write every tenant's rows.
+func TestScopeTxKeepsSessionRole(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                   string
+		afterConnect, withRole bool
+	}{
+		{"runtime param, no tenant role", false, false},
+		{"set role after connect, no tenant role", true, false},
+		{"runtime param, tenant role", false, true},
+		{"set role after connect, tenant role", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			types := testevents.New()
+			schema := pgtest.Schema(t)
+			tenantRole, notes := pgtest.TenantRole(t, schema)
+			app, appNotes := pgtest.AppRole(t, schema)
+			if _, err := pgtest.Pool(t).Exec(ctx, `INSERT INTO `+notes+` VALUES ('a', 'a1'), ('b', 'b1');
+				INSERT INTO `+appNotes+` VALUES ('a', 'a1'), ('b', 'b1')`); err != nil {
+				t.Fatal(err)
+			}
+			// One connection, so the last check sees the session the
+			// scoped transactions ran on.
+			pool := pgtest.PoolAs(t, app, tc.afterConnect, 1)
+			cfg := postgres.Config{Schema: schema, Registry: types.Registry, Logger: discardLogger()}
+			scopedUser, table := app, appNotes
+			if tc.withRole {
+				cfg.TenantRole, scopedUser, table = tenantRole, tenantRole, notes
+			}
+			store, err := postgres.New(ctx, pool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			err = store.InTenantTx(ctx, "a", func(ctx context.Context, tx pgx.Tx) error {
+				if u := currentUser(t, tx); u != scopedUser {
+					t.Errorf("scoped to tenant a: current_user %s, want %s", u, scopedUser)
+				}
+				if seen := bodies(t, tx, table); len(seen) != 1 || seen[0] != "a1" {
+					t.Errorf("scoped to tenant a: sees %v, want [a1]", seen)
+				}
+				for _, tenant := range []string{projector.SystemTenant, "b", projector.SystemTenant} {
+					if err := store.ScopeTx(ctx, tx, tenant); err != nil {
+						return err
+					}
+					want := app
+					if tenant != projector.SystemTenant {
+						want = scopedUser
+					}
+					if u := currentUser(t, tx); u != want {
+						t.Errorf("re-scoped to %s: current_user %s, want %s", tenant, u, want)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = store.InTenantTx(ctx, projector.SystemTenant, func(ctx context.Context, tx pgx.Tx) error {
+				if u := currentUser(t, tx); u != app {
+					t.Errorf("system tenant: current_user %s, want %s", u, app)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if u := currentUser(t, pool); u != app {
+				t.Errorf("after scoped transactions the session is %s, want %s", u, app)
+			}
+		})
+	}
+}
+
+func currentUser(t *testing.T, db postgres.DBTX) string {
+	t.Helper()
+	var u string
+	if err := db.QueryRow(context.Background(), `SELECT current_user`).Scan(&u); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func bodies(t *testing.T, db postgres.DBTX, table string) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT body FROM `+table+` ORDER BY body`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seen
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// With a TenantRole, Projector's own tables are tenant-filtered too: a
+// transaction scoped to tenant a cannot read tenant b's events, stream heads
+// or snapshots, nor append to b's streams, although the test connects as a
+// superuser. Unscoped work — on the superuser pool and on a non-owner
+// application role — still sees and writes everything.
+func TestTenantRoleFiltersProjectorTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	app, _ := pgtest.AppRole(t, schema)
+	// pgtest.TenantRole granted once; a second grant (after a migration,
+	// say) must replace the policies, not fail on them.
+	if err := postgres.GrantTenantRole(ctx, pgtest.Pool(t), schema, role); err != nil {
+		t.Fatalf("second GrantTenantRole: %v", err)
+	}
+	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamA, streamB := projector.TenantStream("a", "ticket", "t1"), projector.TenantStream("b", "ticket", "t1")
+	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		for _, s := range []projector.StreamRef{streamA, streamB} {
+			if _, err := store.Append(ctx, tx, s, projector.NoStream, testevents.TicketOpened{Title: s.Tenant}); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+store.Table("projector_snapshots")+`
+			(tenant_id, stream_type, stream_id, aggregate, snapshot_version, version, state, event_recorded_at)
+			VALUES ('a', 'ticket', 't1', 'ticket', 1, 1, '{}', now()), ('b', 'ticket', 't1', 'ticket', 1, 1, '{}', now())`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, streams, snapshots := store.Table("projector_events"), store.Table("projector_streams"), store.Table("projector_snapshots")
+
+	err = store.InTenantTx(ctx, "a", func(ctx context.Context, tx pgx.Tx) error {
+		for _, table := range []string{events, streams, snapshots} {
+			if n := countRows(t, tx, `SELECT count(*) FROM `+table+` WHERE tenant_id <> 'a'`); n != 0 {
+				t.Errorf("scoped to tenant a: %s shows %d rows of other tenants", table, n)
+			}
+			if n := countRows(t, tx, `SELECT count(*) FROM `+table); n != 1 {
+				t.Errorf("scoped to tenant a: %s shows %d rows, want a's 1", table, n)
+			}
+		}
+		got, err := store.ReadStreamTx(ctx, tx, streamB, postgres.StreamQuery{})
+		if err != nil {
+			return err
+		}
+		if len(got) != 0 {
+			t.Errorf("scoped to tenant a: read %d events of tenant b's stream", len(got))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		stream projector.StreamRef
+		exp    projector.ExpectedVersion
+	}{
+		{streamB, projector.AnyVersion},
+		{projector.TenantStream("b", "ticket", "t2"), projector.NoStream},
+	} {
+		err = store.InTenantTx(ctx, "a", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := store.Append(ctx, tx, tc.stream, tc.exp, testevents.TicketOpened{Title: "forged"})
+			return err
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("tenant a appending to %s: %v, want a row-level-security violation", tc.stream, err)
+		}
+	}
+
+	// Unscoped work is unchanged, for the superuser and for a non-owner
+	// application role alike: it sees every tenant and may append.
+	appStore, err := postgres.New(ctx, pgtest.PoolAs(t, app, false, 2), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*postgres.Store{store, appStore} {
+		err = s.InTenantTx(ctx, projector.SystemTenant, func(ctx context.Context, tx pgx.Tx) error {
+			for table, want := range map[string]int{events: 2, streams: 2, snapshots: 2} {
+				if n := countRows(t, tx, `SELECT count(*) FROM `+table); n != want {
+					t.Errorf("unscoped as %s: %s shows %d rows, want %d", currentUser(t, tx), table, n, want)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = appStore.InTenantTx(ctx, projector.SystemTenant, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := appStore.Append(ctx, tx, streamB, projector.AnyVersion, testevents.TicketOpened{Title: "system work"})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("unscoped append as the application role: %v", err)
+	}
+}
+
+// A store whose tenant-scoped transactions would isolate nothing — a
+// superuser or BYPASSRLS role and no TenantRole — says so at New with a
+// warning, or refuses with ErrNoTenantIsolation under StrictTenancy; a
+// TenantRole, or a role that row-level security applies to, is accepted
+// quietly.
+func TestNewWarnsWithoutTenantIsolation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	tenantRole, _ := pgtest.TenantRole(t, schema)
+	app, _ := pgtest.AppRole(t, schema)
+	bypass := schema + "_bypass"
+	q := pgx.Identifier{bypass}.Sanitize()
+	if _, err := pgtest.Pool(t).Exec(ctx, `CREATE ROLE `+q+` NOLOGIN BYPASSRLS IN ROLE `+pgx.Identifier{app}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pgtest.Pool(t).Exec(context.Background(), `DROP ROLE `+q) })
+
+	for _, tc := range []struct {
+		name       string
+		pool       *pgxpool.Pool
+		tenantRole string
+		unisolated bool
+	}{
+		{"superuser", pgtest.Pool(t), "", true},
+		{"bypassrls role", pgtest.PoolAs(t, bypass, false, 1), "", true},
+		{"superuser with tenant role", pgtest.Pool(t), tenantRole, false},
+		{"application role", pgtest.PoolAs(t, app, true, 1), "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var log bytes.Buffer
+			cfg := postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: tc.tenantRole,
+				Logger: slog.New(slog.NewTextHandler(&log, nil))}
+			store, err := postgres.New(ctx, tc.pool, cfg)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			if strings.Contains(log.String(), "level=WARN") {
+				t.Errorf("New warned before any tenant-scoped transaction: %q", log.String())
+			}
+			for range 2 { // the warning comes once, with the first
+				if err := store.InTenantTx(ctx, "a", func(context.Context, pgx.Tx) error { return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			warned := strings.Contains(log.String(), "level=WARN") && strings.Contains(log.String(), "TenantRole")
+			if n := strings.Count(log.String(), "level=WARN"); n > 1 {
+				t.Errorf("warned %d times, want once", n)
+			}
+			if warned != tc.unisolated {
+				t.Errorf("warned %v, want %v; log: %q", warned, tc.unisolated, log.String())
+			}
+
+			cfg.StrictTenancy = true
+			_, err = postgres.New(ctx, tc.pool, cfg)
+			if tc.unisolated && !errors.Is(err, postgres.ErrNoTenantIsolation) {
+				t.Errorf("strict New: %v, want ErrNoTenantIsolation", err)
+			}
+			if !tc.unisolated && err != nil {
+				t.Errorf("strict New: %v", err)
+			}
+		})
+	}
+}
+
+// A tenant role that owns Projector's tables (or has their owner's
+// privileges) bypasses their row-level security, so the policies
+// GrantTenantRole writes would filter nothing: New refuses it.
+func TestTenantRoleMustNotOwnTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	if _, err := pgtest.Pool(t).Exec(ctx, `ALTER TABLE `+pgx.Identifier{schema, "projector_events"}.Sanitize()+` OWNER TO `+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	_, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err == nil || !strings.Contains(err.Error(), "owns") {
+		t.Fatalf("New with a tenant role that owns the events table: %v, want a refusal", err)
+	}
+}
+
+// A tenant PostgreSQL cannot store is refused before anything is sent: the
+// caller's transaction stays usable and the error is typed and quotes no raw
+// bytes.
+func TestScopeTxRefusesUnstorableTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := pgtest.Store(t, testevents.New().Registry)
+	for _, tenant := range []string{"a\x00b", "bad\xff", strings.Repeat("t", projector.MaxNameLength+1)} {
+		err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+			err := store.ScopeTx(ctx, tx, tenant)
+			if !errors.Is(err, projector.ErrInvalidStream) {
+				t.Errorf("tenant %q: %v, want ErrInvalidStream", tenant, err)
+			}
+			if err != nil && strings.ContainsAny(err.Error(), "\x00\xff") {
+				t.Errorf("tenant %q: the error carries raw bytes: %q", tenant, err)
+			}
+			_, err = tx.Exec(ctx, `SELECT 1`)
+			return err
+		})
+		if err != nil {
+			t.Errorf("tenant %q: the caller's transaction is unusable after the refusal: %v", tenant, err)
+		}
 	}
 }
