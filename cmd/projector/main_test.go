@@ -155,15 +155,21 @@ func TestUnreachableDatabase(t *testing.T) {
 }
 
 // The stock binary pointed at a schema of its own does not adopt the
-// example application: `run` creates none of its tables and registers none
-// of its consumers (a registered consumer holds retention back for good).
-// It fails instead, as a binary with no projections should; the example is
-// wired only with PROJECTOR_EXAMPLE=1 (see the ops tests) or by `demo`.
+// example application: `status` records none of its inline projections
+// (which would then refuse the application's own appends of those event
+// types), and `run` creates none of its tables and registers none of its
+// consumers (a registered consumer holds retention back for good). run fails
+// instead, as a binary with no projections should; the example is wired only
+// with PROJECTOR_EXAMPLE=1 (see the ops tests) or by `demo`.
 func TestRunWithoutExampleAdoptsNothing(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
+	env := []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + schema}
+	if r := run(t, env, "status"); r.code != 0 {
+		t.Fatalf("status: %+v", r)
+	}
 	cmd := exec.Command(binary, "run", "--http-addr", "")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir(), "PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + schema}
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -225,6 +231,13 @@ func TestRunWithoutExampleAdoptsNothing(t *testing.T) {
 	}
 	if consumers != 0 {
 		t.Errorf("run registered %d consumers", consumers)
+	}
+	var inline int
+	if err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "projector_inline_projections"}.Sanitize()).Scan(&inline); err != nil {
+		t.Fatal(err)
+	}
+	if inline != 0 {
+		t.Errorf("status and run recorded %d inline projections", inline)
 	}
 }
 
