@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/aggregate"
@@ -43,20 +44,32 @@ func addItem(sku string, cents int) aggregate.Decide[Cart] {
 }
 
 // newCarts defines the cart events and aggregate on a store of its own, as
-// Example does step by step.
+// Example does step by step. Close the store's pool when done.
 func newCarts(snapshots aggregate.Snapshots) (*aggregate.Repository[Cart], *postgres.Store) {
+	ctx := context.Background()
+	url, schema := pgtest.ExampleDatabase()
 	reg := projector.NewRegistry()
-	added := projector.MustDefine[ItemAdded](reg, "cart.item_added")
-	checkedOut := projector.MustDefine[CartCheckedOut](reg, "cart.checked_out")
-	store := pgtest.ExampleStore(reg)
+	itemAdded := projector.MustDefine[ItemAdded](reg, "cart.item_added")
+	cartCheckedOut := projector.MustDefine[CartCheckedOut](reg, "cart.checked_out")
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := postgres.Migrate(ctx, pool, schema); err != nil {
+		panic(err)
+	}
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: reg})
+	if err != nil {
+		panic(err)
+	}
 	carts, err := aggregate.New(store, aggregate.Config[Cart]{
 		Name: "cart",
 		Folds: []aggregate.Fold[Cart]{
-			aggregate.On(added, func(c *Cart, e ItemAdded) {
+			aggregate.On(itemAdded, func(c *Cart, e ItemAdded) {
 				c.Items = append(c.Items, e.SKU)
 				c.TotalCents += e.Cents
 			}),
-			aggregate.On(checkedOut, func(c *Cart, _ CartCheckedOut) { c.CheckedOut = true }),
+			aggregate.On(cartCheckedOut, func(c *Cart, _ CartCheckedOut) { c.CheckedOut = true }),
 		},
 		Snapshots: snapshots,
 	})
@@ -68,20 +81,35 @@ func newCarts(snapshots aggregate.Snapshots) (*aggregate.Repository[Cart], *post
 
 func Example() {
 	ctx := context.Background()
+	// An application reads these from its configuration:
+	// os.Getenv("PROJECTOR_DATABASE_URL") and its schema ("projector").
+	url, schema := pgtest.ExampleDatabase()
 
-	// At start-up: the event types, the store, the aggregate.
+	// At start-up: the event types, the pool, the schema, the store, the
+	// aggregate.
 	reg := projector.NewRegistry()
-	added := projector.MustDefine[ItemAdded](reg, "cart.item_added")
-	checkedOut := projector.MustDefine[CartCheckedOut](reg, "cart.checked_out")
-	store := pgtest.ExampleStore(reg) // postgres.New(ctx, pool, postgres.Config{Registry: reg})
+	itemAdded := projector.MustDefine[ItemAdded](reg, "cart.item_added")
+	cartCheckedOut := projector.MustDefine[CartCheckedOut](reg, "cart.checked_out")
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if _, err := postgres.Migrate(ctx, pool, schema); err != nil { // or `projector migrate`
+		panic(err)
+	}
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: reg})
+	if err != nil {
+		panic(err)
+	}
 	carts, err := aggregate.New(store, aggregate.Config[Cart]{
 		Name: "cart",
 		Folds: []aggregate.Fold[Cart]{
-			aggregate.On(added, func(c *Cart, e ItemAdded) {
+			aggregate.On(itemAdded, func(c *Cart, e ItemAdded) {
 				c.Items = append(c.Items, e.SKU)
 				c.TotalCents += e.Cents
 			}),
-			aggregate.On(checkedOut, func(c *Cart, _ CartCheckedOut) { c.CheckedOut = true }),
+			aggregate.On(cartCheckedOut, func(c *Cart, _ CartCheckedOut) { c.CheckedOut = true }),
 		},
 	})
 	if err != nil {
@@ -124,7 +152,8 @@ func Example() {
 
 func ExampleRepository_LoadVersion() {
 	ctx := context.Background()
-	carts, _ := newCarts(aggregate.Snapshots{})
+	carts, store := newCarts(aggregate.Snapshots{})
+	defer store.Pool().Close()
 	cart := projector.Stream("cart", "C-2")
 	for _, sku := range []string{"socks", "shoes", "hat"} {
 		if _, err := carts.Handle(ctx, cart, addItem(sku, 100)); err != nil {
@@ -149,6 +178,7 @@ func ExampleRepository_LoadVersion() {
 func ExampleRepository_FetchForWriting() {
 	ctx := context.Background()
 	carts, store := newCarts(aggregate.Snapshots{})
+	defer store.Pool().Close()
 	cart := projector.Stream("cart", "C-3")
 
 	// Inside your own transaction, beside your own writes.
@@ -188,6 +218,7 @@ func ExampleRepository_FetchForWriting() {
 func ExampleRepository_FetchExclusive() {
 	ctx := context.Background()
 	carts, store := newCarts(aggregate.Snapshots{})
+	defer store.Pool().Close()
 	cart := projector.Stream("cart", "C-4")
 
 	holder, _ := store.Pool().Begin(ctx)
@@ -207,7 +238,8 @@ func ExampleRepository_FetchExclusive() {
 
 func ExampleSnapshots() {
 	ctx := context.Background()
-	carts, _ := newCarts(aggregate.Snapshots{Every: 2, Version: 1})
+	carts, store := newCarts(aggregate.Snapshots{Every: 2, Version: 1})
+	defer store.Pool().Close()
 	cart := projector.Stream("cart", "C-5")
 	for _, sku := range []string{"a", "b", "c", "d", "e"} {
 		if _, err := carts.Handle(ctx, cart, addItem(sku, 100)); err != nil {
@@ -226,6 +258,7 @@ func ExampleSnapshots() {
 func ExampleWriter_AssertVersion() {
 	ctx := context.Background()
 	carts, store := newCarts(aggregate.Snapshots{})
+	defer store.Pool().Close()
 	cart := projector.Stream("cart", "C-6")
 	if _, err := carts.Handle(ctx, cart, addItem("socks", 500)); err != nil {
 		panic(err)

@@ -8,10 +8,16 @@
 // start-up:
 //
 //	workload := projection.NewAsync("agent_workload", projection.AsyncConfig{})
-//	projection.On(workload, types.TicketAssigned, func(ctx context.Context, tx pgx.Tx, ev projector.Event, e TicketAssigned) error {
+//	err := projection.On(workload, ticketAssigned, func(ctx context.Context, tx pgx.Tx, ev projector.Event, e TicketAssigned) error {
 //		_, err := tx.Exec(ctx, `INSERT INTO workload ...`, e.Agent)
 //		return err
 //	})
+//	if err != nil {
+//		return err
+//	}
+//
+// ticketAssigned is the handle projector.Define returned for the payload type
+// TicketAssigned.
 //
 // [OnBatch] registers one handler for whole batches instead, for set-based
 // writes. Registering a handler for an undefined event type, or the same

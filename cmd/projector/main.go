@@ -1,12 +1,17 @@
-// Command projector is Projector's ops CLI and daemon with the example
-// helpdesk application compiled in. Applications with their own event types
-// and projections build the same commands into their own binary with the
-// cli package.
+// Command projector is Projector's ops CLI and daemon. It knows the example
+// helpdesk application's event types, so it can show the demo's events, but
+// it wires the example's projections (its tables, consumers and retention
+// defaults) only when asked: with PROJECTOR_EXAMPLE=1, or through `projector
+// demo`, which works in a schema of its own. Pointed at any other schema, the
+// stock binary adopts nothing. Applications with their own event types and
+// projections build the same commands into their own binary with the cli
+// package.
 package main
 
 import (
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -14,6 +19,13 @@ import (
 	"github.com/projectorhq/projector/cli"
 	"github.com/projectorhq/projector/examples/helpdesk"
 )
+
+// EnvExample names the variable that wires the example application into
+// every command (`run` dispatches its projections, `events prune` deletes its
+// ephemeral streams by default). Unset, the stock binary creates no example
+// tables and registers no example consumers in the schema it is pointed at:
+// a consumer, once registered, holds retention back for good.
+const EnvExample = "PROJECTOR_EXAMPLE"
 
 func main() {
 	types, err := helpdesk.Define(projector.NewRegistry())
@@ -24,6 +36,10 @@ func main() {
 	os.Exit(cli.Main(cli.Config{
 		Registry: types.Registry,
 		Wire: func(schema string) (cli.Wiring, error) {
+			want, err := exampleWanted()
+			if err != nil || !want {
+				return cli.Wiring{}, err
+			}
 			// Welcome mails go to standard output: the example's stand-in
 			// for a mail service.
 			app, err := helpdesk.NewApp(types, schema, os.Stdout)
@@ -34,4 +50,19 @@ func main() {
 		},
 		Commands: []*cobra.Command{demoCmd()},
 	}))
+}
+
+// exampleWanted reports whether PROJECTOR_EXAMPLE asks for the example
+// application. Unset is no; a value that is not a boolean is an error rather
+// than a guess either way.
+func exampleWanted() (bool, error) {
+	v := os.Getenv(EnvExample)
+	if v == "" {
+		return false, nil
+	}
+	want, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%s=%q: want 1 (wire the example application) or 0", EnvExample, v)
+	}
+	return want, nil
 }

@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,8 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector/internal/pgtest"
 )
@@ -72,42 +76,34 @@ func TestVersion(t *testing.T) {
 
 func TestMigrateUpAndStatus(t *testing.T) {
 	t.Parallel()
-	url := pgtest.URL(t)
-	schema := newSchemaName(t)
-	env := []string{"PROJECTOR_DATABASE_URL=" + url}
+	var schema string
+	t.Run("cli", func(t *testing.T) {
+		url := pgtest.URL(t)
+		schema = pgtest.SchemaName(t, "cli")
+		env := []string{"PROJECTOR_DATABASE_URL=" + url}
 
-	r := run(t, env, "migrate", "status", "--schema", schema)
-	if r.code != 0 || !strings.Contains(r.stdout, "pending") {
-		t.Fatalf("status before: %+v", r)
-	}
-	r = run(t, env, "migrate", "up", "--schema", schema)
-	if r.code != 0 || !strings.Contains(r.stdout, "applied migrations [1") {
-		t.Fatalf("up: %+v", r)
-	}
-	r = run(t, append(env, "PROJECTOR_SCHEMA="+schema), "migrate")
-	if r.code != 0 || !strings.Contains(r.stdout, "up to date") {
-		t.Fatalf("up again (schema from the environment): %+v", r)
-	}
-	r = run(t, []string{}, "migrate", "status", "--schema", schema, "--database-url", url)
-	if r.code != 0 || strings.Contains(r.stdout, "pending") {
-		t.Fatalf("status after: %+v", r)
-	}
-}
-
-// newSchemaName returns a name for a schema the binary will create, dropped
-// when the test ends. It is in the pt_<unix>_ form the harness sweeps when
-// a killed run left it behind, and it is dropped with a context of its own:
-// t.Context() is already cancelled when cleanups run, which once left a
-// schema behind on every run.
-func newSchemaName(t *testing.T) string {
-	t.Helper()
-	schema := fmt.Sprintf("pt_%d_cli%d", time.Now().Unix(), time.Now().UnixNano()%1e9)
-	t.Cleanup(func() {
-		if _, err := pgtest.Pool(t).Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
+		r := run(t, env, "migrate", "status", "--schema", schema)
+		if r.code != 0 || !strings.Contains(r.stdout, "pending") {
+			t.Fatalf("status before: %+v", r)
+		}
+		r = run(t, env, "migrate", "up", "--schema", schema)
+		if r.code != 0 || !strings.Contains(r.stdout, "applied migrations [1") {
+			t.Fatalf("up: %+v", r)
+		}
+		r = run(t, append(env, "PROJECTOR_SCHEMA="+schema), "migrate")
+		if r.code != 0 || !strings.Contains(r.stdout, "up to date") {
+			t.Fatalf("up again (schema from the environment): %+v", r)
+		}
+		r = run(t, []string{}, "migrate", "status", "--schema", schema, "--database-url", url)
+		if r.code != 0 || strings.Contains(r.stdout, "pending") {
+			t.Fatalf("status after: %+v", r)
 		}
 	})
-	return schema
+	// The schema the binary created is gone once the test that made it
+	// ended: no run of the suite leaves one behind.
+	if pgtest.SchemaExists(t, schema) {
+		t.Errorf("schema %s leaked after its test", schema)
+	}
 }
 
 // The schemas the binary creates in tests are gone when the test ends.
@@ -115,7 +111,7 @@ func TestCLISchemaDroppedAfterTest(t *testing.T) {
 	t.Parallel()
 	var schema string
 	t.Run("creates", func(t *testing.T) {
-		schema = newSchemaName(t)
+		schema = pgtest.SchemaName(t, "cli")
 		if r := run(t, []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t)}, "migrate", "--schema", schema); r.code != 0 {
 			t.Fatalf("migrate: %+v", r)
 		}
@@ -175,4 +171,98 @@ func TestUnreachableDatabase(t *testing.T) {
 	if d := time.Since(start); d > 30*time.Second {
 		t.Fatalf("took %v to give up", d)
 	}
+}
+
+// The stock binary pointed at a schema of its own does not adopt the
+// example application: `status` records none of its inline projections
+// (which would then refuse the application's own appends of those event
+// types), and `run` creates none of its tables and registers none of its
+// consumers (a registered consumer holds retention back for good). run fails
+// instead, as a binary with no projections should; the example is wired only
+// with PROJECTOR_EXAMPLE=1 (see the ops tests) or by `demo`.
+func TestRunWithoutExampleAdoptsNothing(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	env := []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + schema}
+	if r := run(t, env, "status"); r.code != 0 {
+		t.Fatalf("status: %+v", r)
+	}
+	cmd := exec.Command(binary, "run", "--http-addr", "")
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// run either fails at once or, wired, says it is dispatching and keeps
+	// going: stop it then, gracefully, and look at what it left.
+	started := make(chan struct{})
+	go func() {
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			if strings.Contains(lines.Text(), "dispatching") {
+				close(started)
+			}
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err = <-exited:
+	case <-started:
+		t.Errorf("run started dispatching in a schema that never asked for the example")
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err = <-exited:
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+			err = <-exited
+		}
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatal("run neither failed nor started within a minute")
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("run without projections: %v, want exit 1; stderr %q", err, stderr.String())
+	}
+
+	ctx := context.Background()
+	var tables []string
+	rows, err := pgtest.Pool(t).Query(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = $1 AND table_name NOT LIKE 'projector\_%' ORDER BY 1`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tables, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != 0 {
+		t.Errorf("run created the example's tables %v", tables)
+	}
+	var consumers int
+	if err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "projector_consumers"}.Sanitize()).Scan(&consumers); err != nil {
+		t.Fatal(err)
+	}
+	if consumers != 0 {
+		t.Errorf("run registered %d consumers", consumers)
+	}
+	var inline int
+	if err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "projector_inline_projections"}.Sanitize()).Scan(&inline); err != nil {
+		t.Fatal(err)
+	}
+	if inline != 0 {
+		t.Errorf("status and run recorded %d inline projections", inline)
+	}
+}
+
+// PROJECTOR_EXAMPLE must be a boolean: a typo is an error, not a silent no.
+func TestExampleVariableRefusesGarbage(t *testing.T) {
+	t.Parallel()
+	r := run(t, []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + pgtest.Schema(t), "PROJECTOR_EXAMPLE=yes please"}, "run", "--http-addr", "")
+	wantError(t, r, 1, "PROJECTOR_EXAMPLE")
 }

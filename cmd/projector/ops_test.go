@@ -55,7 +55,7 @@ func newOpsEnv(t *testing.T) *opsEnv {
 		t.Fatal(err)
 	}
 	o := &opsEnv{t: t, schema: store.Schema(), store: store,
-		env: []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + store.Schema()}}
+		env: []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + store.Schema(), "PROJECTOR_EXAMPLE=1"}}
 	o.append(projector.Stream(helpdesk.CustomerStream, "ada"), helpdesk.CustomerRegistered{Name: "ada", Email: "ada@example.com"})
 	o.append(projector.Stream(helpdesk.TicketStream, "T-1"), helpdesk.TicketOpened{Customer: "ada", Subject: "printer"},
 		helpdesk.TicketAssigned{Agent: "alice"}, helpdesk.TicketClosed{Resolution: "fixed"})

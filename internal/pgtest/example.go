@@ -4,54 +4,37 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/projectorhq/projector"
-	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// exampleSchemas are the schemas ExampleStore made, dropped by Main after
-// the run: examples have no testing.T to clean up after them.
+// exampleSchemas are the schema names ExampleDatabase handed out, dropped by
+// Main after the run: examples have no testing.T to clean up after them.
 var exampleSchemas struct {
 	mu    sync.Mutex
 	names []string
 }
 
-// ExampleStore returns a store with reg's event types on a fresh migrated
-// schema of the shared test database, for Example functions, which have no
-// testing.T: it panics on error, and [Main] drops the schema when the
-// package's tests are done. cfg, if given, supplies the store's other
-// settings (inline projections, say); its Schema and Registry are replaced.
-func ExampleStore(reg *projector.Registry, cfg ...postgres.Config) *postgres.Store {
+// ExampleDatabase returns the test database's URL and a fresh schema name,
+// for Example functions, which have no testing.T: they open their own pool
+// on the URL and migrate the schema themselves, exactly as an application
+// does with PROJECTOR_DATABASE_URL and its schema, so the setup a reader
+// copies is in the example and not hidden here. It panics when there is no
+// test database; [Main] drops the schema when the package's tests are done.
+func ExampleDatabase() (url, schema string) {
 	shared.once.Do(setup)
 	if shared.err != nil {
 		panic(shared.err)
 	}
-	ctx := context.Background()
-	name := schemaPrefix + strconv.FormatInt(time.Now().Unix(), 10) + "_" + randomHex(4)
+	schema = newSchemaName("")
 	exampleSchemas.mu.Lock()
-	exampleSchemas.names = append(exampleSchemas.names, name)
+	exampleSchemas.names = append(exampleSchemas.names, schema)
 	exampleSchemas.mu.Unlock()
-	if _, err := postgres.Migrate(ctx, shared.pool, name); err != nil {
-		panic(fmt.Errorf("pgtest: migrate example schema %s: %w", name, err))
-	}
-	var c postgres.Config
-	if len(cfg) > 0 {
-		c = cfg[0]
-	}
-	c.Schema, c.Registry = name, reg
-	s, err := postgres.New(ctx, shared.pool, c)
-	if err != nil {
-		panic(fmt.Errorf("pgtest: example store: %w", err))
-	}
-	return s
+	return shared.url, schema
 }
 
-// dropExampleSchemas drops what ExampleStore made.
+// dropExampleSchemas drops the schemas examples made.
 func dropExampleSchemas() {
 	exampleSchemas.mu.Lock()
 	defer exampleSchemas.mu.Unlock()

@@ -18,7 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +40,23 @@ const EnvURL = "PROJECTOR_TEST_DATABASE_URL"
 // schemaPrefix marks schemas made by tests; stale ones (from a killed run)
 // are dropped when a test binary starts.
 const schemaPrefix = "pt_"
+
+// benchSchemaPrefix marks the schemas `projector bench` makes
+// (internal/benchmark.SchemaPrefix, repeated rather than imported so that
+// pgtest does not depend on the projection package benchmark pulls in); the
+// cmd/projector tests run `projector bench` against the test database.
+const benchSchemaPrefix = "projector_bench_"
+
+// Stale-schema ages: a test schema is an hour old only if its run died; a
+// bench schema is given a day because a long catch-up run may take hours.
+const (
+	staleTestSchemaAge  = time.Hour
+	staleBenchSchemaAge = 24 * time.Hour
+)
+
+// dropTimeout bounds a clean-up drop, which runs under its own context: the
+// test's is already cancelled when cleanups run.
+const dropTimeout = 30 * time.Second
 
 var shared struct {
 	once          sync.Once
@@ -184,21 +203,50 @@ func PoolFromConfig(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
 func Schema(t testing.TB) string {
 	t.Helper()
 	pool := Pool(t)
-	name := schemaPrefix + strconv.FormatInt(time.Now().Unix(), 10) + "_" + randomHex(4)
-	ctx := context.Background()
-	if _, err := postgres.Migrate(ctx, pool, name); err != nil {
+	name := newSchemaName("")
+	if _, err := postgres.Migrate(context.Background(), pool, name); err != nil {
 		t.Fatalf("migrate test schema %s: %v", name, err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() && os.Getenv("PROJECTOR_TEST_KEEP") != "" {
-			t.Logf("kept schema %s for inspection", name)
-			return
-		}
-		if _, err := pool.Exec(context.WithoutCancel(ctx), `DROP SCHEMA `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
-			t.Logf("drop test schema %s: %v", name, err)
-		}
-	})
+	t.Cleanup(func() { dropSchema(t, name) })
 	return name
+}
+
+// SchemaName reserves a name for a schema the code under test creates
+// itself (a `projector migrate --schema` run, say) and drops that schema, if
+// it exists, when the test ends. The name is pt_<kind>_<unix time>_<random>,
+// so the stale-schema sweeper knows its age even when a killed run never
+// got to drop it. kind is a short lower-case word saying which test made it.
+func SchemaName(t testing.TB, kind string) string {
+	t.Helper()
+	ready(t)
+	name := newSchemaName(kind)
+	t.Cleanup(func() { dropSchema(t, name) })
+	return name
+}
+
+// newSchemaName returns pt_[kind_]<unix time>_<random>: the time lets
+// [dropStale] tell a leftover from a schema a running test still uses.
+func newSchemaName(kind string) string {
+	if kind != "" {
+		kind += "_"
+	}
+	return schemaPrefix + kind + strconv.FormatInt(time.Now().Unix(), 10) + "_" + randomHex(4)
+}
+
+// dropSchema drops a test's schema in a cleanup, under a context of its own
+// (t.Context() is already cancelled when cleanups run, and a drop under it
+// silently leaks the schema), unless the test failed and PROJECTOR_TEST_KEEP
+// asks to keep it.
+func dropSchema(t testing.TB, name string) {
+	if t.Failed() && os.Getenv("PROJECTOR_TEST_KEEP") != "" {
+		t.Logf("kept schema %s for inspection", name)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dropTimeout)
+	defer cancel()
+	if _, err := shared.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
+		t.Logf("drop test schema %s: %v", name, err)
+	}
 }
 
 // Store returns a store on a new schema of its own with reg's event types.
@@ -229,25 +277,54 @@ func SchemaExists(t testing.TB, name string) bool {
 	return ok
 }
 
-// dropStale removes test schemas older than an hour: leftovers of runs that
-// were killed before their cleanups ran.
+// dropStale removes test schemas left behind by runs that were killed
+// before their cleanups ran: every schema the suite makes — pt_<unix>_…
+// ([Schema], [ExampleDatabase]), pt_<kind>_<unix>_… ([SchemaName]), older
+// pt_<name> schemas of tests that chose a fixed name, and the
+// projector_bench_… schemas of `projector bench` — once it is older than
+// its stale age. The age is the unix time in the name where there is one,
+// else when the schema's first migration ran; a schema with neither is left
+// alone, as its age cannot be told.
 func dropStale(ctx context.Context, pool *pgxpool.Pool) {
-	rows, err := pool.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pt\_%'`)
+	for _, n := range staleSchemas(ctx, pool, time.Now()) {
+		_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{n}.Sanitize()+` CASCADE`)
+	}
+}
+
+// stampedSchema matches a test schema name carrying its creation time.
+var stampedSchema = regexp.MustCompile(`^pt_(?:[a-z]+_)?([0-9]{9,})_[0-9a-f]+$`)
+
+// staleSchemas lists the test schemas [dropStale] should drop at now.
+func staleSchemas(ctx context.Context, pool *pgxpool.Pool, now time.Time) []string {
+	rows, err := pool.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'pt\_%' OR nspname LIKE 'projector\_bench\_%'`)
 	if err != nil {
-		return
+		return nil
 	}
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return
+		return nil
 	}
-	cutoff := time.Now().Add(-time.Hour).Unix()
+	var stale []string
 	for _, n := range names {
-		var ts int64
-		if _, err := fmt.Sscanf(n, schemaPrefix+"%d_", &ts); err != nil || ts >= cutoff {
-			continue
+		maxAge := staleTestSchemaAge
+		if strings.HasPrefix(n, benchSchemaPrefix) {
+			maxAge = staleBenchSchemaAge
 		}
-		_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{n}.Sanitize()+` CASCADE`)
+		var created time.Time
+		if m := stampedSchema.FindStringSubmatch(n); m != nil {
+			ts, err := strconv.ParseInt(m[1], 10, 64)
+			if err != nil {
+				continue
+			}
+			created = time.Unix(ts, 0)
+		} else if err := pool.QueryRow(ctx, `SELECT min(applied_at) FROM `+pgx.Identifier{n, "projector_migrations"}.Sanitize()).Scan(&created); err != nil {
+			continue // no migrations table (or no rows): age unknown
+		}
+		if now.Sub(created) > maxAge {
+			stale = append(stale, n)
+		}
 	}
+	return stale
 }
 
 func randomHex(n int) string {
