@@ -37,7 +37,7 @@ func (e *env) ageInstance(instance string, d time.Duration) {
 // pruneAll prunes every ticket event the guard lets go.
 func (e *env) pruneAll() postgres.PruneResult {
 	e.t.Helper()
-	res, err := e.store.Prune(e.ctx, postgres.PruneOptions{OlderThan: time.Nanosecond, StreamTypes: []string{"ticket"}})
+	res, err := e.store.Prune(e.ctx, postgres.PruneOptions{OlderThan: time.Nanosecond, StreamTypes: []string{"ticket"}, IncludeAggregates: true})
 	if err != nil {
 		e.t.Fatal(err)
 	}

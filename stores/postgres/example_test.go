@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -98,11 +99,16 @@ func Example() {
 		fmt.Printf("v%d %s %T actor=%s same request=%t\n", ev.Version, ev.Type, ev.Payload, ev.Metadata.Actor, ev.Metadata.CorrelationID == requestID)
 	}
 
-	// Follow the log: small batches here to show the loop; stop once a
-	// batch is not full (caught up for now).
-	cursor := projector.Start
-	for {
-		batch, err := store.ReadLog(ctx, postgres.LogQuery{After: cursor, Limit: 1, EventTypes: []string{"ticket.opened", "ticket.closed"}})
+	// Follow the log: small batches here to show the loop. The read is
+	// gap-safe: it returns only events of transactions older than every
+	// transaction still running in the cluster, so a batch that is not
+	// full means "caught up for now", and a follower waits, then reads
+	// again from its cursor. (This one stops once it has seen both events.)
+	follow, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cursor, seen := projector.Start, 0
+	for seen < 2 {
+		batch, err := store.ReadLog(follow, postgres.LogQuery{After: cursor, Limit: 1, EventTypes: []string{"ticket.opened", "ticket.closed"}})
 		if err != nil {
 			fmt.Println(err)
 			return
@@ -110,9 +116,15 @@ func Example() {
 		for _, ev := range batch.Events {
 			fmt.Println("log:", ev.Stream, ev.Type)
 		}
+		seen += len(batch.Events)
 		cursor = batch.Next(cursor)
-		if !batch.Full {
-			break // a daemon would wait here and read again from cursor
+		if !batch.Full && seen < 2 {
+			select { // caught up for now: wait a little, then read again
+			case <-follow.Done():
+				fmt.Println(follow.Err())
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
 		}
 	}
 	// Output:
