@@ -164,7 +164,7 @@ func resetSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		case errors.Is(err, pgx.ErrNoRows):
 		case err != nil:
 			return err
-		case comment == nil || *comment != demoMark:
+		case (comment == nil || *comment != demoMark) && !leftByOlderDemo(ctx, tx, schema):
 			return fmt.Errorf("schema %q exists and was not created by the demo, which drops its schema on every run: "+
 				"choose another --demo-schema, or drop it yourself if it is a leftover of an older demo (DROP SCHEMA %s CASCADE): %w",
 				schema, ident, ErrNotDemoSchema)
@@ -180,6 +180,19 @@ func resetSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("reset demo schema %s: %w", schema, err)
 	}
 	return err
+}
+
+// leftByOlderDemo recognises a schema an older demo made, before it marked
+// its schemas: nothing in it but Projector's own relations and the
+// helpdesk's (tables, their indexes and sequences), and no functions. Any
+// other object makes it someone else's.
+func leftByOlderDemo(ctx context.Context, tx pgx.Tx, schema string) bool {
+	var ok bool
+	err := tx.QueryRow(ctx, `SELECT bool_and(c.relname LIKE 'projector\_%' OR c.relname LIKE 'helpdesk\_%')
+			AND bool_or(c.relname = 'projector_migrations') AND bool_or(c.relname LIKE 'helpdesk\_%')
+			AND NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = $1::regnamespace)
+		FROM pg_class c WHERE c.relnamespace = $1::regnamespace`, schema).Scan(&ok)
+	return err == nil && ok
 }
 
 // catchUp runs the dispatcher until every consumer has applied everything,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/examples/helpdesk"
 	"github.com/projectorhq/projector/internal/pgtest"
 )
@@ -70,6 +71,23 @@ func TestRunDemoDropsOnlyItsOwnSchema(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, foreign).Scan(&n); err != nil || n < 4 {
 		t.Fatalf("the foreign schema lost tables: %d left, %v", n, err)
+	}
+	// A schema an older demo left, before schemas were marked: Projector's
+	// tables and the helpdesk's, nothing else. It is the demo's to replace.
+	older := pgtest.Schema(t)
+	types, err := helpdesk.Define(projector.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	app, err := helpdesk.NewApp(types, older, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := helpdesk.RunDemo(ctx, pool, io.Discard, helpdesk.DemoConfig{Schema: older, Users: 2, Actions: 10}); err != nil {
+		t.Fatalf("demo on an older demo's unmarked schema: %v", err)
 	}
 	for _, bad := range []helpdesk.DemoConfig{{Users: -1}, {Actions: -5}, {Users: helpdesk.MaxDemoUsers + 1}} {
 		bad.Schema = cfg.Schema
