@@ -3,6 +3,8 @@ package projection
 import (
 	"cmp"
 	"fmt"
+	"regexp"
+	"slices"
 	"time"
 
 	"github.com/projectorhq/projector"
@@ -111,6 +113,19 @@ type AsyncConfig struct {
 	// clients). It runs on the shard's goroutine; keep it quick. Events a
 	// continuous-mode shard dead-lettered are not included.
 	AfterCommit func(events []projector.Event)
+	// Version is the version of the read model the projection maintains,
+	// default 1. Bump it when a handler changes what the tables hold; a
+	// dispatcher runs the consumer only while the consumer's recorded
+	// version matches, so during a rolling deploy old and new binaries never
+	// write the same tables, and the new version is built by a rebuild
+	// (docs/rebuilds.md).
+	Version int
+	// Tables are the read-model tables the projection owns, as its
+	// handlers name them: "table" (resolved through the dispatcher
+	// session's search_path when it starts) or "schema.table". A rebuild
+	// clears them (in place) or builds copies of them (blue/green); without
+	// them a projection cannot be rebuilt. Lower-case identifiers only.
+	Tables []string
 }
 
 // Async is a projection applied by the dispatcher daemon after commit, in
@@ -131,8 +146,14 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 	cfg.RetryBackoff = cmp.Or(cfg.RetryBackoff, DefaultRetryBackoff)
 	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff)
 	cfg.BatchTimeout = cmp.Or(cfg.BatchTimeout, DefaultBatchTimeout)
+	cfg.Version = cmp.Or(cfg.Version, 1)
+	cfg.Tables = slices.Clone(cfg.Tables)
 	p := &Async{name: name, cfg: cfg}
 	switch {
+	case cfg.Version < 1:
+		p.t.fail(name, fmt.Errorf("version %d below 1", cfg.Version))
+	case validTables(cfg.Tables) != nil:
+		p.t.fail(name, validTables(cfg.Tables))
 	case validName(name) != nil:
 		p.t.fail(name, validName(name))
 	case cfg.BatchSize < 1 || cfg.BatchSize > 100_000:
@@ -179,4 +200,22 @@ func (p *Async) backoff(failures int, jitter float64) time.Duration {
 	}
 	d = min(d, p.cfg.MaxBackoff)
 	return time.Duration(float64(d) * (0.8 + 0.4*jitter))
+}
+
+// tablePattern is a declared table: a lower-case identifier, optionally
+// schema-qualified, so it needs no quoting and names one relation.
+var tablePattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?$`)
+
+func validTables(tables []string) error {
+	seen := map[string]bool{}
+	for _, t := range tables {
+		if !tablePattern.MatchString(t) {
+			return fmt.Errorf("table %q: want a lower-case identifier, optionally schema-qualified (schema.table)", t)
+		}
+		if seen[t] {
+			return fmt.Errorf("table %q declared twice", t)
+		}
+		seen[t] = true
+	}
+	return nil
 }

@@ -135,6 +135,11 @@ type shard struct {
 	// batch timeout, the events that finished within the deadline. Only
 	// the shard's own loop touches it.
 	limit int
+	// shadow is set on the shadow shard of a blue/green rebuild.
+	shadow *shadow
+	// warnedVersion is the live model version last warned about (see
+	// superseded).
+	warnedVersion int
 }
 
 // batchLimit is how many events the shard's next pass reads.
@@ -269,6 +274,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err := d.register(ctx); err != nil {
 		return err
 	}
+	if err := d.registerProjections(ctx); err != nil {
+		return err
+	}
 	d.started = true
 	if d.metrics != nil {
 		for _, sh := range d.shards {
@@ -280,6 +288,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.softCancel, d.hardCancel = softCancel, hardCancel
 
 	d.wg.Go(func() { d.probeLoop(soft) })
+	d.wg.Go(func() { d.rebuildLoop(soft, hard) })
 	if d.metrics != nil {
 		d.wg.Go(func() { d.metricsLoop(soft) })
 	}
@@ -376,7 +385,7 @@ func (d *Dispatcher) register(ctx context.Context) error {
 			if sh.proj.cfg.StartFrom == FromNow {
 				start = horizon
 			}
-			if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq); err != nil {
+			if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq, sh.proj.cfg.Version); err != nil {
 				return fmt.Errorf("register consumer %s: %w", sh.id, err)
 			}
 		}
@@ -446,6 +455,8 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		case res.kind == passMore:
 			dbFailures = 0
 			continue
+		case res.kind == passGone:
+			return
 		case res.kind == passCaughtUp:
 			dbFailures = 0
 			wait = d.cfg.Recheck

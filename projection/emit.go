@@ -25,10 +25,17 @@ func withStore(ctx context.Context, s *postgres.Store) context.Context {
 // they carry the handled event's correlation id with its id as causation.
 // It is store.Append for handlers that were written without a store at
 // hand (sagas, process managers).
+//
+// During a replay ([Replaying]) Emit appends nothing and returns an empty
+// result: the live version appended those events when it first handled the
+// event, and they are in the log already.
 func Emit(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads ...any) (postgres.AppendResult, error) {
 	s, ok := ctx.Value(storeKey{}).(*postgres.Store)
 	if !ok {
 		return postgres.AppendResult{}, ErrNoDispatcher
+	}
+	if Replaying(ctx) {
+		return postgres.AppendResult{}, nil
 	}
 	return s.Append(ctx, tx, stream, expected, payloads...)
 }

@@ -27,6 +27,8 @@ const (
 	passLocked                   // another process holds the shard
 	passDead
 	passDisabled
+	passSuperseded // the consumer's model is of another version than this projection
+	passGone       // a shadow shard whose rebuild ended: its loop stops
 )
 
 type passResult struct {
@@ -41,7 +43,7 @@ type dispatchSQL struct {
 func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 	c, e := store.Table("projector_consumers"), store.Table("projector_events")
 	return dispatchSQL{
-		register: `INSERT INTO ` + c + ` (name, instance_id, cursor_tx_id, cursor_seq) VALUES ($1, $2, $3, $4)
+		register: `INSERT INTO ` + c + ` (name, instance_id, cursor_tx_id, cursor_seq, version) VALUES ($1, $2, $3, $4, $5)
 			ON CONFLICT (name, instance_id) DO NOTHING`,
 		unregister: `DELETE FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		// The shard is locked with a transaction-scoped advisory lock rather
@@ -57,15 +59,20 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 		// between would be read as not yet done.
 		state: `SELECT cursor_tx_id, cursor_seq, status, attempts,
 				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
-				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch')
+				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch'),
+				version, coalesce(replay_until_tx_id, '0'), coalesce(replay_until_seq, 0), coalesce(shadow_schema, '')
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		waitLock: waitShardLockSQL,
 		cursor:   `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		cursors: `SELECT c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status FROM ` + c + ` c
 			JOIN unnest($1::text[], $2::text[]) AS s(name, instance_id) USING (name, instance_id)`,
+		// A replay ends once the cursor reaches the position it started
+		// at: the row comparison is NULL, and the CASE keeps NULL, without one.
 		advance: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = 0,
 				last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL,
-				failed_event_id = NULL, next_retry_at = NULL, processed = processed + $6, updated_at = now()
+				failed_event_id = NULL, next_retry_at = NULL, processed = processed + $6, updated_at = now(),
+				replay_until_tx_id = CASE WHEN ($3::xid8, $4::bigint) >= (replay_until_tx_id, replay_until_seq) THEN NULL ELSE replay_until_tx_id END,
+				replay_until_seq = CASE WHEN ($3::xid8, $4::bigint) >= (replay_until_tx_id, replay_until_seq) THEN NULL ELSE replay_until_seq END
 			WHERE name = $1 AND instance_id = $2`,
 		fail: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = $6,
 				last_error = $7, last_error_at = now(), failed_tx_id = $8, failed_seq = $9, failed_event_id = $10,
@@ -101,7 +108,8 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	b.Queue(d.sql.tryLock, sh.lockKey).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
 	exists := true
 	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt)
+		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt,
+			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema)
 		if errors.Is(err, pgx.ErrNoRows) {
 			exists = false
 			return nil
@@ -114,8 +122,14 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	switch {
 	case !locked:
 		return passResult{kind: passLocked}, nil // another process has it
+	case !exists && sh.shadow != nil:
+		return passResult{kind: passGone}, nil // the rebuild switched or was cancelled
 	case !exists:
 		return d.registerAgain(ctx, tx, sh)
+	case sh.shadow != nil && st.shadowSchema != sh.shadow.schema:
+		return passResult{kind: passGone}, nil // another rebuild's shadow
+	case sh.shadow == nil && st.version != sh.proj.cfg.Version:
+		return d.superseded(ctx, sh, st.version), nil
 	}
 	switch {
 	case st.status == StatusDead:
@@ -127,9 +141,30 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 
 	cfg := sh.proj.cfg
+	switching := false
+	if sh.shadow != nil {
+		if switching, err = d.shadowPass(ctx, tx, sh); err != nil {
+			return passResult{}, err
+		}
+	}
 	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(cfg.BatchSize), EventTypes: sh.proj.t.types, Raw: true})
 	if err != nil {
 		return passResult{}, err
+	}
+	replaying := sh.shadow != nil
+	if st.replayUntil != projector.Start && st.cursor.Less(st.replayUntil) {
+		// Replaying in place: a batch stops at the position the rebuild
+		// started at, so every event of it is a replay or none is.
+		n := len(batch.Events)
+		for n > 0 && st.replayUntil.Less(batch.Events[n-1].Position) {
+			n--
+		}
+		if n > 0 {
+			replaying = true
+			if n < len(batch.Events) {
+				batch.Events, batch.Full = batch.Events[:n], true
+			}
+		}
 	}
 	next := batch.Next(st.cursor)
 	status := StatusIdle
@@ -137,7 +172,23 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		status = StatusProcessing
 	}
 	if len(batch.Events) == 0 {
+		if switching {
+			switched, err := d.switchShadow(ctx, tx, sh, next)
+			if err != nil {
+				return passResult{}, err
+			}
+			if switched {
+				return d.commit(ctx, tx, sh, passGone, nil, 0, 0, time.Time{})
+			}
+		}
+		if sh.shadow != nil {
+			sh.shadow.final = true
+		}
 		if next == st.cursor && st.status == StatusIdle && st.attempts == 0 {
+			if sh.shadow != nil {
+				// The rebuild may have moved to ready.
+				return d.commit(ctx, tx, sh, passCaughtUp, nil, 0, 0, time.Time{})
+			}
 			return passResult{kind: passCaughtUp}, nil // nothing to write
 		}
 		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, 0); err != nil {
@@ -154,6 +205,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	defer cancel()
 	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant, queue: &writeQueue{}}
 	r.handlerCtx = context.WithValue(handlerCtx, queueKey{}, r.queue)
+	if replaying {
+		r.handlerCtx = withReplay(r.handlerCtx, sh.replayState())
+	}
 	rest, deadLetters := batch.Events, 0
 	var done []projector.Event // applied, for AfterCommit
 	for len(rest) > 0 {
@@ -190,16 +244,35 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if err := r.unscope(ctx); err != nil {
 		return passResult{}, err
 	}
-	if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, len(done)); err != nil {
-		return passResult{}, fmt.Errorf("advance cursor: %w", err)
+	switched := false
+	if switching && !batch.Full {
+		if switched, err = d.switchShadow(ctx, tx, sh, next); err != nil {
+			return passResult{}, err
+		}
+	}
+	if !switched {
+		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, len(done)); err != nil {
+			return passResult{}, fmt.Errorf("advance cursor: %w", err)
+		}
 	}
 	kind := passCaughtUp
-	if batch.Full {
+	switch {
+	case switched:
+		kind = passGone
+	case batch.Full:
 		kind = passMore
 	}
 	res, err := d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
 	if err == nil {
 		sh.growLimit(cfg.BatchSize)
+		if sh.shadow != nil {
+			// Caught up: the next pass tries the switch.
+			sh.shadow.final = kind == passCaughtUp
+		}
+		if switched {
+			d.logger.InfoContext(ctx, "projection dispatcher: rebuild switched; the new version is live",
+				slog.String("consumer", sh.id.Consumer), slog.Int("version", sh.proj.cfg.Version), slog.String("cursor", next.String()))
+		}
 	}
 	return res, err
 }
@@ -273,12 +346,19 @@ type shardRow struct {
 	failedEvent uuid.UUID
 	waiting     bool
 	retryAt     time.Time
+	// version is the version of the model the shard maintains.
+	version int
+	// replayUntil is where an in-place rebuild started: events up to it
+	// are replays. Start when not replaying.
+	replayUntil projector.Position
+	// shadowSchema is the schema a shadow shard builds into.
+	shadowSchema string
 }
 
 // registerAgain restores a shard row an operator deleted, from the
 // beginning of the log.
 func (d *Dispatcher) registerAgain(ctx context.Context, tx pgx.Tx, sh *shard) (passResult, error) {
-	if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, uint64(0), int64(0)); err != nil {
+	if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, uint64(0), int64(0), sh.proj.cfg.Version); err != nil {
 		return passResult{}, fmt.Errorf("register shard again: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

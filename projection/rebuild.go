@@ -1,0 +1,297 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// RebuildInstance is the instance id of the shadow shard of a blue/green
+// rebuild: the consumer's second cursor, building the new version into
+// shadow tables while the live shard keeps serving. It is reserved.
+const RebuildInstance = "__rebuild__"
+
+// SwitchLockTimeout bounds how long a blue/green switch waits for the
+// ACCESS EXCLUSIVE locks on the live tables (readers in the middle of a
+// query hold them off); past it the switch is postponed to the next pass,
+// so readers are never queued behind it for longer.
+const SwitchLockTimeout = time.Second
+
+// shadow is what a shadow shard knows of its rebuild.
+type shadow struct {
+	rebuildID int64
+	schema    string
+	// tables are the live tables, "schema.table".
+	tables []string
+	replay *replayState
+	// final is set after a pass caught up: the next pass tries the switch.
+	final bool
+}
+
+// replayState returns what handlers of sh see while replaying.
+func (sh *shard) replayState() *replayState {
+	if sh.shadow != nil {
+		return sh.shadow.replay
+	}
+	return &replayState{}
+}
+
+// superseded is a live shard whose recorded model version is not this
+// projection's: an older binary after a switch, or a newer one before its
+// rebuild switched. Either way it must not write the tables, so it stands
+// aside like a shard locked elsewhere, saying why once.
+func (d *Dispatcher) superseded(ctx context.Context, sh *shard, live int) passResult {
+	if sh.warnedVersion != live {
+		sh.warnedVersion = live
+		hint := "request a rebuild to build this version: projector rebuild " + sh.id.Consumer
+		if live > sh.proj.cfg.Version {
+			hint = "a newer version switched in; this binary is out of date and leaves the consumer alone"
+		}
+		d.logger.WarnContext(ctx, "projection dispatcher: consumer's model is of another version; not running it here",
+			slog.String("consumer", sh.id.String()), slog.Int("live_version", live), slog.Int("this_version", sh.proj.cfg.Version),
+			slog.String("hint", hint))
+	}
+	return passResult{kind: passSuperseded}
+}
+
+// shadowPass prepares a shadow shard's transaction: its handlers' unqualified
+// table names resolve to the shadow schema first, and its commits do not wait
+// for the WAL flush (a lost commit is read again from the cursor; no reader
+// uses these tables yet). After a pass that caught up, it also decides
+// whether this pass may switch: the rebuild is not held for a diff, and the
+// live shard's lock is free (taken here, so the live model cannot move
+// until this transaction ends).
+func (d *Dispatcher) shadowPass(ctx context.Context, tx pgx.Tx, sh *shard) (bool, error) {
+	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true),
+		set_config('synchronous_commit', 'off', true)`, pgx.Identifier{sh.shadow.schema}.Sanitize()); err != nil {
+		return false, fmt.Errorf("shadow pass: %w", err)
+	}
+	if !sh.shadow.final {
+		return false, nil
+	}
+	var hold, locked bool
+	var status string
+	err := tx.QueryRow(ctx, `SELECT status, hold FROM `+d.store.Table("projector_rebuilds")+` WHERE id = $1`, sh.shadow.rebuildID).Scan(&status, &hold)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("shadow pass: read rebuild: %w", err)
+	}
+	if hold {
+		if status == "building" {
+			if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_rebuilds")+` SET status = 'ready' WHERE id = $1`, sh.shadow.rebuildID); err != nil {
+				return false, fmt.Errorf("shadow pass: mark rebuild ready: %w", err)
+			}
+			d.logger.InfoContext(ctx, "projection dispatcher: rebuild caught up; holding the switch until an operator runs `projector rebuild switch`",
+				slog.String("consumer", sh.id.Consumer))
+		}
+		return false, nil
+	}
+	live := ShardID{Consumer: sh.id.Consumer, Instance: SharedInstance}
+	if err := tx.QueryRow(ctx, d.sql.tryLock, shardLockKey(d.store.Schema(), live)).Scan(&locked); err != nil {
+		return false, fmt.Errorf("shadow pass: lock live shard: %w", err)
+	}
+	return locked, nil
+}
+
+// switchShadow makes the shadow tables live, in the pass's transaction,
+// which holds both shards' locks and has just applied everything below the
+// horizon: the shadow's cursor next is at or past the live one (which cannot
+// move while its lock is held), so readers never go back in time. The live
+// tables move to an "_old" schema, kept for `projector rebuild drop-old`.
+// If readers hold the live tables past SwitchLockTimeout, the switch is
+// rolled back to a savepoint and tried again by a later pass.
+func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position) (bool, error) {
+	sw := sh.shadow
+	var liveCursor projector.Position
+	c := d.store.Table("projector_consumers")
+	if err := tx.QueryRow(ctx, `SELECT cursor_tx_id, cursor_seq FROM `+c+` WHERE name = $1 AND instance_id = $2`,
+		sh.id.Consumer, SharedInstance).Scan(&liveCursor.TxID, &liveCursor.Seq); err != nil {
+		return false, fmt.Errorf("switch: read live cursor: %w", err)
+	}
+	if next.Less(liveCursor) {
+		return false, nil // cannot happen with the live lock held; never switch backwards
+	}
+	if _, err := tx.Exec(ctx, `SAVEPOINT projector_switch`); err != nil {
+		return false, fmt.Errorf("switch: %w", err)
+	}
+	started := time.Now()
+	old := sw.schema + "_old"
+	stmts := []string{
+		fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, SwitchLockTimeout.Milliseconds()),
+		`CREATE SCHEMA ` + pgx.Identifier{old}.Sanitize(),
+	}
+	for _, t := range sw.tables {
+		schema, rel, _ := strings.Cut(t, ".")
+		stmts = append(stmts,
+			`ALTER TABLE `+pgx.Identifier{schema, rel}.Sanitize()+` SET SCHEMA `+pgx.Identifier{old}.Sanitize(),
+			`ALTER TABLE `+pgx.Identifier{sw.schema, rel}.Sanitize()+` SET SCHEMA `+pgx.Identifier{schema}.Sanitize())
+	}
+	for _, q := range stmts {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+				if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT projector_switch`); rerr != nil {
+					return false, fmt.Errorf("switch: %w", rerr)
+				}
+				d.logger.InfoContext(ctx, "projection dispatcher: rebuild switch postponed: readers hold the live tables",
+					slog.String("consumer", sh.id.Consumer), slog.Duration("lock_timeout", SwitchLockTimeout))
+				return false, nil
+			}
+			return false, fmt.Errorf("switch: %s: %w", q, err)
+		}
+	}
+	took := time.Since(started)
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
+		return false, fmt.Errorf("switch: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+c+` SET cursor_tx_id = $3, cursor_seq = $4, version = $5, status = 'idle', attempts = 0,
+			last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL, failed_event_id = NULL,
+			next_retry_at = NULL, replay_until_tx_id = NULL, replay_until_seq = NULL, updated_at = now()
+		WHERE name = $1 AND instance_id = $2`, sh.id.Consumer, SharedInstance, next.TxID, next.Seq, sh.proj.cfg.Version); err != nil {
+		return false, fmt.Errorf("switch: move the live cursor: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM `+c+` WHERE name = $1 AND instance_id = $2`, sh.id.Consumer, RebuildInstance); err != nil {
+		return false, fmt.Errorf("switch: remove the shadow shard: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_rebuilds")+` SET status = 'switched', old_schema = $2,
+		finished_at = now(), switch_ms = $3 WHERE id = $1`, sw.rebuildID, old, float64(took.Microseconds())/1000); err != nil {
+		return false, fmt.Errorf("switch: record: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{sw.schema}.Sanitize()); err != nil {
+		return false, fmt.Errorf("switch: drop the emptied shadow schema: %w", err)
+	}
+	return true, nil
+}
+
+// registerProjections records what each projection version declares, so an
+// ops binary without the code can request its rebuild. Declared tables are
+// resolved here, in a session like the handlers', to schema-qualified names.
+func (d *Dispatcher) registerProjections(ctx context.Context) error {
+	for _, sh := range d.shards {
+		p := sh.proj
+		tables := make([]string, 0, len(p.cfg.Tables))
+		for _, t := range p.cfg.Tables {
+			var q *string
+			err := d.store.Pool().QueryRow(ctx, `SELECT n.nspname || '.' || c.relname FROM pg_class c
+				JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, t).Scan(&q)
+			if errors.Is(err, pgx.ErrNoRows) || (err == nil && q == nil) {
+				return fmt.Errorf("projection dispatcher: projection %s declares table %q, which does not exist: create the read-model tables before starting the dispatcher", p.name, t)
+			}
+			if err != nil {
+				return fmt.Errorf("projection dispatcher: resolve table %q of %s: %w", t, p.name, err)
+			}
+			tables = append(tables, *q)
+		}
+		if _, err := d.store.Pool().Exec(ctx, `INSERT INTO `+d.store.Table("projector_projections")+`
+				(name, version, tables, event_types, delivery) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (name, version) DO UPDATE SET tables = $3, event_types = $4, delivery = $5, updated_at = now()`,
+			p.name, p.cfg.Version, tables, p.t.types, p.cfg.Delivery.String()); err != nil {
+			return fmt.Errorf("projection dispatcher: record projection %s: %w", p.name, err)
+		}
+	}
+	return nil
+}
+
+// rebuildLoop looks for blue/green rebuilds of this dispatcher's
+// projections at this dispatcher's versions and runs their shadow shards
+// here (several dispatchers may: the shard lock lets one pass at a time).
+func (d *Dispatcher) rebuildLoop(soft, hard context.Context) {
+	var mu sync.Mutex
+	running := map[int64]bool{}
+	byName := map[string]*shard{}
+	names := make([]string, 0, len(d.shards))
+	for _, sh := range d.shards {
+		if sh.proj.cfg.Delivery == Shared {
+			byName[sh.id.Consumer] = sh
+			names = append(names, sh.id.Consumer)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	q := `SELECT id, name, version, shadow_schema, tables FROM ` + d.store.Table("projector_rebuilds") + `
+		WHERE status IN ('building', 'ready') AND mode = 'blue-green' AND name = ANY($1)`
+	ticker := time.NewTicker(d.cfg.Recheck)
+	defer ticker.Stop()
+	for {
+		rows, err := d.store.Pool().Query(soft, q, names)
+		if err == nil {
+			for rows.Next() {
+				var id int64
+				var name, schema string
+				var version int
+				var tables []string
+				if err = rows.Scan(&id, &name, &version, &schema, &tables); err != nil {
+					break
+				}
+				live := byName[name]
+				mu.Lock()
+				skip := running[id] || live.proj.cfg.Version != version
+				if !skip {
+					running[id] = true
+				}
+				mu.Unlock()
+				if skip {
+					continue
+				}
+				sh := newShadowShard(d.store.Schema(), live, id, schema, tables)
+				d.logger.InfoContext(soft, "projection dispatcher: running a rebuild's shadow shard",
+					slog.String("consumer", name), slog.Int("version", version), slog.String("shadow_schema", schema))
+				d.wg.Go(func() {
+					d.runShard(soft, hard, sh)
+					mu.Lock()
+					delete(running, id)
+					mu.Unlock()
+				})
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+		if err != nil && soft.Err() == nil {
+			d.logger.WarnContext(soft, "projection dispatcher: looking for rebuilds failed", slog.Any("error", err))
+		}
+		select {
+		case <-soft.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+func newShadowShard(storeSchema string, live *shard, rebuildID int64, schema string, tables []string) *shard {
+	id := ShardID{Consumer: live.id.Consumer, Instance: RebuildInstance}
+	names := map[string]string{}
+	for _, t := range tables {
+		_, rel, _ := strings.Cut(t, ".")
+		ident := pgx.Identifier{schema, rel}.Sanitize()
+		names[t], names[rel] = ident, ident
+	}
+	return &shard{id: id, proj: live.proj, lockKey: shardLockKey(storeSchema, id), shadow: &shadow{
+		rebuildID: rebuildID, schema: schema, tables: tables, replay: &replayState{tables: names},
+	}}
+}
+
+// LockShard waits, in tx, for the advisory lock of a shard of store's
+// schema: the lock every pass of that shard holds for its transaction. An
+// operation that changes a shard's row or its tables from outside a pass
+// (a rebuild's rewind, a cancel) takes it first, so it never races a batch.
+func LockShard(ctx context.Context, tx pgx.Tx, store *postgres.Store, id ShardID) error {
+	if _, err := tx.Exec(ctx, waitShardLockSQL, shardLockKey(store.Schema(), id.normal())); err != nil {
+		return fmt.Errorf("lock consumer %s: %w", id, err)
+	}
+	return nil
+}
