@@ -39,6 +39,10 @@ CREATE TABLE {{schema}}.projector_rebuilds (
     tables        text[]      NOT NULL,
     shadow_schema text,
     old_schema    text,
+    -- The log's last event when the rebuild started: progress is measured
+    -- up to it.
+    target_tx_id  xid8        NOT NULL DEFAULT '0',
+    target_seq    bigint      NOT NULL DEFAULT 0,
     total_events  bigint      NOT NULL DEFAULT 0,
     requested_at  timestamptz NOT NULL DEFAULT now(),
     finished_at   timestamptz,

@@ -1,0 +1,317 @@
+package rebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// Mode is how a projection is rebuilt.
+type Mode string
+
+// The modes.
+const (
+	// BlueGreen builds the new version into shadow tables while the live
+	// version serves, then switches atomically. The default.
+	BlueGreen Mode = "blue-green"
+	// InPlace clears the live tables and replays into them: readers see an
+	// empty, then partial model until it catches up. For development and
+	// small models.
+	InPlace Mode = "in-place"
+)
+
+// Status is where a rebuild is.
+type Status string
+
+// The statuses.
+const (
+	// Building: replaying.
+	Building Status = "building"
+	// Ready: a blue/green rebuild held for a diff has caught up and waits
+	// for Switch.
+	Ready Status = "ready"
+	// Switched: the blue/green rebuild's tables are live.
+	Switched Status = "switched"
+	// Done: an in-place rebuild reached the position it started at.
+	Done Status = "done"
+	// Cancelled: stopped by an operator; nothing of it is live.
+	Cancelled Status = "cancelled"
+)
+
+// Errors callers can test with errors.Is.
+var (
+	// ErrUnknownProjection: no dispatcher ever registered a projection of
+	// that name (and version).
+	ErrUnknownProjection = errors.New("rebuild: unknown projection")
+	// ErrNoTables: the projection declares no read-model tables, so there
+	// is nothing a rebuild could clear or copy.
+	ErrNoTables = errors.New("rebuild: projection declares no tables")
+	// ErrNotRebuildable: the projection cannot be rebuilt as it stands (a
+	// per-instance consumer, a table shape a switch cannot carry).
+	ErrNotRebuildable = errors.New("rebuild: projection cannot be rebuilt")
+	// ErrActive: the projection is being rebuilt already.
+	ErrActive = errors.New("rebuild: a rebuild of this projection is in progress")
+	// ErrNotActive: no rebuild of the projection is in progress.
+	ErrNotActive = errors.New("rebuild: no rebuild of this projection is in progress")
+	// ErrPruned: retention deleted events the projection reads, so a
+	// replay from the log could not be exact.
+	ErrPruned = errors.New("rebuild: retention deleted events the projection needs")
+)
+
+// Options says how to rebuild.
+type Options struct {
+	// Mode defaults to BlueGreen.
+	Mode Mode
+	// Version is the projection version to build; zero means the highest
+	// version a dispatcher has registered. A blue/green rebuild is carried
+	// out by dispatchers running that version.
+	Version int
+	// Hold keeps a blue/green rebuild from switching once it caught up,
+	// until Switch: time to compare the shadow tables with the live ones.
+	Hold bool
+}
+
+// Rebuild is one rebuild's record, with its progress while it runs.
+type Rebuild struct {
+	ID           int64
+	Name         string
+	Version      int
+	Mode         Mode
+	Status       Status
+	Hold         bool
+	Tables       []string
+	ShadowSchema string
+	OldSchema    string
+	// Target is the log's last event when the rebuild started, and
+	// TotalEvents the number of events up to it.
+	Target      projector.Position
+	TotalEvents int64
+	RequestedAt time.Time
+	FinishedAt  time.Time
+	// SwitchTook is how long the blue/green switch held the live tables.
+	SwitchTook time.Duration
+	Note       string
+	// Cursor and Remaining measure an active rebuild: where its cursor is,
+	// and how many events up to Target are still to replay.
+	Cursor    projector.Position
+	Remaining int64
+}
+
+// Active reports a rebuild still replaying or waiting to switch.
+func (r Rebuild) Active() bool { return r.Status == Building || r.Status == Ready }
+
+// Progress is the share of the events up to Target replayed, 0 to 1.
+func (r Rebuild) Progress() float64 {
+	switch {
+	case !r.Active():
+		return 1
+	case r.TotalEvents <= 0:
+		return 0
+	}
+	return min(1, max(0, 1-float64(r.Remaining)/float64(r.TotalEvents)))
+}
+
+var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,99}$`)
+
+// Request starts a rebuild of the projection name, recorded in the
+// database so that dispatchers running the projection carry it out; the
+// caller needs only the store, not the projection's code.
+//
+// In place, it clears the declared tables and rewinds the consumer in one
+// transaction, after waiting for a running batch: a dispatcher anywhere
+// then replays from the start, with handlers told they are replaying.
+// Blue/green, it creates a shadow schema with copies of the declared tables
+// (structure, indexes, grants and row-level-security policies) and a shadow
+// shard that dispatchers of the requested version build it with; the switch
+// happens when it has caught up.
+func Request(ctx context.Context, store *postgres.Store, name string, opts Options) (Rebuild, error) {
+	opts.Mode = Mode(strings.TrimSpace(string(opts.Mode)))
+	if opts.Mode == "" {
+		opts.Mode = BlueGreen
+	}
+	if opts.Mode != BlueGreen && opts.Mode != InPlace {
+		return Rebuild{}, fmt.Errorf("%w: mode %q: want %s or %s", ErrNotRebuildable, opts.Mode, BlueGreen, InPlace)
+	}
+	if opts.Version < 0 {
+		return Rebuild{}, fmt.Errorf("%w: version %d below 0", ErrUnknownProjection, opts.Version)
+	}
+	if opts.Hold && opts.Mode == InPlace {
+		return Rebuild{}, fmt.Errorf("%w: an in-place rebuild has no switch to hold", ErrNotRebuildable)
+	}
+	if !namePattern.MatchString(name) {
+		return Rebuild{}, fmt.Errorf("%w: %s is not a projection name", ErrUnknownProjection, projector.Printable(name))
+	}
+	var out Rebuild
+	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		decl, err := declaration(ctx, tx, store, name, opts.Version)
+		if err != nil {
+			return err
+		}
+		if err := checkPruned(ctx, tx, store, name, decl.eventTypes); err != nil {
+			return err
+		}
+		live := projection.ShardID{Consumer: name}
+		if err := projection.LockShard(ctx, tx, store, live); err != nil {
+			return err
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2)`,
+			name, projection.SharedInstance).Scan(&exists); err != nil {
+			return fmt.Errorf("rebuild %s: %w", name, err)
+		}
+		if !exists {
+			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, name)
+		}
+		var target projector.Position
+		var total int64
+		e := store.Table("projector_events")
+		err = tx.QueryRow(ctx, `SELECT tx_id, seq FROM `+e+` ORDER BY tx_id DESC, seq DESC LIMIT 1`).Scan(&target.TxID, &target.Seq)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("rebuild %s: read the log's end: %w", name, err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+e).Scan(&total); err != nil {
+			return fmt.Errorf("rebuild %s: count the log: %w", name, err)
+		}
+		id, err := insertRow(ctx, tx, store, name, decl, opts, target, total)
+		if err != nil {
+			return err
+		}
+		if opts.Mode == InPlace {
+			err = startInPlace(ctx, tx, store, name, decl)
+		} else {
+			err = startBlueGreen(ctx, tx, store, name, decl, id)
+		}
+		if err != nil {
+			return err
+		}
+		out, err = get(ctx, tx, store, id)
+		return err
+	})
+	return out, err
+}
+
+// decl is what a projection version declared when a dispatcher started.
+type decl struct {
+	version    int
+	tables     []string
+	eventTypes []string
+}
+
+func declaration(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, version int) (decl, error) {
+	var d decl
+	var delivery string
+	err := tx.QueryRow(ctx, `SELECT version, tables, event_types, delivery FROM `+store.Table("projector_projections")+`
+		WHERE name = $1 AND ($2 = 0 OR version = $2) ORDER BY version DESC LIMIT 1`, name, version).
+		Scan(&d.version, &d.tables, &d.eventTypes, &delivery)
+	if errors.Is(err, pgx.ErrNoRows) {
+		known, kerr := registered(ctx, tx, store)
+		if kerr != nil {
+			return d, kerr
+		}
+		if version != 0 {
+			return d, fmt.Errorf("%w: no dispatcher has run version %d of %s (registered: %s); start one with that version first", ErrUnknownProjection, version, name, known)
+		}
+		return d, fmt.Errorf("%w: %s (registered: %s)", ErrUnknownProjection, name, known)
+	}
+	if err != nil {
+		return d, fmt.Errorf("rebuild %s: read its declaration: %w", name, err)
+	}
+	if delivery != projection.Shared.String() {
+		return d, fmt.Errorf("%w: %s is a per-instance consumer: its state lives in each process, not in tables", ErrNotRebuildable, name)
+	}
+	if len(d.tables) == 0 {
+		return d, fmt.Errorf("%w: %s declares no read-model tables (projection.AsyncConfig.Tables), so a rebuild would not know what to clear or copy; declare them and restart its dispatcher", ErrNoTables, name)
+	}
+	return d, nil
+}
+
+// registered lists the projection versions dispatchers have recorded.
+func registered(ctx context.Context, tx pgx.Tx, store *postgres.Store) (string, error) {
+	rows, err := tx.Query(ctx, `SELECT name || ' v' || version FROM `+store.Table("projector_projections")+` ORDER BY name, version`)
+	if err != nil {
+		return "", fmt.Errorf("rebuild: list projections: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", fmt.Errorf("rebuild: list projections: %w", err)
+	}
+	if len(names) == 0 {
+		return "none", nil
+	}
+	return strings.Join(names, ", "), nil
+}
+
+func checkPruned(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, types []string) error {
+	rows, err := tx.Query(ctx, `SELECT event_type || ' (' || deleted || ')' FROM `+store.Table("projector_pruned")+` WHERE event_type = ANY($1) ORDER BY 1`, types)
+	if err != nil {
+		return fmt.Errorf("rebuild %s: read retention's record: %w", name, err)
+	}
+	pruned, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("rebuild %s: read retention's record: %w", name, err)
+	}
+	if len(pruned) > 0 {
+		return fmt.Errorf("%w: %s reads event types that `events prune` deleted events of: %s; a replay would build a model without them", ErrPruned, name, strings.Join(pruned, ", "))
+	}
+	return nil
+}
+
+func insertRow(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, d decl, opts Options, target projector.Position, total int64) (int64, error) {
+	var id int64
+	err := tx.QueryRow(ctx, `INSERT INTO `+store.Table("projector_rebuilds")+`
+			(name, version, mode, status, hold, tables, target_tx_id, target_seq, total_events)
+		VALUES ($1, $2, $3, 'building', $4, $5, $6, $7, $8) RETURNING id`,
+		name, d.version, string(opts.Mode), opts.Hold, d.tables, target.TxID, target.Seq, total).Scan(&id)
+	if isUniqueViolation(err) {
+		return 0, fmt.Errorf("%w: %s; follow it with `projector rebuild list`, or cancel it", ErrActive, name)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("rebuild %s: record: %w", name, err)
+	}
+	return id, nil
+}
+
+// startInPlace clears the tables and rewinds the consumer, under its lock.
+// The events up to the consumer's old cursor are replays: the live version
+// handled them, side effects and emitted events included. Events after it
+// were never handled and are not replays, even those of transactions that
+// commit later below the log's end.
+func startInPlace(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, d decl) error {
+	idents := make([]string, len(d.tables))
+	for i, t := range d.tables {
+		idents[i] = qualified(t)
+	}
+	if _, err := tx.Exec(ctx, `TRUNCATE `+strings.Join(idents, ", ")); err != nil {
+		return fmt.Errorf("rebuild %s: clear its tables: %w", name, err)
+	}
+	_, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET cursor_tx_id = '0', cursor_seq = 0,
+			status = CASE WHEN status = 'disabled' THEN 'disabled' ELSE 'idle' END, attempts = 0,
+			last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL, failed_event_id = NULL,
+			next_retry_at = NULL, version = $3,
+			replay_until_tx_id = NULLIF(cursor_tx_id, '0'),
+			replay_until_seq = CASE WHEN cursor_tx_id = '0' THEN NULL ELSE cursor_seq END, updated_at = now()
+		WHERE name = $1 AND instance_id = $2`, name, projection.SharedInstance, d.version)
+	if err != nil {
+		return fmt.Errorf("rebuild %s: rewind its consumer: %w", name, err)
+	}
+	return nil
+}
+
+func qualified(t string) string {
+	schema, rel, _ := strings.Cut(t, ".")
+	return pgx.Identifier{schema, rel}.Sanitize()
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr interface{ SQLState() string }
+	return errors.As(err, &pgErr) && pgErr.SQLState() == "23505"
+}
