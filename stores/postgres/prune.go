@@ -156,11 +156,9 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, erro
 				res.Blocker = blocker
 				return s.pruneTypes(ctx, tx, types, res.Cutoff, guard, blocker == nil, &res)
 			}
-			tag, err := tx.Exec(ctx, s.sql.pruneDelete, types, res.Cutoff, guard.TxID, guard.Seq, blocker == nil, batch)
-			if err != nil {
+			if err := tx.QueryRow(ctx, s.sql.pruneDelete, types, res.Cutoff, guard.TxID, guard.Seq, blocker == nil, batch).Scan(&n); err != nil {
 				return fmt.Errorf("delete: %w", err)
 			}
-			n = tag.RowsAffected()
 			res.Deleted += n
 			if n < int64(batch) { // the last round: count what the guard kept
 				var wouldDelete int64
@@ -342,7 +340,18 @@ const pruneByTypeSQL = `SELECT e.stream_type, count(*), count(DISTINCT (e.tenant
 	GROUP BY e.stream_type ORDER BY e.stream_type`
 
 // pruneDeleteSQL deletes one batch, oldest first along the log's own index.
-const pruneDeleteSQL = `DELETE FROM {{s}}.projector_events WHERE (tx_id, seq) IN (
-	SELECT e.tx_id, e.seq` + pruneCandidates + `
-	  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
-	ORDER BY e.tx_id, e.seq LIMIT $6)`
+// pruneDeleteSQL deletes one batch and records, per event type, that
+// events of it were deleted: a rebuild of a projection reading that type
+// could no longer be exact, and is refused.
+const pruneDeleteSQL = `WITH deleted AS (
+	DELETE FROM {{s}}.projector_events WHERE (tx_id, seq) IN (
+		SELECT e.tx_id, e.seq` + pruneCandidates + `
+		  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
+		ORDER BY e.tx_id, e.seq LIMIT $6)
+	RETURNING type
+), recorded AS (
+	INSERT INTO {{s}}.projector_pruned AS p (event_type, deleted)
+	SELECT type, count(*) FROM deleted GROUP BY type
+	ON CONFLICT (event_type) DO UPDATE SET deleted = p.deleted + excluded.deleted, last_at = now()
+)
+SELECT count(*) FROM deleted`

@@ -94,6 +94,11 @@ func TestPromise9_PruneNeverOutrunsAConsumer(t *testing.T) {
 	if n := f.remaining(t, "ticket"); n != 1 {
 		t.Fatal("an aggregate stream was pruned without being named")
 	}
+	// What was deleted is recorded by event type, for rebuilds to refuse.
+	var pruned int64
+	if err := f.store.Pool().QueryRow(f.ctx, `SELECT deleted FROM `+f.store.Table("projector_pruned")+` WHERE event_type = 'ticket.opened'`).Scan(&pruned); err != nil || pruned != 4 {
+		t.Fatalf("recorded %d pruned ticket.opened events (%v), want 4", pruned, err)
+	}
 
 	// A dead-lettered event is kept even once everyone has passed it.
 	if _, err := f.store.Pool().Exec(f.ctx, `INSERT INTO `+f.store.Table("projector_dead_letters")+`
