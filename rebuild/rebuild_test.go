@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,7 +20,12 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	pgtest.Main(m)
+}
 
 // env is one test's schema with a per-stream counting read model.
 type env struct {
@@ -62,15 +68,19 @@ func (e *env) exec(sql string, args ...any) {
 // each row with the projection's version; its handler qualifies the table
 // name, so it goes through projection.Table.
 func (e *env) counter(version int, cfg projection.AsyncConfig) *projection.Async {
-	cfg.Version, cfg.Tables = version, []string{e.table}
+	return counter(e.types, e.table, version, cfg)
+}
+
+func counter(types testevents.Types, table string, version int, cfg projection.AsyncConfig) *projection.Async {
+	cfg.Version, cfg.Tables = version, []string{table}
 	p := projection.NewAsync("counter", cfg)
 	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, e.table)+` AS c (stream_id, n, v) VALUES ($1, 1, $2)
+		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, table)+` AS c (stream_id, n, v) VALUES ($1, 1, $2)
 			ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1, v = $2`, ev.Stream.ID, version)
 		return err
 	}
-	must(projection.OnEvent(p, e.types.Opened, h))
-	must(projection.OnEvent(p, e.types.Commented, h))
+	must(projection.OnEvent(p, types.Opened, h))
+	must(projection.OnEvent(p, types.Commented, h))
 	return p
 }
 
@@ -438,5 +448,20 @@ func TestHoldSwitchAndCancel(t *testing.T) {
 	}
 	if r, _ := e.read(); len(r.versions) != 1 || r.versions[0] != 2 || r.counted != 10 {
 		t.Fatalf("after the switch: %+v", r)
+	}
+}
+
+// appendBatch appends one stream of n events in one transaction.
+func (e *env) appendBatch(t *testing.T, i, n int) {
+	t.Helper()
+	payloads := []any{testevents.TicketOpened{Title: "t"}}
+	for len(payloads) < n {
+		payloads = append(payloads, testevents.TicketCommented{Body: "c"})
+	}
+	if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprintf("pre-%d", i)), projector.NoStream, payloads...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
