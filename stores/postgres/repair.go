@@ -215,6 +215,11 @@ func (r *repair) run(ctx context.Context) error {
 	if err := r.remapConsumers(ctx); err != nil {
 		return err
 	}
+	for _, q := range []string{r.q.remapReplays, r.q.remapRebuilds} {
+		if _, err := r.tx.Exec(ctx, q, RepairTxID); err != nil {
+			return fmt.Errorf("remap rebuild positions: %w", err)
+		}
+	}
 	tag, err := r.tx.Exec(ctx, r.q.remapDeadLetters, RepairTxID)
 	if err != nil {
 		return fmt.Errorf("remap dead letters: %w", err)
@@ -405,6 +410,8 @@ var positionColumns = []string{
 	"projector_consumers.cursor_tx_id",
 	"projector_consumers.failed_tx_id",
 	"projector_dead_letters.event_tx_id",
+	"projector_consumers.replay_until_tx_id",
+	"projector_rebuilds.target_tx_id",
 }
 
 type repairSQL struct {
@@ -414,6 +421,7 @@ type repairSQL struct {
 	countMap, anyAtTarget                                           string
 	generatedByDefault, renumber, renumberNegative, flipNegative    string
 	generatedAlways, remapConsumers, remapDeadLetters, resetStreams string
+	remapReplays, remapRebuilds                                     string
 	verifyLog, verifyCursor, raiseSequence                          string
 }
 
@@ -436,7 +444,8 @@ func newRepairSQL(schema string) repairSQL {
 		check: `SELECT pg_snapshot_xmin(pg_current_snapshot()), pg_snapshot_xmax(pg_current_snapshot()),
 			(SELECT max(tx_id) FROM ` + e + `), (SELECT max(last_tx_id) FROM ` + s + `),
 			(SELECT max(cursor_tx_id) FROM ` + c + `), (SELECT max(failed_tx_id) FROM ` + c + `),
-			(SELECT max(event_tx_id) FROM ` + d + `)`,
+			(SELECT max(event_tx_id) FROM ` + d + `), (SELECT max(replay_until_tx_id) FROM ` + c + `),
+			(SELECT max(target_tx_id) FROM ` + schema + `.projector_rebuilds)`,
 		buildMap: []string{
 			`CREATE TEMP TABLE projector_repair_map ON COMMIT DROP AS
 				SELECT id, tx_id AS old_tx_id, seq AS old_seq, row_number() OVER (ORDER BY tx_id, seq) AS new_seq
@@ -467,6 +476,15 @@ func newRepairSQL(schema string) repairSQL {
 			RETURNING c.name, c.instance_id, c.status,
 				o.cursor_tx_id, o.cursor_seq, c.cursor_tx_id, c.cursor_seq,
 				o.failed_tx_id, o.failed_seq, c.failed_tx_id, c.failed_seq`,
+		// A rebuild's replay end and target are positions like the
+		// cursor: the last event at or before them.
+		remapReplays: `UPDATE ` + c + ` c SET
+				replay_until_tx_id = $1::xid8,
+				replay_until_seq = coalesce(` + atOrBefore("c.replay_until_tx_id", "c.replay_until_seq") + `, 0)
+			WHERE c.replay_until_tx_id IS NOT NULL`,
+		remapRebuilds: `UPDATE ` + schema + `.projector_rebuilds r SET target_tx_id = $1::xid8,
+				target_seq = coalesce(` + atOrBefore("r.target_tx_id", "r.target_seq") + `, 0)
+			WHERE r.target_tx_id <> '0'::xid8`,
 		remapDeadLetters: `UPDATE ` + d + ` d SET event_tx_id = $1::xid8, event_seq = coalesce(
 				(SELECT m.new_seq FROM ` + repairMapTable + ` m WHERE m.id = d.event_id),
 				` + atOrBefore("d.event_tx_id", "d.event_seq") + `, 0)`,
