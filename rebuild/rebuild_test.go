@@ -401,7 +401,7 @@ func TestRequestRefusals(t *testing.T) {
 func TestHoldSwitchAndCancel(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	d1 := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
 	for i := range 10 {
 		if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
 			_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprint(i)), projector.NoStream, testevents.TicketOpened{Title: "t"})
@@ -409,6 +409,11 @@ func TestHoldSwitchAndCancel(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d1.CatchUp(ctx); err != nil {
+		t.Fatal(err)
 	}
 	e.dispatcher(e.counter(2, projection.AsyncConfig{}))
 	rb, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Hold: true})
@@ -441,8 +446,6 @@ func TestHoldSwitchAndCancel(t *testing.T) {
 	if err := rebuild.Switch(e.ctx, e.store, "counter"); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
-	defer cancel()
 	if final, err := rebuild.Wait(ctx, e.store, "counter", 10*time.Millisecond, nil); err != nil || final.Status != rebuild.Switched {
 		t.Fatalf("after switch: %+v, %v", final, err)
 	}
