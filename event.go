@@ -267,7 +267,9 @@ func (p Position) String() string {
 	return strconv.FormatUint(p.TxID, 10) + "/" + strconv.FormatInt(p.Seq, 10)
 }
 
-// ParsePosition parses the form String produces.
+// ParsePosition parses the form String produces, and "txid/max", the form
+// the ops CLI prints for a cursor at a horizon (every event of txid and
+// before passed).
 func ParsePosition(s string) (Position, error) {
 	tx, seq, ok := strings.Cut(s, "/")
 	if !ok {
@@ -276,6 +278,9 @@ func ParsePosition(s string) (Position, error) {
 	t, err := strconv.ParseUint(tx, 10, 64)
 	if err != nil {
 		return Position{}, fmt.Errorf("parse position %q: transaction id: %w", s, err)
+	}
+	if seq == "max" {
+		return Position{TxID: t, Seq: math.MaxInt64}, nil
 	}
 	q, err := strconv.ParseInt(seq, 10, 64)
 	if err != nil || q < 0 {

@@ -238,3 +238,17 @@ func TestPositionOrder(t *testing.T) {
 		t.Error("Start.Before() must stay at Start")
 	}
 }
+
+// The ops CLI prints a cursor at a horizon as "txid/max"; it parses back.
+func TestParsePositionMax(t *testing.T) {
+	t.Parallel()
+	p, err := projector.ParsePosition("9/max")
+	if err != nil || p != (projector.Position{TxID: 9, Seq: math.MaxInt64}) {
+		t.Fatalf("9/max: %v, %v", p, err)
+	}
+	for _, bad := range []string{"9/MAX", "max/1", "9/-1", "9/"} {
+		if _, err := projector.ParsePosition(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}

@@ -84,7 +84,8 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 		return err
 	}
 	if len(w.Async) == 0 {
-		return errors.New("this binary has no async projections to run (cli.Config.Wire returned none)")
+		return errors.New("this binary has no async projections to run (cli.Config.Wire returned none); " +
+			"mount the CLI in your application's binary with its projections (docs/operations.md), or set PROJECTOR_EXAMPLE=1 to run the example application")
 	}
 	if w.Setup != nil {
 		if err := w.Setup(ctx, pool); err != nil {

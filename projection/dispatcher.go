@@ -215,8 +215,11 @@ func New(cfg Config) (*Dispatcher, error) {
 	if d.instance == "" {
 		d.instance, d.randomID = uuid.NewString(), true
 	}
-	if d.instance == SharedInstance {
-		return nil, fmt.Errorf("projection dispatcher: instance id %q is reserved for shared consumers; choose another (%s)", SharedInstance, EnvInstanceID)
+	if d.instance == SharedInstance || d.instance == RebuildInstance {
+		return nil, fmt.Errorf("projection dispatcher: instance id %q is reserved; choose another (%s)", d.instance, EnvInstanceID)
+	}
+	if err := validInstance(d.instance); err != nil {
+		return nil, fmt.Errorf("projection dispatcher: %w (Config.InstanceID or %s)", err, EnvInstanceID)
 	}
 	seen := map[string]bool{}
 	for _, p := range cfg.Projections {

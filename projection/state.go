@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -245,6 +246,12 @@ func (a *Admin) List(ctx context.Context, consumer string) ([]ShardState, error)
 }
 
 func (a *Admin) list(ctx context.Context, name, instance *string) ([]ShardState, error) {
+	if name != nil && validName(*name) != nil {
+		return nil, nil // no consumer can have that name
+	}
+	if instance != nil && validInstance(*instance) != nil {
+		return nil, nil
+	}
 	rows, err := a.store.Pool().Query(ctx, a.sql.list, name, instance)
 	if err != nil {
 		return nil, fmt.Errorf("list consumers: %w", err)
@@ -273,7 +280,7 @@ func (a *Admin) Status(ctx context.Context, id ShardID) (ShardState, error) {
 		return ShardState{}, err
 	}
 	if len(states) == 0 {
-		return ShardState{}, fmt.Errorf("consumer %s: %w", id, projector.ErrNotFound)
+		return ShardState{}, fmt.Errorf("consumer %s: %w", projector.Printable(id.String()), projector.ErrNotFound)
 	}
 	return states[0], nil
 }
@@ -346,6 +353,12 @@ type txExec func(ctx context.Context, sql string, args ...any) (int64, error)
 // transaction: a refused transition changes nothing.
 func (a *Admin) transition(ctx context.Context, id ShardID, op string, allowed []Status, change func(*ShardState, txExec) (refuse string, err error)) error {
 	id = id.normal()
+	if validName(id.Consumer) != nil || validInstance(id.Instance) != nil {
+		// Refused before anything reaches PostgreSQL: a name no shard can
+		// have (NUL, invalid UTF-8) would otherwise come back as a raw
+		// driver error quoting its bytes.
+		return fmt.Errorf("consumer %s: %w", projector.Printable(id.String()), projector.ErrNotFound)
+	}
 	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
 		// Wait for a running batch: the dispatcher holds the shard's
 		// advisory lock for the length of a pass.
@@ -420,6 +433,9 @@ func (e *InUseError) Is(target error) bool { return target == projector.ErrInval
 // shard lock held by a pass. It returns the shards it removed, or an error
 // matching [projector.ErrNotFound] when there are none.
 func (a *Admin) Remove(ctx context.Context, consumer, instance string) ([]ShardID, error) {
+	if validName(consumer) != nil || (instance != "" && validInstance(instance) != nil) {
+		return nil, fmt.Errorf("consumer %s: %w", projector.Printable(ShardID{Consumer: consumer, Instance: instance}.String()), projector.ErrNotFound)
+	}
 	var removed []ShardID
 	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, a.sql.lockTable); err != nil {
@@ -477,4 +493,19 @@ func (a *Admin) Remove(ctx context.Context, consumer, instance string) ([]ShardI
 		return nil, fmt.Errorf("remove consumer %s: %w", consumer, err)
 	}
 	return removed, nil
+}
+
+// validInstance reports whether an instance id can be stored: PostgreSQL
+// text holds no NUL and only valid UTF-8, and the id is part of the
+// consumers table's key, so it is kept to a name's length.
+func validInstance(id string) error {
+	switch {
+	case id == "":
+		return errors.New("instance id is empty")
+	case len(id) > projector.MaxNameLength:
+		return fmt.Errorf("instance id is %d bytes, more than %d", len(id), projector.MaxNameLength)
+	case !utf8.ValidString(id) || strings.ContainsRune(id, 0):
+		return fmt.Errorf("instance id %s is not valid UTF-8 without NUL bytes", projector.Printable(id))
+	}
+	return nil
 }

@@ -121,6 +121,13 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, erro
 	if len(types) == 0 {
 		return PruneResult{}, ErrNoStreamTypes
 	}
+	for _, t := range types {
+		// Checked here, so a stream type no stream can have is a clear
+		// error rather than a raw one from the driver.
+		if err := projector.Stream(t, "-").Validate(); err != nil {
+			return PruneResult{}, fmt.Errorf("%w: stream type %s cannot exist: %w", ErrInvalidPrune, projector.Printable(t), err)
+		}
+	}
 	if !opts.IncludeAggregates {
 		if history := s.notEphemeral(types); len(history) > 0 {
 			return PruneResult{}, fmt.Errorf("%w: stream types %v are not declared ephemeral", ErrAggregateHistory, history)

@@ -193,6 +193,8 @@ func TestPruneBadInput(t *testing.T) {
 		{StreamTypes: []string{"x"}, IncludeAggregates: true, OlderThan: -time.Hour},
 		{StreamTypes: []string{"x"}, IncludeAggregates: true, OlderThan: time.Hour, BatchSize: -1},
 		{StreamTypes: []string{"x"}, IncludeAggregates: true, OlderThan: time.Hour, BatchSize: postgres.MaxPruneBatchSize + 1},
+		{StreamTypes: []string{"a\x00b"}, IncludeAggregates: true, OlderThan: time.Hour},
+		{StreamTypes: []string{"bad\xff"}, IncludeAggregates: true, OlderThan: time.Hour},
 	} {
 		if _, err := store.Prune(ctx, opts); !errors.Is(err, postgres.ErrInvalidPrune) {
 			t.Errorf("prune %+v: %v, want ErrInvalidPrune", opts, err)
