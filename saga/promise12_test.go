@@ -1,0 +1,499 @@
+package saga_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/saga"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// A child is this test binary run as a process that runs the "sla" saga
+// (dispatcher and timeout runner) on the real clock, so the crash test can
+// SIGKILL a real process.
+const (
+	childEnv      = "PROJECTOR_TEST_SAGA_CHILD"
+	childURLEnv   = "PROJECTOR_TEST_SAGA_URL"
+	childSchema   = "PROJECTOR_TEST_SAGA_SCHEMA"
+	childKillStep = "PROJECTOR_TEST_SAGA_KILL_STEP"
+	// childRemind is the reminder delay the child's saga schedules.
+	childRemind = 40 * time.Millisecond
+)
+
+func runChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
+	if err != nil {
+		logger.Error("child: pool", "error", err)
+		return 1
+	}
+	defer pool.Close()
+	ty := newTypes()
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: os.Getenv(childSchema), Registry: ty.Registry, Logger: logger})
+	if err != nil {
+		logger.Error("child: store", "error", err)
+		return 1
+	}
+	// killStep > 0: SIGKILL this process right after the killStep-th
+	// handler decided, inside the step's open transaction.
+	killStep, _ := strconv.ParseInt(os.Getenv(childKillStep), 10, 64)
+	var steps atomic.Int64
+	s := newSLA(ty, slaOptions{remindAfter: childRemind, async: projection.AsyncConfig{BatchSize: 7}, afterDecide: func() {
+		if killStep > 0 && steps.Add(1) == killStep {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}})
+	p, err := s.Projection(store)
+	if err != nil {
+		logger.Error("child: saga", "error", err)
+		return 1
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, Logger: logger,
+		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
+	if err != nil {
+		logger.Error("child: dispatcher", "error", err)
+		return 1
+	}
+	r, err := saga.NewRunner(saga.RunnerConfig{Store: store, Sagas: []saga.Definition{s}, Poll: 20 * time.Millisecond, Logger: logger})
+	if err != nil {
+		logger.Error("child: runner", "error", err)
+		return 1
+	}
+	if err := d.Start(ctx); err != nil {
+		logger.Error("child: start", "error", err)
+		return 1
+	}
+	if err := r.Start(ctx); err != nil {
+		logger.Error("child: start runner", "error", err)
+		return 1
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := r.Stop(sctx); err != nil {
+		logger.Error("child: stop runner", "error", err)
+		return 1
+	}
+	if err := d.Stop(sctx); err != nil {
+		logger.Error("child: stop", "error", err)
+		return 1
+	}
+	return 0
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type child struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+}
+
+func (e *env) startChild(killStep int) *child {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+pgtest.URL(e.t), childSchema+"="+e.store.Schema(),
+		childKillStep+"="+strconv.Itoa(killStep))
+	c := &child{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = c.out, c.out
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(c.done)
+	}()
+	e.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-c.done
+		if e.t.Failed() {
+			e.t.Logf("child %d output:\n%s", cmd.Process.Pid, c.out.String())
+		}
+	})
+	return c
+}
+
+// killed reports whether the child ended by SIGKILL.
+func (c *child) killed() bool {
+	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// TestPromise12_CrashExactlyOnce SIGKILLs the process running the saga
+// (dispatcher and timeout runner) at random moments — by the clock, and
+// from inside a step right after its handler decided, with the step's
+// transaction open — while events and timeouts flow. Afterwards every
+// handled event took exactly one step and appended exactly one event, every
+// reminder fired exactly once (never for an assigned ticket, never twice,
+// never lost), and each appended event carries its cause and the
+// instance's correlation id.
+func TestPromise12_CrashExactlyOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills child processes")
+	}
+	e := newEnv(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 12))
+	comments := map[string]int{}
+	assigned := map[string]bool{}
+	next := 0
+	appendSome := func() {
+		for range 3 {
+			id := fmt.Sprintf("t-%d", next)
+			next++
+			e.append(projector.Stream("ticket", id), testevents.TicketOpened{Title: id})
+		}
+		for range 4 {
+			id := fmt.Sprintf("t-%d", rng.IntN(next))
+			e.append(projector.Stream("ticket", id), testevents.TicketCommented{Body: "c"})
+			comments[id]++
+		}
+		if id := fmt.Sprintf("t-%d", rng.IntN(next)); rng.IntN(2) == 0 && !assigned[id] {
+			e.append(projector.Stream("agent", "ann"), Assigned{Ticket: id, Agent: "ann"})
+			assigned[id] = true
+		}
+	}
+	kills := 0
+	for round := 0; kills < 12; round++ {
+		if round > 60 {
+			t.Fatalf("only %d of 12 kills in %d rounds", kills, round)
+		}
+		killStep := 0
+		if round%2 == 1 {
+			killStep = 1 + rng.IntN(6) // dies mid-step, transaction open
+		}
+		c := e.startChild(killStep)
+		appendSome()
+		// Kill at a random moment unless the child killed itself first.
+		select {
+		case <-c.done:
+		case <-time.After(time.Duration(30+rng.IntN(150)) * time.Millisecond):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+		if c.killed() {
+			kills++
+		} else {
+			t.Fatalf("child exited without being killed:\n%s", c.out.String())
+		}
+	}
+	// A last child runs to the end: everything converges.
+	c := e.startChild(0)
+	sla := e.store.Table("projector_saga_instances")
+	e.waitFor("every step and reminder", 60*time.Second, func() bool {
+		var steps int
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(sum(version), 0) FROM `+sla).Scan(&steps); err != nil {
+			t.Fatal(err)
+		}
+		want := next // one opened step each
+		for _, n := range comments {
+			want += n
+		}
+		want += len(assigned)
+		reminders := 0
+		for i := range next {
+			if !assigned[fmt.Sprintf("t-%d", i)] {
+				reminders++
+			}
+		}
+		// Assigned tickets may or may not have been reminded first.
+		return steps >= want+reminders && e.pendingTimeouts() == 0 && e.instances() == next
+	})
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-c.done
+	if !c.cmd.ProcessState.Success() {
+		t.Fatalf("last child: %v\n%s", c.cmd.ProcessState, c.out.String())
+	}
+	checkExactlyOnce(t, e, next, comments, assigned)
+	t.Logf("%d SIGKILLs, %d tickets", kills, next)
+}
+
+// checkExactlyOnce checks the saga's tables and the log against what was
+// appended.
+func checkExactlyOnce(t *testing.T, e *env, tickets int, comments map[string]int, assigned map[string]bool) {
+	t.Helper()
+	ev := e.store.Table("projector_events")
+	for i := range tickets {
+		id := fmt.Sprintf("t-%d", i)
+		in, err := saga.Show(e.ctx, e.store, "sla", projector.SystemTenant, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var notes, reminders, badCause, badCorr int
+		for _, a := range in.Appended {
+			switch a.Type {
+			case "sla.noted":
+				notes++
+			case "sla.reminded":
+				reminders++
+			}
+		}
+		err = e.store.Pool().QueryRow(e.ctx, `SELECT
+				count(*) FILTER (WHERE a.causation_id IS NULL OR NOT EXISTS (
+					SELECT 1 FROM `+ev+` c WHERE c.id = a.causation_id AND c.type = 'ticket.commented' AND c.stream_id = $1)
+					AND a.type = 'sla.noted'),
+				count(*) FILTER (WHERE a.correlation_id <> $2)
+			FROM `+ev+` a WHERE a.stream_type = 'sla' AND a.stream_id = $1`, id, in.CorrelationID).Scan(&badCause, &badCorr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var all int
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+ev+` WHERE stream_type = 'sla' AND stream_id = $1`, id).Scan(&all); err != nil {
+			t.Fatal(err)
+		}
+		timeoutSteps := 0
+		for _, s := range in.Steps {
+			if s.Cause == "timeout" {
+				timeoutSteps++
+			}
+		}
+		switch {
+		case notes != comments[id] || all != notes+reminders:
+			t.Errorf("%s: %d notes (%d events in its sla stream) for %d comments", id, notes, all, comments[id])
+		case reminders > 1 || timeoutSteps > 1:
+			t.Errorf("%s: reminded %d times in %d timeout steps; a timeout fired twice", id, reminders, timeoutSteps)
+		case !assigned[id] && reminders != 1:
+			t.Errorf("%s: unassigned but reminded %d times; a timeout was lost", id, reminders)
+		case badCause != 0 || badCorr != 0:
+			t.Errorf("%s: %d notes without their comment as cause, %d events with another correlation id", id, badCause, badCorr)
+		case int(in.Version) != len(in.Steps):
+			t.Errorf("%s: version %d but %d steps", id, in.Version, len(in.Steps))
+		}
+	}
+}
+
+// TestPromise12_TimeoutsOnceNeverEarly moves an injected clock: a timeout
+// does not fire a moment before it is due, fires once when due, not again
+// (nor after a restart of the runner), and a cancelled one never fires.
+func TestPromise12_TimeoutsOnceNeverEarly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	clk := newClock()
+	s := newSLA(e.types, slaOptions{now: clk.Now, remindAfter: time.Hour})
+	d := e.dispatcher(s, projection.Config{})
+	r := e.runner(s)
+
+	e.append(projector.Stream("ticket", "due"), testevents.TicketOpened{Title: "a"})
+	e.append(projector.Stream("ticket", "cancelled"), testevents.TicketOpened{Title: "b"})
+	e.catchUp(d)
+	e.append(projector.Stream("agent", "ann"), Assigned{Ticket: "cancelled", Agent: "ann"})
+	e.catchUp(d)
+	if got := e.pendingTimeouts(); got != 1 {
+		t.Fatalf("%d pending timeouts, want 1 (the other was cancelled)", got)
+	}
+
+	clk.Advance(time.Hour - time.Nanosecond)
+	if n := e.fire(r); n != 0 || e.events("sla.reminded") != 0 {
+		t.Fatalf("fired %d timeouts a nanosecond early", n)
+	}
+	clk.Advance(time.Nanosecond)
+	if n := e.fire(r); n != 1 || e.events("sla.reminded") != 1 {
+		t.Fatalf("fired %d timeouts when due, want 1", n)
+	}
+	if n := e.fire(r); n != 0 {
+		t.Fatalf("fired %d timeouts again", n)
+	}
+	clk.Advance(24 * time.Hour)
+	r2 := e.runner(s) // a restarted process
+	if n := e.fire(r2); n != 0 || e.events("sla.reminded") != 1 {
+		t.Fatalf("after a restart fired %d more; the cancelled or fired timeout fired again", n)
+	}
+	in, err := saga.Show(e.ctx, e.store, "sla", projector.SystemTenant, "due")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Version != 2 || in.Steps[1].Cause != "timeout" || in.Steps[1].Type != "remind" || len(in.Appended) != 1 ||
+		in.Appended[0].CausationID != in.Steps[1].CauseID {
+		t.Fatalf("instance %+v: want the reminder as step 2, its event caused by the timeout", in)
+	}
+}
+
+// TestPromise12_RunnerLoopFires checks the running loop (not FireDue
+// called by hand) fires a due timeout on the real clock, not before it is
+// due, after Start and stops cleanly.
+func TestPromise12_RunnerLoopFires(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := newSLA(e.types, slaOptions{remindAfter: 200 * time.Millisecond})
+	d := e.dispatcher(s, projection.Config{})
+	r := e.runner(s)
+	if err := r.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := r.Stop(e.ctx); err != nil {
+			t.Error(err)
+		}
+		if err := r.Stop(e.ctx); err != nil { // twice is fine
+			t.Error(err)
+		}
+	}()
+	e.append(projector.Stream("ticket", "t-1"), testevents.TicketOpened{Title: "a"})
+	e.catchUp(d)
+	e.waitFor("the reminder", 20*time.Second, func() bool { return e.events("sla.reminded") == 1 })
+	var opened, reminded time.Time
+	ev := e.store.Table("projector_events")
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT (SELECT created_at FROM `+e.store.Table("projector_saga_steps")+` WHERE step = 1),
+		(SELECT recorded_at FROM `+ev+` WHERE type = 'sla.reminded')`).Scan(&opened, &reminded); err != nil {
+		t.Fatal(err)
+	}
+	if reminded.Sub(opened) < 200*time.Millisecond {
+		t.Fatalf("reminder %v after the step that scheduled it; due after 200ms", reminded.Sub(opened))
+	}
+}
+
+// TestPromise12_ThreeDispatchersOneInstanceAtATime runs three dispatchers
+// and three runners over one saga while events and timeouts for the same
+// few instances flow: a check inside every handler fails the test if two
+// steps of one instance ever overlap. A timeout due while an event's step
+// holds its instance waits for that step, and each sees the other's result.
+func TestPromise12_ThreeDispatchersOneInstanceAtATime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var mu sync.Mutex
+	busy := map[string]bool{}
+	var overlaps, stepsSeen atomic.Int64
+	enter := func(key string) func() {
+		mu.Lock()
+		if busy[key] {
+			overlaps.Add(1)
+		}
+		busy[key] = true
+		mu.Unlock()
+		stepsSeen.Add(1)
+		return func() {
+			mu.Lock()
+			busy[key] = false
+			mu.Unlock()
+		}
+	}
+	// Every handler sees the same saga definition's state, so each
+	// dispatcher and runner gets a saga of its own, as separate processes.
+	var runners []*saga.Runner
+	var ds []*projection.Dispatcher
+	for range 3 {
+		s := newSLA(e.types, slaOptions{remindAfter: 5 * time.Millisecond, enter: enter, async: projection.AsyncConfig{BatchSize: 3}})
+		ds = append(ds, e.dispatcher(s, projection.Config{}))
+		r := e.runner(s)
+		if err := r.Start(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		runners = append(runners, r)
+	}
+	defer func() {
+		for _, r := range runners {
+			if err := r.Stop(e.ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	const tickets, rounds = 4, 30
+	for i := range tickets {
+		e.append(projector.Stream("ticket", fmt.Sprintf("t-%d", i)), testevents.TicketOpened{Title: "x"})
+	}
+	for j := range rounds {
+		for i := range tickets {
+			e.append(projector.Stream("ticket", fmt.Sprintf("t-%d", i)), testevents.TicketCommented{Body: "c", N: j})
+			e.append(projector.Stream("ticket", fmt.Sprintf("t-%d", i)), testevents.TicketOpened{Title: "again"}) // reschedules
+		}
+	}
+	for _, d := range ds {
+		e.catchUp(d)
+	}
+	e.waitFor("every reminder", 30*time.Second, func() bool { return e.pendingTimeouts() == 0 })
+	if n := overlaps.Load(); n != 0 {
+		t.Fatalf("%d times two steps of one instance ran at once", n)
+	}
+	if got := e.events("sla.noted"); got != tickets*rounds {
+		t.Fatalf("%d notes, want %d", got, tickets*rounds)
+	}
+	var steps int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.store.Table("projector_saga_steps")).Scan(&steps); err != nil {
+		t.Fatal(err)
+	}
+	if reminders := e.events("sla.reminded"); steps != tickets*(1+2*rounds)+reminders || reminders < tickets {
+		t.Fatalf("%d steps, %d reminders; want one step per event plus one per reminder, and each ticket reminded", steps, reminders)
+	}
+	t.Logf("%d handler calls, %d reminders", stepsSeen.Load(), e.events("sla.reminded"))
+}
+
+// A timeout due while an event's step holds its instance is not fired
+// through the lock: the runner passes it over until the step commits, then
+// fires it against the state the step left.
+func TestPromise12_TimeoutWaitsForEventStep(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	clk := newClock()
+	s := newSLA(e.types, slaOptions{now: clk.Now, remindAfter: time.Minute})
+	d := e.dispatcher(s, projection.Config{})
+	r := e.runner(s)
+	e.append(projector.Stream("ticket", "t-1"), testevents.TicketOpened{Title: "x"})
+	e.catchUp(d)
+	clk.Advance(time.Hour)
+
+	// Hold the instance's row lock as an event's step in flight would.
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := tx.Exec(e.ctx, `SELECT 1 FROM `+e.store.Table("projector_saga_instances")+` WHERE key = 't-1' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.fire(r); n != 0 {
+		t.Fatalf("fired %d timeouts through the instance's lock", n)
+	}
+	// The "step" assigns the ticket, as an event's step would.
+	if _, err := tx.Exec(e.ctx, `UPDATE `+e.store.Table("projector_saga_instances")+` SET state = jsonb_set(state, '{agent}', '"ann"') WHERE key = 't-1'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.fire(r); n != 1 {
+		t.Fatalf("fired %d after the step committed, want 1", n)
+	}
+	if got := e.events("sla.reminded"); got != 0 {
+		t.Fatalf("the timeout step did not see the committed state: %d reminders for an assigned ticket", got)
+	}
+}
+
+var _ = pgx.ErrNoRows

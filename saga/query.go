@@ -1,0 +1,213 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	sq "github.com/Masterminds/squirrel"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// ParseStatus reads a status as the CLI and the tables spell it.
+func ParseStatus(s string) (Status, error) {
+	switch st := Status(s); st {
+	case Active, Completed, Failed:
+		return st, nil
+	}
+	return "", fmt.Errorf("%w: status %q: want active, completed or failed", ErrInvalidArgument, s)
+}
+
+// InstanceInfo is an instance as listed.
+type InstanceInfo struct {
+	ID            uuid.UUID       `json:"id"`
+	Saga          string          `json:"saga"`
+	Tenant        string          `json:"tenant"`
+	Key           string          `json:"key"`
+	CorrelationID uuid.UUID       `json:"correlation_id"`
+	Status        Status          `json:"status"`
+	Version       int64           `json:"version"`
+	LateEvents    int64           `json:"late_events"`
+	LastError     string          `json:"last_error,omitempty"`
+	State         json.RawMessage `json:"state"`
+	CreatedAt     time.Time       `json:"created_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+	CompletedAt   time.Time       `json:"completed_at,omitzero"`
+}
+
+// ListQuery selects instances of one saga; the optional filters combine.
+type ListQuery struct {
+	Saga string
+	// Statuses, when not empty, keeps instances in one of them.
+	Statuses []Status
+	// Tenant, when not empty, keeps one tenant's instances.
+	Tenant string
+	// Limit caps the rows, newest update first; default 100.
+	Limit int
+}
+
+// List returns instances of q.Saga, most recently updated first.
+func List(ctx context.Context, store *postgres.Store, q ListQuery) ([]InstanceInfo, error) {
+	if q.Saga == "" {
+		return nil, fmt.Errorf("%w: list saga instances: no saga name", ErrInvalidArgument)
+	}
+	if q.Limit < 0 {
+		return nil, fmt.Errorf("%w: list saga instances: negative limit %d", ErrInvalidArgument, q.Limit)
+	}
+	if q.Limit == 0 {
+		q.Limit = 100
+	}
+	// The filters are optional and combine: the query's shape changes at
+	// run time, which is what squirrel is for.
+	b := sq.StatementBuilder.PlaceholderFormat(sq.Dollar).
+		Select(instanceColumns).From(store.Table("projector_saga_instances")).
+		Where(sq.Eq{"saga": q.Saga}).OrderBy("updated_at DESC", "id").Limit(uint64(q.Limit))
+	if len(q.Statuses) > 0 {
+		sts := make([]string, len(q.Statuses))
+		for i, st := range q.Statuses {
+			if _, err := ParseStatus(string(st)); err != nil {
+				return nil, err
+			}
+			sts[i] = string(st)
+		}
+		b = b.Where(sq.Eq{"status": sts})
+	}
+	if q.Tenant != "" {
+		b = b.Where(sq.Eq{"tenant_id": q.Tenant})
+	}
+	sql, args, err := b.ToSql()
+	if err != nil {
+		return nil, fmt.Errorf("list saga instances: build query: %w", err)
+	}
+	rows, err := store.Pool().Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list saga instances of %q: %w", q.Saga, err)
+	}
+	out, err := pgx.CollectRows(rows, scanInstance)
+	if err != nil {
+		return nil, fmt.Errorf("list saga instances of %q: %w", q.Saga, err)
+	}
+	return out, nil
+}
+
+const instanceColumns = `id, saga, tenant_id, key, correlation_id, status, version, late_events, coalesce(last_error, ''),
+	state, created_at, updated_at, coalesce(completed_at, 'epoch')`
+
+func scanInstance(row pgx.CollectableRow) (InstanceInfo, error) {
+	var in InstanceInfo
+	err := row.Scan(&in.ID, &in.Saga, &in.Tenant, &in.Key, &in.CorrelationID, &in.Status, &in.Version, &in.LateEvents,
+		&in.LastError, &in.State, &in.CreatedAt, &in.UpdatedAt, &in.CompletedAt)
+	if in.CompletedAt.Equal(time.Unix(0, 0)) {
+		in.CompletedAt = time.Time{}
+	}
+	return in, err
+}
+
+// InstanceDetail is an instance with its pending timeouts, its steps (the
+// events and timeouts that drove it) and the events it appended.
+type InstanceDetail struct {
+	InstanceInfo
+	Timeouts []PendingTimeout `json:"timeouts"`
+	Steps    []StepInfo       `json:"steps"`
+	Appended []AppendedEvent  `json:"appended"`
+}
+
+// PendingTimeout is a timeout not yet fired.
+type PendingTimeout struct {
+	ID        uuid.UUID `json:"id"`
+	Name      string    `json:"name"`
+	DueAt     time.Time `json:"due_at"`
+	Attempts  int       `json:"attempts"`
+	LastError string    `json:"last_error,omitempty"`
+}
+
+// StepInfo is one step the instance took.
+type StepInfo struct {
+	Step int64 `json:"step"`
+	// Cause is "event" or "timeout"; CauseID the event's or timeout's id.
+	Cause   string    `json:"cause"`
+	CauseID uuid.UUID `json:"cause_id"`
+	// Type is the event type or the timeout's name.
+	Type string `json:"type"`
+	// Stream is the handled event's stream, "" for a timeout (or an event
+	// retention has pruned).
+	Stream   string    `json:"stream,omitempty"`
+	Appended int       `json:"appended"`
+	At       time.Time `json:"at"`
+}
+
+// AppendedEvent is an event the instance appended, read from the log by its
+// correlation and causation ids.
+type AppendedEvent struct {
+	ID          uuid.UUID `json:"id"`
+	Type        string    `json:"type"`
+	Stream      string    `json:"stream"`
+	Version     int64     `json:"version"`
+	CausationID uuid.UUID `json:"causation_id"`
+	RecordedAt  time.Time `json:"recorded_at"`
+}
+
+// Show returns the instance of saga for tenant and key, with its pending
+// timeouts, steps and appended events; [projector.ErrNotFound] if none.
+func Show(ctx context.Context, store *postgres.Store, saga, tenant, key string) (InstanceDetail, error) {
+	var d InstanceDetail
+	rows, err := store.Pool().Query(ctx, `SELECT `+instanceColumns+` FROM `+store.Table("projector_saga_instances")+`
+		WHERE saga = $1 AND tenant_id = $2 AND key = $3`, saga, tenant, key)
+	if err != nil {
+		return d, fmt.Errorf("show saga %q instance %q: %w", saga, key, err)
+	}
+	d.InstanceInfo, err = pgx.CollectExactlyOneRow(rows, scanInstance)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, fmt.Errorf("show saga %q instance %q of tenant %q: %w", saga, key, tenant, projector.ErrNotFound)
+	}
+	if err != nil {
+		return d, fmt.Errorf("show saga %q instance %q: %w", saga, key, err)
+	}
+	rows, err = store.Pool().Query(ctx, `SELECT id, name, due_at, attempts, coalesce(last_error, '') FROM `+
+		store.Table("projector_saga_timeouts")+` WHERE instance_id = $1 ORDER BY due_at, name`, d.ID)
+	if err == nil {
+		d.Timeouts, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PendingTimeout, error) {
+			var t PendingTimeout
+			return t, r.Scan(&t.ID, &t.Name, &t.DueAt, &t.Attempts, &t.LastError)
+		})
+	}
+	if err != nil {
+		return d, fmt.Errorf("show saga %q instance %q: timeouts: %w", saga, key, err)
+	}
+	ev := store.Table("projector_events")
+	rows, err = store.Pool().Query(ctx, `SELECT s.step, s.cause, s.cause_id, s.type,
+			coalesce(e.stream_type || '/' || e.stream_id, ''), s.appended, s.created_at
+		FROM `+store.Table("projector_saga_steps")+` s LEFT JOIN `+ev+` e ON s.cause = 'event' AND e.id = s.cause_id
+		WHERE s.instance_id = $1 ORDER BY s.step`, d.ID)
+	if err == nil {
+		d.Steps, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepInfo, error) {
+			var s StepInfo
+			return s, r.Scan(&s.Step, &s.Cause, &s.CauseID, &s.Type, &s.Stream, &s.Appended, &s.At)
+		})
+	}
+	if err != nil {
+		return d, fmt.Errorf("show saga %q instance %q: steps: %w", saga, key, err)
+	}
+	causes := make([]uuid.UUID, len(d.Steps))
+	for i, s := range d.Steps {
+		causes[i] = s.CauseID
+	}
+	rows, err = store.Pool().Query(ctx, `SELECT id, type, stream_type || '/' || stream_id, version, causation_id, recorded_at
+		FROM `+ev+` WHERE correlation_id = $1 AND causation_id = ANY($2) ORDER BY tx_id, seq`, d.CorrelationID, causes)
+	if err == nil {
+		d.Appended, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (AppendedEvent, error) {
+			var a AppendedEvent
+			return a, r.Scan(&a.ID, &a.Type, &a.Stream, &a.Version, &a.CausationID, &a.RecordedAt)
+		})
+	}
+	if err != nil {
+		return d, fmt.Errorf("show saga %q instance %q: appended events: %w", saga, key, err)
+	}
+	return d, nil
+}

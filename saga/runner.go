@@ -1,0 +1,199 @@
+package saga
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// Definition is a saga type as a [Runner] sees it: any *Saga[S].
+type Definition interface {
+	Name() string
+	Now() time.Time
+	Validate(reg *projector.Registry) error
+	fireOne(ctx context.Context, store *postgres.Store, q queries) (bool, error)
+	nextDue(ctx context.Context, store *postgres.Store, q queries) (time.Time, error)
+}
+
+// DefaultPoll is how often a [Runner] looks for due timeouts when none is
+// due sooner: the dispatcher's slowest poll of the log, so the runner never
+// polls faster than the dispatcher beside it does.
+const DefaultPoll = projection.DefaultPollMax
+
+// RunnerConfig configures a [Runner]. Store and Sagas are required.
+type RunnerConfig struct {
+	Store *postgres.Store
+	Sagas []Definition
+	// Poll is the longest the runner sleeps between looks for due
+	// timeouts; it wakes earlier when the earliest pending one is due
+	// sooner. Default [DefaultPoll].
+	Poll   time.Duration
+	Logger *slog.Logger
+}
+
+// Runner fires the due timeouts of its sagas: started beside the
+// dispatcher in every process that runs the sagas. Each timeout fires in a
+// transaction of its own that locks its instance (so it never races an
+// event's step), runs the timeout's handler, applies the step and deletes
+// the timeout: a timeout fires once, at or after its due time by the saga's
+// clock, never before, and a crash before the commit leaves it pending.
+type Runner struct {
+	cfg    RunnerConfig
+	q      queries
+	logger *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+	stopped chan struct{}
+	wake    chan struct{}
+}
+
+// NewRunner returns a runner for cfg's sagas; zero fields take their
+// documented defaults.
+func NewRunner(cfg RunnerConfig) (*Runner, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("saga runner: RunnerConfig.Store is required")
+	}
+	if len(cfg.Sagas) == 0 {
+		return nil, errors.New("saga runner: no sagas")
+	}
+	seen := map[string]bool{}
+	for _, s := range cfg.Sagas {
+		if s == nil {
+			return nil, errors.New("saga runner: nil saga")
+		}
+		if seen[s.Name()] {
+			return nil, fmt.Errorf("%w: saga %q registered twice", ErrInvalidDefinition, s.Name())
+		}
+		seen[s.Name()] = true
+		if err := s.Validate(cfg.Store.Registry()); err != nil {
+			return nil, err
+		}
+	}
+	cfg.Poll = cmp.Or(cfg.Poll, DefaultPoll)
+	if cfg.Poll < 0 {
+		return nil, fmt.Errorf("saga runner: poll %v is negative", cfg.Poll)
+	}
+	return &Runner{cfg: cfg, q: newQueries(cfg.Store), logger: cmp.Or(cfg.Logger, slog.Default()),
+		stopped: make(chan struct{}), wake: make(chan struct{}, 1)}, nil
+}
+
+// FireDue fires every timeout of the runner's sagas that is due now, each
+// in its own transaction, and returns how many steps it took. A failing
+// timeout is recorded (retried later with backoff) and counted; FireDue
+// goes on with the others and returns the first such error with the count.
+// The running loop calls it; tests call it after moving their clock.
+func (r *Runner) FireDue(ctx context.Context) (int, error) {
+	n := 0
+	var first error
+	for _, s := range r.cfg.Sagas {
+		for {
+			found, err := s.fireOne(ctx, r.cfg.Store, r.q)
+			if ctx.Err() != nil {
+				return n, ctx.Err()
+			}
+			if err != nil && first == nil {
+				first = err
+			}
+			if !found {
+				if err != nil {
+					return n, err // the database failed: stop this round
+				}
+				break
+			}
+			if err == nil {
+				n++
+			}
+		}
+	}
+	return n, first
+}
+
+// Wake makes a running loop look for due timeouts now: for tests that move
+// an injected clock.
+func (r *Runner) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start starts the firing loop; it runs until ctx ends or Stop. Calling it
+// twice is an error.
+func (r *Runner) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return errors.New("saga runner: already started")
+	}
+	r.started = true
+	ctx, r.cancel = context.WithCancel(ctx)
+	go r.loop(ctx)
+	return nil
+}
+
+// Stop stops the loop and waits for it (or for ctx). A step in flight is
+// rolled back and fires again later. Safe to call twice, and before Start.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	started, cancel := r.started, r.cancel
+	r.mu.Unlock()
+	if !started {
+		return nil
+	}
+	cancel()
+	select {
+	case <-r.stopped:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("saga runner: stop: %w", ctx.Err())
+	}
+}
+
+// Stopped is closed when a started loop has ended.
+func (r *Runner) Stopped() <-chan struct{} { return r.stopped }
+
+func (r *Runner) loop(ctx context.Context) {
+	defer close(r.stopped)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-r.wake:
+		}
+		if _, err := r.FireDue(ctx); err != nil && ctx.Err() == nil {
+			r.logger.WarnContext(ctx, "saga runner: firing timeouts", slog.Any("error", err))
+		}
+		timer.Reset(r.sleep(ctx))
+	}
+}
+
+// sleep is how long to wait before the next look: until the earliest
+// pending timeout is due, at most Poll. One that is due already was left
+// locked by an event's step or is waiting out a retry: it gets the full
+// Poll, so a busy instance does not turn the loop into a spin.
+func (r *Runner) sleep(ctx context.Context) time.Duration {
+	wait := r.cfg.Poll
+	for _, s := range r.cfg.Sagas {
+		next, err := s.nextDue(ctx, r.cfg.Store, r.q)
+		if err != nil || next.IsZero() {
+			continue
+		}
+		if until := next.Sub(s.Now()); until > 0 {
+			wait = min(wait, until)
+		}
+	}
+	return wait
+}

@@ -1,0 +1,518 @@
+package saga
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+)
+
+// Sentinel errors, for errors.Is.
+var (
+	// ErrInvalidDefinition: a saga was defined wrongly (a bad name, a
+	// handler for an undefined event type, a type or timeout handled twice).
+	// Returned at registration and again when the saga is bound to a store,
+	// so an ignored registration error still stops the start.
+	ErrInvalidDefinition = errors.New("saga: invalid definition")
+	// ErrInvalidStep: a handler decided something that cannot be done (an
+	// empty correlation key, a timeout in the past or of an unregistered
+	// name, an appended payload of an undefined type). The step fails as a
+	// whole and nothing of it is written.
+	ErrInvalidStep = errors.New("saga: invalid step")
+	// ErrInvalidArgument: an operation was given an argument it cannot use
+	// (a negative age, an unknown status); nothing was done.
+	ErrInvalidArgument = errors.New("saga: invalid argument")
+)
+
+// Status is an instance's lifecycle state.
+type Status string
+
+// Instance statuses.
+const (
+	// Active instances handle events and fire timeouts.
+	Active Status = "active"
+	// Completed instances ignore (and count) the events that still reach
+	// them; their timeouts were cancelled when they completed.
+	Completed Status = "completed"
+	// Failed instances were stopped by a timeout handler that kept failing;
+	// like completed ones they ignore and count later events.
+	Failed Status = "failed"
+)
+
+// Defaults of [Config].
+const (
+	DefaultTimeoutAttempts = 10
+)
+
+// Config configures a saga type. The zero value is usable.
+type Config struct {
+	// Now is the saga's clock: handlers see it as [Instance.Now], timeouts
+	// are scheduled and fired by it. Default time.Now; tests inject their
+	// own to make hours pass in milliseconds.
+	Now func() time.Time
+	// Async configures the consumer the saga runs as. Delivery must be
+	// shared (one instance must never be handled by two processes) and the
+	// error mode halt-on-error: a failing step stops the saga's consumer
+	// until it is fixed, as a failing projection does.
+	Async projection.AsyncConfig
+	// TimeoutAttempts is how many times a failing timeout handler is tried
+	// (with backoff) before the instance is marked failed; default
+	// [DefaultTimeoutAttempts].
+	TimeoutAttempts int
+}
+
+// Saga is a saga (process manager) type: a name, a typed state S kept per
+// correlation key, and handlers for events and timeouts that decide the
+// next state, events to append, timeouts to schedule or cancel and whether
+// the instance is complete. Register handlers with [On], [StartOn] and
+// [OnTimeout], then run it with [Saga.Projection] on a dispatcher and a
+// [Runner] for its timeouts.
+type Saga[S any] struct {
+	name     string
+	cfg      Config
+	routes   map[string]route[S]
+	types    []string
+	timeouts map[string]TimeoutHandler[S]
+	err      error
+	ignored  atomic.Int64
+	late     atomic.Int64
+}
+
+// route is how one event type reaches an instance.
+type route[S any] struct {
+	et     projection.TypeName
+	starts bool
+	key    func(ev projector.Event) (string, error)
+	handle func(ctx context.Context, in *Instance[S], ev projector.Event) error
+}
+
+var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,99}$`)
+
+// New returns a saga type named name (lower case letters, digits, '_', '.',
+// '-', starting with a letter): the name of its consumer and of its rows.
+// Zero fields of cfg take their documented defaults.
+func New[S any](name string, cfg Config) *Saga[S] {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	cfg.TimeoutAttempts = cmp.Or(cfg.TimeoutAttempts, DefaultTimeoutAttempts)
+	s := &Saga[S]{name: name, cfg: cfg, routes: map[string]route[S]{}, timeouts: map[string]TimeoutHandler[S]{}}
+	switch {
+	case !namePattern.MatchString(name):
+		s.fail(fmt.Errorf("name %q: want lower case letters, digits, '_', '.', '-', starting with a letter, at most 100", name))
+	case cfg.Async.Delivery != projection.Shared:
+		s.fail(errors.New("delivery must be shared: one instance is never handled by two processes"))
+	case cfg.Async.ErrorMode != projection.HaltOnError:
+		s.fail(errors.New("error mode must be halt-on-error (continuous mode is not supported yet)"))
+	case cfg.Async.RawPayloads:
+		s.fail(errors.New("RawPayloads: saga handlers are typed and need decoded payloads"))
+	case cfg.TimeoutAttempts < 1:
+		s.fail(fmt.Errorf("timeout attempts %d below 1", cfg.TimeoutAttempts))
+	}
+	return s
+}
+
+// Name returns the saga type's name.
+func (s *Saga[S]) Name() string { return s.name }
+
+// Now returns the saga's clock reading.
+func (s *Saga[S]) Now() time.Time { return s.cfg.Now() }
+
+// Err returns the first registration error, if any.
+func (s *Saga[S]) Err() error { return s.err }
+
+// EventTypes returns the handled event types in registration order.
+func (s *Saga[S]) EventTypes() []string { return slices.Clone(s.types) }
+
+// Ignored returns how many events this process saw that mapped to no
+// instance and may not start one: ignored by design, counted so a wrong
+// correlation key shows. Counted when handled, so a step that is rolled
+// back and handled again counts twice.
+func (s *Saga[S]) Ignored() int64 { return s.ignored.Load() }
+
+// Late returns how many events this process saw reach an instance after it
+// had completed or failed (also counted per instance, in late_events).
+func (s *Saga[S]) Late() int64 { return s.late.Load() }
+
+func (s *Saga[S]) fail(err error) error {
+	err = fmt.Errorf("%w: saga %q: %w", ErrInvalidDefinition, s.name, err)
+	if s.err == nil {
+		s.err = err
+	}
+	return err
+}
+
+// Handler decides a step of an instance for an event of payload type T: it
+// reads and changes in.State and records appends, timeouts and completion
+// on in. It must not write to the database itself: the saga applies its
+// decisions in the dispatcher's transaction, so a step happens exactly once,
+// and a handler free of I/O can be tested without a database (sagatest).
+// An error fails the step; nothing of it is written and the event is
+// retried like a failing projection's.
+type Handler[S, T any] func(ctx context.Context, in *Instance[S], ev projector.Event, payload T) error
+
+// KeyFunc takes an event's correlation key, the instance it belongs to: a
+// ticket id, an order id. An empty key is an error ([ErrInvalidStep]).
+type KeyFunc[T any] func(ev projector.Event, payload T) string
+
+// ByStream is a [KeyFunc] for sagas keyed by the handled event's stream id.
+func ByStream[T any](ev projector.Event, _ T) string { return ev.Stream.ID }
+
+// On registers h for events of type et that reach an existing instance: the
+// instance key(ev, payload) names. An event whose instance does not exist
+// is ignored and counted ([Saga.Ignored]).
+func On[S, T any](s *Saga[S], et projector.EventType[T], key KeyFunc[T], h Handler[S, T]) error {
+	return register(s, et, false, key, h)
+}
+
+// StartOn registers h for events of type et that may start an instance:
+// when none exists for the key, one is created with a zero state (h sees
+// [Instance.IsNew] true). Two start events for one key give one instance;
+// the second finds the first.
+func StartOn[S, T any](s *Saga[S], et projector.EventType[T], key KeyFunc[T], h Handler[S, T]) error {
+	return register(s, et, true, key, h)
+}
+
+func register[S, T any](s *Saga[S], et projector.EventType[T], starts bool, key KeyFunc[T], h Handler[S, T]) error {
+	name := et.Name()
+	switch {
+	case name == "":
+		return s.fail(errors.New("handler for an undefined event type (a zero EventType: define it with projector.Define first)"))
+	case key == nil:
+		return s.fail(fmt.Errorf("nil key function for %q", name))
+	case h == nil:
+		return s.fail(fmt.Errorf("nil handler for %q", name))
+	}
+	if _, dup := s.routes[name]; dup {
+		return s.fail(fmt.Errorf("%q handled twice", name))
+	}
+	typed := func(ev projector.Event) (T, error) {
+		p, ok := ev.Payload.(T)
+		if !ok {
+			return p, fmt.Errorf("%w: %s handler of saga %q expects %T, got %T", projector.ErrInvalidPayload, ev.Type, s.name, p, ev.Payload)
+		}
+		return p, nil
+	}
+	s.routes[name] = route[S]{
+		et:     et,
+		starts: starts,
+		key: func(ev projector.Event) (string, error) {
+			p, err := typed(ev)
+			if err != nil {
+				return "", err
+			}
+			k := key(ev, p)
+			if k == "" {
+				return "", fmt.Errorf("%w: saga %q: %s event %s has an empty correlation key", ErrInvalidStep, s.name, ev.Type, ev.ID)
+			}
+			return k, nil
+		},
+		handle: func(ctx context.Context, in *Instance[S], ev projector.Event) error {
+			p, err := typed(ev)
+			if err != nil {
+				return err
+			}
+			return h(ctx, in, ev, p)
+		},
+	}
+	s.types = append(s.types, name)
+	return nil
+}
+
+// Timeout is what a timeout handler receives.
+type Timeout struct {
+	// ID identifies the scheduled timeout; it is the causation id of what
+	// its step appends.
+	ID uuid.UUID
+	// Name is the name it was scheduled under.
+	Name string
+	// Due is when it was due; the handler runs at or after it, never before.
+	Due time.Time
+}
+
+// TimeoutHandler decides the step of an instance whose timeout fired. It
+// should check in.State rather than trust that cancellation happened: the
+// state is the truth ("escalate unless assigned").
+type TimeoutHandler[S any] func(ctx context.Context, in *Instance[S], t Timeout) error
+
+// OnTimeout registers h for timeouts scheduled under name.
+func OnTimeout[S any](s *Saga[S], name string, h TimeoutHandler[S]) error {
+	switch {
+	case name == "":
+		return s.fail(errors.New("timeout handler for an empty name"))
+	case h == nil:
+		return s.fail(fmt.Errorf("nil handler for timeout %q", name))
+	}
+	if _, dup := s.timeouts[name]; dup {
+		return s.fail(fmt.Errorf("timeout %q handled twice", name))
+	}
+	s.timeouts[name] = h
+	return nil
+}
+
+// Validate reports a registration error, or a handled type reg does not
+// define.
+func (s *Saga[S]) Validate(reg *projector.Registry) error {
+	if s.err != nil {
+		return s.err
+	}
+	if len(s.types) == 0 {
+		return fmt.Errorf("%w: saga %q handles no event types", ErrInvalidDefinition, s.name)
+	}
+	starts := false
+	for _, typ := range s.types {
+		if _, ok := reg.Lookup(typ); !ok {
+			return fmt.Errorf("%w: saga %q handles %q, which the registry does not define", ErrInvalidDefinition, s.name, typ)
+		}
+		starts = starts || s.routes[typ].starts
+	}
+	if !starts {
+		return fmt.Errorf("%w: saga %q has no start event (register one with StartOn)", ErrInvalidDefinition, s.name)
+	}
+	return nil
+}
+
+// Instance is one saga instance as a handler sees it: its state, to read
+// and change, and the decisions of the step being taken.
+type Instance[S any] struct {
+	// State is the instance's state; the handler changes it in place.
+	State S
+
+	id          uuid.UUID
+	key         string
+	tenant      string
+	correlation uuid.UUID
+	isNew       bool
+	version     int64
+	now         time.Time
+	timeouts    map[string]TimeoutHandler[S]
+	saga        string
+
+	ops       []op
+	completed bool
+	err       error
+}
+
+// opKind is a recorded decision.
+type opKind int
+
+const (
+	opAppend opKind = iota
+	opSchedule
+	opCancel
+)
+
+type op struct {
+	kind     opKind
+	stream   projector.StreamRef
+	expected projector.ExpectedVersion
+	payloads []any
+	name     string
+	at       time.Time
+}
+
+// ID returns the instance id.
+func (in *Instance[S]) ID() uuid.UUID { return in.id }
+
+// Key returns the instance's correlation key.
+func (in *Instance[S]) Key() string { return in.key }
+
+// Tenant returns the tenant the instance belongs to (that of the event that
+// started it).
+func (in *Instance[S]) Tenant() string { return in.tenant }
+
+// CorrelationID returns the correlation id every event the instance appends
+// carries: the start event's correlation id, or a new one.
+func (in *Instance[S]) CorrelationID() uuid.UUID { return in.correlation }
+
+// IsNew reports whether this step creates the instance.
+func (in *Instance[S]) IsNew() bool { return in.isNew }
+
+// Version returns the number of steps the instance took before this one.
+func (in *Instance[S]) Version() int64 { return in.version }
+
+// Now returns the saga clock's time for this step: schedule timeouts
+// relative to it.
+func (in *Instance[S]) Now() time.Time { return in.now }
+
+// Append appends payloads to stream when the step commits, checked against
+// expected, with the instance's correlation id and the handled event's (or
+// timeout's) id as causation. Appending to a stream of the instance's own
+// tenant is the rule: use projector.TenantStream(in.Tenant(), ...).
+func (in *Instance[S]) Append(stream projector.StreamRef, expected projector.ExpectedVersion, payloads ...any) {
+	if len(payloads) == 0 {
+		in.setErr(fmt.Errorf("append to %s: no payloads", stream))
+		return
+	}
+	in.ops = append(in.ops, op{kind: opAppend, stream: stream, expected: expected, payloads: slices.Clone(payloads)})
+}
+
+// Schedule schedules the timeout name to fire at at, replacing one of that
+// name that is pending. at before [Instance.Now] is an error of the step.
+func (in *Instance[S]) Schedule(name string, at time.Time) {
+	switch {
+	case in.timeouts[name] == nil:
+		in.setErr(fmt.Errorf("schedule timeout %q: no handler registered for it (OnTimeout)", name))
+		return
+	case at.Before(in.now):
+		in.setErr(fmt.Errorf("schedule timeout %q at %s: in the past (now %s)", name, at.Format(time.RFC3339Nano), in.now.Format(time.RFC3339Nano)))
+		return
+	}
+	in.ops = append(in.ops, op{kind: opSchedule, name: name, at: at})
+}
+
+// After schedules the timeout name to fire d after [Instance.Now].
+func (in *Instance[S]) After(name string, d time.Duration) {
+	if d < 0 {
+		in.setErr(fmt.Errorf("schedule timeout %q after %v: negative", name, d))
+		return
+	}
+	in.Schedule(name, in.now.Add(d))
+}
+
+// Cancel cancels the pending timeout name, if there is one.
+func (in *Instance[S]) Cancel(name string) {
+	in.ops = append(in.ops, op{kind: opCancel, name: name})
+}
+
+// Complete marks the instance completed when the step commits: its pending
+// timeouts are cancelled and later events are ignored and counted.
+func (in *Instance[S]) Complete() { in.completed = true }
+
+func (in *Instance[S]) setErr(err error) {
+	if in.err == nil {
+		in.err = fmt.Errorf("%w: saga %q, instance %q: %w", ErrInvalidStep, in.saga, in.key, err)
+	}
+}
+
+// Snapshot is an instance as stored, the input of a step.
+type Snapshot[S any] struct {
+	ID            uuid.UUID
+	Key           string
+	Tenant        string
+	CorrelationID uuid.UUID
+	Status        Status
+	Version       int64
+	State         S
+}
+
+// Decision is what a step decided: the outcome of [Saga.Decide] and
+// [Saga.DecideTimeout], applied by the saga in the dispatcher's (or the
+// runner's) transaction, or inspected by sagatest.
+type Decision[S any] struct {
+	// State is the instance's state after the step.
+	State S
+	// Appends are the appends, in the order the handler made them.
+	Appends []Append
+	// Scheduled are the timeouts scheduled (replacing any of the same name)
+	// and Cancelled the names cancelled, each in order; a name may be in
+	// both, and the later operation wins. Ops keeps the interleaving.
+	Scheduled []ScheduledTimeout
+	Cancelled []string
+	// Completed is true when the step completed the instance.
+	Completed bool
+
+	ops []op
+}
+
+// Append is an append a step decided.
+type Append struct {
+	Stream   projector.StreamRef
+	Expected projector.ExpectedVersion
+	Payloads []any
+}
+
+// ScheduledTimeout is a timeout a step scheduled.
+type ScheduledTimeout struct {
+	Name string
+	At   time.Time
+}
+
+// Route says how the saga handles an event type: whether it does at all,
+// whether it may start an instance, and the event's key.
+func (s *Saga[S]) Route(ev projector.Event) (key string, starts bool, handled bool, err error) {
+	r, ok := s.routes[ev.Type]
+	if !ok {
+		return "", false, false, nil
+	}
+	key, err = r.key(ev)
+	return key, r.starts, true, err
+}
+
+// Decide runs the handler for ev on cur (an active instance, or a new one's
+// zero snapshot with IsNew) at time now, and returns its decisions. reg, when
+// not nil, checks that appended payloads are of defined types. It writes
+// nothing: [Saga.Projection] applies the decision, sagatest inspects it.
+func (s *Saga[S]) Decide(ctx context.Context, reg *projector.Registry, cur Snapshot[S], isNew bool, ev projector.Event, now time.Time) (Decision[S], error) {
+	r, ok := s.routes[ev.Type]
+	if !ok {
+		return Decision[S]{}, fmt.Errorf("%w: saga %q does not handle %q", ErrInvalidStep, s.name, ev.Type)
+	}
+	in := s.instance(cur, isNew, now)
+	if err := r.handle(ctx, in, ev); err != nil {
+		return Decision[S]{}, err
+	}
+	return s.decision(in, reg)
+}
+
+// DecideTimeout runs the handler of timeout t on cur at time now.
+func (s *Saga[S]) DecideTimeout(ctx context.Context, reg *projector.Registry, cur Snapshot[S], t Timeout, now time.Time) (Decision[S], error) {
+	h, ok := s.timeouts[t.Name]
+	if !ok {
+		return Decision[S]{}, fmt.Errorf("%w: saga %q has no handler for timeout %q", ErrInvalidStep, s.name, t.Name)
+	}
+	in := s.instance(cur, false, now)
+	if err := h(ctx, in, t); err != nil {
+		return Decision[S]{}, err
+	}
+	return s.decision(in, reg)
+}
+
+func (s *Saga[S]) instance(cur Snapshot[S], isNew bool, now time.Time) *Instance[S] {
+	return &Instance[S]{State: cur.State, id: cur.ID, key: cur.Key, tenant: cur.Tenant, correlation: cur.CorrelationID,
+		isNew: isNew, version: cur.Version, now: now, timeouts: s.timeouts, saga: s.name}
+}
+
+func (s *Saga[S]) decision(in *Instance[S], reg *projector.Registry) (Decision[S], error) {
+	if in.err != nil {
+		return Decision[S]{}, in.err
+	}
+	d := Decision[S]{State: in.State, Completed: in.completed, ops: in.ops}
+	for _, o := range in.ops {
+		switch o.kind {
+		case opAppend:
+			if err := o.stream.Validate(); err != nil {
+				in.setErr(fmt.Errorf("append to %s: %w", o.stream, err))
+				return Decision[S]{}, in.err
+			}
+			if reg != nil {
+				for _, p := range o.payloads {
+					if _, err := reg.Encode(p); err != nil {
+						in.setErr(fmt.Errorf("append to %s: %w", o.stream, err))
+						return Decision[S]{}, in.err
+					}
+				}
+			}
+			d.Appends = append(d.Appends, Append{Stream: o.stream, Expected: o.expected, Payloads: o.payloads})
+		case opSchedule:
+			d.Scheduled = append(d.Scheduled, ScheduledTimeout{Name: o.name, At: o.at})
+		case opCancel:
+			d.Cancelled = append(d.Cancelled, o.name)
+		}
+	}
+	if _, err := json.Marshal(in.State); err != nil {
+		in.setErr(fmt.Errorf("encode state: %w", err))
+		return Decision[S]{}, in.err
+	}
+	return d, nil
+}
