@@ -96,10 +96,19 @@ func (r *Runner) FireDue(ctx context.Context) (int, error) {
 	n := 0
 	var first error
 	for _, s := range r.cfg.Sagas {
+		contended := 0
 		for {
 			found, err := s.fireOne(ctx, r.cfg.Store, r.q)
 			if ctx.Err() != nil {
 				return n, ctx.Err()
+			}
+			if errors.Is(err, errContention) {
+				// Retried at once; a timeout that keeps losing waits for
+				// the next round rather than spin.
+				if contended++; contended > 3 {
+					break
+				}
+				continue
 			}
 			if err != nil && first == nil {
 				first = err

@@ -52,6 +52,10 @@ const (
 // Defaults of [Config].
 const (
 	DefaultTimeoutAttempts = 10
+	// DefaultRetryBackoff is the saga consumer's first retry wait, shorter
+	// than a projection's: the common failure of a step is contention with
+	// a timeout's step on the same stream, gone on the next try.
+	DefaultRetryBackoff = 50 * time.Millisecond
 )
 
 // Config configures a saga type. The zero value is usable.
@@ -105,6 +109,10 @@ func New[S any](name string, cfg Config) *Saga[S] {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	// A step that loses a race for a stream to a timeout's step (promise 4
+	// refuses the older writer) is contention, not a fault: retry soon.
+	cfg.Async.RetryBackoff = cmp.Or(cfg.Async.RetryBackoff, DefaultRetryBackoff)
+	cfg.Async.MaxBackoff = cmp.Or(cfg.Async.MaxBackoff, max(projection.DefaultMaxBackoff, cfg.Async.RetryBackoff))
 	cfg.TimeoutAttempts = cmp.Or(cfg.TimeoutAttempts, DefaultTimeoutAttempts)
 	s := &Saga[S]{name: name, cfg: cfg, routes: map[string]route[S]{}, timeouts: map[string]TimeoutHandler[S]{}}
 	switch {

@@ -196,7 +196,9 @@ func TestSagaBadInputWritesNothing(t *testing.T) {
 func TestSagaDefinitionErrors(t *testing.T) {
 	t.Parallel()
 	ty := newTypes()
-	noop := func(context.Context, *saga.Instance[slaState], projector.Event, testevents.TicketOpened) error { return nil }
+	noop := func(context.Context, *saga.Instance[slaState], projector.Event, testevents.TicketOpened) error {
+		return nil
+	}
 
 	s := saga.New[slaState]("x", saga.Config{})
 	if err := saga.StartOn(s, projector.EventType[testevents.TicketOpened]{}, saga.ByStream, noop); !errors.Is(err, saga.ErrInvalidDefinition) {

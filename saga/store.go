@@ -261,6 +261,12 @@ func (s *Saga[S]) fireOne(ctx context.Context, store *postgres.Store, q queries)
 	if ctx.Err() != nil {
 		return false, ctx.Err()
 	}
+	if errors.Is(stepErr, projector.ErrConcurrency) {
+		// Contention, not a failure: an event's step appended to the same
+		// stream from a younger transaction (promise 4 refuses the older
+		// writer). The timeout stays due; a new transaction tries again.
+		return true, errContention
+	}
 	return true, s.timeoutFailed(ctx, store, q, snap, t, attempts, stepErr)
 }
 
@@ -303,6 +309,11 @@ func (s *Saga[S]) nextDue(ctx context.Context, store *postgres.Store, q queries)
 	}
 	return *next, nil
 }
+
+// errContention: a timeout step lost a race for a stream to an event's
+// step and is retried at once in a new transaction; never recorded as a
+// failure.
+var errContention = errors.New("saga: timeout step contended with an event's step; retrying")
 
 func commit(ctx context.Context, tx pgx.Tx) error {
 	if err := tx.Commit(ctx); err != nil {
