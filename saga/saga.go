@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/aggregate"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -318,6 +320,7 @@ const (
 	opAppend opKind = iota
 	opSchedule
 	opCancel
+	opCommand
 )
 
 type op struct {
@@ -327,6 +330,10 @@ type op struct {
 	payloads []any
 	name     string
 	at       time.Time
+	// command runs an aggregate command in the step's transaction and
+	// returns how many events it appended.
+	command   func(ctx context.Context, tx pgx.Tx) (int, error)
+	aggregate string
 }
 
 // ID returns the instance id.
@@ -363,6 +370,36 @@ func (in *Instance[S]) Append(stream projector.StreamRef, expected projector.Exp
 		return
 	}
 	in.ops = append(in.ops, op{kind: opAppend, stream: stream, expected: expected, payloads: slices.Clone(payloads)})
+}
+
+// Command runs a command on the aggregate in stream when the step is
+// applied, in the step's transaction: the aggregate is fetched for writing
+// through repo (its events folded, the version noted), decide runs on its
+// current state, and the events it returns are appended at that version,
+// with the instance's correlation id and the step's cause, so the
+// aggregate's invariants hold and the append commits with the step or not
+// at all. A concurrent write to the stream makes the step fail and be
+// retried. Without a database (sagatest) the command is recorded, not run.
+func Command[S, A any](in *Instance[S], repo *aggregate.Repository[A], stream projector.StreamRef, decide aggregate.Decide[A]) {
+	if repo == nil || decide == nil {
+		in.setErr(fmt.Errorf("command on %s: nil repository or decide function", stream))
+		return
+	}
+	in.ops = append(in.ops, op{kind: opCommand, stream: stream, aggregate: repo.Name(),
+		command: func(ctx context.Context, tx pgx.Tx) (int, error) {
+			w, err := repo.FetchForWriting(ctx, tx, stream)
+			if err != nil {
+				return 0, fmt.Errorf("command on %s: %w", stream, err)
+			}
+			payloads, err := decide(ctx, w.Loaded())
+			if err != nil || len(payloads) == 0 {
+				return 0, err
+			}
+			if _, err := w.Append(ctx, payloads...); err != nil {
+				return 0, fmt.Errorf("command on %s: %w", stream, err)
+			}
+			return len(payloads), nil
+		}})
 }
 
 // Schedule schedules the timeout name to fire at at, replacing one of that
@@ -422,11 +459,11 @@ type Decision[S any] struct {
 	State S
 	// Appends are the appends, in the order the handler made them.
 	Appends []Append
-	// Scheduled are the timeouts scheduled (replacing any of the same name)
-	// and Cancelled the names cancelled, each in order; a name may be in
-	// both, and the later operation wins. Ops keeps the interleaving.
-	Scheduled []ScheduledTimeout
-	Cancelled []string
+	// Timeouts are the timeouts scheduled (replacing any pending one of the
+	// same name) and cancelled, in the order the handler made them.
+	Timeouts []TimeoutOp
+	// Commands are the aggregate commands decided ([Command]), in order.
+	Commands []CommandOp
 	// Completed is true when the step completed the instance.
 	Completed bool
 
@@ -440,10 +477,18 @@ type Append struct {
 	Payloads []any
 }
 
-// ScheduledTimeout is a timeout a step scheduled.
-type ScheduledTimeout struct {
-	Name string
-	At   time.Time
+// CommandOp is an aggregate command a step decided: on the aggregate
+// repository named Aggregate, for Stream.
+type CommandOp struct {
+	Aggregate string
+	Stream    projector.StreamRef
+}
+
+// TimeoutOp is a timeout a step scheduled (At set) or cancelled (Cancel).
+type TimeoutOp struct {
+	Name   string
+	At     time.Time
+	Cancel bool
 }
 
 // Route says how the saga handles an event type: whether it does at all,
@@ -513,9 +558,11 @@ func (s *Saga[S]) decision(in *Instance[S], reg *projector.Registry) (Decision[S
 			}
 			d.Appends = append(d.Appends, Append{Stream: o.stream, Expected: o.expected, Payloads: o.payloads})
 		case opSchedule:
-			d.Scheduled = append(d.Scheduled, ScheduledTimeout{Name: o.name, At: o.at})
+			d.Timeouts = append(d.Timeouts, TimeoutOp{Name: o.name, At: o.at})
 		case opCancel:
-			d.Cancelled = append(d.Cancelled, o.name)
+			d.Timeouts = append(d.Timeouts, TimeoutOp{Name: o.name, Cancel: true})
+		case opCommand:
+			d.Commands = append(d.Commands, CommandOp{Aggregate: o.aggregate, Stream: o.stream})
 		}
 	}
 	if _, err := json.Marshal(in.State); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/aggregate"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
@@ -272,5 +273,81 @@ func TestSagaDecideWrongPayload(t *testing.T) {
 		projector.Event{Type: "ticket.opened", Payload: testevents.TicketClosed{}}, time.Now())
 	if !errors.Is(err, projector.ErrInvalidPayload) {
 		t.Fatalf("wrong payload type: %v", err)
+	}
+}
+
+// A step's aggregate command (saga.Command) runs in the step's
+// transaction through FetchForWriting: it sees the aggregate's current
+// state (a ticket closed meanwhile is not closed again) and its events
+// carry the timeout as causation and the instance's correlation id.
+func TestSagaAggregateCommand(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	clk := newClock()
+	type ticket struct{ Closed bool }
+	repo, err := aggregate.New(e.store, aggregate.Config[ticket]{Name: "ticket", Folds: []aggregate.Fold[ticket]{
+		aggregate.On(e.types.Closed, func(s *ticket, _ testevents.TicketClosed) { s.Closed = true }),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := saga.New[slaState]("escalator", saga.Config{Now: clk.Now})
+	must(saga.StartOn(s, e.types.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[slaState], _ projector.Event, _ testevents.TicketOpened) error {
+		in.After("escalate", time.Hour)
+		return nil
+	}))
+	must(saga.OnTimeout(s, "escalate", func(_ context.Context, in *saga.Instance[slaState], _ saga.Timeout) error {
+		saga.Command(in, repo, projector.Stream("ticket", in.Key()), func(_ context.Context, cur aggregate.Loaded[ticket]) ([]any, error) {
+			if cur.State.Closed {
+				return nil, nil
+			}
+			return []any{testevents.TicketClosed{Reason: "escalated"}}, nil
+		})
+		in.Complete()
+		return nil
+	}))
+	p, err := s.Projection(e.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{p}, PollMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Stop(e.ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	r, err := saga.NewRunner(saga.RunnerConfig{Store: e.store, Sagas: []saga.Definition{s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.append(projector.Stream("ticket", "open"), testevents.TicketOpened{Title: "a"})
+	e.append(projector.Stream("ticket", "closed"), testevents.TicketOpened{Title: "b"})
+	e.append(projector.Stream("ticket", "closed"), testevents.TicketClosed{Reason: "by hand"})
+	e.catchUp(d)
+	clk.Advance(time.Hour)
+	if n := e.fire(r); n != 2 {
+		t.Fatalf("fired %d, want 2", n)
+	}
+	if got := e.events("ticket.closed"); got != 2 {
+		t.Fatalf("%d ticket.closed events, want the manual one and one escalation", got)
+	}
+	in, err := saga.Show(e.ctx, e.store, "escalator", projector.SystemTenant, "open")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := e.store.ReadStream(e.ctx, projector.Stream("ticket", "open"), postgres.StreamQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := evs[len(evs)-1]
+	if len(evs) != 2 || last.Type != "ticket.closed" || last.Metadata.CausationID != in.Steps[1].CauseID ||
+		last.Metadata.CorrelationID != in.CorrelationID || in.Status != saga.Completed {
+		t.Fatalf("ticket stream %+v, instance %+v: want the escalation caused by the timeout step, correlated", evs, in)
 	}
 }

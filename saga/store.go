@@ -184,6 +184,10 @@ func (s *Saga[S]) apply(ctx context.Context, store *postgres.Store, q queries, t
 			_, err = tx.Exec(ctx, q.schedule, uuid.New(), snap.ID, s.name, o.name, o.at, cause)
 		case opCancel:
 			_, err = tx.Exec(ctx, q.cancel, snap.ID, o.name)
+		case opCommand:
+			var n int
+			n, err = o.command(ctx, tx)
+			appended += n
 		}
 		if err != nil {
 			return fmt.Errorf("saga %q, instance %q: %w", s.name, snap.Key, err)
