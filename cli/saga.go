@@ -1,0 +1,198 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/saga"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// maxSagaList caps `saga list --limit`.
+const maxSagaList = 10_000
+
+func (a *App) sagaCmd() *cobra.Command {
+	root := group("saga", "Inspect saga (process manager) instances (list, show, prune)")
+	root.Long = `Sagas keep one instance per correlation key, with a state, a status (active,
+completed, failed), pending timeouts and the steps that drove it. These commands
+read them; prune deletes completed instances past a retention age.`
+	root.AddCommand(a.sagaListCmd(), a.sagaShowCmd(), a.sagaPruneCmd())
+	return root
+}
+
+func (a *App) sagaListCmd() *cobra.Command {
+	var format, tenant string
+	var statuses []string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list NAME",
+		Short: "List a saga's instances, most recently updated first",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			if limit < 1 || limit > maxSagaList {
+				return usageError{fmt.Errorf("--limit %d: want 1..%d", limit, maxSagaList)}
+			}
+			q := saga.ListQuery{Saga: args[0], Tenant: tenant, Limit: limit}
+			for _, s := range statuses {
+				for part := range strings.SplitSeq(s, ",") {
+					st, err := saga.ParseStatus(strings.TrimSpace(part))
+					if err != nil {
+						return usageError{fmt.Errorf("--status: %w", err)}
+					}
+					q.Statuses = append(q.Statuses, st)
+				}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				list, err := saga.List(cmd.Context(), store, q)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if list == nil {
+						list = []saga.InstanceInfo{}
+					}
+					return writeJSON(a.out, list)
+				}
+				return writeSagaList(a.out, list)
+			})
+		},
+	}
+	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only instances in these statuses: active, completed, failed (repeat or comma-separate)")
+	cmd.Flags().StringVar(&tenant, "tenant", "", "only one tenant's instances")
+	cmd.Flags().IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many instances (1..%d)", maxSagaList))
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func writeSagaList(w io.Writer, list []saga.InstanceInfo) error {
+	now := time.Now()
+	return writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "KEY\tTENANT\tSTATUS\tSTEPS\tLATE\tUPDATED\tSTATE")
+		for _, in := range list {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", in.Key, in.Tenant, in.Status, in.Version, in.LateEvents,
+				ago(in.UpdatedAt, now), shorten(string(in.State), 60))
+		}
+	})
+}
+
+func (a *App) sagaShowCmd() *cobra.Command {
+	var format, tenant string
+	cmd := &cobra.Command{
+		Use:   "show NAME KEY",
+		Short: "Show one instance: state, pending timeouts, the steps that drove it and the events it appended",
+		Args:  exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				in, err := saga.Show(cmd.Context(), store, args[0], tenant, args[1])
+				if errors.Is(err, projector.ErrNotFound) {
+					return fmt.Errorf("saga %s has no instance %q in tenant %q (`%s saga list %s` lists them)", args[0], args[1], tenant, cmd.Root().Name(), args[0])
+				}
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(a.out, in)
+				}
+				return writeSagaInstance(a.out, in)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", projector.SystemTenant, "the instance's tenant")
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func writeSagaInstance(w io.Writer, in saga.InstanceDetail) error {
+	now := time.Now()
+	err := writeTable(w, func(tw io.Writer) {
+		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+		row("saga", in.Saga)
+		row("key", in.Key)
+		row("tenant", in.Tenant)
+		row("status", string(in.Status))
+		row("steps", fmt.Sprint(in.Version))
+		row("late events", fmt.Sprint(in.LateEvents))
+		row("correlation id", in.CorrelationID.String())
+		if in.LastError != "" {
+			row("last error", in.LastError)
+		}
+		row("created", timestamp(in.CreatedAt, now))
+		row("updated", timestamp(in.UpdatedAt, now))
+		if !in.CompletedAt.IsZero() {
+			row("completed", timestamp(in.CompletedAt, now))
+		}
+		row("state", string(in.State))
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nPending timeouts:")
+	err = writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "NAME\tDUE\tATTEMPTS\tLAST ERROR")
+		for _, t := range in.Timeouts {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", t.Name, timestamp(t.DueAt, now), t.Attempts, t.LastError)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nSteps:")
+	err = writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "STEP\tCAUSE\tTYPE\tSTREAM\tCAUSE ID\tAPPENDED\tAT")
+		for _, s := range in.Steps {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Step, s.Cause, s.Type, s.Stream, s.CauseID, s.Appended, timestamp(s.At, now))
+		}
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nAppended events:")
+	return writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "TYPE\tSTREAM\tVERSION\tID\tCAUSED BY")
+		for _, e := range in.Appended {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", e.Type, e.Stream, e.Version, e.ID, e.CausationID)
+		}
+	})
+}
+
+func (a *App) sagaPruneCmd() *cobra.Command {
+	var olderThan string
+	cmd := &cobra.Command{
+		Use:   "prune",
+		Short: "Delete saga instances that completed more than --older-than ago, with their steps",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if olderThan == "" {
+				return usageError{errors.New("--older-than is required (30d, 12h, 90m)")}
+			}
+			age, err := parseAge(olderThan)
+			if err != nil {
+				return usageError{fmt.Errorf("--older-than: %w", err)}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				n, err := saga.PruneCompleted(cmd.Context(), store, age)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "pruned %d completed saga instances older than %s\n", n, olderThan)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&olderThan, "older-than", "", "retention age of completed instances: 30d, 12h, 90m")
+	return cmd
+}
