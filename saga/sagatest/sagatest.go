@@ -13,6 +13,7 @@ package sagatest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"slices"
@@ -153,7 +154,11 @@ func (f *Fixture[S]) handle(ev projector.Event) ([]projector.Event, error) {
 		f.late++
 		return nil, nil
 	}
-	d, err := f.s.Decide(context.Background(), f.reg, in.snap, isNew, ev, f.now)
+	cur, err := f.stored(in.snap)
+	if err != nil {
+		return nil, err
+	}
+	d, err := f.s.Decide(context.Background(), f.reg, cur, isNew, ev, f.now)
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +191,11 @@ func (f *Fixture[S]) apply(in *instance[S], d saga.Decision[S], cause uuid.UUID)
 	}
 	f.commands = append(f.commands, d.Commands...)
 	in.snap.State = d.State
+	if cur, err := f.stored(in.snap); err == nil {
+		in.snap.State = cur.State
+	} else {
+		return nil, err
+	}
 	in.snap.Version++
 	if d.Completed {
 		in.snap.Status = saga.Completed
@@ -210,7 +220,11 @@ func (f *Fixture[S]) Advance(d time.Duration) *Fixture[S] {
 		}
 		f.now = p.at
 		delete(in.timeouts, name)
-		dec, err := f.s.DecideTimeout(context.Background(), f.reg, in.snap, saga.Timeout{ID: p.id, Name: name, Due: p.at}, f.now)
+		cur, err := f.stored(in.snap)
+		if err != nil {
+			f.t.Fatalf("sagatest: %v", err)
+		}
+		dec, err := f.s.DecideTimeout(context.Background(), f.reg, cur, saga.Timeout{ID: p.id, Name: name, Due: p.at}, f.now)
 		if err != nil {
 			f.t.Fatalf("sagatest: timeout %q of %q: %v", name, in.snap.Key, err)
 		}
@@ -356,3 +370,20 @@ func (f *Fixture[S]) Ignored() int { return f.ignored }
 
 // Late returns how many events reached a completed instance.
 func (f *Fixture[S]) Late() int { return f.late }
+
+// stored returns snap with its state as the database would hold it: through
+// JSON, as the saga stores it. A handler then never shares maps or slices
+// with the stored state (a failing step leaves it untouched), and a field
+// JSON drops (unexported, no tag) is dropped here too, as in production.
+func (f *Fixture[S]) stored(snap saga.Snapshot[S]) (saga.Snapshot[S], error) {
+	data, err := json.Marshal(snap.State)
+	if err != nil {
+		return snap, fmt.Errorf("sagatest: encode state of %q: %w", snap.Key, err)
+	}
+	var st S
+	if err := json.Unmarshal(data, &st); err != nil {
+		return snap, fmt.Errorf("sagatest: decode state of %q: %w", snap.Key, err)
+	}
+	snap.State = st
+	return snap, nil
+}
