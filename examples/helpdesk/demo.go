@@ -121,6 +121,9 @@ func RunDemo(ctx context.Context, pool *pgxpool.Pool, out io.Writer, cfg DemoCon
 	fmt.Fprintf(out, "\n%d simulated users sent %d commands in %v: %d events appended, %d refused by the ticket aggregate, %d version conflicts retried\n",
 		cfg.Users, sim.commands.Load(), time.Since(started).Round(time.Millisecond), sim.events.Load(), sim.refused.Load(), sim.retries.Load())
 
+	if err := slaDemo(ctx, store, types, tickets, out); err != nil { // demo_sla.go
+		return err
+	}
 	if err := catchUp(ctx, store, app, out, cfg.Progress); err != nil {
 		return err
 	}
