@@ -26,10 +26,19 @@ CREATE TABLE {{schema}}.projector_saga_instances (
     updated_at     timestamptz NOT NULL DEFAULT now(),
     completed_at   timestamptz,
     UNIQUE (saga, tenant_id, key)
-);
+) WITH (fillfactor = 80);
 
--- saga list NAME --status and pruning of completed instances.
-CREATE INDEX projector_saga_instances_status ON {{schema}}.projector_saga_instances (saga, status, updated_at);
+-- Every step updates its instance's row. No index covers a column a step
+-- changes (state, version, updated_at) — status and completed_at change once,
+-- at completion — and the fillfactor leaves room on the page, so the
+-- updates are HOT: no index is touched.
+
+-- saga list NAME --status.
+CREATE INDEX projector_saga_instances_status ON {{schema}}.projector_saga_instances (saga, status);
+
+-- Pruning of completed instances.
+CREATE INDEX projector_saga_instances_completed ON {{schema}}.projector_saga_instances (completed_at)
+    WHERE status = 'completed';
 
 CREATE TABLE {{schema}}.projector_saga_steps (
     instance_id uuid        NOT NULL REFERENCES {{schema}}.projector_saga_instances (id) ON DELETE CASCADE,

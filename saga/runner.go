@@ -19,7 +19,7 @@ type Definition interface {
 	Name() string
 	Now() time.Time
 	Validate(reg *projector.Registry) error
-	fireOne(ctx context.Context, store *postgres.Store, q queries) (bool, error)
+	fireDue(ctx context.Context, store *postgres.Store, q queries, limit int) (fired, claimed int, err error)
 	nextDue(ctx context.Context, store *postgres.Store, q queries) (time.Time, error)
 }
 
@@ -28,6 +28,10 @@ type Definition interface {
 // polls faster than the dispatcher beside it does.
 const DefaultPoll = projection.DefaultPollMax
 
+// DefaultBatchSize is how many due timeouts a [Runner] fires per
+// transaction by default.
+const DefaultBatchSize = 100
+
 // RunnerConfig configures a [Runner]. Store and Sagas are required.
 type RunnerConfig struct {
 	Store *postgres.Store
@@ -35,16 +39,22 @@ type RunnerConfig struct {
 	// Poll is the longest the runner sleeps between looks for due
 	// timeouts; it wakes earlier when the earliest pending one is due
 	// sooner. Default [DefaultPoll].
-	Poll   time.Duration
-	Logger *slog.Logger
+	Poll time.Duration
+	// BatchSize caps the timeouts fired in one transaction (each step under
+	// a savepoint of its own); default [DefaultBatchSize]. The instances of
+	// a batch stay locked until it commits, so an event's step for one of
+	// them waits that long.
+	BatchSize int
+	Logger    *slog.Logger
 }
 
 // Runner fires the due timeouts of its sagas: started beside the
-// dispatcher in every process that runs the sagas. Each timeout fires in a
-// transaction of its own that locks its instance (so it never races an
-// event's step), runs the timeout's handler, applies the step and deletes
-// the timeout: a timeout fires once, at or after its due time by the saga's
-// clock, never before, and a crash before the commit leaves it pending.
+// dispatcher in every process that runs the sagas. A transaction claims a
+// batch of due timeouts with their instances locked (so a timeout never
+// races an event's step), and for each, under a savepoint, runs the
+// timeout's handler, applies the step and deletes the timeout: a timeout
+// fires once, at or after its due time by the saga's clock, never before,
+// and a crash before the commit leaves it pending.
 type Runner struct {
 	cfg    RunnerConfig
 	q      queries
@@ -80,8 +90,12 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 		}
 	}
 	cfg.Poll = cmp.Or(cfg.Poll, DefaultPoll)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
 	if cfg.Poll < 0 {
 		return nil, fmt.Errorf("saga runner: poll %v is negative", cfg.Poll)
+	}
+	if cfg.BatchSize < 1 || cfg.BatchSize > 10_000 {
+		return nil, fmt.Errorf("saga runner: batch size %d outside 1..10000", cfg.BatchSize)
 	}
 	return &Runner{cfg: cfg, q: newQueries(cfg.Store), logger: cmp.Or(cfg.Logger, slog.Default()),
 		stopped: make(chan struct{}), wake: make(chan struct{}, 1)}, nil
@@ -96,31 +110,23 @@ func (r *Runner) FireDue(ctx context.Context) (int, error) {
 	n := 0
 	var first error
 	for _, s := range r.cfg.Sagas {
-		contended := 0
-		for {
-			found, err := s.fireOne(ctx, r.cfg.Store, r.q)
+		for rounds := 0; ; rounds++ {
+			fired, claimed, err := s.fireDue(ctx, r.cfg.Store, r.q, r.cfg.BatchSize)
+			n += fired
 			if ctx.Err() != nil {
 				return n, ctx.Err()
 			}
-			if errors.Is(err, errContention) {
-				// Retried at once; a timeout that keeps losing waits for
-				// the next round rather than spin.
-				if contended++; contended > 3 {
-					break
-				}
-				continue
+			if err != nil && claimed == 0 {
+				return n, err // the database failed: stop this round
 			}
 			if err != nil && first == nil {
 				first = err
 			}
-			if !found {
-				if err != nil {
-					return n, err // the database failed: stop this round
-				}
+			// A full claim means more may be due. A round that fired
+			// nothing of a full claim was all contention or failures:
+			// those wait for the next look rather than spin.
+			if claimed < r.cfg.BatchSize || fired == 0 {
 				break
-			}
-			if err == nil {
-				n++
 			}
 		}
 	}

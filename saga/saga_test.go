@@ -351,3 +351,86 @@ func TestSagaAggregateCommand(t *testing.T) {
 		t.Fatalf("ticket stream %+v, instance %+v: want the escalation caused by the timeout step, correlated", evs, in)
 	}
 }
+
+// A failing timeout step is rolled back alone: the other timeouts of its
+// batch fire; it is retried after a backoff (not before), with its attempts
+// and error recorded, and after TimeoutAttempts its instance is failed,
+// visible to saga.List, and its other timeouts dropped.
+func TestSagaTimeoutFailureRetriedThenFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	clk := newClock()
+	s := saga.New[slaState]("flaky", saga.Config{Now: clk.Now, TimeoutAttempts: 2})
+	must(saga.StartOn(s, e.types.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[slaState], _ projector.Event, o testevents.TicketOpened) error {
+		in.State.Title = o.Title
+		in.After("tick", time.Minute)
+		in.After("later", time.Hour)
+		return nil
+	}))
+	must(saga.OnTimeout(s, "tick", func(_ context.Context, in *saga.Instance[slaState], _ saga.Timeout) error {
+		if in.State.Title == "bad" {
+			return errors.New("boom")
+		}
+		in.State.Reminded++
+		return nil
+	}))
+	must(saga.OnTimeout(s, "later", func(context.Context, *saga.Instance[slaState], saga.Timeout) error { return nil }))
+	p, err := s.Projection(e.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{p}, PollMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Stop(e.ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	r := e.runner(s)
+	e.append(projector.Stream("ticket", "bad"), testevents.TicketOpened{Title: "bad"})
+	e.append(projector.Stream("ticket", "good"), testevents.TicketOpened{Title: "good"})
+	e.catchUp(d)
+
+	clk.Advance(time.Minute)
+	n, err := r.FireDue(e.ctx)
+	if n != 1 || err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("first round: fired %d, error %v; want the good one fired and boom reported", n, err)
+	}
+	bad, err := saga.Show(e.ctx, e.store, "flaky", projector.SystemTenant, "bad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bad.Version != 1 || len(bad.Timeouts) != 2 || bad.Timeouts[0].Attempts != 1 || !strings.Contains(bad.Timeouts[0].LastError, "boom") {
+		t.Fatalf("after one failure: %+v", bad)
+	}
+	if n, err := r.FireDue(e.ctx); n != 0 || err != nil {
+		t.Fatalf("retried before its backoff: fired %d, %v", n, err)
+	}
+	clk.Advance(time.Second)
+	if _, err := r.FireDue(e.ctx); err == nil {
+		t.Fatal("second attempt did not fail")
+	}
+	failed, err := saga.List(e.ctx, e.store, saga.ListQuery{Saga: "flaky", Statuses: []saga.Status{saga.Failed}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(failed) != 1 || failed[0].Key != "bad" || !strings.Contains(failed[0].LastError, "boom") {
+		t.Fatalf("failed instances: %+v", failed)
+	}
+	bad, err = saga.Show(e.ctx, e.store, "flaky", projector.SystemTenant, "bad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bad.Timeouts) != 0 || bad.Version != 1 {
+		t.Fatalf("a failed instance keeps %d timeouts, version %d", len(bad.Timeouts), bad.Version)
+	}
+	clk.Advance(2 * time.Hour)
+	if n := e.fire(r); n != 1 {
+		t.Fatalf("fired %d; want only the good instance's later timeout", n)
+	}
+}

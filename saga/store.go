@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -45,8 +46,8 @@ func newQueries(store *postgres.Store) queries {
 				scheduled_by = EXCLUDED.scheduled_by, retry_at = NULL, attempts = 0, last_error = NULL, created_at = now()`,
 		cancel:    `DELETE FROM ` + t + ` WHERE instance_id = $1 AND name = $2`,
 		cancelAll: `DELETE FROM ` + t + ` WHERE instance_id = $1`,
-		// The earliest due timeout of a saga (the due index, no scan), with
-		// its instance, both locked. SKIP LOCKED: a timeout whose instance
+		// The earliest due timeouts of a saga (the due index, no scan), with
+		// their instances, all locked. SKIP LOCKED: a timeout whose instance
 		// an event's step holds is left for the next round instead of
 		// waiting, and runners in several processes share the work. A row
 		// changed by a step that committed meanwhile is re-checked against
@@ -54,7 +55,7 @@ func newQueries(store *postgres.Store) queries {
 		claim: `SELECT t.id, t.name, t.due_at, t.attempts, i.id, i.tenant_id, i.key, i.correlation_id, i.status, i.version, i.state
 			FROM ` + t + ` t JOIN ` + i + ` i ON i.id = t.instance_id
 			WHERE t.saga = $1 AND t.due_at <= $2 AND (t.retry_at IS NULL OR t.retry_at <= $2)
-			ORDER BY t.due_at LIMIT 1 FOR UPDATE OF t, i SKIP LOCKED`,
+			ORDER BY t.due_at LIMIT $3 FOR UPDATE OF t, i SKIP LOCKED`,
 		fired: `DELETE FROM ` + t + ` WHERE id = $1`,
 		failTimeout: `UPDATE ` + t + ` SET attempts = attempts + 1, last_error = $2, retry_at = $3
 			WHERE id = $1 RETURNING attempts`,
@@ -165,14 +166,17 @@ func (s *Saga[S]) lockInstance(ctx context.Context, q queries, tx pgx.Tx, tenant
 	return snap, true, nil
 }
 
-// apply writes a step's decisions in tx: the appends (with the instance's
-// correlation id and cause as causation), the timeouts in the order they
-// were decided, the new state and version, and the step's row.
+// apply writes a step's decisions in tx: the appends and aggregate
+// commands (with the instance's correlation id and cause as causation), in
+// the order they were decided; then, in one round trip, the timeouts in the
+// order they were scheduled and cancelled, the new state and version, and
+// the step's row.
 func (s *Saga[S]) apply(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, snap Snapshot[S], d Decision[S],
 	cause uuid.UUID, kind, typ string,
 ) error {
 	ctx = projector.WithCausationID(projector.WithCorrelationID(ctx, snap.CorrelationID), cause)
 	appended := 0
+	b := &pgx.Batch{}
 	for _, o := range d.ops {
 		var err error
 		switch o.kind {
@@ -180,14 +184,14 @@ func (s *Saga[S]) apply(ctx context.Context, store *postgres.Store, q queries, t
 			if _, err = store.Append(ctx, tx, o.stream, o.expected, o.payloads...); err == nil {
 				appended += len(o.payloads)
 			}
-		case opSchedule:
-			_, err = tx.Exec(ctx, q.schedule, uuid.New(), snap.ID, s.name, o.name, o.at, cause)
-		case opCancel:
-			_, err = tx.Exec(ctx, q.cancel, snap.ID, o.name)
 		case opCommand:
 			var n int
 			n, err = o.command(ctx, tx)
 			appended += n
+		case opSchedule:
+			b.Queue(q.schedule, uuid.New(), snap.ID, s.name, o.name, o.at, cause)
+		case opCancel:
+			b.Queue(q.cancel, snap.ID, o.name)
 		}
 		if err != nil {
 			return fmt.Errorf("saga %q, instance %q: %w", s.name, snap.Key, err)
@@ -196,110 +200,157 @@ func (s *Saga[S]) apply(ctx context.Context, store *postgres.Store, q queries, t
 	status := Active
 	if d.Completed {
 		status = Completed
-		if _, err := tx.Exec(ctx, q.cancelAll, snap.ID); err != nil {
-			return fmt.Errorf("saga %q, instance %q: cancel timeouts at completion: %w", s.name, snap.Key, err)
-		}
+		b.Queue(q.cancelAll, snap.ID)
 	}
 	state, err := json.Marshal(d.State)
 	if err != nil {
 		return fmt.Errorf("saga %q, instance %q: encode state: %w", s.name, snap.Key, err)
 	}
-	tag, err := tx.Exec(ctx, q.update, snap.ID, state, status, snap.Version)
-	if err != nil {
-		return fmt.Errorf("saga %q, instance %q: save state: %w", s.name, snap.Key, err)
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("saga %q, instance %q: %w: version %d changed under the row lock", s.name, snap.Key, projector.ErrConcurrency, snap.Version)
-	}
-	if _, err := tx.Exec(ctx, q.step, snap.ID, snap.Version+1, cause, kind, typ, appended); err != nil {
-		return fmt.Errorf("saga %q, instance %q: record step: %w", s.name, snap.Key, err)
+	b.Queue(q.update, snap.ID, state, status, snap.Version).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("%w: version %d changed under the row lock", projector.ErrConcurrency, snap.Version)
+		}
+		return nil
+	})
+	b.Queue(q.step, snap.ID, snap.Version+1, cause, kind, typ, appended)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("saga %q, instance %q: save the step: %w", s.name, snap.Key, err)
 	}
 	return nil
 }
 
-// fireOne fires the earliest due timeout of the saga, if any, in a
-// transaction of its own. It reports whether it found one.
-func (s *Saga[S]) fireOne(ctx context.Context, store *postgres.Store, q queries) (bool, error) {
+// claimed is a due timeout claimed with its instance.
+type claimed[S any] struct {
+	t        Timeout
+	attempts int
+	snap     Snapshot[S]
+	state    []byte
+}
+
+// fireDue fires up to limit due timeouts of the saga in one transaction,
+// each step under a savepoint of its own, so a failing one is rolled back
+// alone (and recorded) while the others commit. It returns how many steps it
+// took, how many timeouts it claimed, and the first step failure.
+func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries, limit int) (fired, claimedN int, stepErr error) {
 	now := s.cfg.Now()
 	tx, err := store.Pool().Begin(ctx)
 	if err != nil {
-		return false, fmt.Errorf("saga %q: begin: %w", s.name, err)
+		return 0, 0, fmt.Errorf("saga %q: begin: %w", s.name, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var t Timeout
-	var attempts int
-	var state []byte
-	snap := Snapshot[S]{}
-	err = tx.QueryRow(ctx, q.claim, s.name, now).Scan(&t.ID, &t.Name, &t.Due, &attempts, &snap.ID, &snap.Tenant, &snap.Key,
-		&snap.CorrelationID, &snap.Status, &snap.Version, &state)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
+	rows, err := tx.Query(ctx, q.claim, s.name, now, limit)
 	if err != nil {
-		return false, fmt.Errorf("saga %q: claim due timeout: %w", s.name, err)
+		return 0, 0, fmt.Errorf("saga %q: claim due timeouts: %w", s.name, err)
 	}
-	if _, err := tx.Exec(ctx, q.fired, t.ID); err != nil {
-		return false, fmt.Errorf("saga %q: timeout %q of %q: %w", s.name, t.Name, snap.Key, err)
-	}
-	if snap.Status != Active {
-		// Completion deletes timeouts; this one is a leftover: drop it.
-		return true, commit(ctx, tx)
-	}
-	if err := json.Unmarshal(state, &snap.State); err != nil {
-		return false, fmt.Errorf("saga %q: decode state of %q: %w", s.name, snap.Key, err)
-	}
-	stepErr := func() error {
-		if err := store.ScopeTx(ctx, tx, snap.Tenant); err != nil {
-			return err
-		}
-		d, err := s.DecideTimeout(projector.WithActor(ctx, "saga:"+s.name), store.Registry(), snap, t, now)
-		if err != nil {
-			return err
-		}
-		return s.apply(ctx, store, q, tx, snap, d, t.ID, "timeout", t.Name)
-	}()
-	if stepErr == nil {
-		return true, commit(ctx, tx)
-	}
-	_ = tx.Rollback(ctx)
-	if ctx.Err() != nil {
-		return false, ctx.Err()
-	}
-	if errors.Is(stepErr, projector.ErrConcurrency) {
-		// Contention, not a failure: an event's step appended to the same
-		// stream from a younger transaction (promise 4 refuses the older
-		// writer). The timeout stays due; a new transaction tries again.
-		return true, errContention
-	}
-	return true, s.timeoutFailed(ctx, store, q, snap, t, attempts, stepErr)
-}
-
-// timeoutFailed records a failing timeout step: retried with backoff, and
-// after TimeoutAttempts the instance is marked failed (visible in
-// `projector saga list --status failed`) and the timeout dropped.
-func (s *Saga[S]) timeoutFailed(ctx context.Context, store *postgres.Store, q queries, snap Snapshot[S], t Timeout, attempts int, stepErr error) error {
-	backoff := time.Second << min(attempts, 8)
-	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-		var n int
-		if err := tx.QueryRow(ctx, q.failTimeout, t.ID, stepErr.Error(), s.cfg.Now().Add(backoff)).Scan(&n); err != nil {
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil // cancelled meanwhile
-			}
-			return err
-		}
-		if n < s.cfg.TimeoutAttempts {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, q.failInstance, snap.ID, stepErr.Error()); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, q.cancelAll, snap.ID)
-		return err
+	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed[S], error) {
+		var c claimed[S]
+		return c, r.Scan(&c.t.ID, &c.t.Name, &c.t.Due, &c.attempts, &c.snap.ID, &c.snap.Tenant, &c.snap.Key,
+			&c.snap.CorrelationID, &c.snap.Status, &c.snap.Version, &c.state)
 	})
 	if err != nil {
-		return fmt.Errorf("saga %q: record failure of timeout %q of %q (%v): %w", s.name, t.Name, snap.Key, stepErr, err)
+		return 0, 0, fmt.Errorf("saga %q: claim due timeouts: %w", s.name, err)
 	}
-	return fmt.Errorf("saga %q: timeout %q of %q failed (attempt %d): %w", s.name, t.Name, snap.Key, attempts+1, stepErr)
+	if len(due) == 0 {
+		return 0, 0, nil
+	}
+	scope := projector.SystemTenant
+	for _, c := range due {
+		if _, err := tx.Exec(ctx, "SAVEPOINT projector_saga_timeout"); err != nil {
+			return 0, len(due), fmt.Errorf("saga %q: savepoint: %w", s.name, err)
+		}
+		err := s.fireClaimed(ctx, store, q, tx, c, now, &scope)
+		if err == nil {
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_saga_timeout"); err != nil {
+				return 0, len(due), fmt.Errorf("saga %q: release savepoint: %w", s.name, err)
+			}
+			fired++
+			continue
+		}
+		if ctx.Err() != nil {
+			return 0, len(due), ctx.Err()
+		}
+		// The step's writes and its SET LOCAL scope go with the savepoint.
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_saga_timeout"); rerr != nil {
+			return 0, len(due), fmt.Errorf("saga %q: timeout %q of %q failed (%v) and could not be rolled back: %w", s.name, c.t.Name, c.snap.Key, err, rerr)
+		}
+		scope = ""
+		if errors.Is(err, projector.ErrConcurrency) {
+			// Contention, not a failure: an event's step appended to the
+			// same stream from a younger transaction (promise 4 refuses the
+			// older writer). The timeout stays due for the next round.
+			continue
+		}
+		if err := s.timeoutFailed(ctx, store, q, tx, &scope, c, err); err != nil {
+			return 0, len(due), err
+		}
+		if stepErr == nil {
+			stepErr = fmt.Errorf("saga %q: timeout %q of %q failed (attempt %d): %w", s.name, c.t.Name, c.snap.Key, c.attempts+1, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, len(due), fmt.Errorf("saga %q: commit fired timeouts: %w", s.name, err)
+	}
+	return fired, len(due), stepErr
+}
+
+// fireClaimed takes one claimed timeout's step in tx: delete the timeout,
+// decide on the instance's state, apply. scope tracks the tenant tx is
+// scoped to.
+func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, c claimed[S], now time.Time, scope *string) error {
+	if err := scopeTo(ctx, store, tx, scope, projector.SystemTenant); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, q.fired, c.t.ID); err != nil {
+		return fmt.Errorf("saga %q: timeout %q of %q: %w", s.name, c.t.Name, c.snap.Key, err)
+	}
+	if c.snap.Status != Active {
+		return nil // completion deletes timeouts; this one is a leftover
+	}
+	snap := c.snap
+	if err := json.Unmarshal(c.state, &snap.State); err != nil {
+		return fmt.Errorf("saga %q: decode state of %q: %w", s.name, snap.Key, err)
+	}
+	if err := scopeTo(ctx, store, tx, scope, snap.Tenant); err != nil {
+		return err
+	}
+	d, err := s.DecideTimeout(projector.WithActor(ctx, "saga:"+s.name), store.Registry(), snap, c.t, now)
+	if err != nil {
+		return err
+	}
+	return s.apply(ctx, store, q, tx, snap, d, c.t.ID, "timeout", c.t.Name)
+}
+
+func scopeTo(ctx context.Context, store *postgres.Store, tx pgx.Tx, scope *string, tenant string) error {
+	if *scope == tenant {
+		return nil
+	}
+	if err := store.ScopeTx(ctx, tx, tenant); err != nil {
+		return err
+	}
+	*scope = tenant
+	return nil
+}
+
+// timeoutFailed records a failing timeout step in tx, after its savepoint
+// was rolled back: retried with backoff, and after TimeoutAttempts the
+// instance is marked failed (visible in `projector saga list --status
+// failed`) and its timeouts dropped.
+func (s *Saga[S]) timeoutFailed(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, scope *string, c claimed[S], stepErr error) error {
+	if err := scopeTo(ctx, store, tx, scope, projector.SystemTenant); err != nil {
+		return err
+	}
+	backoff := time.Second << min(c.attempts, 8)
+	var n int
+	err := tx.QueryRow(ctx, q.failTimeout, c.t.ID, stepErr.Error(), s.cfg.Now().Add(backoff)).Scan(&n)
+	if err == nil && n >= s.cfg.TimeoutAttempts {
+		if _, err = tx.Exec(ctx, q.failInstance, c.snap.ID, stepErr.Error()); err == nil {
+			_, err = tx.Exec(ctx, q.cancelAll, c.snap.ID)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("saga %q: record failure of timeout %q of %q (%v): %w", s.name, c.t.Name, c.snap.Key, stepErr, err)
+	}
+	return nil
 }
 
 // nextDue returns when the saga's earliest timeout is due, zero if none.
@@ -313,11 +364,6 @@ func (s *Saga[S]) nextDue(ctx context.Context, store *postgres.Store, q queries)
 	}
 	return *next, nil
 }
-
-// errContention: a timeout step lost a race for a stream to an event's
-// step and is retried at once in a new transaction; never recorded as a
-// failure.
-var errContention = errors.New("saga: timeout step contended with an event's step; retrying")
 
 func commit(ctx context.Context, tx pgx.Tx) error {
 	if err := tx.Commit(ctx); err != nil {
