@@ -31,8 +31,13 @@ func newQueries(store *postgres.Store) queries {
 		// other and each sees the other's committed result.
 		lock: `SELECT id, correlation_id, status, version, state FROM ` + i + `
 			WHERE saga = $1 AND tenant_id = $2 AND key = $3 FOR UPDATE`,
-		lockMany: `SELECT id, key, correlation_id, status, version, state FROM ` + i + `
-			WHERE saga = $1 AND tenant_id = $2 AND key = ANY($3) ORDER BY id FOR UPDATE`,
+		// Joined with the keys rather than key = ANY($3): the array form
+		// is a linear search per row, and on statistics taken while the
+		// table was small the planner scans the saga's every instance with
+		// it. The join probes the unique index once per key.
+		lockMany: `SELECT i.id, i.key, i.correlation_id, i.status, i.version, i.state
+			FROM unnest($3::text[]) AS k(key) JOIN ` + i + ` i ON i.saga = $1 AND i.tenant_id = $2 AND i.key = k.key
+			ORDER BY i.id FOR UPDATE OF i`,
 		// ON CONFLICT: a second start event for the key finds the first
 		// instance instead of making another.
 		insert: `INSERT INTO ` + i + ` (id, saga, tenant_id, key, correlation_id, state)
@@ -360,25 +365,21 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 	}
 	scope := projector.SystemTenant
 	for _, c := range due {
-		if _, err := tx.Exec(ctx, "SAVEPOINT projector_saga_timeout"); err != nil {
-			return 0, len(due), fmt.Errorf("saga %q: savepoint: %w", s.name, err)
-		}
-		err := s.fireClaimed(ctx, store, q, tx, c, now, &scope)
+		savepoint, err := s.fireClaimed(ctx, store, q, tx, c, now, &scope)
 		if err == nil {
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_saga_timeout"); err != nil {
-				return 0, len(due), fmt.Errorf("saga %q: release savepoint: %w", s.name, err)
-			}
 			fired++
 			continue
 		}
 		if ctx.Err() != nil {
 			return 0, len(due), ctx.Err()
 		}
-		// The step's writes and its SET LOCAL scope go with the savepoint.
-		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_saga_timeout"); rerr != nil {
-			return 0, len(due), fmt.Errorf("saga %q: timeout %q of %q failed (%v) and could not be rolled back: %w", s.name, c.t.Name, c.snap.Key, err, rerr)
+		if savepoint {
+			// The step's writes and its SET LOCAL scope go with the savepoint.
+			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_saga_timeout"); rerr != nil {
+				return 0, len(due), fmt.Errorf("saga %q: timeout %q of %q failed (%v) and could not be rolled back: %w", s.name, c.t.Name, c.snap.Key, err, rerr)
+			}
+			scope = ""
 		}
-		scope = ""
 		if errors.Is(err, projector.ErrConcurrency) {
 			// Contention, not a failure: an event's step appended to the
 			// same stream from a younger transaction (promise 4 refuses the
@@ -398,43 +399,54 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 	return fired, len(due), stepErr
 }
 
-// fireClaimed takes one claimed timeout's step in tx: delete the timeout,
-// decide on the instance's state, apply. scope tracks the tenant tx is
-// scoped to.
-func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, c claimed[S], now time.Time, scope *string) error {
-	if err := scopeTo(ctx, store, tx, scope, projector.SystemTenant); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, q.fired, c.t.ID); err != nil {
-		return fmt.Errorf("saga %q: timeout %q of %q: %w", s.name, c.t.Name, c.snap.Key, err)
-	}
+// fireClaimed takes one claimed timeout's step in tx: decide on the
+// instance's state, then, under a savepoint, apply the step and delete the
+// timeout. A step without appends or commands goes in one round trip, the
+// savepoint and its release included. savepoint reports whether a
+// savepoint was set, which a failure must roll back to. scope tracks the
+// tenant tx is scoped to.
+func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, c claimed[S], now time.Time, scope *string) (savepoint bool, err error) {
 	if c.snap.Status != Active {
-		return nil // completion deletes timeouts; this one is a leftover
+		// Completion deletes timeouts; this one is a leftover.
+		if _, err := tx.Exec(ctx, q.fired, c.t.ID); err != nil {
+			return false, fmt.Errorf("saga %q: timeout %q of %q: %w", s.name, c.t.Name, c.snap.Key, err)
+		}
+		return false, nil
 	}
 	snap := c.snap
 	if err := json.Unmarshal(c.state, &snap.State); err != nil {
-		return fmt.Errorf("saga %q: decode state of %q: %w", s.name, snap.Key, err)
+		return false, fmt.Errorf("saga %q: decode state of %q: %w", s.name, snap.Key, err)
 	}
 	if err := scopeTo(ctx, store, tx, scope, snap.Tenant); err != nil {
-		return err
+		return false, err
 	}
 	ctx = projector.WithActor(ctx, "saga:"+s.name)
 	d, err := s.DecideTimeout(ctx, store.Registry(), snap, c.t, now)
 	if err != nil {
-		return err
+		return false, err // nothing written yet
+	}
+	wb := &pgx.Batch{}
+	immediate := len(d.Appends) > 0 || len(d.Commands) > 0
+	if immediate {
+		if _, err := tx.Exec(ctx, "SAVEPOINT projector_saga_timeout"); err != nil {
+			return false, fmt.Errorf("saga %q: savepoint: %w", s.name, err)
+		}
+	} else {
+		wb.Queue("SAVEPOINT projector_saga_timeout")
 	}
 	in := &live[S]{snap: snap, version: snap.Version}
-	wb := &pgx.Batch{}
 	if err := s.applyStep(ctx, store, q, tx, wb, &in.snap, d, c.t.ID, "timeout", c.t.Name); err != nil {
-		return err
+		return immediate, err // without appends, nothing was sent yet
 	}
+	wb.Queue(q.fired, c.t.ID)
 	if err := s.queueSave(q, wb, in); err != nil {
-		return err
+		return immediate, err
 	}
+	wb.Queue("RELEASE SAVEPOINT projector_saga_timeout")
 	if err := tx.SendBatch(ctx, wb).Close(); err != nil {
-		return fmt.Errorf("saga %q: save the step of timeout %q of %q: %w", s.name, c.t.Name, snap.Key, err)
+		return true, fmt.Errorf("saga %q: save the step of timeout %q of %q: %w", s.name, c.t.Name, snap.Key, err)
 	}
-	return nil
+	return false, nil
 }
 
 func scopeTo(ctx context.Context, store *postgres.Store, tx pgx.Tx, scope *string, tenant string) error {
