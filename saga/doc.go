@@ -27,10 +27,14 @@
 // # Exactly once
 //
 // [Saga.Projection] returns the async projection that runs the saga on a
-// dispatcher. An event's step runs inside the dispatcher's transaction: it
-// row-locks the instance (SELECT … FOR UPDATE), decides, appends, writes the
-// timeouts, the new state and a row in projector_saga_steps, and commits
-// with the consumer's cursor (promise 5). A crash anywhere rolls the step
+// dispatcher. The steps of a dispatcher batch run inside the batch's
+// transaction: the instances the batch names are row-locked and read in one
+// statement (SELECT … FOR UPDATE, in id order), each event's step is decided
+// in log order on the state the previous one left, the appends are made,
+// and the timeouts, new states and a row per step in projector_saga_steps
+// are written in one round trip, committing with the consumer's cursor
+// (promise 5). A failing event fails its batch, which the dispatcher
+// bisects until the event is alone, so the steps before it commit. A crash anywhere rolls the step
 // back with the cursor, so it is taken again, never twice. Appended events
 // carry the handled event's id as causation and the instance's correlation
 // id (that of the event that started it).
@@ -38,9 +42,10 @@
 // # Timeouts
 //
 // Timeouts are rows in projector_saga_timeouts with a due time (indexed).
-// A [Runner], started beside the dispatcher, claims the earliest due one
-// with its instance (FOR UPDATE … SKIP LOCKED), runs its handler, applies
-// the step and deletes the timeout in one transaction: a timeout fires once,
+// A [Runner], started beside the dispatcher, claims the earliest due ones
+// with their instances (FOR UPDATE … SKIP LOCKED) and, for each under a
+// savepoint, runs its handler, applies the step and deletes the timeout, all
+// committing together: a timeout fires once,
 // at or after its due time by the saga's clock ([Config.Now], injectable),
 // never before, and a crash leaves it pending. The instance's row lock
 // serialises a timeout's step with an event's step for the same instance,
