@@ -71,7 +71,7 @@ func rebuildShare(total, remaining int64) float64 {
 	if total <= 0 {
 		return 0
 	}
-	return min(1, max(0, 1-float64(remaining)/float64(total)))
+	return min(1, max(0, float64(total-remaining)/float64(total)))
 }
 
 // refreshRebuildGauges publishes the progress of the active rebuilds of this
