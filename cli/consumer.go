@@ -479,6 +479,9 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 		row("consumer", s.Consumer)
 		row("instance", s.Instance)
+		if s.Instance == projection.RebuildInstance {
+			row("role", "shadow shard of a blue/green rebuild: builds the new version into tables no reader uses (`rebuild list`)")
+		}
 		row("status", string(s.Status))
 		row("dispatcher", dispatcher(s, now))
 		if !s.LastSeen.IsZero() {
