@@ -316,6 +316,7 @@ func TestRebuildCLIStatusHoldSwitchCancel(t *testing.T) {
 		t.Errorf("status -o json, live shard: %+v", s)
 	}
 
+	e.expect(0, []string{"consumer", "status", "agent_workload", "--instance", projection.RebuildInstance}, "shadow shard of a blue/green rebuild")
 	e.expect(3, []string{"rebuild", "agent_workload"}, "a rebuild of this projection is in progress: agent_workload")
 	e.expect(0, []string{"rebuild", "cancel", "agent_workload"}, "rebuild of agent_workload: cancel done")
 	if pgtest.SchemaExists(t, e.schema+"_rebuild_1") {
