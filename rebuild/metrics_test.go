@@ -20,7 +20,9 @@ import (
 // The dispatcher publishes a rebuild's progress: a version 2 whose handler
 // fails on the 11th of 20 events builds its shadow up to there and stops
 // (dead), so the gauges must say exactly half, 10 events to go, 20 in all;
-// after the rebuild is cancelled its series are gone.
+// after the rebuild is cancelled its series are gone. An in-place rebuild
+// to the same version stops at the same event on the live shard, and its
+// gauges say so too.
 func TestRebuildProgressGauges(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -124,6 +126,21 @@ func TestRebuildProgressGauges(t *testing.T) {
 		_, ok2 := gauge("projector_rebuild_remaining_events")
 		_, ok3 := gauge("projector_rebuild_target_events")
 		return !ok1 && !ok2 && !ok3
+	})
+
+	// In place, version 2 takes the live shard over at once and stops at the
+	// same event: the gauges follow the live cursor.
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: rebuild.InPlace, Version: 2}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the live shard to die on s-05", func() bool {
+		st, err := projection.NewAdmin(e.store).Status(e.ctx, projection.ShardID{Consumer: "counter"})
+		return err == nil && st.Status == projection.StatusDead
+	})
+	eventually(t, time.Minute, "the gauges to show the in-place rebuild's progress", func() bool {
+		p, ok1 := gauge("projector_rebuild_progress")
+		r, ok2 := gauge("projector_rebuild_remaining_events")
+		return ok1 && ok2 && p == 0.5 && r == 10
 	})
 }
 
