@@ -25,7 +25,8 @@ import (
 //     result type"), with or without arguments; pgx then drops the statement
 //     from its cache, so the next try succeeds and returns the new column;
 //   - inside a transaction that failure aborts the transaction (25P02 for
-//     every statement after it) and only a new transaction succeeds.
+//     every statement after it) and only a new transaction succeeds;
+//   - without a cached plan (QueryExecModeExec), SELECT * works at once.
 func TestReadersAcrossASwitch(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -40,11 +41,14 @@ func TestReadersAcrossASwitch(t *testing.T) {
 	star := `SELECT * FROM ` + table + ` WHERE stream_id = $1`
 	starNoArgs := `SELECT * FROM ` + table + ` ORDER BY stream_id LIMIT 1`
 
-	connect := func() *pgx.Conn {
+	connect := func(mode ...pgx.QueryExecMode) *pgx.Conn {
 		t.Helper()
 		cfg := pgtest.PoolConfig(t).ConnConfig.Copy()
 		if cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.StatementCacheCapacity == 0 {
 			t.Fatalf("pgx's default is no longer a statement cache: mode %v, capacity %d", cfg.DefaultQueryExecMode, cfg.StatementCacheCapacity)
+		}
+		if len(mode) > 0 {
+			cfg.DefaultQueryExecMode = mode[0]
 		}
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
@@ -74,11 +78,11 @@ func TestReadersAcrossASwitch(t *testing.T) {
 		}
 		return v, ncols, rows.Err()
 	}
-	colsOut, colsIn, starOut, starIn, noArgs := connect(), connect(), connect(), connect(), connect()
+	colsOut, colsIn, starOut, starIn, noArgs, execMode := connect(), connect(), connect(), connect(), connect(), connect(pgx.QueryExecModeExec)
 	for _, c := range []struct {
 		conn *pgx.Conn
 		sql  string
-	}{{colsOut, cols}, {colsIn, cols}, {starOut, star}, {starIn, star}, {noArgs, starNoArgs}} {
+	}{{colsOut, cols}, {colsIn, cols}, {starOut, star}, {starIn, star}, {noArgs, starNoArgs}, {execMode, star}} {
 		var args []any
 		if c.sql != starNoArgs {
 			args = []any{"r1"}
@@ -130,6 +134,12 @@ func TestReadersAcrossASwitch(t *testing.T) {
 		if v, n, err := readV(nil, c.conn, c.sql, c.args...); err != nil || v != 2 || n != 4 {
 			t.Errorf("%s, retried: v%d, %d columns, %v; want v2 with 4 columns", c.sql, v, n, err)
 		}
+	}
+
+	// Without a cached plan (QueryExecModeExec: an unnamed statement per
+	// query), SELECT * reads the new table at once.
+	if v, n, err := readV(nil, execMode, star, "r1"); err != nil || v != 2 || n != 4 {
+		t.Errorf("SELECT * in exec mode after the switch: v%d, %d columns, %v; want v2 with 4 columns", v, n, err)
 	}
 
 	// (b) SELECT * inside a transaction: the failure aborts it.
