@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -167,10 +165,7 @@ func (a *App) withStore(cmd *cobra.Command, fn func(*postgres.Store) error) erro
 // within pickup (0: no limit) is reported once on standard error.
 func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuild.Rebuild, pickup time.Duration, untilReady bool) (rebuild.Rebuild, error) {
 	ctx := cmd.Context()
-	tty := false
-	if f, ok := a.out.(*os.File); ok {
-		tty = term.IsTerminal(int(f.Fd()))
-	}
+	tty := IsTerminal(a.out)
 	var bar *progressbar.ProgressBar
 	if tty {
 		bar = progressbar.NewOptions64(max(rb.TotalEvents, 1), progressbar.OptionSetWriter(a.out),
