@@ -410,7 +410,7 @@ otherwise). Refused (exit 3) when no rebuild is ready or a table has no primary 
 func (a *App) printDiff(cmd *cobra.Command, store *postgres.Store, name string, limit int) error {
 	d, err := rebuild.Diff(cmd.Context(), store, name, limit)
 	if err != nil {
-		return rebuildError(err)
+		return fmt.Errorf("%w; the rebuild stays held: switch it with `%s rebuild switch %s` or cancel it", rebuildError(err), cmd.Root().Name(), name)
 	}
 	return WriteDiff(a.out, d)
 }

@@ -347,3 +347,27 @@ func TestRebuildDiffAndHereRefusals(t *testing.T) {
 	// --here of another version than the one in progress: refused.
 	e.run([]*projection.Async{e.counter(3)}, "rebuild", "counter", "--here").want(t, ExitRefused, "is in progress")
 }
+
+// rebuild NAME --diff of a projection whose table has no primary key: the
+// rebuild is built and held, the diff is refused with exit 3, and the
+// message says the rebuild stays held.
+func TestRebuildDiffFlagWithoutPrimaryKey(t *testing.T) {
+	t.Parallel()
+	e := newRebuildEnv(t, 2)
+	table := e.schema + ".nopk"
+	if _, err := e.store.Pool().Exec(e.ctx, `CREATE TABLE `+pgx.Identifier{e.schema, "nopk"}.Sanitize()+` (stream_id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	p := projection.NewAsync("nopk", projection.AsyncConfig{Tables: []string{table}})
+	if err := projection.OnEvent(p, e.types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, table)+` VALUES ($1)`, ev.Stream.ID)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.dispatcher(p)
+	e.run(nil, "rebuild", "nopk", "--diff").want(t, ExitRefused, "no primary key", "the rebuild stays held")
+	if rb, err := rebuild.Current(e.ctx, e.store, "nopk"); err != nil || rb.Status != rebuild.Ready {
+		t.Fatalf("after a refused diff: %+v, %v", rb, err)
+	}
+}

@@ -75,7 +75,8 @@ type Difference struct {
 	// not yet (Diff tries for a second or so to avoid that while events are
 	// being appended).
 	EventsBetween int64
-	Tables        []TableDiff
+	// Tables has one comparison per declared table, in declaration order.
+	Tables []TableDiff
 }
 
 // Same reports that no declared table differs.
