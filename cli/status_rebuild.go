@@ -60,7 +60,7 @@ func rebuildOf(s projection.ShardState, rebuilds []rebuild.Rebuild) *rebuild.Reb
 	return nil
 }
 
-func rebuildJSON(r *rebuild.Rebuild) *ShardRebuildJSON {
+func shardRebuildJSON(r *rebuild.Rebuild) *ShardRebuildJSON {
 	if r == nil {
 		return nil
 	}
@@ -97,7 +97,7 @@ func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuil
 		out := make([]ShardJSON, len(shards))
 		for i, s := range shards {
 			out[i] = toJSON(s)
-			out[i].Rebuild = rebuildJSON(rebuildOf(s, rebuilds))
+			out[i].Rebuild = shardRebuildJSON(rebuildOf(s, rebuilds))
 		}
 		return writeJSON(w, out)
 	}
