@@ -302,7 +302,7 @@ func (a *App) rebuildDropOldCmd() *cobra.Command {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				dropped, err := rebuild.DropOld(cmd.Context(), store, args[0])
 				if err != nil {
-					return err
+					return rebuildError(err)
 				}
 				if len(dropped) == 0 {
 					fmt.Fprintf(a.out, "no old tables of %s to drop\n", args[0])

@@ -387,6 +387,12 @@ func TestRequestRefusals(t *testing.T) {
 	if err := rebuild.Cancel(e.ctx, e.store, "counter"); !errors.Is(err, rebuild.ErrNotActive) {
 		t.Errorf("cancel without a rebuild: %v", err)
 	}
+	if _, err := rebuild.DropOld(e.ctx, e.store, "nosuch"); !errors.Is(err, rebuild.ErrUnknownProjection) {
+		t.Errorf("drop-old of an unknown projection: %v, want ErrUnknownProjection", err)
+	}
+	if dropped, err := rebuild.DropOld(e.ctx, e.store, "counter"); err != nil || len(dropped) != 0 {
+		t.Errorf("drop-old with nothing to drop: %v, %v", dropped, err)
+	}
 	if rs, err := rebuild.List(e.ctx, e.store, ""); err != nil || len(rs) != 0 {
 		t.Errorf("refused requests left rebuilds: %v, %v", rs, err)
 	}
