@@ -126,6 +126,13 @@ type AsyncConfig struct {
 	// clears them (in place) or builds copies of them (blue/green); without
 	// them a projection cannot be rebuilt. Lower-case identifiers only.
 	Tables []string
+	// ScopeColumns and ResetScope say how to clear what one tenant or one
+	// stream contributed, for a partial rebuild of that scope
+	// (docs/rebuilds.md): columns of every declared table that a scope's
+	// rows are deleted by, and a function for anything they do not cover.
+	// Without either, a partial rebuild is refused.
+	ScopeColumns ScopeColumns
+	ResetScope   ResetScopeFunc
 }
 
 // Async is a projection applied by the dispatcher daemon after commit, in
@@ -154,6 +161,8 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 		p.t.fail(name, fmt.Errorf("version %d below 1", cfg.Version))
 	case validTables(cfg.Tables) != nil:
 		p.t.fail(name, validTables(cfg.Tables))
+	case cfg.ScopeColumns.validate(cfg.Tables) != nil:
+		p.t.fail(name, cfg.ScopeColumns.validate(cfg.Tables))
 	case validName(name) != nil:
 		p.t.fail(name, validName(name))
 	case cfg.BatchSize < 1 || cfg.BatchSize > 100_000:
