@@ -308,7 +308,7 @@ func TestPartialRebuildEqualsLiveWhileWritersAppend(t *testing.T) {
 		t.Fatalf("tenant a: %+v", res)
 	}
 	t.Logf("tenant a: %d events replayed up to %s; waited %v for the live shard, held it %v", res.Events, res.Until, res.LockWait, res.Held)
-	if got := e.count(`SELECT count(*) FROM `+e.ident("tickets")+` WHERE tenant_id = 'a' AND (title = 'corrupt' OR stream_id = 'bogus')`); got != 0 {
+	if got := e.count(`SELECT count(*) FROM ` + e.ident("tickets") + ` WHERE tenant_id = 'a' AND (title = 'corrupt' OR stream_id = 'bogus')`); got != 0 {
 		t.Fatalf("%d corrupt rows of tenant a left", got)
 	}
 	if res, err = rebuild.Partial(e.ctx, e.store, tickets, projection.StreamScope(hot), rebuild.PartialOptions{BatchSize: 7}); err != nil || res.Events < 4 {

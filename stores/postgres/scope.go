@@ -56,9 +56,11 @@ const scopeCursorName = "projector_scope"
 // so the read visits the scope's rows only, never the whole log, then sorts
 // them into log order (which, by promise 4, is each stream's version order).
 // cursor_tuple_fraction = 1 (set before the DECLARE) makes the planner cost
-// the whole read rather than its first rows; costed for the first rows it
-// walks the primary key in log order, filtering out every other tenant's
-// events, which is exactly the full-log read this exists to avoid.
+// the whole read, as it does for a plain query, rather than a cursor's
+// first tenth: a plan costed for its first rows favours walking the primary
+// key in log order (no sort) and filtering out every other tenant's events,
+// the full-log read this exists to avoid. A tenant holding most of the log
+// may still be read by a sequential scan, which is then the cheaper plan.
 const scopeReadSQL = `
 SELECT ` + eventColumns + `
 FROM {{s}}.projector_events e
