@@ -23,6 +23,7 @@ func (a *App) rebuildCmd() *cobra.Command {
 	var inPlace, hold, wait bool
 	var version int
 	var pickup time.Duration
+	var partial *partialFlags // --tenant, --stream-type/--stream-id: rebuild_partial.go
 	cmd := &cobra.Command{
 		Use:   "rebuild NAME | rebuild {list|cancel|switch|drop-old} ...",
 		Short: "Rebuild a projection from the log: blue/green (default) or in place",
@@ -37,7 +38,12 @@ serving, and switches atomically once it has caught up; --hold waits for
 then partial model until it catches up (for development and small models).
 
 --wait follows the rebuild to its end with a progress bar (plain lines when not a
-terminal). See docs/rebuilds.md.`,
+terminal).
+
+--tenant X, or --stream-type T --stream-id ID, rebuilds only what that tenant or
+stream contributed, at once and in this process: it needs the projection's code,
+so only an application's own binary (cli.Config.Wire) can run it. See
+docs/rebuilds.md.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageError{fmt.Errorf("rebuild needs the projection's NAME (or a subcommand: list, cancel, switch, drop-old)")}
@@ -45,6 +51,9 @@ terminal). See docs/rebuilds.md.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if partial.set(cmd) {
+				return a.runPartial(cmd, args[0], partial)
+			}
 			if version < 0 {
 				return usageError{fmt.Errorf("--version %d: want a version of 1 or more (0: the highest registered)", version)}
 			}
@@ -73,6 +82,7 @@ terminal). See docs/rebuilds.md.`,
 	cmd.Flags().IntVar(&version, "version", 0, "projection version to build (default: the highest registered)")
 	cmd.Flags().BoolVar(&hold, "hold", false, "blue/green: do not switch when caught up; wait for 'rebuild switch NAME'")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the rebuild to its end with a progress bar")
+	partial = a.addPartialFlags(cmd)
 	cmd.Flags().DurationVar(&pickup, "pickup-timeout", time.Minute, "with --wait: fail if no dispatcher has started the rebuild within this time (0: no limit)")
 	cmd.AddCommand(a.rebuildListCmd(), a.rebuildActionCmd("cancel", "Cancel a blue/green rebuild: drop its shadow tables; the live model is untouched", rebuild.Cancel),
 		a.rebuildActionCmd("switch", "Let a rebuild held with --hold switch once it has caught up", rebuild.Switch), a.rebuildDropOldCmd())
