@@ -250,7 +250,7 @@ until interrupted.`,
 						return err
 					}
 					if watch > 0 && !asJSON {
-						if isTerminal(a.out) {
+						if IsTerminal(a.out) {
 							fmt.Fprint(a.out, "\033[H\033[2J") // home, clear
 						}
 						fmt.Fprintf(a.out, "every %v, %s (Ctrl-C stops)\n\n", watch, time.Now().Format(time.RFC3339))
@@ -266,7 +266,7 @@ until interrupted.`,
 						return nil
 					case <-time.After(watch):
 					}
-					if !asJSON && !isTerminal(a.out) {
+					if !asJSON && !IsTerminal(a.out) {
 						fmt.Fprintln(a.out)
 					}
 				}
@@ -278,9 +278,10 @@ until interrupted.`,
 	return cmd
 }
 
-// isTerminal reports whether w is a terminal, where --watch may redraw in
-// place; elsewhere each refresh is appended.
-func isTerminal(w io.Writer) bool {
+// IsTerminal reports whether w is a terminal: where --watch and progress
+// bars may redraw in place (carriage returns show as one line only there);
+// elsewhere each update is a line of its own.
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
@@ -359,16 +360,7 @@ func outputFormat(f string) (bool, error) {
 // withAdmin opens the pool and store for an ops command, runs fn and
 // releases them.
 func (a *App) withAdmin(cmd *cobra.Command, fn func(*projection.Admin) error) error {
-	pool, err := a.Pool(cmd.Context())
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	store, err := a.Store(cmd.Context(), pool)
-	if err != nil {
-		return err
-	}
-	return fn(projection.NewAdmin(store))
+	return a.withStore(cmd, func(store *postgres.Store) error { return fn(projection.NewAdmin(store)) })
 }
 
 // writeJSON writes v as indented JSON, the form every `-o json` takes.

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/rebuild"
@@ -127,10 +125,7 @@ func (a *App) withStore(cmd *cobra.Command, fn func(*postgres.Store) error) erro
 // terminal, a line every few seconds otherwise.
 func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuild.Rebuild, pickup time.Duration) error {
 	ctx := cmd.Context()
-	tty := false
-	if f, ok := a.out.(*os.File); ok {
-		tty = term.IsTerminal(int(f.Fd()))
-	}
+	tty := IsTerminal(a.out)
 	var bar *progressbar.ProgressBar
 	if tty {
 		bar = progressbar.NewOptions64(max(rb.TotalEvents, 1), progressbar.OptionSetWriter(a.out),
