@@ -567,3 +567,70 @@ func TestPartialRebuildHoldsTheLiveShard(t *testing.T) {
 		t.Fatalf("differs from the model built live:\n%s", strings.Join(diff, "\n"))
 	}
 }
+
+// Tenant scoping applies as in passes: with a TenantRole, the clearing runs
+// scoped to the scope's tenant, so even a ResetScope that forgets its WHERE
+// clause deletes only that tenant's rows (privileges only narrow), and the
+// replayed handlers write under each event's tenant.
+func TestPartialRebuildUnderTenantRole(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	role, notes := pgtest.TenantRole(t, schema)
+	ctx := context.Background()
+	if _, err := pgtest.Pool(t).Exec(ctx, `GRANT DELETE ON `+notes+` TO `+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := projection.NewAsync("notes", projection.AsyncConfig{Tables: []string{schema + ".notes"},
+		ResetScope: func(ctx context.Context, tx pgx.Tx, _ projection.Scope) error {
+			_, err := tx.Exec(ctx, `DELETE FROM `+notes) // no WHERE: the tenant scope must confine it
+			return err
+		}})
+	must(projection.On(p, types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, o testevents.TicketOpened) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+notes+` VALUES ($1, $2)`, ev.Stream.Tenant, o.Title)
+		return err
+	}))
+	for _, s := range []projector.StreamRef{projector.TenantStream("a", "ticket", "1"), projector.TenantStream("a", "ticket", "2"), projector.TenantStream("b", "ticket", "1")} {
+		if err := store.InTenantTx(ctx, s.Tenant, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := store.Append(ctx, tx, s, projector.NoStream, testevents.TicketOpened{Title: s.String()})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Stop(context.WithoutCancel(ctx)) }()
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(cctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgtest.Pool(t).Exec(ctx, `UPDATE `+notes+` SET body = 'corrupt'`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := rebuild.Partial(ctx, store, p, projection.TenantScope("a"), rebuild.PartialOptions{})
+	if err != nil || res.Events != 2 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	rows, err := pgtest.Pool(t).Query(ctx, `SELECT tenant_id || ':' || body FROM `+notes+` ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "a:a/ticket/1 a:a/ticket/2 b:corrupt"; strings.Join(got, " ") != want {
+		t.Fatalf("notes after rebuilding tenant a: %v, want %s", got, want)
+	}
+}
