@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,8 +26,8 @@ type partialFlags struct {
 // independently.
 func (a *App) addPartialFlags(cmd *cobra.Command) *partialFlags {
 	f := &partialFlags{}
-	cmd.Flags().StringVar(&f.tenant, "tenant", "", "partial rebuild: only what this tenant contributed (runs here; needs the projection's code)")
-	cmd.Flags().StringVar(&f.streamType, "stream-type", "", "partial rebuild: with --stream-id, only what this stream contributed (tenant: --tenant, default the system tenant)")
+	cmd.Flags().StringVar(&f.tenant, "tenant", "", "with --here: rebuild only what this tenant contributed (a partial rebuild)")
+	cmd.Flags().StringVar(&f.streamType, "stream-type", "", "with --here and --stream-id: rebuild only what this stream contributed (its tenant: --tenant, default the system tenant)")
 	cmd.Flags().StringVar(&f.streamID, "stream-id", "", "partial rebuild: the stream's id (with --stream-type)")
 	cmd.Flags().IntVar(&f.batch, "partial-batch", 0, "partial rebuild: events read and applied at a time (default the projection's batch size; 1..100000)")
 	return f
@@ -42,15 +43,20 @@ func (f *partialFlags) set(cmd *cobra.Command) bool {
 	return false
 }
 
-// runPartial rebuilds one scope of the projection name in this process,
-// which must have the projection's code (Config.Wire): a partial rebuild
-// runs its handlers over the scope's events in one transaction, so unlike a
-// whole rebuild it cannot be left to the dispatchers as a request.
+// runPartial rebuilds one scope of the projection name in this process
+// (--here), which must have the projection's code (Config.Wire): a partial
+// rebuild runs its handlers over the scope's events in one transaction, at
+// once, rather than leaving a request to the dispatchers.
 func (a *App) runPartial(cmd *cobra.Command, name string, f *partialFlags) error {
-	for _, other := range []string{"in-place", "hold", "version", "wait", "pickup-timeout"} {
+	for _, other := range []string{"in-place", "hold", "version", "wait", "pickup-timeout", "diff", "limit"} {
 		if cmd.Flags().Changed(other) {
 			return usageError{fmt.Errorf("--%s does not apply to a partial rebuild (--tenant, --stream-type/--stream-id): it rebuilds the scope of the live version at once, here", other)}
 		}
+	}
+	if here, _ := cmd.Flags().GetBool("here"); !here {
+		// Said explicitly, so that a partial rebuild never reads as a
+		// request some dispatcher elsewhere carries out.
+		return usageError{fmt.Errorf("a partial rebuild runs the projection's handlers in this process: add --here, in your application's binary (cli.Config.Wire)")}
 	}
 	if f.batch < 0 || f.batch > 100_000 {
 		return usageError{fmt.Errorf("--partial-batch %d: want 1 to 100000 (0: the projection's batch size)", f.batch)}
@@ -72,15 +78,20 @@ func (a *App) runPartial(cmd *cobra.Command, name string, f *partialFlags) error
 		return err
 	}
 	var p *projection.Async
+	var have []string
 	for _, candidate := range w.Async {
+		have = append(have, candidate.Name())
 		if candidate.Name() == name {
 			p = candidate
 		}
 	}
 	if p == nil {
-		return usageError{fmt.Errorf("a partial rebuild runs the projection's handlers, and this binary has no async projection %s: "+
+		if len(have) == 0 {
+			have = []string{"none"}
+		}
+		return usageError{fmt.Errorf("a partial rebuild runs the projection's handlers, and this binary has no async projection %s (it has: %s): "+
 			"run it with your application's binary (cli.Config.Wire), or rebuild the whole projection with `%s rebuild %s`",
-			projector.Printable(name), cmd.Root().Name(), projector.Printable(name))}
+			projector.Printable(name), strings.Join(have, ", "), cmd.Root().Name(), projector.Printable(name))}
 	}
 	return a.withStore(cmd, func(store *postgres.Store) error {
 		res, err := rebuild.Partial(cmd.Context(), store, p, scope, rebuild.PartialOptions{BatchSize: f.batch, Logger: a.logger()})

@@ -15,9 +15,10 @@ import (
 	"github.com/projectorhq/projector/projection"
 )
 
-// `rebuild NAME --tenant X` and `--stream-type T --stream-id ID` through the
+// `rebuild NAME --here --tenant X` and `--here --stream-type T --stream-id ID` through the
 // command tree of a binary that wires the projection: the scope is rebuilt
-// here, and every bad command line (exit 2), binary without the projection
+// here, and every bad command line (exit 2: --here missing, a half-named
+// stream, a flag of whole rebuilds), binary without the projection
 // (exit 2, saying which binary to use) and refusal (exit 3) changes nothing.
 func TestPartialRebuildCLI(t *testing.T) {
 	t.Parallel()
@@ -60,13 +61,14 @@ func TestPartialRebuildCLI(t *testing.T) {
 		code int
 		says string
 	}{
-		{wired, []string{"rebuild", "tickets", "--stream-type", "ticket"}, cli.ExitUsage, "go together"},
-		{wired, []string{"rebuild", "tickets", "--tenant", "a", "--in-place"}, cli.ExitUsage, "--in-place does not apply"},
-		{wired, []string{"rebuild", "tickets", "--tenant", "a", "--partial-batch", "-1"}, cli.ExitUsage, "--partial-batch"},
-		{wired, []string{"rebuild", "tickets", "--tenant", "a\x00"}, cli.ExitUsage, "tenant"},
-		{wired, []string{"rebuild", "missing", "--tenant", "a"}, cli.ExitUsage, "no async projection missing"},
-		{cli.Config{Registry: e.types.Registry}, []string{"rebuild", "tickets", "--tenant", "a"}, cli.ExitUsage, "your application's binary"},
-		{wired, []string{"rebuild", "bare", "--tenant", "a"}, cli.ExitRefused, "cannot clear tenant a"},
+		{wired, []string{"rebuild", "tickets", "--tenant", "a"}, cli.ExitUsage, "add --here"},
+		{wired, []string{"rebuild", "tickets", "--here", "--stream-type", "ticket"}, cli.ExitUsage, "go together"},
+		{wired, []string{"rebuild", "tickets", "--here", "--tenant", "a", "--in-place"}, cli.ExitUsage, "--in-place does not apply"},
+		{wired, []string{"rebuild", "tickets", "--here", "--tenant", "a", "--partial-batch", "-1"}, cli.ExitUsage, "--partial-batch"},
+		{wired, []string{"rebuild", "tickets", "--here", "--tenant", "a\x00"}, cli.ExitUsage, "tenant"},
+		{wired, []string{"rebuild", "missing", "--here", "--tenant", "a"}, cli.ExitUsage, "no async projection missing (it has: tickets, bare)"},
+		{cli.Config{Registry: e.types.Registry}, []string{"rebuild", "tickets", "--here", "--tenant", "a"}, cli.ExitUsage, "your application's binary"},
+		{wired, []string{"rebuild", "bare", "--here", "--tenant", "a"}, cli.ExitRefused, "cannot clear tenant a"},
 	} {
 		code, out := run(c.cfg, c.args...)
 		if code != c.code || !strings.Contains(out, c.says) {
@@ -77,11 +79,11 @@ func TestPartialRebuildCLI(t *testing.T) {
 		t.Fatalf("%d corrupt rows after commands that should have changed nothing, want 3", n)
 	}
 
-	code, out := run(wired, "rebuild", "tickets", "--tenant", "a")
+	code, out := run(wired, "rebuild", "tickets", "--here", "--tenant", "a")
 	if code != cli.ExitOK || !strings.Contains(out, "partial rebuild of tickets, tenant a: 8 events replayed") {
 		t.Fatalf("exit %d: %s", code, out)
 	}
-	code, out = run(wired, "rebuild", "tickets", "--tenant", "b", "--stream-type", "ticket", "--stream-id", "1", "--partial-batch", "1")
+	code, out = run(wired, "rebuild", "tickets", "--here", "--tenant", "b", "--stream-type", "ticket", "--stream-id", "1", "--partial-batch", "1")
 	if code != cli.ExitOK || !strings.Contains(out, "b/ticket/1: 4 events replayed") {
 		t.Fatalf("exit %d: %s", code, out)
 	}
