@@ -3,15 +3,18 @@ package search_test
 import (
 	"errors"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/search"
+	"github.com/projectorhq/projector/stores/meilisearch"
 	"github.com/projectorhq/projector/stores/pgsearch"
 )
 
@@ -31,7 +34,27 @@ func backends() []backendCase {
 			}
 			return b
 		}},
+		{"meilisearch-fake", func(e *env) search.Backend {
+			return meiliBackend(e, meilitest.New(e.t).URL(), "")
+		}},
+		{"meilisearch-real", func(e *env) search.Backend {
+			url := os.Getenv("MEILISEARCH_URL")
+			if url == "" {
+				e.t.Skip("MEILISEARCH_URL is not set: the real-server variant is skipped (the same test ran against internal/meilitest)")
+			}
+			return meiliBackend(e, url, os.Getenv("MEILISEARCH_API_KEY"))
+		}},
 	}
+}
+
+// meiliBackend returns a Meilisearch backend whose index uids are unique
+// to the test (the test's schema as prefix), deleted when it ends.
+func meiliBackend(e *env, url, apiKey string) *meilisearch.Backend {
+	b, err := meilisearch.New(meilisearch.Config{URL: url, APIKey: apiKey, IndexPrefix: e.store.Schema() + "_", PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return b
 }
 
 func ids(docs []ticketDoc) []string {
