@@ -188,11 +188,10 @@ func (m model) canonical(t testing.TB) []string {
 }
 
 // history appends a random history over streams per tenant in tenants and
-// returns the model it should produce. Stream ids repeat across tenants,
-// so a tenant mix-up shows.
-func (e *env) history(rng *rand.Rand, tenants []string, streams, events int) model {
+// folds it into m, which it returns. Stream ids repeat across tenants, so
+// a tenant mix-up shows.
+func (e *env) history(rng *rand.Rand, m model, tenants []string, streams, events int) model {
 	e.t.Helper()
-	m := model{}
 	open := map[string]bool{}
 	customers := []string{"acme", "globex", "initech"}
 	words := []string{"printer", "jammed", "laptop", "battery", "network", "slow", "invoice", "wrong"}

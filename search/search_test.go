@@ -195,7 +195,7 @@ func TestPromise13_IndexConvergesOnLog(t *testing.T) {
 			p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{BatchSize: 37})
 			d := e.dispatcher(p)
 			rng := rand.New(rand.NewPCG(13, uint64(time.Now().UnixNano())))
-			want := e.history(rng, []string{"acme", "globex"}, 60, 800).canonical(t)
+			want := e.history(rng, model{}, []string{"acme", "globex"}, 60, 800).canonical(t)
 			e.catchUp(d)
 			sameIndex(t, "after the history", want, indexed(t, e.ctx, b))
 
@@ -217,7 +217,7 @@ func TestPromise13_PGSearchRebuildInPlace(t *testing.T) {
 	p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{})
 	d := e.dispatcher(p)
 	rng := rand.New(rand.NewPCG(1313, uint64(time.Now().UnixNano())))
-	want := e.history(rng, []string{"acme", "globex"}, 30, 300).canonical(t)
+	want := e.history(rng, model{}, []string{"acme", "globex"}, 30, 300).canonical(t)
 	e.catchUp(d)
 	sameIndex(t, "before the rebuild", want, indexed(t, e.ctx, b))
 	// A planted document the log does not explain: the rebuild must drop it.

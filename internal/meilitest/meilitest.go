@@ -55,6 +55,7 @@ type Server struct {
 	queue     chan *task
 	failNext  int
 	failCode  string
+	failDoc   func(doc map[string]json.RawMessage) bool
 	unavail   bool
 	delay     time.Duration
 	requests  map[string]int
@@ -187,6 +188,15 @@ func (s *Server) Unavailable(on bool) {
 func (s *Server) FailTasks(n int, code string) {
 	s.mu.Lock()
 	s.failNext, s.failCode = n, code
+	s.mu.Unlock()
+}
+
+// FailDocuments makes every document-addition task that holds a document
+// for which match is true fail with the error code (a poison document: it
+// fails however often it is sent); nil stops it.
+func (s *Server) FailDocuments(match func(doc map[string]json.RawMessage) bool, code string) {
+	s.mu.Lock()
+	s.failDoc, s.failCode = match, code
 	s.mu.Unlock()
 }
 
@@ -404,6 +414,10 @@ func (s *Server) indexRoute(w http.ResponseWriter, r *http.Request, uid, rest st
 			// A task is all or nothing: check every document first.
 			ids := make([]string, len(docs))
 			for i, d := range docs {
+				if s.failDoc != nil && s.failDoc(d) {
+					code := cmpOr(s.failCode, "internal")
+					return apiError(code, "internal", "meilitest: document %s failed on purpose (%s)", mustMarshal(d[idx.primaryKey]), code)
+				}
 				id, e := docID(d, idx.primaryKey)
 				if e != nil {
 					return e

@@ -173,14 +173,15 @@ func key(tenant, id string) string {
 	return "t" + hex.EncodeToString([]byte(tenant)) + "-" + hex.EncodeToString([]byte(id))
 }
 
-// Apply sends ops in as few requests as the API allows (each run of
-// consecutive upserts, patches or deletes is one request; each
-// delete-where is one) and waits until Meilisearch reports every task
+// Apply sends ops in as few requests as the API allows (compacted with
+// [search.Compact], the upserts are one request, the patches one, the
+// deletes one, and each delete-where one) and waits until Meilisearch reports every task
 // succeeded. tx is not used: Meilisearch is outside the transaction.
 func (b *Backend) Apply(ctx context.Context, _ pgx.Tx, idx search.Index, ops []search.Op) error {
 	uid := b.UID(idx)
 	index := b.client.Index(uid)
 	var tasks []int64
+	ops = search.Compact(ops)
 	for i := 0; i < len(ops); {
 		j := i + 1
 		for j < len(ops) && ops[j].Kind == ops[i].Kind && ops[i].Kind != search.OpDeleteWhere {
