@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // Backend is a search engine that holds indexes: stores/pgsearch (PostgreSQL
@@ -62,4 +64,11 @@ type Stored struct {
 // index, ordered by tenant and id.
 type Lister interface {
 	Documents(ctx context.Context, idx Index) ([]Stored, error)
+}
+
+// DBBinder is implemented by backends that keep indexes in the
+// application's database and may be built before a pool exists
+// (pgsearch.NewForSchema): [Verify] and the CLI hand them the store's pool.
+type DBBinder interface {
+	BindDB(db postgres.DB)
 }

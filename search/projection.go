@@ -149,7 +149,23 @@ func (p *Projection) Async() (*projection.Async, error) {
 		return nil, err
 	}
 	p.async = a
+	byAsync.Store(a, p)
 	return a, nil
+}
+
+// byAsync maps the consumers [Projection.Async] built back to their search
+// projections, for tools that get an application's consumers as
+// *projection.Async (the CLI's wiring).
+var byAsync sync.Map
+
+// ProjectionOf returns the search projection a consumer was built from by
+// [Projection.Async], if it was.
+func ProjectionOf(a *projection.Async) (*Projection, bool) {
+	p, ok := byAsync.Load(a)
+	if !ok {
+		return nil, false
+	}
+	return p.(*Projection), true
 }
 
 // apply runs the handlers over one tenant's events of a dispatcher batch,

@@ -94,6 +94,9 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 	if p.err != nil {
 		return VerifyReport{}, p.err
 	}
+	if binder, ok := p.cfg.Backend.(DBBinder); ok {
+		binder.BindDB(store.Pool())
+	}
 	lister, ok := p.cfg.Backend.(Lister)
 	if !ok {
 		return VerifyReport{}, fmt.Errorf("verify %q: %w (%s)", p.name, ErrNotVerifiable, p.cfg.Backend.Kind())

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode"
 
 	"github.com/jackc/pgx/v5"
@@ -48,24 +49,74 @@ type Config struct {
 	TextSearchConfig string
 }
 
+// ErrUnbound: the backend was made with [NewForSchema] and not yet given a
+// database ([Backend.Bind]) when something other than the dispatcher's
+// writes needed one.
+var ErrUnbound = errors.New("pgsearch: no database bound (use pgsearch.New with a store, or Backend.Bind)")
+
 // Backend keeps search indexes in tables of a store's database.
 type Backend struct {
-	store *postgres.Store
-	cfg   Config
+	schema string
+	cfg    Config
+	mu     sync.Mutex
+	db     postgres.DB
 }
 
 var configPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
-// New returns a backend keeping its tables in store's schema.
+// New returns a backend keeping its tables in store's schema, using the
+// store's pool for Ensure, searches and listings.
 func New(store *postgres.Store, cfg Config) (*Backend, error) {
 	if store == nil {
 		return nil, errors.New("pgsearch: nil store")
 	}
+	b, err := NewForSchema(store.Schema(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	b.db = store.Pool()
+	return b, nil
+}
+
+// NewForSchema returns a backend keeping its tables in schema with no
+// database yet: for applications that build their projections from the
+// schema name before a pool exists (cli.Config.Wire). The dispatcher's
+// writes need none (they go through its transaction); Ensure, searches
+// and listings need one: call [Backend.Bind], or run [Backend.EnsureOn]
+// from the application's setup step.
+func NewForSchema(schema string, cfg Config) (*Backend, error) {
 	cfg.TextSearchConfig = cmp.Or(cfg.TextSearchConfig, DefaultTextSearchConfig)
 	if !configPattern.MatchString(cfg.TextSearchConfig) {
 		return nil, fmt.Errorf("pgsearch: text search configuration %q: want a lower-case identifier", cfg.TextSearchConfig)
 	}
-	return &Backend{store: store, cfg: cfg}, nil
+	if schema == "" {
+		return nil, errors.New("pgsearch: empty schema")
+	}
+	return &Backend{schema: schema, cfg: cfg}, nil
+}
+
+// Bind gives a backend made with [NewForSchema] its database, unless it
+// has one already. It returns b.
+func (b *Backend) Bind(db postgres.DB) *Backend {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.db == nil {
+		b.db = db
+	}
+	return b
+}
+
+// BindDB is [Backend.Bind] for search.Verify, which binds backends that
+// live in the store's database to the store's pool.
+func (b *Backend) BindDB(db postgres.DB) { b.Bind(db) }
+
+func (b *Backend) database() (postgres.DB, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.db == nil {
+		return nil, ErrUnbound
+	}
+	return b.db, nil
 }
 
 // Kind names the backend.
@@ -77,11 +128,11 @@ func TableName(idx search.Index) string { return "projector_search_" + idx.Name 
 // Tables declares the index's table, schema-qualified, for the consumer
 // (projection.AsyncConfig.Tables), so a rebuild can clear or shadow it.
 func (b *Backend) Tables(idx search.Index) []string {
-	return []string{b.store.Schema() + "." + TableName(idx)}
+	return []string{b.schema + "." + TableName(idx)}
 }
 
 func (b *Backend) table(idx search.Index) string {
-	return pgx.Identifier{b.store.Schema(), TableName(idx)}.Sanitize()
+	return pgx.Identifier{b.schema, TableName(idx)}.Sanitize()
 }
 
 // filterColumn is the generated column of filterable attribute a.
@@ -100,6 +151,17 @@ type settings struct {
 // it was made, replaces the generated columns and their indexes. It runs
 // under an advisory lock, so processes starting together do not race.
 func (b *Backend) Ensure(ctx context.Context, idx search.Index) error {
+	db, err := b.database()
+	if err != nil {
+		return err
+	}
+	return b.EnsureOn(ctx, db, idx)
+}
+
+// EnsureOn is [Backend.Ensure] through db: in a transaction of its own
+// when db can begin one (a pool, a connection), else in db's (the
+// application's setup step, cli.Wiring.Setup).
+func (b *Backend) EnsureOn(ctx context.Context, db postgres.DBTX, idx search.Index) error {
 	if err := idx.Validate(); err != nil {
 		return err
 	}
@@ -111,55 +173,60 @@ func (b *Backend) Ensure(ctx context.Context, idx search.Index) error {
 		return err
 	}
 	t := b.table(idx)
-	return pgx.BeginFunc(ctx, b.store.Pool(), func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "projector_search:"+t); err != nil {
-			return fmt.Errorf("lock: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
+	if beginner, ok := db.(postgres.DB); ok {
+		return pgx.BeginFunc(ctx, beginner, func(tx pgx.Tx) error { return b.ensure(ctx, tx, idx, t, want) })
+	}
+	return b.ensure(ctx, db, idx, t, want)
+}
+
+func (b *Backend) ensure(ctx context.Context, tx postgres.DBTX, idx search.Index, t string, want []byte) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "projector_search:"+t); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
 			tenant_id text NOT NULL,
 			id text NOT NULL,
 			doc jsonb NOT NULL,
 			PRIMARY KEY (tenant_id, id))`); err != nil {
-			return fmt.Errorf("create table %s: %w", t, err)
-		}
-		var have *string
-		if err := tx.QueryRow(ctx, `SELECT obj_description($1::regclass, 'pg_class')`, t).Scan(&have); err != nil {
-			return fmt.Errorf("read settings of %s: %w", t, err)
-		}
-		if have != nil && *have == string(want) {
-			return nil
-		}
-		var cols []string
-		if err := tx.QueryRow(ctx, `SELECT coalesce(array_agg(attname::text), '{}') FROM pg_attribute
-			WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attname NOT IN ('tenant_id', 'id', 'doc')`, t).Scan(&cols); err != nil {
-			return fmt.Errorf("read columns of %s: %w", t, err)
-		}
-		for _, c := range cols {
-			if _, err := tx.Exec(ctx, `ALTER TABLE `+t+` DROP COLUMN `+pgx.Identifier{c}.Sanitize()); err != nil {
-				return fmt.Errorf("drop old column %s of %s: %w", c, t, err)
-			}
-		}
-		cfg := quoteLiteral(b.cfg.TextSearchConfig) + "::regconfig"
-		if _, err := tx.Exec(ctx, `ALTER TABLE `+t+` ADD COLUMN search_text tsvector GENERATED ALWAYS AS (`+vectorExpr(cfg, idx.Searchable)+`) STORED`); err != nil {
-			return fmt.Errorf("add the search column to %s (text search configuration %q): %w", t, b.cfg.TextSearchConfig, err)
-		}
-		if _, err := tx.Exec(ctx, `CREATE INDEX `+indexName(t, "search_text")+` ON `+t+` USING gin (search_text)`); err != nil {
-			return fmt.Errorf("index the search column of %s: %w", t, err)
-		}
-		for _, a := range idx.Filterable {
-			col := filterColumn(a)
-			if _, err := tx.Exec(ctx, `ALTER TABLE `+t+` ADD COLUMN `+col+` jsonb GENERATED ALWAYS AS (doc -> `+quoteLiteral(a)+`) STORED`); err != nil {
-				return fmt.Errorf("add filter column %s to %s: %w", col, t, err)
-			}
-			if _, err := tx.Exec(ctx, `CREATE INDEX `+indexName(t, col)+` ON `+t+` USING gin (`+col+`)`); err != nil {
-				return fmt.Errorf("index filter column %s of %s: %w", col, t, err)
-			}
-		}
-		if _, err := tx.Exec(ctx, `COMMENT ON TABLE `+t+` IS `+quoteLiteral(string(want))); err != nil {
-			return fmt.Errorf("record settings of %s: %w", t, err)
-		}
+		return fmt.Errorf("create table %s: %w", t, err)
+	}
+	var have *string
+	if err := tx.QueryRow(ctx, `SELECT obj_description($1::regclass, 'pg_class')`, t).Scan(&have); err != nil {
+		return fmt.Errorf("read settings of %s: %w", t, err)
+	}
+	if have != nil && *have == string(want) {
 		return nil
-	})
+	}
+	var cols []string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(array_agg(attname::text), '{}') FROM pg_attribute
+			WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attname NOT IN ('tenant_id', 'id', 'doc')`, t).Scan(&cols); err != nil {
+		return fmt.Errorf("read columns of %s: %w", t, err)
+	}
+	for _, c := range cols {
+		if _, err := tx.Exec(ctx, `ALTER TABLE `+t+` DROP COLUMN `+pgx.Identifier{c}.Sanitize()); err != nil {
+			return fmt.Errorf("drop old column %s of %s: %w", c, t, err)
+		}
+	}
+	cfg := quoteLiteral(b.cfg.TextSearchConfig) + "::regconfig"
+	if _, err := tx.Exec(ctx, `ALTER TABLE `+t+` ADD COLUMN search_text tsvector GENERATED ALWAYS AS (`+vectorExpr(cfg, idx.Searchable)+`) STORED`); err != nil {
+		return fmt.Errorf("add the search column to %s (text search configuration %q): %w", t, b.cfg.TextSearchConfig, err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE INDEX `+indexName(t, "search_text")+` ON `+t+` USING gin (search_text)`); err != nil {
+		return fmt.Errorf("index the search column of %s: %w", t, err)
+	}
+	for _, a := range idx.Filterable {
+		col := filterColumn(a)
+		if _, err := tx.Exec(ctx, `ALTER TABLE `+t+` ADD COLUMN `+col+` jsonb GENERATED ALWAYS AS (doc -> `+quoteLiteral(a)+`) STORED`); err != nil {
+			return fmt.Errorf("add filter column %s to %s: %w", col, t, err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE INDEX `+indexName(t, col)+` ON `+t+` USING gin (`+col+`)`); err != nil {
+			return fmt.Errorf("index filter column %s of %s: %w", col, t, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `COMMENT ON TABLE `+t+` IS `+quoteLiteral(string(want))); err != nil {
+		return fmt.Errorf("record settings of %s: %w", t, err)
+	}
+	return nil
 }
 
 func nonNil(s []string) []string {
@@ -196,7 +263,7 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 // round trip: each run of consecutive operations of one kind and tenant
 // becomes one statement (an unnest upsert, one delete of many ids).
 func (b *Backend) Apply(ctx context.Context, tx pgx.Tx, idx search.Index, ops []search.Op) error {
-	t := projection.Table(ctx, b.store.Schema()+"."+TableName(idx))
+	t := projection.Table(ctx, b.schema+"."+TableName(idx))
 	batch := &pgx.Batch{}
 	for i := 0; i < len(ops); {
 		j := i + 1
@@ -317,7 +384,11 @@ func (b *Backend) Query(ctx context.Context, idx search.Index, q search.Request)
 	}
 	args = append(args, q.Limit, q.Offset)
 	sql := fmt.Sprintf(`SELECT doc FROM %s WHERE tenant_id = $1%s ORDER BY %sid LIMIT $%d OFFSET $%d`, t, where, order, len(args)-1, len(args))
-	rows, err := b.store.Pool().Query(ctx, sql, args...)
+	db, err := b.database()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("query %s: %w", t, err)
 	}
@@ -346,7 +417,11 @@ func prefixQuery(text string) string {
 // Documents lists every document of idx, ordered by tenant and id.
 func (b *Backend) Documents(ctx context.Context, idx search.Index) ([]search.Stored, error) {
 	t := b.table(idx)
-	rows, err := b.store.Pool().Query(ctx, `SELECT tenant_id, id, doc FROM `+t+` ORDER BY tenant_id, id`)
+	db, err := b.database()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `SELECT tenant_id, id, doc FROM `+t+` ORDER BY tenant_id, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", t, err)
 	}

@@ -3,6 +3,7 @@ package pgsearch_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -140,5 +141,39 @@ func apply(t *testing.T, pool interface {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestNewForSchemaBindsLate: a backend built from the schema name alone
+// refuses Ensure and searches with ErrUnbound rather than guessing a
+// database; EnsureOn works through the application's setup transaction,
+// and after Bind searches work.
+func TestNewForSchemaBindsLate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := pgtest.Store(t, projector.NewRegistry())
+	b, err := pgsearch.NewForSchema(store.Schema(), pgsearch.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := search.Index{Name: "tickets", Filterable: []string{"status"}}
+	if err := b.Ensure(ctx, idx); !errors.Is(err, pgsearch.ErrUnbound) {
+		t.Fatalf("Ensure unbound: %v, want ErrUnbound", err)
+	}
+	if _, err := search.Search[map[string]any](search.WithTenant(ctx, "acme"), search.Target(b, idx), "x"); !errors.Is(err, pgsearch.ErrUnbound) {
+		t.Fatalf("Search unbound: %v, want ErrUnbound", err)
+	}
+	if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error { return b.EnsureOn(ctx, tx, idx) }); err != nil {
+		t.Fatal(err)
+	}
+	b.Bind(store.Pool())
+	apply(t, store.Pool(), b, idx, search.Op{Kind: search.OpUpsert, Tenant: "acme", ID: "1",
+		Doc: map[string]json.RawMessage{"id": json.RawMessage(`1`), "status": json.RawMessage(`"open"`)}})
+	got, err := search.Search[map[string]any](search.WithTenant(ctx, "acme"), search.Target(b, idx), "", search.Eq("status", "open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("after Bind: %v, want the one document", got)
 	}
 }
