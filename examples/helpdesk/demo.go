@@ -127,6 +127,9 @@ func RunDemo(ctx context.Context, pool *pgxpool.Pool, out io.Writer, cfg DemoCon
 	if err := report(ctx, store, app, tickets, out); err != nil {
 		return err
 	}
+	if err := demoSearch(ctx, store, types, out); err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "\n== Welcome mails (side effect, once per customer)\n%s", mail.String())
 
 	shards, err := projection.NewAdmin(store).List(ctx, "")
