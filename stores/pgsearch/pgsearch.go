@@ -139,7 +139,10 @@ func (b *Backend) table(idx search.Index) string {
 func filterColumn(a string) string { return pgx.Identifier{"f_" + a}.Sanitize() }
 
 // settings is what the table's generated columns were made from, kept as
-// the table's comment so Ensure can tell when they must be remade.
+// the comment of its search_text column so Ensure can tell when they must
+// be remade. A column's comment, unlike the table's, is copied by CREATE
+// TABLE … (LIKE … INCLUDING ALL), so it survives a blue/green rebuild's
+// switch to the shadow copy.
 type settings struct {
 	Config     string   `json:"config"`
 	Searchable []string `json:"searchable"`
@@ -191,7 +194,8 @@ func (b *Backend) ensure(ctx context.Context, tx postgres.DBTX, idx search.Index
 		return fmt.Errorf("create table %s: %w", t, err)
 	}
 	var have *string
-	if err := tx.QueryRow(ctx, `SELECT obj_description($1::regclass, 'pg_class')`, t).Scan(&have); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT col_description(attrelid, attnum) FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attname = 'search_text' AND NOT attisdropped`, t).Scan(&have); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read settings of %s: %w", t, err)
 	}
 	if have != nil && *have == string(want) {
@@ -223,7 +227,7 @@ func (b *Backend) ensure(ctx context.Context, tx postgres.DBTX, idx search.Index
 			return fmt.Errorf("index filter column %s of %s: %w", col, t, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `COMMENT ON TABLE `+t+` IS `+quoteLiteral(string(want))); err != nil {
+	if _, err := tx.Exec(ctx, `COMMENT ON COLUMN `+t+`.search_text IS `+quoteLiteral(string(want))); err != nil {
 		return fmt.Errorf("record settings of %s: %w", t, err)
 	}
 	return nil
