@@ -61,6 +61,11 @@ func TestDefinitionErrorsStopTheStart(t *testing.T) {
 			_ = search.On(p, types.Opened, noop)
 			return p
 		},
+		"per-instance delivery": func() *search.Projection {
+			p := search.New("s", search.Config{Index: search.Index{Name: "tickets"}, Backend: nopBackend{}, Async: projection.AsyncConfig{Delivery: projection.PerInstance}})
+			_ = search.On(p, types.Opened, noop)
+			return p
+		},
 		"no handlers": func() *search.Projection { return search.New("s", good) },
 		"type handled twice": func() *search.Projection {
 			p := search.New("s", good)

@@ -56,6 +56,8 @@ func New(name string, cfg Config) *Projection {
 	switch {
 	case cfg.Backend == nil:
 		p.fail(errors.New("Config.Backend is nil"))
+	case cfg.Async.Delivery == projection.PerInstance:
+		p.fail(errors.New("Config.Async.Delivery is per-instance: an index has one writer, the consumer's one shard (Shared)"))
 	case cfg.Async.RawPayloads:
 		p.fail(errors.New("Config.Async.RawPayloads: search handlers are typed and need decoded payloads"))
 	default:

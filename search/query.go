@@ -108,11 +108,10 @@ func SearchQuery[T any](ctx context.Context, src Source, q Query) ([]T, error) {
 
 // request checks q and adds the tenant filter.
 func request(ctx context.Context, idx Index, q Query) (Request, error) {
-	q.Limit = max(q.Limit, 0)
 	if q.Limit == 0 {
 		q.Limit = DefaultLimit
 	}
-	if q.Limit > MaxLimit || q.Offset < 0 {
+	if q.Limit < 0 || q.Limit > MaxLimit || q.Offset < 0 {
 		return Request{}, fmt.Errorf("search index %q: limit %d / offset %d: want a limit of 1..%d and a non-negative offset", idx.Name, q.Limit, q.Offset, MaxLimit)
 	}
 	if err := idx.checkFilters(q.Filters); err != nil {

@@ -118,6 +118,9 @@ func TestSearchSeesOnlyTheContextsTenant(t *testing.T) {
 			if _, err := search.Search[ticketDoc](e.ctx, p, "printer"); !errors.Is(err, search.ErrNoTenant) {
 				t.Fatalf("search without a tenant: err %v, want ErrNoTenant", err)
 			}
+			if _, err := search.SearchQuery[ticketDoc](acme, p, search.Query{Limit: -1}); err == nil {
+				t.Fatal("a negative limit was accepted")
+			}
 			if _, err := search.Search[ticketDoc](acme, p, "", search.Eq("title", "x")); !errors.Is(err, search.ErrInvalidFilter) {
 				t.Fatalf("filter on a non-filterable attribute: err %v, want ErrInvalidFilter", err)
 			}
