@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -22,7 +23,12 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	pgtest.Main(m)
+}
 
 // ticketDoc is the document the test projection keeps per ticket.
 type ticketDoc struct {
@@ -55,35 +61,52 @@ func newEnv(t testing.TB) *env {
 	return &env{t: t, ctx: context.Background(), types: types, store: pgtest.Store(t, types.Registry)}
 }
 
-// ticketProjection maps the test vocabulary to index operations: opened
-// upserts a whole document, commented patches two attributes, closed
-// patches the status, deletes the ticket (reason "delete") or deletes
-// every ticket of a customer (reason "purge:<customer>").
+// ticketProjection maps the test vocabulary to index operations (see
+// newTicketProjection) and ensures the index.
 func (e *env) ticketProjection(name string, b search.Backend, cfg projection.AsyncConfig) *search.Projection {
 	e.t.Helper()
-	p := search.New(name, search.Config{Index: ticketIndex, Backend: b, Async: cfg})
-	must(e.t, search.On(p, e.types.Opened, func(_ context.Context, ev projector.Event, o testevents.TicketOpened, w *search.Writer) error {
-		return w.Upsert(ticketDoc{ID: ev.Stream.ID, Title: o.Title, Customer: o.Customer, Status: "open"})
-	}))
-	must(e.t, search.On(p, e.types.Commented, func(_ context.Context, ev projector.Event, c testevents.TicketCommented, w *search.Writer) error {
-		if c.Body == "poison" {
-			return w.Upsert(map[string]any{"title": "a document without its id"})
-		}
-		return w.Patch(ev.Stream.ID, map[string]any{"comments": c.N, "last": c.Body})
-	}))
-	must(e.t, search.On(p, e.types.Closed, func(_ context.Context, ev projector.Event, c testevents.TicketClosed, w *search.Writer) error {
-		switch {
-		case c.Reason == "delete":
-			return w.Delete(ev.Stream.ID)
-		case strings.HasPrefix(c.Reason, "purge:"):
-			return w.DeleteWhere(search.Eq("customer", strings.TrimPrefix(c.Reason, "purge:")))
-		}
-		return w.Patch(ev.Stream.ID, map[string]any{"status": "closed"})
-	}))
+	p, err := newTicketProjection(e.types, name, b, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	if err := p.Ensure(e.ctx); err != nil {
 		e.t.Fatal(err)
 	}
 	return p
+}
+
+// newTicketProjection maps the test vocabulary to index operations: opened
+// upserts a whole document, commented patches two attributes, closed
+// patches the status, deletes the ticket (reason "delete") or deletes
+// every ticket of a customer (reason "purge:<customer>").
+func newTicketProjection(types testevents.Types, name string, b search.Backend, cfg projection.AsyncConfig) (*search.Projection, error) {
+	p := search.New(name, search.Config{Index: ticketIndex, Backend: b, Async: cfg})
+	errs := []error{
+		search.On(p, types.Opened, func(_ context.Context, ev projector.Event, o testevents.TicketOpened, w *search.Writer) error {
+			return w.Upsert(ticketDoc{ID: ev.Stream.ID, Title: o.Title, Customer: o.Customer, Status: "open"})
+		}),
+		search.On(p, types.Commented, func(_ context.Context, ev projector.Event, c testevents.TicketCommented, w *search.Writer) error {
+			if c.Body == "poison" {
+				return w.Upsert(map[string]any{"title": "a document without its id"})
+			}
+			return w.Patch(ev.Stream.ID, map[string]any{"comments": c.N, "last": c.Body})
+		}),
+		search.On(p, types.Closed, func(_ context.Context, ev projector.Event, c testevents.TicketClosed, w *search.Writer) error {
+			switch {
+			case c.Reason == "delete":
+				return w.Delete(ev.Stream.ID)
+			case strings.HasPrefix(c.Reason, "purge:"):
+				return w.DeleteWhere(search.Eq("customer", strings.TrimPrefix(c.Reason, "purge:")))
+			}
+			return w.Patch(ev.Stream.ID, map[string]any{"status": "closed"})
+		}),
+	}
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
 }
 
 // dispatcher starts a dispatcher running the search projections.
