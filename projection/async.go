@@ -2,10 +2,13 @@ package projection
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"regexp"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
 )
@@ -126,6 +129,15 @@ type AsyncConfig struct {
 	// clears them (in place) or builds copies of them (blue/green); without
 	// them a projection cannot be rebuilt. Lower-case identifiers only.
 	Tables []string
+	// PrepareShadow, when set, gives a blue/green rebuild's shadow tables
+	// this version's shape before the replay starts: they are created as
+	// copies of the live tables, and a version that adds a column or an
+	// index says so here (ALTER TABLE counts ADD COLUMN …, unqualified:
+	// the transaction's search_path starts with the shadow schema). It runs
+	// once per rebuild, in a dispatcher of this version, in a transaction
+	// that records it done; an error is logged and the rebuild waits for the
+	// next try.
+	PrepareShadow func(ctx context.Context, tx pgx.Tx) error
 }
 
 // Async is a projection applied by the dispatcher daemon after commit, in

@@ -387,6 +387,12 @@ func TestRequestRefusals(t *testing.T) {
 	if err := rebuild.Cancel(e.ctx, e.store, "counter"); !errors.Is(err, rebuild.ErrNotActive) {
 		t.Errorf("cancel without a rebuild: %v", err)
 	}
+	if _, err := rebuild.DropOld(e.ctx, e.store, "nosuch"); !errors.Is(err, rebuild.ErrUnknownProjection) {
+		t.Errorf("drop-old of an unknown projection: %v, want ErrUnknownProjection", err)
+	}
+	if dropped, err := rebuild.DropOld(e.ctx, e.store, "counter"); err != nil || len(dropped) != 0 {
+		t.Errorf("drop-old with nothing to drop: %v, %v", dropped, err)
+	}
 	if rs, err := rebuild.List(e.ctx, e.store, ""); err != nil || len(rs) != 0 {
 		t.Errorf("refused requests left rebuilds: %v, %v", rs, err)
 	}
@@ -466,5 +472,55 @@ func (e *env) appendBatch(t *testing.T, i, n int) {
 		return err
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A version that changes the tables' shape says so in PrepareShadow: the
+// shadow copies get the new column before the replay, the new handlers
+// fill it, and after the switch readers see it; the live table kept its
+// old shape until then.
+func TestPrepareShadowGivesTheNewShape(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d1 := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	for i := range 5 {
+		e.appendBatch(t, i, 3)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d1.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v2 := projection.NewAsync("counter", projection.AsyncConfig{Version: 2, Tables: []string{e.table},
+		PrepareShadow: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `ALTER TABLE counts ADD COLUMN last_type text`) // unqualified: the shadow copy
+			return err
+		}})
+	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, e.table)+` AS c (stream_id, n, v, last_type) VALUES ($1, 1, 2, $2)
+			ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1, v = 2, last_type = $2`, ev.Stream.ID, ev.Type)
+		return err
+	}
+	must(projection.OnEvent(v2, e.types.Opened, h))
+	must(projection.OnEvent(v2, e.types.Commented, h))
+	e.dispatcher(v2)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	final, err := rebuild.Wait(ctx, e.store, "counter", 10*time.Millisecond, nil)
+	if err != nil || final.Status != rebuild.Switched {
+		t.Fatalf("rebuild ended %+v, %v", final, err)
+	}
+	var rows, filled int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*), count(last_type) FROM `+pgx.Identifier{e.schema, "counts"}.Sanitize()).Scan(&rows, &filled); err != nil {
+		t.Fatalf("the live table after the switch: %v", err)
+	}
+	if rows != 5 || filled != 5 {
+		t.Fatalf("after the switch: %d rows, %d with the new column filled; want 5 and 5", rows, filled)
+	}
+	var oldHasColumn bool
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+		WHERE table_schema = $1 AND table_name = 'counts' AND column_name = 'last_type')`, final.OldSchema).Scan(&oldHasColumn); err != nil || oldHasColumn {
+		t.Fatalf("the old table gained the new column (%v): PrepareShadow altered the live table", err)
 	}
 }
