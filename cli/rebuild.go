@@ -24,6 +24,7 @@ func (a *App) rebuildCmd() *cobra.Command {
 	var inPlace, hold, wait, diff, here bool
 	var version, limit int
 	var pickup time.Duration
+	var partial *partialFlags // --tenant, --stream-type/--stream-id: rebuild_partial.go
 	cmd := &cobra.Command{
 		Use:   "rebuild NAME | rebuild {list|diff|cancel|switch|drop-old} ...",
 		Short: "Rebuild a projection from the log: blue/green (default) or in place",
@@ -42,8 +43,11 @@ then partial model until it catches up (for development and small models).
 --wait follows the rebuild to its end with a progress bar (plain lines when not a
 terminal). --here, in a binary that has the projection compiled in, runs the
 rebuild in this process (a dispatcher with only that projection) until it has
-switched or is done, then stops; run again, it resumes the rebuild. See
-docs/rebuilds.md.`,
+switched or is done, then stops; run again, it resumes the rebuild.
+
+--here --tenant X, or --here --stream-type T --stream-id ID, rebuilds only what
+that tenant or stream contributed, at once, in this process (a partial rebuild).
+See docs/rebuilds.md.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageError{fmt.Errorf("rebuild needs the projection's NAME (or a subcommand: list, diff, cancel, switch, drop-old)")}
@@ -51,6 +55,9 @@ docs/rebuilds.md.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if partial.set(cmd) {
+				return a.runPartial(cmd, args[0], partial)
+			}
 			if version < 0 {
 				return usageError{fmt.Errorf("--version %d: want a version of 1 or more (0: the highest registered)", version)}
 			}
@@ -111,6 +118,7 @@ docs/rebuilds.md.`,
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the rebuild to its end with a progress bar")
 	cmd.Flags().BoolVar(&here, "here", false, "run the rebuild in this process (the binary must have the projection) until it has switched or is done")
 	cmd.Flags().DurationVar(&pickup, "pickup-timeout", time.Minute, "with --wait or --diff: warn if no dispatcher has started the rebuild within this time (0: no limit)")
+	partial = a.addPartialFlags(cmd)
 	cmd.AddCommand(a.rebuildListCmd(), a.rebuildDiffCmd(), a.rebuildActionCmd("cancel", "Cancel a blue/green rebuild: drop its shadow tables; the live model is untouched", rebuild.Cancel),
 		a.rebuildActionCmd("switch", "Let a rebuild held with --hold switch once it has caught up", rebuild.Switch), a.rebuildDropOldCmd())
 	return cmd

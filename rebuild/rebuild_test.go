@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
+	if os.Getenv(partialChildEnv) != "" {
+		os.Exit(runPartialChild())
+	}
 	pgtest.Main(m)
 }
 
