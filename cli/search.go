@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -20,7 +21,77 @@ func (a *App) searchCmd() *cobra.Command {
 		Use:   "search",
 		Short: "Work with the indexes of search projections (see docs/search.md)",
 	}
-	cmd.AddCommand(a.searchVerifyCmd())
+	cmd.AddCommand(a.searchVerifyCmd(), a.searchReindexCmd())
+	return cmd
+}
+
+// searchProjection finds the search projection name among the wired
+// consumers.
+func (a *App) searchProjection(name string) (*search.Projection, error) {
+	w, err := a.wiring()
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, as := range w.Async {
+		if sp, ok := search.ProjectionOf(as); ok {
+			if sp.Name() == name {
+				return sp, nil
+			}
+			names = append(names, sp.Name())
+		}
+	}
+	slices.Sort(names)
+	known := "this binary wires none"
+	if len(names) > 0 {
+		known = "this binary wires " + strings.Join(names, ", ")
+	}
+	return nil, usageError{fmt.Errorf("no search projection %q (%s)", name, known)}
+}
+
+func (a *App) searchReindexCmd() *cobra.Command {
+	var batch int
+	cmd := &cobra.Command{
+		Use:   "reindex NAME",
+		Short: "Rebuild a Meilisearch index from the log beside the live one and swap them",
+		Long: `reindex NAME rebuilds the index of the search projection NAME from the log without
+leaving searches without an answer: it builds a new index beside the live one up to
+the consumer's cursor while live indexing goes on, holds live indexing (disables the
+shard) while the new index catches up to the same cursor, swaps the two atomically
+(Meilisearch's swap-indexes), deletes the old one and resumes live indexing.
+
+For a PostgreSQL index use 'rebuild NAME' (blue/green) instead: refused here.
+Exit codes: 0 reindexed, 1 failed, 2 bad command line, 3 refused (not a swapping
+backend, or the consumer is dead or disabled).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("search reindex needs the search projection's NAME")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if batch < 1 || batch > 100_000 {
+				return usageError{fmt.Errorf("--batch %d: want 1 up to 100000", batch)}
+			}
+			p, err := a.searchProjection(args[0])
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				r, err := search.Reindex(cmd.Context(), store, p, batch)
+				if errors.Is(err, search.ErrNotReindexable) {
+					return refusedError{err}
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "reindexed search projection %s (%s index %q): %d events replayed; built to %s while live, swapped at %s\n",
+					p.Name(), p.SearchBackend().Kind(), p.SearchIndex().Name, r.Events, cursor(r.Built), cursor(r.Swapped))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().IntVar(&batch, "batch", search.DefaultReindexBatch, "events replayed per write to the new index")
 	return cmd
 }
 
@@ -50,27 +121,9 @@ failed), 2 bad command line.`,
 			if show < 0 || show > 1_000_000 {
 				return usageError{fmt.Errorf("--show %d: want 0 up to 1000000", show)}
 			}
-			w, err := a.wiring()
+			p, err := a.searchProjection(args[0])
 			if err != nil {
 				return err
-			}
-			var p *search.Projection
-			var names []string
-			for _, as := range w.Async {
-				if sp, ok := search.ProjectionOf(as); ok {
-					names = append(names, sp.Name())
-					if sp.Name() == args[0] {
-						p = sp
-					}
-				}
-			}
-			if p == nil {
-				slices.Sort(names)
-				known := "this binary wires none"
-				if len(names) > 0 {
-					known = "this binary wires " + strings.Join(names, ", ")
-				}
-				return usageError{fmt.Errorf("no search projection %q (%s)", args[0], known)}
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				r, err := search.Verify(cmd.Context(), store, p, search.VerifyOptions{Sample: sample})

@@ -3,14 +3,17 @@ package search_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/projectorhq/projector/cli"
+	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/pgsearch"
 )
 
@@ -62,5 +65,54 @@ func TestCLISearchVerify(t *testing.T) {
 	}
 	if out, code = run("search", "verify", "ticket_search", "--sample", "-1"); code != cli.ExitUsage {
 		t.Fatalf("verify --sample -1: exit %d\n%s", code, out)
+	}
+}
+
+// TestCLISearchReindex: `projector search reindex NAME` swaps a
+// Meilisearch index rebuilt from the log in (exit 0, the planted document
+// gone), refuses a PostgreSQL one with exit 3, and a bad --batch with 2.
+func TestCLISearchReindex(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	fake := meilitest.New(t)
+	b := meiliBackend(e, fake.URL(), "")
+	p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{})
+	pg, err := pgsearch.New(e.store, pgsearch.Config{})
+	must(t, err)
+	pp := e.ticketProjection("ticket_search_pg", pg, projection.AsyncConfig{})
+	d := e.dispatcher(p, pp)
+	m := e.history(rand.New(rand.NewPCG(6, uint64(time.Now().UnixNano()))), model{}, []string{"acme", "globex"}, 20, 150)
+	e.catchUp(d)
+	must(t, b.Apply(e.ctx, nil, ticketIndex, []search.Op{{Kind: search.OpDelete, Tenant: "acme", ID: "T-1"},
+		{Kind: search.OpUpsert, Tenant: "acme", ID: "planted", Doc: map[string]json.RawMessage{"id": json.RawMessage(`"planted"`)}}}))
+	a1, err := p.Async()
+	must(t, err)
+	a2, err := pp.Async()
+	must(t, err)
+	run := func(args ...string) (string, int) {
+		t.Helper()
+		root := cli.New(cli.Config{Registry: e.types.Registry, Wire: func(string) (cli.Wiring, error) {
+			return cli.Wiring{Async: []*projection.Async{a1, a2}}, nil
+		}})
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(append(args, "--database-url", pgtest.URL(t), "--schema", e.store.Schema()))
+		err := root.ExecuteContext(context.Background())
+		if err != nil {
+			out.WriteString(err.Error())
+		}
+		return out.String(), cli.ExitCode(err)
+	}
+	if out, code := run("search", "reindex", "ticket_search"); code != cli.ExitOK || !strings.Contains(out, "reindexed search projection ticket_search") {
+		t.Fatalf("reindex: exit %d\n%s", code, out)
+	}
+	e.catchUp(d)
+	sameIndex(t, "after the reindex", m.canonical(t), indexed(t, e.ctx, b))
+	if out, code := run("search", "reindex", "ticket_search_pg"); code != cli.ExitRefused || !strings.Contains(out, "rebuild") {
+		t.Fatalf("reindex of a PostgreSQL index: exit %d\n%s", code, out)
+	}
+	if out, code := run("search", "reindex", "ticket_search", "--batch", "0"); code != cli.ExitUsage {
+		t.Fatalf("reindex --batch 0: exit %d\n%s", code, out)
 	}
 }

@@ -145,26 +145,38 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 // replay applies the events of p's types in (from, to] to m and returns
 // how many it applied.
 func (p *Projection) replay(ctx context.Context, store *postgres.Store, m *memIndex, from, to projector.Position) (int, error) {
+	n := 0
+	err := p.replayEach(ctx, store, from, to, func(w *Writer) error {
+		m.apply(w.ops)
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// replayEach runs p's handlers over the events of its types in (from, to],
+// in log order, leaving out those the consumer dead-lettered or an
+// operator skipped, and hands each event's operations to fn.
+func (p *Projection) replayEach(ctx context.Context, store *postgres.Store, from, to projector.Position, fn func(w *Writer) error) error {
 	if !from.Less(to) {
-		return 0, nil
+		return nil
 	}
 	dead, err := deadLettered(ctx, store, p.name)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	types := make([]string, len(p.types))
 	for i, t := range p.types {
 		types[i] = t.Name()
 	}
-	n := 0
 	for after := from; ; {
 		batch, err := store.ReadLog(ctx, postgres.LogQuery{After: after, Limit: 1000, EventTypes: types})
 		if err != nil {
-			return n, fmt.Errorf("read the log: %w", err)
+			return fmt.Errorf("read the log: %w", err)
 		}
 		for _, ev := range batch.Events {
 			if to.Less(ev.Position) {
-				return n, nil
+				return nil
 			}
 			if dead[ev.ID] {
 				continue
@@ -176,13 +188,14 @@ func (p *Projection) replay(ctx context.Context, store *postgres.Store, m *memIn
 			if err := p.fns[ev.Type](ctx, ev, w); err != nil {
 				// The live consumer got past this event, so it did not fail
 				// there: a handler that fails only now has changed.
-				return n, fmt.Errorf("replay %s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
+				return fmt.Errorf("replay %s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
 			}
-			m.apply(w.ops)
-			n++
+			if err := fn(w); err != nil {
+				return err
+			}
 		}
 		if !batch.Full {
-			return n, nil
+			return nil
 		}
 		after = batch.Events[len(batch.Events)-1].Position
 	}

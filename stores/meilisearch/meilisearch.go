@@ -90,7 +90,13 @@ type Config struct {
 type Backend struct {
 	cfg    Config
 	client meili.ServiceManager
+	// suffix is added to every uid: "" for the live indexes, shadowSuffix
+	// for the backend Shadow returns.
+	suffix string
 }
+
+// shadowSuffix names the index a reindex builds beside the live one.
+const shadowSuffix = "__reindex"
 
 // New returns a backend for the server cfg names. It does not connect:
 // [Backend.Ensure] at start does, and says clearly when that fails.
@@ -119,7 +125,54 @@ func New(cfg Config) (*Backend, error) {
 func (b *Backend) Kind() string { return "meilisearch" }
 
 // UID returns the Meilisearch index uid of idx.
-func (b *Backend) UID(idx search.Index) string { return b.cfg.IndexPrefix + idx.Name }
+func (b *Backend) UID(idx search.Index) string { return b.cfg.IndexPrefix + idx.Name + b.suffix }
+
+// Shadow creates an empty index beside idx's live one (uid + "__reindex")
+// with idx's settings, deleting one an earlier attempt left, and returns a
+// backend writing to it: the first step of search.Reindex.
+func (b *Backend) Shadow(ctx context.Context, idx search.Index) (search.Backend, error) {
+	if err := b.DropShadow(ctx, idx); err != nil {
+		return nil, err
+	}
+	s := &Backend{cfg: b.cfg, client: b.client, suffix: shadowSuffix}
+	if err := s.Ensure(ctx, idx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Swap swaps idx's live index with its shadow in one task
+// (https://www.meilisearch.com/docs/reference/api/indexes#swap-indexes),
+// so searches go from the old documents to the new at once, then deletes
+// the old ones (now under the shadow's uid).
+func (b *Backend) Swap(ctx context.Context, idx search.Index) error {
+	live, shadow := b.UID(idx), b.UID(idx)+shadowSuffix
+	rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	t, err := b.client.SwapIndexes(rctx, []*meili.SwapIndexesParams{{Indexes: []string{live, shadow}}})
+	cancel()
+	if err != nil {
+		return b.requestError("swap "+live+" and "+shadow, err)
+	}
+	if err := b.wait(ctx, []int64{t.TaskUID}); err != nil {
+		return fmt.Errorf("swap %s and %s: %w", live, shadow, err)
+	}
+	return b.DropShadow(ctx, idx)
+}
+
+// DropShadow deletes idx's shadow index if there is one.
+func (b *Backend) DropShadow(ctx context.Context, idx search.Index) error {
+	shadow := b.UID(idx) + shadowSuffix
+	rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	t, err := b.client.DeleteIndex(rctx, shadow)
+	cancel()
+	if err != nil {
+		return b.requestError("delete "+shadow, err)
+	}
+	if err := b.wait(ctx, []int64{t.TaskUID}); err != nil && !strings.Contains(err.Error(), "index_not_found") {
+		return fmt.Errorf("delete %s: %w", shadow, err)
+	}
+	return nil
+}
 
 // Ensure creates the index with Projector's primary key if it does not
 // exist and applies its settings, waiting for both tasks.
