@@ -263,6 +263,49 @@ func indexName(t, col string) string {
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
+// GrantTenantRole lets role, the store's postgres.Config.TenantRole, write
+// idx's table from tenant-scoped handlers, and puts row-level security on
+// it as postgres.GrantTenantRole does on Projector's tables: a permissive
+// policy for every role (unscoped work, searches through the pool) and a
+// restrictive one for role keyed on the tenant setting, so a handler
+// scoped to one tenant can neither see nor write another's documents —
+// enforced by PostgreSQL. Run it as the table's owner after Ensure, like
+// postgres.GrantTenantRole, at deploy time; it is idempotent.
+func (b *Backend) GrantTenantRole(ctx context.Context, db postgres.DBTX, idx search.Index, role string) error {
+	if role == "" {
+		return errors.New("pgsearch: grant tenant role: empty role name")
+	}
+	if err := idx.Validate(); err != nil {
+		return err
+	}
+	t, r := b.table(idx), pgx.Identifier{role}.Sanitize()
+	policy := pgx.Identifier{tenantPolicyName(role)}.Sanitize()
+	match := `tenant_id = current_setting('` + postgres.TenantSetting + `', true)`
+	// One simple-protocol query, one transaction: no moment with row-level
+	// security on and a policy missing.
+	sql := `GRANT SELECT, INSERT, UPDATE, DELETE ON ` + t + ` TO ` + r + `;
+ALTER TABLE ` + t + ` ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS projector_unscoped ON ` + t + `;
+CREATE POLICY projector_unscoped ON ` + t + ` USING (true) WITH CHECK (true);
+DROP POLICY IF EXISTS ` + policy + ` ON ` + t + `;
+CREATE POLICY ` + policy + ` ON ` + t + ` AS RESTRICTIVE TO ` + r + ` USING (` + match + `) WITH CHECK (` + match + `);`
+	if _, err := db.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return fmt.Errorf("pgsearch: grant tenant role %s on %s: %w", r, t, err)
+	}
+	return nil
+}
+
+// tenantPolicyName names role's restrictive policy, hashed when it would
+// not fit PostgreSQL's 63 bytes.
+func tenantPolicyName(role string) string {
+	const prefix = "projector_tenant_"
+	if len(prefix)+len(role) <= 63 {
+		return prefix + role
+	}
+	sum := sha256.Sum256([]byte(role))
+	return prefix + hex.EncodeToString(sum[:16])
+}
+
 // Apply writes ops through the dispatcher's transaction, pipelined in one
 // round trip: each run of consecutive operations of one kind and tenant
 // becomes one statement (an unnest upsert, one delete of many ids).

@@ -6,13 +6,17 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/pgsearch"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -175,5 +179,100 @@ func TestNewForSchemaBindsLate(t *testing.T) {
 	}
 	if len(got) != 1 {
 		t.Fatalf("after Bind: %v, want the one document", got)
+	}
+}
+
+// TestGrantTenantRole: with a TenantRole the dispatcher writes the index
+// as that role; GrantTenantRole lets it, and PostgreSQL then keeps each
+// tenant-scoped transaction to its own tenant's documents: it sees only
+// them, and writing another tenant's fails with a row-level-security
+// violation.
+func TestGrantTenantRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := projector.NewRegistry()
+	opened, err := projector.Define[struct {
+		Title string `json:"title"`
+	}](types, "issue.opened")
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := pgtest.Schema(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pgsearch.New(store, pgsearch.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := search.Index{Name: "issues"}
+	p := search.New("issue_search", search.Config{Index: idx, Backend: b})
+	if err := search.On(p, opened, func(_ context.Context, ev projector.Event, e struct {
+		Title string `json:"title"`
+	}, w *search.Writer) error {
+		return w.Upsert(map[string]string{"id": ev.Stream.ID, "title": e.Title})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.GrantTenantRole(ctx, store.Pool(), idx, role); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.GrantTenantRole(ctx, store.Pool(), idx, role); err != nil {
+		t.Fatalf("a second grant: %v", err)
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+			_, err := store.Append(ctx, tx, projector.TenantStream(tenant, "issue", "I-1"), projector.NoStream, struct {
+				Title string `json:"title"`
+			}{"printer of " + tenant})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	async, err := p.Async()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{async}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Stop(ctx) }()
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(cctx); err != nil {
+		t.Fatal(err)
+	}
+	docs, err := b.Documents(ctx, idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(docs) != 2 {
+		t.Fatalf("indexed %v, want both tenants' I-1 (written as the tenant role)", docs)
+	}
+	table := store.Schema() + "." + pgsearch.TableName(idx)
+	err = store.InTenantTx(ctx, "acme", func(ctx context.Context, tx pgx.Tx) error {
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			return err
+		}
+		if n != 1 {
+			t.Errorf("acme's scoped transaction sees %d documents, want its 1", n)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (tenant_id, id, doc) VALUES ('globex', 'I-9', '{}')`)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("acme writing globex's document: %v, want a row-level-security violation (42501)", err)
 	}
 }
