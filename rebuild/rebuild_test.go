@@ -110,12 +110,21 @@ func (e *env) dispatcher(ps ...*projection.Async) *projection.Dispatcher {
 	return d
 }
 
-// write has writers append to streams of their own until stop is closed.
+// appendsPerWriter bounds a test writer: a rebuild replays more slowly than
+// writers flat out on this shared machine append, and a blue/green switch
+// waits until the shadow has caught up, so unbounded writers could keep it
+// from ever switching (docs/rebuilds.md says so for production too).
+const appendsPerWriter = 250
+
+// write has writers append to streams of their own until stop is closed or
+// each has appended appendsPerWriter times. The test's end waits for them,
+// before its schema is dropped.
 func (e *env) write(writers int, stop <-chan struct{}) *sync.WaitGroup {
 	var wg sync.WaitGroup
+	e.t.Cleanup(wg.Wait)
 	for w := range writers {
 		wg.Go(func() {
-			for i := 0; ; i++ {
+			for i := range appendsPerWriter {
 				select {
 				case <-stop:
 					return
@@ -526,4 +535,79 @@ func TestPrepareShadowGivesTheNewShape(t *testing.T) {
 		WHERE table_schema = $1 AND table_name = 'counts' AND column_name = 'last_type')`, final.OldSchema).Scan(&oldHasColumn); err != nil || oldHasColumn {
 		t.Fatalf("the old table gained the new column (%v): PrepareShadow altered the live table", err)
 	}
+}
+
+// In place and blue/green, with eight writers appending throughout — one of
+// them holding each transaction open a while, so commits land out of log
+// order — the rebuilt model ends equal to what a live build counts: every
+// stream's events, each once.
+func TestPromise11_RebuildsEqualLiveWhileWritersAppend(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []rebuild.Mode{rebuild.InPlace, rebuild.BlueGreen} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.dispatcher(e.counter(1, projection.AsyncConfig{BatchSize: 50}))
+			version := 1
+			if mode == rebuild.BlueGreen {
+				version = 2
+				e.dispatcher(e.counter(2, projection.AsyncConfig{BatchSize: 50}))
+			}
+			stop := make(chan struct{})
+			writers := e.write(7, stop)
+			slow := e.slowWriter(stop)
+			for i := range 20 {
+				e.appendBatch(t, i, 10)
+			}
+			if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: mode, Version: version}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+			defer cancel()
+			final, err := rebuild.Wait(ctx, e.store, "counter", 20*time.Millisecond, nil)
+			if err != nil || (final.Status != rebuild.Done && final.Status != rebuild.Switched) {
+				t.Fatalf("rebuild ended %+v, %v", final, err)
+			}
+			close(stop)
+			writers.Wait()
+			slow.Wait()
+			eventually(t, time.Minute, "the model to count every stream's events once", func() bool {
+				var wrong int
+				err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.store.Table("projector_streams")+` s
+					FULL JOIN `+pgx.Identifier{e.schema, "counts"}.Sanitize()+` c ON c.stream_id = s.stream_id
+					WHERE c.n IS DISTINCT FROM s.version OR c.v IS DISTINCT FROM $1`, version).Scan(&wrong)
+				return err == nil && wrong == 0
+			})
+		})
+	}
+}
+
+// slowWriter appends in transactions it keeps open a few milliseconds after
+// writing, so its commits land after younger transactions' — out of log
+// order — until stop is closed.
+func (e *env) slowWriter(stop <-chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	e.t.Cleanup(wg.Wait)
+	wg.Go(func() {
+		for i := range appendsPerWriter / 2 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+				if _, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprintf("slow-%d", i)), projector.NoStream,
+					testevents.TicketOpened{Title: "slow"}); err != nil {
+					return err
+				}
+				_, err := tx.Exec(e.ctx, `SELECT pg_sleep(0.02)`) // open while younger transactions commit
+				return err
+			})
+			if err != nil {
+				e.t.Errorf("slow append: %v", err)
+				return
+			}
+		}
+	})
+	return &wg
 }
