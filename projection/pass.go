@@ -147,7 +147,11 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			return passResult{}, err
 		}
 	}
-	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(cfg.BatchSize), EventTypes: sh.proj.t.types, Raw: true})
+	size := cfg.BatchSize
+	if sh.shadow != nil {
+		size = cfg.RebuildBatchSize // no reader waits for a shadow batch: read more at once
+	}
+	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true})
 	if err != nil {
 		return passResult{}, err
 	}
@@ -264,7 +268,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 	res, err := d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
 	if err == nil {
-		sh.growLimit(cfg.BatchSize)
+		sh.growLimit(size)
 		if sh.shadow != nil {
 			// Caught up: the next pass tries the switch.
 			sh.shadow.final = kind == passCaughtUp
