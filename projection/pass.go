@@ -185,20 +185,24 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 				return d.commit(ctx, tx, sh, passGone, nil, 0, 0, time.Time{})
 			}
 		}
+		caughtUp := passCaughtUp
 		if sh.shadow != nil {
+			if !sh.shadow.final {
+				caughtUp = passMore // try the switch at once, not after Recheck
+			}
 			sh.shadow.final = true
 		}
 		if next == st.cursor && st.status == StatusIdle && st.attempts == 0 {
 			if sh.shadow != nil {
 				// The rebuild may have moved to ready.
-				return d.commit(ctx, tx, sh, passCaughtUp, nil, 0, 0, time.Time{})
+				return d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
 			}
 			return passResult{kind: passCaughtUp}, nil // nothing to write
 		}
 		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, 0); err != nil {
 			return passResult{}, fmt.Errorf("advance cursor: %w", err)
 		}
-		return d.commit(ctx, tx, sh, passCaughtUp, nil, 0, 0, time.Time{})
+		return d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
 	}
 
 	started := time.Now()
@@ -270,7 +274,11 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if err == nil {
 		sh.growLimit(size)
 		if sh.shadow != nil {
-			// Caught up: the next pass tries the switch.
+			// Caught up: the next pass tries the switch, at once the first
+			// time (a quiet log would wake it only after Recheck).
+			if kind == passCaughtUp && !sh.shadow.final {
+				res.kind = passMore
+			}
 			sh.shadow.final = kind == passCaughtUp
 		}
 		if switched {

@@ -118,3 +118,56 @@ func TestRebuildBatchSizeDefaults(t *testing.T) {
 		}
 	}
 }
+
+// On a quiet log nothing wakes a caught-up shard before Recheck: the
+// shadow shard's first caught-up pass goes straight on to the switch
+// instead of waiting that long (the switch used to wait a whole Recheck).
+func TestQuietLogRebuildSwitchesBeforeRecheck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", "quiet"), projector.NoStream,
+			testevents.TicketOpened{Title: "t"}, testevents.TicketCommented{Body: "c"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() *projection.Dispatcher {
+		d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{e.counter(1, projection.AsyncConfig{})},
+			Recheck: 5 * time.Minute, PollMax: 5 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Start(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	stop := func(d *projection.Dispatcher) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+	d := start()
+	if err := d.CatchUp(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	stop(d)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	d = start() // its rebuild loop looks for rebuilds at once, then every Recheck
+	defer stop(d)
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second) // well below Recheck
+	defer cancel()
+	final, err := rebuild.Wait(ctx, e.store, "counter", 10*time.Millisecond, nil)
+	if err != nil || final.Status != rebuild.Switched {
+		t.Fatalf("rebuild on a quiet log: %+v, %v", final, err)
+	}
+	if r, err := e.read(); err != nil || r.counted != 2 || r.expected != 2 {
+		t.Fatalf("switched model %+v, %v", r, err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -235,6 +236,43 @@ func (r *Rebuild) Measure(ctx context.Context, rebuildBatch int) (RebuildResult,
 		return res, err
 	}
 	return res, nil
+}
+
+// LiveCatchUp catches the projection up from scratch with a dispatcher, as
+// Measure's live side does, with the shadow batch's commit setting when
+// syncCommitOff is set: the dispatcher's sessions run with
+// synchronous_commit=off. A shadow pass always sets it, so this is how
+// what the setting buys is measured: on the same passes, same log, same
+// run. It returns the time taken; the model must count every event once.
+func (r *Rebuild) LiveCatchUp(ctx context.Context, syncCommitOff bool) (took time.Duration, err error) {
+	store := r.c.store
+	if syncCommitOff {
+		cfg := store.Pool().Config()
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return 0, fmt.Errorf("rebuild: pool with synchronous_commit=off: %w", err)
+		}
+		defer pool.Close()
+		if store, err = postgres.New(ctx, pool, postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet}); err != nil {
+			return 0, fmt.Errorf("rebuild: store with synchronous_commit=off: %w", err)
+		}
+	}
+	if err := r.reset(ctx); err != nil {
+		return 0, err
+	}
+	p := r.projection(r.cfg)
+	start := time.Now()
+	d, err := startDispatcher(ctx, store, p, 1)
+	if err != nil {
+		return 0, err
+	}
+	err = errors.Join(d.CatchUp(ctx), stopDispatcher(ctx, d))
+	took = time.Since(start)
+	if err != nil {
+		return took, fmt.Errorf("rebuild, live catch-up: %w", err)
+	}
+	return took, r.c.checkApplied(ctx)
 }
 
 // rebuild requests a blue/green rebuild, runs a dispatcher until the
