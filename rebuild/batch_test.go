@@ -133,36 +133,37 @@ func TestQuietLogRebuildSwitchesBeforeRecheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := func() *projection.Dispatcher {
-		d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{e.counter(1, projection.AsyncConfig{})},
-			Recheck: 5 * time.Minute, PollMax: 5 * time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Start(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	stop := func(d *projection.Dispatcher) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := d.Stop(ctx); err != nil {
-			t.Error(err)
-		}
-	}
-	d := start()
-	if err := d.CatchUp(e.ctx); err != nil {
+	// The live model counts both events first (another test's transaction
+	// may hold the horizon back for a while).
+	live := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	eventually(t, time.Minute, "the live model to count both events", func() bool {
+		r, err := e.read()
+		return err == nil && r.counted == 2
+	})
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second) // well below Recheck
+	defer cancel()
+	if err := live.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stop(d)
 	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	d = start() // its rebuild loop looks for rebuilds at once, then every Recheck
-	defer stop(d)
-	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second) // well below Recheck
-	defer cancel()
+	// Its rebuild loop looks for rebuilds at once; nothing else would wake
+	// its shards within the test: the log probe's first wake-up comes after
+	// PollMin.
+	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{e.counter(1, projection.AsyncConfig{})},
+		Recheck: 5 * time.Minute, PollMin: 5 * time.Minute, PollMax: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Stop(context.WithoutCancel(ctx)); err != nil {
+			t.Error(err)
+		}
+	}()
 	final, err := rebuild.Wait(ctx, e.store, "counter", 10*time.Millisecond, nil)
 	if err != nil || final.Status != rebuild.Switched {
 		t.Fatalf("rebuild on a quiet log: %+v, %v", final, err)
