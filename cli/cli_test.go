@@ -13,13 +13,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.uber.org/goleak"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestParseAge(t *testing.T) {
 	cases := []struct {

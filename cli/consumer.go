@@ -18,6 +18,7 @@ import (
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -39,13 +40,17 @@ type ShardJSON struct {
 	// Dispatcher is live, none or stale: see projection.DispatcherState.
 	Dispatcher string     `json:"dispatcher"`
 	LastSeenAt *time.Time `json:"last_seen_at,omitempty"`
+	// Role is shared, per-instance or rebuild-shadow; Rebuild is the
+	// rebuild the shard carries out (`status` only; see status_rebuild.go).
+	Role    string            `json:"role"`
+	Rebuild *ShardRebuildJSON `json:"rebuild,omitempty"`
 }
 
 func toJSON(s projection.ShardState) ShardJSON {
 	j := ShardJSON{
 		Consumer: s.Consumer, Instance: s.Instance, Status: string(s.Status), Cursor: cursor(s.Cursor),
 		LagEvents: s.LagEvents, LagSeconds: s.LagSeconds, Attempts: s.Attempts, LastError: s.LastError,
-		Processed: s.Processed, UpdatedAt: s.UpdatedAt, Dispatcher: string(s.Dispatcher),
+		Processed: s.Processed, UpdatedAt: s.UpdatedAt, Dispatcher: string(s.Dispatcher), Role: shardRole(s),
 	}
 	if !s.LastSeen.IsZero() {
 		j.LastSeenAt = &s.LastSeen
@@ -63,31 +68,10 @@ func toJSON(s projection.ShardState) ShardJSON {
 }
 
 // WriteStatus renders shards as the `status` command does: a table readable
-// at a glance, or JSON for scripts.
+// at a glance, or JSON for scripts. [WriteStatusWithRebuilds] adds the
+// rebuilds in progress.
 func WriteStatus(w io.Writer, shards []projection.ShardState, asJSON bool) error {
-	if asJSON {
-		out := make([]ShardJSON, len(shards))
-		for i, s := range shards {
-			out[i] = toJSON(s)
-		}
-		return writeJSON(w, out)
-	}
-	if len(shards) == 0 {
-		_, err := fmt.Fprintln(w, "no consumers registered yet (they appear when a dispatcher first starts)")
-		return err
-	}
-	now := time.Now()
-	return writeTable(w, func(tw io.Writer) {
-		fmt.Fprintln(tw, "CONSUMER\tINSTANCE\tSTATUS\tDISPATCHER\tCURSOR\tLAG\tLAG AGE\tATTEMPTS\tLAST ERROR")
-		for _, s := range shards {
-			status := string(s.Status)
-			if s.Failing() {
-				status += " (failing)"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", s.Consumer, s.Instance, status, dispatcher(s, now), cursor(s.Cursor),
-				s.LagEvents, age(s.LagSeconds), s.Attempts, shorten(s.LastError, 60))
-		}
-	})
+	return WriteStatusWithRebuilds(w, shards, nil, asJSON)
 }
 
 // writeTable renders a tab-separated table aligned, without the blanks
@@ -228,7 +212,10 @@ DISPATCHER says whether anything is applying the shard's events: live (a running
 dispatcher that runs it heartbeat recently), none (no live dispatcher runs it: it
 waits, and holds retention back, until one starts or it is removed or disabled), or
 stale (a per-instance shard whose instance has not been seen for its expiry, a day
-by default: it no longer holds retention back). --watch 2s redraws every 2 seconds
+by default: it no longer holds retention back). The instance __rebuild__ is not a
+process: it is the shadow shard of a blue/green rebuild, building a new version into
+tables no reader uses; rebuilds in progress follow the shards with their percentage
+(-o json: each shard's "role" and "rebuild"). --watch 2s redraws every 2 seconds
 until interrupted.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -239,10 +226,14 @@ until interrupted.`,
 			if cmd.Flags().Changed("watch") && (watch < minWatch || watch > maxWatch) {
 				return usageError{fmt.Errorf("--watch %v: want an interval between %v and %v", watch, minWatch, maxWatch)}
 			}
-			return a.withAdmin(cmd, func(admin *projection.Admin) error {
-				ctx := cmd.Context()
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				ctx, admin := cmd.Context(), projection.NewAdmin(store)
 				for {
 					shards, err := admin.List(ctx, "")
+					var rebuilds []rebuild.Rebuild
+					if err == nil {
+						rebuilds, err = rebuild.InProgress(ctx, store)
+					}
 					if err != nil {
 						if watch > 0 && ctx.Err() != nil {
 							return nil // interrupted mid-refresh
@@ -250,12 +241,12 @@ until interrupted.`,
 						return err
 					}
 					if watch > 0 && !asJSON {
-						if isTerminal(a.out) {
+						if IsTerminal(a.out) {
 							fmt.Fprint(a.out, "\033[H\033[2J") // home, clear
 						}
 						fmt.Fprintf(a.out, "every %v, %s (Ctrl-C stops)\n\n", watch, time.Now().Format(time.RFC3339))
 					}
-					if err := WriteStatus(a.out, shards, asJSON); err != nil {
+					if err := WriteStatusWithRebuilds(a.out, shards, rebuilds, asJSON); err != nil {
 						return err
 					}
 					if watch == 0 {
@@ -266,7 +257,7 @@ until interrupted.`,
 						return nil
 					case <-time.After(watch):
 					}
-					if !asJSON && !isTerminal(a.out) {
+					if !asJSON && !IsTerminal(a.out) {
 						fmt.Fprintln(a.out)
 					}
 				}
@@ -278,9 +269,10 @@ until interrupted.`,
 	return cmd
 }
 
-// isTerminal reports whether w is a terminal, where --watch may redraw in
-// place; elsewhere each refresh is appended.
-func isTerminal(w io.Writer) bool {
+// IsTerminal reports whether w is a terminal: where --watch and progress
+// bars may redraw in place (carriage returns show as one line only there);
+// elsewhere each update is a line of its own.
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
@@ -359,16 +351,7 @@ func outputFormat(f string) (bool, error) {
 // withAdmin opens the pool and store for an ops command, runs fn and
 // releases them.
 func (a *App) withAdmin(cmd *cobra.Command, fn func(*projection.Admin) error) error {
-	pool, err := a.Pool(cmd.Context())
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	store, err := a.Store(cmd.Context(), pool)
-	if err != nil {
-		return err
-	}
-	return fn(projection.NewAdmin(store))
+	return a.withStore(cmd, func(store *postgres.Store) error { return fn(projection.NewAdmin(store)) })
 }
 
 // writeJSON writes v as indented JSON, the form every `-o json` takes.
@@ -488,6 +471,9 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 		row("consumer", s.Consumer)
 		row("instance", s.Instance)
+		if s.Instance == projection.RebuildInstance {
+			row("role", "shadow shard of a blue/green rebuild: builds the new version into tables no reader uses (`rebuild list`)")
+		}
 		row("status", string(s.Status))
 		row("dispatcher", dispatcher(s, now))
 		if !s.LastSeen.IsZero() {

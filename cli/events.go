@@ -54,47 +54,7 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d), at most ` + fmt.
 			if opts.BatchSize < 1 || opts.BatchSize > postgres.MaxPruneBatchSize {
 				return usageError{fmt.Errorf("--batch-size %d: want 1 to %d", opts.BatchSize, postgres.MaxPruneBatchSize)}
 			}
-			pool, err := a.Pool(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			store, err := a.Store(cmd.Context(), pool)
-			if err != nil {
-				return err
-			}
-			if len(opts.StreamTypes) == 0 && len(store.Ephemeral()) == 0 {
-				return usageError{fmt.Errorf("no stream types: name them with --stream-type (this application declares none ephemeral)")}
-			}
-			res, err := store.Prune(cmd.Context(), opts)
-			if errors.Is(err, postgres.ErrInvalidPrune) {
-				return usageError{err}
-			}
-			if errors.Is(err, postgres.ErrAggregateHistory) {
-				return usageError{fmt.Errorf("--stream-type: %w; this deletes their old history: add --include-aggregates if you mean it (try --dry-run first)", err)}
-			}
-			if err != nil {
-				return err
-			}
-			types := opts.StreamTypes
-			if len(types) == 0 {
-				types = store.Ephemeral()
-			}
-			verb := "deleted"
-			if opts.DryRun {
-				verb = "would delete"
-			}
-			fmt.Fprintf(a.out, "%s %d events of stream types %s recorded before %s\n", verb, res.Deleted,
-				strings.Join(types, ", "), res.Cutoff.Local().Format(time.RFC3339))
-			for _, t := range res.Types {
-				kind := "ephemeral"
-				if !t.Ephemeral {
-					kind = "aggregate history"
-				}
-				fmt.Fprintf(a.out, "  %d events of stream type %s (%s) from %d %s\n", t.Events, t.StreamType, kind, t.Streams, plural(t.Streams, "stream"))
-			}
-			fmt.Fprint(a.out, PruneAdvice(a.cfg.Name, res))
-			return nil
+			return a.withStore(cmd, func(store *postgres.Store) error { return a.prune(cmd, store, opts) })
 		},
 	}
 	cmd.Flags().StringVar(&olderThan, "older-than", "", "minimum age of events to delete, e.g. 720h or 30d (required)")
@@ -104,6 +64,42 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d), at most ` + fmt.
 	cmd.Flags().IntVar(&opts.BatchSize, "batch-size", 10_000, fmt.Sprintf("events deleted per transaction (1 to %d)", postgres.MaxPruneBatchSize))
 	_ = cmd.MarkFlagRequired("older-than")
 	return cmd
+}
+
+// prune runs `events prune` on store and reports what it did.
+func (a *App) prune(cmd *cobra.Command, store *postgres.Store, opts postgres.PruneOptions) error {
+	if len(opts.StreamTypes) == 0 && len(store.Ephemeral()) == 0 {
+		return usageError{fmt.Errorf("no stream types: name them with --stream-type (this application declares none ephemeral)")}
+	}
+	res, err := store.Prune(cmd.Context(), opts)
+	if errors.Is(err, postgres.ErrInvalidPrune) {
+		return usageError{err}
+	}
+	if errors.Is(err, postgres.ErrAggregateHistory) {
+		return usageError{fmt.Errorf("--stream-type: %w; this deletes their old history: add --include-aggregates if you mean it (try --dry-run first)", err)}
+	}
+	if err != nil {
+		return err
+	}
+	types := opts.StreamTypes
+	if len(types) == 0 {
+		types = store.Ephemeral()
+	}
+	verb := "deleted"
+	if opts.DryRun {
+		verb = "would delete"
+	}
+	fmt.Fprintf(a.out, "%s %d events of stream types %s recorded before %s\n", verb, res.Deleted,
+		strings.Join(types, ", "), res.Cutoff.Local().Format(time.RFC3339))
+	for _, t := range res.Types {
+		kind := "ephemeral"
+		if !t.Ephemeral {
+			kind = "aggregate history"
+		}
+		fmt.Fprintf(a.out, "  %d events of stream type %s (%s) from %d %s\n", t.Events, t.StreamType, kind, t.Streams, plural(t.Streams, "stream"))
+	}
+	fmt.Fprint(a.out, PruneAdvice(a.cfg.Name, res))
+	return nil
 }
 
 // plural is word, with an s unless n is one.

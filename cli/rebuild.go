@@ -2,29 +2,31 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
 func (a *App) rebuildCmd() *cobra.Command {
-	var inPlace, hold, wait bool
-	var version int
+	var inPlace, hold, wait, diff, here bool
+	var version, limit int
 	var pickup time.Duration
+	var partial *partialFlags // --tenant, --stream-type/--stream-id: rebuild_partial.go
 	cmd := &cobra.Command{
-		Use:   "rebuild NAME | rebuild {list|cancel|switch|drop-old} ...",
+		Use:   "rebuild NAME | rebuild {list|diff|cancel|switch|drop-old} ...",
 		Short: "Rebuild a projection from the log: blue/green (default) or in place",
 		Long: `rebuild NAME records a rebuild of the projection NAME; the dispatchers that run
 the projection carry it out (this binary needs only the database).
@@ -33,27 +35,47 @@ Blue/green (the default) builds the projection's version (--version, default the
 highest a dispatcher has registered) into shadow tables while the live model keeps
 serving, and switches atomically once it has caught up; --hold waits for
 'rebuild switch NAME' instead, so the shadow tables can be compared first.
+--diff does that and follows the rebuild until it is ready, then prints what the
+switch would change (see 'rebuild diff').
 --in-place clears the live tables and replays into them: readers see an empty,
 then partial model until it catches up (for development and small models).
 
 --wait follows the rebuild to its end with a progress bar (plain lines when not a
-terminal). See docs/rebuilds.md.`,
+terminal). --here, in a binary that has the projection compiled in, runs the
+rebuild in this process (a dispatcher with only that projection) until it has
+switched or is done, then stops; run again, it resumes the rebuild.
+
+--here --tenant X, or --here --stream-type T --stream-id ID, rebuilds only what
+that tenant or stream contributed, at once, in this process (a partial rebuild).
+See docs/rebuilds.md.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
-				return usageError{fmt.Errorf("rebuild needs the projection's NAME (or a subcommand: list, cancel, switch, drop-old)")}
+				return usageError{fmt.Errorf("rebuild needs the projection's NAME (or a subcommand: list, diff, cancel, switch, drop-old)")}
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if partial.set(cmd) {
+				return a.runPartial(cmd, args[0], partial)
+			}
 			if version < 0 {
 				return usageError{fmt.Errorf("--version %d: want a version of 1 or more (0: the highest registered)", version)}
 			}
 			if pickup < 0 || pickup > 24*time.Hour {
 				return usageError{fmt.Errorf("--pickup-timeout %v: want 0 (no limit) up to 24h", pickup)}
 			}
-			opts := rebuild.Options{Version: version, Hold: hold, Mode: rebuild.BlueGreen}
+			if err := checkDiffLimit(limit); err != nil {
+				return err
+			}
+			if diff && inPlace {
+				return usageError{errors.New("--diff compares shadow tables with the live ones; an in-place rebuild has none")}
+			}
+			opts := rebuild.Options{Version: version, Hold: hold || diff, Mode: rebuild.BlueGreen}
 			if inPlace {
 				opts.Mode = rebuild.InPlace
+			}
+			if here {
+				return a.rebuildHere(cmd, args[0], opts, diff, limit)
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				rb, err := rebuild.Request(cmd.Context(), store, args[0], opts)
@@ -61,31 +83,63 @@ terminal). See docs/rebuilds.md.`,
 					return rebuildError(err)
 				}
 				fmt.Fprintf(a.out, "rebuild %d of %s v%d requested (%s, %d events in the log)\n", rb.ID, rb.Name, rb.Version, rb.Mode, rb.TotalEvents)
-				if !wait {
-					fmt.Fprintf(a.out, "follow it with `%s rebuild list %s`\n", cmd.Root().Name(), rb.Name)
+				switch {
+				case diff:
+					r, err := a.followRebuild(cmd, store, rb, pickup, true)
+					if err != nil {
+						return err
+					}
+					if r.Status != rebuild.Ready {
+						return endOfRebuild(a.out, r)
+					}
+					if err := a.printDiff(cmd, store, rb.Name, limit); err != nil {
+						return err
+					}
+					fmt.Fprintf(a.out, "the rebuild is held: make it live with `%[1]s rebuild switch %[2]s`, or drop it with `%[1]s rebuild cancel %[2]s`\n",
+						cmd.Root().Name(), rb.Name)
 					return nil
+				case wait:
+					r, err := a.followRebuild(cmd, store, rb, pickup, false)
+					if err != nil {
+						return err
+					}
+					return endOfRebuild(a.out, r)
 				}
-				return a.followRebuild(cmd, store, rb, pickup)
+				fmt.Fprintf(a.out, "follow it with `%s rebuild list %s`\n", cmd.Root().Name(), rb.Name)
+				return nil
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&inPlace, "in-place", false, "clear the live tables and replay into them (readers see a partial model)")
 	cmd.Flags().IntVar(&version, "version", 0, "projection version to build (default: the highest registered)")
 	cmd.Flags().BoolVar(&hold, "hold", false, "blue/green: do not switch when caught up; wait for 'rebuild switch NAME'")
+	cmd.Flags().BoolVar(&diff, "diff", false, "blue/green: hold the switch, follow the rebuild until it is ready and print what the switch would change")
+	cmd.Flags().IntVar(&limit, "limit", rebuild.DefaultDiffLimit, fmt.Sprintf("with --diff: differing rows to show per table (1 to %d)", rebuild.MaxDiffLimit))
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the rebuild to its end with a progress bar")
-	cmd.Flags().DurationVar(&pickup, "pickup-timeout", time.Minute, "with --wait: fail if no dispatcher has started the rebuild within this time (0: no limit)")
-	cmd.AddCommand(a.rebuildListCmd(), a.rebuildActionCmd("cancel", "Cancel a blue/green rebuild: drop its shadow tables; the live model is untouched", rebuild.Cancel),
+	cmd.Flags().BoolVar(&here, "here", false, "run the rebuild in this process (the binary must have the projection) until it has switched or is done")
+	cmd.Flags().DurationVar(&pickup, "pickup-timeout", time.Minute, "with --wait or --diff: warn if no dispatcher has started the rebuild within this time (0: no limit)")
+	partial = a.addPartialFlags(cmd)
+	cmd.AddCommand(a.rebuildListCmd(), a.rebuildDiffCmd(), a.rebuildActionCmd("cancel", "Cancel a blue/green rebuild: drop its shadow tables; the live model is untouched", rebuild.Cancel),
 		a.rebuildActionCmd("switch", "Let a rebuild held with --hold switch once it has caught up", rebuild.Switch), a.rebuildDropOldCmd())
 	return cmd
+}
+
+// checkDiffLimit range-checks --limit.
+func checkDiffLimit(limit int) error {
+	if limit < 1 || limit > rebuild.MaxDiffLimit {
+		return usageError{fmt.Errorf("--limit %d: want 1 to %d rows per table", limit, rebuild.MaxDiffLimit)}
+	}
+	return nil
 }
 
 // rebuildError turns refusals into exit code 3 and names into usage errors.
 func rebuildError(err error) error {
 	switch {
-	case errors.Is(err, rebuild.ErrUnknownProjection):
+	case errors.Is(err, rebuild.ErrUnknownProjection), errors.Is(err, rebuild.ErrDiffLimit):
 		return usageError{err}
 	case errors.Is(err, rebuild.ErrActive), errors.Is(err, rebuild.ErrNotActive), errors.Is(err, rebuild.ErrNoTables),
-		errors.Is(err, rebuild.ErrNotRebuildable), errors.Is(err, rebuild.ErrPruned):
+		errors.Is(err, rebuild.ErrNotRebuildable), errors.Is(err, rebuild.ErrPruned), errors.Is(err, rebuild.ErrNotReady),
+		errors.Is(err, rebuild.ErrNoPrimaryKey):
 		return refusedError{err}
 	}
 	return err
@@ -113,14 +167,13 @@ func (a *App) withStore(cmd *cobra.Command, fn func(*postgres.Store) error) erro
 	return fn(store)
 }
 
-// followRebuild shows a rebuild's progress until it ends: a bar on a
-// terminal, a line every few seconds otherwise.
-func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuild.Rebuild, pickup time.Duration) error {
+// followRebuild shows a rebuild's progress until it ends (or, untilReady,
+// until it is held at ready) and returns its last record: a bar on a
+// terminal, a line every few seconds otherwise. A rebuild nobody has started
+// within pickup (0: no limit) is reported once on standard error.
+func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuild.Rebuild, pickup time.Duration, untilReady bool) (rebuild.Rebuild, error) {
 	ctx := cmd.Context()
-	tty := false
-	if f, ok := a.out.(*os.File); ok {
-		tty = term.IsTerminal(int(f.Fd()))
-	}
+	tty := IsTerminal(a.out)
 	var bar *progressbar.ProgressBar
 	if tty {
 		bar = progressbar.NewOptions64(max(rb.TotalEvents, 1), progressbar.OptionSetWriter(a.out),
@@ -131,7 +184,7 @@ func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuil
 	started := time.Now()
 	var lastLine time.Time
 	var moved bool
-	final, err := rebuild.Wait(ctx, store, rb.Name, 250*time.Millisecond, func(r rebuild.Rebuild) {
+	show := func(r rebuild.Rebuild, last bool) {
 		done := r.TotalEvents - r.Remaining
 		if r.Cursor != projector.Start || !r.Active() {
 			moved = true
@@ -139,7 +192,7 @@ func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuil
 		switch {
 		case bar != nil:
 			_ = bar.Set64(done)
-		case time.Since(lastLine) >= 2*time.Second || !r.Active():
+		case time.Since(lastLine) >= 2*time.Second || last:
 			lastLine = time.Now()
 			fmt.Fprintf(a.out, "rebuild %s: %s, %d/%d events (%.0f%%)\n", r.Name, r.Status, done, r.TotalEvents, 100*r.Progress())
 		}
@@ -149,25 +202,56 @@ func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuil
 			fmt.Fprintln(a.errOut, err)
 			moved = true // say it once
 		}
-	})
+	}
+	ticker := time.NewTicker(250 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		r, err := rebuild.Current(ctx, store, rb.Name)
+		if err == nil && r.ID != rb.ID {
+			err = fmt.Errorf("rebuild %d of %s is gone: rebuild %d replaced it", rb.ID, rb.Name, r.ID)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return r, stopped(bar, a.out, rb, err)
+		}
+		last := !r.Active() || (untilReady && r.Status == rebuild.Ready)
+		show(r, last)
+		if last {
+			return r, stopped(bar, a.out, rb, nil)
+		}
+		select {
+		case <-ctx.Done():
+			return r, stopped(bar, a.out, rb, ctx.Err())
+		case <-ticker.C:
+		}
+	}
+}
+
+// stopped ends the progress bar and words why following stopped.
+func stopped(bar *progressbar.ProgressBar, out io.Writer, rb rebuild.Rebuild, err error) error {
 	if bar != nil {
 		_ = bar.Finish()
-		fmt.Fprintln(a.out)
+		fmt.Fprintln(out)
 	}
-	if errors.Is(err, ctx.Err()) && ctx.Err() != nil {
+	if err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		return fmt.Errorf("stopped following rebuild %d of %s (it goes on in the dispatchers): %w", rb.ID, rb.Name, err)
 	}
-	if err != nil {
-		return err
-	}
-	switch final.Status {
+	return err
+}
+
+// endOfRebuild says how a rebuild that is no longer active ended: an error
+// unless it switched or is done.
+func endOfRebuild(out io.Writer, r rebuild.Rebuild) error {
+	switch r.Status {
 	case rebuild.Switched:
-		fmt.Fprintf(a.out, "rebuild %d of %s switched: version %d is live (switch held the tables %v); old tables kept in schema %s until `rebuild drop-old %s`\n",
-			final.ID, final.Name, final.Version, final.SwitchTook.Round(10*time.Microsecond), final.OldSchema, final.Name)
+		fmt.Fprintf(out, "rebuild %d of %s switched: version %d is live (switch held the tables %v); old tables kept in schema %s until `rebuild drop-old %s`\n",
+			r.ID, r.Name, r.Version, r.SwitchTook.Round(10*time.Microsecond), r.OldSchema, r.Name)
 	case rebuild.Done:
-		fmt.Fprintf(a.out, "rebuild %d of %s done: replayed in place\n", final.ID, final.Name)
+		fmt.Fprintf(out, "rebuild %d of %s done: replayed in place\n", r.ID, r.Name)
 	default:
-		return fmt.Errorf("rebuild %d of %s ended %s", final.ID, final.Name, final.Status)
+		return fmt.Errorf("rebuild %d of %s ended %s", r.ID, r.Name, r.Status)
 	}
 	return nil
 }
@@ -226,7 +310,7 @@ func (a *App) rebuildDropOldCmd() *cobra.Command {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				dropped, err := rebuild.DropOld(cmd.Context(), store, args[0])
 				if err != nil {
-					return err
+					return rebuildError(err)
 				}
 				if len(dropped) == 0 {
 					fmt.Fprintf(a.out, "no old tables of %s to drop\n", args[0])
@@ -263,13 +347,7 @@ func WriteRebuilds(w io.Writer, rs []rebuild.Rebuild, asJSON bool) error {
 	if asJSON {
 		out := make([]RebuildJSON, len(rs))
 		for i, r := range rs {
-			out[i] = RebuildJSON{ID: r.ID, Name: r.Name, Version: r.Version, Mode: string(r.Mode), Status: string(r.Status), Hold: r.Hold,
-				Tables: r.Tables, Progress: r.Progress(), Done: r.TotalEvents - r.Remaining, Total: r.TotalEvents,
-				ShadowSchema: r.ShadowSchema, OldSchema: r.OldSchema, RequestedAt: r.RequestedAt.Format(time.RFC3339),
-				SwitchMS: float64(r.SwitchTook.Microseconds()) / 1000}
-			if !r.FinishedAt.IsZero() {
-				out[i].FinishedAt = r.FinishedAt.Format(time.RFC3339)
-			}
+			out[i] = rebuildJSON(r)
 		}
 		return writeJSON(w, out)
 	}
@@ -284,4 +362,286 @@ func WriteRebuilds(w io.Writer, rs []rebuild.Rebuild, asJSON bool) error {
 			100*r.Progress(), r.TotalEvents-r.Remaining, r.TotalEvents, r.RequestedAt.Format(time.RFC3339), old)
 	}
 	return tw.Flush()
+}
+
+func rebuildJSON(r rebuild.Rebuild) RebuildJSON {
+	out := RebuildJSON{ID: r.ID, Name: r.Name, Version: r.Version, Mode: string(r.Mode), Status: string(r.Status), Hold: r.Hold,
+		Tables: r.Tables, Progress: r.Progress(), Done: r.TotalEvents - r.Remaining, Total: r.TotalEvents,
+		ShadowSchema: r.ShadowSchema, OldSchema: r.OldSchema, RequestedAt: r.RequestedAt.Format(time.RFC3339),
+		SwitchMS: float64(r.SwitchTook.Microseconds()) / 1000}
+	if !r.FinishedAt.IsZero() {
+		out.FinishedAt = r.FinishedAt.Format(time.RFC3339)
+	}
+	return out
+}
+
+func (a *App) rebuildDiffCmd() *cobra.Command {
+	var format string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "diff NAME",
+		Short: "Compare a held rebuild's shadow tables with the live ones: what the switch would change",
+		Long: `diff NAME compares, for each table the projection declares, the shadow table of
+its blue/green rebuild with the live one, once the rebuild is ready (requested with
+--hold or --diff and caught up): row counts, and the first rows by primary key that
+are missing from the shadow table (the switch removes them), extra in it (the
+switch adds them) or changed, with the columns that differ. Both models are read in
+one snapshot at the same position of the log when one can be found (the output says
+otherwise). Refused (exit 3) when no rebuild is ready or a table has no primary key.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			if err := checkDiffLimit(limit); err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				d, err := rebuild.Diff(cmd.Context(), store, args[0], limit)
+				if err != nil {
+					return rebuildError(err)
+				}
+				if asJSON {
+					return writeJSON(a.out, diffJSON(d))
+				}
+				return WriteDiff(a.out, d)
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
+	cmd.Flags().IntVar(&limit, "limit", rebuild.DefaultDiffLimit, fmt.Sprintf("differing rows to show per table (1 to %d)", rebuild.MaxDiffLimit))
+	return cmd
+}
+
+// printDiff prints the diff of name's ready rebuild.
+func (a *App) printDiff(cmd *cobra.Command, store *postgres.Store, name string, limit int) error {
+	d, err := rebuild.Diff(cmd.Context(), store, name, limit)
+	if err != nil {
+		return fmt.Errorf("%w; the rebuild stays held: switch it with `%s rebuild switch %s` or cancel it", rebuildError(err), cmd.Root().Name(), name)
+	}
+	return WriteDiff(a.out, d)
+}
+
+// DiffJSON is a diff as `rebuild diff -o json` prints it.
+type DiffJSON struct {
+	Rebuild       RebuildJSON         `json:"rebuild"`
+	LiveCursor    string              `json:"live_cursor"`
+	ShadowCursor  string              `json:"shadow_cursor"`
+	EventsBetween int64               `json:"events_between"`
+	Same          bool                `json:"same"`
+	Tables        []rebuild.TableDiff `json:"tables"`
+}
+
+func diffJSON(d rebuild.Difference) DiffJSON {
+	return DiffJSON{Rebuild: rebuildJSON(d.Rebuild), LiveCursor: cursor(d.LiveCursor), ShadowCursor: cursor(d.ShadowCursor),
+		EventsBetween: d.EventsBetween, Same: d.Same(), Tables: d.Tables}
+}
+
+// WriteDiff prints a diff for an operator: where both models were read, a
+// line of counts per table, and the first differing rows of each.
+func WriteDiff(w io.Writer, d rebuild.Difference) error {
+	rb := d.Rebuild
+	fmt.Fprintf(w, "rebuild %d of %s v%d (%s): shadow tables in %s, live model at %s, shadow at %s\n",
+		rb.ID, rb.Name, rb.Version, rb.Status, rb.ShadowSchema, cursor(d.LiveCursor), cursor(d.ShadowCursor))
+	if d.EventsBetween == 0 {
+		fmt.Fprintln(w, "both models have applied the same events: every difference below comes from the new version")
+	} else {
+		fmt.Fprintf(w, "note: %d events the projection handles lie between the two models (events kept arriving); rows they touch may differ for that alone: diff again when the log is quieter\n",
+			d.EventsBetween)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tKEY\tLIVE ROWS\tSHADOW ROWS\tMISSING\tEXTRA\tCHANGED")
+	for _, t := range d.Tables {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", t.Table, strings.Join(t.Key, ","), t.LiveRows, t.ShadowRows, t.Missing, t.Extra, t.Changed)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if d.Same() {
+		fmt.Fprintln(w, "no differences: the switch changes nothing readers see")
+		return nil
+	}
+	for _, t := range d.Tables {
+		if len(t.LiveOnlyColumns) > 0 {
+			fmt.Fprintf(w, "%s: columns only the live table has (gone after the switch): %s\n", t.Table, strings.Join(t.LiveOnlyColumns, ", "))
+		}
+		if len(t.ShadowOnlyColumns) > 0 {
+			fmt.Fprintf(w, "%s: columns only the shadow table has (new after the switch): %s\n", t.Table, strings.Join(t.ShadowOnlyColumns, ", "))
+		}
+		if len(t.Rows) == 0 {
+			continue
+		}
+		shown := fmt.Sprintf("first %d", len(t.Rows))
+		if total := t.Missing + t.Extra + t.Changed; int64(len(t.Rows)) == total {
+			shown = fmt.Sprintf("all %d", total)
+		}
+		fmt.Fprintf(w, "%s, %s differing rows by primary key (missing: only live, the switch removes it; extra: only in the shadow, the switch adds it):\n", t.Table, shown)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, r := range t.Rows {
+			key := make([]string, len(r.Key))
+			for i, v := range r.Key {
+				key[i] = t.Key[i] + "=" + diffValue(v)
+			}
+			var change []string
+			for _, c := range r.Columns {
+				change = append(change, c+": "+diffValue(r.Live[c])+" -> "+diffValue(r.Shadow[c]))
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", r.Kind, strings.Join(key, " "), strings.Join(change, "; "))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// diffValue renders a value of a diff compactly, on one line, cut at 40
+// characters.
+func diffValue(v any) string {
+	s := ""
+	switch x := v.(type) {
+	case string:
+		s = strconv.Quote(x)
+	default:
+		b, err := json.Marshal(x)
+		if err != nil {
+			s = fmt.Sprint(x)
+		} else {
+			s = string(b)
+		}
+	}
+	if r := []rune(s); len(r) > 40 {
+		s = string(r[:39]) + "…"
+	}
+	return s
+}
+
+// rebuildHere is `rebuild NAME --here`: it runs a dispatcher with only the
+// projection NAME in this process, requests the rebuild (or resumes one of
+// the same version and mode that is still in progress, as after a Ctrl-C),
+// follows it to its end and stops the dispatcher. With diff it prints the
+// diff once the rebuild is ready and keeps the shadow tables current until
+// an operator switches or cancels it.
+func (a *App) rebuildHere(cmd *cobra.Command, name string, opts rebuild.Options, diff bool, limit int) error {
+	ctx := cmd.Context()
+	w, err := a.wiring()
+	if err != nil {
+		return err
+	}
+	var p *projection.Async
+	var have []string
+	for _, x := range w.Async {
+		have = append(have, x.Name())
+		if x.Name() == name {
+			p = x
+		}
+	}
+	if p == nil {
+		if len(have) == 0 {
+			have = []string{"none"}
+		}
+		return usageError{fmt.Errorf("--here: this binary has no async projection %s (it has: %s); run the command in the binary that has it compiled in (cli.Config.Wire), or drop --here so the dispatchers running it carry the rebuild out",
+			projector.Printable(name), strings.Join(have, ", "))}
+	}
+	cfg := p.Config()
+	if opts.Version != 0 && opts.Version != cfg.Version {
+		return usageError{fmt.Errorf("--here builds the version of %s this binary has (v%d), not --version %d", name, cfg.Version, opts.Version)}
+	}
+	opts.Version = cfg.Version
+	pool, err := a.Pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if w.Setup != nil {
+		if err := w.Setup(ctx, pool); err != nil {
+			return fmt.Errorf("set up the application's tables: %w", err)
+		}
+	}
+	store, err := a.Store(ctx, pool)
+	if err != nil {
+		return err
+	}
+	// Refuse what Request would refuse before a dispatcher starts: a
+	// dispatcher builds a projection without a consumer from the start,
+	// which is not what was asked.
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2)`,
+		name, projection.SharedInstance).Scan(&exists); err != nil {
+		return fmt.Errorf("rebuild %s: %w", name, err)
+	}
+	switch {
+	case cfg.Delivery != projection.Shared:
+		return refusedError{fmt.Errorf("%w: %s is a per-instance consumer: its state lives in each process, not in tables", rebuild.ErrNotRebuildable, name)}
+	case len(cfg.Tables) == 0:
+		return refusedError{fmt.Errorf("%w: %s declares no read-model tables (projection.AsyncConfig.Tables)", rebuild.ErrNoTables, name)}
+	case !exists:
+		return refusedError{fmt.Errorf("%w: projection %s has no consumer yet; `%s run` builds it from the start, no rebuild needed", rebuild.ErrNotRebuildable, name, cmd.Root().Name())}
+	}
+	current, err := rebuild.Current(ctx, store, name)
+	resume := err == nil && current.Active()
+	if err != nil && !errors.Is(err, projector.ErrNotFound) {
+		return err
+	}
+	if resume && (current.Version != cfg.Version || current.Mode != opts.Mode || (diff && !current.Hold)) {
+		held := ""
+		if current.Hold {
+			held = ", held for a switch"
+		}
+		return refusedError{fmt.Errorf("%w: rebuild %d of %s (v%d, %s%s), which --here with this binary's v%d cannot carry on; follow it with `%s rebuild list %s`, or cancel it",
+			rebuild.ErrActive, current.ID, name, current.Version, current.Mode, held, cfg.Version, cmd.Root().Name(), name)}
+	}
+
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, Logger: a.logger()})
+	if err != nil {
+		return err
+	}
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := d.Stop(stopCtx); err != nil {
+			fmt.Fprintf(a.errOut, "%s rebuild: stopping the dispatcher: %v\n", cmd.Root().Name(), err)
+		}
+	}()
+	rb := current
+	if resume {
+		fmt.Fprintf(a.out, "resuming rebuild %d of %s v%d (%s) in this process\n", rb.ID, rb.Name, rb.Version, rb.Mode)
+	} else {
+		if rb, err = rebuild.Request(ctx, store, name, opts); err != nil {
+			return rebuildError(err)
+		}
+		fmt.Fprintf(a.out, "rebuild %d of %s v%d requested (%s, %d events in the log); running it in this process\n", rb.ID, rb.Name, rb.Version, rb.Mode, rb.TotalEvents)
+	}
+	here := func(err error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("stopped rebuild %d of %s here: it resumes from its cursor in the next dispatcher of %s v%d (`rebuild %s --here` again, or `run`): %w",
+				rb.ID, name, name, cfg.Version, name, ctx.Err())
+		}
+		return err
+	}
+	r := rb
+	if rb.Hold {
+		if r, err = a.followRebuild(cmd, store, rb, 0, true); err != nil {
+			return here(err)
+		}
+		if r.Status == rebuild.Ready {
+			if diff {
+				if err := a.printDiff(cmd, store, name, limit); err != nil {
+					return here(err)
+				}
+			}
+			fmt.Fprintf(a.out, "the rebuild is held: make it live with `%[1]s rebuild switch %[2]s`, or drop it with `%[1]s rebuild cancel %[2]s`, from another terminal; "+
+				"this process keeps the shadow tables current until then\n", cmd.Root().Name(), name)
+		}
+	}
+	if r.Active() {
+		if r, err = a.followRebuild(cmd, store, rb, 0, false); err != nil {
+			return here(err)
+		}
+	}
+	return endOfRebuild(a.out, r)
 }

@@ -36,6 +36,9 @@ CREATE TABLE {{schema}}.projector_rebuilds (
     mode          text        NOT NULL CHECK (mode IN ('in-place', 'blue-green')),
     status        text        NOT NULL CHECK (status IN ('building', 'ready', 'switched', 'done', 'cancelled')),
     hold          boolean     NOT NULL DEFAULT false,
+    -- Set once a dispatcher of the version ran the projection's
+    -- PrepareShadow on the shadow tables (or had none to run).
+    prepared      boolean     NOT NULL DEFAULT false,
     tables        text[]      NOT NULL,
     shadow_schema text,
     old_schema    text,

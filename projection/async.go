@@ -2,10 +2,13 @@ package projection
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"regexp"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
 )
@@ -141,6 +144,22 @@ type AsyncConfig struct {
 	// clears them (in place) or builds copies of them (blue/green); without
 	// them a projection cannot be rebuilt. Lower-case identifiers only.
 	Tables []string
+	// ScopeColumns and ResetScope say how to clear what one tenant or one
+	// stream contributed, for a partial rebuild of that scope
+	// (docs/rebuilds.md): columns of every declared table that a scope's
+	// rows are deleted by, and a function for anything they do not cover.
+	// Without either, a partial rebuild is refused.
+	ScopeColumns ScopeColumns
+	ResetScope   ResetScopeFunc
+	// PrepareShadow, when set, gives a blue/green rebuild's shadow tables
+	// this version's shape before the replay starts: they are created as
+	// copies of the live tables, and a version that adds a column or an
+	// index says so here (ALTER TABLE counts ADD COLUMN …, unqualified:
+	// the transaction's search_path starts with the shadow schema). It runs
+	// once per rebuild, in a dispatcher of this version, in a transaction
+	// that records it done; an error is logged and the rebuild waits for the
+	// next try.
+	PrepareShadow func(ctx context.Context, tx pgx.Tx) error
 }
 
 // Async is a projection applied by the dispatcher daemon after commit, in
@@ -170,6 +189,8 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 		p.t.fail(name, fmt.Errorf("version %d below 1", cfg.Version))
 	case validTables(cfg.Tables) != nil:
 		p.t.fail(name, validTables(cfg.Tables))
+	case cfg.ScopeColumns.validate(cfg.Tables) != nil:
+		p.t.fail(name, cfg.ScopeColumns.validate(cfg.Tables))
 	case validName(name) != nil:
 		p.t.fail(name, validName(name))
 	case cfg.BatchSize < 1 || cfg.BatchSize > MaxBatchSize:

@@ -21,6 +21,7 @@ type metrics struct {
 	deadLetters *prometheus.CounterVec
 	batchApply  *prometheus.HistogramVec
 	horizonAge  prometheus.Gauge
+	rebuilds    *rebuildGauges
 
 	// lagged holds the shards whose last published lag was not zero.
 	mu     sync.Mutex
@@ -70,9 +71,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "projector_horizon_age_seconds",
 			Help: "Age of the oldest transaction holding a transaction id in the cluster: how long delivery of later events may be held back.",
 		}),
-		lagged: map[ShardID]bool{},
+		lagged:   map[ShardID]bool{},
+		rebuilds: newRebuildGauges(),
 	}
-	for _, c := range []prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge} {
+	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge}, m.rebuilds.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if errors.As(err, &already) {
@@ -182,4 +184,5 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 	if err := d.store.Pool().QueryRow(ctx, horizonAgeSQL).Scan(&age); err == nil {
 		d.metrics.horizonAge.Set(age)
 	}
+	d.refreshRebuildGauges(ctx)
 }

@@ -53,7 +53,7 @@ func (sh *shard) replayState() *replayState {
 func (d *Dispatcher) superseded(ctx context.Context, sh *shard, live int) passResult {
 	if sh.warnedVersion != live {
 		sh.warnedVersion = live
-		hint := "request a rebuild to build this version: projector rebuild " + sh.id.Consumer
+		hint := "request a rebuild to build this version (projector rebuild " + sh.id.Consumer + "); if one is in progress, the switch hands the consumer to this version"
 		if live > sh.proj.cfg.Version {
 			hint = "a newer version switched in; this binary is out of date and leaves the consumer alone"
 		}
@@ -247,6 +247,14 @@ func (d *Dispatcher) rebuildLoop(soft, hard context.Context) {
 					continue
 				}
 				sh := newShadowShard(d.store.Schema(), live, id, schema, tables)
+				if err := d.prepareShadow(soft, sh); err != nil {
+					d.logger.ErrorContext(soft, "projection dispatcher: preparing a rebuild's shadow tables failed; trying again later",
+						slog.String("consumer", name), slog.Int("version", version), slog.Any("error", err))
+					mu.Lock()
+					delete(running, id)
+					mu.Unlock()
+					continue
+				}
 				d.logger.InfoContext(soft, "projection dispatcher: running a rebuild's shadow shard",
 					slog.String("consumer", name), slog.Int("version", version), slog.String("shadow_schema", schema))
 				d.wg.Go(func() {
@@ -294,4 +302,37 @@ func LockShard(ctx context.Context, tx pgx.Tx, store *postgres.Store, id ShardID
 		return fmt.Errorf("lock consumer %s: %w", id, err)
 	}
 	return nil
+}
+
+// prepareShadow runs the projection's PrepareShadow on a rebuild's shadow
+// tables once, under the shadow shard's lock (so no pass writes them
+// meanwhile), and records it in the same transaction.
+func (d *Dispatcher) prepareShadow(ctx context.Context, sh *shard) error {
+	return pgx.BeginFunc(ctx, d.store.Pool(), func(tx pgx.Tx) error {
+		if err := LockShard(ctx, tx, d.store, sh.id); err != nil {
+			return err
+		}
+		var prepared bool
+		err := tx.QueryRow(ctx, `SELECT prepared FROM `+d.store.Table("projector_rebuilds")+` WHERE id = $1 FOR UPDATE`, sh.shadow.rebuildID).Scan(&prepared)
+		if errors.Is(err, pgx.ErrNoRows) || prepared {
+			return nil // gone (the shadow loop will see it), or done already
+		}
+		if err != nil {
+			return fmt.Errorf("read rebuild: %w", err)
+		}
+		if fn := sh.proj.cfg.PrepareShadow; fn != nil {
+			if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true)`,
+				pgx.Identifier{sh.shadow.schema}.Sanitize()); err != nil {
+				return fmt.Errorf("set search_path: %w", err)
+			}
+			ctx := withReplay(ctx, sh.shadow.replay)
+			if err := fn(ctx, tx); err != nil {
+				return fmt.Errorf("PrepareShadow of %s: %w", sh.id.Consumer, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_rebuilds")+` SET prepared = true WHERE id = $1`, sh.shadow.rebuildID); err != nil {
+			return fmt.Errorf("record the shadow prepared: %w", err)
+		}
+		return nil
+	})
 }

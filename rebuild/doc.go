@@ -34,6 +34,15 @@
 // Once only new binaries remain, the live model stays at the old version,
 // and lags, until the rebuild switches.
 //
+// # Partial rebuilds
+//
+// [Partial] rebuilds what one tenant or one stream contributed to a live
+// model, in one transaction of the caller's process (it runs the handlers):
+// it holds the live shard's lock, clears the scope as the projection
+// declares (AsyncConfig.ScopeColumns, ResetScope), replays the scope's
+// events up to the live cursor through the events' stream index, and
+// commits, so the scope is exactly where the rest of the model is.
+//
 // # Side effects
 //
 // Handlers see projection.Replaying(ctx) during a replay; handlers wrapped

@@ -183,8 +183,23 @@ func Switch(ctx context.Context, store *postgres.Store, name string) error {
 // DropOld drops the tables a blue/green switch replaced (kept in the
 // rebuild's "_old" schema until now) and returns the schemas it dropped.
 func DropOld(ctx context.Context, store *postgres.Store, name string) ([]string, error) {
+	if !namePattern.MatchString(name) {
+		return nil, fmt.Errorf("%w: %s is not a projection name", ErrUnknownProjection, projector.Printable(name))
+	}
 	var dropped []string
 	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		var known bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_projections")+` WHERE name = $1)
+			OR EXISTS (SELECT 1 FROM `+store.Table("projector_rebuilds")+` WHERE name = $1)`, name).Scan(&known); err != nil {
+			return fmt.Errorf("rebuild %s: %w", name, err)
+		}
+		if !known {
+			known, kerr := registered(ctx, tx, store)
+			if kerr != nil {
+				return kerr
+			}
+			return fmt.Errorf("%w: %s (registered: %s)", ErrUnknownProjection, name, known)
+		}
 		rows, err := tx.Query(ctx, `SELECT id, old_schema FROM `+store.Table("projector_rebuilds")+`
 			WHERE name = $1 AND status = 'switched' AND old_schema IS NOT NULL ORDER BY id FOR UPDATE`, name)
 		if err != nil {

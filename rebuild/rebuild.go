@@ -117,7 +117,7 @@ func (r Rebuild) Progress() float64 {
 	case r.TotalEvents <= 0:
 		return 0
 	}
-	return min(1, max(0, 1-float64(r.Remaining)/float64(r.TotalEvents)))
+	return min(1, max(0, float64(r.TotalEvents-r.Remaining)/float64(r.TotalEvents)))
 }
 
 var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,99}$`)

@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
+	if os.Getenv(partialChildEnv) != "" {
+		os.Exit(runPartialChild())
+	}
 	pgtest.Main(m)
 }
 
@@ -107,12 +110,21 @@ func (e *env) dispatcher(ps ...*projection.Async) *projection.Dispatcher {
 	return d
 }
 
-// write has writers append to streams of their own until stop is closed.
+// appendsPerWriter bounds a test writer: a rebuild replays more slowly than
+// writers flat out on this shared machine append, and a blue/green switch
+// waits until the shadow has caught up, so unbounded writers could keep it
+// from ever switching (docs/rebuilds.md says so for production too).
+const appendsPerWriter = 250
+
+// write has writers append to streams of their own until stop is closed or
+// each has appended appendsPerWriter times. The test's end waits for them,
+// before its schema is dropped.
 func (e *env) write(writers int, stop <-chan struct{}) *sync.WaitGroup {
 	var wg sync.WaitGroup
+	e.t.Cleanup(wg.Wait)
 	for w := range writers {
 		wg.Go(func() {
-			for i := 0; ; i++ {
+			for i := range appendsPerWriter {
 				select {
 				case <-stop:
 					return
@@ -387,6 +399,12 @@ func TestRequestRefusals(t *testing.T) {
 	if err := rebuild.Cancel(e.ctx, e.store, "counter"); !errors.Is(err, rebuild.ErrNotActive) {
 		t.Errorf("cancel without a rebuild: %v", err)
 	}
+	if _, err := rebuild.DropOld(e.ctx, e.store, "nosuch"); !errors.Is(err, rebuild.ErrUnknownProjection) {
+		t.Errorf("drop-old of an unknown projection: %v, want ErrUnknownProjection", err)
+	}
+	if dropped, err := rebuild.DropOld(e.ctx, e.store, "counter"); err != nil || len(dropped) != 0 {
+		t.Errorf("drop-old with nothing to drop: %v, %v", dropped, err)
+	}
 	if rs, err := rebuild.List(e.ctx, e.store, ""); err != nil || len(rs) != 0 {
 		t.Errorf("refused requests left rebuilds: %v, %v", rs, err)
 	}
@@ -467,4 +485,129 @@ func (e *env) appendBatch(t *testing.T, i, n int) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A version that changes the tables' shape says so in PrepareShadow: the
+// shadow copies get the new column before the replay, the new handlers
+// fill it, and after the switch readers see it; the live table kept its
+// old shape until then.
+func TestPrepareShadowGivesTheNewShape(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d1 := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	for i := range 5 {
+		e.appendBatch(t, i, 3)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d1.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v2 := projection.NewAsync("counter", projection.AsyncConfig{Version: 2, Tables: []string{e.table},
+		PrepareShadow: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `ALTER TABLE counts ADD COLUMN last_type text`) // unqualified: the shadow copy
+			return err
+		}})
+	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, e.table)+` AS c (stream_id, n, v, last_type) VALUES ($1, 1, 2, $2)
+			ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1, v = 2, last_type = $2`, ev.Stream.ID, ev.Type)
+		return err
+	}
+	must(projection.OnEvent(v2, e.types.Opened, h))
+	must(projection.OnEvent(v2, e.types.Commented, h))
+	e.dispatcher(v2)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	final, err := rebuild.Wait(ctx, e.store, "counter", 10*time.Millisecond, nil)
+	if err != nil || final.Status != rebuild.Switched {
+		t.Fatalf("rebuild ended %+v, %v", final, err)
+	}
+	var rows, filled int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*), count(last_type) FROM `+pgx.Identifier{e.schema, "counts"}.Sanitize()).Scan(&rows, &filled); err != nil {
+		t.Fatalf("the live table after the switch: %v", err)
+	}
+	if rows != 5 || filled != 5 {
+		t.Fatalf("after the switch: %d rows, %d with the new column filled; want 5 and 5", rows, filled)
+	}
+	var oldHasColumn bool
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+		WHERE table_schema = $1 AND table_name = 'counts' AND column_name = 'last_type')`, final.OldSchema).Scan(&oldHasColumn); err != nil || oldHasColumn {
+		t.Fatalf("the old table gained the new column (%v): PrepareShadow altered the live table", err)
+	}
+}
+
+// In place and blue/green, with eight writers appending throughout — one of
+// them holding each transaction open a while, so commits land out of log
+// order — the rebuilt model ends equal to what a live build counts: every
+// stream's events, each once.
+func TestPromise11_RebuildsEqualLiveWhileWritersAppend(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []rebuild.Mode{rebuild.InPlace, rebuild.BlueGreen} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.dispatcher(e.counter(1, projection.AsyncConfig{BatchSize: 50}))
+			version := 1
+			if mode == rebuild.BlueGreen {
+				version = 2
+				e.dispatcher(e.counter(2, projection.AsyncConfig{BatchSize: 50}))
+			}
+			stop := make(chan struct{})
+			writers := e.write(7, stop)
+			slow := e.slowWriter(stop)
+			for i := range 20 {
+				e.appendBatch(t, i, 10)
+			}
+			if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: mode, Version: version}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+			defer cancel()
+			final, err := rebuild.Wait(ctx, e.store, "counter", 20*time.Millisecond, nil)
+			if err != nil || (final.Status != rebuild.Done && final.Status != rebuild.Switched) {
+				t.Fatalf("rebuild ended %+v, %v", final, err)
+			}
+			close(stop)
+			writers.Wait()
+			slow.Wait()
+			eventually(t, time.Minute, "the model to count every stream's events once", func() bool {
+				var wrong int
+				err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.store.Table("projector_streams")+` s
+					FULL JOIN `+pgx.Identifier{e.schema, "counts"}.Sanitize()+` c ON c.stream_id = s.stream_id
+					WHERE c.n IS DISTINCT FROM s.version OR c.v IS DISTINCT FROM $1`, version).Scan(&wrong)
+				return err == nil && wrong == 0
+			})
+		})
+	}
+}
+
+// slowWriter appends in transactions it keeps open a few milliseconds after
+// writing, so its commits land after younger transactions' — out of log
+// order — until stop is closed.
+func (e *env) slowWriter(stop <-chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	e.t.Cleanup(wg.Wait)
+	wg.Go(func() {
+		for i := range appendsPerWriter / 2 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+				if _, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprintf("slow-%d", i)), projector.NoStream,
+					testevents.TicketOpened{Title: "slow"}); err != nil {
+					return err
+				}
+				_, err := tx.Exec(e.ctx, `SELECT pg_sleep(0.02)`) // open while younger transactions commit
+				return err
+			})
+			if err != nil {
+				e.t.Errorf("slow append: %v", err)
+				return
+			}
+		}
+	})
+	return &wg
 }

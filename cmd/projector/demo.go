@@ -58,7 +58,7 @@ never lands in the schema your application uses.`,
 				return err
 			}
 			defer cleanup()
-			cfg.Progress = isTerminal(out)
+			cfg.Progress = cli.IsTerminal(out)
 			return helpdesk.RunDemo(ctx, pool, out, cfg)
 		},
 	}
@@ -67,17 +67,6 @@ never lands in the schema your application uses.`,
 	cmd.Flags().IntVar(&cfg.Actions, "actions", 400, fmt.Sprintf("commands each simulated user sends (1 to %d)", helpdesk.MaxDemoActions))
 	cmd.Flags().BoolVar(&throwaway, "throwaway", false, "always start a throwaway PostgreSQL, even if one answers")
 	return cmd
-}
-
-// isTerminal reports whether w is a terminal: a progress bar redraws itself
-// with carriage returns, which only a terminal shows as one line.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // localCandidates are tried, in order, when no URL was given: the libpq

@@ -299,7 +299,7 @@ func TestDemoCommand(t *testing.T) {
 		t.Fatalf("demo: %+v", r)
 	}
 	for _, want := range []string{"using the database from", "consumers caught up", "== Tickets", "== Agent workload", "== Customer history",
-		"== Live counter", "== Time travel", "== Welcome mails", "== Consumers", "== Retention"} {
+		"== Live counter", "== Time travel", "== Welcome mails", "== Consumers", "== Retention", "== Rebuild", "switched: version 2 is live"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("demo output lacks %q", want)
 		}

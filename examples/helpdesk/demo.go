@@ -144,7 +144,7 @@ func RunDemo(ctx context.Context, pool *pgxpool.Pool, out io.Writer, cfg DemoCon
 	}
 	fmt.Fprintf(out, "\n== Retention (`projector events prune --older-than 1ms`)\ndeleted %d agent pings of stream type %q; every consumer had passed them; ticket streams are aggregate history, never pruned unless named and included\n",
 		res.Deleted, SessionStream)
-	return nil
+	return demoRebuild(ctx, store, app, out, cfg.Progress)
 }
 
 // resetSchema drops the demo's schema from an earlier run, if there is one,
@@ -172,6 +172,9 @@ func resetSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 			if _, err := tx.Exec(ctx, `DROP SCHEMA `+ident+` CASCADE`); err != nil {
 				return err
 			}
+		}
+		if err := dropRebuildLeftovers(ctx, tx, schema); err != nil {
+			return err
 		}
 		_, err = tx.Exec(ctx, `CREATE SCHEMA `+ident+`; COMMENT ON SCHEMA `+ident+` IS '`+demoMark+`'`)
 		return err

@@ -75,26 +75,11 @@ func NewApp(types Types, schema string, mail io.Writer) (*App, error) {
 		}),
 	}
 
-	a.Workload = projection.NewAsync("agent_workload", projection.AsyncConfig{})
-	workload, assign := t(WorkloadTable), t(AssignTable)
-	errs = append(errs,
-		projection.On(a.Workload, types.TicketAssigned, func(ctx context.Context, tx pgx.Tx, ev projector.Event, e TicketAssigned) error {
-			// The workload keeps its own ticket → agent map rather than
-			// reading the inline summary, which may be ahead of this event.
-			if _, err := tx.Exec(ctx, `INSERT INTO `+assign+` (ticket_id, agent) VALUES ($1, $2)
-				ON CONFLICT (ticket_id) DO UPDATE SET agent = excluded.agent`, ev.Stream.ID, e.Agent); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO `+workload+` AS w (agent, open) VALUES ($1, 1)
-				ON CONFLICT (agent) DO UPDATE SET open = w.open + 1`, e.Agent)
-			return err
-		}),
-		projection.On(a.Workload, types.TicketClosed, func(ctx context.Context, tx pgx.Tx, ev projector.Event, _ TicketClosed) error {
-			_, err := tx.Exec(ctx, `UPDATE `+workload+` w SET open = w.open - 1, closed = w.closed + 1
-				FROM `+assign+` a WHERE a.ticket_id = $1 AND w.agent = a.agent`, ev.Stream.ID)
-			return err
-		}),
-	)
+	workload, err := NewWorkload(types, schema, WorkloadVersion)
+	if err != nil {
+		return nil, err
+	}
+	a.Workload = workload
 
 	a.History = projection.NewAsync("customer_history", projection.AsyncConfig{})
 	history := t(HistoryTable)

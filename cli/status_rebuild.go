@@ -1,0 +1,152 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
+)
+
+// The roles of a shard in `status -o json` ("role"), so a script tells the
+// shadow shard of a blue/green rebuild from a consumer's live shard without
+// knowing the reserved instance ids.
+const (
+	// RoleShared: the live shard of a shared consumer.
+	RoleShared = "shared"
+	// RolePerInstance: one process's shard of a per-instance consumer.
+	RolePerInstance = "per-instance"
+	// RoleRebuildShadow: the second cursor of a blue/green rebuild, building
+	// the new version into shadow tables no reader uses yet.
+	RoleRebuildShadow = "rebuild-shadow"
+)
+
+// ShardRebuildJSON is the rebuild a shard is carrying out, in `status -o
+// json` ("rebuild"): on the shadow shard for a blue/green rebuild, on the
+// live shard for one in place.
+type ShardRebuildJSON struct {
+	ID       int64   `json:"id"`
+	Version  int     `json:"version"`
+	Mode     string  `json:"mode"`
+	Status   string  `json:"status"`
+	Progress float64 `json:"progress"`
+	Done     int64   `json:"events_done"`
+	Total    int64   `json:"events_total"`
+}
+
+func shardRole(s projection.ShardState) string {
+	switch s.Instance {
+	case projection.SharedInstance:
+		return RoleShared
+	case projection.RebuildInstance:
+		return RoleRebuildShadow
+	}
+	return RolePerInstance
+}
+
+// rebuildOf returns the rebuild the shard carries out, if any: a blue/green
+// rebuild runs on its shadow shard, an in-place one on the live shard.
+func rebuildOf(s projection.ShardState, rebuilds []rebuild.Rebuild) *rebuild.Rebuild {
+	for i, r := range rebuilds {
+		if r.Name != s.Consumer || !r.Active() {
+			continue
+		}
+		if (r.Mode == rebuild.BlueGreen && s.Instance == projection.RebuildInstance) ||
+			(r.Mode == rebuild.InPlace && s.Instance == projection.SharedInstance) {
+			return &rebuilds[i]
+		}
+	}
+	return nil
+}
+
+func shardRebuildJSON(r *rebuild.Rebuild) *ShardRebuildJSON {
+	if r == nil {
+		return nil
+	}
+	return &ShardRebuildJSON{ID: r.ID, Version: r.Version, Mode: string(r.Mode), Status: string(r.Status),
+		Progress: r.Progress(), Done: r.TotalEvents - r.Remaining, Total: r.TotalEvents}
+}
+
+// instanceCell renders the INSTANCE column, saying what the reserved ids
+// are: the shadow shard of a rebuild is not a process's instance.
+func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
+	switch {
+	case s.Instance == projection.RebuildInstance && r != nil:
+		return fmt.Sprintf("%s (rebuild %d: v%d shadow)", s.Instance, r.ID, r.Version)
+	case s.Instance == projection.RebuildInstance:
+		return s.Instance + " (rebuild shadow)"
+	case r != nil:
+		return fmt.Sprintf("%s (rebuild %d: in place, v%d)", s.Instance, r.ID, r.Version)
+	}
+	return s.Instance
+}
+
+// progressCell renders a rebuild's progress: "45% (450/1000 events)".
+func progressCell(r rebuild.Rebuild) string {
+	return fmt.Sprintf("%.0f%% (%d/%d events)", 100*r.Progress(), r.TotalEvents-r.Remaining, r.TotalEvents)
+}
+
+// WriteStatusWithRebuilds renders shards as the `status` command does, with
+// the rebuilds in progress (rebuild.InProgress): as JSON, each shard
+// carrying its role and the rebuild it carries out; as a table, the shards
+// (a shadow shard's instance saying which rebuild it builds) and then the
+// rebuilds with their percentage.
+func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuilds []rebuild.Rebuild, asJSON bool) error {
+	if asJSON {
+		out := make([]ShardJSON, len(shards))
+		for i, s := range shards {
+			out[i] = toJSON(s)
+			out[i].Rebuild = shardRebuildJSON(rebuildOf(s, rebuilds))
+		}
+		return writeJSON(w, out)
+	}
+	if len(shards) == 0 {
+		_, err := fmt.Fprintln(w, "no consumers registered yet (they appear when a dispatcher first starts)")
+		return err
+	}
+	now := time.Now()
+	shadows := false
+	err := writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "CONSUMER\tINSTANCE\tSTATUS\tDISPATCHER\tCURSOR\tLAG\tLAG AGE\tATTEMPTS\tLAST ERROR")
+		for _, s := range shards {
+			status := string(s.Status)
+			if s.Failing() {
+				status += " (failing)"
+			}
+			shadows = shadows || s.Instance == projection.RebuildInstance
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", s.Consumer, instanceCell(s, rebuildOf(s, rebuilds)), status,
+				dispatcher(s, now), cursor(s.Cursor), s.LagEvents, age(s.LagSeconds), s.Attempts, shorten(s.LastError, 60))
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if shadows {
+		if _, err := fmt.Fprintln(w, "\n__rebuild__ is a blue/green rebuild's shadow shard: it builds the new version into shadow tables\nno reader uses; the live model is the __shared__ shard's until the switch."); err != nil {
+			return err
+		}
+	}
+	var active []rebuild.Rebuild
+	for _, r := range rebuilds {
+		if r.Active() {
+			active = append(active, r)
+		}
+	}
+	if len(active) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, "\nREBUILDS IN PROGRESS (`rebuild list` for all)"); err != nil {
+		return err
+	}
+	return writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "ID\tPROJECTION\tVERSION\tMODE\tSTATUS\tPROGRESS\tREQUESTED")
+		for _, r := range active {
+			status := string(r.Status)
+			if r.Status == rebuild.Ready {
+				status += " (held: rebuild switch " + r.Name + ")"
+			}
+			fmt.Fprintf(tw, "%d\t%s\tv%d\t%s\t%s\t%s\t%s\n", r.ID, r.Name, r.Version, r.Mode, status, progressCell(r), ago(r.RequestedAt, now))
+		}
+	})
+}

@@ -1,0 +1,125 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// ReplayResult is what [ReplayTx] did.
+type ReplayResult struct {
+	// Applied counts the events whose handlers ran and committed with tx.
+	Applied int
+	// DeadLettered counts the events whose handlers failed in continuous
+	// mode ([SkipApplyErrors]): their effects were rolled back, and each is
+	// in the dead-letter table (recorded again only if the live consumer
+	// had not recorded it already).
+	DeadLettered int
+}
+
+// ReplayError is a handler failure that ended a replay of a halt-on-error
+// projection: nothing of the replay should commit, and Event is the event
+// whose handler failed.
+type ReplayError struct {
+	Event projector.Event
+	Err   error
+}
+
+func (e *ReplayError) Error() string {
+	return fmt.Sprintf("replay: %s v%d of %s (%s) failed: %v", e.Event.Type, e.Event.Version, e.Event.Stream, e.Event.ID, e.Err)
+}
+
+func (e *ReplayError) Unwrap() error { return e.Err }
+
+// ReplayTx applies p's handlers to events, in the order given (log order),
+// inside the caller's transaction tx, the way a dispatcher pass applies a
+// batch: payloads decoded, each event's handler scoped to its tenant,
+// queued writes flushed, a failing event's effects rolled back to a
+// savepoint, handlers under the projection's BatchTimeout. Every event is
+// treated as a replay — the live version handled it already — so
+// [Replaying] is true, [SkipOnReplay] handlers do not run and [Emit]
+// appends nothing. It moves no cursor and calls no AfterCommit: it is the
+// building block of a partial rebuild (package rebuild), whose caller holds
+// the consumer's shard lock and commits.
+//
+// A failing event follows the projection's error mode: halt-on-error
+// returns a [*ReplayError] (the caller rolls back); continuous mode
+// dead-letters it, unless the live consumer did already, and goes on. tx
+// ends scoped to the system tenant. logger receives the panics of handlers;
+// nil means slog.Default().
+func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, events []projector.Event, logger *slog.Logger) (ReplayResult, error) {
+	var res ReplayResult
+	if err := p.Validate(store.Registry()); err != nil {
+		return res, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	d := &Dispatcher{store: store, logger: logger, sql: buildDispatchSQL(store)}
+	sh := &shard{id: ShardID{Consumer: p.name, Instance: SharedInstance}, proj: p}
+	handlerCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
+	defer cancel()
+	// The scope is unknown: the caller's transaction may be scoped to any
+	// tenant, so the first event scopes it.
+	r := &run{d: d, tx: tx, sh: sh, scope: "", queue: &writeQueue{}}
+	r.handlerCtx = withReplay(context.WithValue(handlerCtx, queueKey{}, r.queue), &replayState{})
+	rest := events
+	for len(rest) > 0 {
+		k, herr := r.applyUntil(ctx, rest, 0)
+		if r.abort != nil {
+			return res, r.abort
+		}
+		if r.timedOut && errors.Is(handlerCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			return res, fmt.Errorf("replay of %s: batch timeout (%v) exceeded: %w", p.name, p.cfg.BatchTimeout, herr)
+		}
+		if k < 0 {
+			res.Applied += len(rest)
+			break
+		}
+		res.Applied += k
+		failing := rest[k]
+		if err := r.unscope(ctx); err != nil {
+			return res, err
+		}
+		if p.cfg.ErrorMode == HaltOnError || ctx.Err() != nil {
+			return res, &ReplayError{Event: failing, Err: herr}
+		}
+		if err := d.deadLetterOnce(ctx, tx, sh, failing, herr); err != nil {
+			return res, err
+		}
+		res.DeadLettered++
+		rest = rest[k+1:]
+	}
+	if err := r.unscope(ctx); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// deadLetterOnce records a replayed event that failed in continuous mode,
+// unless the consumer recorded it already when it failed live.
+func (d *Dispatcher) deadLetterOnce(ctx context.Context, tx pgx.Tx, sh *shard, failing projector.Event, herr error) error {
+	var seen bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+d.store.Table("projector_dead_letters")+`
+		WHERE consumer = $1 AND instance_id = $2 AND event_id = $3)`, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID)).Scan(&seen); err != nil {
+		return fmt.Errorf("replay: look up dead letter: %w", err)
+	}
+	if seen {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
+		failing.Position.Seq, failing.Type, failing.Stream.Tenant, failing.Stream.Type, failing.Stream.ID, failing.Version,
+		"replay: "+herr.Error()); err != nil {
+		return fmt.Errorf("replay: write dead letter: %w", err)
+	}
+	d.logger.WarnContext(ctx, "projection replay: event dead-lettered (continuous mode)",
+		slog.String("consumer", sh.id.String()), slog.String("event_id", failing.ID.String()),
+		slog.String("type", failing.Type), slog.Any("error", herr))
+	return nil
+}

@@ -1,0 +1,31 @@
+package rebuild
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// InProgress returns the rebuilds still replaying or waiting to switch, of
+// every projection, oldest first, with their progress. Unlike [List] it
+// only reads: an in-place rebuild that has replayed everything is left out
+// rather than recorded done, so a role that may only read the schema (a
+// monitoring job running `projector status`) can call it.
+func InProgress(ctx context.Context, store *postgres.Store) ([]Rebuild, error) {
+	rows, err := store.Pool().Query(ctx, selectRebuilds(store, `WHERE r.status IN ('building', 'ready') ORDER BY r.id`))
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: list those in progress: %w", err)
+	}
+	rs, finished, err := scanRebuilds(rows)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: list those in progress: %w", err)
+	}
+	out := rs[:0]
+	for i, r := range rs {
+		if !finished[i] {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,152 @@
+package rebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// PartialOptions tune a partial rebuild. The zero value is fine.
+type PartialOptions struct {
+	// BatchSize is how many events are read and applied at a time; default
+	// the projection's BatchSize.
+	BatchSize int
+	// Logger receives handler panics and a line when the rebuild is done;
+	// default slog.Default().
+	Logger *slog.Logger
+}
+
+// PartialResult is what a partial rebuild did.
+type PartialResult struct {
+	Name  string
+	Scope projection.Scope
+	// Until is the live consumer's cursor: the scope was rebuilt with every
+	// event of it up to here, exactly what the rest of the model holds.
+	Until projector.Position
+	// Events counts the scope's events replayed; DeadLettered those of
+	// them a continuous-mode projection's handlers failed on.
+	Events, DeadLettered int
+	// LockWait is how long the rebuild waited for a running batch of the
+	// live consumer; Held how long it then held the consumer still (and
+	// its transaction open) while it cleared and replayed the scope.
+	LockWait, Held time.Duration
+}
+
+// Partial rebuilds what one tenant or one stream contributed to p's live
+// model, and nothing else, for the "one customer's read model is wrong"
+// case. It needs the projection's code (it runs the handlers here), so it
+// runs in-process, in one transaction:
+//
+//  1. it waits for the live shard's advisory lock, so the live consumer
+//     stands still until the end (its passes skip the shard meanwhile);
+//  2. it reads the consumer's cursor and refuses a consumer of another
+//     version than p (a rolling deploy's other binary);
+//  3. it clears the scope as p declares (AsyncConfig.ScopeColumns, then
+//     ResetScope), scoped to the scope's tenant;
+//  4. it replays the scope's events up to the cursor, read through the
+//     events' stream index (not the whole log), with handlers told they are
+//     replaying (side effects skipped, nothing emitted again);
+//  5. it commits: the scope is rebuilt exactly to where the rest of the
+//     model is, and the live consumer goes on from its cursor.
+//
+// The transaction holds the consumer still and, once it has written, holds
+// back every consumer's horizon until it commits: PartialResult.Held says
+// for how long (docs/rebuilds.md has measured figures). A failure of any
+// step rolls everything back; the model is as it was.
+func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, scope projection.Scope, opts PartialOptions) (PartialResult, error) {
+	res := PartialResult{Name: p.Name(), Scope: scope}
+	cfg := p.Config()
+	if opts.BatchSize < 0 || opts.BatchSize > 100_000 {
+		return res, fmt.Errorf("%w: batch size %d outside 1..100000", ErrNotRebuildable, opts.BatchSize)
+	}
+	batch := opts.BatchSize
+	if batch == 0 {
+		batch = cfg.BatchSize
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	if err := scope.Validate(); err != nil {
+		return res, fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+	}
+	if err := p.Validate(store.Registry()); err != nil {
+		return res, fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+	}
+	if cfg.Delivery != projection.Shared {
+		return res, fmt.Errorf("%w: %s is a per-instance consumer: its state lives in each process, not in tables", ErrNotRebuildable, p.Name())
+	}
+	if err := p.CheckScope(scope); err != nil {
+		return res, fmt.Errorf("%w: %w", ErrNotRebuildable, err)
+	}
+	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		if err := checkPruned(ctx, tx, store, p.Name(), p.EventTypes()); err != nil {
+			return err
+		}
+		started := time.Now()
+		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: p.Name()}); err != nil {
+			return err
+		}
+		locked := time.Now()
+		res.LockWait = locked.Sub(started)
+		var version int
+		err := tx.QueryRow(ctx, `SELECT cursor_tx_id, cursor_seq, version FROM `+store.Table("projector_consumers")+`
+			WHERE name = $1 AND instance_id = $2`, p.Name(), projection.SharedInstance).Scan(&res.Until.TxID, &res.Until.Seq, &version)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, p.Name())
+		}
+		if err != nil {
+			return fmt.Errorf("partial rebuild of %s: read its consumer: %w", p.Name(), err)
+		}
+		if version != cfg.Version {
+			return fmt.Errorf("%w: the live model of %s is version %d and this binary's projection is version %d: run the partial rebuild with the binary of the live version",
+				ErrNotRebuildable, p.Name(), version, cfg.Version)
+		}
+		if err := projection.ClearScopeTx(ctx, tx, store, p, scope); err != nil {
+			if errors.Is(err, projection.ErrScopeUnsupported) {
+				return fmt.Errorf("%w: %w", ErrNotRebuildable, err)
+			}
+			return err
+		}
+		cur, err := store.OpenScopeTx(ctx, tx, postgres.ScopeQuery{Tenant: scope.Tenant, StreamType: scope.StreamType, StreamID: scope.StreamID,
+			EventTypes: p.EventTypes(), Until: res.Until, Raw: true})
+		if err != nil {
+			return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+		}
+		for {
+			events, err := cur.Next(ctx, batch)
+			if err != nil {
+				return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+			}
+			if len(events) == 0 {
+				break
+			}
+			r, err := projection.ReplayTx(ctx, tx, store, p, events, logger)
+			res.Events += r.Applied + r.DeadLettered
+			res.DeadLettered += r.DeadLettered
+			if err != nil {
+				return fmt.Errorf("partial rebuild of %s, %s: %w", p.Name(), scope, err)
+			}
+		}
+		if err := cur.Close(ctx); err != nil {
+			return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+		}
+		res.Held = time.Since(locked)
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	logger.InfoContext(ctx, "rebuild: partial rebuild done", slog.String("consumer", p.Name()), slog.String("scope", scope.String()),
+		slog.String("until", res.Until.String()), slog.Int("events", res.Events), slog.Int("dead_lettered", res.DeadLettered),
+		slog.Duration("held", res.Held))
+	return res, nil
+}
