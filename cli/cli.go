@@ -131,6 +131,7 @@ is not allowed in the current state; nothing changed).`,
 	root.PersistentFlags().StringVar(&app.schema, "schema", "", "schema holding Projector's tables (default $"+EnvSchema+" or projector)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(app.versionCmd(), app.migrateCmd(), app.statusCmd(), app.consumerCmd(), app.eventsCmd(), app.runCmd(), app.repairCmd(), app.rebuildCmd())
+	root.AddCommand(app.searchCmd())
 	root.AddCommand(cfg.Commands...)
 	root.AddCommand(app.benchCmd())
 	return root

@@ -127,6 +127,9 @@ func RunDemo(ctx context.Context, pool *pgxpool.Pool, out io.Writer, cfg DemoCon
 	if err := report(ctx, store, app, tickets, out); err != nil {
 		return err
 	}
+	if err := demoSearch(ctx, store, types, out); err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "\n== Welcome mails (side effect, once per customer)\n%s", mail.String())
 
 	shards, err := projection.NewAdmin(store).List(ctx, "")
@@ -372,11 +375,23 @@ func (s *simulation) pick(rng *rand.Rand) string {
 	return opened[max(0, n-1-rng.IntN(min(n, 20)))]
 }
 
+// append appends payloads to stream in a transaction of its own.
+//
+// Two users pinging one agent's session stream at once can collide even with
+// AnyVersion: an append from an older transaction after a younger one is
+// refused (promise 4) with the retryable ErrConcurrency, so it is retried.
 func (s *simulation) append(ctx context.Context, stream projector.StreamRef, exp projector.ExpectedVersion, payloads ...any) error {
-	err := pgx.BeginFunc(ctx, s.store.Pool(), func(tx pgx.Tx) error {
-		_, err := s.store.Append(ctx, tx, stream, exp, payloads...)
-		return err
-	})
+	var err error
+	for range 5 {
+		err = pgx.BeginFunc(ctx, s.store.Pool(), func(tx pgx.Tx) error {
+			_, err := s.store.Append(ctx, tx, stream, exp, payloads...)
+			return err
+		})
+		if !errors.Is(err, projector.ErrConcurrency) {
+			break
+		}
+		s.retries.Add(1)
+	}
 	if err == nil {
 		s.events.Add(int64(len(payloads)))
 	}

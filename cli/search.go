@@ -1,0 +1,164 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector/search"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// maxVerifySample bounds --sample: beyond it a sample is no cheaper than
+// comparing everything.
+const maxVerifySample = 10_000_000
+
+func (a *App) searchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "search",
+		Short: "Work with the indexes of search projections (see docs/search.md)",
+	}
+	cmd.AddCommand(a.searchVerifyCmd(), a.searchReindexCmd())
+	return cmd
+}
+
+// searchProjection finds the search projection name among the wired
+// consumers.
+func (a *App) searchProjection(name string) (*search.Projection, error) {
+	w, err := a.wiring()
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, as := range w.Async {
+		if sp, ok := search.ProjectionOf(as); ok {
+			if sp.Name() == name {
+				return sp, nil
+			}
+			names = append(names, sp.Name())
+		}
+	}
+	slices.Sort(names)
+	known := "this binary wires none"
+	if len(names) > 0 {
+		known = "this binary wires " + strings.Join(names, ", ")
+	}
+	return nil, usageError{fmt.Errorf("no search projection %q (%s)", name, known)}
+}
+
+func (a *App) searchReindexCmd() *cobra.Command {
+	var batch int
+	cmd := &cobra.Command{
+		Use:   "reindex NAME",
+		Short: "Rebuild a Meilisearch index from the log beside the live one and swap them",
+		Long: `reindex NAME rebuilds the index of the search projection NAME from the log without
+leaving searches without an answer: it builds a new index beside the live one up to
+the consumer's cursor while live indexing goes on, holds live indexing (disables the
+shard) while the new index catches up to the same cursor, swaps the two atomically
+(Meilisearch's swap-indexes), deletes the old one and resumes live indexing.
+
+For a PostgreSQL index use 'rebuild NAME' (blue/green) instead: refused here.
+Exit codes: 0 reindexed, 1 failed, 2 bad command line, 3 refused (not a swapping
+backend, or the consumer is dead or disabled).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("search reindex needs the search projection's NAME")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if batch < 1 || batch > 100_000 {
+				return usageError{fmt.Errorf("--batch %d: want 1 up to 100000", batch)}
+			}
+			p, err := a.searchProjection(args[0])
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				r, err := search.Reindex(cmd.Context(), store, p, batch)
+				if errors.Is(err, search.ErrNotReindexable) {
+					return refusedError{err}
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "reindexed search projection %s (%s index %q): %d events replayed; built to %s while live, swapped at %s\n",
+					p.Name(), p.SearchBackend().Kind(), p.SearchIndex().Name, r.Events, cursor(r.Built), cursor(r.Swapped))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().IntVar(&batch, "batch", search.DefaultReindexBatch, "events replayed per write to the new index")
+	return cmd
+}
+
+func (a *App) searchVerifyCmd() *cobra.Command {
+	var sample, show int
+	cmd := &cobra.Command{
+		Use:   "verify NAME",
+		Short: "Compare a search projection's index with what the log says it should hold",
+		Long: `verify NAME replays the events of the search projection NAME up to its consumer's
+cursor, in memory, through the projection's handlers (compiled into this binary),
+and compares the documents that gives with the ones its index holds: missing,
+extra and differing documents are listed. --sample N compares N documents picked
+at random instead of all.
+
+Exit codes: 0 the index holds what the log says, 1 it differs (or the check
+failed), 2 bad command line.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("search verify needs the search projection's NAME")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if sample < 0 || sample > maxVerifySample {
+				return usageError{fmt.Errorf("--sample %d: want 0 (every document) up to %d", sample, maxVerifySample)}
+			}
+			if show < 0 || show > 1_000_000 {
+				return usageError{fmt.Errorf("--show %d: want 0 up to 1000000", show)}
+			}
+			p, err := a.searchProjection(args[0])
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				r, err := search.Verify(cmd.Context(), store, p, search.VerifyOptions{Sample: sample})
+				if err != nil {
+					return err
+				}
+				idx := p.SearchIndex()
+				fmt.Fprintf(a.out, "search projection %s (%s index %q) at cursor %s: %d events replayed; %d documents expected, %d indexed, %d compared\n",
+					p.Name(), p.SearchBackend().Kind(), idx.Name, cursor(r.Cursor), r.Events, r.Expected, r.Indexed, r.Compared)
+				if r.Moved {
+					fmt.Fprintln(a.out, "note: the consumer kept moving while the index was read; differences may include batches in flight")
+				}
+				for i, d := range r.Differences {
+					if i == show {
+						fmt.Fprintf(a.out, "... and %d more\n", len(r.Differences)-show)
+						break
+					}
+					switch d.Kind {
+					case search.Missing:
+						fmt.Fprintf(a.out, "missing  %s/%s  log: %s\n", d.Tenant, d.ID, d.Want)
+					case search.Extra:
+						fmt.Fprintf(a.out, "extra    %s/%s  index: %s\n", d.Tenant, d.ID, d.Got)
+					default:
+						fmt.Fprintf(a.out, "differs  %s/%s  log: %s  index: %s\n", d.Tenant, d.ID, d.Want, d.Got)
+					}
+				}
+				if !r.OK() {
+					return fmt.Errorf("search projection %s: %d of %d documents compared differ from the log", p.Name(), len(r.Differences), r.Compared)
+				}
+				fmt.Fprintln(a.out, "the index holds what the log says")
+				return nil
+			})
+		},
+	}
+	cmd.Flags().IntVar(&sample, "sample", 0, "compare this many documents picked at random (0: all)")
+	cmd.Flags().IntVar(&show, "show", 20, "list at most this many differences")
+	return cmd
+}

@@ -1,0 +1,155 @@
+package search
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// ErrNotReindexable: the backend cannot build a second index beside the
+// live one and swap them ([Swapper]). A PostgreSQL index is reindexed by
+// a blue/green rebuild of its consumer instead (`projector rebuild NAME`).
+var ErrNotReindexable = errors.New("search: the backend cannot reindex by swapping (for PostgreSQL use projector rebuild)")
+
+// Swapper is implemented by backends that reindex by building a new index
+// beside the live one and swapping the two atomically (Meilisearch's
+// swap-indexes).
+type Swapper interface {
+	// Shadow creates an empty index beside idx's live one, with idx's
+	// settings, dropping any left by an earlier attempt, and returns a
+	// backend whose writes go to it.
+	Shadow(ctx context.Context, idx Index) (Backend, error)
+	// Swap makes the shadow idx's live index in one atomic step and then
+	// deletes the index it replaced.
+	Swap(ctx context.Context, idx Index) error
+	// DropShadow deletes the shadow, if there is one.
+	DropShadow(ctx context.Context, idx Index) error
+}
+
+// DefaultReindexBatch is how many events [Reindex] replays per write to
+// the new index.
+const DefaultReindexBatch = 1000
+
+// ReindexReport is what [Reindex] did.
+type ReindexReport struct {
+	// Events were replayed into the new index: up to Built while live
+	// indexing went on, then up to Swapped while it was held.
+	Events         int
+	Built, Swapped projector.Position
+}
+
+// Reindex rebuilds p's index from the log without leaving searches
+// without an answer, the way Meilisearch's swap-indexes API is meant for:
+//
+//  1. it builds a new index beside the live one from the log up to the
+//     live consumer's cursor, while the live index keeps being searched
+//     and updated;
+//  2. it holds live indexing (disables the consumer's shard: the live
+//     index is then exactly at the shard's cursor) and brings the new
+//     index up to that same cursor;
+//  3. it swaps the two atomically, deletes the old one and lets live
+//     indexing resume (enables the shard), now into the new index.
+//
+// Searches are answered by the old index until the swap and by the new
+// one after it. If Reindex fails after holding live indexing it enables
+// the shard again and drops the new index; if the process dies while
+// holding, the shard stays disabled, visibly in `projector status`, until
+// an operator enables it (`projector consumer enable NAME`). Events the
+// consumer dead-lettered or an operator skipped are left out, as they were
+// of the live index.
+func Reindex(ctx context.Context, store *postgres.Store, p *Projection, batch int) (ReindexReport, error) {
+	if p.err != nil {
+		return ReindexReport{}, p.err
+	}
+	sw, ok := p.cfg.Backend.(Swapper)
+	if !ok {
+		return ReindexReport{}, fmt.Errorf("reindex %q: %w (%s)", p.name, ErrNotReindexable, p.cfg.Backend.Kind())
+	}
+	if batch <= 0 {
+		batch = DefaultReindexBatch
+	}
+	admin := projection.NewAdmin(store)
+	id := projection.ShardID{Consumer: p.name, Instance: projection.SharedInstance}
+	st, err := admin.Status(ctx, id)
+	if err != nil {
+		return ReindexReport{}, fmt.Errorf("reindex %q: %w", p.name, err)
+	}
+	if st.Status != projection.StatusIdle && st.Status != projection.StatusProcessing {
+		return ReindexReport{}, fmt.Errorf("reindex %q: the consumer is %s; it must be running (idle or processing) so the new index can take over from it: %w",
+			p.name, st.Status, projector.ErrInvalidTransition)
+	}
+	shadow, err := sw.Shadow(ctx, p.cfg.Index)
+	if err != nil {
+		return ReindexReport{}, fmt.Errorf("reindex %q: create the new index: %w", p.name, err)
+	}
+	var r ReindexReport
+	fail := func(err error) (ReindexReport, error) {
+		if derr := sw.DropShadow(context.WithoutCancel(ctx), p.cfg.Index); derr != nil {
+			err = errors.Join(err, fmt.Errorf("drop the new index: %w", derr))
+		}
+		return r, fmt.Errorf("reindex %q: %w", p.name, err)
+	}
+	n, err := p.replayInto(ctx, store, shadow, projector.Start, st.Cursor, batch)
+	r.Events, r.Built = n, st.Cursor
+	if err != nil {
+		return fail(err)
+	}
+	if err := admin.Disable(ctx, id); err != nil {
+		return fail(fmt.Errorf("hold live indexing: %w", err))
+	}
+	enable := func() error {
+		if err := admin.Enable(context.WithoutCancel(ctx), id); err != nil {
+			return fmt.Errorf("resume live indexing (enable it with projector consumer enable %s): %w", p.name, err)
+		}
+		return nil
+	}
+	held, err := admin.Status(ctx, id)
+	if err != nil {
+		return fail(errors.Join(err, enable()))
+	}
+	n, err = p.replayInto(ctx, store, shadow, st.Cursor, held.Cursor, batch)
+	r.Events, r.Swapped = r.Events+n, held.Cursor
+	if err != nil {
+		return fail(errors.Join(err, enable()))
+	}
+	if err := sw.Swap(ctx, p.cfg.Index); err != nil {
+		return fail(errors.Join(fmt.Errorf("swap: %w", err), enable()))
+	}
+	if err := enable(); err != nil {
+		return r, fmt.Errorf("reindex %q: swapped, but %w", p.name, err)
+	}
+	return r, nil
+}
+
+// replayInto replays the events of p's types in (from, to] into b, batch
+// events per Apply.
+func (p *Projection) replayInto(ctx context.Context, store *postgres.Store, b Backend, from, to projector.Position, batch int) (int, error) {
+	var ops []Op
+	n, pending := 0, 0
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		if err := b.Apply(ctx, nil, p.cfg.Index, ops); err != nil {
+			return fmt.Errorf("write the new index: %w", err)
+		}
+		ops, pending = ops[:0], 0
+		return nil
+	}
+	err := p.replayEach(ctx, store, from, to, func(w *Writer) error {
+		ops = append(ops, w.ops...)
+		n++
+		if pending++; pending >= batch {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return n, err
+	}
+	return n, flush()
+}

@@ -1,0 +1,358 @@
+package search
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// ErrNotVerifiable: the projection's backend cannot list its documents
+// (it does not implement [Lister]).
+var ErrNotVerifiable = errors.New("search: the backend cannot list an index's documents, so it cannot be verified")
+
+// DefaultVerifyAttempts is how often [Verify] reads again when the index
+// moved while it read.
+const DefaultVerifyAttempts = 5
+
+// VerifyOptions tunes [Verify].
+type VerifyOptions struct {
+	// Sample compares only that many documents, picked at random among
+	// those the log says the index should hold and those it holds; 0
+	// compares all.
+	Sample int
+	// Attempts is how often Verify reads again when the consumer's cursor
+	// moved while it read the index; default [DefaultVerifyAttempts].
+	Attempts int
+}
+
+// DiffKind says how an indexed document differs from what the log says.
+type DiffKind string
+
+// Kinds of [Difference].
+const (
+	Missing DiffKind = "missing" // the log says it should be there; it is not
+	Extra   DiffKind = "extra"   // it is there; the log says it should not be
+	Differs DiffKind = "differs" // both have it, with other contents
+)
+
+// Difference is one document on which the index and the log disagree.
+type Difference struct {
+	Kind   DiffKind
+	Tenant string
+	ID     string
+	// Want is what the log says (nil when Extra); Got what the index holds
+	// (nil when Missing).
+	Want, Got json.RawMessage
+}
+
+// VerifyReport is what [Verify] found.
+type VerifyReport struct {
+	// Cursor is the consumer's position the comparison was made at.
+	Cursor projector.Position
+	// Events is how many events of the projection's types up to Cursor
+	// were replayed (dead-lettered and skipped ones excluded).
+	Events int
+	// Expected and Indexed count the documents the log says the index
+	// should hold and the documents it holds.
+	Expected, Indexed int
+	// Compared is how many documents were compared (all, or the sample).
+	Compared int
+	// Differences are in tenant and id order.
+	Differences []Difference
+	// Moved is set when the index kept moving during every attempt: the
+	// differences may then include documents of batches in flight.
+	Moved bool
+}
+
+// OK reports that the index holds what the log says.
+func (r VerifyReport) OK() bool { return len(r.Differences) == 0 }
+
+// Verify compares p's index with what the log says it should hold: it
+// replays the events of p's types up to the consumer's cursor through p's
+// handlers in memory (leaving out events the consumer dead-lettered or an
+// operator skipped, which were never applied), and compares the result,
+// document by document, with what the backend holds. Drift — a document
+// changed or deleted by hand, a lost write — becomes a report instead of a
+// support ticket.
+//
+// The consumer may keep running: Verify reads the cursor before and after
+// reading the index and reads again when it moved. Events pruned from the
+// log cannot be replayed: documents only they explain show up as extra.
+func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts VerifyOptions) (VerifyReport, error) {
+	if p.err != nil {
+		return VerifyReport{}, p.err
+	}
+	if binder, ok := p.cfg.Backend.(DBBinder); ok {
+		binder.BindDB(store.Pool())
+	}
+	lister, ok := p.cfg.Backend.(Lister)
+	if !ok {
+		return VerifyReport{}, fmt.Errorf("verify %q: %w (%s)", p.name, ErrNotVerifiable, p.cfg.Backend.Kind())
+	}
+	if opts.Sample < 0 {
+		return VerifyReport{}, fmt.Errorf("verify %q: sample %d is negative", p.name, opts.Sample)
+	}
+	attempts := opts.Attempts
+	if attempts <= 0 {
+		attempts = DefaultVerifyAttempts
+	}
+	admin := projection.NewAdmin(store)
+	id := projection.ShardID{Consumer: p.name, Instance: projection.SharedInstance}
+	want := memIndex{idx: p.cfg.Index, docs: map[docKey]map[string]json.RawMessage{}}
+	replayed := projector.Start
+	var report VerifyReport
+	for attempt := 1; ; attempt++ {
+		st, err := admin.Status(ctx, id)
+		if err != nil {
+			return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+		}
+		n, err := p.replay(ctx, store, &want, replayed, st.Cursor)
+		if err != nil {
+			return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+		}
+		report.Events += n
+		replayed = st.Cursor
+		got, err := lister.Documents(ctx, p.cfg.Index)
+		if err != nil {
+			return VerifyReport{}, fmt.Errorf("verify %q: list the index: %w", p.name, err)
+		}
+		after, err := admin.Status(ctx, id)
+		if err != nil {
+			return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+		}
+		moved := after.Cursor != st.Cursor
+		if moved && attempt < attempts {
+			continue
+		}
+		report.Cursor, report.Moved = st.Cursor, moved
+		report.compare(want.docs, got, opts.Sample)
+		return report, nil
+	}
+}
+
+// replay applies the events of p's types in (from, to] to m and returns
+// how many it applied.
+func (p *Projection) replay(ctx context.Context, store *postgres.Store, m *memIndex, from, to projector.Position) (int, error) {
+	n := 0
+	err := p.replayEach(ctx, store, from, to, func(w *Writer) error {
+		m.apply(w.ops)
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// replayEach runs p's handlers over the events of its types in (from, to],
+// in log order, leaving out those the consumer dead-lettered or an
+// operator skipped, and hands each event's operations to fn.
+func (p *Projection) replayEach(ctx context.Context, store *postgres.Store, from, to projector.Position, fn func(w *Writer) error) error {
+	if !from.Less(to) {
+		return nil
+	}
+	dead, err := deadLettered(ctx, store, p.name)
+	if err != nil {
+		return err
+	}
+	types := make([]string, len(p.types))
+	for i, t := range p.types {
+		types[i] = t.Name()
+	}
+	for after := from; ; {
+		batch, err := store.ReadLog(ctx, postgres.LogQuery{After: after, Limit: 1000, EventTypes: types})
+		if err != nil {
+			return fmt.Errorf("read the log: %w", err)
+		}
+		for _, ev := range batch.Events {
+			if to.Less(ev.Position) {
+				return nil
+			}
+			if dead[ev.ID] {
+				continue
+			}
+			w := &Writer{idx: p.cfg.Index, tenant: ev.Stream.Tenant}
+			if p.cfg.Index.Shared {
+				w.tenant = ""
+			}
+			if err := p.fns[ev.Type](ctx, ev, w); err != nil {
+				// The live consumer got past this event, so it did not fail
+				// there: a handler that fails only now has changed.
+				return fmt.Errorf("replay %s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
+			}
+			if err := fn(w); err != nil {
+				return err
+			}
+		}
+		if !batch.Full {
+			return nil
+		}
+		after = batch.Events[len(batch.Events)-1].Position
+	}
+}
+
+// deadLettered returns the ids of the events consumer never applied.
+func deadLettered(ctx context.Context, store *postgres.Store, consumer string) (map[uuid.UUID]bool, error) {
+	rows, err := store.Pool().Query(ctx, `SELECT event_id FROM `+store.Table("projector_dead_letters")+` WHERE consumer = $1`, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("read dead letters: %w", err)
+	}
+	defer rows.Close()
+	out := map[uuid.UUID]bool{}
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("read dead letters: %w", err)
+		}
+		out[id] = true
+	}
+	return out, rows.Err()
+}
+
+type docKey struct{ tenant, id string }
+
+// memIndex applies operations in memory with the meaning every backend
+// gives them.
+type memIndex struct {
+	idx  Index
+	docs map[docKey]map[string]json.RawMessage
+}
+
+func (m *memIndex) apply(ops []Op) {
+	for _, op := range ops {
+		k := docKey{op.Tenant, op.ID}
+		switch op.Kind {
+		case OpUpsert:
+			m.docs[k] = cloneDoc(op.Doc)
+		case OpPatch:
+			d := m.docs[k]
+			if d == nil {
+				d = map[string]json.RawMessage{}
+				m.docs[k] = d
+			}
+			for a, v := range op.Doc {
+				d[a] = v
+			}
+		case OpDelete:
+			delete(m.docs, k)
+		case OpDeleteWhere:
+			for dk, d := range m.docs {
+				if dk.tenant == op.Tenant && matchesAll(d, op.Filters) {
+					delete(m.docs, dk)
+				}
+			}
+		}
+	}
+}
+
+func cloneDoc(d map[string]json.RawMessage) map[string]json.RawMessage {
+	c := make(map[string]json.RawMessage, len(d))
+	for k, v := range d {
+		c[k] = v
+	}
+	return c
+}
+
+// matchesAll: every filter's attribute equals its value, or is an array
+// holding it.
+func matchesAll(d map[string]json.RawMessage, filters []Filter) bool {
+	for _, f := range filters {
+		raw, ok := d[f.Attr]
+		if !ok {
+			return false
+		}
+		fv, err := f.JSON()
+		if err != nil {
+			return false
+		}
+		var have, want any
+		if json.Unmarshal(raw, &have) != nil || json.Unmarshal(fv, &want) != nil {
+			return false
+		}
+		if arr, ok := have.([]any); ok {
+			if !slices.ContainsFunc(arr, func(e any) bool { return reflect.DeepEqual(e, want) }) {
+				return false
+			}
+		} else if !reflect.DeepEqual(have, want) {
+			return false
+		}
+	}
+	return true
+}
+
+// compare fills r from the expected documents and the indexed ones.
+func (r *VerifyReport) compare(want map[docKey]map[string]json.RawMessage, got []Stored, sample int) {
+	have := make(map[docKey]json.RawMessage, len(got))
+	for _, s := range got {
+		have[docKey{s.Tenant, s.ID}] = s.Doc
+	}
+	r.Expected, r.Indexed = len(want), len(have)
+	keys := make([]docKey, 0, len(want)+len(have))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b docKey) int {
+		if c := strings.Compare(a.tenant, b.tenant); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	if sample > 0 && sample < len(keys) {
+		picked := rand.Perm(len(keys))[:sample]
+		slices.Sort(picked)
+		sampled := make([]docKey, len(picked))
+		for i, j := range picked {
+			sampled[i] = keys[j]
+		}
+		keys = sampled
+	}
+	r.Compared = len(keys)
+	for _, k := range keys {
+		w, inLog := want[k]
+		g, inIndex := have[k]
+		var wantJSON json.RawMessage
+		if inLog {
+			wantJSON = canonical(w)
+		}
+		switch {
+		case inLog && !inIndex:
+			r.Differences = append(r.Differences, Difference{Kind: Missing, Tenant: k.tenant, ID: k.id, Want: wantJSON})
+		case !inLog && inIndex:
+			r.Differences = append(r.Differences, Difference{Kind: Extra, Tenant: k.tenant, ID: k.id, Got: g})
+		default:
+			var gotDoc map[string]json.RawMessage
+			if json.Unmarshal(g, &gotDoc) != nil || !bytes.Equal(canonical(gotDoc), wantJSON) {
+				r.Differences = append(r.Differences, Difference{Kind: Differs, Tenant: k.tenant, ID: k.id, Want: wantJSON, Got: g})
+			}
+		}
+	}
+}
+
+// canonical renders a document with sorted keys and normalised values, so
+// two encodings of the same document compare equal.
+func canonical(d map[string]json.RawMessage) json.RawMessage {
+	v := make(map[string]any, len(d))
+	for k, raw := range d {
+		var x any
+		if json.Unmarshal(raw, &x) == nil {
+			v[k] = x
+		}
+	}
+	b, _ := json.Marshal(v)
+	return b
+}

@@ -1,0 +1,78 @@
+package search_test
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/search"
+)
+
+// TestVerify: after a random history, Verify finds the index equal to the
+// log on each backend; then three planted drifts — a document changed, one
+// deleted, one added behind the projection's back — are reported as
+// exactly one difference each, and a sample compares only that many.
+func TestVerify(t *testing.T) {
+	for _, bc := range backends() {
+		t.Run(bc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			b := bc.make(e)
+			p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{})
+			d := e.dispatcher(p)
+			rng := rand.New(rand.NewPCG(99, uint64(time.Now().UnixNano())))
+			m := e.history(rng, model{}, []string{"acme", "globex"}, 30, 300)
+			e.catchUp(d)
+			report, err := search.Verify(e.ctx, e.store, p, search.VerifyOptions{})
+			must(t, err)
+			if !report.OK() || report.Expected != report.Indexed || report.Compared != report.Expected || report.Events == 0 {
+				t.Fatalf("verify of an index built from the log: %+v", report)
+			}
+
+			// Plant: change one acme document, delete another, add an extra.
+			var changed, deleted string
+			for id := range m["acme"] {
+				switch {
+				case changed == "":
+					changed = id
+				case deleted == "":
+					deleted = id
+				}
+			}
+			if deleted == "" {
+				t.Fatal("the history left fewer than two acme documents")
+			}
+			raw := func(v any) json.RawMessage { return mustJSON(t, v) }
+			plant := []search.Op{
+				{Kind: search.OpPatch, Tenant: "acme", ID: changed, Doc: map[string]json.RawMessage{"id": raw(changed), "title": raw("tampered")}},
+				{Kind: search.OpDelete, Tenant: "acme", ID: deleted},
+				{Kind: search.OpUpsert, Tenant: "globex", ID: "planted", Doc: map[string]json.RawMessage{"id": raw("planted"), "title": raw("not in the log")}},
+			}
+			must(t, pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error { return b.Apply(e.ctx, tx, ticketIndex, plant) }))
+			report, err = search.Verify(e.ctx, e.store, p, search.VerifyOptions{})
+			must(t, err)
+			got := map[string]search.DiffKind{}
+			for _, d := range report.Differences {
+				got[d.Tenant+"/"+d.ID] = d.Kind
+			}
+			want := map[string]search.DiffKind{"acme/" + changed: search.Differs, "acme/" + deleted: search.Missing, "globex/planted": search.Extra}
+			if len(got) != len(want) {
+				t.Fatalf("differences %v, want %v", got, want)
+			}
+			for k, kind := range want {
+				if got[k] != kind {
+					t.Fatalf("differences %v, want %v", got, want)
+				}
+			}
+			report, err = search.Verify(e.ctx, e.store, p, search.VerifyOptions{Sample: 5})
+			must(t, err)
+			if report.Compared != 5 || len(report.Differences) > 3 {
+				t.Fatalf("a sample of 5: %+v", report)
+			}
+		})
+	}
+}
