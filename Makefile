@@ -34,6 +34,7 @@ bench:
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench . -benchtime 3s ./stores/postgres ./aggregate
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'AppendInline' -benchtime 3s ./projection
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'CatchUp|Latency' -benchtime 1x -timeout 30m ./projection
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'Rebuild|SyncCommitOff' -benchtime 1x -timeout 30m ./rebuild
 
 ## fuzz: run each fuzz target for FUZZTIME (default 20s)
 FUZZTIME ?= 20s

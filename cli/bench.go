@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -17,7 +18,7 @@ func (a *App) benchCmd() *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure append, catch-up and latency on this database, each beside its raw-PostgreSQL baseline",
+		Short: "Measure append, catch-up, latency and rebuild on this database, each beside its raw-PostgreSQL baseline",
 		Long: `bench measures Projector on the configured database and prints each figure beside
 the raw-PostgreSQL baseline of the same work, measured in the same run:
 
@@ -30,9 +31,14 @@ the raw-PostgreSQL baseline of the same work, measured in the same run:
                 payloads decoded and without (RawPayloads)
   latency       append commit to AfterCommit at --rate events/s, p50 and p99,
                 against LISTEN/NOTIFY from the same commit (the floor)
+  rebuild       a blue/green rebuild of the batch-form counting projection over
+                a log of --rebuild-events events (default 1,000,000), beside the
+                live catch-up of the same projection and the raw loop, with the
+                switch's lock time; shadow batches of --rebuild-batch-size
+                (default 10× --batch-size)
 
-It works in a schema of its own (projector_bench_<random>), created and migrated
-at the start and dropped at the end, also on failure or Ctrl-C; --schema is not
+It works in schemas of its own (projector_bench_<random>, one for the rebuild),
+created and migrated at the start and dropped at the end, also on failure or Ctrl-C; --schema is not
 used. It loads the database while it runs: do not point it at a busy production
 primary. See docs/performance.md for what each line means.`,
 		Args: noArgs,
@@ -48,10 +54,14 @@ primary. See docs/performance.md for what each line means.`,
 				{"writers", cfg.Writers > 0}, {"append-duration", cfg.AppendDuration > 0},
 				{"events", cfg.Backlog > 0}, {"batch-size", cfg.BatchSize > 0},
 				{"rate", cfg.Rate > 0}, {"latency-duration", cfg.LatencyDuration > 0},
+				{"rebuild-events", cfg.RebuildEvents > 0},
 			} {
 				if !f.positive {
 					return usageError{fmt.Errorf("--%s must be positive", f.name)}
 				}
+			}
+			if cfg.RebuildBatchSize < 0 {
+				return usageError{errors.New("--rebuild-batch-size must not be negative (0 is the projection's default)")}
 			}
 			if err := cfg.Validate(); err != nil {
 				return usageError{err}
@@ -80,6 +90,8 @@ primary. See docs/performance.md for what each line means.`,
 	f.IntVar(&cfg.BatchSize, "batch-size", projection.DefaultBatchSize, "catch-up events per transaction, both sides")
 	f.IntVar(&cfg.Rate, "rate", benchmark.DefaultRate, "latency figures: events appended per second")
 	f.DurationVar(&cfg.LatencyDuration, "latency-duration", benchmark.DefaultLatencyDuration, "latency figures: how long each side appends")
+	f.IntVar(&cfg.RebuildEvents, "rebuild-events", benchmark.DefaultRebuildEvents, "rebuild figures: events in the replayed log")
+	f.IntVar(&cfg.RebuildBatchSize, "rebuild-batch-size", 0, "rebuild figures: events per shadow transaction (0: the projection's default, 10× --batch-size)")
 	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	return cmd
 }
@@ -90,6 +102,22 @@ type BenchJSON struct {
 	ServerVersion string            `json:"server_version"`
 	Config        BenchConfigJSON   `json:"config"`
 	Figures       []BenchFigureJSON `json:"figures"`
+	Rebuild       BenchRebuildJSON  `json:"rebuild"`
+}
+
+// BenchRebuildJSON is the rebuild measurement beyond its two figures: the
+// batches each side used, the rebuild's rate over the live catch-up's
+// (issue 9's target is at least 1.5) and how long the switch held the live
+// tables.
+type BenchRebuildJSON struct {
+	Events           int     `json:"events"`
+	BatchSize        int     `json:"batch_size"`
+	RebuildBatchSize int     `json:"rebuild_batch_size"`
+	RawRate          float64 `json:"raw_events_per_second"`
+	LiveRate         float64 `json:"live_events_per_second"`
+	RebuildRate      float64 `json:"rebuild_events_per_second"`
+	SpeedupVsLive    float64 `json:"speedup_vs_live"`
+	SwitchLockMS     float64 `json:"switch_lock_ms"`
 }
 
 // BenchConfigJSON is the configuration a bench run used, defaults filled
@@ -102,6 +130,10 @@ type BenchConfigJSON struct {
 	BatchSize      int     `json:"batch_size"`
 	Rate           int     `json:"rate_events_per_second"`
 	LatencySeconds float64 `json:"latency_seconds"`
+	RebuildEvents  int     `json:"rebuild_events"`
+	// RebuildBatchSize is 0 when the projection's default was used; the
+	// batch used is in BenchRebuildJSON.
+	RebuildBatchSize int `json:"rebuild_batch_size"`
 }
 
 // BenchFigureJSON is one figure: Projector beside its raw baseline, in
@@ -119,6 +151,7 @@ type BenchFigureJSON struct {
 
 func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 	figs := rep.Figures()
+	rb := rep.Rebuild
 	if asJSON {
 		c := rep.Config
 		out := BenchJSON{
@@ -126,6 +159,12 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 			Config: BenchConfigJSON{
 				EventsPerTx: c.EventsPerTx, Writers: c.Writers, AppendSeconds: c.AppendDuration.Seconds(),
 				Backlog: c.Backlog, BatchSize: c.BatchSize, Rate: c.Rate, LatencySeconds: c.LatencyDuration.Seconds(),
+				RebuildEvents: c.RebuildEvents, RebuildBatchSize: c.RebuildBatchSize,
+			},
+			Rebuild: BenchRebuildJSON{
+				Events: rb.Events, BatchSize: rb.BatchSize, RebuildBatchSize: rb.RebuildBatchSize,
+				RawRate: rb.RawRate(), LiveRate: rb.LiveRate(), RebuildRate: rb.RebuildRate(),
+				SpeedupVsLive: rb.Speedup(), SwitchLockMS: float64(rb.SwitchLock.Microseconds()) / 1000,
 			},
 			Figures: make([]BenchFigureJSON, len(figs)),
 		}
@@ -154,8 +193,13 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 		heap += fmt.Sprintf("%.1f MiB (%s)", float64(c.PeakHeap)/(1<<20), c.Form)
 	}
 	fmt.Fprintf(w, "\ndispatcher's peak Go heap during catch-up: %s\n", heap)
-	_, err := fmt.Fprintf(w, "catch-up backlog: %s events over %s streams, batches of %d\n",
+	fmt.Fprintf(w, "catch-up backlog: %s events over %s streams, batches of %d\n",
 		thousands(int64(rep.Config.Backlog)), thousands(benchmark.DefaultStreams), rep.Config.BatchSize)
+	_, err := fmt.Fprintf(w, "blue/green rebuild: %.2f× the live catch-up rate (target ≥ 1.5×); the switch held the live tables %.1f ms\n"+
+		"rebuild log: %s events over %s streams, live batches of %s, shadow batches of %s; peak Go heap %.1f MiB (live), %.1f MiB (rebuild)\n",
+		rb.Speedup(), float64(rb.SwitchLock.Microseconds())/1000,
+		thousands(int64(rb.Events)), thousands(benchmark.DefaultStreams), thousands(int64(rb.BatchSize)), thousands(int64(rb.RebuildBatchSize)),
+		float64(rb.LivePeakHeap)/(1<<20), float64(rb.RebuildPeakHeap)/(1<<20))
 	return err
 }
 

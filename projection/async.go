@@ -76,6 +76,13 @@ const (
 	DefaultRetryBackoff = time.Second
 	DefaultMaxBackoff   = 5 * time.Minute
 	DefaultBatchTimeout = time.Minute
+	// DefaultRebuildBatchFactor sizes a rebuild's shadow batches: this many
+	// times BatchSize (at most [MaxBatchSize]) unless
+	// [AsyncConfig.RebuildBatchSize] says otherwise. docs/performance.md has
+	// the measurements it comes from.
+	DefaultRebuildBatchFactor = 10
+	// MaxBatchSize bounds BatchSize and RebuildBatchSize.
+	MaxBatchSize = 100_000
 )
 
 // AsyncConfig configures an async projection. The zero value is a shared,
@@ -87,6 +94,14 @@ type AsyncConfig struct {
 	// BatchSize caps the events applied in one transaction; default
 	// [DefaultBatchSize].
 	BatchSize int
+	// RebuildBatchSize caps the events a blue/green rebuild's shadow pass
+	// applies in one transaction; default [DefaultRebuildBatchFactor] times
+	// BatchSize, at most [MaxBatchSize]. A shadow pass writes tables no
+	// reader uses yet, so nothing waits for its commit: larger batches cost
+	// no freshness and save a cursor update and a commit per batch, and a
+	// batch handler folds more events into each row it writes. A batch
+	// that outlasts BatchTimeout is cut down as live ones are.
+	RebuildBatchSize int
 	// MaxAttempts is how many times a failing event is tried before the
 	// shard goes dead (halt mode); default [DefaultMaxAttempts].
 	MaxAttempts int
@@ -161,6 +176,7 @@ type Async struct {
 // documented defaults.
 func NewAsync(name string, cfg AsyncConfig) *Async {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.RebuildBatchSize = cmp.Or(cfg.RebuildBatchSize, min(DefaultRebuildBatchFactor*max(cfg.BatchSize, 1), MaxBatchSize))
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
 	cfg.RetryBackoff = cmp.Or(cfg.RetryBackoff, DefaultRetryBackoff)
 	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff)
@@ -177,8 +193,10 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 		p.t.fail(name, cfg.ScopeColumns.validate(cfg.Tables))
 	case validName(name) != nil:
 		p.t.fail(name, validName(name))
-	case cfg.BatchSize < 1 || cfg.BatchSize > 100_000:
-		p.t.fail(name, fmt.Errorf("batch size %d outside 1..100000", cfg.BatchSize))
+	case cfg.BatchSize < 1 || cfg.BatchSize > MaxBatchSize:
+		p.t.fail(name, fmt.Errorf("batch size %d outside 1..%d", cfg.BatchSize, MaxBatchSize))
+	case cfg.RebuildBatchSize < 1 || cfg.RebuildBatchSize > MaxBatchSize:
+		p.t.fail(name, fmt.Errorf("rebuild batch size %d outside 1..%d", cfg.RebuildBatchSize, MaxBatchSize))
 	case cfg.MaxAttempts < 1:
 		p.t.fail(name, fmt.Errorf("max attempts %d below 1", cfg.MaxAttempts))
 	case cfg.BatchTimeout < 0:

@@ -147,7 +147,11 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			return passResult{}, err
 		}
 	}
-	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(cfg.BatchSize), EventTypes: sh.proj.t.types, Raw: true})
+	size := cfg.BatchSize
+	if sh.shadow != nil {
+		size = cfg.RebuildBatchSize // no reader waits for a shadow batch: read more at once
+	}
+	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true})
 	if err != nil {
 		return passResult{}, err
 	}
@@ -181,20 +185,24 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 				return d.commit(ctx, tx, sh, passGone, nil, 0, 0, time.Time{})
 			}
 		}
+		caughtUp := passCaughtUp
 		if sh.shadow != nil {
+			if !sh.shadow.final {
+				caughtUp = passMore // try the switch at once, not after Recheck
+			}
 			sh.shadow.final = true
 		}
 		if next == st.cursor && st.status == StatusIdle && st.attempts == 0 {
 			if sh.shadow != nil {
 				// The rebuild may have moved to ready.
-				return d.commit(ctx, tx, sh, passCaughtUp, nil, 0, 0, time.Time{})
+				return d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
 			}
 			return passResult{kind: passCaughtUp}, nil // nothing to write
 		}
 		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, 0); err != nil {
 			return passResult{}, fmt.Errorf("advance cursor: %w", err)
 		}
-		return d.commit(ctx, tx, sh, passCaughtUp, nil, 0, 0, time.Time{})
+		return d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
 	}
 
 	started := time.Now()
@@ -264,9 +272,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 	res, err := d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
 	if err == nil {
-		sh.growLimit(cfg.BatchSize)
+		sh.growLimit(size)
 		if sh.shadow != nil {
-			// Caught up: the next pass tries the switch.
+			// Caught up: the next pass tries the switch, at once the first
+			// time (a quiet log would wake it only after Recheck).
+			if kind == passCaughtUp && !sh.shadow.final {
+				res.kind = passMore
+			}
 			sh.shadow.final = kind == passCaughtUp
 		}
 		if switched {

@@ -15,7 +15,7 @@ import (
 
 // tinyBench sizes a bench run to a few seconds under the race detector.
 var tinyBench = []string{"bench", "--writers", "2", "--append-duration", "200ms", "--events", "1000",
-	"--batch-size", "100", "--rate", "200", "--latency-duration", "300ms"}
+	"--batch-size", "100", "--rate", "200", "--latency-duration", "300ms", "--rebuild-events", "1500", "--rebuild-batch-size", "400"}
 
 func benchEnv(t *testing.T) []string {
 	return []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t)}
@@ -30,6 +30,8 @@ func TestBenchTable(t *testing.T) {
 	for _, row := range []string{
 		"FIGURE", "append, 1 event/tx, 2 writers", "append, 100 events/tx, 2 writers",
 		"catch-up, per-event handler", "catch-up, per-event handler, queued writes", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
+		"rebuild log, live catch-up (batches of 100)", "rebuild log, blue/green rebuild (batches of 400)",
+		"× the live catch-up rate", "the switch held the live tables", "shadow batches of 400",
 		"% of raw", "events/s", " ms ", "peak Go heap",
 	} {
 		if !strings.Contains(r.stdout, row) {
@@ -56,7 +58,11 @@ func TestBenchJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("stdout is not JSON: %v\n%s", err, r.stdout)
 	}
-	if len(out.Figures) != 8 || out.Config.Writers != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
+	if rb := out.Rebuild; rb.Events != 1500 || rb.RebuildBatchSize != 400 || rb.BatchSize != 100 || rb.RebuildRate <= 0 ||
+		rb.LiveRate <= 0 || rb.RawRate <= 0 || rb.SpeedupVsLive <= 0 || rb.SwitchLockMS <= 0 || out.Config.RebuildEvents != 1500 {
+		t.Errorf("rebuild %+v, config %+v", rb, out.Config)
+	}
+	if len(out.Figures) != 10 || out.Config.Writers != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
 		t.Errorf("output %+v", out)
 	}
 	for _, f := range out.Figures {
@@ -121,6 +127,9 @@ func TestBenchBadFlags(t *testing.T) {
 		{"not a number", []string{"--events", "lots"}, "--events"},
 		{"duration without unit", []string{"--latency-duration", "5"}, "--latency-duration"},
 		{"unknown format", []string{"-o", "yaml"}, "--output"},
+		{"zero rebuild log", []string{"--rebuild-events", "0"}, "--rebuild-events must be positive"},
+		{"negative rebuild batch", []string{"--rebuild-batch-size", "-1"}, "--rebuild-batch-size must not be negative"},
+		{"rebuild batch out of range", []string{"--rebuild-batch-size", "1000000"}, "rebuild batch size 1000000"},
 		{"extra argument", []string{"now"}, "unknown command"},
 	}
 	for _, tc := range cases {

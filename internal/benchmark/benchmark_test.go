@@ -20,6 +20,7 @@ var tiny = benchmark.Config{
 	EventsPerTx: []int{1, 10}, Writers: 2, AppendDuration: 200 * time.Millisecond,
 	Backlog: 1000, BatchSize: 100,
 	Rate: 200, LatencyDuration: 300 * time.Millisecond,
+	RebuildEvents: 1500, RebuildBatchSize: 400,
 }
 
 func setup(t *testing.T) (context.Context, *postgres.Store) {
@@ -157,15 +158,23 @@ func TestRunDropsItsSchema(t *testing.T) {
 		t.Errorf("schema %s left behind", rep.Schema)
 	}
 	figs := rep.Figures()
-	if len(figs) != 8 {
-		t.Fatalf("%d figures, want 2 append + 4 catch-up + 2 latency: %+v", len(figs), figs)
+	if len(figs) != 10 {
+		t.Fatalf("%d figures, want 2 append + 4 catch-up + 2 latency + 2 rebuild: %+v", len(figs), figs)
 	}
 	for _, f := range figs {
 		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio() <= 0) || (f.Unit == "events/s") == f.LowerIsBetter {
 			t.Errorf("figure %+v (ratio %.2f)", f, f.Ratio())
 		}
 	}
-	if len(progress) != 5 || !strings.Contains(progress[0], rep.Schema) {
+	if r := rep.Rebuild; r.Events != 1500 || r.RebuildBatchSize != 400 || r.SwitchLock <= 0 {
+		t.Errorf("rebuild %+v", r)
+	}
+	_, after, _ := strings.Cut(progress[len(progress)-1], "in schema ")
+	rebuildSchema, _, _ := strings.Cut(after, ";")
+	if !strings.HasPrefix(rebuildSchema, benchmark.SchemaPrefix) || pgtest.SchemaExists(t, rebuildSchema) {
+		t.Errorf("rebuild schema %q: want a bench schema, dropped (progress %q)", rebuildSchema, progress)
+	}
+	if len(progress) != 6 || !strings.Contains(progress[0], rep.Schema) {
 		t.Errorf("progress %q", progress)
 	}
 }
@@ -220,6 +229,8 @@ func TestConfigValidate(t *testing.T) {
 		{"huge batch", benchmark.Config{BatchSize: 1_000_000}, false},
 		{"rate too high", benchmark.Config{Rate: 1_000_000}, false},
 		{"negative duration", benchmark.Config{LatencyDuration: -time.Second}, false},
+		{"negative rebuild log", benchmark.Config{RebuildEvents: -1}, false},
+		{"huge rebuild batch", benchmark.Config{RebuildBatchSize: 1_000_000}, false},
 	}
 	for _, tc := range cases {
 		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
@@ -234,5 +245,55 @@ func TestStoreWithoutBenchTypes(t *testing.T) {
 	store := pgtest.Store(t, projector.NewRegistry())
 	if _, err := benchmark.NewAppender(ctx, store, 1); err == nil || !strings.Contains(err.Error(), "benchmark.NewRegistry") {
 		t.Errorf("appender on a foreign registry: %v", err)
+	}
+}
+
+// A rebuild measurement applies the log three ways, each counting every
+// event once (Measure fails otherwise), reports the shadow batch it used
+// and the switch's lock time, and leaves no shadow or old schema behind.
+func TestMeasureRebuild(t *testing.T) {
+	t.Parallel()
+	for _, form := range []benchmark.Form{benchmark.Batched, benchmark.PerEvent} {
+		t.Run(string(form), func(t *testing.T) {
+			t.Parallel()
+			ctx, store := setup(t)
+			cfg := benchmark.RebuildConfig{Events: 1234, Streams: 7, BatchSize: 50, RebuildBatchSize: 300, Form: form}
+			res, err := benchmark.MeasureRebuild(ctx, store, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Form != form || res.Events != 1234 || res.BatchSize != 50 || res.RebuildBatchSize != 300 ||
+				res.RawRate() <= 0 || res.LiveRate() <= 0 || res.RebuildRate() <= 0 || res.Speedup() <= 0 ||
+				res.SwitchLock <= 0 || res.LivePeakHeap == 0 || res.RebuildPeakHeap == 0 {
+				t.Errorf("result %+v", res)
+			}
+			// The rebuilt model is live: the counts table of the store's
+			// schema counts the whole log (Close dropped the CatchUp tables,
+			// so look at the rebuild's record instead).
+			var status string
+			var switchMS float64
+			if err := store.Pool().QueryRow(ctx, `SELECT status, switch_ms FROM `+store.Table("projector_rebuilds")+` ORDER BY id DESC LIMIT 1`).
+				Scan(&status, &switchMS); err != nil || status != "switched" || switchMS <= 0 {
+				t.Errorf("rebuild record: %s, %v ms, %v", status, switchMS, err)
+			}
+			if n := count(t, store, `SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, $1)`, store.Schema()+"_rebuild_"); n != 0 {
+				t.Errorf("%d shadow or old schemas left behind", n)
+			}
+		})
+	}
+}
+
+func TestRebuildConfigValidate(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	for _, cfg := range []benchmark.RebuildConfig{
+		{Events: -1}, {RebuildBatchSize: -3}, {BatchSize: 200_000}, {Form: "sideways"},
+	} {
+		if _, err := benchmark.NewRebuild(ctx, store, cfg); err == nil {
+			t.Errorf("NewRebuild(%+v) accepted", cfg)
+		}
+	}
+	if n := count(t, store, `SELECT count(*) FROM `+store.Table("projector_events")); n != 0 {
+		t.Errorf("refused configurations wrote %d events", n)
 	}
 }

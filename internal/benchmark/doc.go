@@ -14,11 +14,16 @@
 //     the same work: one transaction per batch that locks a cursor row, reads
 //     gap-safely, upserts and moves the cursor. Per-event handlers and the
 //     batch (OnBatch + unnest) form, each against its raw twin.
+//   - [MeasureRebuild]: a blue/green rebuild of the counting projection
+//     (batch form by default) over a log of a million events, beside the
+//     live catch-up of the same projection and the raw loop, with the
+//     switch's lock time: issue 9 wants the rebuild at 1.5 times the live
+//     rate or better.
 //   - [MeasureLatency]: time from an append's commit to the dispatcher's
 //     AfterCommit at a steady rate, against LISTEN/NOTIFY from the same
 //     commit as the floor.
 //
-// [Run] does all three in a throwaway schema ([NewSchema], dropped by
+// [Run] does all four in throwaway schemas ([NewSchema], dropped by
 // [DropSchema] even when the context is cancelled) and is what
 // `projector bench` prints. The Go benchmarks in stores/postgres and
 // projection wrap the same pieces ([Appender], [CatchUp],

@@ -33,6 +33,12 @@ type Config struct {
 	// LatencyDuration is how long each latency side appends; default
 	// [DefaultLatencyDuration].
 	LatencyDuration time.Duration
+	// RebuildEvents is the log the rebuild measurement replays; default
+	// [DefaultRebuildEvents]. Its live side and raw loop use BatchSize.
+	RebuildEvents int
+	// RebuildBatchSize is the shadow shard's batch; zero leaves the
+	// projection's default ([projection.AsyncConfig.RebuildBatchSize]).
+	RebuildBatchSize int
 	// Progress, when set, is told what is about to be measured, so a
 	// person watching a long run knows where it is.
 	Progress func(msg string)
@@ -50,6 +56,7 @@ func (c Config) WithDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, projection.DefaultBatchSize)
 	c.Rate = cmp.Or(c.Rate, DefaultRate)
 	c.LatencyDuration = cmp.Or(c.LatencyDuration, DefaultLatencyDuration)
+	c.RebuildEvents = cmp.Or(c.RebuildEvents, DefaultRebuildEvents)
 	if c.Progress == nil {
 		c.Progress = func(string) {}
 	}
@@ -64,6 +71,10 @@ func (c Config) catchUpConfig() CatchUpConfig {
 	return CatchUpConfig{Events: c.Backlog, BatchSize: c.BatchSize}
 }
 
+func (c Config) rebuildConfig() RebuildConfig {
+	return RebuildConfig{Events: c.RebuildEvents, BatchSize: c.BatchSize, RebuildBatchSize: c.RebuildBatchSize}
+}
+
 func (c Config) latencyConfig() LatencyConfig {
 	return LatencyConfig{Rate: c.Rate, Duration: c.LatencyDuration}
 }
@@ -76,7 +87,8 @@ func (c Config) Validate() error {
 	for _, n := range c.EventsPerTx {
 		errs = append(errs, c.appendConfig(n).validate())
 	}
-	errs = append(errs, c.catchUpConfig().withDefaults().validate(), c.latencyConfig().validate())
+	errs = append(errs, c.catchUpConfig().withDefaults().validate(), c.latencyConfig().validate(),
+		c.rebuildConfig().withDefaults().validate())
 	return errors.Join(errs...)
 }
 
@@ -91,12 +103,14 @@ type Report struct {
 	Append  []AppendResult
 	CatchUp []CatchUpResult
 	Latency LatencyResult
+	Rebuild RebuildResult
 }
 
 // Run measures everything, in a schema of its own made with [NewSchema]
 // and dropped afterwards whether the run succeeded, failed or was
 // cancelled: append throughput for each size, catch-up for each [Form],
-// then latency.
+// then latency, then a blue/green rebuild beside the live catch-up of the
+// same projection (in a second schema of its own, also dropped).
 func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (rep Report, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -130,6 +144,18 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (rep Report, err e
 	if rep.Latency, err = MeasureLatency(ctx, store, cfg.latencyConfig()); err != nil {
 		return rep, err
 	}
+	// The rebuild replays a log of its own, in a schema of its own: the
+	// catch-up backlog is another size, and a rebuild reads the whole log.
+	rstore, err := NewSchema(ctx, pool)
+	if err != nil {
+		return rep, err
+	}
+	defer func() { err = errors.Join(err, DropSchema(ctx, rstore)) }()
+	cfg.Progress(fmt.Sprintf("rebuild: log of %d events in schema %s; raw loop, live catch-up, then a blue/green rebuild of the same projection",
+		cfg.RebuildEvents, rstore.Schema()))
+	if rep.Rebuild, err = MeasureRebuild(ctx, rstore, cfg.rebuildConfig()); err != nil {
+		return rep, err
+	}
 	return rep, nil
 }
 
@@ -143,7 +169,8 @@ type Figure struct {
 	Projector, Raw float64
 	// LowerIsBetter is set for latencies.
 	LowerIsBetter bool
-	// PeakHeapMiB is the dispatcher's peak Go heap, catch-up figures only.
+	// PeakHeapMiB is the dispatcher's peak Go heap, catch-up and rebuild
+	// figures only.
 	PeakHeapMiB float64
 }
 
@@ -186,6 +213,14 @@ func (r Report) Figures() []Figure {
 		Figure{Name: fmt.Sprintf("latency p50 at %d events/s", l.Rate), Unit: "ms", Projector: ms(l.Projector.P50), Raw: ms(l.Raw.P50), LowerIsBetter: true},
 		Figure{Name: fmt.Sprintf("latency p99 at %d events/s", l.Rate), Unit: "ms", Projector: ms(l.Projector.P99), Raw: ms(l.Raw.P99), LowerIsBetter: true},
 	)
+	if b := r.Rebuild; b.Events > 0 {
+		out = append(out,
+			Figure{Name: fmt.Sprintf("rebuild log, live catch-up (batches of %d)", b.BatchSize), Unit: "events/s",
+				Projector: b.LiveRate(), Raw: b.RawRate(), PeakHeapMiB: float64(b.LivePeakHeap) / (1 << 20)},
+			Figure{Name: fmt.Sprintf("rebuild log, blue/green rebuild (batches of %d)", b.RebuildBatchSize), Unit: "events/s",
+				Projector: b.RebuildRate(), Raw: b.RawRate(), PeakHeapMiB: float64(b.RebuildPeakHeap) / (1 << 20)},
+		)
+	}
 	return out
 }
 

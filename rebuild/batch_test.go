@@ -1,0 +1,174 @@
+package rebuild_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
+)
+
+// A shadow pass reads RebuildBatchSize events at a time, the live shard
+// BatchSize: the rebuild's batches are the larger ones, every event is
+// applied once, and the switched model is exact.
+func TestShadowPassesUseRebuildBatchSize(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const streams = 300 // two events each
+	err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		for i := range streams {
+			if _, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprint(i)), projector.NoStream,
+				testevents.TicketOpened{Title: "t"}, testevents.TicketCommented{Body: "c"}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var batches []int
+	taken := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := batches
+		batches = nil
+		return out
+	}
+	p := e.counter(1, projection.AsyncConfig{BatchSize: 10, RebuildBatchSize: 250, AfterCommit: func(evs []projector.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		batches = append(batches, len(evs))
+	}})
+	d := e.dispatcher(p)
+	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	live := taken()
+	if sum(live) != 2*streams || slices.Max(live) != 10 {
+		t.Fatalf("live catch-up applied batches %v (sum %d), want batches of at most 10 summing to %d", live, sum(live), 2*streams)
+	}
+
+	// Spoil the live model, so only a rebuild from the log can make it whole.
+	e.exec(`UPDATE ` + pgx.Identifier{e.schema, "counts"}.Sanitize() + ` SET n = 0`)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	final, err := rebuild.Wait(ctx, e.store, "counter", 10*time.Millisecond, nil)
+	if err != nil || final.Status != rebuild.Switched {
+		t.Fatalf("rebuild ended %+v, %v", final, err)
+	}
+	shadow := taken() // the live shard had nothing to apply meanwhile
+	if sum(shadow) != 2*streams || slices.Max(shadow) != 250 {
+		t.Fatalf("shadow passes applied batches %v (sum %d), want batches of 250 summing to %d", shadow, sum(shadow), 2*streams)
+	}
+	r, err := e.read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.counted != 2*streams || r.expected != 2*streams {
+		t.Fatalf("switched model counted %d events of %d", r.counted, r.expected)
+	}
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+// RebuildBatchSize defaults to DefaultRebuildBatchFactor times BatchSize,
+// capped at MaxBatchSize; out of range it is a definition error.
+func TestRebuildBatchSizeDefaults(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	cases := []struct {
+		cfg     projection.AsyncConfig
+		want    int
+		invalid bool
+	}{
+		{projection.AsyncConfig{}, projection.DefaultRebuildBatchFactor * projection.DefaultBatchSize, false},
+		{projection.AsyncConfig{BatchSize: 20}, projection.DefaultRebuildBatchFactor * 20, false},
+		{projection.AsyncConfig{BatchSize: 50_000}, projection.MaxBatchSize, false},
+		{projection.AsyncConfig{RebuildBatchSize: 7}, 7, false},
+		{projection.AsyncConfig{RebuildBatchSize: -1}, -1, true},
+		{projection.AsyncConfig{RebuildBatchSize: projection.MaxBatchSize + 1}, projection.MaxBatchSize + 1, true},
+	}
+	for _, tc := range cases {
+		p := projection.NewAsync("sized", tc.cfg)
+		must(projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }))
+		err := p.Validate(types.Registry)
+		if got := p.Config().RebuildBatchSize; got != tc.want || (err != nil) != tc.invalid ||
+			(tc.invalid && !errors.Is(err, projection.ErrInvalidDefinition)) {
+			t.Errorf("%+v: RebuildBatchSize %d, Validate %v; want %d, invalid %v", tc.cfg, got, err, tc.want, tc.invalid)
+		}
+	}
+}
+
+// On a quiet log nothing wakes a caught-up shard before Recheck: the
+// shadow shard's first caught-up pass goes straight on to the switch
+// instead of waiting that long (the switch used to wait a whole Recheck).
+func TestQuietLogRebuildSwitchesBeforeRecheck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", "quiet"), projector.NoStream,
+			testevents.TicketOpened{Title: "t"}, testevents.TicketCommented{Body: "c"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The live model counts both events first (another test's transaction
+	// may hold the horizon back for a while).
+	live := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	eventually(t, time.Minute, "the live model to count both events", func() bool {
+		r, err := e.read()
+		return err == nil && r.counted == 2
+	})
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second) // well below Recheck
+	defer cancel()
+	if err := live.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	// Its rebuild loop looks for rebuilds at once; nothing else would wake
+	// its shards within the test: the log probe's first wake-up comes after
+	// PollMin.
+	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{e.counter(1, projection.AsyncConfig{})},
+		Recheck: 5 * time.Minute, PollMin: 5 * time.Minute, PollMax: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Stop(context.WithoutCancel(ctx)); err != nil {
+			t.Error(err)
+		}
+	}()
+	final, err := rebuild.Wait(ctx, e.store, "counter", 10*time.Millisecond, nil)
+	if err != nil || final.Status != rebuild.Switched {
+		t.Fatalf("rebuild on a quiet log: %+v, %v", final, err)
+	}
+	if r, err := e.read(); err != nil || r.counted != 2 || r.expected != 2 {
+		t.Fatalf("switched model %+v, %v", r, err)
+	}
+}
