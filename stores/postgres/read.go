@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -153,7 +154,8 @@ func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, e
 	if err := checkFilter(q.StreamTypes, "stream type", projector.ErrInvalidStream); err != nil {
 		return LogBatch{}, fmt.Errorf("read log: %w", err)
 	}
-	rows, err := db.Query(ctx, s.sql.readLog, q.After.TxID, q.After.Seq, limit, nilIfEmpty(q.EventTypes), nilIfEmpty(q.StreamTypes))
+	sql, args := s.readLogQuery(q, limit)
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return LogBatch{}, fmt.Errorf("read log after %s: %w", q.After, err)
 	}
@@ -177,6 +179,30 @@ func checkFilter(names []string, what string, sentinel error) error {
 		}
 	}
 	return nil
+}
+
+// readLogQuery is the statement and arguments of a log read: the per-type
+// merge for a consumer of a few types, the filtered scan otherwise.
+func (s *Store) readLogQuery(q LogQuery, limit int) (string, []any) {
+	sql, types := s.sql.readLog, q.EventTypes
+	if k := len(types); k > 0 && k <= maxMergedTypes {
+		types = distinct(types)
+		sql = s.sql.readLogTypes[len(types)-1]
+	}
+	return sql, []any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(types), nilIfEmpty(q.StreamTypes)}
+}
+
+// distinct returns names without repeats (a repeated type would be read
+// twice by the per-type merge), allocating only when there are some.
+func distinct(names []string) []string {
+	for i := range names {
+		if slices.Contains(names[:i], names[i]) {
+			out := slices.Clone(names)
+			slices.Sort(out)
+			return slices.Compact(out)
+		}
+	}
+	return names
 }
 
 func nilIfEmpty(s []string) []string {

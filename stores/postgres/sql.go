@@ -1,13 +1,18 @@
 package postgres
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // statements holds the fixed hot-path SQL with the schema filled in once.
 type statements struct {
-	append        string
-	streamHead    string
-	readStream    string
-	readLog       string
+	append     string
+	streamHead string
+	readStream string
+	readLog    string
+	// readLogTypes[k-1] is readLogTypesSQL for k event types.
+	readLogTypes  []string
 	restoredCheck string
 	pruneCount    string
 	pruneDelete   string
@@ -89,6 +94,32 @@ FROM h LEFT JOIN LATERAL (
 	LIMIT $3
 ) e ON true`
 
+// readLogTypesSQL is readLogSQL for a consumer of a few event types, which
+// would otherwise walk every event of every other type on its way (a scan
+// of the primary key filtered by type: the cost of the events skipped, not
+// of those returned). Each type is read in log order through the
+// (type, tx_id, seq) index, with the same gap-safe bounds, and the ordered
+// reads are merged (Merge Append): a batch costs the events it returns
+// plus one index descent per type. The lower bound is written over the
+// index's own columns, (type, tx_id, seq), so the planner cannot mistake the
+// primary key for the cheaper path (it would filter by type again). %s
+// stands for one branch per type,
+// joined by UNION ALL; each takes its type as the array element $4[i].
+const readLogTypesSQL = `
+WITH h AS MATERIALIZED (
+	SELECT LEAST(pg_snapshot_xmin(pg_current_snapshot()), pg_current_xact_id_if_assigned()) AS xmin
+)
+SELECT h.xmin, ` + eventColumns + `
+FROM h LEFT JOIN LATERAL (
+	SELECT * FROM (%s) u ORDER BY u.tx_id, u.seq LIMIT $3
+) e ON true`
+
+// readLogTypeBranch is one type's ordered read in readLogTypesSQL.
+const readLogTypeBranch = `(SELECT * FROM {{s}}.projector_events e
+		WHERE e.type = ($4::text[])[%[1]d] AND (e.type, e.tx_id, e.seq) > (($4::text[])[%[1]d], $1::xid8, $2::bigint) AND e.tx_id < h.xmin
+		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
+		ORDER BY e.tx_id, e.seq LIMIT $3)`
+
 // restoredCheckSQL finds the newest stored transaction id: of an event, or
 // of a consumer's cursor or failing event. Cursors matter on their own: an
 // idle cursor rests at a horizon (xmin-1, max) past the newest event, so a
@@ -108,8 +139,25 @@ func buildStatements(schema string) statements {
 		streamHead:    r.Replace(streamHeadSQL),
 		readStream:    r.Replace(readStreamSQL),
 		readLog:       r.Replace(readLogSQL),
+		readLogTypes:  readLogTypesStatements(r),
 		restoredCheck: r.Replace(restoredCheckSQL),
 		pruneCount:    r.Replace(pruneCountSQL),
 		pruneDelete:   r.Replace(pruneDeleteSQL),
 	}
+}
+
+// maxMergedTypes bounds the per-type merge: a consumer of more types than
+// this reads most of the log anyway, and the filtered scan serves it.
+const maxMergedTypes = 32
+
+func readLogTypesStatements(r *strings.Replacer) []string {
+	out := make([]string, maxMergedTypes)
+	for k := 1; k <= maxMergedTypes; k++ {
+		branches := make([]string, k)
+		for i := range branches {
+			branches[i] = fmt.Sprintf(readLogTypeBranch, i+1)
+		}
+		out[k-1] = r.Replace(fmt.Sprintf(readLogTypesSQL, strings.Join(branches, "\n\tUNION ALL ")))
+	}
+	return out
 }
