@@ -199,7 +199,7 @@ func TestInlineRebuildExactUnderWriters(t *testing.T) {
 	ctx, stop := context.WithCancel(e.ctx)
 	var appended atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, 8)
+	errs := make(chan error, 9)
 	for w := range 8 {
 		wg.Add(1)
 		go func() {
@@ -216,6 +216,35 @@ func TestInlineRebuildExactUnderWriters(t *testing.T) {
 			}
 		}()
 	}
+	// A reader with pgx's statement cache (the default) selects * all
+	// along: the new tables have the old ones' shape, so its cached plan is
+	// replanned on the new table, never fails (no SQLSTATE 0A000).
+	var reads atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn, err := e.store.Pool().Acquire(ctx)
+		if err != nil {
+			return
+		}
+		defer conn.Release()
+		for ctx.Err() == nil {
+			rows, err := conn.Query(ctx, `SELECT * FROM `+e.ident("tickets"))
+			if err == nil {
+				for rows.Next() {
+				}
+				rows.Close()
+				err = rows.Err()
+			}
+			if err != nil {
+				if ctx.Err() == nil {
+					errs <- fmt.Errorf("reader: %w", err)
+				}
+				return
+			}
+			reads.Add(1)
+		}
+	}()
 	// Writers are under way before the rebuild starts, and go on after.
 	eventually(t, time.Minute, "writers under way", func() bool { return appended.Load() >= 100 })
 	res, err := rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}, BatchSize: 50})
@@ -232,8 +261,8 @@ func TestInlineRebuildExactUnderWriters(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("writer: %v", err)
 	}
-	t.Logf("inline rebuild: %d events in batches, %d under the lock, %d attempt(s), lock wait %v, lock held %v; %d appends during the run",
-		res.Replayed, res.CaughtUp, res.Attempts, res.LockWait, res.LockHeld, appended.Load())
+	t.Logf("inline rebuild: %d events in batches, %d under the lock, %d attempt(s), lock wait %v, lock held %v; %d appends and %d reads during the run",
+		res.Replayed, res.CaughtUp, res.Attempts, res.LockWait, res.LockHeld, appended.Load(), reads.Load())
 
 	if res.Replayed < 300 || res.LockHeld <= 0 || res.Attempts < 1 {
 		t.Fatalf("result %+v: want ≥ 300 events replayed and a measured lock", res)
@@ -426,5 +455,114 @@ func TestInlineRebuildWaitsForOpenAppend(t *testing.T) {
 	}
 	if d := e.differences(); d != 0 {
 		t.Fatalf("rebuilt model differs in %d rows", d)
+	}
+}
+
+// TestInlineRebuildNaiveSwapLosesHeldAppend gives the open-append test its
+// teeth: on the same schedule, a rebuild that replays the log gap-safely
+// and swaps the tables without the locked catch-up loses the held append's
+// event (it commits into the old table after the last read), so the test
+// above would fail if Inline stopped catching up under the lock.
+func TestInlineRebuildNaiveSwapLosesHeldAppend(t *testing.T) {
+	e := newInlineEnv(t)
+	for i := range 20 {
+		if err := e.append(e.ctx, i, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	stream := projector.StreamRef{Tenant: "t9", Type: "ticket", ID: "held"}
+	if _, err := e.store.Append(e.ctx, tx, stream, projector.NoStream, testevents.TicketOpened{Title: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	shadow := e.schema + "_irb_naive"
+	e.exec(`CREATE SCHEMA ` + pgx.Identifier{shadow}.Sanitize())
+	e.exec(`CREATE TABLE ` + pgx.Identifier{shadow, "tickets"}.Sanitize() + ` (LIKE ` + e.ident("tickets") + ` INCLUDING ALL)`)
+	tables := map[string]string{e.schema + ".tickets": pgx.Identifier{shadow, "tickets"}.Sanitize()}
+	var cursor projector.Position
+	for {
+		var batch postgres.LogBatch
+		if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(rtx pgx.Tx) error {
+			var err error
+			if batch, err = e.store.ReadLogTx(e.ctx, rtx, postgres.LogQuery{After: cursor, EventTypes: e.p.EventTypes()}); err != nil {
+				return err
+			}
+			return projection.ReplayInline(e.ctx, rtx, e.p, batch.Events, tables)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		cursor = batch.Next(cursor)
+		if !batch.Full {
+			break
+		}
+	}
+	swapped := make(chan error, 1)
+	go func() {
+		swapped <- pgx.BeginFunc(e.ctx, e.store.Pool(), func(stx pgx.Tx) error {
+			for _, q := range []string{
+				`CREATE SCHEMA ` + pgx.Identifier{shadow + "_old"}.Sanitize(),
+				`ALTER TABLE ` + e.ident("tickets") + ` SET SCHEMA ` + pgx.Identifier{shadow + "_old"}.Sanitize(),
+				`ALTER TABLE ` + pgx.Identifier{shadow, "tickets"}.Sanitize() + ` SET SCHEMA ` + pgx.Identifier{e.schema}.Sanitize(),
+			} {
+				if _, err := stx.Exec(e.ctx, q); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}()
+	pgtest.WaitForLockOn(t, e.store.Pool(), e.ident("tickets"))
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-swapped; err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.ident("tickets") + ` WHERE stream_id = 'held'`); n != 0 {
+		t.Fatalf("the naive swap kept the held append (%d rows): this schedule no longer shows the race", n)
+	}
+	if d := e.differences(); d == 0 {
+		t.Fatal("the naive swap lost nothing: this schedule no longer shows the race")
+	}
+}
+
+// TestInlineRebuildFenceAtSwitch: a store with a newer version starting
+// while the rebuild replays (its record is raised) makes the switch refuse
+// with ErrInlineVersion; the live tables stay as they were and the shadow
+// schema is dropped.
+func TestInlineRebuildFenceAtSwitch(t *testing.T) {
+	e := newInlineEnv(t)
+	for i := range 10 {
+		if err := e.append(e.ctx, i, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.settle()
+	e.exec(`UPDATE ` + e.ident("tickets") + ` SET n = 99 WHERE stream_id = 's1'`)
+	e.gate, e.entered = make(chan struct{}), make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}})
+		done <- err
+	}()
+	select {
+	case <-e.entered:
+	case err := <-done:
+		t.Fatalf("rebuild ended early: %v", err)
+	}
+	e.exec(`UPDATE ` + e.ident("projector_inline_projections") + ` SET version = 2, updated_at = now() WHERE name = 'tickets'`)
+	close(e.gate)
+	if err := <-done; !errors.Is(err, rebuild.ErrInlineVersion) {
+		t.Fatalf("got %v, want ErrInlineVersion", err)
+	}
+	if n := e.count(`SELECT n FROM ` + e.ident("tickets") + ` WHERE stream_id = 's1'`); n != 99 {
+		t.Fatalf("live table changed (n = %d)", n)
+	}
+	if n := e.count(`SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, '` + e.schema + `_irb_')`); n != 0 {
+		t.Fatalf("left %d schemas", n)
 	}
 }
