@@ -24,7 +24,7 @@ import (
 // ("tickets") and an identical one built live from the first event and
 // never touched ("tickets_ref"), both run by the store on every append.
 type ienv struct {
-	t       *testing.T
+	t       testing.TB
 	ctx     context.Context
 	types   testevents.Types
 	store   *postgres.Store
@@ -36,7 +36,7 @@ type ienv struct {
 	mails   map[string]int // closed event id → live runs of the SkipOnReplay handler
 }
 
-func newInlineEnv(t *testing.T) *ienv {
+func newInlineEnv(t testing.TB) *ienv {
 	t.Helper()
 	e := &ienv{t: t, ctx: context.Background(), types: testevents.New(), mails: map[string]int{}}
 	e.p = e.inline("tickets", "tickets")
