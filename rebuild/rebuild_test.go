@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(partialChildEnv) != "" {
 		os.Exit(runPartialChild())
 	}
+	if os.Getenv(inlineChildEnv) != "" {
+		os.Exit(runInlineChild())
+	}
 	pgtest.Main(m)
 }
 

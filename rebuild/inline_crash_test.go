@@ -1,0 +1,153 @@
+package rebuild_test
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/rebuild"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// An inline child is this test binary running rebuild.Inline of the
+// "tickets" projection in small batches, so a test can SIGKILL a real
+// process mid-rebuild.
+const inlineChildEnv = "PROJECTOR_TEST_INLINE_REBUILD_CHILD"
+
+func runInlineChild() int {
+	ctx := context.Background()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
+	if err != nil {
+		logger.Error("inline child: pool", "error", err)
+		return 1
+	}
+	defer pool.Close()
+	e := &ienv{ctx: ctx, types: testevents.New(), schema: os.Getenv(childSchemaEnv), mails: map[string]int{}}
+	e.p = e.inline("tickets", "tickets")
+	e.ref = e.inline("tickets-ref", "tickets_ref")
+	e.store, err = postgres.New(ctx, pool, postgres.Config{Schema: e.schema, Registry: e.types.Registry, Logger: logger,
+		Inline: []postgres.InlineProjection{e.p, e.ref}})
+	if err != nil {
+		logger.Error("inline child: store", "error", err)
+		return 1
+	}
+	if _, err := rebuild.Inline(ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}, BatchSize: 5}); err != nil {
+		logger.Error("inline child: rebuild", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// TestInlineRebuildSIGKILL kills a real process rebuilding an inline
+// projection six times, at random points of its replay, while 8 writers
+// append: the live model stays live and exact throughout (the writers'
+// appends keep landing in it, the corrupted row stays as it was: nothing of
+// a killed rebuild is ever live), a second rebuild is never refused because
+// of a dead one, and the rebuild that finally runs to the end drops the
+// leftover shadow schema and ends equal to the model built live.
+func TestInlineRebuildSIGKILL(t *testing.T) {
+	e := newInlineEnv(t)
+	for i := range 1500 {
+		if err := e.append(e.ctx, i%60, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.exec(`UPDATE ` + e.ident("tickets") + ` SET n = n + 1000 WHERE stream_id = 's7'`)
+	e.settle()
+
+	ctx, stop := context.WithCancel(e.ctx)
+	var wg sync.WaitGroup
+	var appended atomic.Int64
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 3))
+			for ctx.Err() == nil {
+				if err := e.append(ctx, r.IntN(60), w%2 == 0); err != nil {
+					if ctx.Err() == nil {
+						errs <- err
+					}
+					return
+				}
+				appended.Add(1)
+			}
+		}()
+	}
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	shadow := e.schema + "_irb_"
+	r := rand.New(rand.NewPCG(9, 9))
+	for kill := range 6 {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), inlineChildEnv+"=1", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+e.schema)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Kill it once its shadow table holds a random number of rows.
+		want := 1 + r.IntN(55)
+		eventually(t, time.Minute, "the child to replay", func() bool {
+			var n int
+			err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+pgx.Identifier{inlineShadowName(e), "tickets"}.Sanitize()).Scan(&n)
+			return err == nil && n >= want
+		})
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		before := appended.Load()
+		eventually(t, time.Minute, "appends to go on after the kill", func() bool { return appended.Load() > before+20 })
+		// Nothing of the killed rebuild is live: the corrupted row is still
+		// there, and only it differs from the reference.
+		if n := e.count(`SELECT n - 1000 FROM ` + e.ident("tickets") + ` WHERE stream_id = 's7'`); n != e.count(`SELECT n FROM `+e.ident("tickets_ref")+` WHERE stream_id = 's7'`) {
+			t.Fatalf("kill %d: live model changed by a killed rebuild", kill)
+		}
+		if d := e.differences(); d != 2 {
+			t.Fatalf("kill %d: live model differs from the reference in %d rows, want only the corrupted one (2)", kill, d)
+		}
+		t.Logf("kill %d: after %d shadow rows", kill, want)
+	}
+	res, err := rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}, BatchSize: 100})
+	if err != nil {
+		t.Fatalf("rebuild after the kills: %v", err)
+	}
+	after := appended.Load()
+	eventually(t, time.Minute, "appends after the switch", func() bool { return appended.Load() > after+50 })
+	stop()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("writer: %v", err)
+	}
+	if d := e.differences(); d != 0 {
+		t.Fatalf("rebuilt model differs from the reference in %d rows", d)
+	}
+	if n := e.count(`SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, '` + shadow + `') AND nspname <> '` + res.OldSchema + `'`); n != 0 {
+		t.Fatalf("%d leftover schemas", n)
+	}
+	t.Logf("final rebuild: %+v", res)
+}
+
+// inlineShadowName finds the schema the inline rebuild of "tickets" builds
+// in (it is named after a hash of the projection's name).
+func inlineShadowName(e *ienv) string {
+	var name string
+	_ = e.store.Pool().QueryRow(e.ctx, `SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1) AND nspname NOT LIKE '%\_old\_%'`, e.schema+"_irb_").Scan(&name)
+	return name
+}
