@@ -88,6 +88,9 @@ type InlineResult struct {
 	// projection handles that reach its tables wait this long (plus the
 	// last wait) at most; reads of the tables too.
 	LockHeld time.Duration
+	// LockCatchUp is the part of LockHeld spent applying the CaughtUp
+	// events; the rest is the swap's catalogue updates and the commit.
+	LockCatchUp time.Duration
 }
 
 // Inline rebuilds an inline projection's tables from the log while appends
@@ -164,7 +167,7 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 	// Batches, gap-safe: each read stops below the oldest running
 	// transaction, so the cursor never passes an event committed later.
 	var cursor projector.Position
-	catchUp := func() error {
+	replayBatches := func() error {
 		for {
 			var batch postgres.LogBatch
 			err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
@@ -188,7 +191,7 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 			}
 		}
 	}
-	if err := catchUp(); err != nil {
+	if err := replayBatches(); err != nil {
 		return failed(err)
 	}
 
@@ -196,10 +199,10 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 	old := base + "_old_" + strconv.FormatInt(time.Now().Unix(), 10)
 	for {
 		res.Attempts++
-		n, wait, held, err := switchInline(ctx, store, p, opts, shadow, old, live, tables, cursor)
+		n, wait, held, catchUp, err := switchInline(ctx, store, p, opts, shadow, old, live, tables, cursor)
 		res.LockWait += wait
 		if err == nil {
-			res.CaughtUp, res.LockHeld, res.OldSchema = n, held, old
+			res.CaughtUp, res.LockHeld, res.LockCatchUp, res.OldSchema = n, held, catchUp, old
 			return res, nil
 		}
 		var pgErr *pgconn.PgError
@@ -215,7 +218,7 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 			return failed(fmt.Errorf("rebuild inline %s: %w", name, ctx.Err()))
 		case <-t.C:
 		}
-		if err := catchUp(); err != nil {
+		if err := replayBatches(); err != nil {
 			return failed(err)
 		}
 	}
@@ -349,8 +352,8 @@ func startInline(ctx context.Context, store *postgres.Store, p *projection.Inlin
 
 // switchInline is one attempt at the switch: lock the live tables, check
 // the version fence again, apply what committed since cursor, swap. It
-// returns the events applied, the time waited for the lock and the time it
-// was held.
+// returns the events applied, the time waited for the lock, the time it
+// was held and the part of that spent catching up.
 //
 // Why it is exact: an append inserts its events and then runs the inline
 // handlers in its own transaction, and a handler's first statement on a
@@ -365,41 +368,41 @@ func startInline(ctx context.Context, store *postgres.Store, p *projection.Inlin
 // applied here. Events before the cursor were all final when read.
 func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inline, opts InlineOptions, shadow, old string,
 	live []string, tables map[string]string, cursor projector.Position,
-) (applied int, wait, held time.Duration, err error) {
+) (applied int, wait, held, catchUp time.Duration, err error) {
 	idents := make([]string, len(live))
 	for i, t := range live {
 		idents[i] = qualified(t)
 	}
 	tx, err := store.Pool().Begin(ctx)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, opts.LockTimeout.Milliseconds())); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	start := time.Now()
 	_, err = tx.Exec(ctx, `LOCK TABLE `+strings.Join(idents, ", ")+` IN ACCESS EXCLUSIVE MODE`)
 	granted := time.Now()
 	wait = granted.Sub(start)
 	if err != nil {
-		return 0, wait, 0, err
+		return 0, wait, 0, 0, err
 	}
 	if err := checkInlineVersion(ctx, tx, store, p, 0, true); err != nil {
-		return 0, wait, 0, err
+		return 0, wait, 0, 0, err
 	}
 	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true)`,
 		pgx.Identifier{shadow}.Sanitize()); err != nil {
-		return 0, wait, 0, err
+		return 0, wait, 0, 0, err
 	}
 	const limit = 1000
 	for {
 		events, err := readCommitted(ctx, tx, store, cursor, p.EventTypes(), limit)
 		if err != nil {
-			return applied, wait, 0, err
+			return applied, wait, 0, 0, err
 		}
 		if err := projection.ReplayInline(ctx, tx, p, events, tables); err != nil {
-			return applied, wait, 0, fmt.Errorf("catch-up: %w", err)
+			return applied, wait, 0, 0, fmt.Errorf("catch-up: %w", err)
 		}
 		applied += len(events)
 		if len(events) < limit {
@@ -407,6 +410,7 @@ func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inli
 		}
 		cursor = events[len(events)-1].Position
 	}
+	catchUp = time.Since(granted)
 	stmts := []string{`CREATE SCHEMA ` + pgx.Identifier{old}.Sanitize()}
 	for _, t := range live {
 		schema, rel, _ := strings.Cut(t, ".")
@@ -417,13 +421,13 @@ func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inli
 	stmts = append(stmts, `DROP SCHEMA `+pgx.Identifier{shadow}.Sanitize())
 	for _, q := range stmts {
 		if _, err := tx.Exec(ctx, q); err != nil {
-			return applied, wait, 0, fmt.Errorf("%s: %w", q, err)
+			return applied, wait, 0, 0, fmt.Errorf("%s: %w", q, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return applied, wait, 0, err
+		return applied, wait, 0, 0, err
 	}
-	return applied, wait, time.Since(granted), nil
+	return applied, wait, time.Since(granted), catchUp, nil
 }
 
 // readCommitted reads every committed event of types after cursor, in log

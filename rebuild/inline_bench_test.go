@@ -53,7 +53,8 @@ func BenchmarkInlineRebuild(b *testing.B) {
 	liveRate := float64(n) / time.Since(fillStart).Seconds()
 	e.settle()
 	b.ResetTimer()
-	var held, wait time.Duration
+	var held, wait, catchUp time.Duration
+	var caughtUp int
 	var replayed int
 	var replayTime time.Duration
 	for range b.N {
@@ -84,12 +85,16 @@ func BenchmarkInlineRebuild(b *testing.B) {
 			b.Fatal(err)
 		}
 		held += res.LockHeld
+		catchUp += res.LockCatchUp
+		caughtUp += res.CaughtUp
 		wait += res.LockWait
 		replayed += res.Replayed
 		replayTime += took
 	}
 	b.ReportMetric(float64(held.Microseconds())/1000/float64(b.N), "lock-held-ms")
 	b.ReportMetric(float64(wait.Microseconds())/1000/float64(b.N), "lock-wait-ms")
+	b.ReportMetric(float64(catchUp.Microseconds())/1000/float64(b.N), "lock-catch-up-ms")
+	b.ReportMetric(float64(caughtUp)/float64(b.N), "events-under-lock")
 	b.ReportMetric(float64(replayed)/replayTime.Seconds(), "replayed-events/s")
 	b.ReportMetric(liveRate, "live-append-events/s")
 }

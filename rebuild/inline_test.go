@@ -261,8 +261,8 @@ func TestInlineRebuildExactUnderWriters(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("writer: %v", err)
 	}
-	t.Logf("inline rebuild: %d events in batches, %d under the lock, %d attempt(s), lock wait %v, lock held %v; %d appends and %d reads during the run",
-		res.Replayed, res.CaughtUp, res.Attempts, res.LockWait, res.LockHeld, appended.Load(), reads.Load())
+	t.Logf("inline rebuild: %d events in batches, %d under the lock, %d attempt(s), lock wait %v, lock held %v (catch-up %v); %d appends and %d reads during the run",
+		res.Replayed, res.CaughtUp, res.Attempts, res.LockWait, res.LockHeld, res.LockCatchUp, appended.Load(), reads.Load())
 
 	if res.Replayed < 300 || res.LockHeld <= 0 || res.Attempts < 1 {
 		t.Fatalf("result %+v: want ≥ 300 events replayed and a measured lock", res)
