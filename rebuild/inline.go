@@ -43,6 +43,14 @@ const (
 	DefaultInlineLockAttempts = 50
 )
 
+// A replay settles before the switch once a batch below the horizon brings
+// at most settledEvents events, or after settleRounds such batches if the
+// writers keep it busier than that.
+const (
+	settledEvents = 50
+	settleRounds  = 20
+)
+
 // InlineOptions says how to rebuild an inline projection. Zero fields mean
 // the documented defaults.
 type InlineOptions struct {
@@ -168,6 +176,7 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 	// transaction, so the cursor never passes an event committed later.
 	var cursor projector.Position
 	replayBatches := func() error {
+		tail := 0
 		for {
 			var batch postgres.LogBatch
 			err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
@@ -186,8 +195,15 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 			}
 			res.Replayed += len(batch.Events)
 			cursor = batch.Next(cursor)
+			// Caught up to the horizon. Go on while the batches are
+			// still large: what the writers appended while a batch was
+			// replayed is applied under the lock, so the last batch
+			// before it should be a short one.
 			if !batch.Full {
-				return nil
+				tail++
+				if len(batch.Events) <= settledEvents || tail >= settleRounds {
+					return nil
+				}
 			}
 		}
 	}
