@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,12 +93,7 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 	shadow := e.schema + "_irb_"
 	r := rand.New(rand.NewPCG(9, 9))
 	for kill := range 6 {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), inlineChildEnv+"=1", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+e.schema)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		child := pgtest.StartChild(t, inlineChildEnv+"=1", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+e.schema)
 		// Kill it once its shadow table holds a random number of rows.
 		want := 1 + r.IntN(55)
 		eventually(t, time.Minute, "the child to replay", func() bool {
@@ -107,10 +101,7 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 			err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+pgx.Identifier{inlineShadowName(e), "tickets"}.Sanitize()).Scan(&n)
 			return err == nil && n >= want
 		})
-		if err := cmd.Process.Kill(); err != nil {
-			t.Fatal(err)
-		}
-		_ = cmd.Wait()
+		child.Kill(t)
 		before := appended.Load()
 		eventually(t, time.Minute, "appends to go on after the kill", func() bool { return appended.Load() > before+20 })
 		// Nothing of the killed rebuild is live: the corrupted row is still
