@@ -161,11 +161,13 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 	}
 	res.Tables = live
 	// Handlers that qualify names find the shadow tables through
-	// projection.Table; those that do not, through the search_path.
-	tables := make(map[string]string, len(live))
-	for _, t := range live {
+	// projection.Table, under the name as listed or as resolved; those that
+	// do not, through the search_path.
+	tables := make(map[string]string, 2*len(live))
+	for i, t := range live {
 		_, rel, _ := strings.Cut(t, ".")
 		tables[t] = pgx.Identifier{shadow, rel}.Sanitize()
+		tables[opts.Tables[i]] = tables[t]
 	}
 	failed := func(err error) (InlineResult, error) {
 		_, _ = store.Pool().Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+pgx.Identifier{shadow}.Sanitize()+` CASCADE`)
