@@ -560,7 +560,31 @@ func TestInlineRebuildFenceAtSwitch(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("rebuild ended early: %v", err)
 	}
-	e.exec(`UPDATE ` + e.ident("projector_inline_projections") + ` SET version = 2, updated_at = now() WHERE name = 'tickets'`)
+	// The first events are normally replayed in a batch. If another
+	// session of the cluster holds the gap-safe horizon back, they are
+	// replayed by the switch's catch-up instead, under the lock: then the
+	// record is held FOR SHARE, the raise waits for the switch, and the
+	// switch wins.
+	inSwitch := e.count(`SELECT count(*) FROM pg_locks WHERE granted AND mode = 'AccessExclusiveLock' AND relation = '`+e.ident("tickets")+`'::regclass`) > 0
+	raised := make(chan error, 1)
+	go func() {
+		_, err := e.store.Pool().Exec(e.ctx, `UPDATE `+e.ident("projector_inline_projections")+` SET version = 2, updated_at = now() WHERE name = 'tickets'`)
+		raised <- err
+	}()
+	if inSwitch {
+		close(e.gate)
+		if err := <-done; err != nil {
+			t.Fatalf("switch under way when the version was raised: got %v, want it to finish first", err)
+		}
+		if err := <-raised; err != nil {
+			t.Fatal(err)
+		}
+		t.Log("the horizon was held back: checked the switch's side of the fence")
+		return
+	}
+	if err := <-raised; err != nil {
+		t.Fatal(err)
+	}
 	close(e.gate)
 	if err := <-done; !errors.Is(err, rebuild.ErrInlineVersion) {
 		t.Fatalf("got %v, want ErrInlineVersion", err)
