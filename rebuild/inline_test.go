@@ -264,8 +264,12 @@ func TestInlineRebuildExactUnderWriters(t *testing.T) {
 	t.Logf("inline rebuild: %d events in batches, %d under the lock, %d attempt(s), lock wait %v, lock held %v (catch-up %v); %d appends and %d reads during the run",
 		res.Replayed, res.CaughtUp, res.Attempts, res.LockWait, res.LockHeld, res.LockCatchUp, appended.Load(), reads.Load())
 
-	if res.Replayed < 300 || res.LockHeld <= 0 || res.Attempts < 1 {
-		t.Fatalf("result %+v: want ≥ 300 events replayed and a measured lock", res)
+	// Batches or the locked catch-up: which took how many depends on
+	// whether another session of the cluster held the horizon back (then
+	// the batches read nothing and all is caught up under the lock, exact
+	// but slow: docs/rebuilds.md). Together they applied the whole log.
+	if res.Replayed+res.CaughtUp < 300 || res.LockHeld <= 0 || res.Attempts < 1 {
+		t.Fatalf("result %+v: want ≥ 300 events applied by the rebuild and a measured lock", res)
 	}
 	if d := e.differences(); d != 0 {
 		rows, _ := e.store.Pool().Query(e.ctx, `SELECT r.stream_id, r.n, t.n, o.n, r.last_version, t.last_version FROM `+e.ident("tickets_ref")+` r
