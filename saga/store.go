@@ -341,7 +341,11 @@ type claimed[S any] struct {
 // each step under a savepoint of its own, so a failing one is rolled back
 // alone (and recorded) while the others commit. It returns how many steps it
 // took, how many timeouts it claimed, and the first step failure.
-func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries, limit int) (fired, claimedN int, stepErr error) {
+//
+// observe, when not nil, is called after the commit with the lateness of
+// each fired timeout: from its due time to the saga clock's reading when the
+// batch was claimed.
+func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries, limit int, observe func(time.Duration)) (fired, claimedN int, stepErr error) {
 	now := s.cfg.Now()
 	tx, err := store.Pool().Begin(ctx)
 	if err != nil {
@@ -364,10 +368,14 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 		return 0, 0, nil
 	}
 	scope := projector.SystemTenant
+	var lateness []time.Duration
 	for _, c := range due {
 		savepoint, err := s.fireClaimed(ctx, store, q, tx, c, now, &scope)
 		if err == nil {
 			fired++
+			if c.snap.Status == Active {
+				lateness = append(lateness, now.Sub(c.t.Due))
+			}
 			continue
 		}
 		if ctx.Err() != nil {
@@ -395,6 +403,11 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, len(due), fmt.Errorf("saga %q: commit fired timeouts: %w", s.name, err)
+	}
+	if observe != nil {
+		for _, l := range lateness {
+			observe(l)
+		}
 	}
 	return fired, len(due), stepErr
 }

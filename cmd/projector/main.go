@@ -18,6 +18,8 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/cli"
 	"github.com/projectorhq/projector/examples/helpdesk"
+	"github.com/projectorhq/projector/saga"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // EnvExample names the variable that wires the example application into
@@ -30,6 +32,10 @@ const EnvExample = "PROJECTOR_EXAMPLE"
 func main() {
 	types, err := helpdesk.Define(projector.NewRegistry())
 	if err != nil {
+		fmt.Fprintln(os.Stderr, "projector:", err)
+		os.Exit(cli.ExitError)
+	}
+	if _, err := helpdesk.DefineSLA(types.Registry); err != nil {
 		fmt.Fprintln(os.Stderr, "projector:", err)
 		os.Exit(cli.ExitError)
 	}
@@ -46,7 +52,20 @@ func main() {
 			if err != nil {
 				return cli.Wiring{}, err
 			}
-			return cli.Wiring{Inline: app.Inline(), Async: app.Async(), Ephemeral: helpdesk.Ephemeral, Setup: app.Migrate}, nil
+			return cli.Wiring{Inline: app.Inline(), Async: app.Async(), Ephemeral: helpdesk.Ephemeral, Setup: app.Migrate,
+				Sagas: func(store *postgres.Store) ([]saga.Definition, error) {
+					// The SLA process manager, on the real clock: its
+					// reminders and escalations fire under `run`.
+					tickets, err := helpdesk.NewTickets(store, types)
+					if err != nil {
+						return nil, err
+					}
+					sla, err := helpdesk.NewSLA(types, tickets, nil)
+					if err != nil {
+						return nil, err
+					}
+					return []saga.Definition{sla}, nil
+				}}, nil
 		},
 		Commands: []*cobra.Command{demoCmd()},
 	}))
