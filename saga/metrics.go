@@ -43,6 +43,10 @@ func newRunnerMetrics(reg prometheus.Registerer, sagas []Definition) (*runnerMet
 				Name: "projector_saga_late_events_total", ConstLabels: labels,
 				Help: "Events that reached a completed or failed saga instance and were ignored, counted by this process.",
 			}, func() float64 { return float64(s.Late()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "projector_saga_dead_letters_total", ConstLabels: labels,
+				Help: "Events whose step failed in continuous mode: dead-lettered, their instance marked failed. Counted by this process.",
+			}, func() float64 { return float64(s.DeadLettered()) }),
 		)
 	}
 	for _, c := range cs {
