@@ -249,6 +249,9 @@ until interrupted.`,
 					if err := WriteStatusWithRebuilds(a.out, shards, rebuilds, asJSON); err != nil {
 						return err
 					}
+					if err := a.writeFailedSagas(ctx, store, asJSON); err != nil { // status_saga.go
+						return err
+					}
 					if watch == 0 {
 						return nil
 					}

@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -13,7 +14,8 @@ import (
 // --saga-retention (default 30d; 0 keeps them): a dry run counts and
 // deletes nothing, a real run deletes only completed instances older than
 // the retention, never active or failed ones, however old; a bad retention
-// is exit 2 with nothing deleted.
+// is exit 2 with nothing deleted. `status` names the saga with a failed
+// instance.
 func TestEventsPruneSagaRetention(t *testing.T) {
 	t.Parallel()
 	o := newOpsEnv(t)
@@ -46,6 +48,16 @@ func TestEventsPruneSagaRetention(t *testing.T) {
 	}
 	all := []string{"active-old", "done-1d", "done-40d", "done-now", "failed-old"}
 
+	// A failed instance shows in `status` and in `saga list --status failed`.
+	r := run(t, o.env, "status")
+	if r.code != 0 || !regexp.MustCompile(`(?m)^SAGAS WITH FAILED INSTANCES\n.*\nsla +1 +projector saga list sla --status failed$`).MatchString(r.stdout) {
+		t.Fatalf("status does not show the failed saga instance: %+v", r)
+	}
+	r = run(t, o.env, "saga", "list", "sla", "--status", "failed")
+	if r.code != 0 || !strings.Contains(r.stdout, "failed-old") || strings.Contains(r.stdout, "done-") {
+		t.Fatalf("saga list --status failed: %+v", r)
+	}
+
 	for _, bad := range []string{"-1h", "0s", "soon", "99999999d", "1"} {
 		wantError(t, run(t, o.env, "events", "prune", "--older-than", "1h", "--saga-retention", bad), 2, "--saga-retention")
 	}
@@ -53,7 +65,7 @@ func TestEventsPruneSagaRetention(t *testing.T) {
 		t.Fatalf("a refused prune deleted instances: %v", got)
 	}
 
-	r := run(t, o.env, "events", "prune", "--older-than", "1h", "--dry-run")
+	r = run(t, o.env, "events", "prune", "--older-than", "1h", "--dry-run")
 	if r.code != 0 || !strings.Contains(r.stdout, "would delete 1 saga instance completed more than 30d ago") {
 		t.Fatalf("dry run with the default retention: %+v", r)
 	}
