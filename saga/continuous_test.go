@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/aggregate"
 	"github.com/projectorhq/projector/internal/testevents"
@@ -149,6 +151,27 @@ func TestSagaContinuousModeDeadLettersAndFailsInstance(t *testing.T) {
 	}
 	if s.DeadLettered() != int64(len(wantLetters)) {
 		t.Errorf("DeadLettered() = %d, want %d", s.DeadLettered(), len(wantLetters))
+	}
+	// The runner's metrics read the same counts: the dead letters, and the
+	// late comment that reached the failed instance.
+	reg := prometheus.NewRegistry()
+	if _, err := saga.NewRunner(saga.RunnerConfig{Store: e.store, Sagas: []saga.Definition{s}, Registerer: reg}); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if c := m.GetCounter(); c != nil && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == "sla" {
+				got[f.GetName()] = c.GetValue()
+			}
+		}
+	}
+	if got["projector_saga_dead_letters_total"] != 5 || got["projector_saga_late_events_total"] != 1 {
+		t.Errorf("metrics %v, want 5 dead letters and 1 late event", got)
 	}
 }
 
