@@ -1,6 +1,7 @@
 // Command projector is Projector's ops CLI and daemon. It knows the example
 // helpdesk application's event types, so it can show the demo's events, but
-// it wires the example's projections (its tables, consumers and retention
+// it wires the example's projections (its tables, consumers, ticket search on
+// PostgreSQL full-text search and the SLA saga among them, and retention
 // defaults) only when asked: with PROJECTOR_EXAMPLE=1, or through `projector
 // demo`, which works in a schema of its own. Pointed at any other schema, the
 // stock binary adopts nothing. Applications with their own event types and
@@ -9,6 +10,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -19,6 +21,7 @@ import (
 	"github.com/projectorhq/projector/cli"
 	"github.com/projectorhq/projector/examples/helpdesk"
 	"github.com/projectorhq/projector/saga"
+	"github.com/projectorhq/projector/stores/pgsearch"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -52,15 +55,36 @@ func main() {
 			if err != nil {
 				return cli.Wiring{}, err
 			}
-			return cli.Wiring{Inline: app.Inline(), Async: app.Async(), Ephemeral: helpdesk.Ephemeral, Setup: app.Migrate,
+			// Ticket search on PostgreSQL full-text search: its table is
+			// made in Setup, its writes go through the dispatcher's
+			// transaction, and `search verify` binds it to the pool.
+			backend, err := pgsearch.NewForSchema(schema, pgsearch.Config{})
+			if err != nil {
+				return cli.Wiring{}, err
+			}
+			tickets, err := helpdesk.NewTicketSearch(types, helpdesk.TicketSearch, backend)
+			if err != nil {
+				return cli.Wiring{}, err
+			}
+			ticketsAsync, err := tickets.Async()
+			if err != nil {
+				return cli.Wiring{}, err
+			}
+			setup := func(ctx context.Context, db postgres.DBTX) error {
+				if err := app.Migrate(ctx, db); err != nil {
+					return err
+				}
+				return backend.EnsureOn(ctx, db, helpdesk.TicketIndex)
+			}
+			return cli.Wiring{Inline: app.Inline(), Async: append(app.Async(), ticketsAsync), Ephemeral: helpdesk.Ephemeral, Setup: setup,
 				Sagas: func(store *postgres.Store) ([]saga.Definition, error) {
 					// The SLA process manager, on the real clock: its
 					// reminders and escalations fire under `run`.
-					tickets, err := helpdesk.NewTickets(store, types)
+					repo, err := helpdesk.NewTickets(store, types)
 					if err != nil {
 						return nil, err
 					}
-					sla, err := helpdesk.NewSLA(types, tickets, nil)
+					sla, err := helpdesk.NewSLA(types, repo, nil)
 					if err != nil {
 						return nil, err
 					}
