@@ -40,8 +40,8 @@ func (a *App) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the dispatcher for this binary's projections, with /metrics, /healthz and /readyz",
-		Long: `run starts the dispatcher daemon for the async projections compiled into this
-binary and serves, on --http-addr:
+		Long: `run starts the dispatcher daemon for the async projections and sagas compiled into
+this binary, with a runner that fires the sagas' timeouts, and serves, on --http-addr:
 
   /metrics   Prometheus metrics (projector_* and Go runtime)
   /healthz   200 while the process runs
