@@ -22,8 +22,8 @@ import (
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
-	"github.com/projectorhq/projector/stores/postgres"
 	pjs "github.com/projectorhq/projector/stores/jetstream"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 func TestMain(m *testing.M) {

@@ -2,8 +2,8 @@ package jetstream_test
 
 import (
 	"bufio"
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -21,8 +21,8 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
-	"github.com/projectorhq/projector/stores/postgres"
 	pjs "github.com/projectorhq/projector/stores/jetstream"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // Concurrent writers, some holding their transaction open so commits land
