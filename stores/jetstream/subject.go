@@ -28,13 +28,14 @@ func Subject(prefix string, ev projector.Event) string {
 // EscapeToken makes s one safe NATS subject token: ASCII letters, digits,
 // '-' and '_' stay as they are; every other byte (the '.' of
 // "ticket.opened", '*', '>', spaces, '%' itself, UTF-8) becomes %XX with
-// upper-case hex, as in URL percent-encoding. An empty string becomes "%00",
-// since a token may not be empty and no stored name contains NUL. The
+// upper-case hex, as in URL percent-encoding. An empty string becomes a
+// lone "%" (a token may not be empty, and every other '%' is followed by two
+// hex digits). The
 // encoding is reversible with [UnescapeToken], and a consumer in another
 // language can build a filter for "ticket.opened" as "ticket%2Eopened".
 func EscapeToken(s string) string {
 	if s == "" {
-		return "%00"
+		return "%"
 	}
 	if plainToken(s) {
 		return s
@@ -57,7 +58,7 @@ func EscapeToken(s string) string {
 
 // UnescapeToken reverses [EscapeToken].
 func UnescapeToken(tok string) (string, error) {
-	if tok == "%00" {
+	if tok == "%" {
 		return "", nil
 	}
 	if plainToken(tok) {
