@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -343,3 +344,6 @@ func (s *natsServer) stop() {
 }
 
 func (e *env) String() string { return fmt.Sprintf("stream %s prefix %s", e.stream, e.prefix) }
+
+// uuidFor returns a fixed, distinct event id for i.
+func uuidFor(i int) uuid.UUID { return uuid.NewSHA1(uuid.NameSpaceOID, []byte(strconv.Itoa(i)+randomHex(4))) }
