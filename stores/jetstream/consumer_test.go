@@ -14,8 +14,8 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
-	"github.com/projectorhq/projector/stores/postgres"
 	pjs "github.com/projectorhq/projector/stores/jetstream"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // sink is the consumer side: its own Projector schema (the claims tables)

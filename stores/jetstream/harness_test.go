@@ -346,4 +346,6 @@ func (s *natsServer) stop() {
 func (e *env) String() string { return fmt.Sprintf("stream %s prefix %s", e.stream, e.prefix) }
 
 // uuidFor returns a fixed, distinct event id for i.
-func uuidFor(i int) uuid.UUID { return uuid.NewSHA1(uuid.NameSpaceOID, []byte(strconv.Itoa(i)+randomHex(4))) }
+func uuidFor(i int) uuid.UUID {
+	return uuid.NewSHA1(uuid.NameSpaceOID, []byte(strconv.Itoa(i)+randomHex(4)))
+}
