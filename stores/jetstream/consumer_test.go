@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -290,10 +291,11 @@ func TestConsumerDeadLettersPoison(t *testing.T) {
 	}
 	log := e.logEvents()
 	snk := newSink(t, e.types.Registry)
+	var cured atomic.Bool
 	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "poisoned", MaxDeliver: 3,
 		Backoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, HoldDelay: 20 * time.Millisecond,
 		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-			if ev.Payload.(testevents.TicketCommented).Body == "poison" {
+			if ev.Payload.(testevents.TicketCommented).Body == "poison" && !cured.Load() {
 				return errors.New("cannot handle poison")
 			}
 			return snk.record(ctx, tx, ev)
@@ -316,4 +318,27 @@ func TestConsumerDeadLettersPoison(t *testing.T) {
 		t.Fatalf("dead letter %s after %d deliveries (%q), want %s after 3", id, deliveries, msg, log[1].ID)
 	}
 	snk.check(t, []projector.Event{log[0], log[2], log[3]})
+
+	// Listed, then retried once the handler is fixed: applied once, the
+	// dead letter gone; a second retry finds nothing.
+	dls, err := pjs.ListDeadLetters(e.ctx, snk.store, "poisoned", 10)
+	if err != nil || len(dls) != 1 || dls[0].EventID != log[1].ID || dls[0].Header.Get(pjs.HeaderEventID) != log[1].ID.String() {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+	if err := c.RetryDeadLetter(e.ctx, dls[0].ID); err == nil {
+		t.Fatal("retry of a still-failing dead letter succeeded")
+	}
+	cured.Store(true)
+	if err := c.RetryDeadLetter(e.ctx, dls[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RetryDeadLetter(e.ctx, dls[0].ID); !errors.Is(err, projector.ErrNotFound) {
+		t.Fatalf("second retry: %v, want ErrNotFound", err)
+	}
+	if dls, err := pjs.ListDeadLetters(e.ctx, snk.store, "poisoned", 10); err != nil || len(dls) != 0 {
+		t.Fatalf("dead letters after the retry: %+v, %v", dls, err)
+	}
+	if n := snk.count(t); n != 4 {
+		t.Fatalf("%d effects after the retry, want 4", n)
+	}
 }
