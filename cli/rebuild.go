@@ -74,6 +74,9 @@ See docs/rebuilds.md.`,
 			if inPlace {
 				opts.Mode = rebuild.InPlace
 			}
+			if err := a.refuseSwapRebuild(cmd, args[0]); err != nil {
+				return err // a Meilisearch search projection: search reindex
+			}
 			if here {
 				return a.rebuildHere(cmd, args[0], opts, diff, limit)
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -161,4 +162,29 @@ failed), 2 bad command line.`,
 	cmd.Flags().IntVar(&sample, "sample", 0, "compare this many documents picked at random (0: all)")
 	cmd.Flags().IntVar(&show, "show", 20, "list at most this many differences")
 	return cmd
+}
+
+// refuseSwapRebuild refuses `rebuild NAME` of a search projection this
+// binary wires whose index lives outside PostgreSQL (a Meilisearch one): it
+// has no tables for a rebuild to shadow and switch, and without this the
+// refusal would only say it "declares no tables", as if declaring some
+// would help. It points at `search reindex`, which rebuilds such an index
+// beside the live one and swaps them. nil for anything else, including a
+// binary whose wiring fails (rebuild needs no wiring; it says what it says).
+func (a *App) refuseSwapRebuild(cmd *cobra.Command, name string) error {
+	w, err := a.wiring()
+	if err != nil {
+		return nil
+	}
+	for _, as := range w.Async {
+		sp, ok := search.ProjectionOf(as)
+		if !ok || sp.Name() != name {
+			continue
+		}
+		if _, swaps := sp.SearchBackend().(search.Swapper); swaps {
+			return refusedError{fmt.Errorf("%w: search projection %s keeps its index in %s, not in tables a rebuild could shadow and switch: rebuild it from the log with `%s search reindex %s` (a new index beside the live one, swapped in)",
+				rebuild.ErrNotRebuildable, name, sp.SearchBackend().Kind(), cmd.Root().Name(), name)}
+		}
+	}
+	return nil
 }

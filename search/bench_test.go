@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -280,3 +282,72 @@ func BenchmarkSearchIndexing(b *testing.B) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// BenchmarkSearchVerify measures what search.Verify costs on an index of
+// the backlog's documents (indexed on PostgreSQL by a search projection
+// first): its time, and the peak Go heap in use while it runs beside the
+// size of the index's JSON, since Verify holds both the replayed and the
+// listed documents in memory at once (docs/search.md).
+func BenchmarkSearchVerify(b *testing.B) {
+	n := benchEvents()
+	ctx := context.Background()
+	types := testevents.New()
+	store := pgtest.Store(b, types.Registry)
+	seedBacklog(b, store, n)
+	pg, err := pgsearch.New(store, pgsearch.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pg.Ensure(ctx, ticketIndex); err != nil {
+		b.Fatal(err)
+	}
+	indexWithProjector(b, store, types, "bench_verify_index", pg)
+	var jsonBytes int64
+	if err := store.Pool().QueryRow(ctx, `SELECT coalesce(sum(octet_length(doc::text)), 0) FROM `+store.Schema()+`.`+pgsearch.TableName(ticketIndex)).Scan(&jsonBytes); err != nil {
+		b.Fatal(err)
+	}
+	// Verify replays up to the cursor of the consumer it is given: the one
+	// that indexed.
+	p, err := newTicketProjection(types, "bench_verify_index", pg, projection.AsyncConfig{BatchSize: 1000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var peak uint64
+	for b.Loop() {
+		runtime.GC()
+		var base runtime.MemStats
+		runtime.ReadMemStats(&base)
+		peak = base.HeapInuse
+		stop := sampleHeap(&peak)
+		r, err := search.Verify(ctx, store, p, search.VerifyOptions{})
+		stop()
+		if err != nil || !r.OK() || r.Compared != n {
+			b.Fatalf("verify: compared %d of %d, %d differences: %v", r.Compared, n, len(r.Differences), err)
+		}
+		peak -= min(peak, base.HeapInuse)
+	}
+	b.ReportMetric(float64(jsonBytes)/(1<<20), "index-json-MiB")
+	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-growth-MiB")
+}
+
+// sampleHeap records the peak Go heap in use into peak until the returned
+// stop is called.
+func sampleHeap(peak *uint64) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			*peak = max(*peak, ms.HeapInuse)
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}

@@ -70,7 +70,9 @@ func TestCLISearchVerify(t *testing.T) {
 
 // TestCLISearchReindex: `projector search reindex NAME` swaps a
 // Meilisearch index rebuilt from the log in (exit 0, the planted document
-// gone), refuses a PostgreSQL one with exit 3, and a bad --batch with 2.
+// gone), refuses a PostgreSQL one with exit 3, and a bad --batch with 2;
+// `projector rebuild NAME` of the Meilisearch one is refused (3) with a
+// pointer to search reindex.
 func TestCLISearchReindex(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -111,6 +113,11 @@ func TestCLISearchReindex(t *testing.T) {
 	sameIndex(t, "after the reindex", m.canonical(t), indexed(t, e.ctx, b))
 	if out, code := run("search", "reindex", "ticket_search_pg"); code != cli.ExitRefused || !strings.Contains(out, "rebuild") {
 		t.Fatalf("reindex of a PostgreSQL index: exit %d\n%s", code, out)
+	}
+	// rebuild NAME of the Meilisearch projection is refused, pointing at
+	// search reindex, not at declaring tables.
+	if out, code := run("rebuild", "ticket_search"); code != cli.ExitRefused || !strings.Contains(out, "search reindex ticket_search") {
+		t.Fatalf("rebuild of a Meilisearch search projection: exit %d\n%s", code, out)
 	}
 	if out, code := run("search", "reindex", "ticket_search", "--batch", "0"); code != cli.ExitUsage {
 		t.Fatalf("reindex --batch 0: exit %d\n%s", code, out)

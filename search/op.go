@@ -1,6 +1,7 @@
 package search
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 )
@@ -48,6 +49,11 @@ type Op struct {
 	// Doc is the document (upsert) or the fields to merge (patch), the
 	// primary key included, as JSON attributes.
 	Doc map[string]json.RawMessage
+	// Raw is Doc encoded as one JSON object, when the [Writer] has that
+	// encoding at hand (nil otherwise, and after [Compact] merged ops): a
+	// backend that stores a document's JSON as is uses it instead of
+	// encoding Doc again. It holds the same attributes as Doc.
+	Raw json.RawMessage
 	// Filters select the documents a delete-where removes.
 	Filters []Filter
 }
@@ -64,7 +70,7 @@ type Writer struct {
 // Upsert stores doc (a struct or map that encodes to a JSON object with
 // the primary key), replacing the document with its id.
 func (w *Writer) Upsert(doc any) error {
-	fields, err := objectOf(doc)
+	fields, raw, err := objectOf(doc)
 	if err != nil {
 		return err
 	}
@@ -72,7 +78,7 @@ func (w *Writer) Upsert(doc any) error {
 	if err != nil {
 		return err
 	}
-	w.ops = append(w.ops, Op{Kind: OpUpsert, Tenant: w.tenant, ID: id, Doc: fields})
+	w.ops = append(w.ops, Op{Kind: OpUpsert, Tenant: w.tenant, ID: id, Doc: fields, Raw: raw})
 	return nil
 }
 
@@ -84,19 +90,38 @@ func (w *Writer) Patch(id string, fields any) error {
 	if id == "" {
 		return fmt.Errorf("%w: patch with an empty id", ErrInvalidDocument)
 	}
-	doc, err := objectOf(fields)
+	doc, raw, err := objectOf(fields)
 	if err != nil {
 		return err
 	}
-	if raw, ok := doc[w.idx.PrimaryKey]; ok {
-		if got, err := idFromJSON(raw, w.idx.PrimaryKey); err != nil || got != id {
-			return fmt.Errorf("%w: patch of %q carries primary key %s", ErrInvalidDocument, id, raw)
+	if got, ok := doc[w.idx.PrimaryKey]; ok {
+		if got, err := idFromJSON(got, w.idx.PrimaryKey); err != nil || got != id {
+			return fmt.Errorf("%w: patch of %q carries primary key %s", ErrInvalidDocument, id, doc[w.idx.PrimaryKey])
 		}
+	} else {
+		key, _ := json.Marshal(id)
+		doc[w.idx.PrimaryKey] = key
+		raw = withAttr(raw, w.idx.PrimaryKey, key)
 	}
-	key, _ := json.Marshal(id)
-	doc[w.idx.PrimaryKey] = key
-	w.ops = append(w.ops, Op{Kind: OpPatch, Tenant: w.tenant, ID: id, Doc: doc})
+	w.ops = append(w.ops, Op{Kind: OpPatch, Tenant: w.tenant, ID: id, Doc: doc, Raw: raw})
 	return nil
+}
+
+// withAttr returns the JSON object obj with the attribute name (which it
+// does not have) set to value, spliced in front of its other attributes
+// rather than decoded and encoded again.
+func withAttr(obj json.RawMessage, name string, value json.RawMessage) json.RawMessage {
+	obj = bytes.TrimSpace(obj)
+	key, _ := json.Marshal(name)
+	out := make([]byte, 0, len(obj)+len(key)+len(value)+2)
+	out = append(out, '{')
+	out = append(out, key...)
+	out = append(out, ':')
+	out = append(out, value...)
+	if rest := bytes.TrimSpace(obj[1:]); len(rest) > 0 && rest[0] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, obj[1:]...)
 }
 
 // Delete removes the document with id; deleting a missing document
@@ -124,22 +149,23 @@ func (w *Writer) DeleteWhere(filters ...Filter) error {
 }
 
 // objectOf encodes v and decodes it as a JSON object, refusing reserved
-// attribute names.
-func objectOf(v any) (map[string]json.RawMessage, error) {
+// attribute names. It returns the encoding too, for backends that store
+// it as is (Op.Raw).
+func objectOf(v any) (map[string]json.RawMessage, json.RawMessage, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidDocument, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidDocument, err)
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(b, &fields); err != nil || fields == nil {
-		return nil, fmt.Errorf("%w: %T does not encode to a JSON object", ErrInvalidDocument, v)
+		return nil, nil, fmt.Errorf("%w: %T does not encode to a JSON object", ErrInvalidDocument, v)
 	}
 	for k := range fields {
 		if len(k) >= len(reservedPrefix) && k[:len(reservedPrefix)] == reservedPrefix {
-			return nil, fmt.Errorf("%w: attribute %q: the prefix %q is reserved", ErrInvalidDocument, k, reservedPrefix)
+			return nil, nil, fmt.Errorf("%w: attribute %q: the prefix %q is reserved", ErrInvalidDocument, k, reservedPrefix)
 		}
 	}
-	return fields, nil
+	return fields, b, nil
 }
 
 // Compact folds ops into as few as give the same result: between two
@@ -195,7 +221,7 @@ func Compact(ops []Op) []Op {
 				for a, v := range op.Doc {
 					doc[a] = v
 				}
-				st.op.Doc = doc
+				st.op.Doc, st.op.Raw = doc, nil // merged: no encoding at hand
 			case OpDelete:
 				// Deleted, then patched: the document is created with just
 				// these fields, which is an upsert of them.

@@ -1,14 +1,16 @@
 // Command projector is Projector's ops CLI and daemon. It knows the example
 // helpdesk application's event types, so it can show the demo's events, but
-// it wires the example's projections (its tables, consumers and retention
-// defaults) only when asked: with PROJECTOR_EXAMPLE=1, or through `projector
-// demo`, which works in a schema of its own. Pointed at any other schema, the
+// it wires the example's projections (its tables, consumers, ticket search on
+// PostgreSQL full-text search among them, and retention defaults) only when
+// asked: with PROJECTOR_EXAMPLE=1, or through `projector demo`, which works in
+// a schema of its own. Pointed at any other schema, the
 // stock binary adopts nothing. Applications with their own event types and
 // projections build the same commands into their own binary with the cli
 // package.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -18,6 +20,8 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/cli"
 	"github.com/projectorhq/projector/examples/helpdesk"
+	"github.com/projectorhq/projector/stores/pgsearch"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // EnvExample names the variable that wires the example application into
@@ -46,7 +50,28 @@ func main() {
 			if err != nil {
 				return cli.Wiring{}, err
 			}
-			return cli.Wiring{Inline: app.Inline(), Async: app.Async(), Ephemeral: helpdesk.Ephemeral, Setup: app.Migrate}, nil
+			// Ticket search on PostgreSQL full-text search: its table is
+			// made in Setup, its writes go through the dispatcher's
+			// transaction, and `search verify` binds it to the pool.
+			backend, err := pgsearch.NewForSchema(schema, pgsearch.Config{})
+			if err != nil {
+				return cli.Wiring{}, err
+			}
+			tickets, err := helpdesk.NewTicketSearch(types, helpdesk.TicketSearch, backend)
+			if err != nil {
+				return cli.Wiring{}, err
+			}
+			ticketsAsync, err := tickets.Async()
+			if err != nil {
+				return cli.Wiring{}, err
+			}
+			setup := func(ctx context.Context, db postgres.DBTX) error {
+				if err := app.Migrate(ctx, db); err != nil {
+					return err
+				}
+				return backend.EnsureOn(ctx, db, helpdesk.TicketIndex)
+			}
+			return cli.Wiring{Inline: app.Inline(), Async: append(app.Async(), ticketsAsync), Ephemeral: helpdesk.Ephemeral, Setup: setup}, nil
 		},
 		Commands: []*cobra.Command{demoCmd()},
 	}))

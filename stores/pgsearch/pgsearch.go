@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"strings"
 	"sync"
@@ -336,27 +337,40 @@ func queueRun(batch *pgx.Batch, t string, run []search.Op) error {
 	case search.OpUpsert, search.OpPatch:
 		// One row per id: INSERT … ON CONFLICT may not touch a row twice.
 		// Upserts keep the last document, patches merge in order.
-		order, docs := []string{}, map[string]map[string]json.RawMessage{}
-		for _, op := range run {
-			d, seen := docs[op.ID]
+		// An id touched once (the usual case) is written with the JSON the
+		// handler's document was encoded to (Op.Raw), not encoded again;
+		// only ids touched several times are merged and encoded here.
+		order, first, merged := []string{}, map[string]int{}, map[string]map[string]json.RawMessage{}
+		for i, op := range run {
+			j, seen := first[op.ID]
 			if !seen {
+				first[op.ID] = i
 				order = append(order, op.ID)
+				continue
 			}
-			if op.Kind == search.OpUpsert || !seen {
+			d := merged[op.ID]
+			if d == nil || op.Kind == search.OpUpsert {
 				d = map[string]json.RawMessage{}
+				if op.Kind == search.OpPatch {
+					maps.Copy(d, run[j].Doc)
+				}
 			}
-			for k, v := range op.Doc {
-				d[k] = v
-			}
-			docs[op.ID] = d
+			maps.Copy(d, op.Doc)
+			merged[op.ID] = d
 		}
 		bodies := make([]string, len(order))
 		for i, id := range order {
-			body, err := json.Marshal(docs[id])
-			if err != nil {
-				return fmt.Errorf("encode document %q: %w", id, err)
+			doc, raw := merged[id], json.RawMessage(nil)
+			if doc == nil {
+				doc, raw = run[first[id]].Doc, run[first[id]].Raw
 			}
-			bodies[i] = string(body)
+			if raw == nil {
+				var err error
+				if raw, err = json.Marshal(doc); err != nil {
+					return fmt.Errorf("encode document %q: %w", id, err)
+				}
+			}
+			bodies[i] = string(raw)
 		}
 		set := `doc = EXCLUDED.doc`
 		if run[0].Kind == search.OpPatch {
