@@ -342,3 +342,27 @@ func TestConsumerDeadLettersPoison(t *testing.T) {
 		t.Fatalf("%d effects after the retry, want 4", n)
 	}
 }
+
+// PurgeClaims deletes only claims older than the window, refuses a window
+// under an hour, and a purged event is still recognised as a duplicate by
+// its stream's version.
+func TestPurgeClaims(t *testing.T) {
+	e := newEnv(t)
+	snk := newSink(t, e.types.Registry)
+	claims := snk.store.Table("projector_jetstream_claims")
+	if _, err := snk.store.Pool().Exec(e.ctx, `INSERT INTO `+claims+` (subscription, event_id, claimed_at) VALUES
+		('s', gen_random_uuid(), now() - interval '25 hours'), ('s', gen_random_uuid(), now() - interval '23 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pjs.PurgeClaims(e.ctx, snk.store, time.Minute); !errors.Is(err, pjs.ErrInvalidConfig) {
+		t.Fatalf("a one-minute window: %v", err)
+	}
+	n, err := pjs.PurgeClaims(e.ctx, snk.store, 24*time.Hour)
+	if err != nil || n != 1 {
+		t.Fatalf("purged %d, %v; want 1", n, err)
+	}
+	var left int
+	if err := snk.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+claims).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("%d claims left, %v", left, err)
+	}
+}
