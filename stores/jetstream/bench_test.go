@@ -75,4 +75,3 @@ func BenchmarkRelay(b *testing.B) {
 		b.ReportMetric(float64(events*b.N)/b.Elapsed().Seconds(), "events/s")
 	})
 }
-
