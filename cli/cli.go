@@ -133,7 +133,7 @@ is not allowed in the current state; nothing changed).`,
 	root.AddCommand(app.versionCmd(), app.migrateCmd(), app.statusCmd(), app.consumerCmd(), app.eventsCmd(), app.runCmd(), app.repairCmd(), app.rebuildCmd())
 	root.AddCommand(app.sagaCmd())
 	root.AddCommand(app.searchCmd())
-	root.AddCommand(app.deadLettersCmd())
+	root.AddCommand(app.deadLettersCmd(), app.horizonCmd())
 	root.AddCommand(cfg.Commands...)
 	root.AddCommand(app.benchCmd())
 	return root

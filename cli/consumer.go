@@ -249,6 +249,11 @@ until interrupted.`,
 					if err := WriteStatusWithRebuilds(a.out, shards, rebuilds, asJSON); err != nil {
 						return err
 					}
+					if use == "status" && !asJSON { // who holds the horizon: cli/horizon.go
+						if err := a.writeStatusHorizon(ctx, store); err != nil {
+							return err
+						}
+					}
 					if watch == 0 {
 						return nil
 					}

@@ -74,7 +74,12 @@ type dlEnv struct {
 // and exit code.
 func (e *dlEnv) cli(args ...string) (string, string, int) {
 	e.t.Helper()
-	cmd := exec.CommandContext(e.ctx, os.Args[0], append([]string{"--database-url", e.url, "--schema", e.store.Schema()}, args...)...)
+	return e.cliSchema(e.store.Schema(), args...)
+}
+
+func (e *dlEnv) cliSchema(schema string, args ...string) (string, string, int) {
+	e.t.Helper()
+	cmd := exec.CommandContext(e.ctx, os.Args[0], append([]string{"--database-url", e.url, "--schema", schema}, args...)...)
 	cmd.Env = append(os.Environ(), dlChildEnv+"=1")
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
