@@ -3,15 +3,21 @@ package projection_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgserver"
+	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // ownCluster starts a throwaway cluster with two-phase commit enabled (the
@@ -158,4 +164,61 @@ func TestHorizonNamesTheHolder(t *testing.T) {
 	if rep, err := projection.Horizon(ctx, pool); err != nil || rep.Holder != nil {
 		t.Fatalf("after the rollback: %+v, %v", rep, err)
 	}
+}
+
+// The dispatcher's metrics name the holder too, within one refresh, and
+// drop the series when it is gone.
+func TestHorizonHolderMetric(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := ownCluster(t)
+	pool, err := pgxpool.New(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `CREATE DATABASE elsewhere`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := postgres.Migrate(ctx, pool, "projector"); err != nil {
+		t.Fatal(err)
+	}
+	types := testevents.New()
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: "projector", Registry: types.Registry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := projection.NewAsync("noop", projection.AsyncConfig{})
+	must(projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }))
+	reg := prometheus.NewRegistry()
+	e := &env{t: t, ctx: ctx, types: types, schema: "projector", store: store}
+	e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Registerer: reg, MetricsEvery: 20 * time.Millisecond})
+	holder := func() map[string]string {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "projector_horizon_holder_age_seconds" {
+				for _, m := range mf.GetMetric() {
+					labels := map[string]string{}
+					for _, l := range m.GetLabel() {
+						labels[l.GetName()] = l.GetValue()
+					}
+					return labels
+				}
+			}
+		}
+		return nil
+	}
+	other := connect(t, urlFor(srv, "elsewhere", "postgres"), "stuck-report")
+	pid := holdXid(t, other)
+	eventually(t, 30*time.Second, "the holder metric to name the session", func() bool {
+		l := holder()
+		return l["pid"] == fmt.Sprint(pid) && l["database"] == "elsewhere" && l["application_name"] == "stuck-report" && l["kind"] == "session"
+	})
+	if _, err := other.Exec(ctx, `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the holder series to go", func() bool { return holder() == nil })
 }
