@@ -286,19 +286,32 @@ type RetryResult struct {
 // meanwhile matches [ErrEventPruned]. logger receives handler panics; nil
 // means slog.Default().
 func RetryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id int64, logger *slog.Logger) (RetryResult, error) {
+	res, _, err := retryDeadLetter(ctx, store, p, id, logger, false)
+	return res, err
+}
+
+// errNoRequest: a dispatcher found the retry request it was about to carry
+// out gone (another dispatcher of the projection did it first).
+var errNoRequest = errors.New("retry request carried out elsewhere")
+
+// retryDeadLetter is [RetryDeadLetter]; requested makes it a dispatcher's
+// carrying out of a retry request, which does nothing (errNoRequest) if the
+// request is gone under the lock: several dispatchers of one projection
+// may pick up the same request, and only one may try.
+func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id int64, logger *slog.Logger, requested bool) (RetryResult, bool, error) {
 	res := RetryResult{ID: id}
 	if err := p.Validate(store.Registry()); err != nil {
-		return res, err
+		return res, false, err
 	}
 	if logger == nil {
 		logger = slog.Default()
 	}
 	dl, err := getDeadLetter(ctx, store.Pool(), store, id, false)
 	if err != nil {
-		return res, fmt.Errorf("retry: %w", err)
+		return res, false, fmt.Errorf("retry: %w", err)
 	}
 	if dl.Consumer != p.name {
-		return res, fmt.Errorf("retry dead letter %d: it belongs to consumer %s, not %s: %w", id,
+		return res, false, fmt.Errorf("retry dead letter %d: it belongs to consumer %s, not %s: %w", id,
 			projector.Printable(dl.Consumer), projector.Printable(p.name), projector.ErrInvalidTransition)
 	}
 	dt := store.Table("projector_dead_letters")
@@ -312,6 +325,9 @@ func RetryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		dl, err := getDeadLetter(ctx, tx, store, id, true)
 		if err != nil {
 			return fmt.Errorf("retry: %w", err)
+		}
+		if requested && dl.RetryRequestedAt == nil {
+			return errNoRequest
 		}
 		if dl.Status != DeadLetterOpen {
 			return fmt.Errorf("retry dead letter %d: it is %s already (nothing applied again): %w", id, dl.Status, projector.ErrInvalidTransition)
@@ -349,12 +365,15 @@ func RetryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		}
 		return nil
 	})
+	if errors.Is(err, errNoRequest) {
+		return RetryResult{ID: id}, false, nil
+	}
 	if err != nil {
-		return RetryResult{ID: id}, err
+		return RetryResult{ID: id}, false, err
 	}
 	logger.InfoContext(ctx, "projection: dead letter retried", slog.Int64("id", id), slog.String("consumer", dl.Consumer),
 		slog.Bool("resolved", res.Resolved), slog.Bool("out_of_order", res.OutOfOrder), slog.String("error", res.Error))
-	return res, nil
+	return res, true, nil
 }
 
 // applyLive runs p's handlers on one event in tx the way a pass does
@@ -425,7 +444,7 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 			d.logger.WarnContext(ctx, "projection dispatcher: looking for dead-letter retry requests failed", slog.Any("error", err))
 		}
 		for _, r := range reqs {
-			if _, err := RetryDeadLetter(ctx, d.store, byName[r.name], r.id, d.logger); err != nil && ctx.Err() == nil {
+			if _, _, err := retryDeadLetter(ctx, d.store, byName[r.name], r.id, d.logger, true); err != nil && ctx.Err() == nil {
 				// Clear the request, so one that cannot be carried out
 				// (pruned meanwhile) is not tried on every poll.
 				_, _ = d.store.Pool().Exec(context.WithoutCancel(ctx), `UPDATE `+d.store.Table("projector_dead_letters")+`

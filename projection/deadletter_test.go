@@ -241,3 +241,25 @@ func TestDeadLetterListFilters(t *testing.T) {
 		}
 	}
 }
+
+// Two dispatchers of the projection may both pick up a retry request; only
+// one tries it: a request that fails again costs one attempt, not two.
+func TestDeadLetterRetryRequestTriedOnce(t *testing.T) {
+	t.Parallel()
+	e, p, _, ids := deadLetterEnv(t)
+	e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	for round := 2; round <= 4; round++ {
+		if err := projection.RequestDeadLetterRetry(e.ctx, e.store, ids[:1]); err != nil {
+			t.Fatal(err)
+		}
+		var dl projection.DeadLetter
+		eventually(t, 30*time.Second, "the retry request to be carried out", func() bool {
+			var err error
+			dl, _, err = projection.GetDeadLetter(e.ctx, e.store, ids[0])
+			return err == nil && dl.RetryRequestedAt == nil
+		})
+		if dl.Attempts != round || dl.Status != projection.DeadLetterOpen || !strings.HasPrefix(dl.Error, "retry: ") {
+			t.Fatalf("round %d: %+v", round, dl)
+		}
+	}
+}
