@@ -92,7 +92,7 @@ pass the last id shown as --after for the next page.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.Consumer, "consumer", "", "only this consumer's")
-	fl.StringVar(&f.Instance, "instance", "", "only this instance's (per-instance consumers; shared shards are \"\"-less: "+projection.SharedInstance+")")
+	fl.StringVar(&f.Instance, "instance", "", "only this instance's (shared shards: "+projection.SharedInstance+")")
 	fl.StringVar(&f.EventType, "type", "", "only events of this type")
 	fl.StringVar(&f.Tenant, "tenant", "", "only this tenant's events")
 	fl.StringVar(&f.Reason, "reason", "", "apply-error or skipped")
