@@ -1,23 +1,20 @@
 package projection_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -102,70 +99,11 @@ func runChild() int {
 	return 0
 }
 
-// child is a running child process.
-type child struct {
-	cmd *exec.Cmd
-	out *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (e *env) startChild(url string, batch int, extraEnv ...string) *child {
+// startChild runs this test binary as a dispatcher process on e's schema.
+func (e *env) startChild(url string, batch int, extraEnv ...string) *pgtest.Child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+url, childSchemaEnv+"="+e.schema,
-		childBatchEnv+"="+strconv.Itoa(batch))
-	cmd.Env = append(cmd.Env, extraEnv...)
-	c := &child{cmd: cmd, out: &syncBuffer{}}
-	cmd.Stdout, cmd.Stderr = c.out, c.out
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		if e.t.Failed() {
-			e.t.Logf("child %d output:\n%s", cmd.Process.Pid, c.out.String())
-		}
-	})
-	return c
-}
-
-func (c *child) kill(t testing.TB) {
-	t.Helper()
-	if err := c.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.cmd.Wait()
-}
-
-// terminate stops the child gracefully and fails the test if it did not
-// exit cleanly.
-func (c *child) terminate(t testing.TB) {
-	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Wait(); err != nil {
-		t.Fatalf("child %d: %v\n%s", c.cmd.Process.Pid, err, c.out.String())
-	}
+	return pgtest.StartChild(e.t, append([]string{childEnv + "=1", childURLEnv + "=" + url, childSchemaEnv + "=" + e.schema,
+		childBatchEnv + "=" + strconv.Itoa(batch)}, extraEnv...)...)
 }
 
 // checkEmitted fails unless every ticket.opened event caused exactly one

@@ -35,13 +35,13 @@ func TestPromise6_SharedDeliveryAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	url := pgtest.URL(t)
-	children := []*child{e.startChild(url, 100), e.startChild(url, 100), e.startChild(url, 100)}
+	children := []*pgtest.Child{e.startChild(url, 100), e.startChild(url, 100), e.startChild(url, 100)}
 	versions := e.appendMany(16, 20000, 400)
 	want := total(versions)
 	eventually(t, 2*time.Minute, "every event applied", func() bool { return e.applied("counting") >= want })
 	eventually(t, time.Minute, "every opened event emitted", func() bool { return e.emittedCount() >= openedCount(versions) })
 	for _, c := range children {
-		c.terminate(t)
+		c.Terminate(t)
 	}
 	e.checkCounts("counting", versions)
 	e.checkEmitted(openedCount(versions))
@@ -88,8 +88,9 @@ func TestPromise5_CrashRecoveryExactlyOnce(t *testing.T) {
 	// A crash between handler and commit, deterministically: the emitter
 	// kills its process right after its 150th append.
 	c := e.startChild(url, 50, childKillAfterEmit+"=150")
-	if err := c.cmd.Wait(); err == nil {
-		t.Fatal("the child meant to kill itself exited cleanly")
+	<-c.Done()
+	if !c.Killed() {
+		t.Fatalf("the child meant to kill itself ended otherwise:\n%s", c.Output())
 	}
 
 	kills, round := 0, 0
@@ -101,7 +102,7 @@ func TestPromise5_CrashRecoveryExactlyOnce(t *testing.T) {
 		c := e.startChild(url, 50)
 		time.Sleep(time.Duration(80+rng.IntN(250)) * time.Millisecond) // a random moment, not a synchronisation
 		applied := e.applied("counting")
-		c.kill(t)
+		c.Kill(t)
 		if applied > 0 && applied < total(versions) {
 			kills++
 		} else if applied >= total(versions) {
@@ -115,7 +116,7 @@ func TestPromise5_CrashRecoveryExactlyOnce(t *testing.T) {
 	want := total(versions)
 	eventually(t, 2*time.Minute, "every event applied after the crashes", func() bool { return e.applied("counting") >= want })
 	eventually(t, time.Minute, "every opened event emitted", func() bool { return e.emittedCount() >= openedCount(versions) })
-	final.terminate(t)
+	final.Terminate(t)
 	e.checkCounts("counting", versions)
 	e.checkEmitted(openedCount(versions))
 	t.Logf("%d kills while catching up, %d events", kills, want)

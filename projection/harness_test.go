@@ -240,17 +240,8 @@ func (e *env) dispatcher(cfg projection.Config) *projection.Dispatcher {
 	return d
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// eventually is pgtest.Eventually, short for the many waits of these tests.
+var eventually = pgtest.Eventually
 
 // applied sums the counting read model of consumer.
 func (e *env) applied(consumer string) int64 {

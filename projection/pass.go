@@ -195,14 +195,16 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		if next == st.cursor && st.status == StatusIdle && st.attempts == 0 {
 			if sh.shadow != nil {
 				// The rebuild may have moved to ready.
-				return d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
+				res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
+				return sh.shadowResult(res), err
 			}
 			return passResult{kind: passCaughtUp}, nil // nothing to write
 		}
 		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, 0); err != nil {
 			return passResult{}, fmt.Errorf("advance cursor: %w", err)
 		}
-		return d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
+		res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
+		return sh.shadowResult(res), err
 	}
 
 	started := time.Now()
@@ -280,6 +282,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 				res.kind = passMore
 			}
 			sh.shadow.final = kind == passCaughtUp
+			res = sh.shadowResult(res)
 		}
 		if switched {
 			d.logger.InfoContext(ctx, "projection dispatcher: rebuild switched; the new version is live",

@@ -36,6 +36,8 @@ type shadow struct {
 	replay *replayState
 	// final is set after a pass caught up: the next pass tries the switch.
 	final bool
+	// retrySoon is set when a pass wanted to switch and could not.
+	retrySoon bool
 }
 
 // replayState returns what handlers of sh see while replaying.
@@ -76,6 +78,7 @@ func (d *Dispatcher) shadowPass(ctx context.Context, tx pgx.Tx, sh *shard) (bool
 		set_config('synchronous_commit', 'off', true)`, pgx.Identifier{sh.shadow.schema}.Sanitize()); err != nil {
 		return false, fmt.Errorf("shadow pass: %w", err)
 	}
+	sh.shadow.retrySoon = false
 	if !sh.shadow.final {
 		return false, nil
 	}
@@ -102,7 +105,23 @@ func (d *Dispatcher) shadowPass(ctx context.Context, tx pgx.Tx, sh *shard) (bool
 	if err := tx.QueryRow(ctx, d.sql.tryLock, shardLockKey(d.store.Schema(), live)).Scan(&locked); err != nil {
 		return false, fmt.Errorf("shadow pass: lock live shard: %w", err)
 	}
+	// A live pass holds the lock for now: try again shortly, not after
+	// Recheck (a quiet log would not wake the shadow shard sooner).
+	sh.shadow.retrySoon = !locked
 	return locked, nil
+}
+
+// switchRetry is how soon a shadow shard that could not switch (a live pass
+// held the live shard, or readers the tables) tries again.
+const switchRetry = 50 * time.Millisecond
+
+// shadowResult turns a caught-up shadow pass that wanted to switch and
+// could not into a retry shortly.
+func (sh *shard) shadowResult(res passResult) passResult {
+	if sh.shadow != nil && sh.shadow.retrySoon && res.kind == passCaughtUp {
+		res.kind, res.retryAt = passRetryAt, time.Now().Add(switchRetry)
+	}
+	return res
 }
 
 // switchShadow makes the shadow tables live, in the pass's transaction,
@@ -145,6 +164,7 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 				if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT projector_switch`); rerr != nil {
 					return false, fmt.Errorf("switch: %w", rerr)
 				}
+				sh.shadow.retrySoon = true
 				d.logger.InfoContext(ctx, "projection dispatcher: rebuild switch postponed: readers hold the live tables",
 					slog.String("consumer", sh.id.Consumer), slog.Duration("lock_timeout", SwitchLockTimeout))
 				return false, nil

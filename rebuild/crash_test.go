@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"syscall"
@@ -66,22 +65,10 @@ func runChild() int {
 	return 0
 }
 
-func (e *env) startChild(version int) *exec.Cmd {
+func (e *env) startChild(version int) *pgtest.Child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+pgtest.URL(e.t), childSchemaEnv+"="+e.schema,
+	return pgtest.StartChild(e.t, childEnv+"=1", childURLEnv+"="+pgtest.URL(e.t), childSchemaEnv+"="+e.schema,
 		childVersionEnv+"="+strconv.Itoa(version))
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	return cmd
 }
 
 // Promise 11, crash: the process building a blue/green rebuild is SIGKILLed
@@ -128,8 +115,7 @@ func TestPromise11_RebuildResumesAfterSIGKILL(t *testing.T) {
 		if !r.Active() {
 			break // it finished between kills: fine, the checks below hold
 		}
-		_ = child.Process.Kill()
-		_ = child.Wait()
+		child.Kill(t)
 		kills++
 		r, err = rebuild.Current(e.ctx, e.store, "counter")
 		if err != nil {

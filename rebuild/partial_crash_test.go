@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -111,19 +110,12 @@ func TestPartialRebuildSIGKILL(t *testing.T) {
 		}
 		e.exec(`UPDATE ` + e.ident("tickets") + ` SET n = 0, title = 'corrupt' WHERE tenant_id = 'big'`)
 		before := e.rows("tickets", "true")
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), partialChildEnv+"="+app, partialChildURLEnv+"="+pgtest.URL(t), partialChildSchema+"="+e.schema)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
+		child := pgtest.StartChild(t, partialChildEnv+"="+app, partialChildURLEnv+"="+pgtest.URL(t), partialChildSchema+"="+e.schema)
 		wrote := false
 		for deadline := time.Now().Add(time.Minute); !wrote && time.Now().Before(deadline); {
 			select {
-			case err := <-exited:
-				t.Fatalf("the child ended before its transaction wrote: %v", err)
+			case <-child.Done():
+				t.Fatalf("the child ended before its transaction wrote:\n%s", child.Output())
 			case <-time.After(2 * time.Millisecond): // poll the child's backend
 			}
 			wrote = backends(true) > 0
@@ -133,14 +125,14 @@ func TestPartialRebuildSIGKILL(t *testing.T) {
 		}
 		select {
 		case <-time.After(time.Duration(rng.IntN(300)) * time.Millisecond): // a random moment to crash at
-		case err := <-exited:
-			if err != nil {
-				t.Fatalf("child: %v", err)
+		case <-child.Done():
+			if !child.Succeeded() {
+				t.Fatalf("child failed:\n%s", child.Output())
 			}
 			continue // it finished first: try again
 		}
-		_ = cmd.Process.Kill()
-		if err := <-exited; err == nil || !strings.Contains(err.Error(), "killed") {
+		child.Kill(t)
+		if !child.Killed() {
 			continue // it committed just before the kill
 		}
 		kills++

@@ -166,16 +166,8 @@ func (e *env) read() (read, error) {
 	return r, err
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// eventually is pgtest.Eventually, short for the many waits of these tests.
+var eventually = pgtest.Eventually
 
 // Promise 11, blue/green: while writers append and version 1 serves, a
 // dispatcher with version 2 builds the new model into shadow tables and

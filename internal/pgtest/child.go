@@ -1,0 +1,136 @@
+package pgtest
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Child is the test binary run again as a helper process — a dispatcher, a
+// rebuilder — so a test can kill a real process (SIGKILL) or run several
+// side by side. The child's TestMain recognises it by a variable in env and
+// runs its part instead of the tests.
+type Child struct {
+	cmd  *exec.Cmd
+	out  syncBuffer
+	done chan struct{}
+}
+
+// StartChild starts this test binary with env added to the environment and
+// no tests selected. The test's end kills it if it still runs and, when the
+// test failed, logs what it printed.
+func StartChild(t testing.TB, env ...string) *Child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	c := &Child{cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = &c.out, &c.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-c.done
+		if t.Failed() {
+			t.Logf("child %d output:\n%s", cmd.Process.Pid, c.out.String())
+		}
+	})
+	return c
+}
+
+// Kill SIGKILLs the child and waits for it to be gone.
+func (c *Child) Kill(t testing.TB) {
+	t.Helper()
+	if err := c.cmd.Process.Kill(); err != nil {
+		select {
+		case <-c.done: // it had ended already
+		default:
+			t.Fatal(err)
+		}
+	}
+	<-c.done
+}
+
+// Terminate stops the child with SIGTERM and fails the test unless it
+// exits cleanly within a minute.
+func (c *Child) Terminate(t testing.TB) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("child %d did not stop within a minute of SIGTERM\n%s", c.cmd.Process.Pid, c.out.String())
+	}
+	if !c.cmd.ProcessState.Success() {
+		t.Fatalf("child %d: %v\n%s", c.cmd.Process.Pid, c.cmd.ProcessState, c.out.String())
+	}
+}
+
+// Done is closed when the child has ended.
+func (c *Child) Done() <-chan struct{} { return c.done }
+
+// Killed reports whether the child ended by SIGKILL (its own, or the test's).
+func (c *Child) Killed() bool {
+	if c.cmd.ProcessState == nil {
+		return false
+	}
+	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// Succeeded reports whether the child has ended with exit code 0.
+func (c *Child) Succeeded() bool {
+	select {
+	case <-c.done:
+		return c.cmd.ProcessState.Success()
+	default:
+		return false
+	}
+}
+
+// Output is what the child printed so far.
+func (c *Child) Output() string { return c.out.String() }
+
+// Pid is the child's process id.
+func (c *Child) Pid() int { return c.cmd.Process.Pid }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Eventually polls cond until it holds, failing the test once timeout has
+// passed: waiting for a state another goroutine or process brings about,
+// with a deadline, never a bare sleep.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
