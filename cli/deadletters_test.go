@@ -253,13 +253,7 @@ func TestDeadLettersCommand(t *testing.T) {
 	if out, stderr, code := e.cli("dead-letters", "retry", "--all", "--consumer", "tolerant"); code != ExitOK || !strings.Contains(out, "retry requested for 1") {
 		t.Fatalf("retry request: exit %d: %s %s", code, out, stderr)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for e.traced(late.ID) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the dispatcher did not carry out the retry request")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pgtest.Eventually(t, 30*time.Second, "the dispatcher to carry out the retry request", func() bool { return e.traced(late.ID) == 1 })
 	out, _, _ = e.cli("dead-letters", "list", "--status", "open", "-o", "json")
 	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 0 {
 		t.Fatalf("open after the dispatcher's retry: %v %s", err, out)
