@@ -73,7 +73,10 @@ func WriteHorizon(w io.Writer, rep projection.HorizonReport, now time.Time) erro
 		fmt.Fprintf(&b, "HORIZON: %s old, held by session pid %d (xid %d) in database %s, user %s, application %q",
 			age(rep.AgeSeconds), h.PID, h.TxID, projector.Printable(h.Database), projector.Printable(h.User), projector.Printable(h.ApplicationName))
 		if !h.Hidden {
-			fmt.Fprintf(&b, ", %s since %s\n  query: %s\n", h.State, timestamp(h.Since, now), strings.Join(strings.Fields(printableText(h.Query)), " "))
+			fmt.Fprintf(&b, ", %s since %s\n", h.State, timestamp(h.Since, now))
+			if q := strings.Join(strings.Fields(printableText(h.Query)), " "); q != "" {
+				fmt.Fprintf(&b, "  query: %s\n", q)
+			}
 		} else {
 			b.WriteString("\n")
 		}
