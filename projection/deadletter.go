@@ -122,10 +122,12 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 	b := sq.StatementBuilder.PlaceholderFormat(sq.Dollar).
 		Select(deadLetterColumns).From(store.Table("projector_dead_letters")).
 		Where(sq.Gt{"id": f.AfterID}).OrderBy("id").Limit(uint64(f.Limit))
-	for col, v := range map[string]string{"consumer": f.Consumer, "instance_id": f.Instance, "event_type": f.EventType,
-		"tenant_id": f.Tenant, "reason": f.Reason, "status": f.Status} {
-		if v != "" {
-			b = b.Where(sq.Eq{col: v})
+	// In a fixed order, so equal filters give the same SQL text (and one
+	// cached statement).
+	for _, c := range [...]struct{ col, v string }{{"consumer", f.Consumer}, {"instance_id", f.Instance},
+		{"event_type", f.EventType}, {"tenant_id", f.Tenant}, {"reason", f.Reason}, {"status", f.Status}} {
+		if c.v != "" {
+			b = b.Where(sq.Eq{c.col: c.v})
 		}
 	}
 	if !f.Since.IsZero() {
