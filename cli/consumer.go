@@ -252,6 +252,11 @@ until interrupted.`,
 					if err := a.writeFailedSagas(ctx, store, asJSON); err != nil { // status_saga.go
 						return err
 					}
+					if use == "status" && !asJSON { // who holds the horizon: cli/horizon.go
+						if err := a.writeStatusHorizon(ctx, store); err != nil {
+							return err
+						}
+					}
 					if watch == 0 {
 						return nil
 					}
