@@ -31,6 +31,7 @@ import (
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/saga"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -85,6 +86,11 @@ type Wiring struct {
 	// Setup creates or updates the application's read-model tables; `run`
 	// calls it before starting the dispatcher.
 	Setup func(ctx context.Context, db postgres.DBTX) error
+	// Sagas builds the application's sagas on the store `run` opened (a
+	// saga's commands need repositories on it): `run` dispatches each
+	// saga's consumer beside Async and fires their timeouts with a
+	// saga.Runner. Nil means none.
+	Sagas func(store *postgres.Store) ([]saga.Definition, error)
 }
 
 // App is the state shared by the commands of one invocation.
@@ -133,6 +139,8 @@ is not allowed in the current state; nothing changed).`,
 	root.AddCommand(app.versionCmd(), app.migrateCmd(), app.statusCmd(), app.consumerCmd(), app.eventsCmd(), app.runCmd(), app.repairCmd(), app.rebuildCmd())
 	root.AddCommand(app.sagaCmd())
 	root.AddCommand(app.searchCmd())
+	root.AddCommand(app.relayCmd())
+	root.AddCommand(app.deadLettersCmd(), app.horizonCmd())
 	root.AddCommand(cfg.Commands...)
 	root.AddCommand(app.benchCmd())
 	return root

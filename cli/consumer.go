@@ -249,6 +249,14 @@ until interrupted.`,
 					if err := WriteStatusWithRebuilds(a.out, shards, rebuilds, asJSON); err != nil {
 						return err
 					}
+					if err := a.writeFailedSagas(ctx, store, asJSON); err != nil { // status_saga.go
+						return err
+					}
+					if use == "status" && !asJSON { // who holds the horizon: cli/horizon.go
+						if err := a.writeStatusHorizon(ctx, store); err != nil {
+							return err
+						}
+					}
 					if watch == 0 {
 						return nil
 					}

@@ -25,7 +25,7 @@ func (a *App) eventsCmd() *cobra.Command {
 }
 
 func (a *App) pruneCmd() *cobra.Command {
-	var olderThan string
+	var olderThan, sagaRetention string
 	var opts postgres.PruneOptions
 	cmd := &cobra.Command{
 		Use:   "prune --older-than DURATION [--stream-type T ...] [--include-aggregates] [--dry-run]",
@@ -43,7 +43,11 @@ deleting its old events leaves streams that fold from the middle. Naming one wit
 --stream-type is refused unless --include-aggregates is given too; run with
 --dry-run first to see, per stream type, what would go.
 
-DURATION is a Go duration (90m, 12h) or a number of days (30d), at most ` + fmt.Sprint(maxAgeDays) + `d.`,
+DURATION is a Go duration (90m, 12h) or a number of days (30d), at most ` + fmt.Sprint(maxAgeDays) + `d.
+
+It also deletes saga instances that completed more than --saga-retention ago
+(default ` + DefaultSagaRetention + `; 0 keeps them), with their steps, as ` + "`saga prune`" + ` does; active
+and failed instances are never deleted.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			d, err := parseAge(olderThan)
@@ -51,10 +55,19 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d), at most ` + fmt.
 				return usageError{fmt.Errorf("--older-than: %w", err)}
 			}
 			opts.OlderThan = d
+			sagaAge, err := parseSagaRetention(sagaRetention)
+			if err != nil {
+				return usageError{fmt.Errorf("--saga-retention: %w", err)}
+			}
 			if opts.BatchSize < 1 || opts.BatchSize > postgres.MaxPruneBatchSize {
 				return usageError{fmt.Errorf("--batch-size %d: want 1 to %d", opts.BatchSize, postgres.MaxPruneBatchSize)}
 			}
-			return a.withStore(cmd, func(store *postgres.Store) error { return a.prune(cmd, store, opts) })
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				if err := a.prune(cmd, store, opts); err != nil {
+					return err
+				}
+				return a.pruneSagas(cmd, store, sagaAge, sagaRetention, opts.DryRun) // prune_saga.go
+			})
 		},
 	}
 	cmd.Flags().StringVar(&olderThan, "older-than", "", "minimum age of events to delete, e.g. 720h or 30d (required)")
@@ -62,6 +75,7 @@ DURATION is a Go duration (90m, 12h) or a number of days (30d), at most ` + fmt.
 	cmd.Flags().BoolVar(&opts.IncludeAggregates, "include-aggregates", false, "allow --stream-type to name types not declared ephemeral (aggregate history)")
 	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "count what would be deleted and held back, per stream type; delete nothing")
 	cmd.Flags().IntVar(&opts.BatchSize, "batch-size", 10_000, fmt.Sprintf("events deleted per transaction (1 to %d)", postgres.MaxPruneBatchSize))
+	cmd.Flags().StringVar(&sagaRetention, "saga-retention", DefaultSagaRetention, "also delete saga instances completed longer ago than this, e.g. 30d or 720h (0: keep them)")
 	_ = cmd.MarkFlagRequired("older-than")
 	return cmd
 }

@@ -40,8 +40,8 @@ func (a *App) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the dispatcher for this binary's projections, with /metrics, /healthz and /readyz",
-		Long: `run starts the dispatcher daemon for the async projections compiled into this
-binary and serves, on --http-addr:
+		Long: `run starts the dispatcher daemon for the async projections and sagas compiled into
+this binary, with a runner that fires the sagas' timeouts, and serves, on --http-addr:
 
   /metrics   Prometheus metrics (projector_* and Go runtime)
   /healthz   200 while the process runs
@@ -83,7 +83,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	if err != nil {
 		return err
 	}
-	if len(w.Async) == 0 {
+	if len(w.Async) == 0 && w.Sagas == nil {
 		return errors.New("this binary has no async projections to run (cli.Config.Wire returned none); " +
 			"mount the CLI in your application's binary with its projections (docs/operations.md), or set PROJECTOR_EXAMPLE=1 to run the example application")
 	}
@@ -98,7 +98,11 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	d, err := projection.New(projection.Config{Store: store, Projections: w.Async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg,
+	async, sagas, err := a.sagaConsumers(store, w, log, reg) // run_saga.go
+	if err != nil {
+		return err
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg,
 		InstanceExpiry: cfg.InstanceExpiry})
 	if err != nil {
 		return err
@@ -126,8 +130,15 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 		}
 		return err
 	}
+	if err := sagas.Start(ctx); err != nil {
+		_ = d.Stop(context.WithoutCancel(ctx))
+		if srv != nil {
+			_ = srv.Close()
+		}
+		return err
+	}
 	running.Store(true)
-	fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(w.Async), d.InstanceID())
+	fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(async), d.InstanceID())
 	if addr != "" {
 		fmt.Fprintf(a.out, "; metrics on http://%s/metrics", addr)
 	}
@@ -138,7 +149,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	fmt.Fprintf(a.out, "%s run: stopping\n", a.cfg.Name)
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(cfg.StopTimeout, 30*time.Second))
 	defer cancel()
-	stopErr := d.Stop(stopCtx)
+	stopErr := errors.Join(sagas.Stop(stopCtx), d.Stop(stopCtx))
 	if srv != nil {
 		_ = srv.Shutdown(stopCtx)
 	}

@@ -292,6 +292,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 
 	d.wg.Go(func() { d.probeLoop(soft) })
 	d.wg.Go(func() { d.rebuildLoop(soft, hard) })
+	d.wg.Go(func() { d.retryLoop(soft) }) // dead-letter retry requests (deadletter.go)
 	if d.metrics != nil {
 		d.wg.Go(func() { d.metricsLoop(soft) })
 	}

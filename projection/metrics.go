@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -21,7 +22,10 @@ type metrics struct {
 	deadLetters *prometheus.CounterVec
 	batchApply  *prometheus.HistogramVec
 	horizonAge  prometheus.Gauge
-	rebuilds    *rebuildGauges
+	// horizonHolder names the transaction holding the horizon (Horizon):
+	// one series at a time, its labels the holder's, its value its age.
+	horizonHolder *prometheus.GaugeVec
+	rebuilds      *rebuildGauges
 
 	// lagged holds the shards whose last published lag was not zero.
 	mu     sync.Mutex
@@ -71,10 +75,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "projector_horizon_age_seconds",
 			Help: "Age of the oldest transaction holding a transaction id in the cluster: how long delivery of later events may be held back.",
 		}),
+		horizonHolder: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_horizon_holder_age_seconds",
+			Help: "The transaction holding the horizon, by its labels (a session's pid, database, user and application, or a prepared transaction's gid), valued its age; absent when none holds it.",
+		}, []string{"kind", "pid", "gid", "database", "user", "application_name"}),
 		lagged:   map[ShardID]bool{},
 		rebuilds: newRebuildGauges(),
 	}
-	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge}, m.rebuilds.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge, m.horizonHolder}, m.rebuilds.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if errors.As(err, &already) {
@@ -184,5 +192,32 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 	if err := d.store.Pool().QueryRow(ctx, horizonAgeSQL).Scan(&age); err == nil {
 		d.metrics.horizonAge.Set(age)
 	}
+	d.refreshHorizonHolder(ctx)
 	d.refreshRebuildGauges(ctx)
+}
+
+// refreshHorizonHolder publishes who holds the horizon: the one series of
+// projector_horizon_holder_age_seconds is replaced, or removed when no
+// transaction holds it (or the role cannot see which does).
+func (d *Dispatcher) refreshHorizonHolder(ctx context.Context) {
+	rep, err := Horizon(ctx, d.store.Pool())
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logger.DebugContext(ctx, "projection dispatcher: refresh horizon holder", slog.Any("error", err))
+		}
+		return
+	}
+	d.metrics.horizonHolder.Reset()
+	if h := rep.Holder; h != nil {
+		pid := ""
+		if h.PID != 0 {
+			pid = strconv.Itoa(int(h.PID))
+		}
+		age := rep.AgeSeconds
+		if !h.Since.IsZero() {
+			age = max(time.Since(h.Since).Seconds(), 0)
+		}
+		d.metrics.horizonHolder.With(prometheus.Labels{"kind": h.Kind, "pid": pid, "gid": h.GID, "database": h.Database,
+			"user": h.User, "application_name": h.ApplicationName}).Set(age)
+	}
 }

@@ -73,8 +73,21 @@
 // [ErrInvalidStep]), fails the step and nothing of it is written. An event's
 // failing step halts the saga's consumer like a failing projection's
 // (retried with backoff, dead after MaxAttempts, `projector consumer`
-// restarts or skips it). A timeout's failing step is retried with backoff;
-// after [Config.TimeoutAttempts] the instance is marked failed.
+// restarts or skips it). In continuous mode (Config.Async.ErrorMode
+// projection.SkipApplyErrors) it is rolled back instead, the event
+// dead-lettered and the instance marked failed, and the consumer goes on;
+// contention and database failures are retried in both modes, since
+// dead-lettering them would skip events that a later try takes. A
+// timeout's failing step is retried with backoff; after
+// [Config.TimeoutAttempts] the instance is marked failed.
+//
+// # Operating
+//
+// `projector run` runs the sagas an application hands it through
+// cli.Wiring.Sagas, with a [Runner] for their timeouts whose metrics
+// ([RunnerConfig.Registerer]) count fired timeouts, their lateness, and
+// ignored, late and dead-lettered events. `projector events prune` deletes
+// completed instances past its --saga-retention, as [PruneCompleted] does.
 //
 // Contention is not failure: when an event's step and a timeout's step
 // append to the same stream, the older transaction is refused (promise 4)

@@ -211,3 +211,21 @@ func Show(ctx context.Context, store *postgres.Store, saga, tenant, key string) 
 	}
 	return d, nil
 }
+
+// FailedCounts returns, per saga with any, how many of its instances are
+// failed: for `projector status`, so a failed instance is seen without
+// asking about each saga.
+func FailedCounts(ctx context.Context, store *postgres.Store) (map[string]int64, error) {
+	rows, err := store.Pool().Query(ctx, `SELECT saga, count(*) FROM `+store.Table("projector_saga_instances")+`
+		WHERE status = 'failed' GROUP BY saga ORDER BY saga`)
+	if err != nil {
+		return nil, fmt.Errorf("count failed saga instances: %w", err)
+	}
+	out := map[string]int64{}
+	var name string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { out[name] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("count failed saga instances: %w", err)
+	}
+	return out, nil
+}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -19,7 +21,16 @@ type Definition interface {
 	Name() string
 	Now() time.Time
 	Validate(reg *projector.Registry) error
-	fireDue(ctx context.Context, store *postgres.Store, q queries, limit int) (fired, claimed int, err error)
+	// Projection is the consumer that takes the saga's event steps, for
+	// the dispatcher the runner is started beside.
+	Projection(store *postgres.Store) (*projection.Async, error)
+	// Ignored, Late and DeadLettered are the saga's counters of events it
+	// did not take a step for, exported as metrics by a runner with a
+	// Registerer.
+	Ignored() int64
+	Late() int64
+	DeadLettered() int64
+	fireDue(ctx context.Context, store *postgres.Store, q queries, limit int, fired func(lateness time.Duration)) (n, claimed int, err error)
 	nextDue(ctx context.Context, store *postgres.Store, q queries) (time.Time, error)
 }
 
@@ -46,6 +57,10 @@ type RunnerConfig struct {
 	// them waits that long.
 	BatchSize int
 	Logger    *slog.Logger
+	// Registerer receives the runner's metrics (docs/operations.md): per
+	// saga, the events ignored and the late events, the timeouts fired and
+	// how late they fired. Nil means no metrics. Pass the dispatcher's.
+	Registerer prometheus.Registerer
 }
 
 // Runner fires the due timeouts of its sagas: started beside the
@@ -56,9 +71,10 @@ type RunnerConfig struct {
 // fires once, at or after its due time by the saga's clock, never before,
 // and a crash before the commit leaves it pending.
 type Runner struct {
-	cfg    RunnerConfig
-	q      queries
-	logger *slog.Logger
+	cfg     RunnerConfig
+	q       queries
+	logger  *slog.Logger
+	metrics *runnerMetrics // nil without a Registerer
 
 	mu      sync.Mutex
 	started bool
@@ -97,8 +113,16 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 	if cfg.BatchSize < 1 || cfg.BatchSize > 10_000 {
 		return nil, fmt.Errorf("saga runner: batch size %d outside 1..10000", cfg.BatchSize)
 	}
-	return &Runner{cfg: cfg, q: newQueries(cfg.Store), logger: cmp.Or(cfg.Logger, slog.Default()),
-		stopped: make(chan struct{}), wake: make(chan struct{}, 1)}, nil
+	r := &Runner{cfg: cfg, q: newQueries(cfg.Store), logger: cmp.Or(cfg.Logger, slog.Default()),
+		stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
+	if cfg.Registerer != nil {
+		m, err := newRunnerMetrics(cfg.Registerer, cfg.Sagas)
+		if err != nil {
+			return nil, err
+		}
+		r.metrics = m
+	}
+	return r, nil
 }
 
 // FireDue fires every timeout of the runner's sagas that is due now, each
@@ -111,7 +135,7 @@ func (r *Runner) FireDue(ctx context.Context) (int, error) {
 	var first error
 	for _, s := range r.cfg.Sagas {
 		for rounds := 0; ; rounds++ {
-			fired, claimed, err := s.fireDue(ctx, r.cfg.Store, r.q, r.cfg.BatchSize)
+			fired, claimed, err := s.fireDue(ctx, r.cfg.Store, r.q, r.cfg.BatchSize, r.metrics.fired(s.Name()))
 			n += fired
 			if ctx.Err() != nil {
 				return n, ctx.Err()

@@ -67,9 +67,19 @@ type Config struct {
 	// own to make hours pass in milliseconds.
 	Now func() time.Time
 	// Async configures the consumer the saga runs as. Delivery must be
-	// shared (one instance must never be handled by two processes) and the
-	// error mode halt-on-error: a failing step stops the saga's consumer
-	// until it is fixed, as a failing projection does.
+	// shared (one instance must never be handled by two processes). The
+	// error mode says what an event's failing step does:
+	//
+	//   - projection.HaltOnError (the default): it stops the saga's
+	//     consumer until it is fixed, as a failing projection does.
+	//   - projection.SkipApplyErrors (continuous mode): the step is rolled
+	//     back, the event goes to the dead-letter table under the saga's
+	//     consumer, its instance is marked failed (its timeouts cancelled,
+	//     later events ignored and counted as late) and the consumer goes
+	//     on. Contention and database failures are still retried, never
+	//     dead-lettered: the consumer itself runs halt-on-error, and only a
+	//     step's own failure (a handler's error, an invalid step, a command
+	//     refused by its aggregate) is skipped.
 	Async projection.AsyncConfig
 	// TimeoutAttempts is how many times a failing timeout handler is tried
 	// (with backoff) before the instance is marked failed; default
@@ -84,14 +94,19 @@ type Config struct {
 // [OnTimeout], then run it with [Saga.Projection] on a dispatcher and a
 // [Runner] for its timeouts.
 type Saga[S any] struct {
-	name     string
-	cfg      Config
-	routes   map[string]route[S]
-	types    []string
-	timeouts map[string]TimeoutHandler[S]
-	err      error
-	ignored  atomic.Int64
-	late     atomic.Int64
+	name string
+	cfg  Config
+	// continuous: the saga dead-letters failing steps itself
+	// (SkipApplyErrors), its consumer running halt-on-error.
+	continuous bool
+	routes     map[string]route[S]
+	types      []string
+	timeouts   map[string]TimeoutHandler[S]
+	err        error
+	ignored    atomic.Int64
+	late       atomic.Int64
+	// deadLettered counts continuous mode's dead letters.
+	deadLettered atomic.Int64
 }
 
 // route is how one event type reaches an instance.
@@ -117,13 +132,18 @@ func New[S any](name string, cfg Config) *Saga[S] {
 	cfg.Async.MaxBackoff = cmp.Or(cfg.Async.MaxBackoff, max(projection.DefaultMaxBackoff, cfg.Async.RetryBackoff))
 	cfg.TimeoutAttempts = cmp.Or(cfg.TimeoutAttempts, DefaultTimeoutAttempts)
 	s := &Saga[S]{name: name, cfg: cfg, routes: map[string]route[S]{}, timeouts: map[string]TimeoutHandler[S]{}}
+	if cfg.Async.ErrorMode == projection.SkipApplyErrors {
+		// The dispatcher's continuous mode would dead-letter contention
+		// too; the saga tells a step's own failure from a retryable one.
+		s.continuous, s.cfg.Async.ErrorMode = true, projection.HaltOnError
+	}
 	switch {
 	case !namePattern.MatchString(name):
 		s.fail(fmt.Errorf("name %q: want lower case letters, digits, '_', '.', '-', starting with a letter, at most 100", name))
 	case cfg.Async.Delivery != projection.Shared:
 		s.fail(errors.New("delivery must be shared: one instance is never handled by two processes"))
-	case cfg.Async.ErrorMode != projection.HaltOnError:
-		s.fail(errors.New("error mode must be halt-on-error (continuous mode is not supported yet)"))
+	case s.cfg.Async.ErrorMode != projection.HaltOnError:
+		s.fail(fmt.Errorf("error mode %v: want halt-on-error or skip-apply-errors", cfg.Async.ErrorMode))
 	case cfg.Async.RawPayloads:
 		s.fail(errors.New("RawPayloads: saga handlers are typed and need decoded payloads"))
 	case cfg.TimeoutAttempts < 1:
@@ -153,6 +173,12 @@ func (s *Saga[S]) Ignored() int64 { return s.ignored.Load() }
 // Late returns how many events this process saw reach an instance after it
 // had completed or failed (also counted per instance, in late_events).
 func (s *Saga[S]) Late() int64 { return s.late.Load() }
+
+// DeadLettered returns how many events this process dead-lettered in
+// continuous mode (their instances marked failed). Counted when handled, so
+// a batch rolled back and handled again counts twice; the dead-letter table
+// is the record.
+func (s *Saga[S]) DeadLettered() int64 { return s.deadLettered.Load() }
 
 func (s *Saga[S]) fail(err error) error {
 	err = fmt.Errorf("%w: saga %q: %w", ErrInvalidDefinition, s.name, err)

@@ -19,7 +19,7 @@ import (
 
 // queries are the saga's fixed SQL for one store's schema.
 type queries struct {
-	lock, lockMany, insert, save, step, schedule, cancel, cancelAll, claim, fired, failTimeout, failInstance, nextDue string
+	lock, lockMany, insert, save, step, schedule, cancel, cancelAll, claim, fired, failTimeout, failInstance, nextDue, deadLetter string
 }
 
 func newQueries(store *postgres.Store) queries {
@@ -71,6 +71,11 @@ func newQueries(store *postgres.Store) queries {
 			WHERE id = $1 RETURNING attempts`,
 		failInstance: `UPDATE ` + i + ` SET status = 'failed', last_error = $2, updated_at = now() WHERE id = $1`,
 		nextDue:      `SELECT min(coalesce(retry_at, due_at)) FROM ` + t + ` WHERE saga = $1`,
+		// Continuous mode's dead letter of a failing step's event, under the
+		// saga's consumer, as the dispatcher writes its own.
+		deadLetter: `INSERT INTO ` + store.Table("projector_dead_letters") + `
+			(consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id, stream_type, stream_id, version, error, attempts, reason)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1, 'apply-error')`,
 	}
 }
 
@@ -114,6 +119,9 @@ type live[S any] struct {
 	version int64 // as stored, for the update's check
 	late    int
 	touched bool
+	// failure is the error of the step that failed the instance in
+	// continuous mode, "" while it has not.
+	failure string
 }
 
 // handleBatch takes the steps of a batch's events, in log order (a saga's
@@ -138,10 +146,15 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 		return 0
 	})
 	keys := make([]string, len(events))
+	keyErrs := make([]error, len(events)) // continuous mode: events to dead-letter
 	var distinct []string
 	seen := map[string]bool{}
 	for i, ev := range events {
 		key, _, _, err := s.Route(ev)
+		if err != nil && s.continuous && stepFault(err) {
+			keyErrs[i] = err
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
 		}
@@ -159,6 +172,12 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 	now := s.cfg.Now()
 	var order []*live[S] // touched instances, in first-touch order
 	for i, ev := range events {
+		if keyErrs[i] != nil {
+			if err := s.deadLetter(ctx, store, q, tx, b.Tenant, ev, keyErrs[i]); err != nil {
+				return err
+			}
+			continue
+		}
 		_, starts, _, _ := s.Route(ev)
 		in := instances[keys[i]]
 		isNew := false
@@ -182,17 +201,53 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 			continue
 		}
 		d, err := s.Decide(ctx, store.Registry(), in.snap, isNew, ev, now)
+		if err != nil && s.continuous && ctx.Err() == nil && stepFault(err) {
+			// Nothing of the step was written: the handler only decides.
+			if err := s.failStep(ctx, store, q, tx, b.Tenant, in, ev, err); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
 		}
 		mctx := projector.WithMetadata(ctx, ev.Metadata)
+		// In continuous mode a step that writes at once (appends, commands)
+		// does so under a savepoint, so a failure takes back its writes
+		// alone; its queued writes are taken off the batch.
+		guarded, queued := s.continuous && (len(d.Appends) > 0 || len(d.Commands) > 0), len(wb.QueuedQueries)
+		if guarded {
+			if _, err := tx.Exec(ctx, "SAVEPOINT projector_saga_step"); err != nil {
+				return fmt.Errorf("saga %q: savepoint: %w", s.name, err)
+			}
+		}
 		if err := s.applyStep(mctx, store, q, tx, wb, &in.snap, d, ev.ID, "event", ev.Type); err != nil {
-			return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
+			if !guarded || ctx.Err() != nil || !stepFault(err) {
+				return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
+			}
+			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_saga_step"); rerr != nil {
+				// The transaction itself is gone: retry the batch.
+				return fmt.Errorf("%s v%d of %s: %w (and the step could not be rolled back: %v)", ev.Type, ev.Version, ev.Stream, err, rerr)
+			}
+			wb.QueuedQueries = wb.QueuedQueries[:queued]
+			if err := s.failStep(ctx, store, q, tx, b.Tenant, in, ev, err); err != nil {
+				return err
+			}
+			continue
+		}
+		if guarded {
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_saga_step"); err != nil {
+				return fmt.Errorf("saga %q: release savepoint: %w", s.name, err)
+			}
 		}
 	}
 	for _, in := range order {
 		if err := s.queueSave(q, wb, in); err != nil {
 			return err
+		}
+		if in.failure != "" {
+			wb.Queue(q.failInstance, in.snap.ID, in.failure)
+			wb.Queue(q.cancelAll, in.snap.ID)
 		}
 	}
 	if err := tx.SendBatch(ctx, wb).Close(); err != nil {
@@ -341,7 +396,11 @@ type claimed[S any] struct {
 // each step under a savepoint of its own, so a failing one is rolled back
 // alone (and recorded) while the others commit. It returns how many steps it
 // took, how many timeouts it claimed, and the first step failure.
-func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries, limit int) (fired, claimedN int, stepErr error) {
+//
+// observe, when not nil, is called after the commit with the lateness of
+// each fired timeout: from its due time to the saga clock's reading when the
+// batch was claimed.
+func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries, limit int, observe func(time.Duration)) (fired, claimedN int, stepErr error) {
 	now := s.cfg.Now()
 	tx, err := store.Pool().Begin(ctx)
 	if err != nil {
@@ -364,10 +423,14 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 		return 0, 0, nil
 	}
 	scope := projector.SystemTenant
+	var lateness []time.Duration
 	for _, c := range due {
 		savepoint, err := s.fireClaimed(ctx, store, q, tx, c, now, &scope)
 		if err == nil {
 			fired++
+			if c.snap.Status == Active {
+				lateness = append(lateness, now.Sub(c.t.Due))
+			}
 			continue
 		}
 		if ctx.Err() != nil {
@@ -395,6 +458,11 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, len(due), fmt.Errorf("saga %q: commit fired timeouts: %w", s.name, err)
+	}
+	if observe != nil {
+		for _, l := range lateness {
+			observe(l)
+		}
 	}
 	return fired, len(due), stepErr
 }
@@ -499,4 +567,50 @@ func commit(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// stepFault reports whether err is a step's own failure, which continuous
+// mode dead-letters, rather than contention or a failing database, which
+// are retried whatever the mode: a step refused by promise 4 or by a
+// serialization failure or deadlock would succeed on the next try, and
+// dead-lettering it would skip an event for nothing.
+func stepFault(err error) bool {
+	if errors.Is(err, projector.ErrConcurrency) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 {
+		switch pgErr.Code[:2] {
+		case "08", "40", "53", "55", "57", "58", "XX": // connection, rollback, resources, lock, operator, system, internal
+			return false
+		}
+	}
+	return true
+}
+
+// failStep is continuous mode's answer to an event's failing step: the
+// event goes to the dead-letter table, the instance is marked failed when
+// the batch saves it (with the error; its timeouts cancelled), and the
+// events after it in the batch find it failed and are counted as late.
+func (s *Saga[S]) failStep(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, tenant string, in *live[S], ev projector.Event, cause error) error {
+	cause = fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, cause)
+	in.snap.Status = Failed
+	in.failure = cause.Error()
+	return s.deadLetter(ctx, store, q, tx, tenant, ev, cause)
+}
+
+// deadLetter records ev under the saga's consumer. The dead-letter table is
+// the dispatcher's, which a tenant role has no rights on: the write is made
+// unscoped, and the transaction scoped back to the batch's tenant after.
+func (s *Saga[S]) deadLetter(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, tenant string, ev projector.Event, cause error) error {
+	scope := tenant
+	if err := scopeTo(ctx, store, tx, &scope, projector.SystemTenant); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, q.deadLetter, s.name, projection.SharedInstance, ev.ID, ev.Position.TxID, ev.Position.Seq, ev.Type,
+		ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID, ev.Version, cause.Error()); err != nil {
+		return fmt.Errorf("saga %q: dead-letter %s %s: %w", s.name, ev.Type, ev.ID, err)
+	}
+	s.deadLettered.Add(1)
+	return scopeTo(ctx, store, tx, &scope, tenant)
 }

@@ -1,9 +1,9 @@
 // Command projector is Projector's ops CLI and daemon. It knows the example
 // helpdesk application's event types, so it can show the demo's events, but
 // it wires the example's projections (its tables, consumers, ticket search on
-// PostgreSQL full-text search among them, and retention defaults) only when
-// asked: with PROJECTOR_EXAMPLE=1, or through `projector demo`, which works in
-// a schema of its own. Pointed at any other schema, the
+// PostgreSQL full-text search and the SLA saga among them, and retention
+// defaults) only when asked: with PROJECTOR_EXAMPLE=1, or through `projector
+// demo`, which works in a schema of its own. Pointed at any other schema, the
 // stock binary adopts nothing. Applications with their own event types and
 // projections build the same commands into their own binary with the cli
 // package.
@@ -20,6 +20,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/cli"
 	"github.com/projectorhq/projector/examples/helpdesk"
+	"github.com/projectorhq/projector/saga"
 	"github.com/projectorhq/projector/stores/pgsearch"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -34,6 +35,10 @@ const EnvExample = "PROJECTOR_EXAMPLE"
 func main() {
 	types, err := helpdesk.Define(projector.NewRegistry())
 	if err != nil {
+		fmt.Fprintln(os.Stderr, "projector:", err)
+		os.Exit(cli.ExitError)
+	}
+	if _, err := helpdesk.DefineSLA(types.Registry); err != nil {
 		fmt.Fprintln(os.Stderr, "projector:", err)
 		os.Exit(cli.ExitError)
 	}
@@ -71,7 +76,20 @@ func main() {
 				}
 				return backend.EnsureOn(ctx, db, helpdesk.TicketIndex)
 			}
-			return cli.Wiring{Inline: app.Inline(), Async: append(app.Async(), ticketsAsync), Ephemeral: helpdesk.Ephemeral, Setup: setup}, nil
+			return cli.Wiring{Inline: app.Inline(), Async: append(app.Async(), ticketsAsync), Ephemeral: helpdesk.Ephemeral, Setup: setup,
+				Sagas: func(store *postgres.Store) ([]saga.Definition, error) {
+					// The SLA process manager, on the real clock: its
+					// reminders and escalations fire under `run`.
+					repo, err := helpdesk.NewTickets(store, types)
+					if err != nil {
+						return nil, err
+					}
+					sla, err := helpdesk.NewSLA(types, repo, nil)
+					if err != nil {
+						return nil, err
+					}
+					return []saga.Definition{sla}, nil
+				}}, nil
 		},
 		Commands: []*cobra.Command{demoCmd()},
 	}))

@@ -155,7 +155,7 @@ func TestRunStatusAndGracefulStop(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &shards); err != nil {
 			t.Fatalf("status -o json is not JSON: %v\n%s", err, r.stdout)
 		}
-		caught := len(shards) == 5 // agent_workload, customer_history, welcome_mail, live_counter, ticket_search
+		caught := len(shards) == 6 // agent_workload, customer_history, welcome_mail, live_counter, ticket_search, and the SLA saga ticket_sla
 		for _, s := range shards {
 			caught = caught && s.LagEvents == 0 && s.Status == "idle"
 		}

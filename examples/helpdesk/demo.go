@@ -133,6 +133,9 @@ func RunDemo(ctx context.Context, pool *pgxpool.Pool, out io.Writer, cfg DemoCon
 	if err := demoSearch(ctx, store, types, out); err != nil {
 		return err
 	}
+	if err := demoRelay(ctx, store, out); err != nil { // demo_relay.go
+		return err
+	}
 	fmt.Fprintf(out, "\n== Welcome mails (side effect, once per customer)\n%s", mail.String())
 
 	shards, err := projection.NewAdmin(store).List(ctx, "")

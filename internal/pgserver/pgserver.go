@@ -64,8 +64,10 @@ func versionOf(initdb string) int {
 
 // Start initialises and starts a cluster in a new temporary directory. As
 // root, where PostgreSQL refuses to run, it runs the server as the
-// "postgres" system user (or "nobody" when there is none).
-func Start(ctx context.Context) (*Server, error) {
+// "postgres" system user (or "nobody" when there is none). settings are
+// extra server settings, "name=value" (max_prepared_transactions=10 for a
+// test of two-phase commit, which the shared test server may have off).
+func Start(ctx context.Context, settings ...string) (*Server, error) {
 	bin, err := FindBinaries()
 	if err != nil {
 		return nil, err
@@ -102,6 +104,9 @@ func Start(ctx context.Context) (*Server, error) {
 		"-c max_connections=300",
 		"-c shared_buffers=128MB",
 	}, " ")
+	for _, kv := range settings {
+		opts += " -c " + kv
+	}
 	if out, err := s.run(ctx, "pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60", "start"); err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
 		return nil, fmt.Errorf("pgserver: pg_ctl start: %w\n%s\n%s", err, out, log)

@@ -1,0 +1,363 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// deadLettersCmd is `dead-letters`: what continuous-mode consumers could not
+// apply, and the operator's ways out of it (docs/operations.md, the
+// dead-letter runbook).
+func (a *App) deadLettersCmd() *cobra.Command {
+	cmd := group("dead-letters", "List, show, retry and discard the events continuous-mode consumers could not apply")
+	cmd.AddCommand(a.deadLettersListCmd(), a.deadLettersShowCmd(), a.deadLettersRetryCmd(), a.deadLettersDiscardCmd())
+	return cmd
+}
+
+func (a *App) deadLettersListCmd() *cobra.Command {
+	var f projection.DeadLetterFilter
+	var format, since string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List dead letters (open ones unless --status says otherwise), oldest first",
+		Long: `List dead letters, oldest first, filtered by any combination of --consumer,
+--instance, --type, --tenant, --reason, --status (open by default; "all" for every one)
+and --since (an age such as 24h or 7d, or an RFC 3339 time). Pages of --limit rows:
+pass the last id shown as --after for the next page.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			if f.Limit < 1 || f.Limit > 10_000 {
+				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", f.Limit)}
+			}
+			if f.AfterID < 0 {
+				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", f.AfterID)}
+			}
+			switch f.Status {
+			case "all":
+				f.Status = ""
+			case projection.DeadLetterOpen, projection.DeadLetterResolved, projection.DeadLetterDiscarded:
+			default:
+				return usageError{fmt.Errorf("--status %q: want open, resolved, discarded or all", f.Status)}
+			}
+			switch f.Reason {
+			case "", "apply-error", "skipped":
+			default:
+				return usageError{fmt.Errorf("--reason %q: want apply-error or skipped", f.Reason)}
+			}
+			if since != "" {
+				if f.Since, err = parseSince(since); err != nil {
+					return usageError{fmt.Errorf("--since: %w", err)}
+				}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				dls, err := projection.ListDeadLetters(cmd.Context(), store, f)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if dls == nil {
+						dls = []projection.DeadLetter{}
+					}
+					return writeJSON(a.out, dls)
+				}
+				if len(dls) == 0 {
+					fmt.Fprintln(a.out, "no dead letters match")
+					return nil
+				}
+				return writeTable(a.out, func(tw io.Writer) {
+					fmt.Fprintln(tw, "ID\tCONSUMER\tINSTANCE\tEVENT TYPE\tSTREAM\tVERSION\tSTATUS\tATTEMPTS\tRECORDED\tERROR")
+					for _, dl := range dls {
+						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", dl.ID, projector.Printable(dl.Consumer),
+							projector.Printable(dl.Instance), projector.Printable(dl.EventType), deadLetterStream(dl), dl.Version,
+							deadLetterStatus(dl), dl.Attempts, dl.CreatedAt.UTC().Format(time.RFC3339), clip(oneLineText(dl.Error), 80))
+					}
+				})
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.Consumer, "consumer", "", "only this consumer's")
+	fl.StringVar(&f.Instance, "instance", "", "only this instance's (shared shards: "+projection.SharedInstance+")")
+	fl.StringVar(&f.EventType, "type", "", "only events of this type")
+	fl.StringVar(&f.Tenant, "tenant", "", "only this tenant's events")
+	fl.StringVar(&f.Reason, "reason", "", "apply-error or skipped")
+	fl.StringVar(&f.Status, "status", projection.DeadLetterOpen, "open, resolved, discarded or all")
+	fl.StringVar(&since, "since", "", "recorded within this age (24h, 7d) or at or after this RFC 3339 time")
+	fl.IntVar(&f.Limit, "limit", 100, "rows per page (1..10000)")
+	fl.Int64Var(&f.AfterID, "after", 0, "the last id of the previous page")
+	fl.StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func (a *App) deadLettersShowCmd() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show a dead letter with its event's envelope and payload (or that the event was pruned)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("want one dead-letter id, got %d arguments", len(args))}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			ids, err := parseIDs(args)
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				dl, ev, err := projection.GetDeadLetter(cmd.Context(), store, ids[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					out := struct {
+						projection.DeadLetter
+						EventPruned bool             `json:"event_pruned"`
+						Event       *projector.Event `json:"event,omitempty"`
+					}{dl, ev == nil, ev}
+					return writeJSON(a.out, out)
+				}
+				w := a.out
+				fmt.Fprintf(w, "dead letter %d: %s\n", dl.ID, deadLetterStatus(dl))
+				fmt.Fprintf(w, "consumer:   %s (instance %s)\n", projector.Printable(dl.Consumer), projector.Printable(dl.Instance))
+				fmt.Fprintf(w, "event:      %s %s v%d of %s\n", projector.Printable(dl.EventType), dl.EventID, dl.Version, deadLetterStream(dl))
+				fmt.Fprintf(w, "reason:     %s, %d attempts, recorded %s\n", dl.Reason, dl.Attempts, dl.CreatedAt.UTC().Format(time.RFC3339))
+				if dl.LastRetriedAt != nil {
+					fmt.Fprintf(w, "retried:    %s\n", dl.LastRetriedAt.UTC().Format(time.RFC3339))
+				}
+				fmt.Fprintf(w, "error:      %s\n", oneLineText(dl.Error))
+				if ev == nil {
+					fmt.Fprintln(w, "event pruned: it is no longer in the log, so it cannot be retried; discard the dead letter to close it")
+					return nil
+				}
+				fmt.Fprintf(w, "recorded:   %s, schema version %d\n", ev.RecordedAt.UTC().Format(time.RFC3339), ev.SchemaVersion)
+				fmt.Fprintf(w, "metadata:   correlation %s, causation %s, actor %q\n", ev.Metadata.CorrelationID, ev.Metadata.CausationID, ev.Metadata.Actor)
+				if len(ev.Metadata.Headers) > 0 {
+					h, _ := json.Marshal(ev.Metadata.Headers)
+					fmt.Fprintf(w, "headers:    %s\n", h)
+				}
+				fmt.Fprintf(w, "payload:    %s\n", ev.Data)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func (a *App) deadLettersRetryCmd() *cobra.Command {
+	var all, here bool
+	var consumer string
+	cmd := &cobra.Command{
+		Use:   "retry ID...|--all --consumer NAME",
+		Short: "Apply dead letters' events again through their consumer's handlers",
+		Long: `Apply dead letters' events again through their consumer's handlers. A retry that
+succeeds commits the handler's writes together with the dead letter marked resolved,
+so the event is applied exactly once; retrying a resolved one is refused (exit 3). A
+retry that fails keeps the dead letter open with the new error and one more attempt
+(exit 1). Events of a stream whose later events the consumer applied already are
+applied out of order, and the command says so: that is what continuous mode means.
+
+The handlers are the projection's code: with --here the retry runs in this process,
+which must be your application's binary (cli.Config.Wire); without it the request
+is recorded and a running dispatcher that has the projection carries it out (check
+with ` + "`dead-letters list --status all`" + `).`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return usageError{errors.New("name dead-letter ids, or --all with --consumer")}
+			}
+			if all && consumer == "" {
+				return usageError{errors.New("--all needs --consumer NAME: retries are per consumer")}
+			}
+			if !all && consumer != "" {
+				return usageError{errors.New("--consumer goes with --all")}
+			}
+			ids, err := parseIDs(args)
+			if err != nil {
+				return err
+			}
+			var projections map[string]*projection.Async
+			if here {
+				if projections, err = a.asyncByName(); err != nil {
+					return err
+				}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				ctx := cmd.Context()
+				if all {
+					if ids, err = openDeadLetterIDs(cmd, store, consumer); err != nil {
+						return err
+					}
+					if len(ids) == 0 {
+						fmt.Fprintf(a.out, "no open dead letters of %s\n", projector.Printable(consumer))
+						return nil
+					}
+				}
+				if !here {
+					if err := projection.RequestDeadLetterRetry(ctx, store, ids); err != nil {
+						return err
+					}
+					fmt.Fprintf(a.out, "retry requested for %d dead letters; a running dispatcher with the projection carries it out (or run with --here in your application's binary)\n", len(ids))
+					return nil
+				}
+				failed := 0
+				for _, id := range ids {
+					dl, _, err := projection.GetDeadLetter(ctx, store, id)
+					if err != nil {
+						return err
+					}
+					p := projections[dl.Consumer]
+					if p == nil {
+						return usageError{fmt.Errorf("dead letter %d belongs to %s, and this binary has no async projection of that name: run it with your application's binary (cli.Config.Wire), or without --here for a running dispatcher",
+							id, projector.Printable(dl.Consumer))}
+					}
+					res, err := projection.RetryDeadLetter(ctx, store, p, id, a.logger())
+					if err != nil {
+						return err
+					}
+					order := ""
+					if res.OutOfOrder {
+						order = " (out of order: later events of its stream were applied before it)"
+					}
+					if res.Resolved {
+						fmt.Fprintf(a.out, "dead letter %d: applied and resolved%s\n", id, order)
+					} else {
+						failed++
+						fmt.Fprintf(a.out, "dead letter %d: failed again (attempt %d), still open%s: %s\n", id, res.Attempts, order, oneLineText(res.Error))
+					}
+				}
+				if failed > 0 {
+					return fmt.Errorf("%d of %d retries failed; the dead letters stay open with the new errors", failed, len(ids))
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "retry every open dead letter of --consumer")
+	cmd.Flags().StringVar(&consumer, "consumer", "", "with --all: the consumer")
+	cmd.Flags().BoolVar(&here, "here", false, "run the handlers in this process (your application's binary, cli.Config.Wire)")
+	return cmd
+}
+
+func (a *App) deadLettersDiscardCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "discard ID...",
+		Short: "Mark dead letters discarded: given up on, kept for the record",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("name the dead-letter ids to discard")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ids, err := parseIDs(args)
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				if err := projection.DiscardDeadLetters(cmd.Context(), store, ids); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "discarded %d dead letters (kept for the record)\n", len(ids))
+				return nil
+			})
+		},
+	}
+}
+
+// openDeadLetterIDs pages through every open dead letter of consumer.
+func openDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, consumer string) ([]int64, error) {
+	f := projection.DeadLetterFilter{Consumer: consumer, Status: projection.DeadLetterOpen, Limit: 1000}
+	var ids []int64
+	for {
+		page, err := projection.ListDeadLetters(cmd.Context(), store, f)
+		if err != nil {
+			return nil, err
+		}
+		for _, dl := range page {
+			ids = append(ids, dl.ID)
+		}
+		if len(page) < f.Limit {
+			return ids, nil
+		}
+		f.AfterID = page[len(page)-1].ID
+	}
+}
+
+// asyncByName is the wired async projections by name.
+func (a *App) asyncByName() (map[string]*projection.Async, error) {
+	w, err := a.wiring()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]*projection.Async{}
+	for _, p := range w.Async {
+		m[p.Name()] = p
+	}
+	return m, nil
+}
+
+// parseIDs reads dead-letter ids: positive integers.
+func parseIDs(args []string) ([]int64, error) {
+	ids := make([]int64, 0, len(args))
+	for _, s := range args {
+		id, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || id < 1 {
+			return nil, usageError{fmt.Errorf("dead-letter id %q: want a positive integer", projector.Printable(s))}
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// parseSince reads an age ("24h", "7d") or an RFC 3339 time.
+func parseSince(s string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	d, err := parseAge(s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q: want an age (24h, 7d) or an RFC 3339 time: %w", s, err)
+	}
+	return time.Now().Add(-d), nil
+}
+
+func deadLetterStream(dl projection.DeadLetter) string {
+	return projector.Printable(dl.StreamType) + "/" + projector.Printable(dl.StreamID) + " (tenant " + projector.Printable(dl.Tenant) + ")"
+}
+
+func deadLetterStatus(dl projection.DeadLetter) string {
+	if dl.RetryRequestedAt != nil && dl.Status == projection.DeadLetterOpen {
+		return "open, retry requested"
+	}
+	return dl.Status
+}
+
+func oneLineText(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func clip(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}

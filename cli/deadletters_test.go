@@ -1,0 +1,291 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// dlChildEnv makes this test binary the ops binary of an application with
+// the "tolerant" projection wired in (cli.Config.Wire): the tests below run
+// it as a separate process, the way an operator runs the real one.
+const dlChildEnv = "PROJECTOR_TEST_DEADLETTER_CLI"
+
+func init() {
+	if os.Getenv(dlChildEnv) == "" {
+		return
+	}
+	types := testevents.New()
+	os.Exit(Main(Config{Registry: types.Registry, Wire: func(schema string) (Wiring, error) {
+		return Wiring{Async: []*projection.Async{tolerant(schema, types)}}, nil
+	}}))
+}
+
+// tolerant is a continuous-mode projection that fails on opened events
+// titled "poison" while the switch table says so, after writing a trace row
+// (which the failure rolls back).
+func tolerant(schema string, types testevents.Types) *projection.Async {
+	p := projection.NewAsync("tolerant", projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, MaxAttempts: 1})
+	trace, sw := pgx.Identifier{schema, "trace"}.Sanitize(), pgx.Identifier{schema, "poison_switch"}.Sanitize()
+	if err := projection.On(p, types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, o testevents.TicketOpened) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+trace+` (event_id) VALUES ($1)`, ev.ID); err != nil {
+			return err
+		}
+		var fail bool
+		if err := tx.QueryRow(ctx, `SELECT fail FROM `+sw).Scan(&fail); err != nil {
+			return err
+		}
+		if o.Title == "poison" && fail {
+			return errors.New("cannot digest poison")
+		}
+		return nil
+	}); err != nil {
+		panic(err)
+	}
+	if err := projection.OnEvent(p, types.Commented, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		panic(err)
+	}
+	return p
+}
+
+type dlEnv struct {
+	t     *testing.T
+	ctx   context.Context
+	store *postgres.Store
+	url   string
+}
+
+// cli runs the ops binary and returns its standard output, standard error
+// and exit code.
+func (e *dlEnv) cli(args ...string) (string, string, int) {
+	e.t.Helper()
+	return e.cliSchema(e.store.Schema(), args...)
+}
+
+func (e *dlEnv) cliSchema(schema string, args ...string) (string, string, int) {
+	e.t.Helper()
+	cmd := exec.CommandContext(e.ctx, os.Args[0], append([]string{"--database-url", e.url, "--schema", schema}, args...)...)
+	cmd.Env = append(os.Environ(), dlChildEnv+"=1")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		e.t.Fatalf("run %v: %v", args, err)
+	}
+	return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+}
+
+func (e *dlEnv) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.store.Pool().Exec(e.ctx, sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (e *dlEnv) traced(id fmt.Stringer) int {
+	e.t.Helper()
+	var n int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.store.Table("trace")+` WHERE event_id = $1`, id.String()).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// The dead-letter commands end to end, in a separate process: list and show
+// (with the payload, and "event pruned" for a pruned one), retry --here that
+// applies once and is refused the second time, a failing retry that keeps
+// the dead letter with the new error, discard, --all, a retry request a
+// running dispatcher carries out, and the exit code of every refusal.
+func TestDeadLettersCommand(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t)}
+	e.exec(`CREATE TABLE ` + store.Table("trace") + ` (event_id uuid NOT NULL)`)
+	e.exec(`CREATE TABLE ` + store.Table("poison_switch") + ` (fail bool NOT NULL)`)
+	e.exec(`INSERT INTO ` + store.Table("poison_switch") + ` VALUES (true)`)
+	var poisons []projector.Event
+	for i := range 4 {
+		err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
+			res, err := store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprintf("p%d", i)), projector.NoStream,
+				testevents.TicketOpened{Title: "poison"}, testevents.TicketCommented{Body: "later"})
+			poisons = append(poisons, res.Events[0])
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{tolerant(store.Schema(), types)},
+		PollMax: 50 * time.Millisecond, Recheck: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = d.Stop(ctx)
+	})
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	out, stderr, code := e.cli("dead-letters", "list", "-o", "json")
+	var listed []projection.DeadLetter
+	if code != ExitOK || json.Unmarshal([]byte(out), &listed) != nil || len(listed) != 4 {
+		t.Fatalf("list -o json: exit %d, %q, %s", code, out, stderr)
+	}
+	ids := make([]string, 4)
+	for i, dl := range listed {
+		ids[i] = fmt.Sprint(dl.ID)
+		if dl.EventID != poisons[i].ID || dl.Status != "open" {
+			t.Fatalf("listed %d: %+v, want the poison %s, open", i, dl, poisons[i].ID)
+		}
+	}
+	if out, _, code := e.cli("dead-letters", "list", "--consumer", "tolerant", "--type", "ticket.opened", "--since", "1h", "--limit", "2", "--after", ids[0]); code != ExitOK ||
+		!strings.Contains(out, "cannot digest poison") || strings.Count(out, "\n") != 3 || !strings.Contains(out, "\n"+ids[1]+" ") || !strings.Contains(out, "\n"+ids[2]+" ") {
+		t.Fatalf("list, a page of two after the first:\n%s", out)
+	}
+	if out, _, code := e.cli("dead-letters", "show", ids[0]); code != ExitOK || !strings.Contains(out, `"poison"`) || !strings.Contains(out, poisons[0].ID.String()) {
+		t.Fatalf("show: exit %d:\n%s", code, out)
+	}
+
+	// A retry that succeeds is applied once, out of order, and says so.
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = false`)
+	if out, stderr, code := e.cli("dead-letters", "retry", "--here", ids[0]); code != ExitOK || !strings.Contains(out, "applied and resolved") || !strings.Contains(out, "out of order") {
+		t.Fatalf("retry: exit %d: %s %s", code, out, stderr)
+	}
+	if n := e.traced(poisons[0].ID); n != 1 {
+		t.Fatalf("retried event applied %d times", n)
+	}
+	if _, stderr, code := e.cli("dead-letters", "retry", "--here", ids[0]); code != ExitRefused || !strings.Contains(stderr, "resolved already") {
+		t.Fatalf("second retry: exit %d: %s", code, stderr)
+	}
+	if n := e.traced(poisons[0].ID); n != 1 {
+		t.Fatalf("after a second retry the event is applied %d times", n)
+	}
+
+	// A retry that fails keeps it, with the new error and attempt count.
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = true`)
+	if out, _, code := e.cli("dead-letters", "retry", "--here", ids[1]); code != ExitError || !strings.Contains(out, "failed again (attempt 2)") {
+		t.Fatalf("failing retry: exit %d: %s", code, out)
+	}
+	out, _, _ = e.cli("dead-letters", "show", "-o", "json", ids[1])
+	var shown struct {
+		projection.DeadLetter
+		EventPruned bool `json:"event_pruned"`
+	}
+	if err := json.Unmarshal([]byte(out), &shown); err != nil || shown.Attempts != 2 || shown.Status != "open" || !strings.HasPrefix(shown.Error, "retry: ") || shown.EventPruned {
+		t.Fatalf("after a failing retry: %+v, %v", shown, err)
+	}
+
+	// A pruned event: said by show, refused by retry, discard closes it.
+	e.exec(`DELETE FROM `+store.Table("projector_events")+` WHERE id = $1`, poisons[2].ID)
+	if out, _, code := e.cli("dead-letters", "show", ids[2]); code != ExitOK || !strings.Contains(out, "event pruned") {
+		t.Fatalf("show pruned: exit %d: %s", code, out)
+	}
+	if _, stderr, code := e.cli("dead-letters", "retry", "--here", ids[2]); code != ExitRefused || !strings.Contains(stderr, "pruned") {
+		t.Fatalf("retry pruned: exit %d: %s", code, stderr)
+	}
+	if out, _, code := e.cli("dead-letters", "discard", ids[2]); code != ExitOK || !strings.Contains(out, "discarded 1") {
+		t.Fatalf("discard: exit %d: %s", code, out)
+	}
+	if _, _, code := e.cli("dead-letters", "discard", ids[2]); code != ExitRefused {
+		t.Fatalf("discard twice: exit %d", code)
+	}
+
+	// --all retries every open one of the consumer: ids[1] and ids[3].
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = false`)
+	if out, stderr, code := e.cli("dead-letters", "retry", "--here", "--all", "--consumer", "tolerant"); code != ExitOK || strings.Count(out, "applied and resolved") != 2 {
+		t.Fatalf("retry --all: exit %d: %s %s", code, out, stderr)
+	}
+	for _, ev := range []projector.Event{poisons[1], poisons[3]} {
+		if n := e.traced(ev.ID); n != 1 {
+			t.Fatalf("--all applied %s %d times", ev.ID, n)
+		}
+	}
+	out, _, _ = e.cli("dead-letters", "list", "--status", "all", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 4 {
+		t.Fatalf("list --status all: %v %s", err, out)
+	}
+	for i, want := range []string{"resolved", "resolved", "discarded", "resolved"} {
+		if listed[i].Status != want {
+			t.Fatalf("dead letter %d: %s, want %s", listed[i].ID, listed[i].Status, want)
+		}
+	}
+
+	// Without --here the request is recorded and the running dispatcher,
+	// which has the projection, carries it out.
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = true`)
+	var late projector.Event
+	if err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
+		res, err := store.Append(e.ctx, tx, projector.Stream("ticket", "late"), projector.NoStream, testevents.TicketOpened{Title: "poison"})
+		late = res.Events[0]
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = false`)
+	if out, stderr, code := e.cli("dead-letters", "retry", "--all", "--consumer", "tolerant"); code != ExitOK || !strings.Contains(out, "retry requested for 1") {
+		t.Fatalf("retry request: exit %d: %s %s", code, out, stderr)
+	}
+	pgtest.Eventually(t, 30*time.Second, "the dispatcher to carry out the retry request", func() bool { return e.traced(late.ID) == 1 })
+	out, _, _ = e.cli("dead-letters", "list", "--status", "open", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 0 {
+		t.Fatalf("open after the dispatcher's retry: %v %s", err, out)
+	}
+
+	// Refusals and bad command lines.
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"dead-letters", "retry"}, ExitUsage},
+		{[]string{"dead-letters", "retry", "--all"}, ExitUsage},
+		{[]string{"dead-letters", "retry", "--all", "--consumer", "tolerant", "5"}, ExitUsage},
+		{[]string{"dead-letters", "retry", "--consumer", "tolerant", "5"}, ExitUsage},
+		{[]string{"dead-letters", "retry", "x1"}, ExitUsage},
+		{[]string{"dead-letters", "retry", "0"}, ExitUsage},
+		{[]string{"dead-letters", "show"}, ExitUsage},
+		{[]string{"dead-letters", "show", "1", "2"}, ExitUsage},
+		{[]string{"dead-letters", "discard"}, ExitUsage},
+		{[]string{"dead-letters", "list", "--limit", "0"}, ExitUsage},
+		{[]string{"dead-letters", "list", "--limit", "10001"}, ExitUsage},
+		{[]string{"dead-letters", "list", "--status", "gone"}, ExitUsage},
+		{[]string{"dead-letters", "list", "--reason", "x"}, ExitUsage},
+		{[]string{"dead-letters", "list", "--since", "yesterday"}, ExitUsage},
+		{[]string{"dead-letters", "list", "-o", "yaml"}, ExitUsage},
+		{[]string{"dead-letters", "nope"}, ExitUsage},
+		{[]string{"dead-letters", "show", "999999"}, ExitError},
+		{[]string{"dead-letters", "retry", ids[0]}, ExitRefused},
+		{[]string{"dead-letters", "discard", ids[0]}, ExitRefused},
+	} {
+		if _, stderr, code := e.cli(c.args...); code != c.code {
+			t.Errorf("%v: exit %d, want %d (%s)", c.args, code, c.code, stderr)
+		}
+	}
+}

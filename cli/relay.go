@@ -1,0 +1,86 @@
+package cli
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector/stores/jetstream"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+func (a *App) relayCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Inspect the relay of the log to NATS JetStream (see docs/relay.md)",
+	}
+	cmd.AddCommand(a.relayStatusCmd())
+	return cmd
+}
+
+func (a *App) relayStatusCmd() *cobra.Command {
+	var natsURL, stream, consumer, output string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the relay's lag",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return usageError{fmt.Errorf("-o %q: want table or json", output)}
+			}
+			url := cmp.Or(natsURL, os.Getenv("NATS_URL"), nats.DefaultURL)
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+				if err != nil {
+					return fmt.Errorf("connect to NATS: %w", err)
+				}
+				defer nc.Close()
+				js, err := natsjs.New(nc)
+				if err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+				defer cancel()
+				st, err := jetstream.RelayStatus(ctx, js, store, stream, consumer)
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					enc := json.NewEncoder(a.out)
+					enc.SetIndent("", "  ")
+					return enc.Encode(st)
+				}
+				r := st.Relay
+				_, err = fmt.Fprintf(a.out, `STREAM %s (%s, subjects %s)
+  messages          %d
+  bytes             %d
+  sequences         %d..%d
+  last message      %s
+  duplicate window  %v
+RELAY %s
+  status            %s (dispatcher %s)
+  cursor            %s
+  lag               %d events, oldest %.1fs
+  attempts          %d
+  last error        %s
+`, st.Stream, st.Storage, strings.Join(st.Subjects, ","), st.Messages, st.Bytes, st.FirstSeq, st.LastSeq,
+					st.LastTime.UTC().Format(time.RFC3339), st.DuplicateWindow, r.Consumer, r.Status, r.Dispatcher,
+					r.Cursor, r.LagEvents, r.LagSeconds, r.Attempts, cmp.Or(r.LastError, "-"))
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&natsURL, "nats-url", "", "NATS server (default $NATS_URL or "+nats.DefaultURL+")")
+	cmd.Flags().StringVar(&stream, "stream", jetstream.DefaultStreamName, "the relay's JetStream stream")
+	cmd.Flags().StringVar(&consumer, "consumer", jetstream.DefaultRelayName, "the relay's consumer name")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	return cmd
+}

@@ -1,0 +1,463 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	sq "github.com/Masterminds/squirrel"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// Dead-letter statuses. A dead letter is open until a retry applies its
+// event (resolved) or an operator gives up on it (discarded); neither
+// deletes it, so the table stays the record of what failed.
+const (
+	DeadLetterOpen      = "open"
+	DeadLetterResolved  = "resolved"
+	DeadLetterDiscarded = "discarded"
+)
+
+// ErrEventPruned: a dead letter's event is no longer in the log (retention
+// pruned it after it was dead-lettered), so it cannot be retried; it can
+// only be discarded. It matches [projector.ErrInvalidTransition] too, so the
+// CLI reports it as a refusal.
+var ErrEventPruned = fmt.Errorf("%w: the dead letter's event was pruned from the log", projector.ErrInvalidTransition)
+
+// ErrInvalidFilter: a dead-letter listing was asked for with a value that
+// cannot be a filter (a negative limit, an unknown status or reason).
+var ErrInvalidFilter = errors.New("projection: invalid dead-letter filter")
+
+// DeadLetter is one row of the dead-letter table: an event a continuous-mode
+// consumer could not apply, and what has been done about it since.
+type DeadLetter struct {
+	ID         int64              `json:"id"`
+	Consumer   string             `json:"consumer"`
+	Instance   string             `json:"instance_id"`
+	EventID    uuid.UUID          `json:"event_id"`
+	Position   projector.Position `json:"-"`
+	EventType  string             `json:"event_type"`
+	Tenant     string             `json:"tenant"`
+	StreamType string             `json:"stream_type"`
+	StreamID   string             `json:"stream_id"`
+	Version    int64              `json:"version"`
+	// Error is the last failure: the original one, or that of the last
+	// failed retry.
+	Error    string `json:"error"`
+	Attempts int    `json:"attempts"`
+	// Reason is why it was dead-lettered: "apply-error" or "skipped".
+	Reason    string    `json:"reason"`
+	Status    string    `json:"status"`
+	CreatedAt time.Time `json:"created_at"`
+	// ResolvedAt is when it was resolved or discarded.
+	ResolvedAt *time.Time `json:"resolved_at,omitempty"`
+	// LastRetriedAt is when a retry last ran.
+	LastRetriedAt *time.Time `json:"last_retried_at,omitempty"`
+	// RetryRequestedAt is set while a retry request waits for a dispatcher
+	// that has the projection.
+	RetryRequestedAt *time.Time `json:"retry_requested_at,omitempty"`
+}
+
+// DeadLetterFilter selects dead letters; zero fields do not filter. The
+// filters combine (AND).
+type DeadLetterFilter struct {
+	Consumer  string
+	Instance  string
+	EventType string
+	Tenant    string
+	// Reason is "apply-error" or "skipped".
+	Reason string
+	// Status is "open", "resolved", "discarded", or "" for all.
+	Status string
+	// Since keeps dead letters recorded at or after it.
+	Since time.Time
+	// AfterID pages: only dead letters with a larger id (pass the last id
+	// of the previous page).
+	AfterID int64
+	// Limit caps the rows returned; 0 means 100.
+	Limit int
+}
+
+const deadLetterColumns = `id, consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id,
+	stream_type, stream_id, version, error, attempts, reason, status, created_at, resolved_at, last_retried_at, retry_requested_at`
+
+func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
+	var dl DeadLetter
+	err := row.Scan(&dl.ID, &dl.Consumer, &dl.Instance, &dl.EventID, &dl.Position.TxID, &dl.Position.Seq, &dl.EventType,
+		&dl.Tenant, &dl.StreamType, &dl.StreamID, &dl.Version, &dl.Error, &dl.Attempts, &dl.Reason, &dl.Status,
+		&dl.CreatedAt, &dl.ResolvedAt, &dl.LastRetriedAt, &dl.RetryRequestedAt)
+	return dl, err
+}
+
+// ListDeadLetters returns the dead letters f selects, in id order (the
+// order they were recorded), at most f.Limit of them.
+func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFilter) ([]DeadLetter, error) {
+	if f.Limit < 0 || f.Limit > 10_000 {
+		return nil, fmt.Errorf("%w: limit %d (want 1 to 10000, 0 for 100)", ErrInvalidFilter, f.Limit)
+	}
+	if f.AfterID < 0 {
+		return nil, fmt.Errorf("%w: after id %d is negative", ErrInvalidFilter, f.AfterID)
+	}
+	switch f.Status {
+	case "", DeadLetterOpen, DeadLetterResolved, DeadLetterDiscarded:
+	default:
+		return nil, fmt.Errorf("%w: status %q (want open, resolved or discarded)", ErrInvalidFilter, f.Status)
+	}
+	switch f.Reason {
+	case "", "apply-error", "skipped":
+	default:
+		return nil, fmt.Errorf("%w: reason %q (want apply-error or skipped)", ErrInvalidFilter, f.Reason)
+	}
+	if f.Limit == 0 {
+		f.Limit = 100
+	}
+	// The filters are optional and combine: the query's shape changes at
+	// run time, which is what squirrel is for.
+	b := sq.StatementBuilder.PlaceholderFormat(sq.Dollar).
+		Select(deadLetterColumns).From(store.Table("projector_dead_letters")).
+		Where(sq.Gt{"id": f.AfterID}).OrderBy("id").Limit(uint64(f.Limit))
+	// In a fixed order, so equal filters give the same SQL text (and one
+	// cached statement).
+	for _, c := range [...]struct{ col, v string }{{"consumer", f.Consumer}, {"instance_id", f.Instance},
+		{"event_type", f.EventType}, {"tenant_id", f.Tenant}, {"reason", f.Reason}, {"status", f.Status}} {
+		if c.v != "" {
+			b = b.Where(sq.Eq{c.col: c.v})
+		}
+	}
+	if !f.Since.IsZero() {
+		b = b.Where(sq.GtOrEq{"created_at": f.Since})
+	}
+	sql, args, err := b.ToSql()
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: build query: %w", err)
+	}
+	rows, err := store.Pool().Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, scanDeadLetter)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// GetDeadLetter returns dead letter id and its event from the log, or a nil
+// event if the event was pruned since (dead letters are never pruned,
+// events may be). An unknown id matches [projector.ErrNotFound].
+func GetDeadLetter(ctx context.Context, store *postgres.Store, id int64) (DeadLetter, *projector.Event, error) {
+	dl, err := getDeadLetter(ctx, store.Pool(), store, id, false)
+	if err != nil {
+		return DeadLetter{}, nil, err
+	}
+	ev, err := deadLetterEvent(ctx, store.Pool(), store, dl)
+	if err != nil {
+		return dl, nil, err
+	}
+	return dl, ev, nil
+}
+
+func getDeadLetter(ctx context.Context, db postgres.DBTX, store *postgres.Store, id int64, forUpdate bool) (DeadLetter, error) {
+	q := `SELECT ` + deadLetterColumns + ` FROM ` + store.Table("projector_dead_letters") + ` WHERE id = $1`
+	if forUpdate {
+		q += ` FOR UPDATE`
+	}
+	rows, err := db.Query(ctx, q, id)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dead letter %d: %w", id, err)
+	}
+	dl, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return DeadLetter{}, fmt.Errorf("dead letter %d: %w", id, projector.ErrNotFound)
+	}
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dead letter %d: %w", id, err)
+	}
+	return dl, nil
+}
+
+// deadLetterEvent reads a dead letter's event through its stream (the
+// store's public, decoding read), nil if it is gone.
+func deadLetterEvent(ctx context.Context, db postgres.DBTX, store *postgres.Store, dl DeadLetter) (*projector.Event, error) {
+	stream := projector.StreamRef{Tenant: dl.Tenant, Type: dl.StreamType, ID: dl.StreamID}
+	events, err := store.ReadStreamTx(ctx, db, stream, postgres.StreamQuery{FromVersion: dl.Version, ToVersion: dl.Version})
+	if err != nil {
+		return nil, fmt.Errorf("dead letter %d: read its event: %w", dl.ID, err)
+	}
+	if len(events) != 1 || events[0].ID != dl.EventID {
+		return nil, nil
+	}
+	return &events[0], nil
+}
+
+// DiscardDeadLetters marks open dead letters discarded: given up on, kept
+// for the record. All or none: an unknown id matches
+// [projector.ErrNotFound], one that is not open
+// [projector.ErrInvalidTransition], and then nothing is changed.
+func DiscardDeadLetters(ctx context.Context, store *postgres.Store, ids []int64) error {
+	if len(ids) == 0 {
+		return fmt.Errorf("%w: discard: no dead-letter ids", ErrInvalidFilter)
+	}
+	return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		for _, id := range ids {
+			dl, err := getDeadLetter(ctx, tx, store, id, true)
+			if err != nil {
+				return fmt.Errorf("discard: %w", err)
+			}
+			if dl.Status != DeadLetterOpen {
+				return fmt.Errorf("discard dead letter %d: it is %s already: %w", id, dl.Status, projector.ErrInvalidTransition)
+			}
+			if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_dead_letters")+`
+				SET status = 'discarded', resolved_at = now(), retry_requested_at = NULL WHERE id = $1`, id); err != nil {
+				return fmt.Errorf("discard dead letter %d: %w", id, err)
+			}
+		}
+		return nil
+	})
+}
+
+// RequestDeadLetterRetry records a retry request on open dead letters, for
+// a dispatcher that has the consumer's projection registered to carry out
+// (it polls every Recheck): a binary without the projection's code cannot
+// run its handlers. All or none, refused like [DiscardDeadLetters]; an
+// event pruned meanwhile matches [ErrEventPruned].
+func RequestDeadLetterRetry(ctx context.Context, store *postgres.Store, ids []int64) error {
+	if len(ids) == 0 {
+		return fmt.Errorf("%w: retry: no dead-letter ids", ErrInvalidFilter)
+	}
+	return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		for _, id := range ids {
+			dl, err := getDeadLetter(ctx, tx, store, id, true)
+			if err != nil {
+				return fmt.Errorf("retry: %w", err)
+			}
+			if dl.Status != DeadLetterOpen {
+				return fmt.Errorf("retry dead letter %d: it is %s already: %w", id, dl.Status, projector.ErrInvalidTransition)
+			}
+			ev, err := deadLetterEvent(ctx, tx, store, dl)
+			if err != nil {
+				return err
+			}
+			if ev == nil {
+				return fmt.Errorf("retry dead letter %d (%s %s): %w; discard it", id, dl.EventType, dl.EventID, ErrEventPruned)
+			}
+			if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_dead_letters")+`
+				SET retry_requested_at = now() WHERE id = $1`, id); err != nil {
+				return fmt.Errorf("request retry of dead letter %d: %w", id, err)
+			}
+		}
+		return nil
+	})
+}
+
+// RetryResult is what one retry of a dead letter did.
+type RetryResult struct {
+	ID int64 `json:"id"`
+	// Resolved: the handler applied the event, committed with the dead
+	// letter marked resolved.
+	Resolved bool `json:"resolved"`
+	// Error is the handler's new error when it failed again; the dead letter
+	// stays open with it and one more attempt.
+	Error    string `json:"error,omitempty"`
+	Attempts int    `json:"attempts"`
+	// OutOfOrder: the consumer had applied later events of the same stream
+	// already, so this one was applied after them (what continuous mode
+	// means; the handler must cope).
+	OutOfOrder bool `json:"out_of_order"`
+}
+
+// RetryDeadLetter applies dead letter id's event again through p's
+// handlers, in this process, in one transaction with its new status: a
+// retry that succeeds commits the handler's writes and "resolved" together,
+// so the event is applied exactly once however often retries are asked
+// for (a second retry of a resolved one is refused with
+// [projector.ErrInvalidTransition]); a retry that fails rolls the handler's
+// writes back and keeps the dead letter open with the new error and one
+// more attempt (a nil error with Resolved false). It waits for the
+// consumer shard's lock, so it never runs beside a pass of the same shard.
+//
+// The event is applied as live, not as a replay: it never was applied, so
+// [Replaying] is false and [Emit] appends. AfterCommit is not called. The
+// dead letter must belong to p (matched by name); an event pruned
+// meanwhile matches [ErrEventPruned]. logger receives handler panics; nil
+// means slog.Default().
+func RetryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id int64, logger *slog.Logger) (RetryResult, error) {
+	res, _, err := retryDeadLetter(ctx, store, p, id, logger, false)
+	return res, err
+}
+
+// errNoRequest: a dispatcher found the retry request it was about to carry
+// out gone (another dispatcher of the projection did it first).
+var errNoRequest = errors.New("retry request carried out elsewhere")
+
+// retryDeadLetter is [RetryDeadLetter]; requested makes it a dispatcher's
+// carrying out of a retry request, which does nothing (errNoRequest) if the
+// request is gone under the lock: several dispatchers of one projection
+// may pick up the same request, and only one may try.
+func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id int64, logger *slog.Logger, requested bool) (RetryResult, bool, error) {
+	res := RetryResult{ID: id}
+	if err := p.Validate(store.Registry()); err != nil {
+		return res, false, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	dl, err := getDeadLetter(ctx, store.Pool(), store, id, false)
+	if err != nil {
+		return res, false, fmt.Errorf("retry: %w", err)
+	}
+	if dl.Consumer != p.name {
+		return res, false, fmt.Errorf("retry dead letter %d: it belongs to consumer %s, not %s: %w", id,
+			projector.Printable(dl.Consumer), projector.Printable(p.name), projector.ErrInvalidTransition)
+	}
+	dt := store.Table("projector_dead_letters")
+	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		shardID := ShardID{Consumer: dl.Consumer, Instance: dl.Instance}
+		if err := LockShard(ctx, tx, store, shardID); err != nil {
+			return err
+		}
+		// Read again under the row lock: a concurrent retry that resolved
+		// it committed before this one could lock the row.
+		dl, err := getDeadLetter(ctx, tx, store, id, true)
+		if err != nil {
+			return fmt.Errorf("retry: %w", err)
+		}
+		if requested && dl.RetryRequestedAt == nil {
+			return errNoRequest
+		}
+		if dl.Status != DeadLetterOpen {
+			return fmt.Errorf("retry dead letter %d: it is %s already (nothing applied again): %w", id, dl.Status, projector.ErrInvalidTransition)
+		}
+		ev, err := deadLetterEvent(ctx, tx, store, dl)
+		if err != nil {
+			return err
+		}
+		if ev == nil {
+			return fmt.Errorf("retry dead letter %d (%s %s): %w; discard it", id, dl.EventType, dl.EventID, ErrEventPruned)
+		}
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_events")+` e
+				JOIN `+store.Table("projector_consumers")+` c ON c.name = $4 AND c.instance_id = $5
+				WHERE e.tenant_id = $1 AND e.stream_type = $2 AND e.stream_id = $3 AND e.version > $6
+				  AND (e.tx_id, e.seq) <= (c.cursor_tx_id, c.cursor_seq))`,
+			dl.Tenant, dl.StreamType, dl.StreamID, dl.Consumer, dl.Instance, dl.Version).Scan(&res.OutOfOrder); err != nil {
+			return fmt.Errorf("retry dead letter %d: check order: %w", id, err)
+		}
+		herr, err := applyLive(ctx, tx, store, p, shardID, *ev, logger)
+		if err != nil {
+			return err
+		}
+		res.Attempts = dl.Attempts + 1
+		if herr == nil {
+			res.Resolved = true
+			_, err = tx.Exec(ctx, `UPDATE `+dt+` SET status = 'resolved', resolved_at = now(), last_retried_at = now(),
+				attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id)
+		} else {
+			res.Error = herr.Error()
+			_, err = tx.Exec(ctx, `UPDATE `+dt+` SET error = $2, last_retried_at = now(),
+				attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id, "retry: "+herr.Error())
+		}
+		if err != nil {
+			return fmt.Errorf("retry dead letter %d: record the outcome: %w", id, err)
+		}
+		return nil
+	})
+	if errors.Is(err, errNoRequest) {
+		return RetryResult{ID: id}, false, nil
+	}
+	if err != nil {
+		return RetryResult{ID: id}, false, err
+	}
+	logger.InfoContext(ctx, "projection: dead letter retried", slog.Int64("id", id), slog.String("consumer", dl.Consumer),
+		slog.Bool("resolved", res.Resolved), slog.Bool("out_of_order", res.OutOfOrder), slog.String("error", res.Error))
+	return res, true, nil
+}
+
+// applyLive runs p's handlers on one event in tx the way a pass does
+// (decoded payload, tenant scope, queued writes flushed, a savepoint that
+// rolls a failure back, the projection's BatchTimeout), not as a replay.
+// It returns the handler's error, or err when the transaction itself
+// failed. tx ends scoped to the system tenant.
+func applyLive(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, id ShardID, ev projector.Event, logger *slog.Logger) (herr, err error) {
+	d := &Dispatcher{store: store, logger: logger, sql: buildDispatchSQL(store)}
+	sh := &shard{id: id, proj: p}
+	handlerCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
+	defer cancel()
+	r := &run{d: d, tx: tx, sh: sh, scope: "", queue: &writeQueue{}}
+	r.handlerCtx = context.WithValue(handlerCtx, queueKey{}, r.queue)
+	k, herr := r.applyUntil(ctx, []projector.Event{ev}, 0)
+	if r.abort != nil {
+		return nil, r.abort
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := r.unscope(ctx); err != nil {
+		return nil, err
+	}
+	if k < 0 {
+		return nil, nil
+	}
+	if herr == nil {
+		herr = errors.New("handler failed")
+	}
+	return herr, nil
+}
+
+// retryLoop carries out the retry requests of dead letters of this
+// dispatcher's projections (`projector dead-letters retry` without --here):
+// each in its own transaction, the same as [RetryDeadLetter].
+func (d *Dispatcher) retryLoop(ctx context.Context) {
+	byName := map[string]*Async{}
+	var names []string
+	for _, sh := range d.shards {
+		if sh.shadow == nil && byName[sh.id.Consumer] == nil {
+			byName[sh.id.Consumer] = sh.proj
+			names = append(names, sh.id.Consumer)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	q := `SELECT id, consumer FROM ` + d.store.Table("projector_dead_letters") + `
+		WHERE retry_requested_at IS NOT NULL AND status = 'open' AND consumer = ANY($1) AND instance_id = ANY($2) ORDER BY id LIMIT 100`
+	instances := []string{SharedInstance, d.instance}
+	ticker := time.NewTicker(d.cfg.Recheck)
+	defer ticker.Stop()
+	for {
+		type req struct {
+			id   int64
+			name string
+		}
+		rows, err := d.store.Pool().Query(ctx, q, names, instances)
+		var reqs []req
+		if err == nil {
+			reqs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (req, error) {
+				var r req
+				return r, row.Scan(&r.id, &r.name)
+			})
+		}
+		if err != nil && ctx.Err() == nil {
+			d.logger.WarnContext(ctx, "projection dispatcher: looking for dead-letter retry requests failed", slog.Any("error", err))
+		}
+		for _, r := range reqs {
+			if _, _, err := retryDeadLetter(ctx, d.store, byName[r.name], r.id, d.logger, true); err != nil && ctx.Err() == nil {
+				// Clear the request, so one that cannot be carried out
+				// (pruned meanwhile) is not tried on every poll.
+				_, _ = d.store.Pool().Exec(context.WithoutCancel(ctx), `UPDATE `+d.store.Table("projector_dead_letters")+`
+					SET retry_requested_at = NULL WHERE id = $1 AND status = 'open'`, r.id)
+				d.logger.WarnContext(ctx, "projection dispatcher: a dead-letter retry request failed", slog.Int64("id", r.id), slog.Any("error", err))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}

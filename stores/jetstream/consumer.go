@@ -1,0 +1,344 @@
+package jetstream
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// Defaults of [ConsumerConfig].
+const (
+	DefaultMaxDeliver = 5
+	DefaultBackoff    = time.Second
+	DefaultMaxBackoff = time.Minute
+	DefaultHoldDelay  = 500 * time.Millisecond
+)
+
+// Outcome says what [Consumer.Handle] did with a message.
+type Outcome string
+
+// Outcomes of [Consumer.Handle].
+const (
+	Applied      Outcome = "applied"       // the handler ran and its transaction committed
+	Duplicate    Outcome = "duplicate"     // already claimed: acknowledged, handler not run
+	Held         Outcome = "held"          // predecessor not handled yet: nak with HoldDelay
+	Retried      Outcome = "retried"       // handler failed: nak with backoff
+	DeadLettered Outcome = "dead-lettered" // written to the dead-letter table and acknowledged
+)
+
+// ConsumerHandler applies one event's effects inside tx, which is scoped to
+// the event's tenant and also holds the event's claim: both commit or
+// neither does.
+type ConsumerHandler func(ctx context.Context, tx pgx.Tx, ev projector.Event) error
+
+// ConsumerConfig configures a [Consumer]. Store, Subscription and Handler
+// are required.
+type ConsumerConfig struct {
+	// Store is the consumer's own database: its Projector schema holds the
+	// claims (migration 0009), and its registry decodes the messages.
+	Store *postgres.Store
+	// Subscription names this consumer's claims; two subscriptions of one
+	// stream each apply every event once.
+	Subscription string
+	Handler      ConsumerHandler
+	// MaxDeliver is how many deliveries may fail in the handler before the
+	// message is dead-lettered; default [DefaultMaxDeliver]. Set the
+	// JetStream consumer's own MaxDeliver to -1 (unlimited), so JetStream
+	// never stops delivering a message this consumer has not settled.
+	MaxDeliver int
+	// Backoff is the nak delay after a handler error, doubled per delivery
+	// up to MaxBackoff; defaults [DefaultBackoff], [DefaultMaxBackoff].
+	Backoff, MaxBackoff time.Duration
+	// HoldDelay is the nak delay of an event held for its predecessor;
+	// default [DefaultHoldDelay].
+	HoldDelay time.Duration
+	// AcceptFirstSeen lets a stream this subscription has never handled
+	// start at whatever version arrives first (a subscription that starts
+	// mid-stream, or a source whose early events were pruned). By default a
+	// stream's first handled event must be version 1, so a lost first event
+	// is held and visible rather than silently passed.
+	AcceptFirstSeen bool
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Consumer applies relayed events from JetStream to PostgreSQL with
+// exactly-once effects: each message's handler runs in a transaction that
+// first claims (subscription, event id), so a redelivery of committed work is
+// acknowledged and skipped. Per source stream it applies events in version
+// order, holding back an event whose predecessor it has not handled.
+type Consumer struct {
+	cfg    ConsumerConfig
+	logger *slog.Logger
+	sql    consumerSQL
+}
+
+type consumerSQL struct{ claim, stream, advance, hold, dead string }
+
+// NewConsumer returns a consumer; zero fields of cfg take their documented
+// defaults. Configuration errors match [ErrInvalidConfig].
+func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
+	cfg.MaxDeliver = cmp.Or(cfg.MaxDeliver, DefaultMaxDeliver)
+	cfg.Backoff = cmp.Or(cfg.Backoff, DefaultBackoff)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff)
+	cfg.HoldDelay = cmp.Or(cfg.HoldDelay, DefaultHoldDelay)
+	switch {
+	case cfg.Store == nil:
+		return nil, fmt.Errorf("%w: ConsumerConfig.Store is required", ErrInvalidConfig)
+	case cfg.Handler == nil:
+		return nil, fmt.Errorf("%w: ConsumerConfig.Handler is required", ErrInvalidConfig)
+	case !plainToken(cfg.Subscription) || len(cfg.Subscription) > 128:
+		return nil, fmt.Errorf("%w: subscription %q: want 1..128 ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Printable(cfg.Subscription))
+	case cfg.MaxDeliver < 1 || cfg.Backoff < 0 || cfg.MaxBackoff < cfg.Backoff || cfg.HoldDelay < 0:
+		return nil, fmt.Errorf("%w: max deliver %d, backoff %v..%v, hold delay %v", ErrInvalidConfig, cfg.MaxDeliver, cfg.Backoff, cfg.MaxBackoff, cfg.HoldDelay)
+	}
+	s := cfg.Store
+	claims, streams, dead := s.Table("projector_jetstream_claims"), s.Table("projector_jetstream_streams"), s.Table("projector_jetstream_dead_letters")
+	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), sql: consumerSQL{
+		// The claim: a second insert of the same key does nothing, and the
+		// handler does not run.
+		claim: `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		// Locks the stream's row, so two consumers of one subscription
+		// apply a stream's events one at a time.
+		stream: `SELECT last_version FROM ` + streams + ` WHERE subscription = $1 AND tenant_id = $2 AND stream_type = $3 AND stream_id = $4 FOR UPDATE`,
+		advance: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE
+			SET last_version = excluded.last_version, updated_at = now(),
+			    held_version = CASE WHEN s.held_version <= excluded.last_version THEN NULL ELSE s.held_version END,
+			    held_since = CASE WHEN s.held_version <= excluded.last_version THEN NULL ELSE s.held_since END`,
+		hold: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version, held_version, held_since) VALUES ($1, $2, $3, $4, 0, $5, now())
+			ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE
+			SET held_version = excluded.held_version, held_since = coalesce(s.held_since, now())
+			WHERE s.held_version IS DISTINCT FROM excluded.held_version OR s.held_since IS NULL`,
+		dead: `INSERT INTO ` + dead + ` (subscription, event_id, subject, headers, data, error, deliveries) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+	}}, nil
+}
+
+// Consume runs the consumer on a JetStream consumer until the returned
+// context is stopped: cons should be a durable pull consumer with explicit
+// acknowledgement and MaxDeliver -1 (see ConsumerConfig.MaxDeliver).
+func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
+	return cons.Consume(func(msg jetstream.Msg) {
+		if _, err := c.Handle(ctx, msg); err != nil {
+			c.logger.Error("jetstream consumer: message left for redelivery", "subscription", c.cfg.Subscription, "subject", msg.Subject(), "err", err)
+		}
+	})
+}
+
+// Handle processes one delivered message and acknowledges it (or not) as
+// its outcome says. An error means the message was neither acknowledged nor
+// settled (the database or NATS failed); JetStream redelivers it after the
+// consumer's AckWait.
+func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (Outcome, error) {
+	deliveries := uint64(1)
+	if md, err := msg.Metadata(); err == nil {
+		deliveries = md.NumDelivered
+	}
+	ev, err := Decode(c.cfg.Store.Registry(), msg.Headers(), msg.Data())
+	if err != nil {
+		// Nothing a retry can change: dead-letter it at once.
+		return c.deadLetter(ctx, msg, nil, deliveries, err)
+	}
+	outcome, err := c.apply(ctx, ev)
+	switch {
+	case err == nil && outcome == Held:
+		return Held, c.hold(ctx, msg, ev)
+	case err == nil:
+		return outcome, msg.DoubleAck(ctx)
+	case errors.As(err, new(*handlerError)):
+		if deliveries >= uint64(c.cfg.MaxDeliver) {
+			return c.deadLetter(ctx, msg, &ev, deliveries, err)
+		}
+		if nerr := msg.NakWithDelay(c.backoff(deliveries)); nerr != nil {
+			return Retried, fmt.Errorf("nak event %s: %w", ev.ID, nerr)
+		}
+		c.logger.Warn("jetstream consumer: handler failed, retrying", "subscription", c.cfg.Subscription, "event_id", ev.ID, "deliveries", deliveries, "err", err)
+		return Retried, nil
+	default:
+		return "", err
+	}
+}
+
+// handlerError marks an error of the user's handler, as opposed to the
+// consumer's own database work.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+// apply claims the event, checks its stream's order and runs the handler,
+// all in one transaction. The claim and the stream bookkeeping are written
+// before the transaction is scoped to the tenant, so scoping only ever
+// narrows privileges and a tenant role needs no grant on these tables.
+func (c *Consumer) apply(ctx context.Context, ev projector.Event) (Outcome, error) {
+	outcome := Applied
+	err := pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, c.sql.claim, c.cfg.Subscription, ev.ID)
+		if err != nil {
+			return fmt.Errorf("claim event %s: %w", ev.ID, err)
+		}
+		if tag.RowsAffected() == 0 {
+			outcome = Duplicate
+			return nil
+		}
+		if o, err := c.order(ctx, tx, ev); err != nil || o != Applied {
+			outcome = o
+			if err == nil {
+				err = errSettled
+			}
+			return err
+		}
+		if err := c.cfg.Store.ScopeTx(ctx, tx, ev.Stream.Tenant); err != nil {
+			return err
+		}
+		if err := c.cfg.Handler(ctx, tx, ev); err != nil {
+			return &handlerError{fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)}
+		}
+		return nil
+	})
+	if errors.Is(err, errSettled) {
+		if outcome == Duplicate {
+			// An older version already handled, its claim since purged:
+			// settle it with a claim so the next redelivery is cheap.
+			if _, cerr := c.cfg.Store.Pool().Exec(ctx, c.sql.claim, c.cfg.Subscription, ev.ID); cerr != nil {
+				return "", fmt.Errorf("claim event %s: %w", ev.ID, cerr)
+			}
+		}
+		return outcome, nil
+	}
+	return outcome, err
+}
+
+// errSettled rolls back a transaction whose message needs no handler run.
+var errSettled = errors.New("settled without applying")
+
+// order reads the stream's last handled version under a row lock and
+// advances it to ev.Version when ev is next; otherwise it says Held (a
+// predecessor is missing) or Duplicate (an older version).
+func (c *Consumer) order(ctx context.Context, tx pgx.Tx, ev projector.Event) (Outcome, error) {
+	s := ev.Stream
+	var last int64
+	err := tx.QueryRow(ctx, c.sql.stream, c.cfg.Subscription, s.Tenant, s.Type, s.ID).Scan(&last)
+	known := err == nil
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("stream %s: read last version: %w", s, err)
+	}
+	switch {
+	case !known && c.cfg.AcceptFirstSeen:
+	case ev.Version <= last:
+		return Duplicate, nil
+	case ev.Version > last+1:
+		return Held, nil
+	}
+	if _, err := tx.Exec(ctx, c.sql.advance, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.Version); err != nil {
+		return "", fmt.Errorf("stream %s: advance to version %d: %w", s, ev.Version, err)
+	}
+	return Applied, nil
+}
+
+// hold records the held event (visible in projector_jetstream_streams) and
+// naks the message with HoldDelay.
+func (c *Consumer) hold(ctx context.Context, msg jetstream.Msg, ev projector.Event) error {
+	s := ev.Stream
+	if _, err := c.cfg.Store.Pool().Exec(ctx, c.sql.hold, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.Version); err != nil {
+		return fmt.Errorf("stream %s: record held version %d: %w", s, ev.Version, err)
+	}
+	if err := msg.NakWithDelay(c.cfg.HoldDelay); err != nil {
+		return fmt.Errorf("nak held event %s: %w", ev.ID, err)
+	}
+	return nil
+}
+
+// deadLetter writes the message to the dead-letter table, claims the event
+// and moves its stream past it (so its successors are not held forever), in
+// one transaction, then acknowledges it.
+func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, ev *projector.Event, deliveries uint64, cause error) (Outcome, error) {
+	headers, err := json.Marshal(msg.Headers())
+	if err != nil {
+		return "", fmt.Errorf("dead-letter: encode headers: %w", err)
+	}
+	var id any
+	if ev != nil {
+		id = ev.ID
+	}
+	err = pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
+		if ev != nil {
+			if _, err := tx.Exec(ctx, c.sql.claim, c.cfg.Subscription, ev.ID); err != nil {
+				return err
+			}
+			s := ev.Stream
+			if _, err := tx.Exec(ctx, c.sql.advance, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.Version); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, c.sql.dead, c.cfg.Subscription, id, msg.Subject(), headers, msg.Data(), cause.Error(), int64(deliveries))
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("dead-letter message on %q: %w", msg.Subject(), err)
+	}
+	c.logger.Error("jetstream consumer: message dead-lettered", "subscription", c.cfg.Subscription, "subject", msg.Subject(), "deliveries", deliveries, "err", cause)
+	if err := msg.DoubleAck(ctx); err != nil {
+		return DeadLettered, fmt.Errorf("ack dead-lettered message: %w", err)
+	}
+	return DeadLettered, nil
+}
+
+func (c *Consumer) backoff(deliveries uint64) time.Duration {
+	d := c.cfg.Backoff
+	for i := uint64(1); i < deliveries && d < c.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, c.cfg.MaxBackoff)
+}
+
+// PurgeClaims deletes the subscription's claims older than olderThan,
+// returning how many. A claim only matters while its message may still be
+// redelivered or re-published: keep it longer than the stream's duplicate
+// window plus the longest redelivery (AckWait × deliveries and the nak
+// backoffs); docs/jetstream.md suggests a day. Per-stream versions are kept,
+// so an event older than a stream's last handled version is still
+// recognised after its claim is gone.
+func PurgeClaims(ctx context.Context, store *postgres.Store, olderThan time.Duration) (int64, error) {
+	if olderThan < time.Hour {
+		return 0, fmt.Errorf("%w: claims retention %v below one hour", ErrInvalidConfig, olderThan)
+	}
+	tag, err := store.Pool().Exec(ctx, `DELETE FROM `+store.Table("projector_jetstream_claims")+` WHERE claimed_at < now() - make_interval(secs => $1)`, olderThan.Seconds())
+	if err != nil {
+		return 0, fmt.Errorf("purge jetstream claims: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// SkipTo moves a subscription's stream past a real gap: the stream's last
+// handled version becomes version-1, so the event at version (held until
+// now) is applied next. For a predecessor that will never come (pruned
+// before it was relayed, dead-lettered by another subscription's
+// operator); the held version and since when are in
+// projector_jetstream_streams. It refuses to move a stream backwards.
+func SkipTo(ctx context.Context, store *postgres.Store, subscription string, stream projector.StreamRef, version int64) error {
+	if version < 1 {
+		return fmt.Errorf("%w: version %d below 1", ErrInvalidConfig, version)
+	}
+	tag, err := store.Pool().Exec(ctx, `INSERT INTO `+store.Table("projector_jetstream_streams")+` AS s (subscription, tenant_id, stream_type, stream_id, last_version)
+		VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE SET last_version = excluded.last_version, updated_at = now()
+		WHERE s.last_version < excluded.last_version`, subscription, stream.Tenant, stream.Type, stream.ID, version-1)
+	if err != nil {
+		return fmt.Errorf("skip stream %s to version %d: %w", stream, version, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("skip stream %s to version %d: %w: already at or past it", stream, version, projector.ErrInvalidTransition)
+	}
+	return nil
+}

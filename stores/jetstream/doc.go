@@ -1,0 +1,34 @@
+// Package jetstream relays Projector's event log to a NATS JetStream stream
+// and applies it, on the other side, to PostgreSQL with exactly-once
+// effects. docs/relay.md is the guide.
+//
+// # The relay
+//
+// A [Relay] is an async consumer (projection.Async) whose batch handler
+// publishes every event of a batch asynchronously on subject
+// <prefix>.<tenant>.<stream type>.<event type> ([Subject]; tokens escaped
+// with [EscapeToken]) and returns only after every acknowledgement arrived:
+// the dispatcher commits the cursor after JetStream stored the batch, never
+// before. A failure fails the whole batch, which the dispatcher retries from
+// the cursor with backoff — message-by-message retries could reorder a
+// stream. The event id is the Nats-Msg-Id, so what a retry or a crash
+// republishes is dropped by the stream's duplicate window; [Relay.Ensure]
+// refuses a stream whose window, subjects or storage do not fit. The events
+// table is the outbox: appends never touch NATS.
+//
+// # The message
+//
+// The body is the payload JSON; the envelope is in headers ([NewMsg]).
+// [Decode] turns a message back into a projector.Event through a registry,
+// upcasters included.
+//
+// # The claims consumer
+//
+// A [Consumer] runs each message's handler in a transaction that first
+// claims (subscription, event id) and checks the source stream's last
+// handled version, so a redelivery of committed work is skipped and an
+// event whose predecessor is missing is held (nak with delay) rather than
+// applied out of order. Handler errors are retried with backoff and
+// dead-lettered after MaxDeliver deliveries. JetStream deduplicates
+// publishes only; effects need the claims.
+package jetstream

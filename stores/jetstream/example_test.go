@@ -1,0 +1,74 @@
+package jetstream_test
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/jetstream"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// The relay runs in a dispatcher like any async projection. (Compiled, not
+// run: it needs a NATS server and a database; docs/relay.md shows the same.)
+func ExampleNewRelay() {
+	ctx := context.Background()
+	var store *postgres.Store // from postgres.New, migrated
+	run := func() error {
+		nc, err := nats.Connect(cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
+		if err != nil {
+			return fmt.Errorf("connect to NATS: %w", err)
+		}
+		relay, err := jetstream.NewRelay(jetstream.RelayConfig{Conn: nc, Registry: store.Registry()})
+		if err != nil {
+			return err
+		}
+		if _, err := relay.Ensure(ctx); err != nil {
+			return err
+		}
+		d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{relay.Async()}})
+		if err != nil {
+			return err
+		}
+		return d.Start(ctx)
+	}
+	_ = run
+}
+
+// A service on the other side applies the events with claims: each
+// event's effects once, per stream in version order.
+func ExampleNewConsumer() {
+	ctx := context.Background()
+	var store *postgres.Store // the consumer's own database, migrated
+	var js natsjs.JetStream
+	run := func() (natsjs.ConsumeContext, error) {
+		cons, err := js.CreateOrUpdateConsumer(ctx, "PROJECTOR", natsjs.ConsumerConfig{
+			Durable: "billing", FilterSubject: "projector.*.ticket.>",
+			AckPolicy: natsjs.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: -1,
+		})
+		if err != nil {
+			return nil, err
+		}
+		c, err := jetstream.NewConsumer(jetstream.ConsumerConfig{
+			Store:        store,
+			Subscription: "billing",
+			Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+				_, err := tx.Exec(ctx, `INSERT INTO billing_log (event_id, type) VALUES ($1, $2)`, ev.ID, ev.Type)
+				return err
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return c.Consume(ctx, cons)
+	}
+	_ = run
+}

@@ -1,0 +1,309 @@
+package jetstream
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+)
+
+// Defaults of [RelayConfig].
+const (
+	DefaultRelayName       = "jetstream_relay"
+	DefaultStreamName      = "PROJECTOR"
+	DefaultDuplicateWindow = 5 * time.Minute
+	DefaultPublishTimeout  = 10 * time.Second
+	DefaultMaxPending      = 512
+)
+
+// ErrStreamMismatch: the JetStream stream exists with a configuration the
+// relay cannot rely on (it does not capture the relay's subjects, its
+// duplicate window is shorter than the relay needs, or its storage differs).
+// The relay refuses to start rather than publish into it.
+var ErrStreamMismatch = errors.New("jetstream: stream configuration does not fit the relay")
+
+// ErrMessageTooLarge: an event's message is bigger than the server accepts
+// (its max_payload). The batch fails and is retried like any handler error,
+// so the relay halts at that event (nothing after it is published, nothing
+// is lost) until the server's limit is raised or the consumer is handled by
+// an operator.
+var ErrMessageTooLarge = errors.New("jetstream: message larger than the server's max payload")
+
+// RelayConfig configures a [Relay]. Conn and Registry are required.
+type RelayConfig struct {
+	// Conn is a connection to a NATS server with JetStream enabled. Give it
+	// unlimited reconnects (nats.MaxReconnects(-1)) so an outage is waited
+	// out rather than ending the connection.
+	Conn *nats.Conn
+	// Registry is the application's event-type registry; every type it
+	// defines is relayed unless Types says otherwise.
+	Registry *projector.Registry
+	// Types limits the relayed event types; default every defined type.
+	Types []string
+	// Name is the relay's consumer name in projector_consumers (and in
+	// `projector status`); default [DefaultRelayName].
+	Name string
+	// Stream is the JetStream stream's name; default [DefaultStreamName].
+	Stream string
+	// Prefix is the first subject token(s); default [DefaultPrefix]. The
+	// stream captures <Prefix>.>.
+	Prefix string
+	// Storage of a stream the relay creates; default file storage. An
+	// existing stream must have this storage.
+	Storage jetstream.StorageType
+	// Replicas of a stream the relay creates; default 1.
+	Replicas int
+	// DuplicateWindow is the stream's duplicate window: how long a
+	// re-published event id is recognised and dropped. It must be longer
+	// than the longest time between a publish and the commit of the cursor
+	// past it, which includes a crashed relay's downtime until another
+	// dispatcher resumes the consumer; it must at least exceed the batch
+	// timeout plus the publish timeout. Default [DefaultDuplicateWindow]; an
+	// existing stream's window must be at least this long.
+	DuplicateWindow time.Duration
+	// PublishTimeout bounds the wait for a batch's acknowledgements; past
+	// it the batch fails and is published again from the cursor after a
+	// backoff. Default [DefaultPublishTimeout].
+	PublishTimeout time.Duration
+	// MaxPending bounds the asynchronous publishes in flight; default
+	// [DefaultMaxPending]. A publish beyond it waits for room.
+	MaxPending int
+	// Async configures the relay's consumer (batch size, backoff, error
+	// mode). RawPayloads is always set: the relay sends the JSON as stored
+	// after upcasting and never needs Go payloads.
+	Async projection.AsyncConfig
+	// Registerer receives the relay's metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+// Relay publishes the event log to a JetStream stream. It is an async
+// consumer: hand [Relay.Async] to a projection.Dispatcher. Each batch is
+// published asynchronously, every acknowledgement awaited, and only then
+// does the handler return so the dispatcher commits the cursor. A crash or a
+// failed publish re-publishes from the cursor; the event id as Nats-Msg-Id
+// lets the stream's duplicate window drop what was already stored.
+type Relay struct {
+	cfg     RelayConfig
+	js      jetstream.JetStream
+	async   *projection.Async
+	metrics relayMetrics
+	// afterAcks, set by tests only, runs between the last acknowledgement
+	// and the cursor commit.
+	afterAcks func()
+}
+
+// NewRelay returns a relay; zero fields of cfg take their documented
+// defaults. Configuration errors match [ErrInvalidConfig].
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	cfg.Name = cmp.Or(cfg.Name, DefaultRelayName)
+	cfg.Stream = cmp.Or(cfg.Stream, DefaultStreamName)
+	cfg.Prefix = cmp.Or(cfg.Prefix, DefaultPrefix)
+	cfg.DuplicateWindow = cmp.Or(cfg.DuplicateWindow, DefaultDuplicateWindow)
+	cfg.PublishTimeout = cmp.Or(cfg.PublishTimeout, DefaultPublishTimeout)
+	cfg.MaxPending = cmp.Or(cfg.MaxPending, DefaultMaxPending)
+	cfg.Replicas = cmp.Or(cfg.Replicas, 1)
+	cfg.Async.RawPayloads = true
+	switch {
+	case cfg.Conn == nil:
+		return nil, fmt.Errorf("%w: RelayConfig.Conn is required", ErrInvalidConfig)
+	case cfg.Registry == nil:
+		return nil, fmt.Errorf("%w: RelayConfig.Registry is required", ErrInvalidConfig)
+	case cfg.PublishTimeout < 0 || cfg.MaxPending < 1 || cfg.Replicas < 1:
+		return nil, fmt.Errorf("%w: negative publish timeout, max pending or replicas", ErrInvalidConfig)
+	case cfg.Storage != jetstream.FileStorage && cfg.Storage != jetstream.MemoryStorage:
+		return nil, fmt.Errorf("%w: unknown storage %d", ErrInvalidConfig, cfg.Storage)
+	case !validStreamName(cfg.Stream):
+		return nil, fmt.Errorf("%w: stream name %q: want ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Printable(cfg.Stream))
+	}
+	if err := ValidatePrefix(cfg.Prefix); err != nil {
+		return nil, err
+	}
+	async := projection.NewAsync(cfg.Name, cfg.Async)
+	acfg := async.Config()
+	if need := acfg.BatchTimeout + cfg.PublishTimeout; cfg.DuplicateWindow <= need {
+		return nil, fmt.Errorf("%w: duplicate window %v must exceed the batch timeout plus the publish timeout (%v)", ErrInvalidConfig, cfg.DuplicateWindow, need)
+	}
+	types := cfg.Types
+	if len(types) == 0 {
+		types = cfg.Registry.Names()
+	}
+	if len(types) == 0 {
+		return nil, fmt.Errorf("%w: the registry defines no event types", ErrInvalidConfig)
+	}
+	js, err := jetstream.New(cfg.Conn,
+		jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream relay: %w", err)
+	}
+	r := &Relay{cfg: cfg, js: js, async: async}
+	names := make([]projection.TypeName, len(types))
+	for i, t := range slices.Sorted(slices.Values(types)) {
+		names[i] = typeName(t)
+	}
+	if err := projection.OnBatch(async, r.publish, names...); err != nil {
+		return nil, err
+	}
+	if r.metrics, err = newRelayMetrics(cfg.Registerer, cfg.Name); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+type typeName string
+
+func (t typeName) Name() string { return string(t) }
+
+func validStreamName(s string) bool { return plainToken(s) && len(s) <= 255 }
+
+// Async returns the relay's consumer, for projection.Config.Projections.
+func (r *Relay) Async() *projection.Async { return r.async }
+
+// JetStream returns the relay's JetStream context.
+func (r *Relay) JetStream() jetstream.JetStream { return r.js }
+
+// StreamConfig returns the configuration of the stream the relay creates.
+func (r *Relay) StreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        r.cfg.Stream,
+		Description: "Projector event log relay",
+		Subjects:    []string{r.cfg.Prefix + ".>"},
+		Storage:     r.cfg.Storage,
+		Replicas:    r.cfg.Replicas,
+		Duplicates:  r.cfg.DuplicateWindow,
+		Retention:   jetstream.LimitsPolicy,
+	}
+}
+
+// Ensure creates the relay's stream, or checks that an existing one fits:
+// it captures <Prefix>.>, keeps duplicates at least DuplicateWindow long and
+// has the configured storage. A stream that does not fit is refused with
+// [ErrStreamMismatch] and left as it is. Call it once at start, before the
+// dispatcher runs the relay.
+func (r *Relay) Ensure(ctx context.Context) (jetstream.Stream, error) {
+	want := r.StreamConfig()
+	s, err := r.js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = r.js.CreateStream(ctx, want)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("jetstream relay: create stream %s: %w", want.Name, err)
+		}
+		if err == nil {
+			return s, nil
+		}
+		s, err = r.js.Stream(ctx, want.Name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jetstream relay: look up stream %s: %w", want.Name, err)
+	}
+	got := s.CachedInfo().Config
+	switch {
+	case !slices.Contains(got.Subjects, want.Subjects[0]):
+		return nil, fmt.Errorf("%w: stream %s captures %q, not %q", ErrStreamMismatch, want.Name, got.Subjects, want.Subjects[0])
+	case got.Duplicates < want.Duplicates:
+		return nil, fmt.Errorf("%w: stream %s keeps duplicates for %v, the relay needs at least %v", ErrStreamMismatch, want.Name, got.Duplicates, want.Duplicates)
+	case got.Storage != want.Storage:
+		return nil, fmt.Errorf("%w: stream %s has %s storage, the relay is configured for %s", ErrStreamMismatch, want.Name, got.Storage, want.Storage)
+	}
+	return s, nil
+}
+
+// publish is the relay's batch handler: every event of the batch published
+// asynchronously, in per-stream order on one connection, then every
+// acknowledgement awaited under PublishTimeout. Any failure fails the whole
+// batch, which the dispatcher retries from the cursor after a backoff:
+// retrying message by message could reorder a stream.
+func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) error {
+	start := time.Now()
+	maxPayload := r.cfg.Conn.MaxPayload()
+	futures := make([]jetstream.PubAckFuture, 0, b.Len())
+	for _, s := range b.Streams {
+		for _, ev := range s.Events {
+			msg, err := NewMsg(r.cfg.Prefix, ev)
+			if err != nil {
+				return err
+			}
+			if size := msgSize(msg); maxPayload > 0 && size > maxPayload {
+				r.metrics.failures.Inc()
+				return fmt.Errorf("%w: event %s (%s) is %d bytes, the server accepts %d", ErrMessageTooLarge, ev.ID, ev.Type, size, maxPayload)
+			}
+			f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID.String()), jetstream.WithExpectStream(r.cfg.Stream))
+			if err != nil {
+				r.metrics.failures.Inc()
+				return fmt.Errorf("publish event %s: %w", ev.ID, err)
+			}
+			futures = append(futures, f)
+		}
+	}
+	timer := time.NewTimer(r.cfg.PublishTimeout)
+	defer timer.Stop()
+	dups := 0
+	for _, f := range futures {
+		select {
+		case ack := <-f.Ok():
+			if ack.Duplicate {
+				dups++
+			}
+		case err := <-f.Err():
+			r.metrics.failures.Inc()
+			return fmt.Errorf("publish %s: %w", f.Msg().Header.Get(HeaderEventID), err)
+		case <-timer.C:
+			r.metrics.failures.Inc()
+			return fmt.Errorf("publish %s: no acknowledgement within %v: %w", f.Msg().Header.Get(HeaderEventID), r.cfg.PublishTimeout, context.DeadlineExceeded)
+		case <-ctx.Done():
+			r.metrics.failures.Inc()
+			return fmt.Errorf("publish batch: %w", ctx.Err())
+		}
+	}
+	r.metrics.published.Add(float64(len(futures) - dups))
+	r.metrics.duplicates.Add(float64(dups))
+	r.metrics.batch.Observe(time.Since(start).Seconds())
+	if r.afterAcks != nil {
+		r.afterAcks()
+	}
+	return nil
+}
+
+// msgSize is what the server counts against max_payload: headers and body.
+func msgSize(m *nats.Msg) int64 {
+	n := int64(len(m.Data)) + int64(len("NATS/1.0\r\n\r\n"))
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			n += int64(len(k) + len(v) + 4)
+		}
+	}
+	return n
+}
+
+type relayMetrics struct {
+	published, duplicates, failures prometheus.Counter
+	batch                           prometheus.Observer
+}
+
+func newRelayMetrics(reg prometheus.Registerer, name string) (relayMetrics, error) {
+	labels := prometheus.Labels{"relay": name}
+	published := prometheus.NewCounter(prometheus.CounterOpts{Name: "projector_relay_published_total", Help: "Events the relay published and JetStream stored.", ConstLabels: labels})
+	duplicates := prometheus.NewCounter(prometheus.CounterOpts{Name: "projector_relay_duplicates_total", Help: "Re-published events JetStream's duplicate window dropped (after a crash or a failed batch).", ConstLabels: labels})
+	failures := prometheus.NewCounter(prometheus.CounterOpts{Name: "projector_relay_publish_failures_total", Help: "Relay batches that failed to publish (NATS down or slow, a message too large); each is retried from the cursor.", ConstLabels: labels})
+	batch := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "projector_relay_batch_seconds", Help: "Time to publish a batch and receive every acknowledgement.", ConstLabels: labels})
+	m := relayMetrics{published: published, duplicates: duplicates, failures: failures, batch: batch}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{published, duplicates, failures, batch} {
+		if err := reg.Register(c); err != nil {
+			return relayMetrics{}, fmt.Errorf("jetstream relay: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
