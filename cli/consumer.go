@@ -249,13 +249,15 @@ until interrupted.`,
 					if err := WriteStatusWithRebuilds(a.out, shards, rebuilds, asJSON); err != nil {
 						return err
 					}
-					if err := a.writeFailedSagas(ctx, store, asJSON); err != nil { // status_saga.go
-						return err
+					err = a.writeFailedSagas(ctx, store, asJSON)  // status_saga.go
+					if err == nil && use == "status" && !asJSON { // who holds the horizon: cli/horizon.go
+						err = a.writeStatusHorizon(ctx, store)
 					}
-					if use == "status" && !asJSON { // who holds the horizon: cli/horizon.go
-						if err := a.writeStatusHorizon(ctx, store); err != nil {
-							return err
+					if err != nil {
+						if watch > 0 && ctx.Err() != nil {
+							return nil // interrupted mid-refresh
 						}
+						return err
 					}
 					if watch == 0 {
 						return nil

@@ -2,6 +2,7 @@ package rebuild_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -114,7 +115,14 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 		}
 		t.Logf("kill %d: after %d shadow rows", kill, want)
 	}
-	res, err := rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}, BatchSize: 100})
+	// The last killed child's session may still hold the one-at-a-time lock
+	// until its backend notices the closed connection: wait for that.
+	var res rebuild.InlineResult
+	var err error
+	eventually(t, time.Minute, "the killed rebuilds' sessions to end", func() bool {
+		res, err = rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}, BatchSize: 100})
+		return !errors.Is(err, rebuild.ErrActive)
+	})
 	if err != nil {
 		t.Fatalf("rebuild after the kills: %v", err)
 	}
