@@ -496,3 +496,21 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 func quietLogger(io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
+
+// catchUpWith runs a dispatcher of projs on store until it has applied
+// every event there is, then stops it: how each demo section that adds a
+// consumer (search, relay) brings it up to date.
+func catchUpWith(ctx context.Context, store *postgres.Store, out io.Writer, projs ...*projection.Async) error {
+	d, err := projection.New(projection.Config{Store: store, Projections: projs, InstanceID: "demo", Logger: quietLogger(out)})
+	if err != nil {
+		return err
+	}
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	err = d.CatchUp(ctx)
+	if stopErr := d.Stop(context.WithoutCancel(ctx)); err == nil {
+		err = stopErr
+	}
+	return err
+}

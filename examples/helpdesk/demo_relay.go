@@ -16,7 +16,6 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/projectorhq/projector/examples/ticketfeed"
-	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -51,18 +50,7 @@ func demoRelay(ctx context.Context, store *postgres.Store, out io.Writer) error 
 	if _, err := relay.Ensure(ctx); err != nil {
 		return err
 	}
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{relay.Async()}, InstanceID: "demo", Logger: quietLogger(out)})
-	if err != nil {
-		return err
-	}
-	if err := d.Start(ctx); err != nil {
-		return err
-	}
-	err = d.CatchUp(ctx)
-	if stopErr := d.Stop(context.WithoutCancel(ctx)); err == nil {
-		err = stopErr
-	}
-	if err != nil {
+	if err := catchUpWith(ctx, store, out, relay.Async()); err != nil {
 		return err
 	}
 	st, err := jetstream.RelayStatus(ctx, js, store, stream, jetstream.DefaultRelayName)

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/projectorhq/projector"
-	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/meilisearch"
 	"github.com/projectorhq/projector/stores/pgsearch"
@@ -54,18 +53,7 @@ func demoSearch(ctx context.Context, store *postgres.Store, types Types, out io.
 		if err != nil {
 			return err
 		}
-		d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{async}, InstanceID: "demo", Logger: quietLogger(out)})
-		if err != nil {
-			return err
-		}
-		if err := d.Start(ctx); err != nil {
-			return err
-		}
-		err = d.CatchUp(ctx)
-		if stopErr := d.Stop(context.WithoutCancel(ctx)); err == nil {
-			err = stopErr
-		}
-		if err != nil {
+		if err := catchUpWith(ctx, store, out, async); err != nil {
 			return err
 		}
 		for _, q := range []struct {
