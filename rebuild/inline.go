@@ -1,6 +1,7 @@
 package rebuild
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,7 +42,18 @@ const (
 	DefaultInlineLockTimeout = 100 * time.Millisecond
 	// DefaultInlineLockAttempts is how many times the switch tries the lock.
 	DefaultInlineLockAttempts = 50
+	// DefaultInlineMaxUnderLock caps the events the switch may apply under
+	// its lock; see InlineOptions.MaxUnderLock.
+	DefaultInlineMaxUnderLock = 5000
+	// DefaultInlineSettleTimeout bounds the wait for the replay to come
+	// within MaxUnderLock of the log.
+	DefaultInlineSettleTimeout = time.Minute
 )
+
+// ErrHorizonHeld: an inline rebuild could not get close enough to the log
+// to switch under a short lock, because a transaction somewhere in the
+// cluster holds the gap-safe horizon back (`projector horizon` names it).
+var ErrHorizonHeld = errors.New("rebuild: the horizon is held back; the switch would hold the tables too long")
 
 // A replay settles before the switch once a batch below the horizon brings
 // at most settledEvents events, or after settleRounds such batches if the
@@ -72,6 +84,17 @@ type InlineOptions struct {
 	// LockAttempts is how many times the switch tries; default
 	// [DefaultInlineLockAttempts].
 	LockAttempts int
+	// MaxUnderLock caps the committed events the switch may still have to
+	// apply under its lock; default [DefaultInlineMaxUnderLock]. The batches
+	// only read below the gap-safe horizon, so while a long transaction
+	// anywhere in the cluster holds it back, committed events pile up past
+	// the replay: the switch waits for them to be replayed in batches first,
+	// at most SettleTimeout, and refuses with [ErrHorizonHeld] rather than
+	// lock the live tables for long.
+	MaxUnderLock int
+	// SettleTimeout is how long the switch waits for that; default
+	// [DefaultInlineSettleTimeout].
+	SettleTimeout time.Duration
 }
 
 // InlineResult is what [Inline] did.
@@ -212,6 +235,33 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 	if err := replayBatches(); err != nil {
 		return failed(err)
 	}
+	// Close enough to the log to switch under a short lock?
+	settleBy := time.Now().Add(opts.SettleTimeout)
+	for {
+		var pending int
+		if err := store.Pool().QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+store.Table("projector_events")+` e
+			WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.type = ANY($3::text[]) LIMIT $4) x`,
+			cursor.TxID, cursor.Seq, p.EventTypes(), opts.MaxUnderLock+1).Scan(&pending); err != nil {
+			return failed(fmt.Errorf("rebuild inline %s: count what the switch would apply: %w", name, err))
+		}
+		if pending <= opts.MaxUnderLock {
+			break
+		}
+		if time.Now().After(settleBy) {
+			return failed(fmt.Errorf("%w: more than %d committed events of %s lie past the replay after %v (see `projector horizon`); nothing was switched",
+				ErrHorizonHeld, opts.MaxUnderLock, name, opts.SettleTimeout))
+		}
+		t := time.NewTimer(100 * time.Millisecond) // the horizon moves when that transaction ends
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return failed(fmt.Errorf("rebuild inline %s: %w", name, ctx.Err()))
+		case <-t.C:
+		}
+		if err := replayBatches(); err != nil {
+			return failed(err)
+		}
+	}
 
 	// The switch.
 	old := base + "_old_" + strconv.FormatInt(time.Now().Unix(), 10)
@@ -252,7 +302,13 @@ func (o *InlineOptions) fill() error {
 		return fmt.Errorf("lock timeout %v: want 1ms or more (0 means %v)", o.LockTimeout, DefaultInlineLockTimeout)
 	case o.LockAttempts < 0:
 		return fmt.Errorf("lock attempts %d: want 1 or more (0 means %d)", o.LockAttempts, DefaultInlineLockAttempts)
+	case o.MaxUnderLock < 0 || o.MaxUnderLock > 1_000_000:
+		return fmt.Errorf("max under lock %d: want 1 to 1000000 (0 means %d)", o.MaxUnderLock, DefaultInlineMaxUnderLock)
+	case o.SettleTimeout < 0:
+		return fmt.Errorf("settle timeout %v: want 0 (default %v) or more", o.SettleTimeout, DefaultInlineSettleTimeout)
 	}
+	o.MaxUnderLock = cmp.Or(o.MaxUnderLock, DefaultInlineMaxUnderLock)
+	o.SettleTimeout = cmp.Or(o.SettleTimeout, DefaultInlineSettleTimeout)
 	if o.BatchSize == 0 {
 		o.BatchSize = DefaultInlineBatchSize
 	}

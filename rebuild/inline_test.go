@@ -600,3 +600,53 @@ func TestInlineRebuildFenceAtSwitch(t *testing.T) {
 		t.Fatalf("left %d schemas", n)
 	}
 }
+
+// TestInlineRebuildRefusesWhileHorizonHeld: a transaction elsewhere holding
+// the gap-safe horizon back keeps the batches from reaching the log, so the
+// switch would apply everything since under its lock. With more than
+// MaxUnderLock such events it waits, then refuses with ErrHorizonHeld and
+// switches nothing; once the transaction ends, the rebuild goes through.
+func TestInlineRebuildRefusesWhileHorizonHeld(t *testing.T) {
+	e := newInlineEnv(t)
+	for i := range 5 {
+		if err := e.append(e.ctx, i, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.settle()
+	holder, err := pgtest.Pool(t).Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	if _, err := holder.Exec(e.ctx, `SELECT pg_current_xact_id()`); err != nil { // an id: it holds the horizon
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if err := e.append(e.ctx, 100+i, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tables := []string{e.schema + ".tickets"}
+	before := e.count(`SELECT count(*) FROM ` + e.ident("tickets"))
+	_, err = rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: tables, MaxUnderLock: 10, SettleTimeout: 300 * time.Millisecond})
+	if !errors.Is(err, rebuild.ErrHorizonHeld) {
+		t.Fatalf("with the horizon held: %v, want ErrHorizonHeld", err)
+	}
+	if n := e.count(`SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, '` + e.schema + `_irb_')`); n != 0 {
+		t.Fatalf("the refused rebuild left %d schemas", n)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.ident("tickets")); n != before {
+		t.Fatalf("the refused rebuild changed the live table: %d rows, had %d", n, before)
+	}
+	if err := holder.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: tables, MaxUnderLock: 10})
+	if err != nil {
+		t.Fatalf("after the holder ended: %v", err)
+	}
+	if res.CaughtUp > 10 || e.differences() != 0 {
+		t.Fatalf("after the holder ended: %+v, %d differences", res, e.differences())
+	}
+}
