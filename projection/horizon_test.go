@@ -199,14 +199,12 @@ func TestHorizonHolderMetric(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, mf := range mfs {
-			if mf.GetName() == "projector_horizon_holder_age_seconds" {
-				for _, m := range mf.GetMetric() {
-					labels := map[string]string{}
-					for _, l := range m.GetLabel() {
-						labels[l.GetName()] = l.GetValue()
-					}
-					return labels
+			if ms := mf.GetMetric(); mf.GetName() == "projector_horizon_holder_age_seconds" && len(ms) > 0 {
+				labels := map[string]string{}
+				for _, l := range ms[0].GetLabel() {
+					labels[l.GetName()] = l.GetValue()
 				}
+				return labels
 			}
 		}
 		return nil

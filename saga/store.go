@@ -562,13 +562,6 @@ func (s *Saga[S]) nextDue(ctx context.Context, store *postgres.Store, q queries)
 	return *next, nil
 }
 
-func commit(ctx context.Context, tx pgx.Tx) error {
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
 // stepFault reports whether err is a step's own failure, which continuous
 // mode dead-letters, rather than contention or a failing database, which
 // are retried whatever the mode: a step refused by promise 4 or by a

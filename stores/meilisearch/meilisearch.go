@@ -437,7 +437,7 @@ func (b *Backend) Documents(ctx context.Context, idx search.Index) ([]search.Sto
 			return nil, b.requestError("list documents of "+b.UID(idx), err)
 		}
 		var docs []map[string]json.RawMessage
-		if err := res.Results.Decode(&docs); err != nil {
+		if err := res.Results.DecodeWith(&docs, json.Marshal, json.Unmarshal); err != nil {
 			return nil, fmt.Errorf("decode documents: %w", err)
 		}
 		for _, d := range docs {
