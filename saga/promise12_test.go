@@ -1,13 +1,11 @@
 package saga_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"sync"
@@ -103,57 +101,11 @@ func runChild() int {
 	return 0
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-type child struct {
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan struct{}
-}
-
-func (e *env) startChild(killStep int) *child {
+// startChild runs this test binary as the saga's process on e's schema.
+func (e *env) startChild(killStep int) *pgtest.Child {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+pgtest.URL(e.t), childSchema+"="+e.store.Schema(),
+	return pgtest.StartChild(e.t, childEnv+"=1", childURLEnv+"="+pgtest.URL(e.t), childSchema+"="+e.store.Schema(),
 		childKillStep+"="+strconv.Itoa(killStep))
-	c := &child{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = c.out, c.out
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	go func() {
-		_ = cmd.Wait()
-		close(c.done)
-	}()
-	e.t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-c.done
-		if e.t.Failed() {
-			e.t.Logf("child %d output:\n%s", cmd.Process.Pid, c.out.String())
-		}
-	})
-	return c
-}
-
-// killed reports whether the child ended by SIGKILL.
-func (c *child) killed() bool {
-	ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
 // TestPromise12_CrashExactlyOnce SIGKILLs the process running the saga
@@ -202,15 +154,14 @@ func TestPromise12_CrashExactlyOnce(t *testing.T) {
 		appendSome()
 		// Kill at a random moment unless the child killed itself first.
 		select {
-		case <-c.done:
+		case <-c.Done():
 		case <-time.After(time.Duration(30+rng.IntN(150)) * time.Millisecond):
-			_ = c.cmd.Process.Kill()
-			<-c.done
+			c.Kill(t)
 		}
-		if c.killed() {
+		if c.Killed() {
 			kills++
 		} else {
-			t.Fatalf("child exited without being killed:\n%s", c.out.String())
+			t.Fatalf("child exited without being killed:\n%s", c.Output())
 		}
 	}
 	// A last child runs to the end: everything converges.
@@ -235,13 +186,7 @@ func TestPromise12_CrashExactlyOnce(t *testing.T) {
 		// Assigned tickets may or may not have been reminded first.
 		return steps >= want+reminders && e.pendingTimeouts() == 0 && e.instances() == next
 	})
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	<-c.done
-	if !c.cmd.ProcessState.Success() {
-		t.Fatalf("last child: %v\n%s", c.cmd.ProcessState, c.out.String())
-	}
+	c.Terminate(t)
 	checkExactlyOnce(t, e, next, comments, assigned)
 	t.Logf("%d SIGKILLs, %d tickets", kills, next)
 }

@@ -5,10 +5,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -88,17 +85,6 @@ func runChild() int {
 	return 0
 }
 
-type childOutput struct {
-	mu sync.Mutex
-	sb strings.Builder
-}
-
-func (c *childOutput) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.sb.Write(p)
-}
-
 // TestPromise13_SIGKILLedIndexerConverges: a child process indexing the
 // log (batches of 20) is SIGKILLed again and again while it catches up —
 // between a batch's writes and its commit on PostgreSQL, between
@@ -140,11 +126,7 @@ func TestPromise13_SIGKILLedIndexerConverges(t *testing.T) {
 					t.Fatalf("only %d kills landed mid-catch-up in 60 rounds", kills)
 				}
 				before := status().Processed
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), childEnv+"=1", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+e.store.Schema(), childMeiliEnv+"="+meiliURL)
-				out := &childOutput{}
-				cmd.Stdout, cmd.Stderr = out, out
-				must(t, cmd.Start())
+				child := pgtest.StartChild(t, childEnv+"=1", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+e.store.Schema(), childMeiliEnv+"="+meiliURL)
 				// Kill once the child has committed a batch or two: it is
 				// then, most likely, in the middle of the next.
 				target := before + int64(childBatch*(1+rng.IntN(3)))
@@ -152,10 +134,9 @@ func TestPromise13_SIGKILLedIndexerConverges(t *testing.T) {
 				for status().Processed < target && time.Now().Before(deadline) {
 					time.Sleep(time.Millisecond) // polling the child's progress
 				}
-				must(t, cmd.Process.Kill())
-				_ = cmd.Wait()
+				child.Kill(t)
 				if time.Now().After(deadline) {
-					t.Fatalf("child made no progress in 30s:\n%s", out.sb.String())
+					t.Fatalf("child made no progress in 30s:\n%s", child.Output())
 				}
 				if status().LagEvents > 0 {
 					kills++
