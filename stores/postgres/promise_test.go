@@ -319,9 +319,10 @@ func TestPromise3_NoEventSkipped(t *testing.T) {
 		ids   map[uuid.UUID]int
 	}
 	cursorSeen := seen{ids: map[uuid.UUID]int{}}
+	filteredSeen := seen{ids: map[uuid.UUID]int{}}
 	naiveSeen := map[uuid.UUID]bool{}
 	var readers sync.WaitGroup
-	readerErr := make(chan error, 2)
+	readerErr := make(chan error, 3)
 
 	readers.Go(func() { // the gap-safe cursor reader
 		after := projector.Start
@@ -338,6 +339,25 @@ func TestPromise3_NoEventSkipped(t *testing.T) {
 			after = b.Next(after)
 			if t := doneAt.Load(); t != 0 && len(b.Events) == 0 && b.Horizon > t {
 				// Every writer transaction is below the horizon, and read.
+				return
+			}
+		}
+	})
+	readers.Go(func() { // the same through the per-type merge of a filtered read
+		after := projector.Start
+		types := []string{"ticket.opened", "ticket.commented", "ticket.closed"}
+		for {
+			b, err := f.store.ReadLogTx(ctx, readerPool, postgres.LogQuery{After: after, Limit: 300, EventTypes: types, Raw: true})
+			if err != nil {
+				readerErr <- err
+				return
+			}
+			for _, ev := range b.Events {
+				filteredSeen.ids[ev.ID]++
+				filteredSeen.order = append(filteredSeen.order, ev)
+			}
+			after = b.Next(after)
+			if t := doneAt.Load(); t != 0 && len(b.Events) == 0 && b.Horizon > t {
 				return
 			}
 		}
@@ -403,14 +423,27 @@ func TestPromise3_NoEventSkipped(t *testing.T) {
 		t.Fatalf("cursor reader: %d committed events missing, %d seen, %d committed", missing, len(cursorSeen.ids), len(wl.committed))
 	}
 
-	// Promise 4 on the same run: per stream, log order is version order.
-	next := map[string]int64{}
-	for _, ev := range cursorSeen.order {
-		want := next[ev.Stream.ID] + 1
-		if ev.Version != want {
-			t.Fatalf("stream %s: version %d delivered where %d was next", ev.Stream.ID, ev.Version, want)
+	// A consumer's filtered read (per-type index reads, merged) keeps the
+	// promise too: every committed event once, none of a rolled-back one.
+	for id, n := range filteredSeen.ids {
+		if _, ok := wl.committed[id]; n != 1 || wl.rolledBack[id] || !ok {
+			t.Errorf("filtered reader: event %s delivered %d times (rolled back %v)", id, n, wl.rolledBack[id])
 		}
-		next[ev.Stream.ID] = want
+	}
+	if len(filteredSeen.ids) != len(wl.committed) {
+		t.Fatalf("filtered reader: %d events seen, %d committed", len(filteredSeen.ids), len(wl.committed))
+	}
+
+	// Promise 4 on the same run: per stream, log order is version order.
+	for _, order := range [][]projector.Event{cursorSeen.order, filteredSeen.order} {
+		next := map[string]int64{}
+		for _, ev := range order {
+			want := next[ev.Stream.ID] + 1
+			if ev.Version != want {
+				t.Fatalf("stream %s: version %d delivered where %d was next", ev.Stream.ID, ev.Version, want)
+			}
+			next[ev.Stream.ID] = want
+		}
 	}
 
 	naiveLost := 0
