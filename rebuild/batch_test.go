@@ -56,6 +56,12 @@ func TestShadowPassesUseRebuildBatchSize(t *testing.T) {
 	if err := d.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// AfterCommit runs just after each commit, which CatchUp may see first.
+	eventually(t, time.Minute, "the last batch's AfterCommit", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return sum(batches) >= 2*streams
+	})
 	live := taken()
 	if sum(live) != 2*streams || slices.Max(live) != 10 {
 		t.Fatalf("live catch-up applied batches %v (sum %d), want batches of at most 10 summing to %d", live, sum(live), 2*streams)
@@ -70,6 +76,11 @@ func TestShadowPassesUseRebuildBatchSize(t *testing.T) {
 	if err != nil || final.Status != rebuild.Switched {
 		t.Fatalf("rebuild ended %+v, %v", final, err)
 	}
+	eventually(t, time.Minute, "the shadow passes' AfterCommit", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return sum(batches) >= 2*streams
+	})
 	shadow := taken() // the live shard had nothing to apply meanwhile
 	if sum(shadow) != 2*streams || slices.Max(shadow) != 250 {
 		t.Fatalf("shadow passes applied batches %v (sum %d), want batches of 250 summing to %d", shadow, sum(shadow), 2*streams)
