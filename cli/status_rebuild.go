@@ -52,7 +52,7 @@ func rebuildOf(s projection.ShardState, rebuilds []rebuild.Rebuild) *rebuild.Reb
 		if r.Name != s.Consumer || !r.Active() {
 			continue
 		}
-		if (r.Mode == rebuild.BlueGreen && s.Instance == projection.RebuildInstance) ||
+		if ((r.Mode == rebuild.BlueGreen || r.Mode == rebuild.InlineRebuild) && s.Instance == projection.RebuildInstance) ||
 			(r.Mode == rebuild.InPlace && s.Instance == projection.SharedInstance) {
 			return &rebuilds[i]
 		}
@@ -72,6 +72,8 @@ func shardRebuildJSON(r *rebuild.Rebuild) *ShardRebuildJSON {
 // are: the shadow shard of a rebuild is not a process's instance.
 func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
 	switch {
+	case s.Instance == projection.RebuildInstance && r != nil && r.Mode == rebuild.InlineRebuild:
+		return fmt.Sprintf("%s (rebuild %d: inline v%d shadow)", s.Instance, r.ID, r.Version)
 	case s.Instance == projection.RebuildInstance && r != nil:
 		return fmt.Sprintf("%s (rebuild %d: v%d shadow)", s.Instance, r.ID, r.Version)
 	case s.Instance == projection.RebuildInstance:
