@@ -179,11 +179,3 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 	}
 	t.Logf("final rebuild: %+v", res)
 }
-
-// inlineShadowName finds the schema the inline rebuild of "tickets" builds
-// in (it is named after a hash of the projection's name).
-func inlineShadowName(e *ienv) string {
-	var name string
-	_ = e.store.Pool().QueryRow(e.ctx, `SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1) AND nspname NOT LIKE '%\_old\_%'`, e.schema+"_irb_").Scan(&name)
-	return name
-}
