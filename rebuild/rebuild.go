@@ -140,6 +140,11 @@ var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,99}$`)
 // (structure, indexes, grants and row-level-security policies) and a shadow
 // shard that dispatchers of the requested version build it with; the switch
 // happens when it has caught up.
+//
+// A name only the inline registry knows (an inline projection) records an
+// [InlineRebuild], blue/green only, at the version the stores record, for a
+// process with the projection's code to carry out ([ServeInline], which
+// `projector run` starts, or [Inline]).
 func Request(ctx context.Context, store *postgres.Store, name string, opts Options) (Rebuild, error) {
 	opts.Mode = Mode(strings.TrimSpace(string(opts.Mode)))
 	if opts.Mode == "" {
