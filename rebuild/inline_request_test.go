@@ -124,7 +124,7 @@ func TestInlineRebuildCancelledWhileReplaying(t *testing.T) {
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- rebuild.Cancel(e.ctx, e.store, "tickets") }()
 	// Let the batch go once Cancel waits for it.
-	waitForShardLockWaiter(t, e, "tickets")
+	waitForShardLockWaiter(t, e, "tickets", cancelled)
 	open()
 	if err := <-cancelled; err != nil {
 		t.Fatal(err)
@@ -146,10 +146,15 @@ func TestInlineRebuildCancelledWhileReplaying(t *testing.T) {
 // waitForShardLockWaiter waits until a session waits for the advisory lock
 // of the projection's rebuild shard (projection.LockShard's key): Cancel,
 // queued behind the replaying batch.
-func waitForShardLockWaiter(t *testing.T, e *ienv, name string) {
+// A Cancel that returned already (an error) ends the wait: the caller
+// reads it.
+func waitForShardLockWaiter(t *testing.T, e *ienv, name string, cancelled chan error) {
 	t.Helper()
 	key := "projector.shard\x1f" + e.schema + "\x1f" + name + "\x1f" + projection.RebuildInstance
-	eventually(t, 30*time.Second, "Cancel to wait for the batch", func() bool {
+	eventually(t, time.Minute, "Cancel to wait for the batch", func() bool {
+		if len(cancelled) > 0 {
+			return true
+		}
 		var n int
 		err := e.store.Pool().QueryRow(e.ctx, `WITH k AS (SELECT hashtextextended($1, 0) AS h)
 			SELECT count(*) FROM pg_locks l, k WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1
