@@ -216,7 +216,7 @@ by default: it no longer holds retention back). The instance __rebuild__ is not 
 process: it is the shadow shard of a blue/green rebuild, building a new version into
 tables no reader uses; rebuilds in progress follow the shards with their percentage
 (-o json: each shard's "role" and "rebuild"). --watch 2s redraws every 2 seconds
-until interrupted.`+statusJSONHelp(use),
+until interrupted.` + statusJSONHelp(use),
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := outputFormat(format)
