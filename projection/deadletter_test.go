@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
@@ -262,4 +264,42 @@ func TestDeadLetterRetryRequestTriedOnce(t *testing.T) {
 			t.Fatalf("round %d: %+v", round, dl)
 		}
 	}
+}
+
+// projector_dead_letters_open counts a consumer's open dead letters from
+// the table (every instance, whoever recorded them) and follows discards
+// and successful retries.
+func TestDeadLettersOpenGauge(t *testing.T) {
+	t.Parallel()
+	e, p, failing, ids := deadLetterEnv(t)
+	reg := prometheus.NewRegistry()
+	e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Registerer: reg, MetricsEvery: 20 * time.Millisecond})
+	open := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "projector_dead_letters_open" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "consumer" && l.GetValue() == "tolerant" {
+						return m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		return -1
+	}
+	eventually(t, 30*time.Second, "the gauge to count 3 open dead letters", func() bool { return open() == 3 })
+	if err := projection.DiscardDeadLetters(e.ctx, e.store, ids[:1]); err != nil {
+		t.Fatal(err)
+	}
+	failing.Store(false)
+	if res, err := projection.RetryDeadLetter(e.ctx, e.store, p, ids[1], nil); err != nil || !res.Resolved {
+		t.Fatalf("retry: %+v, %v", res, err)
+	}
+	eventually(t, 30*time.Second, "the gauge to count the one still open", func() bool { return open() == 1 })
 }
