@@ -142,6 +142,9 @@ func (a *App) deadLettersShowCmd() *cobra.Command {
 				fmt.Fprintf(w, "consumer:   %s (instance %s)\n", projector.Printable(dl.Consumer), projector.Printable(dl.Instance))
 				fmt.Fprintf(w, "event:      %s %s v%d of %s\n", projector.Printable(dl.EventType), dl.EventID, dl.Version, deadLetterStream(dl))
 				fmt.Fprintf(w, "reason:     %s, %d attempts, recorded %s\n", dl.Reason, dl.Attempts, dl.CreatedAt.UTC().Format(time.RFC3339))
+				if dl.ModelRebuildID != 0 {
+					fmt.Fprintf(w, "model:      the one rebuild %d built (a retry is refused once another rebuild replaces it)\n", dl.ModelRebuildID)
+				}
 				if dl.LastRetriedAt != nil {
 					fmt.Fprintf(w, "retried:    %s\n", dl.LastRetriedAt.UTC().Format(time.RFC3339))
 				}

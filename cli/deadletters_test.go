@@ -259,6 +259,35 @@ func TestDeadLettersCommand(t *testing.T) {
 		t.Fatalf("open after the dispatcher's retry: %v %s", err, out)
 	}
 
+	// A dead letter of a model a rebuild replaced: refused, as a request
+	// and --here, saying why; discard closes it. (The rebuild row stands
+	// for an in-place rebuild that replayed the event.)
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = true`)
+	if err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(e.ctx, tx, projector.Stream("ticket", "replaced"), projector.NoStream, testevents.TicketOpened{Title: "poison"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, _, _ = e.cli("dead-letters", "list", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 1 || listed[0].ModelRebuildID != 0 {
+		t.Fatalf("open before the rebuild: %v %s", err, out)
+	}
+	replaced := fmt.Sprint(listed[0].ID)
+	e.exec(`INSERT INTO ` + store.Table("projector_rebuilds") + ` (name, version, mode, status, tables) VALUES ('tolerant', 1, 'in-place', 'done', '{}')`)
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = false`)
+	for _, args := range [][]string{{"dead-letters", "retry", replaced}, {"dead-letters", "retry", "--here", replaced}} {
+		if _, stderr, code := e.cli(args...); code != ExitRefused || !strings.Contains(stderr, "replaced") || !strings.Contains(stderr, "discard it") {
+			t.Fatalf("%v of a replaced model's dead letter: exit %d: %s", args, code, stderr)
+		}
+	}
+	if out, _, code := e.cli("dead-letters", "discard", replaced); code != ExitOK || !strings.Contains(out, "discarded 1") {
+		t.Fatalf("discard a replaced model's dead letter: exit %d: %s", code, out)
+	}
+
 	// Refusals and bad command lines.
 	for _, c := range []struct {
 		args []string
