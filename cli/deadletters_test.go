@@ -284,6 +284,18 @@ func TestDeadLettersCommand(t *testing.T) {
 			t.Fatalf("%v of a replaced model's dead letter: exit %d: %s", args, code, stderr)
 		}
 	}
+	out, _, _ = e.cli("dead-letters", "list", "--model", "superseded", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 1 || fmt.Sprint(listed[0].ID) != replaced {
+		t.Fatalf("list --model superseded: %v %s", err, out)
+	}
+	out, _, _ = e.cli("dead-letters", "list", "--model", "live", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 0 {
+		t.Fatalf("list --model live: %v %s", err, out)
+	}
+	if out, stderr, code := e.cli("dead-letters", "retry", "--here", "--all", "--consumer", "tolerant"); code != ExitOK ||
+		!strings.Contains(out, "left 1 open dead letters of tolerant recorded against a model a rebuild replaced") || !strings.Contains(out, "no open dead letters of tolerant to retry") {
+		t.Fatalf("retry --all with only a replaced model's dead letter: exit %d: %s %s", code, out, stderr)
+	}
 	if out, _, code := e.cli("dead-letters", "discard", replaced); code != ExitOK || !strings.Contains(out, "discarded 1") {
 		t.Fatalf("discard a replaced model's dead letter: exit %d: %s", code, out)
 	}
@@ -306,6 +318,7 @@ func TestDeadLettersCommand(t *testing.T) {
 		{[]string{"dead-letters", "list", "--limit", "10001"}, ExitUsage},
 		{[]string{"dead-letters", "list", "--status", "gone"}, ExitUsage},
 		{[]string{"dead-letters", "list", "--reason", "x"}, ExitUsage},
+		{[]string{"dead-letters", "list", "--model", "old"}, ExitUsage},
 		{[]string{"dead-letters", "list", "--since", "yesterday"}, ExitUsage},
 		{[]string{"dead-letters", "list", "-o", "yaml"}, ExitUsage},
 		{[]string{"dead-letters", "nope"}, ExitUsage},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	sq "github.com/Masterminds/squirrel"
@@ -104,6 +105,29 @@ type DeadLetterFilter struct {
 	AfterID int64
 	// Limit caps the rows returned; 0 means 100.
 	Limit int
+	// Model is "" for all, [ModelLive] for dead letters of their
+	// consumer's live model (the ones a retry may apply), or
+	// [ModelSuperseded] for those of a model a rebuild replaced or of a
+	// cancelled rebuild, which can only be discarded (see
+	// [ErrDeadLetterSuperseded]). Neither holds those of a rebuild still
+	// building.
+	Model string
+}
+
+// The models a [DeadLetterFilter] selects by.
+const (
+	ModelLive       = "live"
+	ModelSuperseded = "superseded"
+)
+
+// liveModelSQL is the id of the rebuild that built the live model of the
+// consumer named by the expression {{c}}: its latest switched or in-place
+// rebuild, 0 when it was never rebuilt (as migration 0011's trigger
+// records it on each dead letter).
+const liveModelSQL = `coalesce((SELECT max(r.id) FROM {{r}} r WHERE r.name = {{c}} AND (r.status = 'switched' OR r.mode = 'in-place')), 0)`
+
+func liveModel(store *postgres.Store, consumer string) string {
+	return strings.NewReplacer("{{r}}", store.Table("projector_rebuilds"), "{{c}}", consumer).Replace(liveModelSQL)
 }
 
 const deadLetterColumns = `id, consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id,
@@ -136,13 +160,18 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 	default:
 		return nil, fmt.Errorf("%w: reason %q (want apply-error or skipped)", ErrInvalidFilter, f.Reason)
 	}
+	switch f.Model {
+	case "", ModelLive, ModelSuperseded:
+	default:
+		return nil, fmt.Errorf("%w: model %q (want live or superseded)", ErrInvalidFilter, f.Model)
+	}
 	if f.Limit == 0 {
 		f.Limit = 100
 	}
 	// The filters are optional and combine: the query's shape changes at
 	// run time, which is what squirrel is for.
 	b := sq.StatementBuilder.PlaceholderFormat(sq.Dollar).
-		Select(deadLetterColumns).From(store.Table("projector_dead_letters")).
+		Select(deadLetterColumns).From(store.Table("projector_dead_letters") + " d").
 		Where(sq.Gt{"id": f.AfterID}).OrderBy("id").Limit(uint64(f.Limit))
 	// In a fixed order, so equal filters give the same SQL text (and one
 	// cached statement).
@@ -154,6 +183,13 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 	}
 	if !f.Since.IsZero() {
 		b = b.Where(sq.GtOrEq{"created_at": f.Since})
+	}
+	switch f.Model {
+	case ModelLive:
+		b = b.Where(`d.instance_id <> '` + RebuildInstance + `' AND d.model_rebuild_id = ` + liveModel(store, "d.consumer"))
+	case ModelSuperseded:
+		b = b.Where(`d.model_rebuild_id <> ` + liveModel(store, "d.consumer") + ` AND NOT EXISTS (SELECT 1 FROM ` +
+			store.Table("projector_rebuilds") + ` a WHERE a.id = d.model_rebuild_id AND a.status IN ('building', 'ready'))`)
 	}
 	sql, args, err := b.ToSql()
 	if err != nil {
@@ -419,8 +455,7 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 func checkModel(ctx context.Context, tx pgx.Tx, store *postgres.Store, dl DeadLetter) error {
 	r := store.Table("projector_rebuilds")
 	var live int64
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM `+r+` WHERE name = $1 AND (status = 'switched' OR mode = 'in-place')`,
-		dl.Consumer).Scan(&live); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT `+liveModel(store, "$1"), dl.Consumer).Scan(&live); err != nil {
 		return fmt.Errorf("retry dead letter %d: read the consumer's live model: %w", dl.ID, err)
 	}
 	if dl.Instance != RebuildInstance && dl.ModelRebuildID == live {

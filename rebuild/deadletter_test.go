@@ -103,6 +103,13 @@ func TestDeadLetterRetryAfterRebuild(t *testing.T) {
 		return err == nil && r.Status == rebuild.Ready
 	})
 	shadow := e.openDeadLetter("both", projection.RebuildInstance, rb.ID)
+	// Neither live nor superseded while its rebuild is still building.
+	for _, model := range []string{projection.ModelLive, projection.ModelSuperseded} {
+		dls, err := projection.ListDeadLetters(e.ctx, e.store, projection.DeadLetterFilter{Consumer: "counter", Instance: projection.RebuildInstance, Model: model})
+		if err != nil || len(dls) != 0 {
+			t.Fatalf("model %s before the switch lists the shadow's dead letter: %+v, %v", model, dls, err)
+		}
+	}
 	poisoned.Store(false)
 	if _, err := projection.RetryDeadLetter(e.ctx, e.store, v2, shadow.ID, nil); !errors.Is(err, projection.ErrDeadLetterSuperseded) ||
 		!strings.Contains(err.Error(), "still ready") {
@@ -116,6 +123,20 @@ func TestDeadLetterRetryAfterRebuild(t *testing.T) {
 	}
 	if n := e.applied("old"); n != 1 {
 		t.Fatalf("v2's replay counted the event v1 dead-lettered %d times, want 1", n)
+	}
+
+	// Listed by model: the old model's two are superseded, the one the
+	// rebuild recorded (moved to the live shard) is live.
+	for model, want := range map[string][]int64{projection.ModelSuperseded: {oldOnly.ID, oldBoth.ID}, projection.ModelLive: {shadow.ID}} {
+		dls, err := projection.ListDeadLetters(e.ctx, e.store, projection.DeadLetterFilter{Consumer: "counter", Model: model})
+		if err != nil || len(dls) != len(want) {
+			t.Fatalf("model %s: %+v, %v; want %v", model, dls, err, want)
+		}
+		for i, dl := range dls {
+			if dl.ID != want[i] {
+				t.Fatalf("model %s: %+v; want %v", model, dls, want)
+			}
+		}
 	}
 
 	// The old model's dead letters: refused, by either binary, and as a
