@@ -207,3 +207,54 @@ func TestDeadLetterRetryAfterRebuild(t *testing.T) {
 		t.Fatalf("late counted %d times, want 1 (by the in-place replay)", n)
 	}
 }
+
+// A partial rebuild that now applies a dead-lettered event resolves its
+// dead letter in the same transaction, so a retry cannot apply it twice; a
+// dead letter of an event that still fails stays open.
+func TestPartialRebuildResolvesAppliedDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	poisoned := &atomic.Bool{}
+	poisoned.Store(true)
+	p := projection.NewAsync("counter", projection.AsyncConfig{Tables: []string{e.table}, ErrorMode: projection.SkipApplyErrors, MaxAttempts: 1,
+		ResetScope: func(ctx context.Context, tx pgx.Tx, s projection.Scope) error {
+			_, err := tx.Exec(ctx, `DELETE FROM `+projection.Table(ctx, e.table)+` WHERE stream_id = $1`, s.StreamID)
+			return err
+		}})
+	must(projection.On(p, e.types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, o testevents.TicketOpened) error {
+		if o.Title == "poison" && poisoned.Load() {
+			return errors.New("cannot digest poison")
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, e.table)+` AS c (stream_id, n, v) VALUES ($1, 1, 1)
+			ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1`, ev.Stream.ID)
+		return err
+	}))
+	for _, id := range []string{"a", "b"} {
+		if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+			_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", id), projector.NoStream, testevents.TicketOpened{Title: "poison"})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := e.dispatcher(p).CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a, b := e.openDeadLetter("a", projection.SharedInstance, 0), e.openDeadLetter("b", projection.SharedInstance, 0)
+	poisoned.Store(false)
+	res, err := rebuild.Partial(e.ctx, e.store, p, projection.StreamScope(projector.Stream("ticket", "a")), rebuild.PartialOptions{})
+	if err != nil || res.Events != 1 || res.ResolvedDeadLetters != 1 {
+		t.Fatalf("partial rebuild of a: %+v, %v", res, err)
+	}
+	if _, err := projection.RetryDeadLetter(e.ctx, e.store, p, a.ID, nil); !errors.Is(err, projector.ErrInvalidTransition) || !strings.Contains(err.Error(), "resolved already") {
+		t.Fatalf("retry of the dead letter the partial rebuild applied: %v, want a refusal", err)
+	}
+	if n := e.applied("a"); n != 1 {
+		t.Fatalf("a counted %d times, want 1", n)
+	}
+	if dl, _, err := projection.GetDeadLetter(e.ctx, e.store, b.ID); err != nil || dl.Status != projection.DeadLetterOpen {
+		t.Fatalf("the dead letter outside the scope: %+v, %v", dl, err)
+	}
+}
