@@ -1,6 +1,6 @@
 // Package jetstream relays Projector's event log to a NATS JetStream stream
 // and applies it, on the other side, to PostgreSQL with exactly-once
-// effects. docs/relay.md is the guide.
+// effects. docs/jetstream.md is the guide.
 //
 // # The relay
 //

@@ -74,7 +74,7 @@ func TestRelaySkipsEventsStoredPastItsCursorAfterTheDuplicateWindow(t *testing.T
 
 // catchUpOnce runs r in a dispatcher of its own until it reached the log's
 // end, then stops it.
-func catchUpOnce(t *testing.T, e *env, r *pjs.Relay) {
+func catchUpOnce(t testing.TB, e *env, r *pjs.Relay) {
 	t.Helper()
 	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{r.Async()}, PollMax: 50 * time.Millisecond,
 		Recheck: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
