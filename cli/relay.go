@@ -19,8 +19,8 @@ import (
 
 func (a *App) relayCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "relay",
-		Args:  cobra.ArbitraryArgs,
+		Use:  "relay",
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}

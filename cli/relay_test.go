@@ -252,7 +252,7 @@ func TestRelayDeadLettersCommands(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM ` + effects); n != 1 {
 		t.Fatalf("%d effects after a discard, want the retried one only", n)
 	}
-	if n := e.count(`SELECT count(*) FROM `+e.store.Table("projector_jetstream_dead_letters")+` WHERE subscription = 'feed'`); n != 0 {
+	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_jetstream_dead_letters") + ` WHERE subscription = 'feed'`); n != 0 {
 		t.Fatalf("%d dead letters left for feed", n)
 	}
 

@@ -236,7 +236,7 @@ func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) (err 
 	stored, err := r.skipSet(ctx)
 	if err != nil {
 		r.metrics.failures.Inc()
-		return err
+		return fmt.Errorf("publish batch: find the events already stored past the cursor: %w", err)
 	}
 	acked := make(map[uuid.UUID]projector.Position, b.Len())
 	defer func() { r.published(acked, err != nil) }()

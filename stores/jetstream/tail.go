@@ -126,7 +126,12 @@ func (r *Relay) committedCursor(ctx context.Context, store *postgres.Store) (pro
 // every event whose position is past cursor, stopping at the first relayed
 // message at or before it. It returns how many messages it read.
 func (r *Relay) walk(ctx context.Context, cursor projector.Position, stored map[uuid.UUID]projector.Position) (int, error) {
-	s, err := r.js.Stream(ctx, r.cfg.Stream)
+	// Each request is bounded like a publish: NATS down must fail the
+	// batch (and show in the consumer's state) as quickly as a publish
+	// would, not wait out the batch timeout.
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	s, err := r.js.Stream(rctx, r.cfg.Stream)
+	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("jetstream relay: stream %s: %w", r.cfg.Stream, err)
 	}
@@ -141,7 +146,9 @@ func (r *Relay) walk(ctx context.Context, cursor projector.Position, stored map[
 				"relay", r.cfg.Name, "stream", r.cfg.Stream, "messages_read", read)
 			return read, nil
 		}
-		m, err := s.GetMsg(ctx, seq)
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+		m, err := s.GetMsg(rctx, seq)
+		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
