@@ -233,7 +233,7 @@ func (r *Relay) Ensure(ctx context.Context) (jetstream.Stream, error) {
 // retrying message by message could reorder a stream.
 func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) (err error) {
 	start := time.Now()
-	stored, err := r.skipSet(ctx)
+	stored, err := r.skipSet(ctx, b)
 	if err != nil {
 		r.metrics.failures.Inc()
 		return fmt.Errorf("publish batch: find the events already stored past the cursor: %w", err)

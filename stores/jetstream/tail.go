@@ -39,7 +39,8 @@ const MaxTailWalk = 10_000
 // batch, after any failed publish (some of the batch may be stored), and
 // when its last batch is older than half the duplicate window (another
 // dispatcher may have run the relay meanwhile). Between walks it adds what
-// it published and drops what the cursor passed.
+// it published and drops what sorts before the batch it is handed, and
+// reads nothing.
 type tail struct {
 	mu       sync.Mutex
 	known    bool // stored is complete past the cursor
@@ -47,17 +48,27 @@ type tail struct {
 	stored   map[uuid.UUID]projector.Position
 }
 
-// skipSet returns the ids of the batch's events the stream already holds
-// past the committed cursor, walking the stream's end when needed. Outside
-// a dispatcher (no store in ctx) it returns nil: nothing skipped.
-func (r *Relay) skipSet(ctx context.Context) (map[uuid.UUID]projector.Position, error) {
+// skipSet returns the ids of events the stream already holds past the
+// committed cursor, among which those of batch, walking the stream's end
+// when needed. Outside a dispatcher (no store in ctx) it returns nil:
+// nothing skipped.
+//
+// Between walks it reads nothing: it drops what sorts before the batch's
+// first event. At a pass's first call that is at or before the cursor,
+// never handed over again. At a later call of the same pass (another
+// tenant's events) it may drop events of the pass; were the pass then
+// retried, they would be published again within half a window of this
+// call (else the next call walks), which the duplicate window absorbs.
+func (r *Relay) skipSet(ctx context.Context, b projection.Batch) (map[uuid.UUID]projector.Position, error) {
 	store, ok := projection.StoreFrom(ctx)
-	if !ok || r.noTailCheck {
+	if !ok || r.noTailCheck || b.Len() == 0 {
 		return nil, nil
 	}
-	cursor, err := r.committedCursor(ctx, store)
-	if err != nil {
-		return nil, err
+	first := b.Streams[0].Events[0].Position
+	for _, s := range b.Streams {
+		if s.Events[0].Position.Less(first) {
+			first = s.Events[0].Position
+		}
 	}
 	t := &r.tail
 	t.mu.Lock()
@@ -68,6 +79,10 @@ func (r *Relay) skipSet(ctx context.Context) (map[uuid.UUID]projector.Position, 
 	stale := time.Since(t.lastUsed) > r.cfg.DuplicateWindow/2
 	t.lastUsed = time.Now()
 	if !t.known || stale {
+		cursor, err := r.committedCursor(ctx, store)
+		if err != nil {
+			return nil, err
+		}
 		clear(t.stored)
 		n, err := r.walk(ctx, cursor, t.stored)
 		if err != nil {
@@ -79,7 +94,7 @@ func (r *Relay) skipSet(ctx context.Context) (map[uuid.UUID]projector.Position, 
 		}
 	}
 	for id, p := range t.stored {
-		if !cursor.Less(p) {
+		if p.Less(first) {
 			delete(t.stored, id)
 		}
 	}
