@@ -393,15 +393,15 @@ func TestRedeliveryInsideRetentionAbsorbedAfterPurge(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for m := range msgs.Messages() {
-			o, err := c.Handle(e.ctx, m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return o
+		m, ok := <-msgs.Messages()
+		if !ok {
+			t.Fatalf("no message delivered: %v", msgs.Error())
 		}
-		t.Fatalf("no message delivered: %v", msgs.Error())
-		return ""
+		o, err := c.Handle(e.ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
 	}
 	if o := deliver("first"); o != pjs.Applied {
 		t.Fatalf("first delivery: %s", o)

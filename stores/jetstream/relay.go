@@ -95,7 +95,10 @@ type RelayConfig struct {
 // published asynchronously, every acknowledgement awaited, and only then
 // does the handler return so the dispatcher commits the cursor. A crash or a
 // failed publish re-publishes from the cursor; the event id as Nats-Msg-Id
-// lets the stream's duplicate window drop what was already stored.
+// lets the stream's duplicate window drop what was already stored, and
+// beyond the window the relay's read-back of the stream's tail finds the
+// events stored past its committed cursor and skips them (see tail.go and
+// docs/jetstream.md, "Downtime longer than the duplicate window").
 type Relay struct {
 	cfg     RelayConfig
 	js      jetstream.JetStream
