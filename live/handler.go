@@ -394,4 +394,3 @@ func (s *stream) catchUp(ctx context.Context, target *projector.Position) error 
 		}
 	}
 }
-
