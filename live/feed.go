@@ -185,6 +185,9 @@ func New(cfg Config) (*Feed, error) {
 	if err := projection.OnBatch(f.proj, noop, names...); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if err := f.proj.Validate(reg); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	return f, nil
 }
 
