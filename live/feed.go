@@ -103,7 +103,9 @@ type Config struct {
 	// BufferSize is how many events may queue for one client before it is
 	// dropped; default [DefaultBufferSize], between [MinBufferSize] and
 	// [MaxBufferSize]. A fan-out batch with none of the client's events
-	// counts as one.
+	// counts as one. The feed's consumer reads batches of at most this
+	// many events (and at most [projection.DefaultBatchSize]), so a client
+	// is dropped only when it falls a whole buffer behind.
 	BufferSize int
 	// Heartbeat is the interval of `: heartbeat` comments on every stream;
 	// default [DefaultHeartbeat], between [MinHeartbeat] and [MaxHeartbeat].
@@ -180,6 +182,9 @@ func New(cfg Config) (*Feed, error) {
 		StartFrom:   projection.FromNow,
 		ErrorMode:   projection.SkipApplyErrors,
 		RawPayloads: true,
+		// A fan-out batch never exceeds one client's buffer on its own:
+		// only a client that falls a buffer behind is dropped.
+		BatchSize:   min(projection.DefaultBatchSize, cfg.BufferSize),
 		AfterCommit: f.hub.publish,
 	})
 	if err := projection.OnBatch(f.proj, noop, names...); err != nil {

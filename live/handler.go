@@ -301,7 +301,7 @@ func (s *stream) run(ctx context.Context, reset string, resume *projector.Positi
 			ds, dropped := c.take()
 			if dropped != "" {
 				s.f.logger.WarnContext(ctx, "live feed: slow client dropped", slog.String("tenant", projector.Printable(s.tenant)), slog.String("reason", dropped))
-				if err := s.control("dropped", dropped, map[string]string{"last_event_id": s.cursor.String()}); err != nil {
+				if err := s.control("dropped", dropped, nil); err != nil {
 					return err
 				}
 				_ = s.flush()

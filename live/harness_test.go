@@ -58,8 +58,23 @@ type env struct {
 // filled in) on a started dispatcher, behind an httptest server.
 func newEnv(t testing.TB, cfg live.Config, noAuth bool) *env {
 	t.Helper()
+	return newEnvStore(t, cfg, noAuth, postgres.Config{})
+}
+
+// newEnvStore is newEnv with a store configured by storeCfg.
+func newEnvStore(t testing.TB, cfg live.Config, noAuth bool, storeCfg postgres.Config) *env {
+	t.Helper()
 	types := testevents.New()
-	store := pgtest.Store(t, types.Registry)
+	store := pgtest.Store(t, types.Registry, storeCfg)
+	e := &env{t: t, ctx: context.Background(), types: types, store: store}
+	e.feed, e.srv = e.serve(cfg, noAuth)
+	return e
+}
+
+// serve starts a feed on e's store with its own dispatcher and server: what
+// another process of the application would run.
+func (e *env) serve(cfg live.Config, noAuth bool) (*live.Feed, *httptest.Server) {
+	t, store := e.t, e.store
 	cfg.Store = store
 	if !noAuth && cfg.Authorize == nil {
 		cfg.Authorize = headerAuth
@@ -72,7 +87,7 @@ func newEnv(t testing.TB, cfg live.Config, noAuth bool) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
+	ctx := e.ctx
 	if err := d.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -86,15 +101,21 @@ func newEnv(t testing.TB, cfg live.Config, noAuth bool) *env {
 			t.Error(err)
 		}
 	})
-	return &env{t: t, ctx: ctx, types: types, store: store, feed: feed, srv: srv}
+	return feed, srv
 }
 
 // appendTx appends payloads to tenant's stream id in a transaction of its
 // own and returns the events' positions.
 func (e *env) append(tenant, id string, payloads ...any) {
 	e.t.Helper()
+	e.appendTo(projector.TenantStream(tenant, "ticket", id), payloads...)
+}
+
+// appendTo appends payloads to ref in a transaction of its own.
+func (e *env) appendTo(ref projector.StreamRef, payloads ...any) {
+	e.t.Helper()
 	if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
-		res, err := e.store.Append(e.ctx, tx, projector.TenantStream(tenant, "ticket", id), projector.AnyVersion, payloads...)
+		res, err := e.store.Append(e.ctx, tx, ref, projector.AnyVersion, payloads...)
 		if err == nil {
 			e.appended(res.Events[len(res.Events)-1].Position)
 		}
@@ -169,8 +190,14 @@ type sse struct {
 // query and, when not empty, a Last-Event-ID header.
 func (e *env) connect(tenant, query, lastID string) *sse {
 	e.t.Helper()
+	return e.connectTo(e.srv.URL, tenant, query, lastID)
+}
+
+// connectTo is connect to the feed at base.
+func (e *env) connectTo(base, tenant, query, lastID string) *sse {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(e.ctx)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.srv.URL+"?"+query, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"?"+query, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
