@@ -212,7 +212,7 @@ func (e *env) connectTo(base, tenant, query, lastID string) *sse {
 		cancel()
 		e.t.Fatal(err)
 	}
-	s := &sse{status: resp.StatusCode, msgs: make(chan msg, 1<<16), cancel: cancel, done: make(chan struct{})}
+	s := &sse{status: resp.StatusCode, msgs: make(chan msg, 1024), cancel: cancel, done: make(chan struct{})}
 	e.t.Cleanup(s.close)
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
@@ -234,7 +234,7 @@ func (e *env) connectTo(base, tenant, query, lastID string) *sse {
 // parse reads SSE from r until it ends, sending each message and comment.
 func parse(r io.Reader, out chan<- msg) {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	sc.Buffer(make([]byte, 0, 4<<10), 1<<20)
 	var m msg
 	var data []string
 	for sc.Scan() {

@@ -117,6 +117,7 @@ func TestSlowClientDroppedOthersUnaffected(t *testing.T) {
 		t.Fatalf("the stalled client was not dropped (got %d of %d events, dropped %v)", len(got), len(want), dropped)
 	}
 	sameIDs(t, "the dropped client before its drop", got, want[:len(got)])
+	t.Logf("the stalled client got %d of %d events (%d kB each) before it was dropped", len(got), len(want), len(body)>>10)
 	pgtest.Eventually(t, wait, "the dropped client gone", func() bool { return e.feed.Clients() == 1 })
 
 	last := ""
