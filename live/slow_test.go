@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -56,6 +57,10 @@ func dialStalled(t testing.TB, base, tenant, lastID string) *stalled {
 // readAll reads the response to its end: every message and comment.
 func (s *stalled) readAll(t testing.TB) []msg {
 	t.Helper()
+	// A stream that never ends (a client never dropped) fails the read.
+	if err := s.conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := http.ReadResponse(bufio.NewReader(s.conn), s.req)
 	if err != nil {
 		t.Fatal(err)
