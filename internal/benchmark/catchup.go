@@ -127,9 +127,9 @@ const catchUpConsumer = "bench-catch-up"
 // upserts and moves the cursor. [MeasureCatchUp] and BenchmarkCatchUp both
 // drive it.
 type CatchUp struct {
-	store                                           *postgres.Store
-	cfg                                             CatchUpConfig
-	counts, cursor                                  string
+	store                                                     *postgres.Store
+	cfg                                                       CatchUpConfig
+	counts, cursor                                            string
 	upsert, setUpsert, read, readFull, lockCursor, moveCursor string
 }
 
