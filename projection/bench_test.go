@@ -206,3 +206,53 @@ func BenchmarkManyConsumers(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHorizonHeld measures what a long transaction costs delivery: at
+// 500 events/s for four seconds, a transaction elsewhere in the cluster
+// takes a transaction id one second in and holds it for hold (none, then
+// one second) before it commits. No reader may pass it (promise 3), so every
+// event committed meanwhile waits for it: the percentiles and the maximum
+// of commit-to-handler latency show the wait, and how fast the dispatcher
+// drains what piled up. Note that it holds back every reader of the
+// cluster for that second, other tests' included.
+func BenchmarkHorizonHeld(b *testing.B) {
+	cfg := benchmark.LatencyConfig{Rate: 500, Duration: 4 * time.Second}
+	for _, hold := range []time.Duration{0, time.Second} {
+		b.Run(fmt.Sprintf("hold=%v", hold), func(b *testing.B) {
+			ctx := context.Background()
+			store := pgtest.Store(b, benchmark.NewRegistry())
+			var p benchmark.Percentiles
+			var worst time.Duration
+			for b.Loop() {
+				held := make(chan error, 1)
+				go func() {
+					if hold == 0 {
+						held <- nil
+						return
+					}
+					time.Sleep(time.Second) // one second into the run
+					held <- pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+						if _, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+							return err
+						}
+						time.Sleep(hold)
+						return nil
+					})
+				}()
+				lat, err := benchmark.LatencySamples(ctx, store, benchmark.Dispatcher, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := <-held; err != nil {
+					b.Fatal(err)
+				}
+				p = benchmark.Summarize(lat)
+				for _, l := range lat {
+					worst = max(worst, l)
+				}
+			}
+			p.Report(b)
+			b.ReportMetric(float64(worst.Microseconds())/1000, "max-ms")
+		})
+	}
+}
