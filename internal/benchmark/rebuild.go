@@ -197,7 +197,7 @@ func (r *Rebuild) Measure(ctx context.Context, rebuildBatch int) (RebuildResult,
 		return res, err
 	}
 	start := time.Now()
-	if err := r.c.rawLoop(ctx, cfg.Form); err != nil {
+	if err := r.c.rawLoop(ctx, cfg.Form, false); err != nil {
 		return res, fmt.Errorf("rebuild, raw loop: %w", err)
 	}
 	res.RawTime = time.Since(start)
