@@ -33,12 +33,12 @@ func benchEvents() int {
 // is measured: rebuild-batch=500 is the shadow shard at the live batch size
 // (its only shortcut then is synchronous_commit=off); the default is
 // projection.DefaultRebuildBatchFactor times that; 20000 is larger still.
-// Per-event handlers that queue their writes (projection.Queue) are
-// measured at the default too.
+// Per-event handlers, plain (one Exec per event) and queuing their writes
+// (projection.Queue), are measured at the default too.
 func BenchmarkRebuild(b *testing.B) {
 	n := benchEvents()
 	ctx := context.Background()
-	for _, form := range []benchmark.Form{benchmark.Batched, benchmark.Pipelined} {
+	for _, form := range []benchmark.Form{benchmark.Batched, benchmark.PerEvent, benchmark.Pipelined} {
 		r, err := benchmark.NewRebuild(ctx, pgtest.Store(b, benchmark.NewRegistry()), benchmark.RebuildConfig{Events: n, Form: form})
 		if err != nil {
 			b.Fatal(err)
