@@ -34,7 +34,7 @@ func benchEvents() int {
 // (its only shortcut then is synchronous_commit=off); the default is
 // projection.DefaultRebuildBatchFactor times that; 20000 is larger still.
 // Per-event handlers, plain (one Exec per event) and queuing their writes
-// (projection.Queue), are measured at the default too.
+// (projection.Queue), are measured at the same three sizes.
 func BenchmarkRebuild(b *testing.B) {
 	n := benchEvents()
 	ctx := context.Background()
@@ -49,9 +49,6 @@ func BenchmarkRebuild(b *testing.B) {
 			}
 		})
 		sizes := []int{projection.DefaultBatchSize, 0, 20_000}
-		if form != benchmark.Batched {
-			sizes = []int{0}
-		}
 		for _, size := range sizes {
 			name := fmt.Sprintf("events=%d/%s/rebuild-batch=%d", n, form, size)
 			if size == 0 {
