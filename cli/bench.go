@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 
@@ -22,9 +23,13 @@ func (a *App) benchCmd() *cobra.Command {
 		Long: `bench measures Projector on the configured database and prints each figure beside
 the raw-PostgreSQL baseline of the same work, measured in the same run:
 
-  append        Store.Append against one INSERT … SELECT FROM unnest of rows of
-                the same shape into a table of the same shape, 1 and 100 events
-                per transaction, --writers at once
+  append        Store.Append, with a business row in the same transaction,
+                against two baselines with the same business row: one
+                INSERT … SELECT FROM unnest of rows of the same shape into a
+                table of the same shape (our code), and the same payloads into
+                the cheapest gap-safe outbox table (identity id, xid8, stream
+                key, payload, one index: our schema); 1 and 100 events per
+                transaction, with each count of --writers (1,4,16)
   catch-up      a dispatcher catching up a --events backlog with a counting
                 projection (one upsert per stream) against a hand-written loop:
                 per-event handlers, and the batch (OnBatch + unnest) form with
@@ -51,7 +56,7 @@ primary. See docs/performance.md for what each line means.`,
 				name     string
 				positive bool
 			}{
-				{"writers", cfg.Writers > 0}, {"append-duration", cfg.AppendDuration > 0},
+				{"writers", len(cfg.Writers) > 0 && slices.Min(cfg.Writers) > 0}, {"append-duration", cfg.AppendDuration > 0},
 				{"events", cfg.Backlog > 0}, {"batch-size", cfg.BatchSize > 0},
 				{"rate", cfg.Rate > 0}, {"latency-duration", cfg.LatencyDuration > 0},
 				{"rebuild-events", cfg.RebuildEvents > 0},
@@ -84,7 +89,7 @@ primary. See docs/performance.md for what each line means.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&cfg.Writers, "writers", benchmark.DefaultWriters, "concurrent appenders in the append figures")
+	f.IntSliceVar(&cfg.Writers, "writers", benchmark.DefaultWriterCounts(), "concurrent appenders in the append figures, a list: each count is measured")
 	f.DurationVar(&cfg.AppendDuration, "append-duration", benchmark.DefaultAppendDuration, "measuring time of each append figure, both sides together")
 	f.IntVar(&cfg.Backlog, "events", benchmark.DefaultBacklog, "catch-up backlog in events")
 	f.IntVar(&cfg.BatchSize, "batch-size", projection.DefaultBatchSize, "catch-up events per transaction, both sides")
@@ -123,8 +128,9 @@ type BenchRebuildJSON struct {
 // BenchConfigJSON is the configuration a bench run used, defaults filled
 // in, so a figure can be reproduced.
 type BenchConfigJSON struct {
-	EventsPerTx    []int   `json:"events_per_tx"`
-	Writers        int     `json:"writers"`
+	EventsPerTx []int `json:"events_per_tx"`
+	// Writers lists the writer counts each append size was measured with.
+	Writers        []int   `json:"writers"`
 	AppendSeconds  float64 `json:"append_seconds"`
 	Backlog        int     `json:"backlog_events"`
 	BatchSize      int     `json:"batch_size"`

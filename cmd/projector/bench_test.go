@@ -29,6 +29,7 @@ func TestBenchTable(t *testing.T) {
 	}
 	for _, row := range []string{
 		"FIGURE", "append, 1 event/tx, 2 writers", "append, 100 events/tx, 2 writers",
+		"append vs outbox floor, 1 event/tx, 2 writers", "append vs outbox floor, 100 events/tx, 2 writers",
 		"catch-up, per-event handler", "catch-up, per-event handler, queued writes", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
 		"rebuild log, live catch-up (batches of 100)", "rebuild log, blue/green rebuild (batches of 400)",
 		"× the live catch-up rate", "the switch held the live tables", "shadow batches of 400",
@@ -62,7 +63,7 @@ func TestBenchJSON(t *testing.T) {
 		rb.LiveRate <= 0 || rb.RawRate <= 0 || rb.SpeedupVsLive <= 0 || rb.SwitchLockMS <= 0 || out.Config.RebuildEvents != 1500 {
 		t.Errorf("rebuild %+v, config %+v", rb, out.Config)
 	}
-	if len(out.Figures) != 10 || out.Config.Writers != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
+	if len(out.Figures) != 12 || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
 		t.Errorf("output %+v", out)
 	}
 	for _, f := range out.Figures {
@@ -122,6 +123,8 @@ func TestBenchBadFlags(t *testing.T) {
 		msg  string
 	}{
 		{"zero writers", []string{"--writers", "0"}, "--writers must be positive"},
+		{"zero among writer counts", []string{"--writers", "1,0,16"}, "--writers must be positive"},
+		{"writers out of range", []string{"--writers", "4,5000"}, "writers 5000"},
 		{"negative rate", []string{"--rate", "-5"}, "--rate must be positive"},
 		{"rate out of range", []string{"--rate", "1000000"}, "rate 1000000"},
 		{"not a number", []string{"--events", "lots"}, "--events"},
