@@ -222,6 +222,8 @@ func (r Report) Figures() []Figure {
 	out = append(out,
 		Figure{Name: fmt.Sprintf("latency p50 at %d events/s", l.Rate), Unit: "ms", Projector: ms(l.Projector.P50), Raw: ms(l.Raw.P50), LowerIsBetter: true},
 		Figure{Name: fmt.Sprintf("latency p99 at %d events/s", l.Rate), Unit: "ms", Projector: ms(l.Projector.P99), Raw: ms(l.Raw.P99), LowerIsBetter: true},
+		Figure{Name: fmt.Sprintf("latency p50 at %d events/s, polled", l.Rate), Unit: "ms", Projector: ms(l.Polled.P50), Raw: ms(l.Raw.P50), LowerIsBetter: true},
+		Figure{Name: fmt.Sprintf("latency p99 at %d events/s, polled", l.Rate), Unit: "ms", Projector: ms(l.Polled.P99), Raw: ms(l.Raw.P99), LowerIsBetter: true},
 	)
 	if b := r.Rebuild; b.Events > 0 {
 		out = append(out,

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector/internal/benchmark"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -81,6 +84,66 @@ func BenchmarkAppendWriters(b *testing.B) {
 				b.ReportMetric(sum.FloorRate(), "floor-events/s")
 				b.ReportMetric(100*sum.FloorRatio(), "%-of-floor")
 			})
+		}
+	}
+}
+
+// BenchmarkAppendSchemaCosts measures what each index and row of the append
+// costs, by taking it away in a scratch schema and measuring the append
+// against the outbox floor of the same run (benchmark.MeasureAppend, 16
+// and 4 writers, 1 and 100 events per transaction). The same-shape raw
+// baseline follows each variant (its table is created LIKE the events
+// table after the change), so raw ÷ floor is what the schema costs and
+// Projector ÷ raw what the code and the stream head row cost. Run with
+// -benchtime 1x; docs/performance.md has the table.
+func BenchmarkAppendSchemaCosts(b *testing.B) {
+	d := 3 * time.Second
+	if s, err := strconv.Atoi(os.Getenv("PROJECTOR_BENCH_APPEND_SECONDS")); err == nil && s > 0 {
+		d = time.Duration(s) * time.Second
+	}
+	const (
+		dropType     = `DROP INDEX {{s}}.projector_events_type`
+		dropID       = `ALTER TABLE {{s}}.projector_events DROP CONSTRAINT projector_events_id_key`
+		dropVersion  = `ALTER TABLE {{s}}.projector_events DROP CONSTRAINT projector_events_tenant_id_stream_type_stream_id_version_key`
+		headsFill100 = `ALTER TABLE {{s}}.projector_streams SET (fillfactor = 100)`
+	)
+	variants := []struct {
+		name string
+		ddl  []string
+	}{
+		{"as-is", nil},
+		{"no-type-index", []string{dropType}},
+		{"no-event-id-unique", []string{dropID}},
+		{"no-stream-version-unique", []string{dropVersion}},
+		{"primary-key-only", []string{dropType, dropID, dropVersion}},
+		{"stream-heads-fillfactor-100", []string{headsFill100}},
+	}
+	for _, v := range variants {
+		for _, n := range []int{1, 100} {
+			for _, writers := range []int{4, 16} {
+				b.Run(fmt.Sprintf("%s/events=%d/writers=%d", v.name, n, writers), func(b *testing.B) {
+					ctx := context.Background()
+					store := pgtest.Store(b, benchmark.NewRegistry())
+					for _, ddl := range v.ddl {
+						if _, err := store.Pool().Exec(ctx, strings.ReplaceAll(ddl, "{{s}}", pgx.Identifier{store.Schema()}.Sanitize())); err != nil {
+							b.Fatal(err)
+						}
+					}
+					var sum benchmark.AppendResult
+					for b.Loop() {
+						r, err := benchmark.MeasureAppend(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Writers: writers, Duration: d})
+						if err != nil {
+							b.Fatal(err)
+						}
+						sum.Add(r.Throughput)
+						sum.FloorEvents += r.FloorEvents
+						sum.FloorTime += r.FloorTime
+					}
+					b.ReportMetric(100*sum.FloorRatio(), "%-of-floor")
+					b.ReportMetric(100*sum.RawRate()/sum.FloorRate(), "raw-%-of-floor")
+					b.ReportMetric(100*sum.Ratio(), "%-of-raw")
+				})
+			}
 		}
 	}
 }
