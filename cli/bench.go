@@ -35,7 +35,10 @@ the raw-PostgreSQL baseline of the same work, measured in the same run:
                 per-event handlers, and the batch (OnBatch + unnest) form with
                 payloads decoded and without (RawPayloads)
   latency       append commit to AfterCommit at --rate events/s, p50 and p99,
-                against LISTEN/NOTIFY from the same commit (the floor)
+                against LISTEN/NOTIFY from the same commit (the floor): a
+                dispatcher on the appenders' Store (woken in memory by their
+                appends) and, "polled", one on a Store of its own (as in
+                another process: it finds appends by polling)
   rebuild       a blue/green rebuild of the batch-form counting projection over
                 a log of --rebuild-events events (default 1,000,000), beside the
                 live catch-up of the same projection and the raw loop, with the

@@ -75,8 +75,10 @@ func BenchmarkCatchUp(b *testing.B) {
 // of the handler's batch, at a steady 500 events/s for five seconds, beside
 // the raw floor of the same run: LISTEN/NOTIFY, the fastest push PostgreSQL
 // has, from the commit of an append that notifies to the notification's
-// arrival. The work itself is benchmark.LatencySamples, shared with
-// `projector bench`.
+// arrival. Two dispatcher sides: "projector" runs on the appenders' Store
+// (hinted of each append in memory), "projector-polled" on a Store of its
+// own, as a dispatcher in another process that only polls. The work itself
+// is benchmark.LatencySamples, shared with `projector bench`.
 func BenchmarkLatency(b *testing.B) {
 	cfg := benchmark.LatencyConfig{Rate: 500, Duration: 5 * time.Second}
 	for _, side := range []benchmark.Side{benchmark.ListenNotify, benchmark.Dispatcher, benchmark.PolledDispatcher} {

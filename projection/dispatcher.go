@@ -510,13 +510,15 @@ func dbBackoff(n int) time.Duration {
 }
 
 // Bounds of the hinted poll: after an append through this dispatcher's
-// own Store (postgres.Store.WatchAppends), the probe looks hintedPoll
-// later, and again at doubling intervals up to hintedPollMax, until the
-// horizon has passed that transaction. The append's commit usually follows
-// within a millisecond or two; a transaction that stays open (or a horizon
-// another session holds back) costs at most one probe per hintedPollMax.
+// own Store (postgres.Store.WatchAppends), the probe looks every
+// hintedPoll, hintedSteady times, then at doubling intervals up to
+// hintedPollMax, until the horizon has passed that transaction. The
+// append's commit usually follows within a few milliseconds; a transaction
+// that stays open (or a horizon another session holds back) then costs at
+// most one probe per hintedPollMax.
 const (
 	hintedPoll    = time.Millisecond
+	hintedSteady  = 16
 	hintedPollMax = 64 * time.Millisecond
 )
 
@@ -527,8 +529,8 @@ const (
 // LISTEN/NOTIFY are in docs/performance.md.
 //
 // Appends through the dispatcher's own Store (the same process) are
-// hinted: the probe then looks a millisecond later, and at doubling
-// intervals up to hintedPollMax, until the horizon has passed the
+// hinted: the probe then looks every millisecond for a while, then at
+// doubling intervals up to hintedPollMax, until the horizon has passed the
 // appending transaction, so such an event is handed on about a millisecond
 // after its commit instead of up to PollMin later. An idle dispatcher polls
 // exactly as without hints, and the append path gains no statement.
@@ -544,7 +546,7 @@ func (d *Dispatcher) probeLoop(ctx context.Context) {
 	defer timer.Stop()
 	next := time.Now()
 	var hinted uint64 // newest hinted transaction the horizon has not passed
-	hintedNext := hintedPoll
+	hintedNext, hintedLooks := hintedPoll, 0
 	lastBeat := time.Now() // register wrote the first
 	for {
 		select {
@@ -552,7 +554,7 @@ func (d *Dispatcher) probeLoop(ctx context.Context) {
 			return
 		case <-hints.C():
 			hinted = max(hinted, hints.Take())
-			hintedNext = hintedPoll
+			hintedNext, hintedLooks = hintedPoll, 0
 			// Its commit has not happened yet: look shortly, not at once,
 			// and never later than already planned.
 			if at := time.Now().Add(hintedPoll); at.Before(next) {
@@ -587,7 +589,9 @@ func (d *Dispatcher) probeLoop(ctx context.Context) {
 				hinted = 0 // ended, and handed on above if it committed
 			} else {
 				interval = min(interval, hintedNext)
-				hintedNext = min(2*hintedNext, hintedPollMax)
+				if hintedLooks++; hintedLooks >= hintedSteady {
+					hintedNext = min(2*hintedNext, hintedPollMax)
+				}
 			}
 		}
 		next = time.Now().Add(interval)
