@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -149,11 +150,14 @@ type BenchConfigJSON struct {
 // Unit. Ratio is projector / raw (0 when raw is 0): a fraction of raw for
 // throughput, a multiple of the floor for latency.
 type BenchFigureJSON struct {
-	Figure        string  `json:"figure"`
-	Unit          string  `json:"unit"`
-	Projector     float64 `json:"projector"`
-	Raw           float64 `json:"raw"`
-	Ratio         float64 `json:"ratio"`
+	Figure    string  `json:"figure"`
+	Unit      string  `json:"unit"`
+	Projector float64 `json:"projector"`
+	Raw       float64 `json:"raw"`
+	Ratio     float64 `json:"ratio"`
+	// Baseline is what Raw measured: "raw" (the same work in plain SQL)
+	// or "floor" (the append's outbox floor).
+	Baseline      string  `json:"baseline"`
 	LowerIsBetter bool    `json:"lower_is_better"`
 	PeakHeapMiB   float64 `json:"peak_heap_mib,omitempty"`
 }
@@ -180,7 +184,7 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 		for i, f := range figs {
 			out.Figures[i] = BenchFigureJSON{
 				Figure: f.Name, Unit: f.Unit, Projector: f.Projector, Raw: f.Raw, Ratio: f.Ratio(),
-				LowerIsBetter: f.LowerIsBetter, PeakHeapMiB: f.PeakHeapMiB,
+				Baseline: cmp.Or(f.Baseline, "raw"), LowerIsBetter: f.LowerIsBetter, PeakHeapMiB: f.PeakHeapMiB,
 			}
 		}
 		return writeJSON(w, out)
@@ -220,16 +224,16 @@ func value(v float64, unit string) string {
 }
 
 func ratio(f benchmark.Figure) string {
-	r := f.Ratio()
+	r, of := f.Ratio(), cmp.Or(f.Baseline, "raw")
 	switch {
 	case r == 0:
 		return "-"
 	case f.LowerIsBetter && r >= 10:
-		return fmt.Sprintf("%.0f× raw", r)
+		return fmt.Sprintf("%.0f× %s", r, of)
 	case f.LowerIsBetter:
-		return fmt.Sprintf("%.1f× raw", r)
+		return fmt.Sprintf("%.1f× %s", r, of)
 	default:
-		return fmt.Sprintf("%.0f%% of raw", 100*r)
+		return fmt.Sprintf("%.0f%% of %s", 100*r, of)
 	}
 }
 

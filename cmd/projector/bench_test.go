@@ -33,7 +33,7 @@ func TestBenchTable(t *testing.T) {
 		"catch-up, per-event handler", "catch-up, per-event handler, queued writes", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
 		"rebuild log, live catch-up (batches of 100)", "rebuild log, blue/green rebuild (batches of 400)",
 		"× the live catch-up rate", "the switch held the live tables", "shadow batches of 400",
-		"% of raw", "events/s", " ms ", "peak Go heap",
+		"% of raw", "% of floor", "events/s", " ms ", "peak Go heap",
 	} {
 		if !strings.Contains(r.stdout, row) {
 			t.Errorf("table lacks %q:\n%s", row, r.stdout)
@@ -67,7 +67,7 @@ func TestBenchJSON(t *testing.T) {
 		t.Errorf("output %+v", out)
 	}
 	for _, f := range out.Figures {
-		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio <= 0) {
+		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio <= 0) || (f.Baseline == "floor") != strings.HasPrefix(f.Figure, "append vs outbox floor") {
 			t.Errorf("figure %+v", f)
 		}
 	}

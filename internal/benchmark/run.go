@@ -179,6 +179,9 @@ type Figure struct {
 	// PeakHeapMiB is the dispatcher's peak Go heap, catch-up and rebuild
 	// figures only.
 	PeakHeapMiB float64
+	// Baseline names what Raw is, for the ratio's label: "raw" (the same
+	// work in plain SQL) unless set; "floor" for the outbox floor.
+	Baseline string
 }
 
 // Ratio returns Projector's value over the baseline's: the fraction of raw
@@ -200,7 +203,7 @@ func (r Report) Figures() []Figure {
 			Unit: "events/s", Projector: a.ProjectorRate(), Raw: a.RawRate(),
 		}, Figure{
 			Name: fmt.Sprintf("append vs outbox floor, %d event%s/tx, %d writer%s", a.EventsPerTx, plural(a.EventsPerTx), a.Writers, plural(a.Writers)),
-			Unit: "events/s", Projector: a.ProjectorRate(), Raw: a.FloorRate(),
+			Unit: "events/s", Projector: a.ProjectorRate(), Raw: a.FloorRate(), Baseline: "floor",
 		})
 	}
 	for _, c := range r.CatchUp {
