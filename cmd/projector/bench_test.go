@@ -31,6 +31,7 @@ func TestBenchTable(t *testing.T) {
 		"FIGURE", "append, 1 event/tx, 2 writers", "append, 100 events/tx, 2 writers",
 		"append vs outbox floor, 1 event/tx, 2 writers", "append vs outbox floor, 100 events/tx, 2 writers",
 		"catch-up, per-event handler", "catch-up, per-event handler, queued writes", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
+		"latency p50 at 200 events/s, polled", "latency p99 at 200 events/s, polled",
 		"rebuild log, live catch-up (batches of 100)", "rebuild log, blue/green rebuild (batches of 400)",
 		"× the live catch-up rate", "the switch held the live tables", "shadow batches of 400",
 		"% of raw", "% of floor", "events/s", " ms ", "peak Go heap",
@@ -63,7 +64,7 @@ func TestBenchJSON(t *testing.T) {
 		rb.LiveRate <= 0 || rb.RawRate <= 0 || rb.SpeedupVsLive <= 0 || rb.SwitchLockMS <= 0 || out.Config.RebuildEvents != 1500 {
 		t.Errorf("rebuild %+v, config %+v", rb, out.Config)
 	}
-	if len(out.Figures) != 12 || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
+	if len(out.Figures) != 14 || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
 		t.Errorf("output %+v", out)
 	}
 	for _, f := range out.Figures {

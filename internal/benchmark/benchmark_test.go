@@ -152,8 +152,11 @@ func TestMeasureLatency(t *testing.T) {
 		t.Fatal(err) // includes an event that never arrived
 	}
 	appended := count(t, store, `SELECT count(*) FROM `+store.Table("projector_events")+` WHERE type = $1`, benchmark.TimedType)
-	if got := int64(res.Raw.Samples + res.Projector.Samples); got != appended || res.Raw.Samples == 0 || res.Projector.Samples == 0 {
-		t.Errorf("samples raw %d + projector %d, appended %d", res.Raw.Samples, res.Projector.Samples, appended)
+	if got := int64(res.Raw.Samples + res.Projector.Samples + res.Polled.Samples); got != appended || res.Raw.Samples == 0 || res.Projector.Samples == 0 || res.Polled.Samples == 0 {
+		t.Errorf("samples raw %d + projector %d + polled %d, appended %d", res.Raw.Samples, res.Projector.Samples, res.Polled.Samples, appended)
+	}
+	if res.Polled.P50 <= 0 || res.Polled.P99 < res.Polled.P50 {
+		t.Errorf("polled dispatcher: %+v", res.Polled)
 	}
 	// The floor may see a notification before the appender sees its own
 	// commit (a zero sample), so only its tail must be above zero.
@@ -179,8 +182,8 @@ func TestRunDropsItsSchema(t *testing.T) {
 		t.Errorf("schema %s left behind", rep.Schema)
 	}
 	figs := rep.Figures()
-	if len(figs) != 12 {
-		t.Fatalf("%d figures, want 2×2 append (raw and floor) + 4 catch-up + 2 latency + 2 rebuild: %+v", len(figs), figs)
+	if len(figs) != 14 {
+		t.Fatalf("%d figures, want 2×2 append (raw and floor) + 4 catch-up + 2×2 latency (hinted and polled) + 2 rebuild: %+v", len(figs), figs)
 	}
 	for _, f := range figs {
 		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio() <= 0) || (f.Unit == "events/s") == f.LowerIsBetter {
