@@ -17,7 +17,7 @@ func InProgress(ctx context.Context, store *postgres.Store) ([]Rebuild, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: list those in progress: %w", err)
 	}
-	rs, finished, err := scanRebuilds(rows)
+	rs, finished, err := scanRebuilds(store, rows)
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: list those in progress: %w", err)
 	}
