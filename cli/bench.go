@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 
@@ -22,9 +24,13 @@ func (a *App) benchCmd() *cobra.Command {
 		Long: `bench measures Projector on the configured database and prints each figure beside
 the raw-PostgreSQL baseline of the same work, measured in the same run:
 
-  append        Store.Append against one INSERT … SELECT FROM unnest of rows of
-                the same shape into a table of the same shape, 1 and 100 events
-                per transaction, --writers at once
+  append        Store.Append, with a business row in the same transaction,
+                against two baselines with the same business row: one
+                INSERT … SELECT FROM unnest of rows of the same shape into a
+                table of the same shape (our code), and the same payloads into
+                the cheapest gap-safe outbox table (identity id, xid8, stream
+                key, payload, one index: our schema); 1 and 100 events per
+                transaction, with each count of --writers (1,4,16)
   catch-up      a dispatcher catching up a --events backlog with a counting
                 projection (one upsert per stream) against two hand-written
                 loops: the floor, reading the one column the upsert needs, and
@@ -33,7 +39,10 @@ the raw-PostgreSQL baseline of the same work, measured in the same run:
                 queued writes), and the batch (OnBatch + unnest) form with
                 payloads decoded and without (RawPayloads)
   latency       append commit to AfterCommit at --rate events/s, p50 and p99,
-                against LISTEN/NOTIFY from the same commit (the floor)
+                against LISTEN/NOTIFY from the same commit (the floor): a
+                dispatcher on the appenders' Store (woken in memory by their
+                appends) and, "polled", one on a Store of its own (as in
+                another process: it finds appends by polling)
   rebuild       a blue/green rebuild of the batch-form counting projection over
                 a log of --rebuild-events events (default 1,000,000), beside the
                 live catch-up of the same projection and the raw loop, with the
@@ -54,7 +63,7 @@ primary. See docs/performance.md for what each line means.`,
 				name     string
 				positive bool
 			}{
-				{"writers", cfg.Writers > 0}, {"append-duration", cfg.AppendDuration > 0},
+				{"writers", len(cfg.Writers) > 0 && slices.Min(cfg.Writers) > 0}, {"append-duration", cfg.AppendDuration > 0},
 				{"events", cfg.Backlog > 0}, {"batch-size", cfg.BatchSize > 0},
 				{"rate", cfg.Rate > 0}, {"latency-duration", cfg.LatencyDuration > 0},
 				{"rebuild-events", cfg.RebuildEvents > 0},
@@ -87,7 +96,7 @@ primary. See docs/performance.md for what each line means.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&cfg.Writers, "writers", benchmark.DefaultWriters, "concurrent appenders in the append figures")
+	f.IntSliceVar(&cfg.Writers, "writers", benchmark.DefaultWriterCounts(), "concurrent appenders in the append figures, a list: each count is measured")
 	f.DurationVar(&cfg.AppendDuration, "append-duration", benchmark.DefaultAppendDuration, "measuring time of each append figure, both sides together")
 	f.IntVar(&cfg.Backlog, "events", benchmark.DefaultBacklog, "catch-up backlog in events")
 	f.IntVar(&cfg.BatchSize, "batch-size", projection.DefaultBatchSize, "catch-up events per transaction, both sides")
@@ -126,8 +135,9 @@ type BenchRebuildJSON struct {
 // BenchConfigJSON is the configuration a bench run used, defaults filled
 // in, so a figure can be reproduced.
 type BenchConfigJSON struct {
-	EventsPerTx    []int   `json:"events_per_tx"`
-	Writers        int     `json:"writers"`
+	EventsPerTx []int `json:"events_per_tx"`
+	// Writers lists the writer counts each append size was measured with.
+	Writers        []int   `json:"writers"`
 	AppendSeconds  float64 `json:"append_seconds"`
 	Backlog        int     `json:"backlog_events"`
 	BatchSize      int     `json:"batch_size"`
@@ -146,10 +156,13 @@ type BenchConfigJSON struct {
 // handler uses and decoding payloads as the form does) and Projector's
 // ratio to it; the others leave both out.
 type BenchFigureJSON struct {
-	Figure        string  `json:"figure"`
-	Unit          string  `json:"unit"`
-	Projector     float64 `json:"projector"`
-	Raw           float64 `json:"raw"`
+	Figure    string  `json:"figure"`
+	Unit      string  `json:"unit"`
+	Projector float64 `json:"projector"`
+	Raw       float64 `json:"raw"`
+	// Baseline is what Raw measured: "raw" (the same work in plain SQL)
+	// or "floor" (the append's outbox floor).
+	Baseline      string  `json:"baseline"`
 	Ratio         float64 `json:"ratio"`
 	RawDecoding   float64 `json:"raw_decoding,omitempty"`
 	RatioDecoding float64 `json:"ratio_decoding,omitempty"`
@@ -179,7 +192,7 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 		for i, f := range figs {
 			out.Figures[i] = BenchFigureJSON{
 				Figure: f.Name, Unit: f.Unit, Projector: f.Projector, Raw: f.Raw, Ratio: f.Ratio(),
-				RawDecoding: f.RawDecoding, RatioDecoding: f.DecodingRatio(),
+				RawDecoding: f.RawDecoding, RatioDecoding: f.DecodingRatio(), Baseline: cmp.Or(f.Baseline, "raw"),
 				LowerIsBetter: f.LowerIsBetter, PeakHeapMiB: f.PeakHeapMiB,
 			}
 		}
@@ -224,16 +237,16 @@ func value(v float64, unit string) string {
 }
 
 func ratio(f benchmark.Figure) string {
-	r := f.Ratio()
+	r, of := f.Ratio(), cmp.Or(f.Baseline, "raw")
 	switch {
 	case r == 0:
 		return "-"
 	case f.LowerIsBetter && r >= 10:
-		return fmt.Sprintf("%.0f× raw", r)
+		return fmt.Sprintf("%.0f× %s", r, of)
 	case f.LowerIsBetter:
-		return fmt.Sprintf("%.1f× raw", r)
+		return fmt.Sprintf("%.1f× %s", r, of)
 	default:
-		return fmt.Sprintf("%.0f%% of raw", 100*r)
+		return fmt.Sprintf("%.0f%% of %s", 100*r, of)
 	}
 }
 

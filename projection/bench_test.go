@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,11 +82,13 @@ func BenchmarkCatchUp(b *testing.B) {
 // of the handler's batch, at a steady 500 events/s for five seconds, beside
 // the raw floor of the same run: LISTEN/NOTIFY, the fastest push PostgreSQL
 // has, from the commit of an append that notifies to the notification's
-// arrival. The work itself is benchmark.LatencySamples, shared with
-// `projector bench`.
+// arrival. Two dispatcher sides: "projector" runs on the appenders' Store
+// (hinted of each append in memory), "projector-polled" on a Store of its
+// own, as a dispatcher in another process that only polls. The work itself
+// is benchmark.LatencySamples, shared with `projector bench`.
 func BenchmarkLatency(b *testing.B) {
 	cfg := benchmark.LatencyConfig{Rate: 500, Duration: 5 * time.Second}
-	for _, side := range []benchmark.Side{benchmark.ListenNotify, benchmark.Dispatcher} {
+	for _, side := range []benchmark.Side{benchmark.ListenNotify, benchmark.Dispatcher, benchmark.PolledDispatcher} {
 		b.Run(string(side), func(b *testing.B) {
 			ctx := context.Background()
 			store := pgtest.Store(b, benchmark.NewRegistry())
@@ -255,4 +259,75 @@ func BenchmarkHorizonHeld(b *testing.B) {
 			b.ReportMetric(float64(worst.Microseconds())/1000, "max-ms")
 		})
 	}
+}
+
+// countingTracer counts the statements a pool sends.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+type named string
+
+func (n named) Name() string { return string(n) }
+
+// BenchmarkDispatcherIdle measures what a caught-up dispatcher costs while
+// nothing is appended: the statements it sends per second (counted by a
+// pgx tracer on its own pool: probes, heartbeats, rechecks) and the CPU
+// time of this process per second, over PROJECTOR_BENCH_IDLE_SECONDS
+// (default 10) after the poll has backed off to PollMax. One consumer,
+// default configuration. The figure in docs/performance.md's wake-up
+// section; the in-process append hint must not move it.
+func BenchmarkDispatcherIdle(b *testing.B) {
+	secs := 10
+	if s, err := strconv.Atoi(os.Getenv("PROJECTOR_BENCH_IDLE_SECONDS")); err == nil && s > 0 {
+		secs = s
+	}
+	ctx := context.Background()
+	tr := &countingTracer{}
+	pcfg := pgtest.PoolConfig(b)
+	pcfg.ConnConfig.Tracer = tr
+	pool := pgtest.PoolFromConfig(b, pcfg)
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: pgtest.Schema(b), Registry: benchmark.NewRegistry(), Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := projection.NewAsync("idle", projection.AsyncConfig{})
+	must(projection.OnEvent(p, named(benchmark.TimedType), func(context.Context, pgx.Tx, projector.Event) error { return nil }))
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = d.Stop(ctx) }()
+	if err := d.CatchUp(ctx); err != nil {
+		b.Fatal(err)
+	}
+	var stmts, cpu float64
+	for b.Loop() {
+		// Let the poll back off to PollMax (5ms doubling to 250ms: under a
+		// second), then measure.
+		time.Sleep(time.Second)
+		n0, c0 := tr.n.Load(), cpuTime(b)
+		time.Sleep(time.Duration(secs) * time.Second)
+		stmts += float64(tr.n.Load()-n0) / float64(secs)
+		cpu += float64(cpuTime(b)-c0) / float64(time.Millisecond) / float64(secs)
+	}
+	b.ReportMetric(stmts/float64(b.N), "statements/s")
+	b.ReportMetric(cpu/float64(b.N), "cpu-ms/s")
+}
+
+// cpuTime is this process's user and system CPU time so far.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -110,4 +111,35 @@ func TestBatchTimeout(t *testing.T) {
 		t.Fatalf("the timed-out batch's write survived")
 	}
 	eventually(t, time.Minute, "the healthy consumer to catch up", func() bool { return e.applied("healthy") >= total(versions) })
+}
+
+// A dispatcher on the Store the application appends through is woken by
+// those appends (postgres.Store.WatchAppends) rather than by its poll: with
+// the poll and the recheck an hour apart, appends from writers in this
+// process still reach the handler, each exactly once and in stream order.
+// Without the in-process hint nothing would look at the log for an hour.
+func TestDispatcherWokenByOwnStoreAppends(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := counting(e.schema, e.types, "hinted", projection.AsyncConfig{BatchSize: 50})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, PollMin: time.Hour, PollMax: time.Hour, Recheck: time.Hour})
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil { // the empty log: the poll's first look
+		t.Fatal(err)
+	}
+	versions := e.appendMany(3, 300, 12)
+	var total int64
+	for _, v := range versions {
+		total += v
+	}
+	pgtest.Eventually(t, 30*time.Second, "every appended event applied", func() bool {
+		got, _ := e.counts("hinted")
+		var n int64
+		for _, c := range got {
+			n += c
+		}
+		return n == total
+	})
+	e.checkCounts("hinted", versions)
 }

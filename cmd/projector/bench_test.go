@@ -29,10 +29,12 @@ func TestBenchTable(t *testing.T) {
 	}
 	for _, row := range []string{
 		"FIGURE", "DECODING BASELINE", "append, 1 event/tx, 2 writers", "append, 100 events/tx, 2 writers",
+		"append vs outbox floor, 1 event/tx, 2 writers", "append vs outbox floor, 100 events/tx, 2 writers",
 		"catch-up, per-event handler", "catch-up, per-event handler, queued writes", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
+		"latency p50 at 200 events/s, polled", "latency p99 at 200 events/s, polled",
 		"rebuild log, live catch-up (batches of 100)", "rebuild log, blue/green rebuild (batches of 400)",
 		"× the live catch-up rate", "the switch held the live tables", "shadow batches of 400",
-		"% of raw", "events/s", " ms ", "peak Go heap",
+		"% of raw", "% of floor", "events/s", " ms ", "peak Go heap",
 	} {
 		if !strings.Contains(r.stdout, row) {
 			t.Errorf("table lacks %q:\n%s", row, r.stdout)
@@ -62,11 +64,11 @@ func TestBenchJSON(t *testing.T) {
 		rb.LiveRate <= 0 || rb.RawRate <= 0 || rb.SpeedupVsLive <= 0 || rb.SwitchLockMS <= 0 || out.Config.RebuildEvents != 1500 {
 		t.Errorf("rebuild %+v, config %+v", rb, out.Config)
 	}
-	if len(out.Figures) != 10 || out.Config.Writers != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
+	if len(out.Figures) != 14 || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
 		t.Errorf("output %+v", out)
 	}
 	for _, f := range out.Figures {
-		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio <= 0) {
+		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio <= 0) || (f.Baseline == "floor") != strings.HasPrefix(f.Figure, "append vs outbox floor") {
 			t.Errorf("figure %+v", f)
 		}
 		if catchUp := strings.HasPrefix(f.Figure, "catch-up"); catchUp != (f.RawDecoding > 0 && f.RatioDecoding > 0) {
@@ -125,6 +127,8 @@ func TestBenchBadFlags(t *testing.T) {
 		msg  string
 	}{
 		{"zero writers", []string{"--writers", "0"}, "--writers must be positive"},
+		{"zero among writer counts", []string{"--writers", "1,0,16"}, "--writers must be positive"},
+		{"writers out of range", []string{"--writers", "4,5000"}, "writers 5000"},
 		{"negative rate", []string{"--rate", "-5"}, "--rate must be positive"},
 		{"rate out of range", []string{"--rate", "1000000"}, "rate 1000000"},
 		{"not a number", []string{"--events", "lots"}, "--events"},

@@ -25,6 +25,12 @@ const (
 	DefaultAppendDuration = 3 * time.Second
 )
 
+// DefaultWriterCounts returns the writer counts a full [Run] measures each
+// append size with: one writer (latency-bound, every commit its own
+// flush), four, and sixteen (commits share flushes, and what each row and
+// index costs shows).
+func DefaultWriterCounts() []int { return []int{1, 4, 16} }
+
 // AppendConfig sizes [MeasureAppend]. Zero fields take the defaults.
 type AppendConfig struct {
 	// EventsPerTx is how many events each transaction appends; default
@@ -50,10 +56,30 @@ func (c AppendConfig) validate() error {
 		within("writers", c.Writers, 1, 1000), notNegative("append duration", c.Duration))
 }
 
-// AppendResult is one append figure.
+// AppendResult is one append figure: Projector beside both baselines of
+// the same run.
 type AppendResult struct {
 	EventsPerTx, Writers int
+	// Throughput is Projector against the same-shape baseline (a table
+	// LIKE projector_events INCLUDING ALL): what our code costs.
 	Throughput
+	// FloorEvents and FloorTime are the outbox floor's side: the cheapest
+	// table that could carry the event (see [Appender.Floor]). Against it
+	// the figure is what our schema and code cost together.
+	FloorEvents int64
+	FloorTime   time.Duration
+}
+
+// FloorRate returns the outbox floor's events per second.
+func (r AppendResult) FloorRate() float64 { return rate(r.FloorEvents, r.FloorTime) }
+
+// FloorRatio returns Projector's rate as a fraction of the outbox floor's,
+// or 0 when the floor did nothing. Issue 15 wants it at 0.9 or more.
+func (r AppendResult) FloorRatio() float64 {
+	if r.FloorRate() == 0 {
+		return 0
+	}
+	return r.ProjectorRate() / r.FloorRate()
 }
 
 // appendSlice is how long one side appends before the other takes over:
@@ -62,11 +88,13 @@ type AppendResult struct {
 const appendSlice = 200 * time.Millisecond
 
 // MeasureAppend measures append throughput with cfg.Writers concurrent
-// writers, each transaction appending cfg.EventsPerTx events to a stream
-// of its writer (a new stream every ten transactions), beside the raw
-// baseline of [Appender]. The sides take turns in slices of about 200ms
-// until cfg.Duration has passed, all writers on the same side at once, so
-// each slice measures real concurrent throughput and drift hits both.
+// writers, each transaction writing one business row and appending
+// cfg.EventsPerTx events to a stream of its writer (a new stream every ten
+// transactions), beside the two baselines of [Appender]: the same-shape
+// raw insert and the outbox floor. The three sides take turns in slices of
+// about 200ms until cfg.Duration has passed, all writers on the same side
+// at once, so each slice measures real concurrent throughput and drift
+// hits all three.
 //
 // It opens a pool of its own with one connection per writer, so the writer
 // count is what PostgreSQL sees whatever the size of store's pool.
@@ -100,8 +128,8 @@ func MeasureAppend(ctx context.Context, store *postgres.Store, cfg AppendConfig)
 	for i := range writers {
 		writers[i] = a.Writer(i)
 	}
-	rounds := max(1, int(cfg.Duration/(2*appendSlice)))
-	slice := cfg.Duration / time.Duration(2*rounds)
+	rounds := max(1, int(cfg.Duration/(3*appendSlice)))
+	slice := cfg.Duration / time.Duration(3*rounds)
 	for range rounds {
 		ops, took, err := appendPhase(ctx, writers, (*AppendWriter).Raw, slice)
 		if err != nil {
@@ -109,6 +137,12 @@ func MeasureAppend(ctx context.Context, store *postgres.Store, cfg AppendConfig)
 		}
 		res.RawEvents += ops * int64(cfg.EventsPerTx)
 		res.RawTime += took
+		ops, took, err = appendPhase(ctx, writers, (*AppendWriter).Floor, slice)
+		if err != nil {
+			return res, fmt.Errorf("measure append: outbox floor: %w", err)
+		}
+		res.FloorEvents += ops * int64(cfg.EventsPerTx)
+		res.FloorTime += took
 		ops, took, err = appendPhase(ctx, writers, (*AppendWriter).Projector, slice)
 		if err != nil {
 			return res, fmt.Errorf("measure append: %w", err)
@@ -161,16 +195,31 @@ func appendPhase(ctx context.Context, writers []*AppendWriter, op func(*AppendWr
 	return ops.Load(), time.Since(start), errors.Join(errs...)
 }
 
-// Appender runs single append transactions of both sides:
-// [postgres.Store.Append] and its raw baseline, one INSERT … SELECT FROM unnest of rows of the same
-// shape into a table created LIKE projector_events INCLUDING ALL (same
-// columns, defaults and indexes), its ids and JSON prepared in advance: the
-// floor. [MeasureAppend] and BenchmarkAppend both drive it.
+// Appender runs single append transactions of three sides, each with the
+// same business row inserted first in the same transaction (a request
+// writes its own row and its events together):
+//
+//   - Projector: [postgres.Store.Append].
+//   - Raw: one INSERT … SELECT FROM unnest of rows of the same shape into a
+//     table created LIKE projector_events INCLUDING ALL (same columns,
+//     defaults and indexes), its ids and JSON prepared in advance: the floor
+//     of our code on our schema.
+//   - Floor: the same payloads into the cheapest table that could carry
+//     them as a gap-safe outbox: an identity id, the writing transaction's
+//     xid8, the stream key and the payload, with one index, the primary key
+//     (tx_id, id) its reader walks. The floor of the schema: what a user
+//     would otherwise write by hand.
+//
+// [MeasureAppend] and BenchmarkAppend both drive it.
 type Appender struct {
 	store    *postgres.Store
 	n        int
 	table    string
 	insert   string
+	floor    string
+	floorIns string
+	business string
+	bizIns   string
 	prefix   string
 	payloads []any
 	types    []string
@@ -189,10 +238,27 @@ func NewAppender(ctx context.Context, store *postgres.Store, eventsPerTx int) (*
 		return nil, fmt.Errorf("appender: %w", err)
 	}
 	suffix := randomHex(4)
-	a := &Appender{store: store, n: eventsPerTx, table: store.Table("bench_raw_events_" + suffix), prefix: "a" + suffix}
-	if _, err := store.Pool().Exec(ctx, `CREATE TABLE `+a.table+` (LIKE `+store.Table("projector_events")+` INCLUDING ALL)`); err != nil {
-		return nil, fmt.Errorf("appender: create baseline table: %w", err)
+	a := &Appender{store: store, n: eventsPerTx, prefix: "a" + suffix,
+		table:    store.Table("bench_raw_events_" + suffix),
+		floor:    store.Table("bench_raw_outbox_" + suffix),
+		business: store.Table("bench_raw_business_" + suffix),
 	}
+	for _, ddl := range []string{
+		`CREATE TABLE ` + a.table + ` (LIKE ` + store.Table("projector_events") + ` INCLUDING ALL)`,
+		`CREATE TABLE ` + a.floor + ` (
+			id      bigint GENERATED ALWAYS AS IDENTITY,
+			tx_id   xid8   NOT NULL DEFAULT pg_current_xact_id(),
+			stream  text   NOT NULL,
+			payload jsonb  NOT NULL,
+			PRIMARY KEY (tx_id, id))`,
+		`CREATE TABLE ` + a.business + ` (id uuid PRIMARY KEY, stream text NOT NULL, title text NOT NULL)`,
+	} {
+		if _, err := store.Pool().Exec(ctx, ddl); err != nil {
+			return nil, errors.Join(fmt.Errorf("appender: create baseline tables: %w", err), a.Close(ctx))
+		}
+	}
+	a.floorIns = `INSERT INTO ` + a.floor + ` (stream, payload) SELECT $1, d FROM unnest($2::jsonb[]) AS d`
+	a.bizIns = `INSERT INTO ` + a.business + ` (id, stream, title) VALUES ($1, $2, $3)`
 	a.insert = `INSERT INTO ` + a.table + ` (id, tenant_id, stream_type, stream_id, version, type, schema_version, data, correlation_id, causation_id, actor, headers)
 		SELECT ev.id, $1, $2, $3, ev.v, ev.type, ev.sv, ev.data, $8, NULL, '', NULL
 		FROM unnest($4::uuid[], $5::text[], $6::int[], $7::jsonb[], $9::bigint[]) AS ev(id, type, sv, data, v)`
@@ -206,12 +272,12 @@ func NewAppender(ctx context.Context, store *postgres.Store, eventsPerTx int) (*
 	return a, nil
 }
 
-// Close drops the baseline's table, even when ctx is cancelled.
+// Close drops the baselines' tables, even when ctx is cancelled.
 func (a *Appender) Close(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if _, err := a.store.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+a.table); err != nil {
-		return fmt.Errorf("appender: drop baseline table: %w", err)
+	if _, err := a.store.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+a.table+`, `+a.floor+`, `+a.business); err != nil {
+		return fmt.Errorf("appender: drop baseline tables: %w", err)
 	}
 	return nil
 }
@@ -224,11 +290,20 @@ func (a *Appender) Writer(id int) *AppendWriter {
 
 // AppendWriter appends for one goroutine; it is not safe for concurrent use.
 type AppendWriter struct {
-	a               *Appender
-	id              string
-	rawOps, projOps int
-	ids             [][16]byte
-	vers            []int64
+	a                         *Appender
+	id                        string
+	rawOps, floorOps, projOps int
+	ids                       [][16]byte
+	vers                      []int64
+}
+
+// businessRow inserts the transaction's own row, the same on every side.
+func (w *AppendWriter) businessRow(ctx context.Context, tx pgx.Tx, stream string) error {
+	_, err := tx.Exec(ctx, w.a.bizIns, [16]byte(uuid.Must(uuid.NewV7())), stream, "the printer is on fire again")
+	if err != nil {
+		return fmt.Errorf("business row: %w", err)
+	}
+	return nil
 }
 
 // stream names the stream of a writer's op-th transaction: a new stream
@@ -244,8 +319,12 @@ func (w *AppendWriter) Raw(ctx context.Context) error {
 	for j := range a.n {
 		w.ids[j], w.vers[j] = uuid.Must(uuid.NewV7()), int64(op*a.n+j+1)
 	}
+	stream := w.stream(op)
 	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, a.insert, projector.SystemTenant, "bench", w.stream(op), w.ids, a.types, a.versions, a.datas,
+		if err := w.businessRow(ctx, tx, stream); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, a.insert, projector.SystemTenant, "bench", stream, w.ids, a.types, a.versions, a.datas,
 			[16]byte(uuid.Must(uuid.NewV7())), w.vers)
 		return err
 	})
@@ -256,11 +335,34 @@ func (w *AppendWriter) Raw(ctx context.Context) error {
 	return nil
 }
 
+// Floor runs one outbox-floor transaction: the business row and the
+// payloads into the outbox table, one statement.
+func (w *AppendWriter) Floor(ctx context.Context) error {
+	a := w.a
+	stream := w.stream(w.floorOps)
+	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		if err := w.businessRow(ctx, tx, stream); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, a.floorIns, "bench/"+stream, a.datas)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox floor insert: %w", err)
+	}
+	w.floorOps++
+	return nil
+}
+
 // Projector runs one transaction appending through the store.
 func (w *AppendWriter) Projector(ctx context.Context) error {
-	a, op := w.a, w.projOps
+	a := w.a
+	stream := w.stream(w.projOps)
 	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
-		_, err := a.store.Append(ctx, tx, projector.Stream("bench", w.stream(op)), projector.AnyVersion, a.payloads...)
+		if err := w.businessRow(ctx, tx, stream); err != nil {
+			return err
+		}
+		_, err := a.store.Append(ctx, tx, projector.Stream("bench", stream), projector.AnyVersion, a.payloads...)
 		return err
 	})
 	if err != nil {
@@ -270,18 +372,23 @@ func (w *AppendWriter) Projector(ctx context.Context) error {
 	return nil
 }
 
-// Pair runs one baseline transaction and then one Projector transaction
+// Triple runs one transaction of each side, raw, floor, then Projector,
 // and returns how long each took: the op-by-op interleaving of
 // BenchmarkAppend.
-func (w *AppendWriter) Pair(ctx context.Context) (raw, proj time.Duration, err error) {
+func (w *AppendWriter) Triple(ctx context.Context) (raw, floor, proj time.Duration, err error) {
 	start := time.Now()
 	if err := w.Raw(ctx); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	raw = time.Since(start)
 	start = time.Now()
-	if err := w.Projector(ctx); err != nil {
-		return 0, 0, err
+	if err := w.Floor(ctx); err != nil {
+		return 0, 0, 0, err
 	}
-	return raw, time.Since(start), nil
+	floor = time.Since(start)
+	start = time.Now()
+	if err := w.Projector(ctx); err != nil {
+		return 0, 0, 0, err
+	}
+	return raw, floor, time.Since(start), nil
 }

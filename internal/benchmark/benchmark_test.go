@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // tiny is a full run small enough for a test: a few seconds in all.
 var tiny = benchmark.Config{
-	EventsPerTx: []int{1, 10}, Writers: 2, AppendDuration: 200 * time.Millisecond,
+	EventsPerTx: []int{1, 10}, Writers: []int{2}, AppendDuration: 200 * time.Millisecond,
 	Backlog: 1000, BatchSize: 100,
 	Rate: 200, LatencyDuration: 300 * time.Millisecond,
 	RebuildEvents: 1500, RebuildBatchSize: 400,
@@ -39,7 +39,19 @@ func count(t *testing.T, store *postgres.Store, sql string, args ...any) int64 {
 }
 
 func rawTables(t *testing.T, store *postgres.Store) int64 {
-	return count(t, store, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'bench\_raw\_events\_%'`, store.Schema())
+	return count(t, store, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'bench\_raw\_%'`, store.Schema())
+}
+
+// baselineRows counts the rows of the one baseline table whose name starts
+// with prefix (bench_raw_outbox_, bench_raw_business_).
+func baselineRows(t *testing.T, store *postgres.Store, prefix string) int64 {
+	t.Helper()
+	var name string
+	if err := store.Pool().QueryRow(context.Background(), `SELECT tablename FROM pg_tables WHERE schemaname = $1 AND starts_with(tablename, $2)`,
+		store.Schema(), prefix).Scan(&name); err != nil {
+		t.Fatalf("find %s table: %v", prefix, err)
+	}
+	return count(t, store, `SELECT count(*) FROM `+store.Table(name))
 }
 
 func checkThroughput(t *testing.T, what string, tp benchmark.Throughput) {
@@ -59,8 +71,8 @@ func TestAppenderWritesBothSides(t *testing.T) {
 	w0, w1 := a.Writer(0), a.Writer(1)
 	for range 12 { // past ten ops, so a second stream per writer
 		for _, w := range []*benchmark.AppendWriter{w0, w1} {
-			if raw, proj, err := w.Pair(ctx); err != nil || raw <= 0 || proj <= 0 {
-				t.Fatalf("pair: %v, %v, %v", raw, proj, err)
+			if raw, floor, proj, err := w.Triple(ctx); err != nil || raw <= 0 || floor <= 0 || proj <= 0 {
+				t.Fatalf("triple: %v, %v, %v, %v", raw, floor, proj, err)
 			}
 		}
 	}
@@ -69,6 +81,12 @@ func TestAppenderWritesBothSides(t *testing.T) {
 	}
 	if n := count(t, store, `SELECT count(DISTINCT stream_id) FROM `+store.Table("projector_events")); n != 4 {
 		t.Errorf("%d streams, want 2 per writer", n)
+	}
+	if n := baselineRows(t, store, "bench_raw_outbox_"); n != 2*12*5 {
+		t.Errorf("outbox floor holds %d events, want %d", n, 2*12*5)
+	}
+	if n := baselineRows(t, store, "bench_raw_business_"); n != 3*2*12 {
+		t.Errorf("%d business rows, want one per transaction of each side: %d", n, 3*2*12)
 	}
 	if err := a.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -86,6 +104,9 @@ func TestMeasureAppend(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkThroughput(t, "append", res.Throughput)
+	if res.FloorEvents <= 0 || res.FloorRate() <= 0 || res.FloorRatio() <= 0 {
+		t.Errorf("outbox floor: not a sane figure: %+v", res)
+	}
 	if res.EventsPerTx != 3 || res.Writers != 3 {
 		t.Errorf("result sizes %+v", res)
 	}
@@ -135,8 +156,11 @@ func TestMeasureLatency(t *testing.T) {
 		t.Fatal(err) // includes an event that never arrived
 	}
 	appended := count(t, store, `SELECT count(*) FROM `+store.Table("projector_events")+` WHERE type = $1`, benchmark.TimedType)
-	if got := int64(res.Raw.Samples + res.Projector.Samples); got != appended || res.Raw.Samples == 0 || res.Projector.Samples == 0 {
-		t.Errorf("samples raw %d + projector %d, appended %d", res.Raw.Samples, res.Projector.Samples, appended)
+	if got := int64(res.Raw.Samples + res.Projector.Samples + res.Polled.Samples); got != appended || res.Raw.Samples == 0 || res.Projector.Samples == 0 || res.Polled.Samples == 0 {
+		t.Errorf("samples raw %d + projector %d + polled %d, appended %d", res.Raw.Samples, res.Projector.Samples, res.Polled.Samples, appended)
+	}
+	if res.Polled.P50 <= 0 || res.Polled.P99 < res.Polled.P50 {
+		t.Errorf("polled dispatcher: %+v", res.Polled)
 	}
 	// The floor may see a notification before the appender sees its own
 	// commit (a zero sample), so only its tail must be above zero.
@@ -162,8 +186,8 @@ func TestRunDropsItsSchema(t *testing.T) {
 		t.Errorf("schema %s left behind", rep.Schema)
 	}
 	figs := rep.Figures()
-	if len(figs) != 10 {
-		t.Fatalf("%d figures, want 2 append + 4 catch-up + 2 latency + 2 rebuild: %+v", len(figs), figs)
+	if len(figs) != 14 {
+		t.Fatalf("%d figures, want 2×2 append (raw and floor) + 4 catch-up + 2×2 latency (hinted and polled) + 2 rebuild: %+v", len(figs), figs)
 	}
 	for i, f := range figs {
 		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio() <= 0) || (f.Unit == "events/s") == f.LowerIsBetter {
@@ -231,7 +255,8 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"zero means defaults", benchmark.Config{}, true},
 		{"tiny", tiny, true},
-		{"negative writers", benchmark.Config{Writers: -1}, false},
+		{"negative writers", benchmark.Config{Writers: []int{-1}}, false},
+		{"one writer count too many", benchmark.Config{Writers: []int{1, 4, 5000}}, false},
 		{"append size zero", benchmark.Config{EventsPerTx: []int{0}}, false},
 		{"negative backlog", benchmark.Config{Backlog: -5}, false},
 		{"huge batch", benchmark.Config{BatchSize: 1_000_000}, false},

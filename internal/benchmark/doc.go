@@ -8,7 +8,9 @@
 //
 //   - [MeasureAppend]: append throughput, Projector's Store.Append against
 //     one INSERT … SELECT FROM unnest of rows of the same shape into a table
-//     created LIKE projector_events INCLUDING ALL, with concurrent writers.
+//     created LIKE projector_events INCLUDING ALL (our code), and against the
+//     same payloads in the cheapest gap-safe outbox table (our schema), each
+//     transaction with a business row, with concurrent writers.
 //   - [MeasureCatchUp]: a dispatcher catching up a backlog with a counting
 //     projection (one upsert per stream), against a hand-written loop doing
 //     the same work: one transaction per batch that locks a cursor row, reads
@@ -21,7 +23,8 @@
 //     rate or better.
 //   - [MeasureLatency]: time from an append's commit to the dispatcher's
 //     AfterCommit at a steady rate, against LISTEN/NOTIFY from the same
-//     commit as the floor.
+//     commit as the floor; a dispatcher on the appenders' Store (hinted in
+//     memory) and one on a Store of its own (polling, as in another process).
 //
 // [Run] does all four in throwaway schemas ([NewSchema], dropped by
 // [DropSchema] even when the context is cancelled) and is what

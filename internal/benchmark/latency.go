@@ -58,30 +58,42 @@ const (
 	ListenNotify Side = "raw-notify"
 	// Dispatcher is Projector: a dispatcher applies the event with a no-op
 	// handler and reports it through AsyncConfig.AfterCommit once the
-	// batch's transaction committed.
+	// batch's transaction committed. It runs on the appenders' Store, as in
+	// an application that appends and dispatches in one process, so it is
+	// hinted of each append (postgres.Store.WatchAppends).
 	Dispatcher Side = "projector"
+	// PolledDispatcher is the same dispatcher on a Store of its own (same
+	// pool and schema): it learns of appends only by polling the log, as a
+	// dispatcher in another process does.
+	PolledDispatcher Side = "projector-polled"
 )
 
-// LatencyResult is the latency figure: both sides' percentiles at one rate.
+// LatencyResult is the latency figure: every side's percentiles at one rate.
 type LatencyResult struct {
 	Rate           int
 	Raw, Projector Percentiles
+	// Polled is the dispatcher that sees appends only by polling
+	// ([PolledDispatcher]).
+	Polled Percentiles
 }
 
-// MeasureLatency measures both sides on store, the raw floor first, each
+// MeasureLatency measures every side on store, the raw floor first, each
 // for cfg.Duration at cfg.Rate. See [LatencySamples].
 func MeasureLatency(ctx context.Context, store *postgres.Store, cfg LatencyConfig) (LatencyResult, error) {
 	cfg = cfg.withDefaults()
 	res := LatencyResult{Rate: cfg.Rate}
-	for _, side := range []Side{ListenNotify, Dispatcher} {
+	for _, side := range []Side{ListenNotify, Dispatcher, PolledDispatcher} {
 		samples, err := LatencySamples(ctx, store, side, cfg)
 		if err != nil {
 			return res, err
 		}
-		if side == ListenNotify {
+		switch side {
+		case ListenNotify:
 			res.Raw = Summarize(samples)
-		} else {
+		case Dispatcher:
 			res.Projector = Summarize(samples)
+		default:
+			res.Polled = Summarize(samples)
 		}
 	}
 	return res, nil
@@ -115,6 +127,12 @@ func LatencySamples(ctx context.Context, store *postgres.Store, side Side, cfg L
 	switch side {
 	case Dispatcher:
 		stop, err = startLatencyDispatcher(ctx, store, tr)
+	case PolledDispatcher:
+		var own *postgres.Store
+		own, err = postgres.New(ctx, store.Pool(), postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet})
+		if err == nil {
+			stop, err = startLatencyDispatcher(ctx, own, tr)
+		}
 	case ListenNotify:
 		stop, err = listen(ctx, store, channel, tr)
 	default:

@@ -17,8 +17,9 @@ import (
 type Config struct {
 	// EventsPerTx lists the append sizes measured; default 1 and 100.
 	EventsPerTx []int
-	// Writers is the concurrent appenders; default [DefaultWriters].
-	Writers int
+	// Writers lists the concurrent appender counts measured, each with
+	// every size of EventsPerTx; default 1, 4 and 16 ([DefaultWriterCounts]).
+	Writers []int
 	// AppendDuration is the measuring time of each append size, both sides
 	// together; default [DefaultAppendDuration].
 	AppendDuration time.Duration
@@ -50,7 +51,9 @@ func (c Config) WithDefaults() Config {
 	if len(c.EventsPerTx) == 0 {
 		c.EventsPerTx = []int{1, 100}
 	}
-	c.Writers = cmp.Or(c.Writers, DefaultWriters)
+	if len(c.Writers) == 0 {
+		c.Writers = DefaultWriterCounts()
+	}
 	c.AppendDuration = cmp.Or(c.AppendDuration, DefaultAppendDuration)
 	c.Backlog = cmp.Or(c.Backlog, DefaultBacklog)
 	c.BatchSize = cmp.Or(c.BatchSize, projection.DefaultBatchSize)
@@ -63,8 +66,8 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func (c Config) appendConfig(n int) AppendConfig {
-	return AppendConfig{EventsPerTx: n, Writers: c.Writers, Duration: c.AppendDuration}
+func (c Config) appendConfig(n, writers int) AppendConfig {
+	return AppendConfig{EventsPerTx: n, Writers: writers, Duration: c.AppendDuration}
 }
 
 func (c Config) catchUpConfig() CatchUpConfig {
@@ -85,7 +88,9 @@ func (c Config) Validate() error {
 	c = c.WithDefaults()
 	var errs []error
 	for _, n := range c.EventsPerTx {
-		errs = append(errs, c.appendConfig(n).validate())
+		for _, w := range c.Writers {
+			errs = append(errs, c.appendConfig(n, w).validate())
+		}
 	}
 	errs = append(errs, c.catchUpConfig().withDefaults().validate(), c.latencyConfig().validate(),
 		c.rebuildConfig().withDefaults().validate())
@@ -129,12 +134,14 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (rep Report, err e
 	cfg.Progress(fmt.Sprintf("working in schema %s (dropped at the end)", rep.Schema))
 
 	for _, n := range cfg.EventsPerTx {
-		cfg.Progress(fmt.Sprintf("append: %d event%s per transaction, %d writers, %v", n, plural(n), cfg.Writers, cfg.AppendDuration))
-		r, err := MeasureAppend(ctx, store, cfg.appendConfig(n))
-		if err != nil {
-			return rep, err
+		for _, w := range cfg.Writers {
+			cfg.Progress(fmt.Sprintf("append: %d event%s per transaction, %d writer%s, %v", n, plural(n), w, plural(w), cfg.AppendDuration))
+			r, err := MeasureAppend(ctx, store, cfg.appendConfig(n, w))
+			if err != nil {
+				return rep, err
+			}
+			rep.Append = append(rep.Append, r)
 		}
-		rep.Append = append(rep.Append, r)
 	}
 	cfg.Progress(fmt.Sprintf("catch-up: backlog of %d events, batches of %d, per-event and batch handlers", cfg.Backlog, cfg.BatchSize))
 	if rep.CatchUp, err = MeasureCatchUp(ctx, store, cfg.catchUpConfig()); err != nil {
@@ -178,6 +185,9 @@ type Figure struct {
 	// PeakHeapMiB is the dispatcher's peak Go heap, catch-up and rebuild
 	// figures only.
 	PeakHeapMiB float64
+	// Baseline names what Raw is, for the ratio's label: "raw" (the same
+	// work in plain SQL) unless set; "floor" for the outbox floor.
+	Baseline string
 }
 
 // Ratio returns Projector's value over the baseline's: the fraction of raw
@@ -204,8 +214,11 @@ func (r Report) Figures() []Figure {
 	var out []Figure
 	for _, a := range r.Append {
 		out = append(out, Figure{
-			Name: fmt.Sprintf("append, %d event%s/tx, %d writers", a.EventsPerTx, plural(a.EventsPerTx), a.Writers),
+			Name: fmt.Sprintf("append, %d event%s/tx, %d writer%s", a.EventsPerTx, plural(a.EventsPerTx), a.Writers, plural(a.Writers)),
 			Unit: "events/s", Projector: a.ProjectorRate(), Raw: a.RawRate(),
+		}, Figure{
+			Name: fmt.Sprintf("append vs outbox floor, %d event%s/tx, %d writer%s", a.EventsPerTx, plural(a.EventsPerTx), a.Writers, plural(a.Writers)),
+			Unit: "events/s", Projector: a.ProjectorRate(), Raw: a.FloorRate(), Baseline: "floor",
 		})
 	}
 	for _, c := range r.CatchUp {
@@ -227,6 +240,8 @@ func (r Report) Figures() []Figure {
 	out = append(out,
 		Figure{Name: fmt.Sprintf("latency p50 at %d events/s", l.Rate), Unit: "ms", Projector: ms(l.Projector.P50), Raw: ms(l.Raw.P50), LowerIsBetter: true},
 		Figure{Name: fmt.Sprintf("latency p99 at %d events/s", l.Rate), Unit: "ms", Projector: ms(l.Projector.P99), Raw: ms(l.Raw.P99), LowerIsBetter: true},
+		Figure{Name: fmt.Sprintf("latency p50 at %d events/s, polled", l.Rate), Unit: "ms", Projector: ms(l.Polled.P50), Raw: ms(l.Raw.P50), LowerIsBetter: true},
+		Figure{Name: fmt.Sprintf("latency p99 at %d events/s, polled", l.Rate), Unit: "ms", Projector: ms(l.Polled.P99), Raw: ms(l.Raw.P99), LowerIsBetter: true},
 	)
 	if b := r.Rebuild; b.Events > 0 {
 		out = append(out,

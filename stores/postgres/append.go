@@ -158,6 +158,7 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 			return AppendResult{}, s.abort(ctx, tx, fmt.Errorf("inline projection %q: %w", p.Name(), err))
 		}
 	}
+	s.appended(events[0].Position.TxID)
 	return AppendResult{Events: events, Version: events[n-1].Version}, nil
 }
 

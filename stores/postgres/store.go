@@ -125,6 +125,8 @@ type Store struct {
 	// transaction logs (see checkUnisolated).
 	unisolated     func(context.Context)
 	unisolatedOnce sync.Once
+	// watch holds the in-process watches of appends (WatchAppends).
+	watch watchers
 }
 
 // New checks the schema and returns a store. It fails with
