@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -164,26 +166,28 @@ failed), 2 bad command line.`,
 	return cmd
 }
 
-// refuseSwapRebuild refuses `rebuild NAME` of a search projection this
-// binary wires whose index lives outside PostgreSQL (a Meilisearch one): it
-// has no tables for a rebuild to shadow and switch, and without this the
-// refusal would only say it "declares no tables", as if declaring some
-// would help. It points at `search reindex`, which rebuilds such an index
-// beside the live one and swaps them. nil for anything else, including a
-// binary whose wiring fails (rebuild needs no wiring; it says what it says).
-func (a *App) refuseSwapRebuild(cmd *cobra.Command, name string) error {
-	w, err := a.wiring()
-	if err != nil {
+// cancelRebuild is `rebuild cancel NAME`: rebuild.Cancel drops what lives
+// in PostgreSQL (the shadow shard and schema); when this binary wires the
+// projection and it has an External target (a Meilisearch index), the
+// rebuild's shadow index is deleted here too. Without the code a
+// dispatcher of the version deletes it when its shadow shard ends.
+func (a *App) cancelRebuild(ctx context.Context, store *postgres.Store, name string) error {
+	r, err := rebuild.Current(ctx, store, name)
+	if err != nil && !errors.Is(err, projector.ErrNotFound) {
+		return err
+	}
+	if err := rebuild.Cancel(ctx, store, name); err != nil {
+		return err
+	}
+	w, werr := a.wiring()
+	if werr != nil || r.ID == 0 {
 		return nil
 	}
 	for _, as := range w.Async {
-		sp, ok := search.ProjectionOf(as)
-		if !ok || sp.Name() != name {
-			continue
-		}
-		if _, swaps := sp.SearchBackend().(search.Swapper); swaps {
-			return refusedError{fmt.Errorf("%w: search projection %s keeps its index in %s, not in tables a rebuild could shadow and switch: rebuild it from the log with `%s search reindex %s` (a new index beside the live one, swapped in)",
-				rebuild.ErrNotRebuildable, name, sp.SearchBackend().Kind(), cmd.Root().Name(), name)}
+		if ext := as.Config().External; as.Name() == name && ext != nil {
+			if err := ext.DropShadow(ctx, r.ID); err != nil {
+				return fmt.Errorf("rebuild %d of %s cancelled, but deleting its shadow %s index failed (a dispatcher of the version deletes it when it notices): %w", r.ID, name, ext.Kind(), err)
+			}
 		}
 	}
 	return nil

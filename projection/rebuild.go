@@ -350,13 +350,23 @@ func (d *Dispatcher) prepareShadow(ctx context.Context, sh *shard) error {
 		if err := LockShard(ctx, tx, d.store, sh.id); err != nil {
 			return err
 		}
-		var prepared bool
-		err := tx.QueryRow(ctx, `SELECT prepared FROM `+d.store.Table("projector_rebuilds")+` WHERE id = $1 FOR UPDATE`, sh.shadow.rebuildID).Scan(&prepared)
-		if errors.Is(err, pgx.ErrNoRows) || prepared {
-			return nil // gone (the shadow loop will see it), or done already
+		// No FOR UPDATE: the shard lock keeps other preparers and Cancel
+		// out, and a row lock would give the transaction an id, holding back
+		// every reader's horizon while an External target is prepared over
+		// the network.
+		var prepared, active bool
+		err := tx.QueryRow(ctx, `SELECT prepared, status IN ('building', 'ready') FROM `+d.store.Table("projector_rebuilds")+` WHERE id = $1`,
+			sh.shadow.rebuildID).Scan(&prepared, &active)
+		if errors.Is(err, pgx.ErrNoRows) || prepared || (err == nil && !active) {
+			return nil // gone or cancelled (the shadow loop will see it), or done already
 		}
 		if err != nil {
 			return fmt.Errorf("read rebuild: %w", err)
+		}
+		if ext := sh.proj.cfg.External; ext != nil {
+			if err := ext.PrepareShadow(ctx, sh.shadow.rebuildID); err != nil {
+				return fmt.Errorf("prepare the shadow %s target of %s: %w", ext.Kind(), sh.id.Consumer, err)
+			}
 		}
 		if fn := sh.proj.cfg.PrepareShadow; fn != nil {
 			if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true)`,
@@ -366,11 +376,6 @@ func (d *Dispatcher) prepareShadow(ctx context.Context, sh *shard) error {
 			ctx := withReplay(ctx, sh.shadow.replay)
 			if err := fn(ctx, tx); err != nil {
 				return fmt.Errorf("PrepareShadow of %s: %w", sh.id.Consumer, err)
-			}
-		}
-		if ext := sh.proj.cfg.External; ext != nil {
-			if err := ext.PrepareShadow(ctx, sh.shadow.rebuildID); err != nil {
-				return fmt.Errorf("prepare the shadow %s target of %s: %w", ext.Kind(), sh.id.Consumer, err)
 			}
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_rebuilds")+` SET prepared = true WHERE id = $1`, sh.shadow.rebuildID); err != nil {
