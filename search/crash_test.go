@@ -29,7 +29,7 @@ const (
 	childEnv       = "PROJECTOR_TEST_SEARCH_CHILD"
 	childURLEnv    = "PROJECTOR_TEST_SEARCH_CHILD_URL"
 	childSchemaEnv = "PROJECTOR_TEST_SEARCH_CHILD_SCHEMA"
-	childMeiliEnv  = "PROJECTOR_TEST_SEARCH_CHILD_MEILI" // the fake's URL; empty: pgsearch
+	childMeiliEnv  = "PROJECTOR_TEST_SEARCH_CHILD_MEILI"   // the fake's URL; empty: pgsearch
 	childVersion   = "PROJECTOR_TEST_SEARCH_CHILD_VERSION" // the projection's version; empty: 1
 	childBatch     = 20
 )

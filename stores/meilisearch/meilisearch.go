@@ -534,19 +534,33 @@ func (b *Backend) Query(ctx context.Context, idx search.Index, q search.Request)
 
 // Documents lists every document of idx, ordered by tenant and id.
 func (b *Backend) Documents(ctx context.Context, idx search.Index) ([]search.Stored, error) {
-	pk := cmp.Or(idx.PrimaryKey, search.DefaultPrimaryKey)
 	var out []search.Stored
+	err := b.EachDocument(ctx, idx, func(s search.Stored) error {
+		out = append(out, s)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b search.Stored) int { return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ID, b.ID)) })
+	return out, nil
+}
+
+// EachDocument hands every document of idx to fn, fetched 1,000 at a
+// time, holding no more than one fetch: search.Verify pages with it.
+func (b *Backend) EachDocument(ctx context.Context, idx search.Index, fn func(search.Stored) error) error {
+	pk := cmp.Or(idx.PrimaryKey, search.DefaultPrimaryKey)
 	for offset := int64(0); ; {
 		var res meili.DocumentsResult
 		rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 		err := b.client.Index(b.UID(idx)).GetDocuments(rctx, &meili.DocumentsQuery{Offset: offset, Limit: 1000}, &res)
 		cancel()
 		if err != nil {
-			return nil, b.requestError("list documents of "+b.UID(idx), err)
+			return b.requestError("list documents of "+b.UID(idx), err)
 		}
 		var docs []map[string]json.RawMessage
 		if err := res.Results.DecodeWith(&docs, json.Marshal, json.Unmarshal); err != nil {
-			return nil, fmt.Errorf("decode documents: %w", err)
+			return fmt.Errorf("decode documents: %w", err)
 		}
 		for _, d := range docs {
 			var s search.Stored
@@ -557,15 +571,15 @@ func (b *Backend) Documents(ctx context.Context, idx search.Index) ([]search.Sto
 			delete(d, KeyAttr)
 			delete(d, TenantAttr)
 			if s.Doc, err = json.Marshal(d); err != nil {
-				return nil, err
+				return err
 			}
-			out = append(out, s)
+			if err := fn(s); err != nil {
+				return err
+			}
 		}
 		offset += int64(len(docs))
 		if len(docs) == 0 || offset >= res.Total {
-			break
+			return nil
 		}
 	}
-	slices.SortFunc(out, func(a, b search.Stored) int { return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ID, b.ID)) })
-	return out, nil
 }
