@@ -99,7 +99,7 @@ backend, or the consumer is dead or disabled).`,
 }
 
 func (a *App) searchVerifyCmd() *cobra.Command {
-	var sample, show int
+	var sample, show, pageSize int
 	cmd := &cobra.Command{
 		Use:   "verify NAME",
 		Short: "Compare a search projection's index with what the log says it should hold",
@@ -107,7 +107,9 @@ func (a *App) searchVerifyCmd() *cobra.Command {
 cursor, in memory, through the projection's handlers (compiled into this binary),
 and compares the documents that gives with the ones its index holds: missing,
 extra and differing documents are listed. --sample N compares N documents picked
-at random instead of all.
+at random instead of all. It works through the documents in pages of --page-size
+(by a hash of tenant and id), replaying the log once per page, so its memory is
+bounded by a page, not by the index.
 
 Exit codes: 0 the index holds what the log says, 1 it differs (or the check
 failed), 2 bad command line.`,
@@ -124,12 +126,15 @@ failed), 2 bad command line.`,
 			if show < 0 || show > 1_000_000 {
 				return usageError{fmt.Errorf("--show %d: want 0 up to 1000000", show)}
 			}
+			if pageSize < 1 || pageSize > maxVerifySample {
+				return usageError{fmt.Errorf("--page-size %d: want 1 up to %d documents", pageSize, maxVerifySample)}
+			}
 			p, err := a.searchProjection(args[0])
 			if err != nil {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				r, err := search.Verify(cmd.Context(), store, p, search.VerifyOptions{Sample: sample})
+				r, err := search.Verify(cmd.Context(), store, p, search.VerifyOptions{Sample: sample, PageSize: pageSize})
 				if err != nil {
 					return err
 				}
@@ -163,6 +168,7 @@ failed), 2 bad command line.`,
 	}
 	cmd.Flags().IntVar(&sample, "sample", 0, "compare this many documents picked at random (0: all)")
 	cmd.Flags().IntVar(&show, "show", 20, "list at most this many differences")
+	cmd.Flags().IntVar(&pageSize, "page-size", search.DefaultVerifyPage, "documents compared per page (memory is bounded by a page; each page replays the log)")
 	return cmd
 }
 

@@ -326,8 +326,8 @@ func (b *timedApply) Apply(ctx context.Context, tx pgx.Tx, idx search.Index, ops
 // BenchmarkSearchVerify measures what search.Verify costs on an index of
 // the backlog's documents (indexed on PostgreSQL by a search projection
 // first): its time, and the peak Go heap in use while it runs beside the
-// size of the index's JSON, since Verify holds both the replayed and the
-// listed documents in memory at once (docs/search.md).
+// size of the index's JSON, in one page (both sides of every document in
+// memory at once) and in the default pages (docs/search.md).
 func BenchmarkSearchVerify(b *testing.B) {
 	n := benchEvents()
 	ctx := context.Background()
@@ -352,22 +352,28 @@ func BenchmarkSearchVerify(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var peak uint64
-	for b.Loop() {
-		runtime.GC()
-		var base runtime.MemStats
-		runtime.ReadMemStats(&base)
-		peak = base.HeapInuse
-		stop := sampleHeap(&peak)
-		r, err := search.Verify(ctx, store, p, search.VerifyOptions{})
-		stop()
-		if err != nil || !r.OK() || r.Compared != n {
-			b.Fatalf("verify: compared %d of %d, %d differences: %v", r.Compared, n, len(r.Differences), err)
-		}
-		peak -= min(peak, base.HeapInuse)
+	// One page (PageSize n: everything in memory at once, as before verify
+	// paged) beside the default pages, same run.
+	for _, page := range []int{n, search.DefaultVerifyPage} {
+		b.Run(fmt.Sprintf("page=%d", page), func(b *testing.B) {
+			var peak uint64
+			for b.Loop() {
+				runtime.GC()
+				var base runtime.MemStats
+				runtime.ReadMemStats(&base)
+				peak = base.HeapInuse
+				stop := sampleHeap(&peak)
+				r, err := search.Verify(ctx, store, p, search.VerifyOptions{PageSize: page})
+				stop()
+				if err != nil || !r.OK() || r.Compared != n {
+					b.Fatalf("verify: compared %d of %d, %d differences: %v", r.Compared, n, len(r.Differences), err)
+				}
+				peak -= min(peak, base.HeapInuse)
+			}
+			b.ReportMetric(float64(jsonBytes)/(1<<20), "index-json-MiB")
+			b.ReportMetric(float64(peak)/(1<<20), "peak-heap-growth-MiB")
+		})
 	}
-	b.ReportMetric(float64(jsonBytes)/(1<<20), "index-json-MiB")
-	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-growth-MiB")
 }
 
 // sampleHeap records the peak Go heap in use into peak until the returned

@@ -22,8 +22,8 @@ import (
 // TestCLISearchVerify: `projector search verify NAME` on an application
 // wired the way cli.Config.Wire builds it (pgsearch from the schema name):
 // exit 0 when the index holds what the log says, 1 with the planted
-// document listed when it does not, 2 for an unknown name or a bad
-// --sample.
+// document listed when it does not (in pages too), 2 for an unknown name,
+// a bad --sample or --page-size.
 func TestCLISearchVerify(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -67,6 +67,15 @@ func TestCLISearchVerify(t *testing.T) {
 	}
 	if out, code = run("search", "verify", "ticket_search", "--sample", "-1"); code != cli.ExitUsage {
 		t.Fatalf("verify --sample -1: exit %d\n%s", code, out)
+	}
+	for _, bad := range []string{"0", "-3", "10000001"} {
+		if out, code = run("search", "verify", "ticket_search", "--page-size", bad); code != cli.ExitUsage {
+			t.Fatalf("verify --page-size %s: exit %d\n%s", bad, code, out)
+		}
+	}
+	// Pages of 5 documents: the same finding and exit code.
+	if out, code = run("search", "verify", "ticket_search", "--page-size", "5"); code != cli.ExitError || !strings.Contains(out, "extra    acme/planted") {
+		t.Fatalf("paged verify with a planted document: exit %d\n%s", code, out)
 	}
 }
 
