@@ -46,8 +46,9 @@ type VerifyOptions struct {
 }
 
 // DefaultVerifyPage is how many documents [Verify] compares per page by
-// default: about 17 MiB of Go heap for small documents (docs/search.md).
-const DefaultVerifyPage = 10_000
+// default: about 45 MiB of Go heap for small documents, one replay of the
+// log per 25,000 documents (docs/search.md).
+const DefaultVerifyPage = 25_000
 
 // maxVerifyPages bounds the pages: each costs a replay of the log.
 const maxVerifyPages = 1000
