@@ -152,8 +152,12 @@ func TestPromise13_MeiliRebuildSIGKILLBetweenCommitAndSwap(t *testing.T) {
 		return r.Status == rebuild.Swapping && fake.Requests("POST /swap-indexes") >= 2
 	})
 	child.Kill(t)
-	if r, err := rebuild.Current(e.ctx, e.store, "ticket_search"); err != nil || r.Status != rebuild.Swapping {
+	if r, err := rebuild.Current(e.ctx, e.store, "ticket_search"); err != nil || r.Status != rebuild.Swapping || !r.Active() {
 		t.Fatalf("after the kill: %+v, %v", r, err)
+	}
+	// `projector status` lists it among the rebuilds in progress.
+	if rs, err := rebuild.InProgress(e.ctx, e.store); err != nil || len(rs) != 1 || rs[0].Status != rebuild.Swapping {
+		t.Fatalf("in progress while swapping: %+v, %v", rs, err)
 	}
 	// Nobody indexes now: v1 is superseded, v2's only dispatcher is dead.
 	// The old index still answers.
