@@ -74,9 +74,6 @@ See docs/rebuilds.md.`,
 			if inPlace {
 				opts.Mode = rebuild.InPlace
 			}
-			if err := a.refuseSwapRebuild(cmd, args[0]); err != nil {
-				return err // a Meilisearch search projection: search reindex
-			}
 			if here {
 				return a.rebuildHere(cmd, args[0], opts, diff, limit)
 			}
@@ -122,7 +119,7 @@ See docs/rebuilds.md.`,
 	cmd.Flags().BoolVar(&here, "here", false, "run the rebuild in this process (the binary must have the projection) until it has switched or is done")
 	cmd.Flags().DurationVar(&pickup, "pickup-timeout", time.Minute, "with --wait or --diff: warn if no dispatcher has started the rebuild within this time (0: no limit)")
 	partial = a.addPartialFlags(cmd)
-	cmd.AddCommand(a.rebuildListCmd(), a.rebuildDiffCmd(), a.rebuildActionCmd("cancel", "Cancel a blue/green rebuild: drop its shadow tables; the live model is untouched", rebuild.Cancel),
+	cmd.AddCommand(a.rebuildListCmd(), a.rebuildDiffCmd(), a.rebuildActionCmd("cancel", "Cancel a blue/green rebuild: drop its shadow tables (or index); the live model is untouched", a.cancelRebuild),
 		a.rebuildActionCmd("switch", "Let a rebuild held with --hold switch once it has caught up", rebuild.Switch), a.rebuildDropOldCmd())
 	return cmd
 }

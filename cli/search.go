@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -97,7 +99,7 @@ backend, or the consumer is dead or disabled).`,
 }
 
 func (a *App) searchVerifyCmd() *cobra.Command {
-	var sample, show int
+	var sample, show, pageSize int
 	cmd := &cobra.Command{
 		Use:   "verify NAME",
 		Short: "Compare a search projection's index with what the log says it should hold",
@@ -105,7 +107,9 @@ func (a *App) searchVerifyCmd() *cobra.Command {
 cursor, in memory, through the projection's handlers (compiled into this binary),
 and compares the documents that gives with the ones its index holds: missing,
 extra and differing documents are listed. --sample N compares N documents picked
-at random instead of all.
+at random instead of all. It works through the documents in pages of --page-size
+(by a hash of tenant and id), replaying the log once per page, so its memory is
+bounded by a page, not by the index.
 
 Exit codes: 0 the index holds what the log says, 1 it differs (or the check
 failed), 2 bad command line.`,
@@ -122,12 +126,15 @@ failed), 2 bad command line.`,
 			if show < 0 || show > 1_000_000 {
 				return usageError{fmt.Errorf("--show %d: want 0 up to 1000000", show)}
 			}
+			if pageSize < 1 || pageSize > maxVerifySample {
+				return usageError{fmt.Errorf("--page-size %d: want 1 up to %d documents", pageSize, maxVerifySample)}
+			}
 			p, err := a.searchProjection(args[0])
 			if err != nil {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				r, err := search.Verify(cmd.Context(), store, p, search.VerifyOptions{Sample: sample})
+				r, err := search.Verify(cmd.Context(), store, p, search.VerifyOptions{Sample: sample, PageSize: pageSize})
 				if err != nil {
 					return err
 				}
@@ -161,29 +168,32 @@ failed), 2 bad command line.`,
 	}
 	cmd.Flags().IntVar(&sample, "sample", 0, "compare this many documents picked at random (0: all)")
 	cmd.Flags().IntVar(&show, "show", 20, "list at most this many differences")
+	cmd.Flags().IntVar(&pageSize, "page-size", search.DefaultVerifyPage, "documents compared per page (memory is bounded by a page; each page replays the log)")
 	return cmd
 }
 
-// refuseSwapRebuild refuses `rebuild NAME` of a search projection this
-// binary wires whose index lives outside PostgreSQL (a Meilisearch one): it
-// has no tables for a rebuild to shadow and switch, and without this the
-// refusal would only say it "declares no tables", as if declaring some
-// would help. It points at `search reindex`, which rebuilds such an index
-// beside the live one and swaps them. nil for anything else, including a
-// binary whose wiring fails (rebuild needs no wiring; it says what it says).
-func (a *App) refuseSwapRebuild(cmd *cobra.Command, name string) error {
-	w, err := a.wiring()
-	if err != nil {
+// cancelRebuild is `rebuild cancel NAME`: rebuild.Cancel drops what lives
+// in PostgreSQL (the shadow shard and schema); when this binary wires the
+// projection and it has an External target (a Meilisearch index), the
+// rebuild's shadow index is deleted here too. Without the code a
+// dispatcher of the version deletes it when its shadow shard ends.
+func (a *App) cancelRebuild(ctx context.Context, store *postgres.Store, name string) error {
+	r, err := rebuild.Current(ctx, store, name)
+	if err != nil && !errors.Is(err, projector.ErrNotFound) {
+		return err
+	}
+	if err := rebuild.Cancel(ctx, store, name); err != nil {
+		return err
+	}
+	w, werr := a.wiring()
+	if werr != nil || r.ID == 0 {
 		return nil
 	}
 	for _, as := range w.Async {
-		sp, ok := search.ProjectionOf(as)
-		if !ok || sp.Name() != name {
-			continue
-		}
-		if _, swaps := sp.SearchBackend().(search.Swapper); swaps {
-			return refusedError{fmt.Errorf("%w: search projection %s keeps its index in %s, not in tables a rebuild could shadow and switch: rebuild it from the log with `%s search reindex %s` (a new index beside the live one, swapped in)",
-				rebuild.ErrNotRebuildable, name, sp.SearchBackend().Kind(), cmd.Root().Name(), name)}
+		if ext := as.Config().External; as.Name() == name && ext != nil {
+			if err := ext.DropShadow(ctx, r.ID); err != nil {
+				return fmt.Errorf("rebuild %d of %s cancelled, but deleting its shadow %s index failed (a dispatcher of the version deletes it when it notices): %w", r.ID, name, ext.Kind(), err)
+			}
 		}
 	}
 	return nil

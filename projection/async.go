@@ -160,6 +160,12 @@ type AsyncConfig struct {
 	// that records it done; an error is logged and the rebuild waits for the
 	// next try.
 	PrepareShadow func(ctx context.Context, tx pgx.Tx) error
+	// External, when set, is where the projection's model lives outside
+	// PostgreSQL (a Meilisearch index: search.Projection sets it). It makes
+	// the projection rebuildable blue/green without declared tables: the
+	// rebuild builds a shadow of the target beside the live one and swaps
+	// it in after the cursor moved (docs/search.md).
+	External External
 }
 
 // Async is a projection applied by the dispatcher daemon after commit, in

@@ -138,6 +138,21 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	case sh.shadow == nil && st.version != sh.proj.cfg.Version:
 		return d.superseded(ctx, sh, st.version), nil
 	}
+	if sh.shadow == nil && sh.proj.cfg.External != nil {
+		// A rebuild's switch committed and its swap has not happened: the
+		// live target is still the old one, so stand aside until the swap
+		// is done, doing it here under the live lock.
+		found, err := d.swapping(ctx, tx, sh)
+		if err != nil {
+			return passResult{}, err
+		}
+		if found {
+			if err := tx.Commit(ctx); err != nil {
+				return passResult{}, fmt.Errorf("commit the swap: %w", err)
+			}
+			return passResult{kind: passMore}, nil
+		}
+	}
 	switch {
 	case st.status == StatusDead:
 		return passResult{kind: passDead}, nil
@@ -189,7 +204,11 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 				return passResult{}, err
 			}
 			if switched {
-				return d.commit(ctx, tx, sh, passGone, nil, 0, 0, time.Time{})
+				res, err := d.commit(ctx, tx, sh, passGone, nil, 0, 0, time.Time{})
+				if err == nil && sh.proj.cfg.External != nil {
+					d.finishSwap(ctx, sh)
+				}
+				return res, err
 			}
 		}
 		caughtUp := passCaughtUp
@@ -294,6 +313,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		if switched {
 			d.logger.InfoContext(ctx, "projection dispatcher: rebuild switched; the new version is live",
 				slog.String("consumer", sh.id.Consumer), slog.Int("version", sh.proj.cfg.Version), slog.String("cursor", next.String()))
+			if sh.proj.cfg.External != nil {
+				d.finishSwap(ctx, sh)
+			}
 		}
 	}
 	return res, err

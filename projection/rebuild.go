@@ -147,9 +147,9 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 	}
 	started := time.Now()
 	old := sw.schema + "_old"
-	stmts := []string{
-		fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, SwitchLockTimeout.Milliseconds()),
-		`CREATE SCHEMA ` + pgx.Identifier{old}.Sanitize(),
+	stmts := []string{fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, SwitchLockTimeout.Milliseconds())}
+	if len(sw.tables) > 0 {
+		stmts = append(stmts, `CREATE SCHEMA `+pgx.Identifier{old}.Sanitize())
 	}
 	for _, t := range sw.tables {
 		schema, rel, _ := strings.Cut(t, ".")
@@ -191,8 +191,20 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 		WHERE consumer = $1 AND instance_id = $3 AND model_rebuild_id = $4`, sh.id.Consumer, SharedInstance, RebuildInstance, sw.rebuildID); err != nil {
 		return false, fmt.Errorf("switch: hand the shadow shard's dead letters to the live shard: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_rebuilds")+` SET status = 'switched', old_schema = $2,
-		finished_at = now(), switch_ms = $3 WHERE id = $1`, sw.rebuildID, old, float64(took.Microseconds())/1000); err != nil {
+	// A projection with an External target is not switched until its
+	// target is swapped, after this commit (the swap cannot be part of
+	// it): 'swapping' until then, and the live shard stands aside.
+	status := "switched"
+	if sh.proj.cfg.External != nil {
+		status = "swapping"
+	}
+	var oldSchema *string
+	if len(sw.tables) > 0 {
+		oldSchema = &old
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_rebuilds")+` SET status = $4, old_schema = $2,
+		finished_at = CASE WHEN $4 = 'switched' THEN now() END, switch_ms = $3 WHERE id = $1`,
+		sw.rebuildID, oldSchema, float64(took.Microseconds())/1000, status); err != nil {
 		return false, fmt.Errorf("switch: record: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{sw.schema}.Sanitize()); err != nil {
@@ -220,10 +232,15 @@ func (d *Dispatcher) registerProjections(ctx context.Context) error {
 			}
 			tables = append(tables, *q)
 		}
+		var external *string
+		if p.cfg.External != nil {
+			kind := p.cfg.External.Kind()
+			external = &kind
+		}
 		if _, err := d.store.Pool().Exec(ctx, `INSERT INTO `+d.store.Table("projector_projections")+`
-				(name, version, tables, event_types, delivery) VALUES ($1, $2, $3, $4, $5)
-			ON CONFLICT (name, version) DO UPDATE SET tables = $3, event_types = $4, delivery = $5, updated_at = now()`,
-			p.name, p.cfg.Version, tables, p.t.types, p.cfg.Delivery.String()); err != nil {
+				(name, version, tables, event_types, delivery, external) VALUES ($1, $2, $3, $4, $5, $6)
+			ON CONFLICT (name, version) DO UPDATE SET tables = $3, event_types = $4, delivery = $5, external = $6, updated_at = now()`,
+			p.name, p.cfg.Version, tables, p.t.types, p.cfg.Delivery.String(), external); err != nil {
 			return fmt.Errorf("projection dispatcher: record projection %s: %w", p.name, err)
 		}
 	}
@@ -285,6 +302,7 @@ func (d *Dispatcher) rebuildLoop(soft, hard context.Context) {
 					slog.String("consumer", name), slog.Int("version", version), slog.String("shadow_schema", schema))
 				d.wg.Go(func() {
 					d.runShard(soft, hard, sh)
+					d.dropCancelledShadow(soft, sh)
 					mu.Lock()
 					delete(running, id)
 					mu.Unlock()
@@ -315,7 +333,7 @@ func newShadowShard(storeSchema string, live *shard, rebuildID int64, schema str
 		names[t], names[rel] = ident, ident
 	}
 	return &shard{id: id, proj: live.proj, lockKey: shardLockKey(storeSchema, id), shadow: &shadow{
-		rebuildID: rebuildID, schema: schema, tables: tables, replay: &replayState{tables: names},
+		rebuildID: rebuildID, schema: schema, tables: tables, replay: &replayState{tables: names, rebuildID: rebuildID},
 	}}
 }
 
@@ -338,13 +356,23 @@ func (d *Dispatcher) prepareShadow(ctx context.Context, sh *shard) error {
 		if err := LockShard(ctx, tx, d.store, sh.id); err != nil {
 			return err
 		}
-		var prepared bool
-		err := tx.QueryRow(ctx, `SELECT prepared FROM `+d.store.Table("projector_rebuilds")+` WHERE id = $1 FOR UPDATE`, sh.shadow.rebuildID).Scan(&prepared)
-		if errors.Is(err, pgx.ErrNoRows) || prepared {
-			return nil // gone (the shadow loop will see it), or done already
+		// No FOR UPDATE: the shard lock keeps other preparers and Cancel
+		// out, and a row lock would give the transaction an id, holding back
+		// every reader's horizon while an External target is prepared over
+		// the network.
+		var prepared, active bool
+		err := tx.QueryRow(ctx, `SELECT prepared, status IN ('building', 'ready') FROM `+d.store.Table("projector_rebuilds")+` WHERE id = $1`,
+			sh.shadow.rebuildID).Scan(&prepared, &active)
+		if errors.Is(err, pgx.ErrNoRows) || prepared || (err == nil && !active) {
+			return nil // gone or cancelled (the shadow loop will see it), or done already
 		}
 		if err != nil {
 			return fmt.Errorf("read rebuild: %w", err)
+		}
+		if ext := sh.proj.cfg.External; ext != nil {
+			if err := ext.PrepareShadow(ctx, sh.shadow.rebuildID); err != nil {
+				return fmt.Errorf("prepare the shadow %s target of %s: %w", ext.Kind(), sh.id.Consumer, err)
+			}
 		}
 		if fn := sh.proj.cfg.PrepareShadow; fn != nil {
 			if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true)`,

@@ -18,6 +18,8 @@ type replayState struct {
 	// tables maps a declared table's qualified name to the same table in
 	// the shadow schema (blue/green), nil in place.
 	tables map[string]string
+	// rebuildID is the blue/green rebuild a shadow pass builds, 0 in place.
+	rebuildID int64
 }
 
 // Replaying reports whether the events a handler is given were already

@@ -7,13 +7,14 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// InProgress returns the rebuilds still replaying or waiting to switch, of
+// InProgress returns the rebuilds still replaying, waiting to switch or
+// swapping an external target in (a Meilisearch index), of
 // every projection, oldest first, with their progress. Unlike [List] it
 // only reads: an in-place rebuild that has replayed everything is left out
 // rather than recorded done, so a role that may only read the schema (a
 // monitoring job running `projector status`) can call it.
 func InProgress(ctx context.Context, store *postgres.Store) ([]Rebuild, error) {
-	rows, err := store.Pool().Query(ctx, selectRebuilds(store, `WHERE r.status IN ('building', 'ready') ORDER BY r.id`))
+	rows, err := store.Pool().Query(ctx, selectRebuilds(store, `WHERE r.status IN ('building', 'ready', 'swapping') ORDER BY r.id`))
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: list those in progress: %w", err)
 	}

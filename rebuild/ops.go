@@ -144,15 +144,18 @@ func active(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string) 
 // tables were cleared when it started, and replaying is how they fill.
 func Cancel(ctx context.Context, store *postgres.Store, name string) error {
 	return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		// The shadow shard's lock first, then the rebuild's row: a shadow
+		// pass takes them in that order (it marks the row ready under its
+		// lock), and the other order deadlocks with it.
+		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: name, Instance: projection.RebuildInstance}); err != nil {
+			return err
+		}
 		id, mode, schema, err := active(ctx, tx, store, name)
 		if err != nil {
 			return err
 		}
 		if mode == InPlace {
 			return fmt.Errorf("%w: %s is rebuilding in place: its tables were cleared when it started, so it can only run to the end", ErrNotRebuildable, name)
-		}
-		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: name, Instance: projection.RebuildInstance}); err != nil {
-			return err
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
 			name, projection.RebuildInstance); err != nil {

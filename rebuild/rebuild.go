@@ -46,6 +46,11 @@ const (
 	// Ready: a blue/green rebuild held for a diff has caught up and waits
 	// for Switch.
 	Ready Status = "ready"
+	// Swapping: the blue/green rebuild of a projection with an external
+	// target (a Meilisearch index) has switched in PostgreSQL (cursor and
+	// version moved) and its new target is being swapped in; the live
+	// shard stands aside until a dispatcher of the version has done it.
+	Swapping Status = "swapping"
 	// Switched: the blue/green rebuild's tables are live.
 	Switched Status = "switched"
 	// Done: an in-place rebuild reached the position it started at.
@@ -113,13 +118,16 @@ type Rebuild struct {
 	Remaining int64
 }
 
-// Active reports a rebuild still replaying or waiting to switch.
-func (r Rebuild) Active() bool { return r.Status == Building || r.Status == Ready }
+// Active reports a rebuild still replaying, waiting to switch or
+// swapping its external target in.
+func (r Rebuild) Active() bool {
+	return r.Status == Building || r.Status == Ready || r.Status == Swapping
+}
 
 // Progress is the share of the events up to Target replayed, 0 to 1.
 func (r Rebuild) Progress() float64 {
 	switch {
-	case !r.Active():
+	case !r.Active() || r.Status == Swapping:
 		return 1
 	case r.TotalEvents <= 0:
 		return 0
@@ -170,6 +178,9 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		decl, err := declaration(ctx, tx, store, name, opts.Version)
 		if err != nil {
 			return err
+		}
+		if opts.Mode == InPlace && decl.external != "" {
+			return fmt.Errorf("%w: %s writes a %s index, which a rebuild cannot clear in place; rebuild it blue/green (the default)", ErrNotRebuildable, name, decl.external)
 		}
 		if err := checkPruned(ctx, tx, store, name, decl.eventTypes); err != nil {
 			return err
@@ -273,14 +284,17 @@ type decl struct {
 	version    int
 	tables     []string
 	eventTypes []string
+	// external is the kind of target outside PostgreSQL the projection
+	// writes ("meilisearch"), "" for none.
+	external string
 }
 
 func declaration(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, version int) (decl, error) {
 	var d decl
 	var delivery string
-	err := tx.QueryRow(ctx, `SELECT version, tables, event_types, delivery FROM `+store.Table("projector_projections")+`
+	err := tx.QueryRow(ctx, `SELECT version, tables, event_types, delivery, coalesce(external, '') FROM `+store.Table("projector_projections")+`
 		WHERE name = $1 AND ($2 = 0 OR version = $2) ORDER BY version DESC LIMIT 1`, name, version).
-		Scan(&d.version, &d.tables, &d.eventTypes, &delivery)
+		Scan(&d.version, &d.tables, &d.eventTypes, &delivery, &d.external)
 	if errors.Is(err, pgx.ErrNoRows) {
 		known, kerr := registered(ctx, tx, store)
 		if kerr != nil {
@@ -297,7 +311,7 @@ func declaration(ctx context.Context, tx pgx.Tx, store *postgres.Store, name str
 	if delivery != projection.Shared.String() {
 		return d, fmt.Errorf("%w: %s is a per-instance consumer: its state lives in each process, not in tables", ErrNotRebuildable, name)
 	}
-	if len(d.tables) == 0 {
+	if len(d.tables) == 0 && d.external == "" {
 		return d, fmt.Errorf("%w: %s declares no read-model tables (projection.AsyncConfig.Tables), so a rebuild would not know what to clear or copy; declare them and restart its dispatcher", ErrNoTables, name)
 	}
 	return d, nil

@@ -42,9 +42,15 @@ func startBlueGreen(ctx context.Context, tx pgx.Tx, store *postgres.Store, name 
 			return err
 		}
 	}
-	if err := grantSchemaLike(ctx, tx, name, d.tables[0], schema); err != nil {
-		return err
+	if len(d.tables) > 0 {
+		if err := grantSchemaLike(ctx, tx, name, d.tables[0], schema); err != nil {
+			return err
+		}
 	}
+	// A projection with an external target (and perhaps no tables) gets
+	// the schema all the same: its shadow passes run like any other, and
+	// the dispatchers build the shadow target (External.PrepareShadow).
+	_ = d.external
 	if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_rebuilds")+` SET shadow_schema = $2 WHERE id = $1`, id, schema); err != nil {
 		return fmt.Errorf("rebuild %s: record the shadow schema: %w", name, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/pgsearch"
 )
@@ -20,8 +22,8 @@ import (
 // TestCLISearchVerify: `projector search verify NAME` on an application
 // wired the way cli.Config.Wire builds it (pgsearch from the schema name):
 // exit 0 when the index holds what the log says, 1 with the planted
-// document listed when it does not, 2 for an unknown name or a bad
-// --sample.
+// document listed when it does not (in pages too), 2 for an unknown name,
+// a bad --sample or --page-size.
 func TestCLISearchVerify(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -66,13 +68,22 @@ func TestCLISearchVerify(t *testing.T) {
 	if out, code = run("search", "verify", "ticket_search", "--sample", "-1"); code != cli.ExitUsage {
 		t.Fatalf("verify --sample -1: exit %d\n%s", code, out)
 	}
+	for _, bad := range []string{"0", "-3", "10000001"} {
+		if out, code = run("search", "verify", "ticket_search", "--page-size", bad); code != cli.ExitUsage {
+			t.Fatalf("verify --page-size %s: exit %d\n%s", bad, code, out)
+		}
+	}
+	// Pages of 5 documents: the same finding and exit code.
+	if out, code = run("search", "verify", "ticket_search", "--page-size", "5"); code != cli.ExitError || !strings.Contains(out, "extra    acme/planted") {
+		t.Fatalf("paged verify with a planted document: exit %d\n%s", code, out)
+	}
 }
 
 // TestCLISearchReindex: `projector search reindex NAME` swaps a
 // Meilisearch index rebuilt from the log in (exit 0, the planted document
 // gone), refuses a PostgreSQL one with exit 3, and a bad --batch with 2;
-// `projector rebuild NAME` of the Meilisearch one is refused (3) with a
-// pointer to search reindex.
+// `projector rebuild NAME --in-place` of the Meilisearch one is refused
+// (3), and `rebuild cancel` of a blue/green one deletes its shadow index.
 func TestCLISearchReindex(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -114,11 +125,27 @@ func TestCLISearchReindex(t *testing.T) {
 	if out, code := run("search", "reindex", "ticket_search_pg"); code != cli.ExitRefused || !strings.Contains(out, "rebuild") {
 		t.Fatalf("reindex of a PostgreSQL index: exit %d\n%s", code, out)
 	}
-	// rebuild NAME of the Meilisearch projection is refused, pointing at
-	// search reindex, not at declaring tables.
-	if out, code := run("rebuild", "ticket_search"); code != cli.ExitRefused || !strings.Contains(out, "search reindex ticket_search") {
-		t.Fatalf("rebuild of a Meilisearch search projection: exit %d\n%s", code, out)
+	// rebuild NAME of the Meilisearch projection: in place is refused (an
+	// index cannot be cleared in place); blue/green is requested, the
+	// running dispatcher (same version) prepares the shadow index, and
+	// rebuild cancel deletes it.
+	if out, code := run("rebuild", "ticket_search", "--in-place"); code != cli.ExitRefused || !strings.Contains(out, "meilisearch") {
+		t.Fatalf("in-place rebuild of a Meilisearch search projection: exit %d\n%s", code, out)
 	}
+	if out, code := run("rebuild", "ticket_search", "--hold"); code != cli.ExitOK {
+		t.Fatalf("rebuild --hold of a Meilisearch search projection: exit %d\n%s", code, out)
+	}
+	rb, err := rebuild.Current(e.ctx, e.store, "ticket_search")
+	must(t, err)
+	shadow := b.UID(ticketIndex) + "__rebuild_" + strconv.FormatInt(rb.ID, 10)
+	eventually(t, 30*time.Second, "the dispatcher to prepare the shadow index", func() bool { exists, _ := fake.Index(shadow); return exists })
+	if out, code := run("rebuild", "cancel", "ticket_search"); code != cli.ExitOK {
+		t.Fatalf("rebuild cancel: exit %d\n%s", code, out)
+	}
+	if exists, _ := fake.Index(shadow); exists {
+		t.Fatalf("rebuild cancel left the shadow index %s", shadow)
+	}
+	sameIndex(t, "after the cancelled rebuild", m.canonical(t), indexed(t, e.ctx, b))
 	if out, code := run("search", "reindex", "ticket_search", "--batch", "0"); code != cli.ExitUsage {
 		t.Fatalf("reindex --batch 0: exit %d\n%s", code, out)
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -28,7 +29,8 @@ const (
 	childEnv       = "PROJECTOR_TEST_SEARCH_CHILD"
 	childURLEnv    = "PROJECTOR_TEST_SEARCH_CHILD_URL"
 	childSchemaEnv = "PROJECTOR_TEST_SEARCH_CHILD_SCHEMA"
-	childMeiliEnv  = "PROJECTOR_TEST_SEARCH_CHILD_MEILI" // the fake's URL; empty: pgsearch
+	childMeiliEnv  = "PROJECTOR_TEST_SEARCH_CHILD_MEILI"   // the fake's URL; empty: pgsearch
+	childVersion   = "PROJECTOR_TEST_SEARCH_CHILD_VERSION" // the projection's version; empty: 1
 	childBatch     = 20
 )
 
@@ -60,7 +62,8 @@ func runChild() int {
 	if err != nil {
 		return fail("backend", err)
 	}
-	p, err := newTicketProjection(types, "ticket_search", b, projection.AsyncConfig{BatchSize: childBatch, RetryBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1000})
+	version, _ := strconv.Atoi(os.Getenv(childVersion))
+	p, err := newTicketProjection(types, "ticket_search", b, projection.AsyncConfig{Version: version, BatchSize: childBatch, RetryBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MaxAttempts: 1000})
 	if err != nil {
 		return fail("projection", err)
 	}

@@ -146,6 +146,9 @@ func (p *Projection) Async() (*projection.Async, error) {
 	if owner, ok := p.cfg.Backend.(TableOwner); ok {
 		cfg.Tables = append(slices.Clone(cfg.Tables), owner.Tables(p.cfg.Index)...)
 	}
+	if rs, ok := p.cfg.Backend.(RebuildSwapper); ok && cfg.External == nil {
+		cfg.External = external{p: p, rs: rs}
+	}
 	a := projection.NewAsync(p.name, cfg)
 	if err := projection.OnBatch(a, p.apply, p.types...); err != nil {
 		return nil, err
@@ -204,7 +207,13 @@ func (p *Projection) apply(ctx context.Context, tx pgx.Tx, b projection.Batch) e
 	if len(w.ops) == 0 {
 		return nil
 	}
-	if err := p.cfg.Backend.Apply(ctx, tx, p.cfg.Index, w.ops); err != nil {
+	backend := p.cfg.Backend
+	if id, ok := projection.ShadowRebuild(ctx); ok {
+		if rs, ok := backend.(RebuildSwapper); ok {
+			backend = rs.RebuildShadow(id) // a blue/green rebuild's shadow pass
+		}
+	}
+	if err := backend.Apply(ctx, tx, p.cfg.Index, w.ops); err != nil {
 		return fmt.Errorf("%s index %q: %w", p.cfg.Backend.Kind(), p.cfg.Index.Name, err)
 	}
 	return nil

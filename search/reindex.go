@@ -30,6 +30,48 @@ type Swapper interface {
 	DropShadow(ctx context.Context, idx Index) error
 }
 
+// RebuildSwapper is implemented by backends whose indexes a blue/green
+// rebuild (`projector rebuild NAME`, rebuild.Request) builds beside the
+// live one, under a name unique to the rebuild, and swaps in after the
+// rebuild's PostgreSQL switch committed (stores/meilisearch). A search
+// projection on such a backend is a projection.External: see
+// docs/search.md.
+type RebuildSwapper interface {
+	// RebuildShadow returns a backend that writes to rebuild rebuildID's
+	// shadow of each index.
+	RebuildShadow(rebuildID int64) Backend
+	// PrepareRebuild creates the rebuild's empty shadow of idx with idx's
+	// settings, replacing one an earlier attempt left.
+	PrepareRebuild(ctx context.Context, idx Index, rebuildID int64) error
+	// SwapRebuild makes the shadow idx's live index and deletes the old
+	// one. It may run more than once for one rebuild and must recognise a
+	// swap that happened, never swapping back.
+	SwapRebuild(ctx context.Context, idx Index, rebuildID int64) error
+	// DropRebuild deletes the rebuild's shadow of idx, if any.
+	DropRebuild(ctx context.Context, idx Index, rebuildID int64) error
+}
+
+// external is a search projection on a [RebuildSwapper] backend as its
+// dispatcher sees it: a projection.External target.
+type external struct {
+	p  *Projection
+	rs RebuildSwapper
+}
+
+func (e external) Kind() string { return e.p.cfg.Backend.Kind() }
+
+func (e external) PrepareShadow(ctx context.Context, rebuildID int64) error {
+	return e.rs.PrepareRebuild(ctx, e.p.cfg.Index, rebuildID)
+}
+
+func (e external) Swap(ctx context.Context, rebuildID int64) error {
+	return e.rs.SwapRebuild(ctx, e.p.cfg.Index, rebuildID)
+}
+
+func (e external) DropShadow(ctx context.Context, rebuildID int64) error {
+	return e.rs.DropRebuild(ctx, e.p.cfg.Index, rebuildID)
+}
+
 // DefaultReindexBatch is how many events [Reindex] replays per write to
 // the new index.
 const DefaultReindexBatch = 1000

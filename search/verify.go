@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -35,7 +36,22 @@ type VerifyOptions struct {
 	// Attempts is how often Verify reads again when the consumer's cursor
 	// moved while it read the index; default [DefaultVerifyAttempts].
 	Attempts int
+	// PageSize bounds how many documents of each side Verify holds in
+	// memory at once, default [DefaultVerifyPage]: it splits the documents
+	// into pages by a hash of tenant and id, as many as the index's size
+	// needs, and verifies one page at a time, replaying the log and
+	// listing the index once per page. Memory is then bounded by the page,
+	// at the price of one replay per page.
+	PageSize int
 }
+
+// DefaultVerifyPage is how many documents [Verify] compares per page by
+// default: about 45 MiB of Go heap for small documents, one replay of the
+// log per 25,000 documents (docs/search.md).
+const DefaultVerifyPage = 25_000
+
+// maxVerifyPages bounds the pages: each costs a replay of the log.
+const maxVerifyPages = 1000
 
 // DiffKind says how an indexed document differs from what the log says.
 type DiffKind string
@@ -87,9 +103,15 @@ func (r VerifyReport) OK() bool { return len(r.Differences) == 0 }
 // changed or deleted by hand, a lost write — becomes a report instead of a
 // support ticket.
 //
+// It pages: documents are split by a hash of tenant and id into as many
+// pages as [VerifyOptions.PageSize] needs for the index's size, and each
+// page is replayed, listed and compared on its own, so memory is bounded
+// by a page, not the index.
+//
 // The consumer may keep running: Verify reads the cursor before and after
-// reading the index and reads again when it moved. Events pruned from the
-// log cannot be replayed: documents only they explain show up as extra.
+// reading each page of the index and reads it again when it moved. Events
+// pruned from the log cannot be replayed: documents only they explain show
+// up as extra.
 func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts VerifyOptions) (VerifyReport, error) {
 	if p.err != nil {
 		return VerifyReport{}, p.err
@@ -104,41 +126,122 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 	if opts.Sample < 0 {
 		return VerifyReport{}, fmt.Errorf("verify %q: sample %d is negative", p.name, opts.Sample)
 	}
+	if opts.PageSize < 0 {
+		return VerifyReport{}, fmt.Errorf("verify %q: page size %d is negative", p.name, opts.PageSize)
+	}
 	attempts := opts.Attempts
 	if attempts <= 0 {
 		attempts = DefaultVerifyAttempts
 	}
+	pageSize := opts.PageSize
+	if pageSize == 0 {
+		pageSize = DefaultVerifyPage
+	}
+	each := eachDocument(lister)
+	indexed := 0
+	if err := each(ctx, p.cfg.Index, func(Stored) error { indexed++; return nil }); err != nil {
+		return VerifyReport{}, fmt.Errorf("verify %q: count the index: %w", p.name, err)
+	}
+	pages := min(maxVerifyPages, max(1, (indexed+pageSize-1)/pageSize))
 	admin := projection.NewAdmin(store)
 	id := projection.ShardID{Consumer: p.name, Instance: projection.SharedInstance}
-	want := memIndex{idx: p.cfg.Index, docs: map[docKey]map[string]json.RawMessage{}}
-	replayed := projector.Start
 	var report VerifyReport
-	for attempt := 1; ; attempt++ {
-		st, err := admin.Status(ctx, id)
+	for page := range pages {
+		inPage := func(tenant, docID string) bool { return pages == 1 || pageOf(tenant, docID, pages) == page }
+		want := memIndex{idx: p.cfg.Index, docs: map[docKey]map[string]json.RawMessage{}, keep: inPage}
+		replayed := projector.Start
+		events := 0
+		for attempt := 1; ; attempt++ {
+			st, err := admin.Status(ctx, id)
+			if err != nil {
+				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+			}
+			n, err := p.replay(ctx, store, &want, replayed, st.Cursor)
+			if err != nil {
+				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+			}
+			events += n
+			replayed = st.Cursor
+			var got []Stored
+			err = each(ctx, p.cfg.Index, func(s Stored) error {
+				if inPage(s.Tenant, s.ID) {
+					got = append(got, s)
+				}
+				return nil
+			})
+			if err != nil {
+				return VerifyReport{}, fmt.Errorf("verify %q: list the index: %w", p.name, err)
+			}
+			after, err := admin.Status(ctx, id)
+			if err != nil {
+				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+			}
+			moved := after.Cursor != st.Cursor
+			if moved && attempt < attempts {
+				continue
+			}
+			// Every page replays the same events; count them once.
+			report.Events = events
+			report.Cursor, report.Moved = st.Cursor, report.Moved || moved
+			sample := 0
+			if opts.Sample > 0 {
+				// The sample is spread evenly over the pages (a page of
+				// none compares nothing, -1).
+				sample = opts.Sample / pages
+				if page < opts.Sample%pages {
+					sample++
+				}
+				if sample == 0 {
+					sample = -1
+				}
+			}
+			report.compare(want.docs, got, sample)
+			break
+		}
+	}
+	slices.SortFunc(report.Differences, func(a, b Difference) int {
+		if c := strings.Compare(a.Tenant, b.Tenant); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return report, nil
+}
+
+// pageOf is the page of pages a document belongs to: an FNV-1a hash of
+// its tenant and id.
+func pageOf(tenant, id string, pages int) int {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(tenant))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum64() % uint64(pages))
+}
+
+// DocumentStreamer is implemented by backends that can hand an index's
+// documents over one at a time, in any order, without collecting them:
+// [Verify] then holds only a page of them.
+type DocumentStreamer interface {
+	EachDocument(ctx context.Context, idx Index, fn func(Stored) error) error
+}
+
+// eachDocument streams the index's documents through the backend's
+// DocumentStreamer, or from its full listing when it has none.
+func eachDocument(l Lister) func(ctx context.Context, idx Index, fn func(Stored) error) error {
+	if s, ok := l.(DocumentStreamer); ok {
+		return s.EachDocument
+	}
+	return func(ctx context.Context, idx Index, fn func(Stored) error) error {
+		docs, err := l.Documents(ctx, idx)
 		if err != nil {
-			return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+			return err
 		}
-		n, err := p.replay(ctx, store, &want, replayed, st.Cursor)
-		if err != nil {
-			return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+		for _, d := range docs {
+			if err := fn(d); err != nil {
+				return err
+			}
 		}
-		report.Events += n
-		replayed = st.Cursor
-		got, err := lister.Documents(ctx, p.cfg.Index)
-		if err != nil {
-			return VerifyReport{}, fmt.Errorf("verify %q: list the index: %w", p.name, err)
-		}
-		after, err := admin.Status(ctx, id)
-		if err != nil {
-			return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
-		}
-		moved := after.Cursor != st.Cursor
-		if moved && attempt < attempts {
-			continue
-		}
-		report.Cursor, report.Moved = st.Cursor, moved
-		report.compare(want.docs, got, opts.Sample)
-		return report, nil
+		return nil
 	}
 }
 
@@ -226,10 +329,16 @@ type docKey struct{ tenant, id string }
 type memIndex struct {
 	idx  Index
 	docs map[docKey]map[string]json.RawMessage
+	// keep, when set, says which documents this page holds; operations on
+	// the others are left out.
+	keep func(tenant, id string) bool
 }
 
 func (m *memIndex) apply(ops []Op) {
 	for _, op := range ops {
+		if op.Kind != OpDeleteWhere && m.keep != nil && !m.keep(op.Tenant, op.ID) {
+			continue
+		}
 		k := docKey{op.Tenant, op.ID}
 		switch op.Kind {
 		case OpUpsert:
@@ -290,13 +399,14 @@ func matchesAll(d map[string]json.RawMessage, filters []Filter) bool {
 	return true
 }
 
-// compare fills r from the expected documents and the indexed ones.
+// compare adds to r what the expected documents and the indexed ones of a
+// page say: all of them compared, sample of them (> 0), or none (< 0).
 func (r *VerifyReport) compare(want map[docKey]map[string]json.RawMessage, got []Stored, sample int) {
 	have := make(map[docKey]json.RawMessage, len(got))
 	for _, s := range got {
 		have[docKey{s.Tenant, s.ID}] = s.Doc
 	}
-	r.Expected, r.Indexed = len(want), len(have)
+	r.Expected, r.Indexed = r.Expected+len(want), r.Indexed+len(have)
 	keys := make([]docKey, 0, len(want)+len(have))
 	for k := range want {
 		keys = append(keys, k)
@@ -312,6 +422,9 @@ func (r *VerifyReport) compare(want map[docKey]map[string]json.RawMessage, got [
 		}
 		return strings.Compare(a.id, b.id)
 	})
+	if sample < 0 {
+		keys = nil
+	}
 	if sample > 0 && sample < len(keys) {
 		picked := rand.Perm(len(keys))[:sample]
 		slices.Sort(picked)
@@ -321,7 +434,7 @@ func (r *VerifyReport) compare(want map[docKey]map[string]json.RawMessage, got [
 		}
 		keys = sampled
 	}
-	r.Compared = len(keys)
+	r.Compared += len(keys)
 	for _, k := range keys {
 		w, inLog := want[k]
 		g, inIndex := have[k]

@@ -68,6 +68,27 @@ func TestVerify(t *testing.T) {
 					t.Fatalf("differences %v, want %v", got, want)
 				}
 			}
+			// Paged (pages of 7 documents: several pages, each replayed and
+			// listed on its own): the same counts and differences.
+			paged, err := search.Verify(e.ctx, e.store, p, search.VerifyOptions{PageSize: 7})
+			must(t, err)
+			if paged.Expected != report.Expected || paged.Indexed != report.Indexed || paged.Compared != report.Compared ||
+				paged.Events != report.Events || len(paged.Differences) != len(report.Differences) {
+				t.Fatalf("paged verify: expected %d, indexed %d, compared %d, events %d, %d differences; whole: %d, %d, %d, %d, %d",
+					paged.Expected, paged.Indexed, paged.Compared, paged.Events, len(paged.Differences),
+					report.Expected, report.Indexed, report.Compared, report.Events, len(report.Differences))
+			}
+			for i, d := range paged.Differences {
+				if w := report.Differences[i]; d.Kind != w.Kind || d.Tenant != w.Tenant || d.ID != w.ID {
+					t.Fatalf("paged verify's difference %d: %+v, want %+v", i, d, w)
+				}
+			}
+			if paged, err = search.Verify(e.ctx, e.store, p, search.VerifyOptions{PageSize: 7, Sample: 5}); err != nil || paged.Compared == 0 || paged.Compared > 5 {
+				t.Fatalf("a paged sample of 5: %+v, %v", paged, err)
+			}
+			if _, err := search.Verify(e.ctx, e.store, p, search.VerifyOptions{PageSize: -1}); err == nil {
+				t.Fatal("a negative page size was accepted")
+			}
 			report, err = search.Verify(e.ctx, e.store, p, search.VerifyOptions{Sample: 5})
 			must(t, err)
 			if report.Compared != 5 || len(report.Differences) > 3 {

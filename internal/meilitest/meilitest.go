@@ -59,6 +59,7 @@ type Server struct {
 	unavail   bool
 	delay     time.Duration
 	requests  map[string]int
+	hooks     map[string]func() bool // kind of request → refuse it now?
 	closeOnce sync.Once
 	done      chan struct{}
 }
@@ -307,7 +308,12 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		kind = r.Method + " /tasks/{uid}"
 	}
 	s.requests[kind]++
+	hook := s.hooks[kind]
 	s.mu.Unlock()
+	if hook != nil && hook() {
+		writeError(w, http.StatusServiceUnavailable, apiError("service_unavailable", "system", "meilitest: %s refused on purpose", kind))
+		return
+	}
 	if delay > 0 {
 		select {
 		case <-time.After(delay):
@@ -337,6 +343,8 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		s.createIndex(w, body)
 	case path == "/swap-indexes" && r.Method == http.MethodPost:
 		s.swap(w, body)
+	case path == "/tasks" && r.Method == http.MethodGet:
+		s.listTasks(w, r)
 	case strings.HasPrefix(path, "/tasks/") && r.Method == http.MethodGet:
 		uid, err := strconv.ParseInt(strings.TrimPrefix(path, "/tasks/"), 10, 64)
 		if err != nil || uid < 0 || uid >= int64(len(s.tasks)) {
@@ -564,9 +572,7 @@ func (s *Server) createIndex(w http.ResponseWriter, body []byte) {
 // swap exchanges indexes pairwise in one task
 // (https://www.meilisearch.com/docs/reference/api/indexes#swap-indexes).
 func (s *Server) swap(w http.ResponseWriter, body []byte) {
-	var req []struct {
-		Indexes []string `json:"indexes"`
-	}
+	var req []swapPair
 	if err := json.Unmarshal(body, &req); err != nil {
 		writeError(w, http.StatusBadRequest, apiError("invalid_swap_indexes", "invalid_request", "swap: %v", err))
 		return
@@ -589,6 +595,126 @@ func (s *Server) swap(w http.ResponseWriter, body []byte) {
 		}
 		return nil
 	})
+}
+
+// listTasks serves GET /tasks
+// (https://www.meilisearch.com/docs/reference/api/tasks#get-tasks): the
+// tasks matching the comma-separated filters uids, types, statuses and
+// indexUids, newest first, limit (default 20) from the task uid from, with
+// the uid of the next older match as next (null when none). For an
+// indexSwap task, indexUids matches the indexes it swaps (s.mu held).
+func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	set := func(name string) map[string]bool {
+		v := q.Get(name)
+		if v == "" || v == "*" {
+			return nil
+		}
+		m := map[string]bool{}
+		for _, x := range strings.Split(v, ",") {
+			m[x] = true
+		}
+		return m
+	}
+	uids, types, statuses, indexes := set("uids"), set("types"), set("statuses"), set("indexUids")
+	limit, from := 20, int64(len(s.tasks)-1)
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, apiError("invalid_task_limit", "invalid_request", "Invalid value in parameter `limit`: could not parse `%s` as a positive integer", v))
+			return
+		}
+		limit = n
+	}
+	if v := q.Get("from"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, apiError("invalid_task_from", "invalid_request", "Invalid value in parameter `from`: could not parse `%s` as a positive integer", v))
+			return
+		}
+		from = min(from, n)
+	}
+	match := func(t *task) bool {
+		if uids != nil && !uids[strconv.FormatInt(t.UID, 10)] || types != nil && !types[t.Type] || statuses != nil && !statuses[t.Status] {
+			return false
+		}
+		if indexes == nil {
+			return true
+		}
+		if t.IndexUID != nil {
+			return indexes[*t.IndexUID]
+		}
+		if swaps, ok := t.Details["swaps"].([]swapPair); ok {
+			for _, p := range swaps {
+				if slices.ContainsFunc(p.Indexes, func(uid string) bool { return indexes[uid] }) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	results := []*task{}
+	var next *int64
+	total := 0
+	for i := len(s.tasks) - 1; i >= 0; i-- {
+		t := s.tasks[i]
+		if !match(t) {
+			continue
+		}
+		total++
+		if t.UID > from {
+			continue
+		}
+		if len(results) < limit {
+			results = append(results, t)
+		} else if next == nil {
+			uid := t.UID
+			next = &uid
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"results": results, "total": total, "limit": limit, "from": firstUID(results), "next": next})
+}
+
+func firstUID(ts []*task) *int64 {
+	if len(ts) == 0 {
+		return nil
+	}
+	return &ts[0].UID
+}
+
+// swapPair is one pair of a swap-indexes request.
+type swapPair struct {
+	Indexes []string `json:"indexes"`
+	Rename  bool     `json:"rename"`
+}
+
+// Refuse makes requests of kind (method and path with {uid} for an index
+// or task uid, e.g. "POST /swap-indexes") answer 503 while refuse returns
+// true; nil removes it. For a test that needs one kind of request to fail
+// while the others go through.
+func (s *Server) Refuse(kind string, refuse func() bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hooks == nil {
+		s.hooks = map[string]func() bool{}
+	}
+	if refuse == nil {
+		delete(s.hooks, kind)
+		return
+	}
+	s.hooks[kind] = refuse
+}
+
+// Index reports whether an index with uid exists and how many documents
+// it holds.
+func (s *Server) Index(uid string) (exists bool, docs int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idx := s.indexes[uid]
+	if idx == nil {
+		return false, 0
+	}
+	return true, len(idx.docs)
 }
 
 var (

@@ -161,17 +161,125 @@ func (b *Backend) Swap(ctx context.Context, idx search.Index) error {
 
 // DropShadow deletes idx's shadow index if there is one.
 func (b *Backend) DropShadow(ctx context.Context, idx search.Index) error {
-	shadow := b.UID(idx) + shadowSuffix
+	return b.deleteIndex(ctx, b.UID(idx)+shadowSuffix)
+}
+
+// deleteIndex deletes the index uid; a missing one is fine.
+func (b *Backend) deleteIndex(ctx context.Context, uid string) error {
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
-	t, err := b.client.DeleteIndex(rctx, shadow)
+	t, err := b.client.DeleteIndex(rctx, uid)
 	cancel()
 	if err != nil {
-		return b.requestError("delete "+shadow, err)
+		return b.requestError("delete "+uid, err)
 	}
 	if err := b.wait(ctx, []int64{t.TaskUID}); err != nil && !strings.Contains(err.Error(), "index_not_found") {
-		return fmt.Errorf("delete %s: %w", shadow, err)
+		return fmt.Errorf("delete %s: %w", uid, err)
 	}
 	return nil
+}
+
+// rebuildSuffix names the index a blue/green rebuild builds: unique to
+// the rebuild, which is what makes its swap recognisable afterwards.
+func rebuildSuffix(rebuildID int64) string { return fmt.Sprintf("__rebuild_%d", rebuildID) }
+
+// RebuildShadow returns a backend writing to rebuild rebuildID's shadow of
+// each index (uid + "__rebuild_<id>"): a search projection's handlers write
+// through it during the rebuild's shadow passes.
+func (b *Backend) RebuildShadow(rebuildID int64) search.Backend {
+	return &Backend{cfg: b.cfg, client: b.client, suffix: b.suffix + rebuildSuffix(rebuildID)}
+}
+
+// PrepareRebuild creates rebuild rebuildID's empty shadow of idx with
+// idx's settings, deleting one a failed earlier attempt left.
+func (b *Backend) PrepareRebuild(ctx context.Context, idx search.Index, rebuildID int64) error {
+	s := b.RebuildShadow(rebuildID).(*Backend)
+	if err := b.deleteIndex(ctx, s.UID(idx)); err != nil {
+		return err
+	}
+	return s.Ensure(ctx, idx)
+}
+
+// DropRebuild deletes rebuild rebuildID's shadow of idx, if there is one.
+func (b *Backend) DropRebuild(ctx context.Context, idx search.Index, rebuildID int64) error {
+	return b.deleteIndex(ctx, b.RebuildShadow(rebuildID).(*Backend).UID(idx))
+}
+
+// SwapRebuild makes rebuild rebuildID's shadow idx's live index with one
+// swap-indexes task and deletes the index it replaced (then under the
+// shadow's uid). It may run again after a crash at any point, and must
+// never swap the two back, so it first finds out how far an earlier run got:
+//
+//   - no index under the shadow's uid: swapped and deleted already;
+//   - a swap task naming the shadow's uid (GET /tasks, types=indexSwap;
+//     the uid is unique to the rebuild) that is enqueued or processing is
+//     waited for, one that succeeded means the swap happened: only the
+//     deletion is left;
+//   - otherwise (none, or only failed ones) the swap is still to do.
+func (b *Backend) SwapRebuild(ctx context.Context, idx search.Index, rebuildID int64) error {
+	live := b.UID(idx)
+	shadow := b.RebuildShadow(rebuildID).(*Backend).UID(idx)
+	rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	_, err := b.client.GetIndex(rctx, shadow)
+	cancel()
+	switch {
+	case err != nil && statusOf(err) == http.StatusNotFound:
+		return nil
+	case err != nil:
+		return b.requestError("get index "+shadow, err)
+	}
+	swapped, err := b.swapDone(ctx, live, shadow)
+	if err != nil {
+		return err
+	}
+	if !swapped {
+		rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+		t, err := b.client.SwapIndexes(rctx, []*meili.SwapIndexesParams{{Indexes: []string{live, shadow}}})
+		cancel()
+		if err != nil {
+			return b.requestError("swap "+live+" and "+shadow, err)
+		}
+		if err := b.wait(ctx, []int64{t.TaskUID}); err != nil {
+			return fmt.Errorf("swap %s and %s: %w", live, shadow, err)
+		}
+	}
+	return b.deleteIndex(ctx, shadow)
+}
+
+// swapDone reports whether a swap of live and shadow succeeded, waiting
+// for one still queued or running.
+func (b *Backend) swapDone(ctx context.Context, live, shadow string) (bool, error) {
+	q := &meili.TasksQuery{Types: []meili.TaskType{meili.TaskTypeIndexSwap}, Limit: 100}
+	for {
+		rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+		res, err := b.client.GetTasks(rctx, q)
+		cancel()
+		if err != nil {
+			return false, b.requestError("list swap tasks", err)
+		}
+		for _, t := range res.Results {
+			if !slices.ContainsFunc(t.Details.Swaps, func(p meili.SwapIndexesParams) bool {
+				return slices.Contains(p.Indexes, live) && slices.Contains(p.Indexes, shadow)
+			}) {
+				continue
+			}
+			switch t.Status {
+			case meili.TaskStatusSucceeded:
+				return true, nil
+			case meili.TaskStatusEnqueued, meili.TaskStatusProcessing:
+				err := b.wait(ctx, []int64{t.UID})
+				if err == nil {
+					return true, nil
+				}
+				if !errors.Is(err, ErrTaskFailed) {
+					return false, err
+				}
+			}
+		}
+		if len(res.Results) == 0 || res.Next <= 0 {
+			return false, nil
+		}
+		q.From = res.Next
+	}
 }
 
 // Ensure creates the index with Projector's primary key if it does not
@@ -426,19 +534,33 @@ func (b *Backend) Query(ctx context.Context, idx search.Index, q search.Request)
 
 // Documents lists every document of idx, ordered by tenant and id.
 func (b *Backend) Documents(ctx context.Context, idx search.Index) ([]search.Stored, error) {
-	pk := cmp.Or(idx.PrimaryKey, search.DefaultPrimaryKey)
 	var out []search.Stored
+	err := b.EachDocument(ctx, idx, func(s search.Stored) error {
+		out = append(out, s)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b search.Stored) int { return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ID, b.ID)) })
+	return out, nil
+}
+
+// EachDocument hands every document of idx to fn, fetched 1,000 at a
+// time, holding no more than one fetch: search.Verify pages with it.
+func (b *Backend) EachDocument(ctx context.Context, idx search.Index, fn func(search.Stored) error) error {
+	pk := cmp.Or(idx.PrimaryKey, search.DefaultPrimaryKey)
 	for offset := int64(0); ; {
 		var res meili.DocumentsResult
 		rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 		err := b.client.Index(b.UID(idx)).GetDocuments(rctx, &meili.DocumentsQuery{Offset: offset, Limit: 1000}, &res)
 		cancel()
 		if err != nil {
-			return nil, b.requestError("list documents of "+b.UID(idx), err)
+			return b.requestError("list documents of "+b.UID(idx), err)
 		}
 		var docs []map[string]json.RawMessage
 		if err := res.Results.DecodeWith(&docs, json.Marshal, json.Unmarshal); err != nil {
-			return nil, fmt.Errorf("decode documents: %w", err)
+			return fmt.Errorf("decode documents: %w", err)
 		}
 		for _, d := range docs {
 			var s search.Stored
@@ -449,15 +571,15 @@ func (b *Backend) Documents(ctx context.Context, idx search.Index) ([]search.Sto
 			delete(d, KeyAttr)
 			delete(d, TenantAttr)
 			if s.Doc, err = json.Marshal(d); err != nil {
-				return nil, err
+				return err
 			}
-			out = append(out, s)
+			if err := fn(s); err != nil {
+				return err
+			}
 		}
 		offset += int64(len(docs))
 		if len(docs) == 0 || offset >= res.Total {
-			break
+			return nil
 		}
 	}
-	slices.SortFunc(out, func(a, b search.Stored) int { return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ID, b.ID)) })
-	return out, nil
 }

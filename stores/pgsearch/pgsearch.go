@@ -496,3 +496,26 @@ func (b *Backend) Documents(ctx context.Context, idx search.Index) ([]search.Sto
 	}
 	return docs, nil
 }
+
+// EachDocument hands every document of idx to fn as the rows arrive, in
+// no particular order, holding none of them: search.Verify pages with it.
+func (b *Backend) EachDocument(ctx context.Context, idx search.Index, fn func(search.Stored) error) error {
+	t := b.table(idx)
+	db, err := b.database()
+	if err != nil {
+		return err
+	}
+	rows, err := db.Query(ctx, `SELECT tenant_id, id, doc FROM `+t)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", t, err)
+	}
+	var s search.Stored
+	if _, err := pgx.ForEachRow(rows, []any{&s.Tenant, &s.ID, &s.Doc}, func() error {
+		doc := s
+		s.Doc = nil // a fresh buffer for the next row; fn may keep this one
+		return fn(doc)
+	}); err != nil {
+		return fmt.Errorf("list %s: %w", t, err)
+	}
+	return nil
+}
