@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -33,6 +35,11 @@ type runConfig struct {
 	// instance may go unseen before its per-instance shards stop holding
 	// retention back.
 	InstanceExpiry time.Duration
+	// ConsolePayloads shows event payloads on the console's single
+	// dead-letter view (console.Config.ShowPayloads).
+	ConsolePayloads bool
+	// NoConsole serves no console, only /metrics, /healthz and /readyz.
+	NoConsole bool
 }
 
 func (a *App) runCmd() *cobra.Command {
@@ -46,6 +53,9 @@ this binary, with a runner that fires the sagas' timeouts, and serves, on --http
   /metrics   Prometheus metrics (projector_* and Go runtime)
   /healthz   200 while the process runs
   /readyz    200 while the dispatcher runs and the database answers, else 503
+  /console/  the operator console (docs/console.md): consumers, horizon, dead
+             letters, rebuilds, sagas, live updates; read-only unless
+             $`+console.EnvToken+` holds the operator token
 
 SIGINT or SIGTERM stops it gracefully: running batches get --stop-timeout to
 finish, then roll back (nothing is lost; they are applied again later).`,
@@ -55,6 +65,8 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 	cmd.Flags().StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9464", "address for /metrics, /healthz, /readyz (empty: no HTTP)")
 	cmd.Flags().StringVar(&cfg.InstanceID, "instance-id", "", "this process's instance id (default $"+projection.EnvInstanceID+" or a random UUID)")
 	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown")
+	cmd.Flags().BoolVar(&cfg.ConsolePayloads, "console-payloads", false, "show event payloads on the console's dead-letter view (they may carry personal data)")
+	cmd.Flags().BoolVar(&cfg.NoConsole, "no-console", false, "serve no operator console on --http-addr")
 	cmd.Flags().DurationVar(&cfg.InstanceExpiry, "instance-expiry", projection.DefaultInstanceExpiry,
 		fmt.Sprintf("how long this instance may go unseen before its per-instance shards stop holding retention back (%s to %s)", human(minInstanceExpiry), human(projection.MaxInstanceExpiry)))
 	return cmd
@@ -108,6 +120,16 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 		return err
 	}
 
+	var ui http.Handler
+	if cfg.HTTPAddr != "" && !cfg.NoConsole {
+		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
+			Sagas: sagas.names, Logger: log})
+		if err != nil {
+			return usageError{fmt.Errorf("console: %w (set $%s to %d or more characters, or unset it for a read-only console)", err, console.EnvToken, console.MinTokenLength)}
+		}
+		ui = c
+	}
+
 	var running atomic.Bool
 	var srv *http.Server
 	addr := ""
@@ -117,7 +139,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 			return usageError{fmt.Errorf("--http-addr: %w", err)}
 		}
 		addr = ln.Addr().String()
-		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping, ui), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("run: http server", slog.Any("error", err))
@@ -141,6 +163,9 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(async), d.InstanceID())
 	if addr != "" {
 		fmt.Fprintf(a.out, "; metrics on http://%s/metrics", addr)
+		if ui != nil {
+			fmt.Fprintf(a.out, ", console on http://%s/console/", addr)
+		}
 	}
 	fmt.Fprintln(a.out)
 
@@ -160,8 +185,14 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	return nil
 }
 
-func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error) http.Handler {
+// routes serves the metrics and probes, and the console at /console/ (with
+// / redirecting to it) when ui is not nil.
+func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error, ui http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	if ui != nil {
+		mux.Handle("/console/", http.StripPrefix("/console", ui))
+		mux.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusFound))
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
