@@ -39,8 +39,10 @@ type env struct {
 	ctx   context.Context
 	types testevents.Types
 	store *postgres.Store
-	// fail makes the handler fail every event while set.
+	// fail makes the handler fail every event while set; slow makes it
+	// take 20ms an event.
 	fail  atomic.Bool
+	slow  atomic.Bool
 	proj  *projection.Async
 	logs  *syncBuffer
 	con   *console.Console
@@ -52,6 +54,7 @@ type options struct {
 	token        string
 	showPayloads bool
 	continuous   bool
+	batchSize    int
 	prefix       string // mount the console under this prefix
 	extra        func(cfg *console.Config)
 }
@@ -66,12 +69,15 @@ func newEnv(t testing.TB, o options) *env {
 		t.Fatal(err)
 	}
 	cfg := projection.AsyncConfig{MaxAttempts: 2, RetryBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
-		Tables: []string{e.store.Schema() + ".counts"}}
+		Tables: []string{e.store.Schema() + ".counts"}, BatchSize: o.batchSize}
 	if o.continuous {
 		cfg.ErrorMode = projection.SkipApplyErrors
 	}
 	e.proj = projection.NewAsync("tickets", cfg)
 	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if e.slow.Load() {
+			time.Sleep(20 * time.Millisecond) // a handler with work to do, so "processing" lasts long enough to be seen
+		}
 		if e.fail.Load() {
 			return errors.New("handler refuses: fail flag set")
 		}
