@@ -173,6 +173,15 @@ func TestRunStatusAndGracefulStop(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	// The console is served next to the metrics, read-only without a
+	// token, with the sagas the binary runs; / leads to it.
+	if code, page := get(t, "http://"+addr+"/console/"); code != 200 || !strings.Contains(page, "read-only") ||
+		!strings.Contains(page, `data-consumer="agent_workload"`) || !strings.Contains(page, "ticket_sla") || strings.Contains(page, `class="act"`) {
+		t.Errorf("console: %d, want the read-only dashboard with the consumers and the saga", code)
+	}
+	if code, _ := get(t, "http://"+addr+"/"); code != 200 {
+		t.Errorf("/ does not lead to the console: %d", code)
+	}
 	r = run(t, o.env, "status")
 	for _, want := range []string{"CONSUMER", "agent_workload", "live_counter", "test-1", "idle"} {
 		if !strings.Contains(r.stdout, want) {
