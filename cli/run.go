@@ -55,7 +55,7 @@ this binary, with a runner that fires the sagas' timeouts, and serves, on --http
   /readyz    200 while the dispatcher runs and the database answers, else 503
   /console/  the operator console (docs/console.md): consumers, horizon, dead
              letters, rebuilds, sagas, live updates; read-only unless
-             $`+console.EnvToken+` holds the operator token
+             $` + console.EnvToken + ` holds the operator token
 
 SIGINT or SIGTERM stops it gracefully: running batches get --stop-timeout to
 finish, then roll back (nothing is lost; they are applied again later).`,

@@ -20,11 +20,11 @@ import (
 type pageData struct {
 	Title string
 	// Base is the path the console is mounted at ("" at the root).
-	Base         string
-	ReadOnly     bool
-	Operator     string
-	CSRF         string
-	Tail         bool
+	Base     string
+	ReadOnly bool
+	Operator string
+	CSRF     string
+	Tail     bool
 	// TailTypes is the JSON list of event types the tail listens for (an
 	// SSE message named by its event type reaches only a listener of that
 	// name).
