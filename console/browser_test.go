@@ -154,7 +154,7 @@ func TestBrowserConsumerGoesFromProcessingToIdle(t *testing.T) {
 	b.do("consumer registered idle", 30*time.Second, chromedp.WaitVisible(row("idle")))
 	e.appendEvents("busy", 150)
 	b.do("consumer shown processing", 30*time.Second, chromedp.WaitVisible(row("processing")))
-	if got := eval[string](b, `getComputedStyle(document.querySelector('tr.shard .pill')).backgroundColor`); got != "rgb(229, 239, 255)" {
+	if got := eval[string](b, `getComputedStyle(document.querySelector('tr.shard[data-consumer="tickets"] .pill')).backgroundColor`); got != "rgb(229, 239, 255)" {
 		t.Errorf("processing pill colour %s, want the blue of processing", got)
 	}
 	b.do("consumer shown idle", 60*time.Second, chromedp.WaitVisible(row("idle")))
@@ -174,9 +174,11 @@ func TestBrowserConsumerGoesFromProcessingToIdle(t *testing.T) {
 // A dead consumer turns red, and an operator signed in with the token
 // restarts it from the page; it comes back.
 func TestBrowserRestartDeadConsumer(t *testing.T) {
-	e := newEnv(t, options{token: testToken})
+	e := newEnv(t, options{token: testToken, mailer: true})
 	e.dispatch()
 	e.appendEvents("ok", 3)
+	e.appendEvents("bad-7", 1)
+	pgtest.Eventually(t, 30*time.Second, "first events applied", func() bool { return e.status().Processed == 4 })
 	e.dead()
 	b := newBrowser(t, 1280, 900)
 	b.do("sign in", 30*time.Second,
@@ -186,8 +188,8 @@ func TestBrowserRestartDeadConsumer(t *testing.T) {
 		chromedp.Click(chromedp.ID("login")),
 		chromedp.WaitVisible(chromedp.ID("operator")),
 	)
-	b.do("dead consumer shown", 30*time.Second, chromedp.WaitVisible(row("dead")))
-	if got := eval[string](b, `getComputedStyle(document.querySelector('tr.shard .pill')).backgroundColor`); got != "rgb(198, 40, 40)" {
+	b.do("dead consumer and dead letter shown", 30*time.Second, chromedp.WaitVisible(row("dead")), chromedp.WaitVisible(chromedp.CSS("tr[data-dead-letter]")))
+	if got := eval[string](b, `getComputedStyle(document.querySelector('tr.shard[data-consumer="tickets"] .pill')).backgroundColor`); got != "rgb(198, 40, 40)" {
 		t.Errorf("dead pill colour %s, want red", got)
 	}
 	if p := os.Getenv(EnvScreenshot); p != "" {

@@ -44,6 +44,7 @@ type env struct {
 	fail  atomic.Bool
 	slow  atomic.Bool
 	proj  *projection.Async
+	more  []*projection.Async
 	logs  *syncBuffer
 	con   *console.Console
 	srv   *httptest.Server
@@ -55,6 +56,9 @@ type options struct {
 	showPayloads bool
 	continuous   bool
 	batchSize    int
+	// mailer adds a continuous-mode consumer "mailer" that dead-letters
+	// the events of streams named bad-…
+	mailer bool
 	prefix       string // mount the console under this prefix
 	extra        func(cfg *console.Config)
 }
@@ -89,6 +93,19 @@ func newEnv(t testing.TB, o options) *env {
 			t.Fatal(err)
 		}
 	}
+	if o.mailer {
+		m := projection.NewAsync("mailer", projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors})
+		err := projection.OnEvent(m, e.types.Commented, func(_ context.Context, _ pgx.Tx, ev projector.Event) error {
+			if strings.HasPrefix(ev.Stream.ID, "bad-") {
+				return errors.New("smtp: 550 mailbox unavailable")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.more = append(e.more, m)
+	}
 	ccfg := console.Config{Store: e.store, Token: o.token, ShowPayloads: o.showPayloads,
 		Logger: slog.New(slog.NewJSONHandler(io.MultiWriter(e.logs, tLog{t}), nil))}
 	if o.extra != nil {
@@ -113,7 +130,7 @@ func newEnv(t testing.TB, o options) *env {
 // of the test.
 func (e *env) dispatch() {
 	e.t.Helper()
-	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{e.proj},
+	d, err := projection.New(projection.Config{Store: e.store, Projections: append([]*projection.Async{e.proj}, e.more...),
 		PollMax: 20 * time.Millisecond, Recheck: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tLog{e.t}, nil))})
 	if err != nil {
 		e.t.Fatal(err)
