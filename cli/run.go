@@ -123,7 +123,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	var ui http.Handler
 	if cfg.HTTPAddr != "" && !cfg.NoConsole {
 		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
-			Sagas: sagas.names, Logger: log})
+			Projections: async, Sagas: sagas.names, Logger: log})
 		if err != nil {
 			return usageError{fmt.Errorf("console: %w (set $%s to %d or more characters, or unset it for a read-only console)", err, console.EnvToken, console.MinTokenLength)}
 		}

@@ -42,6 +42,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -94,6 +95,12 @@ type Config struct {
 	// the single dead-letter view. Off by default: payloads may carry
 	// personal data. Lists never show payloads.
 	ShowPayloads bool
+	// Projections are the application's async projections. The rebuild
+	// button is offered on the shared shards of those that declare tables
+	// (projection.AsyncConfig.Tables), and only those: without tables a
+	// projection cannot be rebuilt. Without Projections no rebuild button
+	// is shown (the console cannot tell which could be rebuilt).
+	Projections []*projection.Async
 	// Sagas names the sagas whose instances the console lists (saga names
 	// as defined). Sagas with failed instances are listed anyway.
 	Sagas []string
@@ -126,6 +133,8 @@ type Console struct {
 	rates   rateTracker
 	// tailTypes is the JSON array of the registry's event types.
 	tailTypes string
+	// rebuildable names the projections that declare tables.
+	rebuildable map[string]bool
 }
 
 //go:embed templates/*.html
@@ -169,7 +178,16 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: parse templates: %w", err)
 	}
-	c := &Console{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()), pages: pages, cop: http.NewCrossOriginProtection()}
+	c := &Console{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()), pages: pages, cop: http.NewCrossOriginProtection(),
+		rebuildable: map[string]bool{}}
+	for _, p := range cfg.Projections {
+		if p == nil {
+			return nil, fmt.Errorf("%w: a nil projection", ErrInvalidConfig)
+		}
+		if pc := p.Config(); len(pc.Tables) > 0 && pc.Delivery == projection.Shared {
+			c.rebuildable[p.Name()] = true
+		}
+	}
 	// The CSRF key lives as long as the process: a restart invalidates the
 	// forms of open pages, which reload within a second anyway.
 	c.csrfKey = make([]byte, 32)

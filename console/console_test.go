@@ -350,3 +350,34 @@ func TestMountedUnderPrefix(t *testing.T) {
 		t.Errorf("state.json shards: %+v", st.Shards)
 	}
 }
+
+// A rebuild in progress shows with its progress bar, and its shard as
+// rebuilding; the rebuild button is offered only for projections that
+// declare tables, and not while one runs.
+func TestRebuildInProgressShown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, options{token: testToken, mailer: true})
+	stop := e.dispatch()
+	e.appendEvents("r", 4)
+	pgtest.Eventually(t, 30*time.Second, "events applied", func() bool { return e.status().Processed == 4 })
+	c := e.client()
+	csrf := c.login("frank")
+	_, page := c.do(http.MethodGet, "/", nil, nil)
+	if !strings.Contains(page, `value="tickets"`) || strings.Count(page, `data-op="request"`) != 1 {
+		t.Errorf("want one rebuild button (tickets declares tables, mailer does not), got %d", strings.Count(page, `data-op="request"`))
+	}
+	// No dispatcher runs the shadow shard: the rebuild stays at 0%.
+	stop()
+	if code, body := c.do(http.MethodPost, "/actions/rebuild/request", url.Values{"name": {"tickets"}, "csrf": {csrf}}, nil); code != http.StatusOK {
+		t.Fatalf("rebuild request: %d %s", code, body)
+	}
+	_, frag := c.do(http.MethodGet, "/fragment", nil, nil)
+	for _, want := range []string{`data-rebuild="`, `class="bar big"`, "0% · 0/4 events", `data-state="rebuilding"`, "rebuild shadow"} {
+		if !strings.Contains(frag, want) {
+			t.Errorf("fragment lacks %q", want)
+		}
+	}
+	if strings.Contains(frag, `data-op="request"`) {
+		t.Error("a rebuild button while a rebuild runs")
+	}
+}

@@ -106,7 +106,7 @@ func newEnv(t testing.TB, o options) *env {
 		}
 		e.more = append(e.more, m)
 	}
-	ccfg := console.Config{Store: e.store, Token: o.token, ShowPayloads: o.showPayloads,
+	ccfg := console.Config{Store: e.store, Token: o.token, ShowPayloads: o.showPayloads, Projections: append([]*projection.Async{e.proj}, e.more...),
 		Logger: slog.New(slog.NewJSONHandler(io.MultiWriter(e.logs, tLog{t}), nil))}
 	if o.extra != nil {
 		o.extra(&ccfg)
@@ -127,8 +127,8 @@ func newEnv(t testing.TB, o options) *env {
 }
 
 // dispatch starts a dispatcher running the consumer, stopped at the end
-// of the test.
-func (e *env) dispatch() {
+// of the test or when the returned function is called.
+func (e *env) dispatch() (stop func()) {
 	e.t.Helper()
 	d, err := projection.New(projection.Config{Store: e.store, Projections: append([]*projection.Async{e.proj}, e.more...),
 		PollMax: 20 * time.Millisecond, Recheck: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tLog{e.t}, nil))})
@@ -138,13 +138,18 @@ func (e *env) dispatch() {
 	if err := d.Start(e.ctx); err != nil {
 		e.t.Fatal(err)
 	}
-	e.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := d.Stop(ctx); err != nil {
-			e.t.Errorf("stop dispatcher: %v", err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := d.Stop(ctx); err != nil {
+				e.t.Errorf("stop dispatcher: %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
 }
 
 // appendEvents appends n events to stream id in one transaction.

@@ -38,13 +38,15 @@ type pageData struct {
 	// DeadLetter and Event are the single dead-letter view's.
 	DeadLetter *projection.DeadLetter
 	Event      *projector.Event
+	// rebuildable names the projections a rebuild button is offered for.
+	rebuildable map[string]bool
 }
 
 // page is the data every page starts from.
 func (c *Console) page(r *http.Request, title string, st *State) pageData {
 	o := c.who(r)
 	d := pageData{Title: title, Base: base(r), ReadOnly: c.ReadOnly(), Operator: o.name, CSRF: c.csrfToken(o),
-		Tail: c.cfg.Tail != nil, TailTypes: c.tailTypes, ShowPayloads: c.cfg.ShowPayloads, State: st}
+		Tail: c.cfg.Tail != nil, TailTypes: c.tailTypes, ShowPayloads: c.cfg.ShowPayloads, State: st, rebuildable: c.rebuildable}
 	if o.bearer {
 		d.Operator = ""
 	}
@@ -207,7 +209,7 @@ var funcs = template.FuncMap{
 	},
 	"done": func(total, remaining int64) int64 { return total - remaining },
 	"actionsFor": func(sh Shard, p pageData) map[string]any {
-		return map[string]any{"P": p, "Ops": shardActions(sh)}
+		return map[string]any{"P": p, "Ops": shardActions(sh, p.rebuildable[sh.Consumer])}
 	},
 	"dict": func(kv ...any) (map[string]any, error) {
 		if len(kv)%2 != 0 {

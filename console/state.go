@@ -36,6 +36,9 @@ type Shard struct {
 	// negative until the console has read the shard twice.
 	Rate    float64          `json:"rate"`
 	Rebuild *rebuild.Rebuild `json:"rebuild,omitempty"`
+	// rebuilding: a rebuild of the consumer is in progress, on this shard
+	// or its shadow.
+	rebuilding bool
 }
 
 // SagaView is one saga's most recently updated instances, without their
@@ -84,6 +87,9 @@ func (c *Console) read(ctx context.Context) (State, error) {
 	st.Shards = make([]Shard, len(shards))
 	for i, s := range shards {
 		sh := Shard{ShardState: s, State: string(s.Status), Rate: -1, Rebuild: rebuild.ForShard(st.Rebuilds, s.ShardID)}
+		for _, r := range st.Rebuilds {
+			sh.rebuilding = sh.rebuilding || (r.Name == s.Consumer && r.Active())
+		}
 		if r, ok := rates[s.ShardID.String()]; ok {
 			sh.Rate = r
 		}
@@ -165,7 +171,7 @@ type actionView struct {
 // shardActions lists the actions a shard's state allows, as the guarded
 // transitions define them (projection.Status): the page offers only those,
 // and the transition checks again when it runs.
-func shardActions(sh Shard) []actionView {
+func shardActions(sh Shard, rebuildable bool) []actionView {
 	fields := map[string]string{"consumer": sh.Consumer, "instance": sh.Instance}
 	op := func(name, class, confirm string) actionView {
 		return actionView{Kind: "consumer", Op: name, Label: name, Class: class, Confirm: confirm, Fields: fields}
@@ -184,7 +190,7 @@ func shardActions(sh Shard) []actionView {
 		return append(out, op("enable", "primary", ""))
 	}
 	out = append(out, op("disable", "", "Stop "+id+"? Retention no longer waits for it."))
-	if sh.Instance == projection.SharedInstance && sh.Rebuild == nil && sh.Status != projection.StatusDead {
+	if rebuildable && sh.Instance == projection.SharedInstance && !sh.rebuilding && sh.Status != projection.StatusDead {
 		out = append(out, actionView{Kind: "rebuild", Op: "request", Label: "rebuild", Class: "",
 			Confirm: "Rebuild " + sh.Consumer + " blue/green from the start of the log?", Fields: map[string]string{"name": sh.Consumer, "mode": "blue-green"}})
 	}

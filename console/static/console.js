@@ -99,8 +99,9 @@
       var tenant = tenantBox && tenantBox.value.trim();
       if (tenant) url += "?tenant=" + encodeURIComponent(tenant);
       es = new EventSource(url);
-      es.onopen = function () { state.textContent = "live"; };
-      es.onerror = function () { state.textContent = "reconnecting"; };
+      var setState = function (s) { state.textContent = s; state.dataset.state = s; };
+      es.onopen = function () { setState("live"); };
+      es.onerror = function () { setState(es.readyState === EventSource.CLOSED ? "closed" : "reconnecting"); };
       es.onmessage = onEvent;
       types.forEach(function (t) { es.addEventListener(t, onEvent); });
       ["reset", "dropped"].forEach(function (t) {
