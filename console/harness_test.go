@@ -59,8 +59,8 @@ type options struct {
 	// mailer adds a continuous-mode consumer "mailer" that dead-letters
 	// the events of streams named bad-…
 	mailer bool
-	prefix       string // mount the console under this prefix
-	extra        func(cfg *console.Config)
+	prefix string // mount the console under this prefix
+	extra  func(cfg *console.Config)
 }
 
 func newEnv(t testing.TB, o options) *env {
