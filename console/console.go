@@ -212,6 +212,7 @@ func New(cfg Config) (*Console, error) {
 	mux.HandleFunc("GET /{$}", c.dashboard)
 	mux.HandleFunc("GET /fragment", c.fragment)
 	mux.HandleFunc("GET /state.json", c.stateJSON)
+	mux.HandleFunc("GET /dead-letters", c.deadLetters)
 	mux.HandleFunc("GET /dead-letters/{id}", c.deadLetter)
 	mux.HandleFunc("GET /login", c.loginForm)
 	mux.Handle("POST /login", c.cop.Handler(http.HandlerFunc(c.login)))

@@ -202,6 +202,14 @@ func TestEachActionIsTheGuardedTransition(t *testing.T) {
 		dl, _, err := projection.GetDeadLetter(e.ctx, e.store, dls[0].ID)
 		return err == nil && dl.Status == projection.DeadLetterResolved
 	})
+	// The list: open by default (none now), every status on request.
+	if _, list := c.do(http.MethodGet, "/dead-letters", nil, nil); strings.Contains(list, `data-dead-letter="`) {
+		t.Error("open dead-letter list shows a resolved one")
+	}
+	if _, list := c.do(http.MethodGet, "/dead-letters?status=all", nil, nil); !strings.Contains(list, `data-dead-letter="`+id+`" data-status="resolved"`) ||
+		strings.Contains(list, "/actions/dead-letter/") {
+		t.Error("list of all dead letters: want the resolved one, without actions")
+	}
 	// discard of a resolved one: refused by its guard.
 	if code, _ := act("/actions/dead-letter/discard", url.Values{"id": {id}}); code != http.StatusConflict {
 		t.Errorf("discard of a resolved dead letter: %d, want 409", code)
@@ -264,6 +272,11 @@ func TestActionInputValidated(t *testing.T) {
 		tc.form.Set("csrf", csrf)
 		if code, body := c.do(http.MethodPost, tc.path, tc.form, nil); code != tc.want {
 			t.Errorf("%s %v: %d, want %d: %s", tc.path, tc.form, code, tc.want, body)
+		}
+	}
+	for _, q := range []string{"?status=lost", "?after=-1", "?after=x"} {
+		if code, _ := c.do(http.MethodGet, "/dead-letters"+q, nil, nil); code != http.StatusBadRequest {
+			t.Errorf("dead-letter list %s: %d, want 400", q, code)
 		}
 	}
 	if code, _ := c.do(http.MethodGet, "/dead-letters/zero", nil, nil); code != http.StatusBadRequest {

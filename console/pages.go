@@ -35,6 +35,11 @@ type pageData struct {
 	// Message and Code are an action's result (result.html).
 	Message string
 	Code    int
+	// DeadLetters, Filter and Next are the dead-letter list's: the page,
+	// the status shown, and the id to page on from (0 on the last page).
+	DeadLetters []projection.DeadLetter
+	Filter      string
+	Next        int64
 	// DeadLetter and Event are the single dead-letter view's.
 	DeadLetter *projection.DeadLetter
 	Event      *projector.Event
@@ -119,6 +124,46 @@ func (c *Console) stateJSON(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(st)
+}
+
+// deadLetters lists dead letters of one status (open by default, or
+// resolved, discarded, all), oldest first, a page of DeadLetterLimit at a
+// time: ?status=…&after=ID.
+func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := projection.DeadLetterFilter{Status: q.Get("status"), Limit: c.cfg.DeadLetterLimit}
+	switch f.Status {
+	case "":
+		f.Status = projection.DeadLetterOpen
+	case "all", projection.DeadLetterOpen, projection.DeadLetterResolved, projection.DeadLetterDiscarded:
+	default:
+		c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: status %q: want open, resolved, discarded or all", ErrInvalidInput, f.Status))
+		return
+	}
+	filter := f.Status
+	if f.Status == "all" {
+		f.Status = ""
+	}
+	if a := q.Get("after"); a != "" {
+		n, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || n < 0 {
+			c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: after %q: want a dead-letter id", ErrInvalidInput, a))
+			return
+		}
+		f.AfterID = n
+	}
+	dls, err := projection.ListDeadLetters(r.Context(), c.cfg.Store, f)
+	if err != nil {
+		c.log.Error("console: list dead letters", slog.Any("error", err))
+		c.reply(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	d := c.page(r, "Dead letters", nil)
+	d.DeadLetters, d.Filter = dls, filter
+	if len(dls) == f.Limit {
+		d.Next = dls[len(dls)-1].ID
+	}
+	c.render(w, r, http.StatusOK, "deadletters.html", d)
 }
 
 // deadLetter is the single dead-letter view: the record, the event's
@@ -211,6 +256,7 @@ var funcs = template.FuncMap{
 	"actionsFor": func(sh Shard, p pageData) map[string]any {
 		return map[string]any{"P": p, "Ops": shardActions(sh, p.rebuildable[sh.Consumer])}
 	},
+	"list": func(v ...string) []string { return v },
 	"dict": func(kv ...any) (map[string]any, error) {
 		if len(kv)%2 != 0 {
 			return nil, errors.New("dict: odd number of arguments")
