@@ -394,3 +394,34 @@ func TestRebuildInProgressShown(t *testing.T) {
 		t.Error("a rebuild button while a rebuild runs")
 	}
 }
+
+// The horizon panel names the session holding it, as `projector horizon`
+// does. The test holds a transaction with an id only for one read of the
+// page (it holds every consumer of the cluster back meanwhile).
+func TestHorizonHolderShown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, options{})
+	c := e.client()
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	var pid int32
+	var xid string
+	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid(), pg_current_xact_id()::text`).Scan(&pid, &xid); err != nil {
+		t.Fatal(err)
+	}
+	code, frag := c.do(http.MethodGet, "/fragment", nil, nil)
+	if code != http.StatusOK {
+		t.Fatalf("fragment: %d", code)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Another test's transaction may be older and hold it instead (the
+	// cluster is shared); either way the panel names a holder.
+	if !strings.Contains(frag, "session pid <code>") && !strings.Contains(frag, "prepared transaction <code>") {
+		t.Errorf("horizon panel names no holder while pid %d holds a transaction id:\n%s", pid, frag)
+	}
+}
