@@ -58,6 +58,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	msg, err := run(r.Context())
+	c.invalidate()
 	result, code := "ok", http.StatusOK
 	switch {
 	case err == nil:

@@ -131,6 +131,7 @@ type Console struct {
 	csrfKey []byte
 	cop     *http.CrossOriginProtection
 	rates   rateTracker
+	cache   stateCache
 	// tailTypes is the JSON array of the registry's event types.
 	tailTypes string
 	// rebuildable names the projections that declare tables.

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/projectorhq/projector"
@@ -61,9 +62,50 @@ type State struct {
 	Sagas       []SagaView               `json:"sagas"`
 }
 
-// read gathers the dashboard's state with the same library calls as
-// `projector status`, `horizon`, `dead-letters list` and `saga list`.
+// MinReadInterval is how often the console reads the database at most,
+// however many pages are open: a read counts each shard's lag (as `status`
+// does), which is not free on a long backlog, so pages opened in several
+// tabs or by several operators share one read a second.
+const MinReadInterval = time.Second
+
+// readTimeout bounds one read of the state.
+const readTimeout = 10 * time.Second
+
+// stateCache holds the last read; one read runs at a time.
+type stateCache struct {
+	mu  sync.Mutex
+	at  time.Time
+	st  State
+	err error
+}
+
+// read returns the state, read at most MinReadInterval ago.
 func (c *Console) read(ctx context.Context) (State, error) {
+	c.cache.mu.Lock()
+	defer c.cache.mu.Unlock()
+	if !c.cache.at.IsZero() && time.Since(c.cache.at) < MinReadInterval {
+		return c.cache.st, c.cache.err
+	}
+	ctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
+	st, err := c.readNow(ctx)
+	if ctx.Err() == nil || err == nil { // a reader that went away is no answer for the others
+		c.cache.at, c.cache.st, c.cache.err = time.Now(), st, err
+	}
+	return st, err
+}
+
+// invalidate makes the next read go to the database: an action's effect
+// shows at once.
+func (c *Console) invalidate() {
+	c.cache.mu.Lock()
+	defer c.cache.mu.Unlock()
+	c.cache.at = time.Time{}
+}
+
+// readNow gathers the dashboard's state with the same library calls as
+// `projector status`, `horizon`, `dead-letters list` and `saga list`.
+func (c *Console) readNow(ctx context.Context) (State, error) {
 	store := c.cfg.Store
 	st := State{ReadAt: time.Now(), Schema: store.Schema(), ReadOnly: c.ReadOnly()}
 	shards, err := projection.NewAdmin(store).List(ctx, "")

@@ -27,7 +27,7 @@
   // Refresh: fetch the live fragment and swap it in, one request at a time.
   var busy = false;
   function refresh() {
-    if (!live || busy) return;
+    if (!live || busy || document.hidden) return;
     busy = true;
     fetch(live.dataset.src, { credentials: "same-origin", cache: "no-store" })
       .then(function (r) { return r.text().then(function (t) { return { ok: r.ok || r.status === 503, text: t }; }); })
