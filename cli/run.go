@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector/console"
+	"github.com/projectorhq/projector/live"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -72,6 +73,10 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 	return cmd
 }
 
+// consoleTailName is the consumer name of the console's live tail: one
+// per-instance shard per `run` process, shown by `status` like any other.
+const consoleTailName = "console_tail"
+
 // minInstanceExpiry is the shortest --instance-expiry: as many heartbeats
 // as the dispatcher requires at its default heartbeat.
 const minInstanceExpiry = projection.MinExpiryHeartbeats * projection.DefaultHeartbeatEvery
@@ -114,20 +119,28 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	if err != nil {
 		return err
 	}
-	d, err := projection.New(projection.Config{Store: store, Projections: async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg,
-		InstanceExpiry: cfg.InstanceExpiry})
-	if err != nil {
-		return err
-	}
-
 	var ui http.Handler
+	var tail *live.Feed
 	if cfg.HTTPAddr != "" && !cfg.NoConsole {
+		// The console's live tail: a live feed whose per-instance consumer
+		// this dispatcher runs beside the application's, envelopes only.
+		if tail, err = live.New(live.Config{Store: store, Name: consoleTailName, Authorize: console.TailTenant, Logger: log}); err != nil {
+			return fmt.Errorf("console live tail: %w", err)
+		}
+		defer tail.Close()
 		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
-			Projections: async, Sagas: sagas.names, Logger: log})
+			Projections: async, Sagas: sagas.names, Tail: tail, Logger: log})
 		if err != nil {
 			return usageError{fmt.Errorf("console: %w (set $%s to %d or more characters, or unset it for a read-only console)", err, console.EnvToken, console.MinTokenLength)}
 		}
 		ui = c
+		async = append(async, tail.Projection())
+	}
+
+	d, err := projection.New(projection.Config{Store: store, Projections: async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg,
+		InstanceExpiry: cfg.InstanceExpiry})
+	if err != nil {
+		return err
 	}
 
 	var running atomic.Bool
@@ -140,6 +153,9 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 		}
 		addr = ln.Addr().String()
 		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping, ui), ReadHeaderTimeout: 5 * time.Second}
+		if tail != nil {
+			srv.RegisterOnShutdown(tail.Close) // ends the tail's streams, which Shutdown would wait for
+		}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("run: http server", slog.Any("error", err))

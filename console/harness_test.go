@@ -23,6 +23,7 @@ import (
 	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/live"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -59,6 +60,10 @@ type options struct {
 	// mailer adds a continuous-mode consumer "mailer" that dead-letters
 	// the events of streams named bad-…
 	mailer bool
+	// tail serves a live feed as the console's live tail; tailSpy sees
+	// each request to it.
+	tail    bool
+	tailSpy func(*http.Request)
 	prefix string // mount the console under this prefix
 	extra  func(cfg *console.Config)
 }
@@ -106,8 +111,24 @@ func newEnv(t testing.TB, o options) *env {
 		}
 		e.more = append(e.more, m)
 	}
+	var feed *live.Feed
+	if o.tail {
+		var err error
+		if feed, err = live.New(live.Config{Store: e.store, Authorize: console.TailTenant, Logger: slog.New(slog.NewTextHandler(tLog{t}, nil))}); err != nil {
+			t.Fatal(err)
+		}
+		e.more = append(e.more, feed.Projection())
+	}
 	ccfg := console.Config{Store: e.store, Token: o.token, ShowPayloads: o.showPayloads, Projections: append([]*projection.Async{e.proj}, e.more...),
 		Logger: slog.New(slog.NewJSONHandler(io.MultiWriter(e.logs, tLog{t}), nil))}
+	if feed != nil {
+		ccfg.Tail = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if o.tailSpy != nil {
+				o.tailSpy(r)
+			}
+			feed.ServeHTTP(w, r)
+		})
+	}
 	if o.extra != nil {
 		o.extra(&ccfg)
 	}
@@ -123,6 +144,9 @@ func newEnv(t testing.TB, o options) *env {
 	}
 	e.srv = httptest.NewServer(h2)
 	t.Cleanup(e.srv.Close)
+	if feed != nil {
+		t.Cleanup(feed.Close) // before the server's close, which waits for the streams to end
+	}
 	return e
 }
 
