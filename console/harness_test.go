@@ -64,8 +64,8 @@ type options struct {
 	// each request to it.
 	tail    bool
 	tailSpy func(*http.Request)
-	prefix string // mount the console under this prefix
-	extra  func(cfg *console.Config)
+	prefix  string // mount the console under this prefix
+	extra   func(cfg *console.Config)
 }
 
 func newEnv(t testing.TB, o options) *env {
