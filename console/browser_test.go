@@ -174,7 +174,7 @@ func TestBrowserConsumerGoesFromProcessingToIdle(t *testing.T) {
 // A dead consumer turns red, and an operator signed in with the token
 // restarts it from the page; it comes back.
 func TestBrowserRestartDeadConsumer(t *testing.T) {
-	e := newEnv(t, options{token: testToken, mailer: true})
+	e := newEnv(t, options{token: testToken, mailer: true, tail: true})
 	e.dispatch()
 	e.appendEvents("ok", 3)
 	e.appendEvents("bad-7", 1)
@@ -192,6 +192,12 @@ func TestBrowserRestartDeadConsumer(t *testing.T) {
 	if got := eval[string](b, `getComputedStyle(document.querySelector('tr.shard[data-consumer="tickets"] .pill')).backgroundColor`); got != "rgb(198, 40, 40)" {
 		t.Errorf("dead pill colour %s, want red", got)
 	}
+	// Events arriving show in the live tail.
+	b.do("tail connected", 30*time.Second, chromedp.WaitVisible(chromedp.CSS(`#tail-state[data-state="live"]`)))
+	e.appendEvents("tail-1", 3)
+	pgtest.Eventually(t, 30*time.Second, "events in the live tail", func() bool {
+		return eval[int](b, `document.querySelectorAll("#tail li .pos").length`) == 3
+	})
 	if p := os.Getenv(EnvScreenshot); p != "" {
 		b.screenshot(p)
 		t.Logf("screenshot written to %s", p)

@@ -362,6 +362,12 @@ func TestMountedUnderPrefix(t *testing.T) {
 	if len(st.Shards) != 1 || st.Shards[0].Consumer != "tickets" || st.Shards[0].State != console.StateIdle || st.Shards[0].Processed != 2 {
 		t.Errorf("state.json shards: %+v", st.Shards)
 	}
+	// The rate is known once two reads a second apart were made.
+	pgtest.Eventually(t, 30*time.Second, "a rate in state.json", func() bool {
+		_, js := c.do(http.MethodGet, "/state.json", nil, nil)
+		var st console.State
+		return json.Unmarshal([]byte(js), &st) == nil && len(st.Shards) == 1 && st.Shards[0].Rate >= 0
+	})
 }
 
 // A rebuild in progress shows with its progress bar, and its shard as
