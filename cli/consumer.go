@@ -216,7 +216,7 @@ by default: it no longer holds retention back). The instance __rebuild__ is not 
 process: it is the shadow shard of a blue/green rebuild, building a new version into
 tables no reader uses; rebuilds in progress follow the shards with their percentage
 (-o json: each shard's "role" and "rebuild"). --watch 2s redraws every 2 seconds
-until interrupted.`,
+until interrupted.` + statusJSONHelp(use),
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := outputFormat(format)
@@ -246,12 +246,20 @@ until interrupted.`,
 						}
 						fmt.Fprintf(a.out, "every %v, %s (Ctrl-C stops)\n\n", watch, time.Now().Format(time.RFC3339))
 					}
-					if err := WriteStatusWithRebuilds(a.out, shards, rebuilds, asJSON); err != nil {
-						return err
-					}
-					err = a.writeFailedSagas(ctx, store, asJSON)  // status_saga.go
-					if err == nil && use == "status" && !asJSON { // who holds the horizon: cli/horizon.go
-						err = a.writeStatusHorizon(ctx, store)
+					switch {
+					case use == "status" && asJSON: // an object: the shards and who holds the horizon
+						var rep projection.HorizonReport
+						if rep, err = projection.Horizon(ctx, store.Pool()); err == nil {
+							err = WriteStatusJSON(a.out, shards, rebuilds, rep)
+						}
+					default:
+						err = WriteStatusWithRebuilds(a.out, shards, rebuilds, asJSON)
+						if err == nil {
+							err = a.writeFailedSagas(ctx, store, asJSON) // status_saga.go
+						}
+						if err == nil && use == "status" && !asJSON { // who holds the horizon: cli/horizon.go
+							err = a.writeStatusHorizon(ctx, store)
+						}
 					}
 					if err != nil {
 						if watch > 0 && ctx.Err() != nil {
@@ -277,6 +285,19 @@ until interrupted.`,
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
 	cmd.Flags().DurationVar(&watch, "watch", 0, fmt.Sprintf("redraw every interval (%v to %v) until interrupted", minWatch, maxWatch))
 	return cmd
+}
+
+// statusJSONHelp says what -o json prints, which differs between `status`
+// (an object with the horizon) and `consumer list` (the array of shards).
+func statusJSONHelp(use string) string {
+	if use != "status" {
+		return "\n\n-o json prints the array of shards."
+	}
+	return `
+
+-o json prints an object: "shards", the array of shards (what ` + "`consumer list -o json`" + `
+prints), and "horizon", its age and the transaction holding it (what ` + "`horizon -o json`" + `
+prints). Earlier releases printed the bare array: read .shards, or use consumer list.`
 }
 
 // IsTerminal reports whether w is a terminal: where --watch and progress

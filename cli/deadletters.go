@@ -34,7 +34,9 @@ func (a *App) deadLettersListCmd() *cobra.Command {
 		Long: `List dead letters, oldest first, filtered by any combination of --consumer,
 --instance, --type, --tenant, --reason, --status (open by default; "all" for every one)
 and --since (an age such as 24h or 7d, or an RFC 3339 time). Pages of --limit rows:
-pass the last id shown as --after for the next page.`,
+pass the last id shown as --after for the next page. --model superseded keeps the
+dead letters of a model a rebuild replaced (or of a cancelled rebuild), which can
+only be discarded; --model live those a retry may apply.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := outputFormat(format)
@@ -58,6 +60,11 @@ pass the last id shown as --after for the next page.`,
 			case "", "apply-error", "skipped":
 			default:
 				return usageError{fmt.Errorf("--reason %q: want apply-error or skipped", f.Reason)}
+			}
+			switch f.Model {
+			case "", projection.ModelLive, projection.ModelSuperseded:
+			default:
+				return usageError{fmt.Errorf("--model %q: want live or superseded", f.Model)}
 			}
 			if since != "" {
 				if f.Since, err = parseSince(since); err != nil {
@@ -96,6 +103,7 @@ pass the last id shown as --after for the next page.`,
 	fl.StringVar(&f.EventType, "type", "", "only events of this type")
 	fl.StringVar(&f.Tenant, "tenant", "", "only this tenant's events")
 	fl.StringVar(&f.Reason, "reason", "", "apply-error or skipped")
+	fl.StringVar(&f.Model, "model", "", "live (dead letters a retry may apply) or superseded (of a model a rebuild replaced: discard them)")
 	fl.StringVar(&f.Status, "status", projection.DeadLetterOpen, "open, resolved, discarded or all")
 	fl.StringVar(&since, "since", "", "recorded within this age (24h, 7d) or at or after this RFC 3339 time")
 	fl.IntVar(&f.Limit, "limit", 100, "rows per page (1..10000)")
@@ -142,6 +150,9 @@ func (a *App) deadLettersShowCmd() *cobra.Command {
 				fmt.Fprintf(w, "consumer:   %s (instance %s)\n", projector.Printable(dl.Consumer), projector.Printable(dl.Instance))
 				fmt.Fprintf(w, "event:      %s %s v%d of %s\n", projector.Printable(dl.EventType), dl.EventID, dl.Version, deadLetterStream(dl))
 				fmt.Fprintf(w, "reason:     %s, %d attempts, recorded %s\n", dl.Reason, dl.Attempts, dl.CreatedAt.UTC().Format(time.RFC3339))
+				if dl.ModelRebuildID != 0 {
+					fmt.Fprintf(w, "model:      the one rebuild %d built (a retry is refused once another rebuild replaces it)\n", dl.ModelRebuildID)
+				}
 				if dl.LastRetriedAt != nil {
 					fmt.Fprintf(w, "retried:    %s\n", dl.LastRetriedAt.UTC().Format(time.RFC3339))
 				}
@@ -181,7 +192,12 @@ applied out of order, and the command says so: that is what continuous mode mean
 The handlers are the projection's code: with --here the retry runs in this process,
 which must be your application's binary (cli.Config.Wire); without it the request
 is recorded and a running dispatcher that has the projection carries it out (check
-with ` + "`dead-letters list --status all`" + `).`,
+with ` + "`dead-letters list --status all`" + `).
+
+A dead letter recorded against a model of the consumer that a rebuild has since
+replaced is refused (exit 3): the rebuild replayed its event, so a retry could apply
+it twice; discard it. --all retries those of the live model only and says how many
+others it left (` + "`dead-letters list --model superseded`" + `).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if all == (len(args) > 0) {
 				return usageError{errors.New("name dead-letter ids, or --all with --consumer")}
@@ -205,11 +221,19 @@ with ` + "`dead-letters list --status all`" + `).`,
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				ctx := cmd.Context()
 				if all {
-					if ids, err = openDeadLetterIDs(cmd, store, consumer); err != nil {
+					if ids, err = openDeadLetterIDs(cmd, store, consumer, projection.ModelLive); err != nil {
 						return err
 					}
+					others, err := openDeadLetterIDs(cmd, store, consumer, projection.ModelSuperseded)
+					if err != nil {
+						return err
+					}
+					if len(others) > 0 {
+						fmt.Fprintf(a.out, "left %d open dead letters of %s recorded against a model a rebuild replaced: they cannot be retried; "+
+							"discard them (dead-letters list --consumer %s --model superseded)\n", len(others), projector.Printable(consumer), projector.Printable(consumer))
+					}
 					if len(ids) == 0 {
-						fmt.Fprintf(a.out, "no open dead letters of %s\n", projector.Printable(consumer))
+						fmt.Fprintf(a.out, "no open dead letters of %s to retry\n", projector.Printable(consumer))
 						return nil
 					}
 				}
@@ -286,8 +310,8 @@ func (a *App) deadLettersDiscardCmd() *cobra.Command {
 }
 
 // openDeadLetterIDs pages through every open dead letter of consumer.
-func openDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, consumer string) ([]int64, error) {
-	f := projection.DeadLetterFilter{Consumer: consumer, Status: projection.DeadLetterOpen, Limit: 1000}
+func openDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, consumer, model string) ([]int64, error) {
+	f := projection.DeadLetterFilter{Consumer: consumer, Status: projection.DeadLetterOpen, Limit: 1000, Model: model}
 	var ids []int64
 	for {
 		page, err := projection.ListDeadLetters(cmd.Context(), store, f)

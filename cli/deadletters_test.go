@@ -259,6 +259,47 @@ func TestDeadLettersCommand(t *testing.T) {
 		t.Fatalf("open after the dispatcher's retry: %v %s", err, out)
 	}
 
+	// A dead letter of a model a rebuild replaced: refused, as a request
+	// and --here, saying why; discard closes it. (The rebuild row stands
+	// for an in-place rebuild that replayed the event.)
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = true`)
+	if err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(e.ctx, tx, projector.Stream("ticket", "replaced"), projector.NoStream, testevents.TicketOpened{Title: "poison"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, _, _ = e.cli("dead-letters", "list", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 1 || listed[0].ModelRebuildID != 0 {
+		t.Fatalf("open before the rebuild: %v %s", err, out)
+	}
+	replaced := fmt.Sprint(listed[0].ID)
+	e.exec(`INSERT INTO ` + store.Table("projector_rebuilds") + ` (name, version, mode, status, tables) VALUES ('tolerant', 1, 'in-place', 'done', '{}')`)
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = false`)
+	for _, args := range [][]string{{"dead-letters", "retry", replaced}, {"dead-letters", "retry", "--here", replaced}} {
+		if _, stderr, code := e.cli(args...); code != ExitRefused || !strings.Contains(stderr, "replaced") || !strings.Contains(stderr, "discard it") {
+			t.Fatalf("%v of a replaced model's dead letter: exit %d: %s", args, code, stderr)
+		}
+	}
+	out, _, _ = e.cli("dead-letters", "list", "--model", "superseded", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 1 || fmt.Sprint(listed[0].ID) != replaced {
+		t.Fatalf("list --model superseded: %v %s", err, out)
+	}
+	out, _, _ = e.cli("dead-letters", "list", "--model", "live", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 0 {
+		t.Fatalf("list --model live: %v %s", err, out)
+	}
+	if out, stderr, code := e.cli("dead-letters", "retry", "--here", "--all", "--consumer", "tolerant"); code != ExitOK ||
+		!strings.Contains(out, "left 1 open dead letters of tolerant recorded against a model a rebuild replaced") || !strings.Contains(out, "no open dead letters of tolerant to retry") {
+		t.Fatalf("retry --all with only a replaced model's dead letter: exit %d: %s %s", code, out, stderr)
+	}
+	if out, _, code := e.cli("dead-letters", "discard", replaced); code != ExitOK || !strings.Contains(out, "discarded 1") {
+		t.Fatalf("discard a replaced model's dead letter: exit %d: %s", code, out)
+	}
+
 	// Refusals and bad command lines.
 	for _, c := range []struct {
 		args []string
@@ -277,6 +318,7 @@ func TestDeadLettersCommand(t *testing.T) {
 		{[]string{"dead-letters", "list", "--limit", "10001"}, ExitUsage},
 		{[]string{"dead-letters", "list", "--status", "gone"}, ExitUsage},
 		{[]string{"dead-letters", "list", "--reason", "x"}, ExitUsage},
+		{[]string{"dead-letters", "list", "--model", "old"}, ExitUsage},
 		{[]string{"dead-letters", "list", "--since", "yesterday"}, ExitUsage},
 		{[]string{"dead-letters", "list", "-o", "yaml"}, ExitUsage},
 		{[]string{"dead-letters", "nope"}, ExitUsage},

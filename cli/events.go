@@ -34,7 +34,8 @@ func (a *App) pruneCmd() *cobra.Command {
 declares ephemeral) recorded before now minus --older-than, by the database clock.
 
 It never deletes an event that a consumer shard which is not disabled has not passed
-yet, and never an event recorded in the dead-letter table. When a consumer holds
+yet, and never the event of an open dead letter (resolve or discard it, and its event
+goes with the next prune: dead-letters retry, dead-letters discard). When a consumer holds
 events back, prune says which one and how far behind it is; skip its failing event or
 disable it if it should not hold retention back.
 

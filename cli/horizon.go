@@ -17,9 +17,8 @@ import (
 
 // horizonCmd is `horizon`: how far every consumer's horizon is held back
 // and by which transaction of the cluster (docs/operations.md, the horizon
-// runbook). `status` prints the same as its last lines; this command is
-// its JSON form, since `status -o json` is the array of shards scripts
-// already read.
+// runbook). `status` prints the same as its last lines, and `status -o
+// json` under "horizon"; this command is the report alone.
 func (a *App) horizonCmd() *cobra.Command {
 	var format string
 	cmd := &cobra.Command{

@@ -77,6 +77,20 @@ func TestStatusNamesHorizonHolder(t *testing.T) {
 	if code != ExitOK || json.Unmarshal([]byte(out), &rep) != nil || rep.Holder == nil || uint32(rep.Holder.PID) != pid || rep.Holder.Database != "elsewhere" {
 		t.Fatalf("horizon -o json: exit %d: %s", code, out)
 	}
+	// status -o json: the shards under "shards", the same report under
+	// "horizon"; consumer list -o json stays the bare array.
+	out, code = run("status", "-o", "json")
+	var status StatusJSON
+	if err := json.Unmarshal([]byte(out), &status); code != ExitOK || err != nil || status.Shards == nil ||
+		status.Horizon.Holder == nil || uint32(status.Horizon.Holder.PID) != pid || status.Horizon.Holder.Database != "elsewhere" ||
+		status.Horizon.Holder.ApplicationName != "stuck-report" || status.Horizon.AgeSeconds <= 0 {
+		t.Fatalf("status -o json: exit %d, %v: %s", code, err, out)
+	}
+	out, code = run("consumer", "list", "-o", "json")
+	var list []ShardJSON
+	if err := json.Unmarshal([]byte(out), &list); code != ExitOK || err != nil {
+		t.Fatalf("consumer list -o json: exit %d, %v: %s", code, err, out)
+	}
 	if _, err := other.Exec(ctx, `ROLLBACK`); err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +104,12 @@ func TestStatusNamesHorizonHolder(t *testing.T) {
 	out, code = run("status")
 	if code != ExitOK || !strings.Contains(out, `held by prepared transaction "stuck-2pc"`) || !strings.Contains(out, "ROLLBACK PREPARED 'stuck-2pc'") {
 		t.Fatalf("status with a prepared transaction: exit %d:\n%s", code, out)
+	}
+	out, code = run("status", "-o", "json")
+	status = StatusJSON{}
+	if err := json.Unmarshal([]byte(out), &status); code != ExitOK || err != nil || status.Horizon.Holder == nil ||
+		status.Horizon.Holder.Kind != projection.HolderPrepared || status.Horizon.Holder.GID != "stuck-2pc" {
+		t.Fatalf("status -o json with a prepared transaction: exit %d, %v: %s", code, err, out)
 	}
 	if out, code := run("horizon", "-o", "yaml"); code != ExitUsage {
 		t.Fatalf("horizon -o yaml: exit %d %s", code, out)

@@ -142,7 +142,7 @@ func rebuildError(err error) error {
 		return usageError{err}
 	case errors.Is(err, rebuild.ErrActive), errors.Is(err, rebuild.ErrNotActive), errors.Is(err, rebuild.ErrNoTables),
 		errors.Is(err, rebuild.ErrNotRebuildable), errors.Is(err, rebuild.ErrPruned), errors.Is(err, rebuild.ErrNotReady),
-		errors.Is(err, rebuild.ErrNoPrimaryKey):
+		errors.Is(err, rebuild.ErrNoPrimaryKey), errors.Is(err, rebuild.ErrInlineVersion), errors.Is(err, rebuild.ErrHorizonHeld):
 		return refusedError{err}
 	}
 	return err
@@ -200,8 +200,8 @@ func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuil
 			fmt.Fprintf(a.out, "rebuild %s: %s, %d/%d events (%.0f%%)\n", r.Name, r.Status, done, r.TotalEvents, 100*r.Progress())
 		}
 		if pickup > 0 && !moved && time.Since(started) > pickup && r.Active() {
-			err := fmt.Errorf("no dispatcher has started rebuild %d of %s v%d within %v: is a dispatcher with that version running (`projector run` in the binary that has the projection)? The request stays; cancel it with `rebuild cancel %s`",
-				r.ID, r.Name, r.Version, pickup, r.Name)
+			err := fmt.Errorf("no dispatcher has started rebuild %d of %s v%d within %v: is a dispatcher with that version running (`projector run` in the binary that has the projection, or `rebuild %s --here` there)? The request stays; cancel it with `rebuild cancel %s`",
+				r.ID, r.Name, r.Version, pickup, r.Name, r.Name)
 			fmt.Fprintln(a.errOut, err)
 			moved = true // say it once
 		}
@@ -540,6 +540,14 @@ func (a *App) rebuildHere(cmd *cobra.Command, name string, opts rebuild.Options,
 			p = x
 		}
 	}
+	for _, x := range w.Inline {
+		if ip, ok := x.(*projection.Inline); ok && p == nil {
+			have = append(have, ip.Name()+" (inline)")
+			if ip.Name() == name {
+				return a.rebuildHereInline(cmd, ip, w, opts, diff)
+			}
+		}
+	}
 	if p == nil {
 		if len(have) == 0 {
 			have = []string{"none"}
@@ -647,4 +655,92 @@ func (a *App) rebuildHere(cmd *cobra.Command, name string, opts rebuild.Options,
 		}
 	}
 	return endOfRebuild(a.out, r)
+}
+
+// rebuildHereInline is `rebuild NAME --here` for an inline projection: it
+// carries out the projection's recorded rebuild (requested by `rebuild
+// NAME`, or one this process records now) in this process, with the tables
+// the projection declares, showing its progress, until it has switched.
+// Interrupted, it stays in progress and resumes from its cursor.
+func (a *App) rebuildHereInline(cmd *cobra.Command, p *projection.Inline, w Wiring, opts rebuild.Options, diff bool) error {
+	ctx := cmd.Context()
+	name := p.Name()
+	switch {
+	case opts.Mode == rebuild.InPlace, opts.Hold || diff:
+		return usageError{fmt.Errorf("--here: %s is an inline projection: it is rebuilt into shadow tables and switched as soon as it has caught up; --in-place, --hold and --diff do not apply", name)}
+	case opts.Version != 0 && opts.Version != p.Version():
+		return usageError{fmt.Errorf("--here builds the version of %s this binary has (v%d), not --version %d", name, p.Version(), opts.Version)}
+	case len(p.Tables()) == 0:
+		return refusedError{fmt.Errorf("%w: inline %s declares no tables (projection.Inline.SetTables)", rebuild.ErrNoTables, name)}
+	}
+	pool, err := a.Pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if w.Setup != nil {
+		if err := w.Setup(ctx, pool); err != nil {
+			return fmt.Errorf("set up the application's tables: %w", err)
+		}
+	}
+	store, err := a.Store(ctx, pool)
+	if err != nil {
+		return err
+	}
+	type outcome struct {
+		res rebuild.InlineResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	// Following stops when the run does, whether it switched or failed
+	// (a failed rebuild stays in progress: following it would not end).
+	followCtx, stopFollowing := context.WithCancel(ctx)
+	defer stopFollowing()
+	go func() {
+		res, err := rebuild.Inline(ctx, store, p, rebuild.InlineOptions{})
+		if err != nil {
+			stopFollowing()
+		}
+		done <- outcome{res, err}
+	}()
+	// Follow the record once the run has one (it refuses before that).
+	var rb rebuild.Rebuild
+	ticker := time.NewTicker(100 * time.Millisecond)
+	defer ticker.Stop()
+	for rb.ID == 0 {
+		select {
+		case o := <-done:
+			if o.err != nil {
+				return rebuildError(o.err)
+			}
+			rb, err = rebuild.Current(ctx, store, name)
+			if err != nil {
+				return err
+			}
+		case <-ticker.C:
+			r, err := rebuild.Current(ctx, store, name)
+			if err == nil && r.Active() && r.Mode == rebuild.InlineRebuild {
+				rb = r
+			}
+		}
+	}
+	fmt.Fprintf(a.out, "rebuild %d of inline %s v%d (%d events in the log when requested); running it in this process\n", rb.ID, name, rb.Version, rb.TotalEvents)
+	cmd.SetContext(followCtx)
+	r, ferr := a.followRebuild(cmd, store, rb, 0, false)
+	cmd.SetContext(ctx)
+	o := <-done
+	if o.err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("stopped rebuild %d of %s here: it resumes from its cursor with `rebuild %s --here` again, or in `run`: %w", rb.ID, name, name, ctx.Err())
+		}
+		return rebuildError(o.err)
+	}
+	if ferr != nil {
+		return ferr
+	}
+	if err := endOfRebuild(a.out, r); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.out, "%d events replayed in batches, %d under the lock; the lock was held %v\n", o.res.Replayed, o.res.CaughtUp, o.res.LockHeld.Round(10*time.Microsecond))
+	return nil
 }

@@ -102,6 +102,9 @@ func (a *App) runPartial(cmd *cobra.Command, name string, f *partialFlags) error
 		if res.DeadLettered > 0 {
 			fmt.Fprintf(a.out, ", %d dead-lettered", res.DeadLettered)
 		}
+		if res.ResolvedDeadLetters > 0 {
+			fmt.Fprintf(a.out, ", %d open dead letters applied and resolved", res.ResolvedDeadLetters)
+		}
 		fmt.Fprintf(a.out, "; the live consumer was held %v\n", res.Held.Round(time.Millisecond))
 		return nil
 	})

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/live"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
 )
 
 // runConfig configures the daemon `run` starts.
@@ -49,7 +51,9 @@ func (a *App) runCmd() *cobra.Command {
 		Use:   "run",
 		Short: "Run the dispatcher for this binary's projections, with /metrics, /healthz and /readyz",
 		Long: `run starts the dispatcher daemon for the async projections and sagas compiled into
-this binary, with a runner that fires the sagas' timeouts, and serves, on --http-addr:
+this binary, with a runner that fires the sagas' timeouts, carries out the rebuilds
+requested for its inline projections (those that declare their tables), and serves,
+on --http-addr:
 
   /metrics   Prometheus metrics (projector_* and Go runtime)
   /healthz   200 while the process runs
@@ -175,6 +179,18 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 		}
 		return err
 	}
+	// Rebuilds of this binary's inline projections, requested from any
+	// binary (`rebuild NAME`) or interrupted elsewhere, are carried out here.
+	var inline []*projection.Inline
+	for _, x := range w.Inline {
+		if p, ok := x.(*projection.Inline); ok && len(p.Tables()) > 0 {
+			inline = append(inline, p)
+		}
+	}
+	serveCtx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
+	var serving sync.WaitGroup
+	serving.Go(func() { rebuild.ServeInline(serveCtx, store, inline, rebuild.InlineOptions{}, log, 0) })
 	running.Store(true)
 	fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(async), d.InstanceID())
 	if addr != "" {
@@ -188,6 +204,8 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	<-ctx.Done()
 	running.Store(false)
 	fmt.Fprintf(a.out, "%s run: stopping\n", a.cfg.Name)
+	stopServing()
+	serving.Wait() // an inline rebuild stops at once, resumable from its cursor
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(cfg.StopTimeout, 30*time.Second))
 	defer cancel()
 	stopErr := errors.Join(sagas.Stop(stopCtx), d.Stop(stopCtx))

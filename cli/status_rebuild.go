@@ -62,6 +62,8 @@ func shardRebuildJSON(r *rebuild.Rebuild) *ShardRebuildJSON {
 // are: the shadow shard of a rebuild is not a process's instance.
 func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
 	switch {
+	case s.Instance == projection.RebuildInstance && r != nil && r.Mode == rebuild.InlineRebuild:
+		return fmt.Sprintf("%s (rebuild %d: inline v%d shadow)", s.Instance, r.ID, r.Version)
 	case s.Instance == projection.RebuildInstance && r != nil:
 		return fmt.Sprintf("%s (rebuild %d: v%d shadow)", s.Instance, r.ID, r.Version)
 	case s.Instance == projection.RebuildInstance:
@@ -77,6 +79,37 @@ func progressCell(r rebuild.Rebuild) string {
 	return fmt.Sprintf("%.0f%% (%d/%d events)", 100*r.Progress(), r.TotalEvents-r.Remaining, r.TotalEvents)
 }
 
+// shardsJSON is shards as `-o json` lists them: each with its role and the
+// rebuild it carries out.
+func shardsJSON(shards []projection.ShardState, rebuilds []rebuild.Rebuild) []ShardJSON {
+	out := make([]ShardJSON, len(shards))
+	for i, s := range shards {
+		out[i] = toJSON(s)
+		out[i].Rebuild = shardRebuildJSON(rebuildOf(s, rebuilds))
+	}
+	return out
+}
+
+// StatusJSON is `status -o json`: an object, so the horizon (which holds
+// back every shard at once) sits beside the shards rather than in each.
+// `consumer list -o json` is the bare array of shards, as `status -o json`
+// was before the horizon joined it.
+type StatusJSON struct {
+	Shards []ShardJSON `json:"shards"`
+	// Horizon is how far the horizon is held back and by which
+	// transaction: the same as `horizon -o json`.
+	Horizon projection.HorizonReport `json:"horizon"`
+}
+
+// WriteStatusJSON writes `status -o json`: the shards (with their roles and
+// rebuilds, as `consumer list -o json` lists them) and the horizon report.
+func WriteStatusJSON(w io.Writer, shards []projection.ShardState, rebuilds []rebuild.Rebuild, horizon projection.HorizonReport) error {
+	if horizon.Others == nil {
+		horizon.Others = []projection.HorizonHolder{}
+	}
+	return writeJSON(w, StatusJSON{Shards: shardsJSON(shards, rebuilds), Horizon: horizon})
+}
+
 // WriteStatusWithRebuilds renders shards as the `status` command does, with
 // the rebuilds in progress (rebuild.InProgress): as JSON, each shard
 // carrying its role and the rebuild it carries out; as a table, the shards
@@ -84,12 +117,7 @@ func progressCell(r rebuild.Rebuild) string {
 // rebuilds with their percentage.
 func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuilds []rebuild.Rebuild, asJSON bool) error {
 	if asJSON {
-		out := make([]ShardJSON, len(shards))
-		for i, s := range shards {
-			out[i] = toJSON(s)
-			out[i].Rebuild = shardRebuildJSON(rebuildOf(s, rebuilds))
-		}
-		return writeJSON(w, out)
+		return writeJSON(w, shardsJSON(shards, rebuilds))
 	}
 	if len(shards) == 0 {
 		_, err := fmt.Fprintln(w, "no consumers registered yet (they appear when a dispatcher first starts)")

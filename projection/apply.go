@@ -21,6 +21,10 @@ type ReplayResult struct {
 	// in the dead-letter table (recorded again only if the live consumer
 	// had not recorded it already).
 	DeadLettered int
+	// Resolved counts the open dead letters of the live model whose events
+	// the replay applied: they are marked resolved in tx, so no retry
+	// applies those events a second time.
+	Resolved int
 }
 
 // ReplayError is a handler failure that ended a replay of a halt-on-error
@@ -70,6 +74,7 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 	r := &run{d: d, tx: tx, sh: sh, scope: "", queue: &writeQueue{}}
 	r.handlerCtx = withReplay(context.WithValue(handlerCtx, queueKey{}, r.queue), &replayState{})
 	rest := events
+	var applied [][16]byte
 	for len(rest) > 0 {
 		k, herr := r.applyUntil(ctx, rest, 0)
 		if r.abort != nil {
@@ -77,6 +82,13 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 		}
 		if r.timedOut && errors.Is(handlerCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 			return res, fmt.Errorf("replay of %s: batch timeout (%v) exceeded: %w", p.name, p.cfg.BatchTimeout, herr)
+		}
+		n := k
+		if k < 0 {
+			n = len(rest)
+		}
+		for _, ev := range rest[:n] {
+			applied = append(applied, [16]byte(ev.ID))
 		}
 		if k < 0 {
 			res.Applied += len(rest)
@@ -98,6 +110,18 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 	}
 	if err := r.unscope(ctx); err != nil {
 		return res, err
+	}
+	// An open dead letter of the live model whose event this replay has
+	// just applied is resolved with it: a retry later would apply it twice.
+	if len(applied) > 0 {
+		tag, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_dead_letters")+` SET status = 'resolved', resolved_at = now(),
+				retry_requested_at = NULL
+			WHERE consumer = $1 AND instance_id = $2 AND status = 'open' AND event_id = ANY($3) AND model_rebuild_id = `+liveModel(store, "$1"),
+			p.name, SharedInstance, applied)
+		if err != nil {
+			return res, fmt.Errorf("replay: resolve the dead letters of applied events: %w", err)
+		}
+		res.Resolved = int(tag.RowsAffected())
 	}
 	return res, nil
 }

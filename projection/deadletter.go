@@ -1,10 +1,12 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	sq "github.com/Masterminds/squirrel"
@@ -29,6 +31,22 @@ const (
 // only be discarded. It matches [projector.ErrInvalidTransition] too, so the
 // CLI reports it as a refusal.
 var ErrEventPruned = fmt.Errorf("%w: the dead letter's event was pruned from the log", projector.ErrInvalidTransition)
+
+// ErrDeadLetterSuperseded: a dead letter was recorded against a model of
+// the consumer that a rebuild has replaced (or by a rebuild that has not
+// switched in, or never will), so it cannot be retried: the rebuild replayed
+// its event through the new model's handlers, which applied it or recorded
+// a dead letter of their own, and a retry into the live tables could apply
+// it twice. It can only be discarded. It matches
+// [projector.ErrInvalidTransition] too, so the CLI reports it as a refusal.
+var ErrDeadLetterSuperseded = fmt.Errorf("%w: the dead letter belongs to a model a rebuild replaced", projector.ErrInvalidTransition)
+
+// ErrWrongVersion: a retry was asked of a binary whose projection is not
+// the version of the consumer's live model (a rolling deploy's other
+// binary, or one whose rebuild has not switched in): its handlers must not
+// write the live tables. A dispatcher leaves such a retry request for one
+// of the right version. It matches [projector.ErrInvalidTransition] too.
+var ErrWrongVersion = fmt.Errorf("%w: the projection is not the version of the consumer's live model", projector.ErrInvalidTransition)
 
 // ErrInvalidFilter: a dead-letter listing was asked for with a value that
 // cannot be a filter (a negative limit, an unknown status or reason).
@@ -62,6 +80,11 @@ type DeadLetter struct {
 	// RetryRequestedAt is set while a retry request waits for a dispatcher
 	// that has the projection.
 	RetryRequestedAt *time.Time `json:"retry_requested_at,omitempty"`
+	// ModelRebuildID is the model of the consumer the dead letter was
+	// recorded against: the id of the rebuild that built it, 0 for a
+	// model never rebuilt. Only a dead letter of the live model can be
+	// retried (see [ErrDeadLetterSuperseded]).
+	ModelRebuildID int64 `json:"model_rebuild_id"`
 }
 
 // DeadLetterFilter selects dead letters; zero fields do not filter. The
@@ -82,16 +105,39 @@ type DeadLetterFilter struct {
 	AfterID int64
 	// Limit caps the rows returned; 0 means 100.
 	Limit int
+	// Model is "" for all, [ModelLive] for dead letters of their
+	// consumer's live model (the ones a retry may apply), or
+	// [ModelSuperseded] for those of a model a rebuild replaced or of a
+	// cancelled rebuild, which can only be discarded (see
+	// [ErrDeadLetterSuperseded]). Neither holds those of a rebuild still
+	// building.
+	Model string
+}
+
+// The models a [DeadLetterFilter] selects by.
+const (
+	ModelLive       = "live"
+	ModelSuperseded = "superseded"
+)
+
+// liveModelSQL is the id of the rebuild that built the live model of the
+// consumer named by the expression {{c}}: its latest switched or in-place
+// rebuild, 0 when it was never rebuilt (as migration 0011's trigger
+// records it on each dead letter).
+const liveModelSQL = `coalesce((SELECT max(r.id) FROM {{r}} r WHERE r.name = {{c}} AND (r.status = 'switched' OR r.mode = 'in-place')), 0)`
+
+func liveModel(store *postgres.Store, consumer string) string {
+	return strings.NewReplacer("{{r}}", store.Table("projector_rebuilds"), "{{c}}", consumer).Replace(liveModelSQL)
 }
 
 const deadLetterColumns = `id, consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id,
-	stream_type, stream_id, version, error, attempts, reason, status, created_at, resolved_at, last_retried_at, retry_requested_at`
+	stream_type, stream_id, version, error, attempts, reason, status, created_at, resolved_at, last_retried_at, retry_requested_at, model_rebuild_id`
 
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var dl DeadLetter
 	err := row.Scan(&dl.ID, &dl.Consumer, &dl.Instance, &dl.EventID, &dl.Position.TxID, &dl.Position.Seq, &dl.EventType,
 		&dl.Tenant, &dl.StreamType, &dl.StreamID, &dl.Version, &dl.Error, &dl.Attempts, &dl.Reason, &dl.Status,
-		&dl.CreatedAt, &dl.ResolvedAt, &dl.LastRetriedAt, &dl.RetryRequestedAt)
+		&dl.CreatedAt, &dl.ResolvedAt, &dl.LastRetriedAt, &dl.RetryRequestedAt, &dl.ModelRebuildID)
 	return dl, err
 }
 
@@ -114,13 +160,18 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 	default:
 		return nil, fmt.Errorf("%w: reason %q (want apply-error or skipped)", ErrInvalidFilter, f.Reason)
 	}
+	switch f.Model {
+	case "", ModelLive, ModelSuperseded:
+	default:
+		return nil, fmt.Errorf("%w: model %q (want live or superseded)", ErrInvalidFilter, f.Model)
+	}
 	if f.Limit == 0 {
 		f.Limit = 100
 	}
 	// The filters are optional and combine: the query's shape changes at
 	// run time, which is what squirrel is for.
 	b := sq.StatementBuilder.PlaceholderFormat(sq.Dollar).
-		Select(deadLetterColumns).From(store.Table("projector_dead_letters")).
+		Select(deadLetterColumns).From(store.Table("projector_dead_letters") + " d").
 		Where(sq.Gt{"id": f.AfterID}).OrderBy("id").Limit(uint64(f.Limit))
 	// In a fixed order, so equal filters give the same SQL text (and one
 	// cached statement).
@@ -132,6 +183,13 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 	}
 	if !f.Since.IsZero() {
 		b = b.Where(sq.GtOrEq{"created_at": f.Since})
+	}
+	switch f.Model {
+	case ModelLive:
+		b = b.Where(`d.instance_id <> '` + RebuildInstance + `' AND d.model_rebuild_id = ` + liveModel(store, "d.consumer"))
+	case ModelSuperseded:
+		b = b.Where(`d.model_rebuild_id <> ` + liveModel(store, "d.consumer") + ` AND NOT EXISTS (SELECT 1 FROM ` +
+			store.Table("projector_rebuilds") + ` a WHERE a.id = d.model_rebuild_id AND a.status IN ('building', 'ready'))`)
 	}
 	sql, args, err := b.ToSql()
 	if err != nil {
@@ -240,6 +298,9 @@ func RequestDeadLetterRetry(ctx context.Context, store *postgres.Store, ids []in
 			if dl.Status != DeadLetterOpen {
 				return fmt.Errorf("retry dead letter %d: it is %s already: %w", id, dl.Status, projector.ErrInvalidTransition)
 			}
+			if err := checkModel(ctx, tx, store, dl); err != nil {
+				return err
+			}
 			ev, err := deadLetterEvent(ctx, tx, store, dl)
 			if err != nil {
 				return err
@@ -334,6 +395,14 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		if dl.Status != DeadLetterOpen {
 			return fmt.Errorf("retry dead letter %d: it is %s already (nothing applied again): %w", id, dl.Status, projector.ErrInvalidTransition)
 		}
+		// Under the shard's lock, which rebuilds and switches take too: the
+		// live model and its version cannot change until this commits.
+		if err := checkModel(ctx, tx, store, dl); err != nil {
+			return err
+		}
+		if err := checkVersion(ctx, tx, store, p, dl); err != nil {
+			return err
+		}
 		ev, err := deadLetterEvent(ctx, tx, store, dl)
 		if err != nil {
 			return err
@@ -376,6 +445,68 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 	logger.InfoContext(ctx, "projection: dead letter retried", slog.Int64("id", id), slog.String("consumer", dl.Consumer),
 		slog.Bool("resolved", res.Resolved), slog.Bool("out_of_order", res.OutOfOrder), slog.String("error", res.Error))
 	return res, true, nil
+}
+
+// checkModel refuses a dead letter that does not belong to the consumer's
+// live model with [ErrDeadLetterSuperseded], saying which rebuild replaced
+// it: the live model is the one built by the consumer's latest switched or
+// in-place rebuild (0: never rebuilt), as the insert trigger of migration
+// 0011 records it.
+func checkModel(ctx context.Context, tx pgx.Tx, store *postgres.Store, dl DeadLetter) error {
+	r := store.Table("projector_rebuilds")
+	var live int64
+	if err := tx.QueryRow(ctx, `SELECT `+liveModel(store, "$1"), dl.Consumer).Scan(&live); err != nil {
+		return fmt.Errorf("retry dead letter %d: read the consumer's live model: %w", dl.ID, err)
+	}
+	if dl.Instance != RebuildInstance && dl.ModelRebuildID == live {
+		return nil
+	}
+	// Say which rebuild: the one that recorded it (a shadow shard's), or
+	// the one that replaced its model.
+	which := live
+	if dl.Instance == RebuildInstance {
+		which = dl.ModelRebuildID
+	}
+	var version int
+	var mode, status string
+	err := tx.QueryRow(ctx, `SELECT version, mode, status FROM `+r+` WHERE id = $1`, which).Scan(&version, &mode, &status)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("retry dead letter %d: read rebuild %d: %w", dl.ID, which, err)
+	}
+	name := projector.Printable(dl.Consumer)
+	switch {
+	case dl.Instance == RebuildInstance && (status == "building" || status == "ready"):
+		return fmt.Errorf("retry dead letter %d: %w: it was recorded by the shadow shard of rebuild %d (v%d) of %s, which is still %s; "+
+			"its model is not live, so there are no tables to retry it into: retry it after the switch", dl.ID, ErrDeadLetterSuperseded, which, version, name, status)
+	case dl.Instance == RebuildInstance:
+		return fmt.Errorf("retry dead letter %d: %w: it was recorded by the shadow shard of rebuild %d (v%d) of %s, which was %s, so nothing of its model is live; discard it",
+			dl.ID, ErrDeadLetterSuperseded, which, version, name, cmp.Or(status, "deleted"))
+	}
+	return fmt.Errorf("retry dead letter %d: %w: it was recorded against the model of %s that rebuild %d (%s, v%d) replaced; "+
+		"that rebuild replayed its event through the new model's handlers, which applied it or recorded a dead letter of their own "+
+		"(dead-letters list --consumer %s), so a retry could apply it twice; discard it",
+		dl.ID, ErrDeadLetterSuperseded, name, live, mode, version, name)
+}
+
+// checkVersion refuses, with [ErrWrongVersion], to run p's handlers on a
+// consumer whose live model is of another version: the dispatcher stands
+// such a shard aside for the same reason.
+func checkVersion(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, dl DeadLetter) error {
+	var live int
+	err := tx.QueryRow(ctx, `SELECT version FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
+		dl.Consumer, dl.Instance).Scan(&live)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // the shard was removed: there is no live model to differ from
+	}
+	if err != nil {
+		return fmt.Errorf("retry dead letter %d: read the consumer's version: %w", dl.ID, err)
+	}
+	if live != p.cfg.Version {
+		return fmt.Errorf("retry dead letter %d: %w: the live model of %s is version %d and this binary's projection is version %d; "+
+			"retry it with a binary of version %d (or, after a rebuild to version %d switches in, with this one)",
+			dl.ID, ErrWrongVersion, projector.Printable(dl.Consumer), live, p.cfg.Version, live, p.cfg.Version)
+	}
+	return nil
 }
 
 // applyLive runs p's handlers on one event in tx the way a pass does
@@ -446,7 +577,13 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 			d.logger.WarnContext(ctx, "projection dispatcher: looking for dead-letter retry requests failed", slog.Any("error", err))
 		}
 		for _, r := range reqs {
-			if _, _, err := retryDeadLetter(ctx, d.store, byName[r.name], r.id, d.logger, true); err != nil && ctx.Err() == nil {
+			_, _, err := retryDeadLetter(ctx, d.store, byName[r.name], r.id, d.logger, true)
+			if errors.Is(err, ErrWrongVersion) {
+				// A rolling deploy's other binary: leave the request to a
+				// dispatcher of the live model's version.
+				continue
+			}
+			if err != nil && ctx.Err() == nil {
 				// Clear the request, so one that cannot be carried out
 				// (pruned meanwhile) is not tried on every poll.
 				_, _ = d.store.Pool().Exec(context.WithoutCancel(ctx), `UPDATE `+d.store.Table("projector_dead_letters")+`

@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // deadLetterEnv runs a continuous-mode consumer over planted poison events
@@ -261,5 +264,89 @@ func TestDeadLetterRetryRequestTriedOnce(t *testing.T) {
 		if dl.Attempts != round || dl.Status != projection.DeadLetterOpen || !strings.HasPrefix(dl.Error, "retry: ") {
 			t.Fatalf("round %d: %+v", round, dl)
 		}
+	}
+}
+
+// projector_dead_letters_open counts a consumer's open dead letters from
+// the table (every instance, whoever recorded them) and follows discards
+// and successful retries.
+func TestDeadLettersOpenGauge(t *testing.T) {
+	t.Parallel()
+	e, p, failing, ids := deadLetterEnv(t)
+	reg := prometheus.NewRegistry()
+	e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Registerer: reg, MetricsEvery: 20 * time.Millisecond})
+	open := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "projector_dead_letters_open" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "consumer" && l.GetValue() == "tolerant" {
+						return m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		return -1
+	}
+	eventually(t, 30*time.Second, "the gauge to count 3 open dead letters", func() bool { return open() == 3 })
+	if err := projection.DiscardDeadLetters(e.ctx, e.store, ids[:1]); err != nil {
+		t.Fatal(err)
+	}
+	failing.Store(false)
+	if res, err := projection.RetryDeadLetter(e.ctx, e.store, p, ids[1], nil); err != nil || !res.Resolved {
+		t.Fatalf("retry: %+v, %v", res, err)
+	}
+	eventually(t, 30*time.Second, "the gauge to count the one still open", func() bool { return open() == 1 })
+}
+
+// Retention keeps the event of an open dead letter, however old and passed
+// by every consumer, so it can still be retried; once the dead letter is
+// discarded or resolved, the next prune deletes its event like any other.
+func TestPruneKeepsOpenDeadLettersEvents(t *testing.T) {
+	t.Parallel()
+	e, p, failing, ids := deadLetterEnv(t)
+	prune := func() int64 {
+		t.Helper()
+		res, err := e.store.Prune(e.ctx, postgres.PruneOptions{OlderThan: time.Nanosecond, StreamTypes: []string{"ticket"}, IncludeAggregates: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Deleted
+	}
+	kept := func(id int64) bool {
+		t.Helper()
+		_, ev, err := projection.GetDeadLetter(e.ctx, e.store, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev != nil
+	}
+	// Every event but the three dead-lettered ones: the comments and "ok".
+	if n := prune(); n != 4 {
+		t.Fatalf("first prune deleted %d events, want 4", n)
+	}
+	for _, id := range ids {
+		if !kept(id) {
+			t.Fatalf("prune deleted the event of open dead letter %d", id)
+		}
+	}
+	if err := projection.DiscardDeadLetters(e.ctx, e.store, ids[:1]); err != nil {
+		t.Fatal(err)
+	}
+	failing.Store(false)
+	if res, err := projection.RetryDeadLetter(e.ctx, e.store, p, ids[1], nil); err != nil || !res.Resolved {
+		t.Fatalf("retry: %+v, %v", res, err)
+	}
+	if n := prune(); n != 2 {
+		t.Fatalf("prune after a discard and a resolve deleted %d events, want their 2", n)
+	}
+	if kept(ids[0]) || kept(ids[1]) || !kept(ids[2]) {
+		t.Fatalf("after the second prune: discarded kept %v, resolved kept %v, open kept %v; want false, false, true", kept(ids[0]), kept(ids[1]), kept(ids[2]))
 	}
 }

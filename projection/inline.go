@@ -21,6 +21,7 @@ import (
 type Inline struct {
 	name    string
 	version int
+	tables  []string
 	t       table
 }
 
@@ -62,6 +63,26 @@ func (p *Inline) SetVersion(v int) error {
 	p.version = v
 	return nil
 }
+
+// SetTables declares the read-model tables the projection's handlers write,
+// as they name them ("table", resolved on the search_path, or
+// "schema.table"). A rebuild needs them: `projector rebuild NAME` of an
+// inline projection is carried out by a process that has its code
+// (`projector run`, or `rebuild NAME --here`), which copies, rebuilds and
+// switches exactly these tables (rebuild.InlineOptions.Tables overrides
+// them). An empty name is an [ErrInvalidDefinition].
+func (p *Inline) SetTables(tables ...string) error {
+	for _, t := range tables {
+		if t == "" {
+			return p.t.fail(p.name, fmt.Errorf("an empty table name among %q", tables))
+		}
+	}
+	p.tables = append([]string(nil), tables...)
+	return nil
+}
+
+// Tables returns the tables [Inline.SetTables] declared (a copy).
+func (p *Inline) Tables() []string { return append([]string(nil), p.tables...) }
 
 // EventTypes returns the handled event types in registration order.
 func (p *Inline) EventTypes() []string { return p.t.eventTypes() }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -25,7 +26,10 @@ type metrics struct {
 	// horizonHolder names the transaction holding the horizon (Horizon):
 	// one series at a time, its labels the holder's, its value its age.
 	horizonHolder *prometheus.GaugeVec
-	rebuilds      *rebuildGauges
+	// openDeadLetters counts each consumer's open dead letters, all its
+	// instances together (the table's, not this process's).
+	openDeadLetters *prometheus.GaugeVec
+	rebuilds        *rebuildGauges
 
 	// lagged holds the shards whose last published lag was not zero.
 	mu     sync.Mutex
@@ -79,10 +83,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "projector_horizon_holder_age_seconds",
 			Help: "The transaction holding the horizon, by its labels (a session's pid, database, user and application, or a prepared transaction's gid), valued its age; absent when none holds it.",
 		}, []string{"kind", "pid", "gid", "database", "user", "application_name"}),
+		openDeadLetters: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_dead_letters_open",
+			Help: "Open dead letters of the consumer (neither retried successfully nor discarded), all instances; the same from every dispatcher that runs it.",
+		}, []string{"consumer"}),
 		lagged:   map[ShardID]bool{},
 		rebuilds: newRebuildGauges(),
 	}
-	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge, m.horizonHolder}, m.rebuilds.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge, m.horizonHolder, m.openDeadLetters}, m.rebuilds.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if errors.As(err, &already) {
@@ -193,7 +201,42 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 		d.metrics.horizonAge.Set(age)
 	}
 	d.refreshHorizonHolder(ctx)
+	d.refreshOpenDeadLetters(ctx)
 	d.refreshRebuildGauges(ctx)
+}
+
+// refreshOpenDeadLetters publishes the open dead letters of each consumer
+// this dispatcher runs, 0 included (so an alert on > 0 has a series to
+// watch from the start), with one query on the open dead letters' partial
+// index.
+func (d *Dispatcher) refreshOpenDeadLetters(ctx context.Context) {
+	counts := map[string]float64{}
+	for _, sh := range d.shards {
+		counts[sh.id.Consumer] = 0
+	}
+	names := make([]string, 0, len(counts))
+	for name := range counts {
+		names = append(names, name)
+	}
+	var name string
+	var n int64
+	rows, err := d.store.Pool().Query(ctx, `SELECT consumer, count(*) FROM `+d.store.Table("projector_dead_letters")+`
+		WHERE status = 'open' AND consumer = ANY($1) GROUP BY consumer`, names)
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
+			counts[name] = float64(n)
+			return nil
+		})
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logger.DebugContext(ctx, "projection dispatcher: refresh open dead letters", slog.Any("error", err))
+		}
+		return
+	}
+	for name, n := range counts {
+		d.metrics.openDeadLetters.With(prometheus.Labels{"consumer": name}).Set(n)
+	}
 }
 
 // refreshHorizonHolder publishes who holds the horizon: the one series of

@@ -185,6 +185,12 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 	if _, err := tx.Exec(ctx, `DELETE FROM `+c+` WHERE name = $1 AND instance_id = $2`, sh.id.Consumer, RebuildInstance); err != nil {
 		return false, fmt.Errorf("switch: remove the shadow shard: %w", err)
 	}
+	// The shadow shard's dead letters are now the live model's: they move
+	// to the live shard, whose lock a retry of them takes.
+	if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_dead_letters")+` SET instance_id = $2
+		WHERE consumer = $1 AND instance_id = $3 AND model_rebuild_id = $4`, sh.id.Consumer, SharedInstance, RebuildInstance, sw.rebuildID); err != nil {
+		return false, fmt.Errorf("switch: hand the shadow shard's dead letters to the live shard: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_rebuilds")+` SET status = 'switched', old_schema = $2,
 		finished_at = now(), switch_ms = $3 WHERE id = $1`, sw.rebuildID, old, float64(took.Microseconds())/1000); err != nil {
 		return false, fmt.Errorf("switch: record: %w", err)

@@ -56,7 +56,8 @@ func (g *rebuildGauges) collectors() []prometheus.Collector {
 // An in-place rebuild whose replay mark is gone has replayed everything.
 func rebuildProgressSQL(c, e, r string) string {
 	return `SELECT r.name, r.version, r.total_events,
-			CASE WHEN s.name IS NULL OR (r.mode = 'in-place' AND s.replay_until_tx_id IS NULL) THEN 0
+			CASE WHEN s.name IS NULL AND r.mode = 'blue-green' THEN r.total_events
+			WHEN s.name IS NULL OR (r.mode = 'in-place' AND s.replay_until_tx_id IS NULL) THEN 0
 			ELSE (SELECT count(*) FROM ` + e + ` e WHERE (e.tx_id, e.seq) > (s.cursor_tx_id, s.cursor_seq)
 				AND (e.tx_id, e.seq) <= (r.target_tx_id, r.target_seq)) END
 		FROM ` + r + ` r
@@ -84,6 +85,10 @@ func (d *Dispatcher) refreshRebuildGauges(ctx context.Context) {
 	for _, sh := range d.shards {
 		names = append(names, sh.id.Consumer)
 	}
+	// Inline projections' rebuilds (recorded as blue/green, cursor on the
+	// shadow shard's row) run in processes with their code: this one's
+	// store's.
+	names = append(names, d.store.InlineNames()...)
 	rows, err := d.store.Pool().Query(ctx, rebuildProgressSQL(d.store.Table("projector_consumers"),
 		d.store.Table("projector_events"), d.store.Table("projector_rebuilds")), names)
 	if err != nil {

@@ -18,7 +18,7 @@ func InProgress(ctx context.Context, store *postgres.Store) ([]Rebuild, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: list those in progress: %w", err)
 	}
-	rs, finished, err := scanRebuilds(rows)
+	rs, finished, err := scanRebuilds(store, rows)
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: list those in progress: %w", err)
 	}
@@ -32,7 +32,7 @@ func InProgress(ctx context.Context, store *postgres.Store) ([]Rebuild, error) {
 }
 
 // ForShard returns the active rebuild among rebuilds that shard carries
-// out, nil if none: a blue/green rebuild runs on its shadow shard
+// out, nil if none: a blue/green or inline rebuild runs on its shadow shard
 // (projection.RebuildInstance), one in place on the live shared shard. The
 // CLI's status and the console show it beside the shard.
 func ForShard(rebuilds []Rebuild, shard projection.ShardID) *Rebuild {
@@ -40,7 +40,7 @@ func ForShard(rebuilds []Rebuild, shard projection.ShardID) *Rebuild {
 		if r.Name != shard.Consumer || !r.Active() {
 			continue
 		}
-		if (r.Mode == BlueGreen && shard.Instance == projection.RebuildInstance) ||
+		if ((r.Mode == BlueGreen || r.Mode == InlineRebuild) && shard.Instance == projection.RebuildInstance) ||
 			(r.Mode == InPlace && (shard.Instance == projection.SharedInstance || shard.Instance == "")) {
 			return &rebuilds[i]
 		}

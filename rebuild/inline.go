@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -122,6 +123,12 @@ type InlineResult struct {
 	// LockCatchUp is the part of LockHeld spent applying the CaughtUp
 	// events; the rest is the swap's catalogue updates and the commit.
 	LockCatchUp time.Duration
+	// ID is the rebuild's record (List, `projector rebuild list`).
+	ID int64
+	// Resumed is set when this call carried on a rebuild that had
+	// replayed part of the log before (a crash, a cancelled ctx); Replayed
+	// then counts only this call's events.
+	Resumed bool
 }
 
 // Inline rebuilds an inline projection's tables from the log while appends
@@ -134,17 +141,36 @@ type InlineResult struct {
 // resumes once it is released and writes the new tables. See
 // docs/rebuilds.md, "Inline projections", for why the result is exact.
 //
+// The rebuild is recorded like the others (List, `projector status`, the
+// progress gauge, Cancel): its cursor is committed with each batch of
+// shadow writes, so after a crash, a cancelled ctx or a handler error the
+// next Inline of the projection (or ServeInline) resumes where it stopped.
+// A rebuild requested with [Request] (`projector rebuild NAME` from any
+// binary) is the one Inline carries out; without one, Inline records it.
+//
 // It refuses ([ErrInlineVersion]) unless the schema records p's version for
 // this projection, and has for opts.Grace; ([ErrUnknownProjection]) when no
-// store has recorded the projection; ([ErrActive]) while another inline
-// rebuild of it runs; ([ErrNoTables]) without tables; ([ErrPruned]) when
-// retention deleted events of its types. A refused or failed rebuild leaves
-// the live tables as they were. A crash leaves a shadow schema that the next
-// rebuild of the projection drops; it does not resume.
+// store has recorded the projection; ([ErrActive]) while another process
+// replays it, or a rebuild of another version or other tables is in
+// progress; ([ErrNoTables]) without tables (opts.Tables, else p.Tables());
+// ([ErrPruned]) when retention deleted events of its types. Nothing of an
+// unfinished rebuild is ever live: a refused or failed rebuild leaves the
+// live tables as they were. A switch refused for its version fence, or for
+// a held horizon ([ErrHorizonHeld]), ends the rebuild (cancelled, shadow
+// dropped): it could not finish as it stands.
 //
 // The replay runs with the pool's role and session settings, unscoped:
 // handlers that rely on a tenant scope set by the caller of Append see none.
 func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, opts InlineOptions) (InlineResult, error) {
+	return runInline(ctx, store, p, opts, 0)
+}
+
+// errCancelled: an operator cancelled the rebuild while it replayed.
+var errCancelled = fmt.Errorf("%w: it was cancelled", ErrNotActive)
+
+// runInline is Inline; with want > 0 it only carries on the recorded
+// rebuild want (ServeInline), never starting another.
+func runInline(ctx context.Context, store *postgres.Store, p *projection.Inline, opts InlineOptions, want int64) (InlineResult, error) {
 	var res InlineResult
 	name := p.Name()
 	if err := p.Validate(store.Registry()); err != nil {
@@ -154,12 +180,15 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 		return res, fmt.Errorf("rebuild inline %s: %w", name, err)
 	}
 	if len(opts.Tables) == 0 {
-		return res, fmt.Errorf("%w: rebuild inline %s: InlineOptions.Tables is empty; list the tables its handlers write", ErrNoTables, name)
+		opts.Tables = p.Tables()
+	}
+	if len(opts.Tables) == 0 {
+		return res, fmt.Errorf("%w: rebuild inline %s: neither InlineOptions.Tables nor the projection (SetTables) lists the tables its handlers write", ErrNoTables, name)
 	}
 	types := p.EventTypes()
 
-	// One rebuild of a projection at a time: a session lock on a connection
-	// held for the whole run (released if the process dies).
+	// One process replays a projection at a time: a session lock on a
+	// connection held for the whole run (released if the process dies).
 	conn, err := store.Pool().Acquire(ctx)
 	if err != nil {
 		return res, fmt.Errorf("rebuild inline %s: %w", name, err)
@@ -178,11 +207,12 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 	}()
 
 	shadow, base := inlineShadowSchema(store.Schema(), name)
-	live, err := startInline(ctx, store, p, opts, shadow)
+	st, err := beginInline(ctx, store, p, opts, shadow, want)
 	if err != nil {
 		return res, err
 	}
-	res.Tables = live
+	res.ID, res.Tables, res.Resumed = st.id, st.live, st.resumed
+	live := st.live
 	// Handlers that qualify names find the shadow tables through
 	// projection.Table, under the name as listed or as resolved; those that
 	// do not, through the search_path.
@@ -192,19 +222,43 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 		tables[t] = pgx.Identifier{shadow, rel}.Sanitize()
 		tables[opts.Tables[i]] = tables[t]
 	}
-	failed := func(err error) (InlineResult, error) {
-		_, _ = store.Pool().Exec(context.WithoutCancel(ctx), `DROP SCHEMA IF EXISTS `+pgx.Identifier{shadow}.Sanitize()+` CASCADE`)
+	// A rebuild that cannot finish as it stands ends here, shadow dropped.
+	abandon := func(err error) (InlineResult, error) {
+		if aerr := abandonInline(context.WithoutCancel(ctx), store, st.id, name, shadow, err); aerr != nil {
+			err = errors.Join(err, aerr)
+		}
 		return res, err
 	}
+	// Anything else leaves it in progress, to resume from its cursor.
+	kept := func(err error) (InlineResult, error) {
+		if !errors.Is(err, errCancelled) {
+			if _, rerr := store.Pool().Exec(context.WithoutCancel(ctx), `UPDATE `+store.Table("projector_consumers")+`
+				SET last_error = $3, last_error_at = now(), attempts = attempts + 1, updated_at = now() WHERE name = $1 AND instance_id = $2`,
+				name, projection.RebuildInstance, err.Error()); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+		return res, fmt.Errorf("%w (rebuild %d stays in progress; it resumes from its cursor: run the rebuild again, or cancel it)", err, st.id)
+	}
+	shard := projection.ShardID{Consumer: name, Instance: projection.RebuildInstance}
 
 	// Batches, gap-safe: each read stops below the oldest running
-	// transaction, so the cursor never passes an event committed later.
-	var cursor projector.Position
+	// transaction, so the cursor never passes an event committed later. The
+	// cursor commits with the batch's shadow writes: a crash loses both or
+	// neither.
+	cursor := st.cursor
 	replayBatches := func() error {
 		tail := 0
 		for {
 			var batch postgres.LogBatch
 			err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+				// Cancel takes this lock before dropping the shadow.
+				if err := projection.LockShard(ctx, tx, store, shard); err != nil {
+					return err
+				}
+				if err := stillBuilding(ctx, tx, store, st.id); err != nil {
+					return err
+				}
 				if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true),
 					set_config('synchronous_commit', 'off', true)`, pgx.Identifier{shadow}.Sanitize()); err != nil {
 					return err
@@ -213,7 +267,14 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 				if batch, err = store.ReadLogTx(ctx, tx, postgres.LogQuery{After: cursor, Limit: opts.BatchSize, EventTypes: types}); err != nil {
 					return err
 				}
-				return projection.ReplayInline(ctx, tx, p, batch.Events, tables)
+				if err := projection.ReplayInline(ctx, tx, p, batch.Events, tables); err != nil {
+					return err
+				}
+				next := batch.Next(cursor)
+				_, err = tx.Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET cursor_tx_id = $3, cursor_seq = $4,
+					processed = processed + $5, attempts = 0, last_error = NULL, last_error_at = NULL, updated_at = now()
+					WHERE name = $1 AND instance_id = $2`, name, projection.RebuildInstance, next.TxID, next.Seq, len(batch.Events))
+				return err
 			})
 			if err != nil {
 				return fmt.Errorf("rebuild inline %s: replay after %s: %w", name, cursor, err)
@@ -233,7 +294,7 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 		}
 	}
 	if err := replayBatches(); err != nil {
-		return failed(err)
+		return kept(err)
 	}
 	// Close enough to the log to switch under a short lock?
 	settleBy := time.Now().Add(opts.SettleTimeout)
@@ -242,24 +303,24 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 		if err := store.Pool().QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+store.Table("projector_events")+` e
 			WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.type = ANY($3::text[]) LIMIT $4) x`,
 			cursor.TxID, cursor.Seq, p.EventTypes(), opts.MaxUnderLock+1).Scan(&pending); err != nil {
-			return failed(fmt.Errorf("rebuild inline %s: count what the switch would apply: %w", name, err))
+			return kept(fmt.Errorf("rebuild inline %s: count what the switch would apply: %w", name, err))
 		}
 		if pending <= opts.MaxUnderLock {
 			break
 		}
 		if time.Now().After(settleBy) {
-			return failed(fmt.Errorf("%w: more than %d committed events of %s lie past the replay after %v (see `projector horizon`); nothing was switched",
+			return abandon(fmt.Errorf("%w: more than %d committed events of %s lie past the replay after %v (see `projector horizon`); nothing was switched",
 				ErrHorizonHeld, opts.MaxUnderLock, name, opts.SettleTimeout))
 		}
 		t := time.NewTimer(100 * time.Millisecond) // the horizon moves when that transaction ends
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return failed(fmt.Errorf("rebuild inline %s: %w", name, ctx.Err()))
+			return kept(fmt.Errorf("rebuild inline %s: %w", name, ctx.Err()))
 		case <-t.C:
 		}
 		if err := replayBatches(); err != nil {
-			return failed(err)
+			return kept(err)
 		}
 	}
 
@@ -267,15 +328,18 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 	old := base + "_old_" + strconv.FormatInt(time.Now().Unix(), 10)
 	for {
 		res.Attempts++
-		n, wait, held, catchUp, err := switchInline(ctx, store, p, opts, shadow, old, live, tables, cursor)
+		n, wait, held, catchUp, err := switchInline(ctx, store, p, opts, st.id, shadow, old, live, tables, cursor)
 		res.LockWait += wait
 		if err == nil {
 			res.CaughtUp, res.LockHeld, res.LockCatchUp, res.OldSchema = n, held, catchUp, old
 			return res, nil
 		}
+		if errors.Is(err, ErrInlineVersion) {
+			return abandon(fmt.Errorf("rebuild inline %s: switch (attempt %d): %w", name, res.Attempts, err))
+		}
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || res.Attempts >= opts.LockAttempts {
-			return failed(fmt.Errorf("rebuild inline %s: switch (attempt %d): %w", name, res.Attempts, err))
+			return kept(fmt.Errorf("rebuild inline %s: switch (attempt %d): %w", name, res.Attempts, err))
 		}
 		// Readers or appends held the tables past the timeout: let them
 		// through, then catch up again so the next lock is as short.
@@ -283,13 +347,62 @@ func Inline(ctx context.Context, store *postgres.Store, p *projection.Inline, op
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return failed(fmt.Errorf("rebuild inline %s: %w", name, ctx.Err()))
+			return kept(fmt.Errorf("rebuild inline %s: %w", name, ctx.Err()))
 		case <-t.C:
 		}
 		if err := replayBatches(); err != nil {
-			return failed(err)
+			return kept(err)
 		}
 	}
+}
+
+// inlineStart is where an inline rebuild starts or resumes.
+type inlineStart struct {
+	id      int64
+	live    []string // the live tables, schema-qualified
+	cursor  projector.Position
+	resumed bool
+}
+
+// stillBuilding fails with errCancelled once the rebuild is no longer in
+// progress (an operator cancelled it).
+func stillBuilding(ctx context.Context, tx pgx.Tx, store *postgres.Store, id int64) error {
+	var status string
+	if err := tx.QueryRow(ctx, `SELECT status FROM `+store.Table("projector_rebuilds")+` WHERE id = $1`, id).Scan(&status); err != nil {
+		return fmt.Errorf("read rebuild %d: %w", id, err)
+	}
+	if status != string(Building) {
+		return fmt.Errorf("rebuild %d: %w (%s)", id, errCancelled, status)
+	}
+	return nil
+}
+
+// abandonInline ends a rebuild that cannot finish as it stands: the shadow
+// shard and schema are dropped and the record says why. The live tables
+// were never touched.
+func abandonInline(ctx context.Context, store *postgres.Store, id int64, name, shadow string, cause error) error {
+	return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		// The order Cancel locks in: the record, then the shard.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+store.Table("projector_rebuilds")+` WHERE id = $1 FOR UPDATE`, id); err != nil {
+			return fmt.Errorf("rebuild inline %s: end it: %w", name, err)
+		}
+		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: name, Instance: projection.RebuildInstance}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
+			name, projection.RebuildInstance); err != nil {
+			return fmt.Errorf("rebuild inline %s: remove its cursor: %w", name, err)
+		}
+		if _, err := tx.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{shadow}.Sanitize()+` CASCADE`); err != nil {
+			return fmt.Errorf("rebuild inline %s: drop the shadow schema: %w", name, err)
+		}
+		_, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_rebuilds")+` SET status = 'cancelled', finished_at = now(), note = $2
+			WHERE id = $1 AND status IN ('building', 'ready')`, id, "ended: "+cause.Error())
+		if err != nil {
+			return fmt.Errorf("rebuild inline %s: record its end: %w", name, err)
+		}
+		return nil
+	})
 }
 
 func (o *InlineOptions) fill() error {
@@ -373,17 +486,26 @@ func checkInlineVersion(ctx context.Context, tx pgx.Tx, store *postgres.Store, p
 	return nil
 }
 
-// startInline checks what a rebuild needs and creates the shadow tables.
-// It returns the live tables, schema-qualified.
-func startInline(ctx context.Context, store *postgres.Store, p *projection.Inline, opts InlineOptions, shadow string) ([]string, error) {
+// beginInline checks what a rebuild needs and starts it, or finds where the
+// rebuild in progress stopped: the recorded rebuild (want, or the active one
+// of the projection, else a new record), its live tables, and its cursor
+// (the start for a new one, whose shadow tables it creates).
+func beginInline(ctx context.Context, store *postgres.Store, p *projection.Inline, opts InlineOptions, shadow string, want int64) (inlineStart, error) {
 	name := p.Name()
-	var live []string
+	var st inlineStart
 	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 		if err := checkInlineVersion(ctx, tx, store, p, opts.Grace, false); err != nil {
 			return err
 		}
 		if err := checkPruned(ctx, tx, store, name, p.EventTypes()); err != nil {
 			return err
+		}
+		var async bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_projections")+` WHERE name = $1)`, name).Scan(&async); err != nil {
+			return fmt.Errorf("rebuild inline %s: %w", name, err)
+		}
+		if async {
+			return fmt.Errorf("%w: inline %s: an async projection has the same name, and rebuilds are recorded by name; rename one", ErrNotRebuildable, name)
 		}
 		rels := map[string]string{}
 		for _, t := range opts.Tables {
@@ -401,27 +523,84 @@ func startInline(ctx context.Context, store *postgres.Store, p *projection.Inlin
 				return fmt.Errorf("%w: inline %s lists %s and %s: tables need distinct names to share a shadow schema", ErrNotRebuildable, name, other, q)
 			}
 			rels[rel] = q
-			live = append(live, q)
+			st.live = append(st.live, q)
 		}
-		// A leftover of a crashed rebuild of this projection: nothing live.
+
+		// The rebuild in progress, if any (requested, or interrupted).
+		var mode, schema string
+		var version int
+		var recorded []string
+		err := tx.QueryRow(ctx, `SELECT id, mode, version, tables, coalesce(shadow_schema, '') FROM `+store.Table("projector_rebuilds")+`
+			WHERE name = $1 AND status IN ('building', 'ready') FOR UPDATE`, name).Scan(&st.id, &mode, &version, &recorded, &schema)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows) && want != 0:
+			return fmt.Errorf("%w: rebuild %d of inline %s ended (switched or cancelled)", ErrNotActive, want, name)
+		case errors.Is(err, pgx.ErrNoRows):
+			target, total, err := logEnd(ctx, tx, store, name)
+			if err != nil {
+				return err
+			}
+			if st.id, err = insertRow(ctx, tx, store, name, decl{version: p.Version(), tables: st.live}, Options{Mode: BlueGreen}, target, total); err != nil {
+				return err
+			}
+		case err != nil:
+			return fmt.Errorf("rebuild inline %s: read its rebuilds: %w", name, err)
+		case want != 0 && st.id != want:
+			return fmt.Errorf("%w: rebuild %d of inline %s ended; rebuild %d replaced it", ErrNotActive, want, name, st.id)
+		case mode != string(BlueGreen) || schema != shadow:
+			return fmt.Errorf("%w: rebuild %d of %s is not an inline rebuild; cancel it first", ErrActive, st.id, name)
+		case version != p.Version():
+			return fmt.Errorf("%w: rebuild %d of inline %s builds version %d, this process has version %d; carry it on from a binary with that version, or cancel it",
+				ErrActive, st.id, name, version, p.Version())
+		case len(recorded) > 0 && !slices.Equal(recorded, st.live):
+			return fmt.Errorf("%w: rebuild %d of inline %s rebuilds tables %s, not %s; carry it on with those, or cancel it",
+				ErrActive, st.id, name, strings.Join(recorded, ", "), strings.Join(st.live, ", "))
+		default:
+			// Started already? Its cursor and shadow tables are committed
+			// together, batch by batch: carry on from there.
+			err := tx.QueryRow(ctx, `SELECT c.cursor_tx_id, c.cursor_seq FROM `+store.Table("projector_consumers")+` c
+				WHERE c.name = $1 AND c.instance_id = $2 AND c.shadow_schema = $3 AND to_regnamespace($3) IS NOT NULL FOR UPDATE`,
+				name, projection.RebuildInstance, shadow).Scan(&st.cursor.TxID, &st.cursor.Seq)
+			if err == nil {
+				st.resumed = true
+				return nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("rebuild inline %s: read its cursor: %w", name, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_rebuilds")+` SET tables = $2, shadow_schema = $3 WHERE id = $1`,
+			st.id, st.live, shadow); err != nil {
+			return fmt.Errorf("rebuild inline %s: record: %w", name, err)
+		}
+		// A leftover of a rebuild that ended uncleanly: nothing live.
 		if _, err := tx.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{shadow}.Sanitize()+` CASCADE`); err != nil {
 			return fmt.Errorf("rebuild inline %s: drop a leftover shadow schema: %w", name, err)
 		}
 		if _, err := tx.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{shadow}.Sanitize()); err != nil {
 			return fmt.Errorf("rebuild inline %s: create the shadow schema %s: %w", name, shadow, err)
 		}
-		for _, t := range live {
+		for _, t := range st.live {
 			_, rel, _ := strings.Cut(t, ".")
 			if err := copyTable(ctx, tx, name, t, shadow, rel); err != nil {
 				return err
 			}
 		}
-		return grantSchemaLike(ctx, tx, name, live[0], shadow)
+		if err := grantSchemaLike(ctx, tx, name, st.live[0], shadow); err != nil {
+			return err
+		}
+		// Its cursor, where `status` shows it (NAME, __rebuild__).
+		if _, err := tx.Exec(ctx, `INSERT INTO `+store.Table("projector_consumers")+` AS c
+				(name, instance_id, cursor_tx_id, cursor_seq, version, shadow_schema) VALUES ($1, $2, '0', 0, $3, $4)
+			ON CONFLICT (name, instance_id) DO UPDATE SET cursor_tx_id = '0', cursor_seq = 0, version = excluded.version,
+				shadow_schema = excluded.shadow_schema, status = 'idle', attempts = 0, last_error = NULL, last_error_at = NULL,
+				processed = 0, updated_at = now()`,
+			name, projection.RebuildInstance, p.Version(), shadow); err != nil {
+			return fmt.Errorf("rebuild inline %s: record its cursor: %w", name, err)
+		}
+		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return live, nil
+	return st, err
 }
 
 // switchInline is one attempt at the switch: lock the live tables, check
@@ -440,7 +619,7 @@ func startInline(ctx context.Context, store *postgres.Store, p *projection.Inlin
 // now has not touched the live tables, and will only touch them after the
 // switch — by name, so it writes the new tables, and its events must not be
 // applied here. Events before the cursor were all final when read.
-func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inline, opts InlineOptions, shadow, old string,
+func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inline, opts InlineOptions, id int64, shadow, old string,
 	live []string, tables map[string]string, cursor projector.Position,
 ) (applied int, wait, held, catchUp time.Duration, err error) {
 	idents := make([]string, len(live))
@@ -452,6 +631,17 @@ func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inli
 		return 0, 0, 0, 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// The record, then the shard, as Cancel locks them: a cancel either
+	// waits for the switch or is seen here.
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+store.Table("projector_rebuilds")+` WHERE id = $1 FOR UPDATE`, id); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: p.Name(), Instance: projection.RebuildInstance}); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	if err := stillBuilding(ctx, tx, store, id); err != nil {
+		return 0, 0, 0, 0, err
+	}
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, opts.LockTimeout.Milliseconds())); err != nil {
 		return 0, 0, 0, 0, err
 	}
@@ -497,6 +687,15 @@ func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inli
 		if _, err := tx.Exec(ctx, q); err != nil {
 			return applied, wait, 0, 0, fmt.Errorf("%s: %w", q, err)
 		}
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
+		p.Name(), projection.RebuildInstance); err != nil {
+		return applied, wait, 0, 0, fmt.Errorf("remove the rebuild's cursor: %w", err)
+	}
+	// switch_ms: the lock so far; the commit adds little.
+	if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_rebuilds")+` SET status = 'switched', old_schema = $2, finished_at = now(),
+		switch_ms = $3 WHERE id = $1`, id, old, float64(time.Since(granted).Microseconds())/1000); err != nil {
+		return applied, wait, 0, 0, fmt.Errorf("record the switch: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return applied, wait, 0, 0, err
@@ -550,4 +749,12 @@ func readCommitted(ctx context.Context, tx pgx.Tx, store *postgres.Store, after 
 		return nil, fmt.Errorf("read the log after %s: %w", after, err)
 	}
 	return out, nil
+}
+
+// isInlineShadow reports whether schema is the shadow schema an inline
+// rebuild of name builds in: how an inline rebuild's record (mode
+// 'blue-green') is told from an async projection's.
+func isInlineShadow(storeSchema, name, schema string) bool {
+	shadow, _ := inlineShadowSchema(storeSchema, name)
+	return schema != "" && schema == shadow
 }

@@ -14,8 +14,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -54,9 +56,11 @@ func runInlineChild() int {
 // projection six times, at random points of its replay, while 8 writers
 // append: the live model stays live and exact throughout (the writers'
 // appends keep landing in it, the corrupted row stays as it was: nothing of
-// a killed rebuild is ever live), a second rebuild is never refused because
-// of a dead one, and the rebuild that finally runs to the end drops the
-// leftover shadow schema and ends equal to the model built live.
+// a killed rebuild is ever live), each child resumes from the cursor the
+// killed one committed (it never starts over: the rebuild's record and
+// cursor survive, and every child replays further), a rebuild is never
+// refused because of a dead one, and the rebuild that finally runs to the
+// end resumes too and ends equal to the model built live.
 func TestInlineRebuildSIGKILL(t *testing.T) {
 	e := newInlineEnv(t)
 	for i := range 1500 {
@@ -93,16 +97,39 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 	}()
 	shadow := e.schema + "_irb_"
 	r := rand.New(rand.NewPCG(9, 9))
+	// processed counts the events the rebuild's cursor has passed, batch by
+	// batch; a rebuild that started over would reset it.
+	processed := func() int {
+		var n int
+		err := e.store.Pool().QueryRow(e.ctx, `SELECT processed FROM `+e.ident("projector_consumers")+` WHERE name = 'tickets' AND instance_id = $1`,
+			projection.RebuildInstance).Scan(&n)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var rebuildID int64
 	for kill := range 6 {
+		from := processed()
 		child := pgtest.StartChild(t, inlineChildEnv+"=1", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+e.schema)
-		// Kill it once its shadow table holds a random number of rows.
+		// Kill it once it has replayed a random number of events more.
 		want := 1 + r.IntN(55)
-		eventually(t, time.Minute, "the child to replay", func() bool {
-			var n int
-			err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+pgx.Identifier{inlineShadowName(e), "tickets"}.Sanitize()).Scan(&n)
-			return err == nil && n >= want
-		})
+		eventually(t, time.Minute, "the child to replay", func() bool { return processed() >= from+want })
 		child.Kill(t)
+		rb, err := rebuild.Current(e.ctx, e.store, "tickets")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rb.Status != rebuild.Building || rb.Mode != rebuild.InlineRebuild || (rebuildID != 0 && rb.ID != rebuildID) {
+			t.Fatalf("kill %d: record %+v, want rebuild %d still building inline", kill, rb, rebuildID)
+		}
+		rebuildID = rb.ID
+		if rb.Cursor == projector.Start || rb.Progress() <= 0 {
+			t.Fatalf("kill %d: the killed rebuild's cursor is not recorded: %+v", kill, rb)
+		}
 		before := appended.Load()
 		eventually(t, time.Minute, "appends to go on after the kill", func() bool { return appended.Load() > before+20 })
 		// Nothing of the killed rebuild is live: the corrupted row is still
@@ -113,8 +140,9 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 		if d := e.differences(); d != 2 {
 			t.Fatalf("kill %d: live model differs from the reference in %d rows, want only the corrupted one (2)", kill, d)
 		}
-		t.Logf("kill %d: after %d shadow rows", kill, want)
+		t.Logf("kill %d: after %d more events (cursor %s, %.0f%%)", kill, want, rb.Cursor, 100*rb.Progress())
 	}
+	resumedFrom := processed()
 	// The last killed child's session may still hold the one-at-a-time lock
 	// until its backend notices the closed connection: wait for that.
 	var res rebuild.InlineResult
@@ -125,6 +153,15 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("rebuild after the kills: %v", err)
+	}
+	if !res.Resumed || res.ID != rebuildID || resumedFrom == 0 {
+		t.Fatalf("the last rebuild started over (%+v), want it to resume rebuild %d from %d events", res, rebuildID, resumedFrom)
+	}
+	if rb, err := rebuild.Current(e.ctx, e.store, "tickets"); err != nil || rb.Status != rebuild.Switched || rb.OldSchema != res.OldSchema {
+		t.Fatalf("record after the switch: %+v, %v", rb, err)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.ident("projector_consumers") + ` WHERE instance_id = '` + projection.RebuildInstance + `'`); n != 0 {
+		t.Fatalf("the switched rebuild left its cursor row")
 	}
 	after := appended.Load()
 	eventually(t, time.Minute, "appends after the switch", func() bool { return appended.Load() > after+50 })
@@ -141,12 +178,4 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 		t.Fatalf("%d leftover schemas", n)
 	}
 	t.Logf("final rebuild: %+v", res)
-}
-
-// inlineShadowName finds the schema the inline rebuild of "tickets" builds
-// in (it is named after a hash of the projection's name).
-func inlineShadowName(e *ienv) string {
-	var name string
-	_ = e.store.Pool().QueryRow(e.ctx, `SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1) AND nspname NOT LIKE '%\_old\_%'`, e.schema+"_irb_").Scan(&name)
-	return name
 }

@@ -25,7 +25,8 @@ func selectRebuilds(store *postgres.Store, where string) string {
 			r.target_tx_id, r.target_seq, r.total_events, r.requested_at, coalesce(r.finished_at, 'epoch'), coalesce(r.switch_ms, 0),
 			coalesce(r.note, ''), coalesce(s.cursor_tx_id, '0'), coalesce(s.cursor_seq, 0),
 			CASE WHEN r.status IN ('building', 'ready') AND s.name IS NOT NULL THEN (SELECT count(*) FROM ` + e + ` e
-				WHERE (e.tx_id, e.seq) > (s.cursor_tx_id, s.cursor_seq) AND (e.tx_id, e.seq) <= (r.target_tx_id, r.target_seq)) ELSE 0 END,
+				WHERE (e.tx_id, e.seq) > (s.cursor_tx_id, s.cursor_seq) AND (e.tx_id, e.seq) <= (r.target_tx_id, r.target_seq))
+				WHEN r.status IN ('building', 'ready') AND r.mode = 'blue-green' THEN r.total_events ELSE 0 END,
 			r.mode = 'in-place' AND r.status = 'building' AND s.name IS NOT NULL AND s.replay_until_tx_id IS NULL
 		FROM ` + store.Table("projector_rebuilds") + ` r
 		LEFT JOIN ` + c + ` s ON s.name = r.name
@@ -33,7 +34,11 @@ func selectRebuilds(store *postgres.Store, where string) string {
 		` + where
 }
 
-func scanRebuilds(rows pgx.Rows) ([]Rebuild, []bool, error) {
+// scanRebuilds reads selectRebuilds' rows. An inline rebuild is recorded
+// with mode 'blue-green' (it is one: shadow tables, an atomic switch) and
+// the shadow schema only an inline rebuild of that name uses; it is
+// reported as [InlineRebuild].
+func scanRebuilds(store *postgres.Store, rows pgx.Rows) ([]Rebuild, []bool, error) {
 	var out []Rebuild
 	var finished []bool
 	for rows.Next() {
@@ -48,6 +53,9 @@ func scanRebuilds(rows pgx.Rows) ([]Rebuild, []bool, error) {
 			return nil, nil, err
 		}
 		r.Mode, r.Status = Mode(mode), Status(status)
+		if r.Mode == BlueGreen && isInlineShadow(store.Schema(), r.Name, r.ShadowSchema) {
+			r.Mode = InlineRebuild
+		}
 		r.SwitchTook = time.Duration(switchMS * float64(time.Millisecond))
 		if r.FinishedAt.Unix() == 0 {
 			r.FinishedAt = time.Time{}
@@ -63,7 +71,7 @@ func get(ctx context.Context, q queryer, store *postgres.Store, id int64) (Rebui
 	if err != nil {
 		return Rebuild{}, fmt.Errorf("rebuild: read: %w", err)
 	}
-	rs, _, err := scanRebuilds(rows)
+	rs, _, err := scanRebuilds(store, rows)
 	if err != nil {
 		return Rebuild{}, fmt.Errorf("rebuild: read: %w", err)
 	}
@@ -85,7 +93,7 @@ func List(ctx context.Context, store *postgres.Store, name string) ([]Rebuild, e
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: list: %w", err)
 	}
-	rs, finished, err := scanRebuilds(rows)
+	rs, finished, err := scanRebuilds(store, rows)
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: list: %w", err)
 	}
@@ -129,9 +137,10 @@ func active(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string) 
 	return id, Mode(m), schema, nil
 }
 
-// Cancel stops the projection's blue/green rebuild: its shadow shard and
-// schema are dropped, after waiting for a running shadow batch, and the
-// live model is untouched. An in-place rebuild cannot be cancelled: its
+// Cancel stops the projection's blue/green or inline rebuild: its shadow
+// shard (an inline rebuild's cursor) and schema are dropped, after waiting
+// for a running shadow batch, and the live model is untouched; a process
+// replaying an inline rebuild stops at its next batch. An in-place rebuild cannot be cancelled: its
 // tables were cleared when it started, and replaying is how they fill.
 func Cancel(ctx context.Context, store *postgres.Store, name string) error {
 	return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {

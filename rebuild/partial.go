@@ -34,6 +34,10 @@ type PartialResult struct {
 	// Events counts the scope's events replayed; DeadLettered those of
 	// them a continuous-mode projection's handlers failed on.
 	Events, DeadLettered int
+	// ResolvedDeadLetters counts the consumer's open dead letters whose
+	// events the replay applied: resolved with it, so a retry cannot apply
+	// them a second time.
+	ResolvedDeadLetters int
 	// LockWait is how long the rebuild waited for a running batch of the
 	// live consumer; Held how long it then held the consumer still (and
 	// its transaction open) while it cleared and replayed the scope.
@@ -132,6 +136,7 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 			r, err := projection.ReplayTx(ctx, tx, store, p, events, logger)
 			res.Events += r.Applied + r.DeadLettered
 			res.DeadLettered += r.DeadLettered
+			res.ResolvedDeadLetters += r.Resolved
 			if err != nil {
 				return fmt.Errorf("partial rebuild of %s, %s: %w", p.Name(), scope, err)
 			}

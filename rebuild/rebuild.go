@@ -27,6 +27,13 @@ const (
 	// empty, then partial model until it catches up. For development and
 	// small models.
 	InPlace Mode = "in-place"
+	// InlineRebuild is how [List] reports the rebuild of an inline
+	// projection ([Inline], or [Request] of a name only the inline registry
+	// knows): shadow tables built from the log while appends go on, switched
+	// under a short lock. It is carried out by a process that has the
+	// projection's code ([ServeInline], which `projector run` starts). It is
+	// not an [Options.Mode]: Request picks it for inline projections.
+	InlineRebuild Mode = "inline"
 )
 
 // Status is where a rebuild is.
@@ -133,6 +140,11 @@ var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,99}$`)
 // (structure, indexes, grants and row-level-security policies) and a shadow
 // shard that dispatchers of the requested version build it with; the switch
 // happens when it has caught up.
+//
+// A name only the inline registry knows (an inline projection) records an
+// [InlineRebuild], blue/green only, at the version the stores record, for a
+// process with the projection's code to carry out ([ServeInline], which
+// `projector run` starts, or [Inline]).
 func Request(ctx context.Context, store *postgres.Store, name string, opts Options) (Rebuild, error) {
 	opts.Mode = Mode(strings.TrimSpace(string(opts.Mode)))
 	if opts.Mode == "" {
@@ -152,6 +164,9 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 	}
 	var out Rebuild
 	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		if inline, err := requestInline(ctx, tx, store, name, opts, &out); inline || err != nil {
+			return err
+		}
 		decl, err := declaration(ctx, tx, store, name, opts.Version)
 		if err != nil {
 			return err
@@ -171,15 +186,9 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		if !exists {
 			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, name)
 		}
-		var target projector.Position
-		var total int64
-		e := store.Table("projector_events")
-		err = tx.QueryRow(ctx, `SELECT tx_id, seq FROM `+e+` ORDER BY tx_id DESC, seq DESC LIMIT 1`).Scan(&target.TxID, &target.Seq)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("rebuild %s: read the log's end: %w", name, err)
-		}
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+e).Scan(&total); err != nil {
-			return fmt.Errorf("rebuild %s: count the log: %w", name, err)
+		target, total, err := logEnd(ctx, tx, store, name)
+		if err != nil {
+			return err
 		}
 		id, err := insertRow(ctx, tx, store, name, decl, opts, target, total)
 		if err != nil {
@@ -197,6 +206,66 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		return err
 	})
 	return out, err
+}
+
+// logEnd returns the log's last event and its number of events: what a
+// rebuild's progress is measured against.
+func logEnd(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string) (projector.Position, int64, error) {
+	var target projector.Position
+	var total int64
+	e := store.Table("projector_events")
+	err := tx.QueryRow(ctx, `SELECT tx_id, seq FROM `+e+` ORDER BY tx_id DESC, seq DESC LIMIT 1`).Scan(&target.TxID, &target.Seq)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return target, 0, fmt.Errorf("rebuild %s: read the log's end: %w", name, err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+e).Scan(&total); err != nil {
+		return target, 0, fmt.Errorf("rebuild %s: count the log: %w", name, err)
+	}
+	return target, total, nil
+}
+
+// requestInline records a rebuild of name if name is an inline projection
+// (recorded by the stores that run it, and not an async projection's
+// name): a process with its code carries it out (ServeInline). It reports
+// whether name was an inline projection.
+func requestInline(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, opts Options, out *Rebuild) (bool, error) {
+	var version int
+	var types []string
+	err := tx.QueryRow(ctx, `SELECT i.version, i.event_types FROM `+store.Table("projector_inline_projections")+` i
+		WHERE i.name = $1 AND NOT EXISTS (SELECT 1 FROM `+store.Table("projector_projections")+` p WHERE p.name = $1)`, name).Scan(&version, &types)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return true, fmt.Errorf("rebuild %s: read the inline projections: %w", name, err)
+	}
+	switch {
+	case opts.Mode == InPlace:
+		return true, fmt.Errorf("%w: %s is an inline projection: it is rebuilt into shadow tables and switched under a short lock while appends go on; drop --in-place", ErrNotRebuildable, name)
+	case opts.Hold:
+		return true, fmt.Errorf("%w: %s is an inline projection: its rebuild switches as soon as it has caught up (the appends keep writing the live tables); --hold and --diff are not available", ErrNotRebuildable, name)
+	case opts.Version != 0 && opts.Version != version:
+		return true, fmt.Errorf("%w: %s: the schema records version %d, not %d; an inline rebuild builds the version the appending stores run", ErrInlineVersion, name, version, opts.Version)
+	}
+	if err := checkPruned(ctx, tx, store, name, types); err != nil {
+		return true, err
+	}
+	target, total, err := logEnd(ctx, tx, store, name)
+	if err != nil {
+		return true, err
+	}
+	// The tables are the projection's code's to say: the process that
+	// carries the rebuild out records them when it starts.
+	id, err := insertRow(ctx, tx, store, name, decl{version: version, tables: []string{}, eventTypes: types}, Options{Mode: BlueGreen}, target, total)
+	if err != nil {
+		return true, err
+	}
+	shadow, _ := inlineShadowSchema(store.Schema(), name)
+	if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_rebuilds")+` SET shadow_schema = $2 WHERE id = $1`, id, shadow); err != nil {
+		return true, fmt.Errorf("rebuild %s: record: %w", name, err)
+	}
+	*out, err = get(ctx, tx, store, id)
+	return true, err
 }
 
 // decl is what a projection version declared when a dispatcher started.

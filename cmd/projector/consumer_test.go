@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -56,7 +57,7 @@ func TestStatusDispatcherPruneAdviceAndRemove(t *testing.T) {
 	var shards []struct {
 		Consumer, Dispatcher string
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &shards); err != nil || len(shards) != 3 {
+	if err := unmarshalStatusShards(r.stdout, &shards); err != nil || len(shards) != 3 {
 		t.Fatalf("status -o json: %v\n%s", err, r.stdout)
 	}
 	for _, s := range shards {
@@ -158,4 +159,19 @@ func (b *syncBuf) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// unmarshalStatusShards decodes the "shards" of `status -o json` (an
+// object since the horizon joined the shards) into shards.
+func unmarshalStatusShards(out string, shards any) error {
+	var status struct {
+		Shards json.RawMessage `json:"shards"`
+	}
+	if err := json.Unmarshal([]byte(out), &status); err != nil {
+		return err
+	}
+	if status.Shards == nil {
+		return errors.New(`status -o json has no "shards"`)
+	}
+	return json.Unmarshal(status.Shards, shards)
 }

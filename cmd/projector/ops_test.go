@@ -3,7 +3,6 @@ package main_test
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -152,7 +151,7 @@ func TestRunStatusAndGracefulStop(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("status -o json: %+v", r)
 		}
-		if err := json.Unmarshal([]byte(r.stdout), &shards); err != nil {
+		if err := unmarshalStatusShards(r.stdout, &shards); err != nil {
 			t.Fatalf("status -o json is not JSON: %v\n%s", err, r.stdout)
 		}
 		// agent_workload, customer_history, welcome_mail, live_counter, ticket_search, the SLA saga

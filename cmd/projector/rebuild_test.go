@@ -351,12 +351,14 @@ func TestRebuildCLIStatusHoldSwitchCancel(t *testing.T) {
 func (e *rebuildEnv) statusJSON() map[string]statusShard {
 	e.t.Helper()
 	r := e.expect(0, []string{"status", "-o", "json"})
-	var shards []statusShard
-	if err := json.Unmarshal([]byte(r.stdout), &shards); err != nil {
+	var status struct {
+		Shards []statusShard `json:"shards"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &status); err != nil {
 		e.t.Fatalf("status -o json: %v\n%s", err, r.stdout)
 	}
 	out := map[string]statusShard{}
-	for _, s := range shards {
+	for _, s := range status.Shards {
 		out[s.Consumer+"@"+s.Instance] = s
 	}
 	return out

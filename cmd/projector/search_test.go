@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +31,7 @@ func TestRunIndexesTicketSearchAndVerifyChecksIt(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("status -o json: %+v", r)
 		}
-		if err := json.Unmarshal([]byte(r.stdout), &shards); err != nil {
+		if err := unmarshalStatusShards(r.stdout, &shards); err != nil {
 			t.Fatalf("status -o json is not JSON: %v\n%s", err, r.stdout)
 		}
 		caught := false

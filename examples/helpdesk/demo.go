@@ -196,13 +196,14 @@ func resetSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 
 // leftByOlderDemo recognises a schema an older demo made, before it marked
 // its schemas: nothing in it but Projector's own relations and the
-// helpdesk's (tables, their indexes and sequences), and no functions. Any
-// other object makes it someone else's.
+// helpdesk's (tables, their indexes and sequences), and no functions but
+// Projector's own (its migrations' triggers). Any other object makes it
+// someone else's.
 func leftByOlderDemo(ctx context.Context, tx pgx.Tx, schema string) bool {
 	var ok bool
 	err := tx.QueryRow(ctx, `SELECT bool_and(c.relname LIKE 'projector\_%' OR c.relname LIKE 'helpdesk\_%')
 			AND bool_or(c.relname = 'projector_migrations') AND bool_or(c.relname LIKE 'helpdesk\_%')
-			AND NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = $1::regnamespace)
+			AND NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = $1::regnamespace AND p.proname NOT LIKE 'projector\_%')
 		FROM pg_class c WHERE c.relnamespace = $1::regnamespace`, schema).Scan(&ok)
 	return err == nil && ok
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -173,6 +174,17 @@ func (s *Store) setupInline(ctx context.Context, projections []InlineProjection,
 			slog.Int("recorded_version", b.Recorded), slog.Int("version", b.Have))
 	}
 	return nil
+}
+
+// InlineNames returns the names of the recorded inline projections this
+// store runs (those of Config.Inline that implement [RecordedInline]),
+// sorted: a dispatcher sharing the store publishes the progress of their
+// rebuilds, which run in this process's code.
+func (s *Store) InlineNames() []string {
+	if s.inlineRec == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(s.inlineRec.mine))
 }
 
 // byProjection picks one refusal per projection, for the start-up warning.

@@ -95,8 +95,9 @@ type PruneBlocker struct {
 
 // Prune deletes events of the given (or ephemeral) stream types older than
 // the cutoff, but never one that some consumer shard that is not disabled
-// has not passed (promise 9), and never one recorded in the dead-letter
-// table. Each delete transaction locks the consumers table in SHARE mode
+// has not passed (promise 9), and never the event of an open dead letter
+// (one that may still be retried); once every dead letter of an event is
+// resolved or discarded, the event is pruned like any other. Each delete transaction locks the consumers table in SHARE mode
 // before reading the slowest cursor, so a consumer registering at that
 // moment either is seen or waits for the delete to commit.
 //
@@ -323,7 +324,7 @@ WHERE i.instance_id = c.instance_id AND c.instance_id <> '__shared__' AND NOT i.
 	WHERE e.stream_type = ANY($1::text[]) AND e.recorded_at < $2
 	  AND (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq)
 	  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
-	  AND NOT EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id))
+	  AND NOT EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id AND d.status = 'open'))
   AND CASE WHEN ` + expiredInstance + ` THEN ` + tryShardLock + ` ELSE false END`
 
 // Ephemeral returns the stream types the store was told may be pruned by
@@ -333,7 +334,7 @@ func (s *Store) Ephemeral() []string { return append([]string(nil), s.ephemeral.
 const pruneCandidates = `
 	FROM {{s}}.projector_events e
 	WHERE e.stream_type = ANY($1::text[]) AND e.recorded_at < $2
-	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_dead_letters d WHERE d.event_id = e.id)`
+	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_dead_letters d WHERE d.event_id = e.id AND d.status = 'open')`
 
 // pruneCountSQL counts the candidates the guard lets go and those it keeps.
 const pruneCountSQL = `SELECT
