@@ -144,16 +144,16 @@ func TestBrowserConsumerGoesFromProcessingToIdle(t *testing.T) {
 	e.slow.Store(true)
 	e.dispatch()
 	b := newBrowser(t, 1280, 900)
-	b.do("load the console", 30*time.Second, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#consumers")))
+	b.do("load the console", time.Minute, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#consumers")))
 	if n := eval[int](b, `document.querySelectorAll("form.act").length`); n != 0 {
 		t.Errorf("read-only console shows %d action forms", n)
 	}
 	if !strings.Contains(eval[string](b, `document.getElementById("readonly").textContent`), "read-only") {
 		t.Error("read-only console does not say so")
 	}
-	b.do("consumer registered idle", 30*time.Second, chromedp.WaitVisible(row("idle")))
+	b.do("consumer registered idle", time.Minute, chromedp.WaitVisible(row("idle")))
 	e.appendEvents("busy", 150)
-	b.do("consumer shown processing", 30*time.Second, chromedp.WaitVisible(row("processing")))
+	b.do("consumer shown processing", time.Minute, chromedp.WaitVisible(row("processing")))
 	if got := eval[string](b, `getComputedStyle(document.querySelector('tr.shard[data-consumer="tickets"] .pill')).backgroundColor`); got != "rgb(229, 239, 255)" {
 		t.Errorf("processing pill colour %s, want the blue of processing", got)
 	}
@@ -178,7 +178,7 @@ func TestBrowserRestartDeadConsumer(t *testing.T) {
 	e.dispatch()
 	e.appendEvents("ok", 3)
 	e.appendEvents("bad-7", 1)
-	pgtest.Eventually(t, 30*time.Second, "first events applied", func() bool { return e.status().Processed == 4 })
+	pgtest.Eventually(t, time.Minute, "first events applied", func() bool { return e.status().Processed == 4 })
 	e.dead()
 	b := newBrowser(t, 1280, 900)
 	b.do("sign in", 30*time.Second,
@@ -188,14 +188,14 @@ func TestBrowserRestartDeadConsumer(t *testing.T) {
 		chromedp.Click(chromedp.ID("login")),
 		chromedp.WaitVisible(chromedp.ID("operator")),
 	)
-	b.do("dead consumer and dead letter shown", 30*time.Second, chromedp.WaitVisible(row("dead")), chromedp.WaitVisible(chromedp.CSS("tr[data-dead-letter]")))
+	b.do("dead consumer and dead letter shown", time.Minute, chromedp.WaitVisible(row("dead")), chromedp.WaitVisible(chromedp.CSS("tr[data-dead-letter]")))
 	if got := eval[string](b, `getComputedStyle(document.querySelector('tr.shard[data-consumer="tickets"] .pill')).backgroundColor`); got != "rgb(198, 40, 40)" {
 		t.Errorf("dead pill colour %s, want red", got)
 	}
 	// Events arriving show in the live tail.
-	b.do("tail connected", 30*time.Second, chromedp.WaitVisible(chromedp.CSS(`#tail-state[data-state="live"]`)))
+	b.do("tail connected", time.Minute, chromedp.WaitVisible(chromedp.CSS(`#tail-state[data-state="live"]`)))
 	e.appendEvents("tail-1", 3)
-	pgtest.Eventually(t, 30*time.Second, "events in the live tail", func() bool {
+	pgtest.Eventually(t, time.Minute, "events in the live tail", func() bool {
 		return eval[int](b, `document.querySelectorAll("#tail li .pos").length`) == 3
 	})
 	if p := os.Getenv(EnvScreenshot); p != "" {
@@ -206,7 +206,7 @@ func TestBrowserRestartDeadConsumer(t *testing.T) {
 	// The page asks before acting; the test says yes.
 	_ = eval[bool](b, `window.confirm = () => true, true`)
 	b.do("click restart", 10*time.Second, chromedp.Click(chromedp.CSS(`tr.shard[data-consumer="tickets"] button[data-op="restart"]`)))
-	b.do("consumer back to idle", 30*time.Second, chromedp.WaitVisible(row("idle")))
+	b.do("consumer back to idle", time.Minute, chromedp.WaitVisible(row("idle")))
 	b.do("result shown", 10*time.Second, chromedp.WaitVisible(chromedp.CSS("#toast div")))
 	if msg := eval[string](b, `document.querySelector('#toast div').textContent`); !strings.Contains(msg, "restart tickets: now") {
 		t.Errorf("toast after restart: %q", msg)
@@ -229,7 +229,7 @@ func TestBrowserForgedPostsRefused(t *testing.T) {
 		e.dispatch()
 		e.dead()
 		b := newBrowser(t, 1280, 900)
-		b.do("load", 30*time.Second, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(row("dead")))
+		b.do("load", time.Minute, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(row("dead")))
 		if n := eval[int](b, `document.querySelectorAll("button[data-op]").length`); n != 0 {
 			t.Errorf("%d action buttons on a read-only console", n)
 		}
@@ -258,7 +258,7 @@ func TestBrowserForgedPostsRefused(t *testing.T) {
 			chromedp.Click(chromedp.ID("login")),
 			chromedp.WaitVisible(chromedp.ID("operator")),
 		)
-		b.do("visit the other origin", 30*time.Second, chromedp.Navigate(evil.URL+"/"), chromedp.WaitVisible(chromedp.CSS("body")))
+		b.do("visit the other origin", time.Minute, chromedp.Navigate(evil.URL+"/"), chromedp.WaitVisible(chromedp.CSS("body")))
 		pgtest.Eventually(t, 10*time.Second, "forged form posted and refused", func() bool {
 			return strings.Contains(e.logs.String(), `"status":403`)
 		})

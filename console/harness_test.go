@@ -207,7 +207,7 @@ func (e *env) status() projection.ShardState {
 // waitStatus waits until the consumer's shard is in want.
 func (e *env) waitStatus(want projection.Status) {
 	e.t.Helper()
-	pgtest.Eventually(e.t, 30*time.Second, "consumer tickets "+string(want), func() bool {
+	pgtest.Eventually(e.t, time.Minute, "consumer tickets "+string(want), func() bool {
 		st, err := e.admin.Status(e.ctx, projection.ShardID{Consumer: "tickets"})
 		return err == nil && st.Status == want
 	})

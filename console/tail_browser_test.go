@@ -29,8 +29,8 @@ func TestBrowserLiveTailResumesAfterDisconnect(t *testing.T) {
 	}})
 	e.dispatch()
 	b := newBrowser(t, 1280, 900)
-	b.do("load the console", 30*time.Second, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#tail-panel")))
-	b.do("tail connected", 30*time.Second, chromedp.WaitVisible(chromedp.CSS(`#tail-state[data-state="live"]`)))
+	b.do("load the console", time.Minute, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#tail-panel")))
+	b.do("tail connected", time.Minute, chromedp.WaitVisible(chromedp.CSS(`#tail-state[data-state="live"]`)))
 	received := func() []string {
 		ids := eval[[]string](b, `Array.from(document.querySelectorAll("#tail li:not(.note) .pos")).map(e => e.textContent).reverse()`)
 		return ids
@@ -39,7 +39,7 @@ func TestBrowserLiveTailResumesAfterDisconnect(t *testing.T) {
 	for i := range 5 {
 		committed = append(committed, e.appendEvents("t-"+string(rune('a'+i)), 2)...)
 	}
-	pgtest.Eventually(t, 30*time.Second, "first events on the page", func() bool { return len(received()) == len(committed) })
+	pgtest.Eventually(t, time.Minute, "first events on the page", func() bool { return len(received()) == len(committed) })
 
 	// Drop every connection, and append while the page is away.
 	e.srv.CloseClientConnections()
@@ -49,7 +49,7 @@ func TestBrowserLiveTailResumesAfterDisconnect(t *testing.T) {
 	pgtest.Eventually(t, 60*time.Second, "every committed event on the page after the reconnect", func() bool { return len(received()) >= len(committed) })
 	// A few more once it is live again.
 	committed = append(committed, e.appendEvents("v", 4)...)
-	pgtest.Eventually(t, 30*time.Second, "the last events on the page", func() bool { return len(received()) >= len(committed) })
+	pgtest.Eventually(t, time.Minute, "the last events on the page", func() bool { return len(received()) >= len(committed) })
 
 	slices.SortFunc(committed, func(a, b projector.Event) int {
 		if a.Position.Less(b.Position) {
