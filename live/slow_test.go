@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -56,6 +57,10 @@ func dialStalled(t testing.TB, base, tenant, lastID string) *stalled {
 // readAll reads the response to its end: every message and comment.
 func (s *stalled) readAll(t testing.TB) []msg {
 	t.Helper()
+	// A stream that never ends (a client never dropped) fails the read.
+	if err := s.conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := http.ReadResponse(bufio.NewReader(s.conn), s.req)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +83,11 @@ func (s *stalled) readAll(t testing.TB) []msg {
 // loses nothing.
 func TestSlowClientDroppedOthersUnaffected(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, live.Config{BufferSize: 64, Payloads: true}, false)
+	// The stalled client reads only once the other has everything, which
+	// on a loaded machine may take longer than the default write timeout
+	// (past it, the connection is simply closed: no notice can reach a
+	// client that reads nothing).
+	e := newEnv(t, live.Config{BufferSize: 64, Payloads: true, WriteTimeout: live.MaxWriteTimeout}, false)
 	fast := e.connect("a", "", "")
 	slow := dialStalled(t, e.srv.URL, "a", "")
 	pgtest.Eventually(t, wait, "two live clients", func() bool { return e.feed.Clients() == 2 })
