@@ -35,6 +35,8 @@ bench:
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'AppendInline' -benchtime 3s ./projection
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'CatchUp|Latency' -benchtime 1x -timeout 30m ./projection
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'Rebuild|SyncCommitOff' -benchtime 1x -timeout 30m ./rebuild
+	# Needs NATS with JetStream at $$NATS_URL (default nats://127.0.0.1:4222).
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'Relay|ClaimsConsumer' -benchtime 1x -timeout 30m ./stores/jetstream
 
 ## fuzz: run each fuzz target for FUZZTIME (default 20s)
 FUZZTIME ?= 20s

@@ -32,6 +32,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
+	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -76,6 +77,12 @@ type Config struct {
 	// Commands are extra subcommands to mount (the example binary adds
 	// `demo`).
 	Commands []*cobra.Command
+	// JetStreamConsumers builds the JetStream claims consumers a consumer
+	// service runs, on the store its commands opened: `relay dead-letters
+	// retry` needs a consumer's handler to run a dead letter again, so only
+	// a binary that wires its consumers here can retry. Nil means none
+	// (list, show and discard work without it).
+	JetStreamConsumers func(store *postgres.Store) ([]*jetstream.Consumer, error)
 }
 
 // Wiring is an application's projections, as [Config.Wire] returns them.

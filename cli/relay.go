@@ -19,10 +19,17 @@ import (
 
 func (a *App) relayCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "relay",
-		Short: "Inspect the relay of the log to NATS JetStream (see docs/relay.md)",
+		Use:  "relay",
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
+			}
+			return cmd.Help()
+		},
+		Short: "Inspect the relay of the log to NATS JetStream, purge consumer claims, handle consumer dead letters (see docs/jetstream.md)",
 	}
-	cmd.AddCommand(a.relayStatusCmd())
+	cmd.AddCommand(a.relayStatusCmd(), a.relayPruneClaimsCmd(), a.relayDeadLettersCmd())
 	return cmd
 }
 
@@ -36,17 +43,16 @@ func (a *App) relayStatusCmd() *cobra.Command {
 			if output != "table" && output != "json" {
 				return usageError{fmt.Errorf("-o %q: want table or json", output)}
 			}
+			if err := jetstream.ValidateStreamName(stream); err != nil {
+				return usageError{fmt.Errorf("--stream: %w", err)}
+			}
 			url := cmp.Or(natsURL, os.Getenv("NATS_URL"), nats.DefaultURL)
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
-				if err != nil {
-					return fmt.Errorf("connect to NATS: %w", err)
-				}
-				defer nc.Close()
-				js, err := natsjs.New(nc)
+				js, closeNATS, err := connectJetStream(url)
 				if err != nil {
 					return err
 				}
+				defer closeNATS()
 				ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 				defer cancel()
 				st, err := jetstream.RelayStatus(ctx, js, store, stream, consumer)
@@ -83,4 +89,18 @@ RELAY %s
 	cmd.Flags().StringVar(&consumer, "consumer", jetstream.DefaultRelayName, "the relay's consumer name")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
+}
+
+// connectJetStream connects to the NATS server at url for one command.
+func connectJetStream(url string) (natsjs.JetStream, func(), error) {
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	js, err := natsjs.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("connect to JetStream: %w", err)
+	}
+	return js, nc.Close, nil
 }

@@ -19,6 +19,17 @@ func withStore(ctx context.Context, s *postgres.Store) context.Context {
 	return context.WithValue(ctx, storeKey{}, s)
 }
 
+// StoreFrom returns the store of the dispatcher running the handler whose
+// context ctx is, and false outside a dispatcher's handler. For handlers
+// that need to read committed state beside their transaction (the
+// JetStream relay reads its own committed cursor to know which published
+// events a crash may have left uncommitted) without being handed the store
+// when they are built.
+func StoreFrom(ctx context.Context) (*postgres.Store, bool) {
+	s, ok := ctx.Value(storeKey{}).(*postgres.Store)
+	return s, ok
+}
+
 // Emit appends events from inside an async handler, through the
 // dispatcher's store and the handler's transaction: they commit with the
 // consumer's cursor, so each exists exactly once even across crashes, and

@@ -50,18 +50,9 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js natsjs.JetStream, schema,
 	if _, err := postgres.Migrate(ctx, pool, schema); err != nil {
 		return nil, err
 	}
-	// The feed counts ticket events without looking inside them, so it
-	// defines the names with loose payload types of its own (a registry maps
-	// each Go type to one event type).
-	reg := projector.NewRegistry()
-	for _, err := range []error{
-		define[opened](reg, "ticket.opened"), define[assigned](reg, "ticket.assigned"),
-		define[commented](reg, "ticket.commented"), define[closed](reg, "ticket.closed"),
-		define[escalated](reg, "ticket.escalated"),
-	} {
-		if err != nil {
-			return nil, err
-		}
+	reg, err := Registry()
+	if err != nil {
+		return nil, err
 	}
 	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: reg})
 	if err != nil {
@@ -78,14 +69,7 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js natsjs.JetStream, schema,
 	if err != nil {
 		return nil, fmt.Errorf("ticketfeed: create consumer: %w", err)
 	}
-	c, err := jetstream.NewConsumer(jetstream.ConsumerConfig{
-		Store: store, Subscription: Subscription,
-		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-			_, err := tx.Exec(ctx, `INSERT INTO `+f.table+` (event_type, events) VALUES ($1, 1)
-				ON CONFLICT (event_type) DO UPDATE SET events = `+f.table+`.events + 1`, ev.Type)
-			return err
-		},
-	})
+	c, err := NewConsumer(store)
 	if err != nil {
 		return nil, err
 	}
@@ -93,6 +77,39 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js natsjs.JetStream, schema,
 		return nil, fmt.Errorf("ticketfeed: consume: %w", err)
 	}
 	return f, nil
+}
+
+// Registry returns the feed's event types. The feed counts ticket events
+// without looking inside them, so it defines the names with loose payload
+// types of its own (a registry maps each Go type to one event type).
+func Registry() (*projector.Registry, error) {
+	reg := projector.NewRegistry()
+	for _, err := range []error{
+		define[opened](reg, "ticket.opened"), define[assigned](reg, "ticket.assigned"),
+		define[commented](reg, "ticket.commented"), define[closed](reg, "ticket.closed"),
+		define[escalated](reg, "ticket.escalated"),
+	} {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return reg, nil
+}
+
+// NewConsumer returns the feed's claims consumer on store (the feed's own
+// schema): what Start runs, and what the ops binary (cmd/ticketfeed-ops)
+// hands cli.Config.JetStreamConsumers so `relay dead-letters retry` can
+// run the feed's handler.
+func NewConsumer(store *postgres.Store) (*jetstream.Consumer, error) {
+	table := store.Table("ticketfeed_counts")
+	return jetstream.NewConsumer(jetstream.ConsumerConfig{
+		Store: store, Subscription: Subscription,
+		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_type, events) VALUES ($1, 1)
+				ON CONFLICT (event_type) DO UPDATE SET events = `+table+`.events + 1`, ev.Type)
+			return err
+		},
+	})
 }
 
 // Stop stops consuming.

@@ -97,8 +97,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: ConsumerConfig.Store is required", ErrInvalidConfig)
 	case cfg.Handler == nil:
 		return nil, fmt.Errorf("%w: ConsumerConfig.Handler is required", ErrInvalidConfig)
-	case !plainToken(cfg.Subscription) || len(cfg.Subscription) > 128:
-		return nil, fmt.Errorf("%w: subscription %q: want 1..128 ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Printable(cfg.Subscription))
+	case ValidateSubscription(cfg.Subscription) != nil:
+		return nil, ValidateSubscription(cfg.Subscription)
 	case cfg.MaxDeliver < 1 || cfg.Backoff < 0 || cfg.MaxBackoff < cfg.Backoff || cfg.HoldDelay < 0:
 		return nil, fmt.Errorf("%w: max deliver %d, backoff %v..%v, hold delay %v", ErrInvalidConfig, cfg.MaxDeliver, cfg.Backoff, cfg.MaxBackoff, cfg.HoldDelay)
 	}
@@ -302,23 +302,94 @@ func (c *Consumer) backoff(deliveries uint64) time.Duration {
 	return min(d, c.cfg.MaxBackoff)
 }
 
-// PurgeClaims deletes the subscription's claims older than olderThan,
-// returning how many. A claim only matters while its message may still be
-// redelivered or re-published: keep it longer than the stream's duplicate
-// window plus the longest redelivery (AckWait × deliveries and the nak
-// backoffs); docs/jetstream.md suggests a day. Per-stream versions are kept,
-// so an event older than a stream's last handled version is still
-// recognised after its claim is gone.
-func PurgeClaims(ctx context.Context, store *postgres.Store, olderThan time.Duration) (int64, error) {
-	if olderThan < time.Hour {
-		return 0, fmt.Errorf("%w: claims retention %v below one hour", ErrInvalidConfig, olderThan)
+// ClaimsRetention says which claims [PurgeClaims] may delete. A claim
+// matters while its message may still come again: redelivered by the
+// JetStream consumer (until some delivery is acknowledged) or published
+// again by the relay (inside the stream's duplicate window). OlderThan must
+// exceed DuplicateWindow plus MaxRedelivery; docs/jetstream.md suggests a
+// day.
+type ClaimsRetention struct {
+	// Subscription limits the purge to one subscription; "" purges every
+	// subscription's claims.
+	Subscription string
+	// OlderThan is the age past which a claim is deleted.
+	OlderThan time.Duration
+	// DuplicateWindow is the relay stream's duplicate window (its
+	// Duplicates setting; `projector relay status` shows it).
+	DuplicateWindow time.Duration
+	// MaxRedelivery is the longest a delivered message may still be
+	// delivered again: [Consumer.MaxRedelivery] for the JetStream
+	// consumer's AckWait.
+	MaxRedelivery time.Duration
+}
+
+// Validate checks the retention: a known subscription name, a positive
+// duplicate window, and OlderThan longer than the window plus the
+// redelivery time. Errors match [ErrInvalidConfig].
+func (r ClaimsRetention) Validate() error {
+	switch {
+	case r.Subscription != "" && ValidateSubscription(r.Subscription) != nil:
+		return ValidateSubscription(r.Subscription)
+	case r.DuplicateWindow <= 0 || r.MaxRedelivery < 0:
+		return fmt.Errorf("%w: duplicate window %v and max redelivery %v: want a positive window and a redelivery time of 0 or more", ErrInvalidConfig, r.DuplicateWindow, r.MaxRedelivery)
+	case r.OlderThan <= r.DuplicateWindow+r.MaxRedelivery:
+		return fmt.Errorf("%w: claims retention %v must exceed the duplicate window %v plus the max redelivery %v: a message may still come again that long", ErrInvalidConfig, r.OlderThan, r.DuplicateWindow, r.MaxRedelivery)
 	}
-	tag, err := store.Pool().Exec(ctx, `DELETE FROM `+store.Table("projector_jetstream_claims")+` WHERE claimed_at < now() - make_interval(secs => $1)`, olderThan.Seconds())
+	return nil
+}
+
+// PurgeClaims deletes the claims older than r.OlderThan (of one
+// subscription or all), returning how many; it refuses a retention that
+// fails [ClaimsRetention.Validate]. Per-stream versions are kept, so an
+// event older than a stream's last handled version is still recognised
+// after its claim is gone.
+func PurgeClaims(ctx context.Context, store *postgres.Store, r ClaimsRetention) (int64, error) {
+	if err := r.Validate(); err != nil {
+		return 0, err
+	}
+	tag, err := store.Pool().Exec(ctx, `DELETE FROM `+store.Table("projector_jetstream_claims")+
+		` WHERE claimed_at < now() - make_interval(secs => $1) AND ($2 = '' OR subscription = $2)`, r.OlderThan.Seconds(), r.Subscription)
 	if err != nil {
 		return 0, fmt.Errorf("purge jetstream claims: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }
+
+// MaxRedelivery is the longest a message this consumer received may still
+// be delivered again by a JetStream consumer whose AckWait is ackWait: each
+// of MaxDeliver deliveries may run until AckWait before it is redelivered,
+// plus the nak backoffs between them. The floor for a claims retention
+// ([ClaimsRetention.MaxRedelivery]).
+func (c *Consumer) MaxRedelivery(ackWait time.Duration) time.Duration {
+	d := time.Duration(c.cfg.MaxDeliver) * ackWait
+	for i := uint64(1); i < uint64(c.cfg.MaxDeliver); i++ {
+		d += c.backoff(i)
+	}
+	return d
+}
+
+// ValidateSubscription checks a subscription name: 1 to 128 ASCII
+// letters, digits, '-' or '_' (it is also a JetStream durable name). Errors
+// match [ErrInvalidConfig].
+func ValidateSubscription(s string) error {
+	if !plainToken(s) || len(s) > 128 {
+		return fmt.Errorf("%w: subscription %q: want 1..128 ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Printable(s))
+	}
+	return nil
+}
+
+// ValidateStreamName checks a JetStream stream name as the relay accepts
+// it: 1 to 255 ASCII letters, digits, '-' or '_'. Errors match
+// [ErrInvalidConfig].
+func ValidateStreamName(s string) error {
+	if !validStreamName(s) {
+		return fmt.Errorf("%w: stream name %q: want 1..255 ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Printable(s))
+	}
+	return nil
+}
+
+// Subscription returns the consumer's subscription name.
+func (c *Consumer) Subscription() string { return c.cfg.Subscription }
 
 // SkipTo moves a subscription's stream past a real gap: the stream's last
 // handled version becomes version-1, so the event at version (held until

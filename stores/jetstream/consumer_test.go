@@ -344,25 +344,83 @@ func TestConsumerDeadLettersPoison(t *testing.T) {
 }
 
 // PurgeClaims deletes only claims older than the window, refuses a window
-// under an hour, and a purged event is still recognised as a duplicate by
-// its stream's version.
+// not longer than the duplicate window plus the redelivery time, and a
+// purged event is still recognised as a duplicate by its stream's version.
 func TestPurgeClaims(t *testing.T) {
 	e := newEnv(t)
 	snk := newSink(t, e.types.Registry)
 	claims := snk.store.Table("projector_jetstream_claims")
 	if _, err := snk.store.Pool().Exec(e.ctx, `INSERT INTO `+claims+` (subscription, event_id, claimed_at) VALUES
-		('s', gen_random_uuid(), now() - interval '25 hours'), ('s', gen_random_uuid(), now() - interval '23 hours')`); err != nil {
+		('s', gen_random_uuid(), now() - interval '25 hours'), ('s', gen_random_uuid(), now() - interval '23 hours'),
+		('other', gen_random_uuid(), now() - interval '25 hours')`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pjs.PurgeClaims(e.ctx, snk.store, time.Minute); !errors.Is(err, pjs.ErrInvalidConfig) {
-		t.Fatalf("a one-minute window: %v", err)
+	for _, bad := range []pjs.ClaimsRetention{
+		{OlderThan: time.Minute, DuplicateWindow: 2 * time.Minute},
+		{OlderThan: 10 * time.Minute, DuplicateWindow: 5 * time.Minute, MaxRedelivery: 5 * time.Minute},
+		{OlderThan: time.Hour},
+		{OlderThan: time.Hour, DuplicateWindow: time.Minute, Subscription: "a.b"},
+	} {
+		if _, err := pjs.PurgeClaims(e.ctx, snk.store, bad); !errors.Is(err, pjs.ErrInvalidConfig) {
+			t.Fatalf("%+v: %v, want ErrInvalidConfig", bad, err)
+		}
 	}
-	n, err := pjs.PurgeClaims(e.ctx, snk.store, 24*time.Hour)
+	n, err := pjs.PurgeClaims(e.ctx, snk.store, pjs.ClaimsRetention{Subscription: "s", OlderThan: 24 * time.Hour, DuplicateWindow: 5 * time.Minute, MaxRedelivery: 10 * time.Minute})
 	if err != nil || n != 1 {
 		t.Fatalf("purged %d, %v; want 1", n, err)
 	}
 	var left int
-	if err := snk.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+claims).Scan(&left); err != nil || left != 1 {
-		t.Fatalf("%d claims left, %v", left, err)
+	if err := snk.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+claims).Scan(&left); err != nil || left != 2 {
+		t.Fatalf("%d claims left, %v; want the younger one and the other subscription's", left, err)
+	}
+}
+
+// A message delivered again inside the claims retention, after a purge of
+// older claims, is still absorbed: acknowledged, its handler not run again.
+func TestRedeliveryInsideRetentionAbsorbedAfterPurge(t *testing.T) {
+	e := newEnv(t)
+	r := e.relay(e.relayConfig())
+	e.append("acme", "k1", testevents.TicketCommented{Body: "once", N: 1})
+	catchUpOnce(t, e, r)
+	snk := newSink(t, e.types.Registry)
+	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "keep", Handler: snk.record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliver := func(name string) pjs.Outcome {
+		t.Helper()
+		msgs, err := e.jsConsumer(name).Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok := <-msgs.Messages()
+		if !ok {
+			t.Fatalf("no message delivered: %v", msgs.Error())
+		}
+		o, err := c.Handle(e.ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	if o := deliver("first"); o != pjs.Applied {
+		t.Fatalf("first delivery: %s", o)
+	}
+	claims := snk.store.Table("projector_jetstream_claims")
+	// An older claim that must go, beside the fresh one that must stay.
+	if _, err := snk.store.Pool().Exec(e.ctx, `INSERT INTO `+claims+` (subscription, event_id, claimed_at) VALUES ('keep', gen_random_uuid(), now() - interval '2 days')`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := pjs.PurgeClaims(e.ctx, snk.store, pjs.ClaimsRetention{OlderThan: 24 * time.Hour, DuplicateWindow: pjs.DefaultDuplicateWindow, MaxRedelivery: c.MaxRedelivery(30 * time.Second)})
+	if err != nil || n != 1 {
+		t.Fatalf("purged %d, %v; want the two-day-old claim", n, err)
+	}
+	// Another JetStream consumer delivers the stream again: the same
+	// message, as a redelivery would.
+	if o := deliver("again"); o != pjs.Duplicate {
+		t.Fatalf("redelivery inside the retention: %s, want duplicate", o)
+	}
+	if got := snk.count(t); got != 1 {
+		t.Fatalf("%d effects, want 1", got)
 	}
 }

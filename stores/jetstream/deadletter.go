@@ -89,3 +89,38 @@ func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 		return nil
 	})
 }
+
+// GetDeadLetter returns the dead letter id of subscription;
+// projector.ErrNotFound when there is none.
+func GetDeadLetter(ctx context.Context, store *postgres.Store, subscription string, id int64) (DeadLetter, error) {
+	rows, err := store.Pool().Query(ctx, `SELECT id, subscription, coalesce(event_id, '00000000-0000-0000-0000-000000000000'), subject, headers, data, error, deliveries, created_at
+		FROM `+store.Table("projector_jetstream_dead_letters")+` WHERE id = $1 AND subscription = $2`, id, subscription)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("jetstream dead letter %d: %w", id, err)
+	}
+	d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return DeadLetter{}, fmt.Errorf("jetstream dead letter %d of %s: %w", id, subscription, projector.ErrNotFound)
+	}
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("jetstream dead letter %d: %w", id, err)
+	}
+	return d, nil
+}
+
+// DiscardDeadLetter deletes the dead letter id of subscription without
+// running its handler: the operator's decision that its effects are not
+// wanted. The event stays claimed and its stream past it, so it is never
+// applied later either. It waits for a retry of the same dead letter in
+// progress and then finds nothing (projector.ErrNotFound), so an event is
+// either retried or discarded, never both.
+func DiscardDeadLetter(ctx context.Context, store *postgres.Store, subscription string, id int64) error {
+	tag, err := store.Pool().Exec(ctx, `DELETE FROM `+store.Table("projector_jetstream_dead_letters")+` WHERE id = $1 AND subscription = $2`, id, subscription)
+	if err != nil {
+		return fmt.Errorf("discard jetstream dead letter %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("discard jetstream dead letter %d of %s: %w", id, subscription, projector.ErrNotFound)
+	}
+	return nil
+}

@@ -1,6 +1,6 @@
 // Package jetstream relays Projector's event log to a NATS JetStream stream
 // and applies it, on the other side, to PostgreSQL with exactly-once
-// effects. docs/relay.md is the guide.
+// effects. docs/jetstream.md is the guide.
 //
 // # The relay
 //
@@ -13,8 +13,12 @@
 // the cursor with backoff — message-by-message retries could reorder a
 // stream. The event id is the Nats-Msg-Id, so what a retry or a crash
 // republishes is dropped by the stream's duplicate window; [Relay.Ensure]
-// refuses a stream whose window, subjects or storage do not fit. The events
-// table is the outbox: appends never touch NATS.
+// refuses a stream whose window, subjects or storage do not fit. Beyond the
+// window (a relay down longer than it between publish and cursor commit),
+// the relay reads back the stream's messages past its committed cursor
+// after a start or a failed publish and does not publish those events
+// again ([MaxTailWalk]). The events table is the outbox: appends never
+// touch NATS.
 //
 // # The message
 //
@@ -30,5 +34,9 @@
 // event whose predecessor is missing is held (nak with delay) rather than
 // applied out of order. Handler errors are retried with backoff and
 // dead-lettered after MaxDeliver deliveries. JetStream deduplicates
-// publishes only; effects need the claims.
+// publishes only; effects need the claims. [PurgeClaims] deletes claims
+// older than a [ClaimsRetention] that outlasts the duplicate window and
+// the redelivery time; [ListDeadLetters], [GetDeadLetter],
+// [DiscardDeadLetter] and [Consumer.RetryDeadLetter] are what the `relay
+// dead-letters` commands run.
 package jetstream

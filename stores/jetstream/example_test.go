@@ -18,7 +18,7 @@ import (
 )
 
 // The relay runs in a dispatcher like any async projection. (Compiled, not
-// run: it needs a NATS server and a database; docs/relay.md shows the same.)
+// run: it needs a NATS server and a database; docs/jetstream.md shows the same.)
 func ExampleNewRelay() {
 	ctx := context.Background()
 	var store *postgres.Store // from postgres.New, migrated

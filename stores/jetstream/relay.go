@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -84,6 +86,8 @@ type RelayConfig struct {
 	Async projection.AsyncConfig
 	// Registerer receives the relay's metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Logger; default slog.Default().
+	Logger *slog.Logger
 }
 
 // Relay publishes the event log to a JetStream stream. It is an async
@@ -91,12 +95,19 @@ type RelayConfig struct {
 // published asynchronously, every acknowledgement awaited, and only then
 // does the handler return so the dispatcher commits the cursor. A crash or a
 // failed publish re-publishes from the cursor; the event id as Nats-Msg-Id
-// lets the stream's duplicate window drop what was already stored.
+// lets the stream's duplicate window drop what was already stored, and
+// beyond the window the relay's read-back of the stream's tail finds the
+// events stored past its committed cursor and skips them (see tail.go and
+// docs/jetstream.md, "Downtime longer than the duplicate window").
 type Relay struct {
 	cfg     RelayConfig
 	js      jetstream.JetStream
 	async   *projection.Async
 	metrics relayMetrics
+	logger  *slog.Logger
+	tail    tail
+	// noTailCheck, set by tests only, relies on the duplicate window alone.
+	noTailCheck bool
 	// afterAcks, set by tests only, runs between the last acknowledgement
 	// and the cursor commit.
 	afterAcks func()
@@ -146,7 +157,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream relay: %w", err)
 	}
-	r := &Relay{cfg: cfg, js: js, async: async}
+	r := &Relay{cfg: cfg, js: js, async: async, logger: cmp.Or(cfg.Logger, slog.Default())}
 	names := make([]projection.TypeName, len(types))
 	for i, t := range slices.Sorted(slices.Values(types)) {
 		names[i] = typeName(t)
@@ -223,12 +234,27 @@ func (r *Relay) Ensure(ctx context.Context) (jetstream.Stream, error) {
 // acknowledgement awaited under PublishTimeout. Any failure fails the whole
 // batch, which the dispatcher retries from the cursor after a backoff:
 // retrying message by message could reorder a stream.
-func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) error {
+func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) (err error) {
 	start := time.Now()
+	stored, err := r.skipSet(ctx, b)
+	if err != nil {
+		r.metrics.failures.Inc()
+		return fmt.Errorf("publish batch: find the events already stored past the cursor: %w", err)
+	}
+	acked := make(map[uuid.UUID]projector.Position, b.Len())
+	defer func() { r.published(acked, err != nil) }()
 	maxPayload := r.cfg.Conn.MaxPayload()
 	futures := make([]jetstream.PubAckFuture, 0, b.Len())
+	positions := make([]projector.Position, 0, b.Len())
+	skipped := 0
 	for _, s := range b.Streams {
 		for _, ev := range s.Events {
+			if _, ok := stored[ev.ID]; ok {
+				// Stored by an attempt whose cursor never committed:
+				// publishing it again could outlive the duplicate window.
+				skipped++
+				continue
+			}
 			msg, err := NewMsg(r.cfg.Prefix, ev)
 			if err != nil {
 				return err
@@ -243,16 +269,20 @@ func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) error
 				return fmt.Errorf("publish event %s: %w", ev.ID, err)
 			}
 			futures = append(futures, f)
+			positions = append(positions, ev.Position)
 		}
 	}
 	timer := time.NewTimer(r.cfg.PublishTimeout)
 	defer timer.Stop()
 	dups := 0
-	for _, f := range futures {
+	for i, f := range futures {
 		select {
 		case ack := <-f.Ok():
 			if ack.Duplicate {
 				dups++
+			}
+			if id, err := uuid.Parse(f.Msg().Header.Get(HeaderEventID)); err == nil {
+				acked[id] = positions[i]
 			}
 		case err := <-f.Err():
 			r.metrics.failures.Inc()
@@ -267,6 +297,7 @@ func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) error
 	}
 	r.metrics.published.Add(float64(len(futures) - dups))
 	r.metrics.duplicates.Add(float64(dups))
+	r.metrics.skipped.Add(float64(skipped))
 	r.metrics.batch.Observe(time.Since(start).Seconds())
 	if r.afterAcks != nil {
 		r.afterAcks()
@@ -287,6 +318,7 @@ func msgSize(m *nats.Msg) int64 {
 
 type relayMetrics struct {
 	published, duplicates, failures prometheus.Counter
+	skipped, walked                 prometheus.Counter
 	batch                           prometheus.Observer
 }
 
@@ -295,12 +327,14 @@ func newRelayMetrics(reg prometheus.Registerer, name string) (relayMetrics, erro
 	published := prometheus.NewCounter(prometheus.CounterOpts{Name: "projector_relay_published_total", Help: "Events the relay published and JetStream stored.", ConstLabels: labels})
 	duplicates := prometheus.NewCounter(prometheus.CounterOpts{Name: "projector_relay_duplicates_total", Help: "Re-published events JetStream's duplicate window dropped (after a crash or a failed batch).", ConstLabels: labels})
 	failures := prometheus.NewCounter(prometheus.CounterOpts{Name: "projector_relay_publish_failures_total", Help: "Relay batches that failed to publish (NATS down or slow, a message too large); each is retried from the cursor.", ConstLabels: labels})
+	skipped := prometheus.NewCounter(prometheus.CounterOpts{Name: "projector_relay_skipped_total", Help: "Events not published again because the stream already held them past the relay's committed cursor (a crash or failed commit after the acknowledgements).", ConstLabels: labels})
+	walked := prometheus.NewCounter(prometheus.CounterOpts{Name: "projector_relay_tail_reads_total", Help: "Messages the relay read back from the stream's end to find events stored past its cursor.", ConstLabels: labels})
 	batch := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "projector_relay_batch_seconds", Help: "Time to publish a batch and receive every acknowledgement.", ConstLabels: labels})
-	m := relayMetrics{published: published, duplicates: duplicates, failures: failures, batch: batch}
+	m := relayMetrics{published: published, duplicates: duplicates, failures: failures, skipped: skipped, walked: walked, batch: batch}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{published, duplicates, failures, batch} {
+	for _, c := range []prometheus.Collector{published, duplicates, failures, skipped, walked, batch} {
 		if err := reg.Register(c); err != nil {
 			return relayMetrics{}, fmt.Errorf("jetstream relay: register metrics: %w", err)
 		}

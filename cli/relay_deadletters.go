@@ -1,0 +1,281 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/jetstream"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// ErrNoConsumerHandler: `relay dead-letters retry` ran in a binary that
+// wires no JetStream consumer of the subscription (cli.Config
+// .JetStreamConsumers), so there is no handler to run the dead letter again.
+var ErrNoConsumerHandler = errors.New("no JetStream consumer of this subscription is wired into this binary (cli.Config.JetStreamConsumers): retry from the consumer service's own binary")
+
+// relayDeadLettersCmd is `relay dead-letters`: the messages a JetStream
+// claims consumer gave up on, in the consumer's database.
+func (a *App) relayDeadLettersCmd() *cobra.Command {
+	cmd := group("dead-letters", "List, show, retry and discard the messages a JetStream claims consumer dead-lettered")
+	cmd.Long = `The claims consumer (stores/jetstream) writes a message whose handler failed MaxDeliver
+times, or that could not be decoded, to projector_jetstream_dead_letters in its own
+database; point --database-url and --schema there. list, show and discard work from any
+binary; retry runs the consumer's handler, so it works only in a binary that wires its
+consumers (cli.Config.JetStreamConsumers). See docs/jetstream.md.`
+	cmd.AddCommand(a.relayDLListCmd(), a.relayDLShowCmd(), a.relayDLRetryCmd(), a.relayDLDiscardCmd())
+	return cmd
+}
+
+func (a *App) relayDLListCmd() *cobra.Command {
+	var subscription, format string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list --subscription S",
+		Short: "List a subscription's dead letters, oldest first",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			if limit < 1 || limit > 10_000 {
+				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", limit)}
+			}
+			if err := validateSubscription(subscription, false); err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				dls, err := jetstream.ListDeadLetters(cmd.Context(), store, subscription, limit)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					out := make([]relayDLJSON, len(dls))
+					for i, d := range dls {
+						out[i] = relayDLView(d)
+					}
+					return writeJSON(a.out, out)
+				}
+				if len(dls) == 0 {
+					_, err := fmt.Fprintf(a.out, "no dead letters for %s\n", subscription)
+					return err
+				}
+				w := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(w, "ID\tEVENT\tTYPE\tSUBJECT\tDELIVERIES\tAT\tERROR")
+				for _, d := range dls {
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, eventIDText(d), cmpDash(d.Header.Get(jetstream.HeaderEventType)),
+						d.Subject, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), clip(oneLineText(d.Error), 80))
+				}
+				return w.Flush()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many (1 to 10000)")
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "table or json")
+	return cmd
+}
+
+func (a *App) relayDLShowCmd() *cobra.Command {
+	var subscription, format string
+	cmd := &cobra.Command{
+		Use:   "show ID --subscription S",
+		Short: "Show a dead letter: subject, headers, body, error",
+		Args:  oneID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			ids, err := parseIDs(args)
+			if err != nil {
+				return err
+			}
+			if err := validateSubscription(subscription, false); err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				d, err := jetstream.GetDeadLetter(cmd.Context(), store, subscription, ids[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(a.out, relayDLView(d))
+				}
+				w := a.out
+				fmt.Fprintf(w, "dead letter %d of %s\n  event       %s\n  subject     %s\n  deliveries  %d\n  at          %s\n  error       %s\n  headers\n",
+					d.ID, d.Subscription, eventIDText(d), d.Subject, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), oneLineText(d.Error))
+				for _, k := range slices.Sorted(func(yield func(string) bool) {
+					for k := range d.Header {
+						if !yield(k) {
+							return
+						}
+					}
+				}) {
+					fmt.Fprintf(w, "    %s: %s\n", k, strings.Join(d.Header.Values(k), ", "))
+				}
+				_, err = fmt.Fprintf(w, "  body\n    %s\n", bodyText(d.Data))
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "table or json")
+	return cmd
+}
+
+func (a *App) relayDLRetryCmd() *cobra.Command {
+	var subscription string
+	cmd := &cobra.Command{
+		Use:   "retry ID... --subscription S",
+		Short: "Run the consumer's handler again for dead letters (only in a binary that wires its JetStream consumers)",
+		Long: `retry runs the subscription's handler for each dead letter in a transaction that also
+deletes it: the effect and the removal commit together, and a retry that fails changes
+nothing and is reported (exit 1). It needs the handler, so it works in the consumer
+service's binary, which mounts this command tree with cli.Config.JetStreamConsumers.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("want at least one dead-letter id")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ids, err := parseIDs(args)
+			if err != nil {
+				return err
+			}
+			if err := validateSubscription(subscription, false); err != nil {
+				return err
+			}
+			if a.cfg.JetStreamConsumers == nil {
+				return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				consumers, err := a.cfg.JetStreamConsumers(store)
+				if err != nil {
+					return fmt.Errorf("build the JetStream consumers: %w", err)
+				}
+				i := slices.IndexFunc(consumers, func(c *jetstream.Consumer) bool { return c.Subscription() == subscription })
+				if i < 0 {
+					return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
+				}
+				var errs []error
+				for _, id := range ids {
+					if err := consumers[i].RetryDeadLetter(cmd.Context(), id); err != nil {
+						errs = append(errs, err)
+						fmt.Fprintf(a.out, "dead letter %d: not retried: %s\n", id, oneLineText(err.Error()))
+						continue
+					}
+					fmt.Fprintf(a.out, "dead letter %d: applied and removed\n", id)
+				}
+				return errors.Join(errs...)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	return cmd
+}
+
+func (a *App) relayDLDiscardCmd() *cobra.Command {
+	var subscription string
+	cmd := &cobra.Command{
+		Use:   "discard ID... --subscription S",
+		Short: "Delete dead letters without running their handler (their effects are given up)",
+		Long: `discard deletes dead letters without applying them: the operator's decision that their
+effects are not wanted. The events stay claimed and their streams past them, so they are
+never applied later either. A dead letter being retried at the same moment is either
+retried or discarded, never both (the loser reports it not found).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("want at least one dead-letter id")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ids, err := parseIDs(args)
+			if err != nil {
+				return err
+			}
+			if err := validateSubscription(subscription, false); err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				var errs []error
+				for _, id := range ids {
+					if err := jetstream.DiscardDeadLetter(cmd.Context(), store, subscription, id); err != nil {
+						errs = append(errs, err)
+						fmt.Fprintf(a.out, "dead letter %d: not discarded: %s\n", id, oneLineText(err.Error()))
+						continue
+					}
+					fmt.Fprintf(a.out, "dead letter %d: discarded\n", id)
+				}
+				return errors.Join(errs...)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	return cmd
+}
+
+// oneID accepts exactly one argument, with the usage exit code.
+func oneID(_ *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return usageError{fmt.Errorf("want one dead-letter id, got %d arguments", len(args))}
+	}
+	return nil
+}
+
+// relayDLJSON is a JetStream dead letter as `-o json` prints it.
+type relayDLJSON struct {
+	ID           int64               `json:"id"`
+	Subscription string              `json:"subscription"`
+	EventID      string              `json:"event_id,omitempty"`
+	Subject      string              `json:"subject"`
+	Headers      map[string][]string `json:"headers"`
+	Body         string              `json:"body"`
+	Error        string              `json:"error"`
+	Deliveries   int64               `json:"deliveries"`
+	CreatedAt    string              `json:"created_at"`
+}
+
+func relayDLView(d jetstream.DeadLetter) relayDLJSON {
+	out := relayDLJSON{ID: d.ID, Subscription: d.Subscription, Subject: d.Subject, Headers: d.Header,
+		Body: bodyText(d.Data), Error: d.Error, Deliveries: d.Deliveries, CreatedAt: d.CreatedAt.UTC().Format("2006-01-02T15:04:05.999999Z07:00")}
+	if d.EventID != [16]byte{} {
+		out.EventID = d.EventID.String()
+	}
+	if out.Headers == nil {
+		out.Headers = map[string][]string{}
+	}
+	return out
+}
+
+// eventIDText is the dead letter's event id, or why there is none.
+func eventIDText(d jetstream.DeadLetter) string {
+	if d.EventID == [16]byte{} {
+		return "(undecodable)"
+	}
+	return d.EventID.String()
+}
+
+// bodyText shows a body as text when it is UTF-8, else says its size.
+func bodyText(b []byte) string {
+	if utf8.Valid(b) {
+		return projector.Printable(string(b))
+	}
+	return fmt.Sprintf("(%d bytes, not UTF-8)", len(b))
+}
+
+func cmpDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

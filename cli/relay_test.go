@@ -1,0 +1,287 @@
+package cli
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/stores/jetstream"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+type relayEnv struct {
+	t     *testing.T
+	ctx   context.Context
+	types testevents.Types
+	store *postgres.Store
+}
+
+func newRelayEnv(t *testing.T) *relayEnv {
+	types := testevents.New()
+	return &relayEnv{t: t, ctx: context.Background(), types: types, store: pgtest.Store(t, types.Registry)}
+}
+
+// run executes the command tree in-process on the env's schema with cfg
+// and returns standard output and the exit code.
+func (e *relayEnv) run(cfg Config, args ...string) (string, int) {
+	e.t.Helper()
+	cfg.Registry = e.types.Registry
+	root := New(cfg)
+	var out, errOut bytes.Buffer
+	root.SetArgs(append(args, "--database-url", pgtest.URL(e.t), "--schema", e.store.Schema()))
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		out.WriteString("error: " + err.Error() + "\n")
+	}
+	return out.String(), ExitCode(err)
+}
+
+func (e *relayEnv) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.store.Pool().Exec(e.ctx, sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (e *relayEnv) count(sql string, args ...any) int {
+	e.t.Helper()
+	var n int
+	if err := e.store.Pool().QueryRow(e.ctx, sql, args...).Scan(&n); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// natsStream creates a JetStream stream of its own with the given
+// duplicate window on the machine's NATS server.
+func natsStream(t *testing.T, window time.Duration) (name, url string) {
+	t.Helper()
+	url = cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatalf("connect to NATS at %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := natsjs.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name = "CLI_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, natsjs.StreamConfig{Name: name, Subjects: []string{strings.ToLower(name) + ".>"}, Storage: natsjs.MemoryStorage, Duplicates: window}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, name)
+	})
+	return name, url
+}
+
+// prune-claims reads the stream's duplicate window and refuses a retention
+// not longer than it plus --max-redelivery (exit 2, nothing deleted); a
+// valid one deletes the subscription's claims past the window and keeps
+// those inside it and other subscriptions'. Bad numbers and names exit 2.
+func TestRelayPruneClaimsCommand(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	stream, url := natsStream(t, 30*time.Minute)
+	claims := e.store.Table("projector_jetstream_claims")
+	e.exec(`INSERT INTO ` + claims + ` (subscription, event_id, claimed_at) VALUES
+		('feed', gen_random_uuid(), now() - interval '3 hours'), ('feed', gen_random_uuid(), now() - interval '20 minutes'),
+		('other', gen_random_uuid(), now() - interval '3 hours')`)
+	base := []string{"relay", "prune-claims", "--stream", stream, "--nats-url", url}
+	for _, bad := range [][]string{
+		{"--older-than", "35m"}, // window 30m + max redelivery 10m
+		{"--older-than", "45m", "--max-redelivery", "20m"},
+		{"--older-than", "0s"},
+		{"--older-than", "-1h"},
+		{"--older-than", "100000h"},
+		{"--older-than", "2h", "--max-redelivery", "-1s"},
+		{"--older-than", "2h", "--subscription", "a.b"},
+		{"--older-than", "2h", "--subscription", "feed\x00"},
+		{"--older-than", "2h", "--stream", "a b"},
+		{},
+	} {
+		out, code := e.run(Config{}, append(base, bad...)...)
+		if code != ExitUsage {
+			t.Fatalf("%q: exit %d, want %d: %s", bad, code, ExitUsage, out)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM ` + claims); n != 3 {
+		t.Fatalf("%d claims after refused runs, want 3", n)
+	}
+	out, code := e.run(Config{}, append(base, "--older-than", "45m", "--subscription", "feed")...)
+	if code != ExitOK || !strings.Contains(out, "deleted 1 claims") {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + claims + ` WHERE subscription = 'feed' AND claimed_at > now() - interval '1 hour'`); n != 1 {
+		t.Fatalf("the claim inside the window is gone")
+	}
+	if n := e.count(`SELECT count(*) FROM ` + claims); n != 2 {
+		t.Fatalf("%d claims left, want the young one and the other subscription's", n)
+	}
+}
+
+// deadLetter writes a dead letter for a real event of the log, as the
+// claims consumer does, and returns its id.
+func (e *relayEnv) deadLetter(subscription, streamID string) (int64, projector.Event) {
+	e.t.Helper()
+	var ev projector.Event
+	err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		res, err := e.store.Append(e.ctx, tx, projector.TenantStream("acme", "ticket", streamID), projector.AnyVersion, testevents.TicketCommented{Body: "dl", N: 1})
+		if err == nil {
+			ev = res.Events[0]
+		}
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	msg, err := jetstream.NewMsg("projector", ev)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	headers, err := json.Marshal(msg.Header)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var id int64
+	if err := e.store.Pool().QueryRow(e.ctx, `INSERT INTO `+e.store.Table("projector_jetstream_dead_letters")+
+		` (subscription, event_id, subject, headers, data, error, deliveries) VALUES ($1, $2, $3, $4, $5, 'boom', 5) RETURNING id`,
+		subscription, ev.ID, msg.Subject, headers, msg.Data).Scan(&id); err != nil {
+		e.t.Fatal(err)
+	}
+	return id, ev
+}
+
+// The dead-letter commands of the claims consumer: list and show from any
+// binary, retry only from one that wires the consumer (its handler runs,
+// the dead letter goes with its effect), discard without the handler.
+// Bad ids, limits and names exit 2; a retry racing a discard of the same
+// dead letter applies it at most once and only when the discard lost.
+func TestRelayDeadLettersCommands(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	effects := e.store.Table("cli_feed_effects")
+	e.exec(`CREATE TABLE ` + effects + ` (event_id uuid NOT NULL)`)
+	handler := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event_id) VALUES ($1)`, ev.ID)
+		return err
+	}
+	wired := Config{JetStreamConsumers: func(store *postgres.Store) ([]*jetstream.Consumer, error) {
+		c, err := jetstream.NewConsumer(jetstream.ConsumerConfig{Store: store, Subscription: "feed", Handler: handler})
+		return []*jetstream.Consumer{c}, err
+	}}
+	id1, ev1 := e.deadLetter("feed", "t1")
+	id2, _ := e.deadLetter("feed", "t2")
+	e.deadLetter("other", "t3")
+
+	out, code := e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed")
+	if code != ExitOK || !strings.Contains(out, ev1.ID.String()) || !strings.Contains(out, "ticket.commented") || strings.Count(out, "\n") != 3 {
+		t.Fatalf("list: exit %d:\n%s", code, out)
+	}
+	out, code = e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed", "-o", "json", "--limit", "1")
+	var listed []relayDLJSON
+	if err := json.Unmarshal([]byte(out), &listed); code != ExitOK || err != nil || len(listed) != 1 || listed[0].ID != id1 || listed[0].Error != "boom" {
+		t.Fatalf("list -o json: exit %d, %v: %s", code, err, out)
+	}
+	out, code = e.run(Config{}, "relay", "dead-letters", "show", fmt.Sprint(id1), "--subscription", "feed")
+	if code != ExitOK || !strings.Contains(out, jetstream.HeaderEventID+": "+ev1.ID.String()) || !strings.Contains(out, `"body":"dl"`) {
+		t.Fatalf("show: exit %d:\n%s", code, out)
+	}
+	if _, code := e.run(Config{}, "relay", "dead-letters", "show", fmt.Sprint(id1), "--subscription", "other"); code != ExitError {
+		t.Fatalf("show of another subscription's id: exit %d, want %d", code, ExitError)
+	}
+	for _, bad := range [][]string{
+		{"list", "--subscription", "feed", "--limit", "0"},
+		{"list", "--subscription", "feed", "--limit", "10001"},
+		{"list"},
+		{"list", "--subscription", "feed.x"},
+		{"show", "0", "--subscription", "feed"},
+		{"show", "-3", "--subscription", "feed"},
+		{"show", "x", "--subscription", "feed"},
+		{"show", "99999999999999999999", "--subscription", "feed"},
+		{"show", "1", "2", "--subscription", "feed"},
+		{"discard", "--subscription", "feed"},
+		{"discard", "1", "--subscription", "fe ed"},
+		{"retry", fmt.Sprint(id1), "--subscription", "feed"}, // no consumer wired
+	} {
+		out, code := e.run(Config{}, append([]string{"relay", "dead-letters"}, bad...)...)
+		if code != ExitUsage {
+			t.Fatalf("%q: exit %d, want %d: %s", bad, code, ExitUsage, out)
+		}
+	}
+	if out, code := e.run(wired, "relay", "dead-letters", "retry", fmt.Sprint(id1), "--subscription", "other"); code != ExitUsage || !strings.Contains(out, "JetStreamConsumers") {
+		t.Fatalf("retry of an unwired subscription: exit %d: %s", code, out)
+	}
+
+	out, code = e.run(wired, "relay", "dead-letters", "retry", fmt.Sprint(id1), "--subscription", "feed")
+	if code != ExitOK || e.count(`SELECT count(*) FROM `+effects+` WHERE event_id = $1`, ev1.ID) != 1 {
+		t.Fatalf("retry: exit %d: %s", code, out)
+	}
+	if _, code := e.run(wired, "relay", "dead-letters", "retry", fmt.Sprint(id1), "--subscription", "feed"); code != ExitError {
+		t.Fatalf("second retry: exit %d, want %d", code, ExitError)
+	}
+	out, code = e.run(Config{}, "relay", "dead-letters", "discard", fmt.Sprint(id2), "--subscription", "feed")
+	if code != ExitOK || !strings.Contains(out, "discarded") {
+		t.Fatalf("discard: exit %d: %s", code, out)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + effects); n != 1 {
+		t.Fatalf("%d effects after a discard, want the retried one only", n)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_jetstream_dead_letters") + ` WHERE subscription = 'feed'`); n != 0 {
+		t.Fatalf("%d dead letters left for feed", n)
+	}
+
+	// Retry and discard of the same dead letter at once, many times: each
+	// dead letter ends applied once (the retry won) or not at all (the
+	// discard won), never both, never twice.
+	slow := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.005)`); err != nil { // widens the race, synchronises nothing
+			return err
+		}
+		return handler(ctx, tx, ev)
+	}
+	c, err := jetstream.NewConsumer(jetstream.ConsumerConfig{Store: e.store, Subscription: "race", Handler: slow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 15 {
+		id, ev := e.deadLetter("race", fmt.Sprintf("r%d", i))
+		var wg sync.WaitGroup
+		var retryErr, discardErr error
+		wg.Go(func() { retryErr = c.RetryDeadLetter(e.ctx, id) })
+		wg.Go(func() { discardErr = jetstream.DiscardDeadLetter(e.ctx, e.store, "race", id) })
+		wg.Wait()
+		applied := e.count(`SELECT count(*) FROM `+effects+` WHERE event_id = $1`, ev.ID)
+		switch {
+		case retryErr == nil && errors.Is(discardErr, projector.ErrNotFound) && applied == 1:
+		case discardErr == nil && errors.Is(retryErr, projector.ErrNotFound) && applied == 0:
+		default:
+			t.Fatalf("round %d: retry %v, discard %v, applied %d times", i, retryErr, discardErr, applied)
+		}
+	}
+}
