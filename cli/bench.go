@@ -26,8 +26,11 @@ the raw-PostgreSQL baseline of the same work, measured in the same run:
                 the same shape into a table of the same shape, 1 and 100 events
                 per transaction, --writers at once
   catch-up      a dispatcher catching up a --events backlog with a counting
-                projection (one upsert per stream) against a hand-written loop:
-                per-event handlers, and the batch (OnBatch + unnest) form with
+                projection (one upsert per stream) against two hand-written
+                loops: the floor, reading the one column the upsert needs, and
+                a decoding loop reading the columns a handler uses and decoding
+                each payload into its Go type; per-event handlers (plain and
+                queued writes), and the batch (OnBatch + unnest) form with
                 payloads decoded and without (RawPayloads)
   latency       append commit to AfterCommit at --rate events/s, p50 and p99,
                 against LISTEN/NOTIFY from the same commit (the floor)
@@ -138,13 +141,18 @@ type BenchConfigJSON struct {
 
 // BenchFigureJSON is one figure: Projector beside its raw baseline, in
 // Unit. Ratio is projector / raw (0 when raw is 0): a fraction of raw for
-// throughput, a multiple of the floor for latency.
+// throughput, a multiple of the floor for latency. The catch-up figures
+// also carry the decoding baseline (the raw loop reading the columns a
+// handler uses and decoding payloads as the form does) and Projector's
+// ratio to it; the others leave both out.
 type BenchFigureJSON struct {
 	Figure        string  `json:"figure"`
 	Unit          string  `json:"unit"`
 	Projector     float64 `json:"projector"`
 	Raw           float64 `json:"raw"`
 	Ratio         float64 `json:"ratio"`
+	RawDecoding   float64 `json:"raw_decoding,omitempty"`
+	RatioDecoding float64 `json:"ratio_decoding,omitempty"`
 	LowerIsBetter bool    `json:"lower_is_better"`
 	PeakHeapMiB   float64 `json:"peak_heap_mib,omitempty"`
 }
@@ -171,6 +179,7 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 		for i, f := range figs {
 			out.Figures[i] = BenchFigureJSON{
 				Figure: f.Name, Unit: f.Unit, Projector: f.Projector, Raw: f.Raw, Ratio: f.Ratio(),
+				RawDecoding: f.RawDecoding, RatioDecoding: f.DecodingRatio(),
 				LowerIsBetter: f.LowerIsBetter, PeakHeapMiB: f.PeakHeapMiB,
 			}
 		}
@@ -178,9 +187,13 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "PostgreSQL %s, schema %s (dropped)\n\n", rep.ServerVersion, rep.Schema)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FIGURE\tPROJECTOR\tRAW BASELINE\tRATIO")
+	fmt.Fprintln(tw, "FIGURE\tPROJECTOR\tRAW BASELINE\tRATIO\tDECODING BASELINE\tRATIO")
 	for _, f := range figs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Name, value(f.Projector, f.Unit), value(f.Raw, f.Unit), ratio(f))
+		dec, decRatio := "-", "-"
+		if f.RawDecoding > 0 {
+			dec, decRatio = value(f.RawDecoding, f.Unit), fmt.Sprintf("%.0f%% of decoding", 100*f.DecodingRatio())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, value(f.Projector, f.Unit), value(f.Raw, f.Unit), ratio(f), dec, decRatio)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

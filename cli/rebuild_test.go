@@ -143,9 +143,15 @@ type cliRun struct {
 }
 
 func (e *rebuildEnv) start(ctx context.Context, wired []*projection.Async, args ...string) *cliRun {
+	return startCLI(ctx, e.t, e.types.Registry, e.schema, Wiring{Async: wired}, args...)
+}
+
+// startCLI runs the command tree with args on schema, in this process, in
+// a binary wired with w.
+func startCLI(ctx context.Context, t *testing.T, reg *projector.Registry, schema string, w Wiring, args ...string) *cliRun {
 	r := &cliRun{done: make(chan struct{})}
-	root := New(Config{Registry: e.types.Registry, Wire: func(string) (Wiring, error) { return Wiring{Async: wired}, nil }})
-	root.SetArgs(append(args, "--database-url", pgtest.URL(e.t), "--schema", e.schema))
+	root := New(Config{Registry: reg, Wire: func(string) (Wiring, error) { return w, nil }})
+	root.SetArgs(append(args, "--database-url", pgtest.URL(t), "--schema", schema))
 	root.SetOut(&r.out)
 	root.SetErr(&r.errOut)
 	go func() {

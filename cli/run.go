@@ -22,6 +22,7 @@ import (
 	"github.com/projectorhq/projector/live"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // runConfig configures the daemon `run` starts.
@@ -52,8 +53,8 @@ func (a *App) runCmd() *cobra.Command {
 		Short: "Run the dispatcher for this binary's projections, with /metrics, /healthz and /readyz",
 		Long: `run starts the dispatcher daemon for the async projections and sagas compiled into
 this binary, with a runner that fires the sagas' timeouts, carries out the rebuilds
-requested for its inline projections (those that declare their tables), and serves,
-on --http-addr:
+requested for its inline projections (those that declare their tables; a binary
+with only inline projections runs for that alone), and serves, on --http-addr:
 
   /metrics   Prometheus metrics (projector_* and Go runtime)
   /healthz   200 while the process runs
@@ -104,9 +105,12 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	if err != nil {
 		return err
 	}
-	if len(w.Async) == 0 && w.Sagas == nil {
-		return errors.New("this binary has no async projections to run (cli.Config.Wire returned none); " +
-			"mount the CLI in your application's binary with its projections (docs/operations.md), or set PROJECTOR_EXAMPLE=1 to run the example application")
+	// Rebuilds of this binary's inline projections, requested from any
+	// binary (`rebuild NAME`) or interrupted elsewhere, are carried out here,
+	// even in a binary that has nothing else to run.
+	inline := rebuildableInline(w)
+	if len(w.Async) == 0 && w.Sagas == nil && len(inline) == 0 {
+		return errNothingToRun
 	}
 	if w.Setup != nil {
 		if err := w.Setup(ctx, pool); err != nil {
@@ -122,6 +126,9 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	async, sagas, err := a.sagaConsumers(store, w, log, reg) // run_saga.go
 	if err != nil {
 		return err
+	}
+	if len(async) == 0 && len(inline) == 0 {
+		return errNothingToRun
 	}
 	var ui http.Handler
 	var tail *live.Feed
@@ -141,8 +148,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 		async = append(async, tail.Projection())
 	}
 
-	d, err := projection.New(projection.Config{Store: store, Projections: async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg,
-		InstanceExpiry: cfg.InstanceExpiry})
+	d, err := newRunDispatcher(store, async, cfg, log, reg)
 	if err != nil {
 		return err
 	}
@@ -179,20 +185,19 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 		}
 		return err
 	}
-	// Rebuilds of this binary's inline projections, requested from any
-	// binary (`rebuild NAME`) or interrupted elsewhere, are carried out here.
-	var inline []*projection.Inline
-	for _, x := range w.Inline {
-		if p, ok := x.(*projection.Inline); ok && len(p.Tables()) > 0 {
-			inline = append(inline, p)
-		}
-	}
 	serveCtx, stopServing := context.WithCancel(ctx)
 	defer stopServing()
 	var serving sync.WaitGroup
 	serving.Go(func() { rebuild.ServeInline(serveCtx, store, inline, rebuild.InlineOptions{}, log, 0) })
 	running.Store(true)
-	fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(async), d.InstanceID())
+	if d.d != nil {
+		fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(async), d.d.InstanceID())
+	} else {
+		fmt.Fprintf(a.out, "%s run: no async consumers to dispatch", a.cfg.Name)
+	}
+	if len(inline) > 0 {
+		fmt.Fprintf(a.out, "; serving rebuilds of %d inline projections", len(inline))
+	}
 	if addr != "" {
 		fmt.Fprintf(a.out, "; metrics on http://%s/metrics", addr)
 		if ui != nil {
@@ -245,4 +250,49 @@ func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(c
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
+}
+
+// errNothingToRun is `run` in a binary wired with nothing it could run.
+var errNothingToRun = errors.New("this binary has no async projections, sagas or inline projections with declared tables to run (cli.Config.Wire returned none); " +
+	"mount the CLI in your application's binary with its projections (docs/operations.md), or set PROJECTOR_EXAMPLE=1 to run the example application")
+
+// rebuildableInline returns the wired inline projections whose rebuilds
+// `run` carries out: those that declare their tables (a rebuild of one that
+// does not is refused when it is requested).
+func rebuildableInline(w Wiring) []*projection.Inline {
+	var inline []*projection.Inline
+	for _, x := range w.Inline {
+		if p, ok := x.(*projection.Inline); ok && len(p.Tables()) > 0 {
+			inline = append(inline, p)
+		}
+	}
+	return inline
+}
+
+// runDispatcher is the dispatcher `run` starts, or none in a binary whose
+// only work is its inline projections' rebuilds: a dispatcher needs
+// projections, and that binary still has rebuilds to serve.
+type runDispatcher struct{ d *projection.Dispatcher }
+
+func newRunDispatcher(store *postgres.Store, async []*projection.Async, cfg runConfig, log *slog.Logger, reg prometheus.Registerer) (runDispatcher, error) {
+	if len(async) == 0 {
+		return runDispatcher{}, nil
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: async, InstanceID: cfg.InstanceID, Logger: log, Registerer: reg,
+		InstanceExpiry: cfg.InstanceExpiry})
+	return runDispatcher{d}, err
+}
+
+func (r runDispatcher) Start(ctx context.Context) error {
+	if r.d == nil {
+		return nil
+	}
+	return r.d.Start(ctx)
+}
+
+func (r runDispatcher) Stop(ctx context.Context) error {
+	if r.d == nil {
+		return nil
+	}
+	return r.d.Stop(ctx)
 }

@@ -35,7 +35,11 @@ func benchEvents() int {
 // counting projection that upserts one row per stream, beside a hand-written
 // loop doing the same work on raw SQL in the same run: one transaction per
 // batch that locks a cursor row, reads the batch in (tx_id, seq) order below
-// the horizon, upserts and moves the cursor. Per-event handlers are compared
+// the horizon, upserts and moves the cursor. That loop reads only the column
+// the upsert needs (the floor, %-of-raw); a second one reads the columns a
+// typical handler uses and decodes each payload into its Go type as the
+// dispatcher does (%-of-decoding), so the cost of what a handler asks for is
+// told apart from Projector's own. Per-event handlers are compared
 // with a loop issuing the same per-event statements; the batch form with a
 // set-based (unnest) loop, with payloads decoded and without
 // (AsyncConfig.RawPayloads). Peak Go heap during the run is reported too: the
@@ -53,7 +57,7 @@ func BenchmarkCatchUp(b *testing.B) {
 	// interleaves three pairs.
 	for _, form := range benchmark.Forms() {
 		b.Run(fmt.Sprintf("events=%d/%s", n, form), func(b *testing.B) {
-			var t benchmark.Throughput
+			var t, dec benchmark.Throughput
 			var peak uint64
 			for b.Loop() {
 				r, err := c.Measure(ctx, form)
@@ -61,9 +65,12 @@ func BenchmarkCatchUp(b *testing.B) {
 					b.Fatal(err)
 				}
 				t.Add(r.Throughput)
+				dec.Add(r.Decoding)
 				peak = max(peak, r.PeakHeap)
 			}
 			t.Report(b)
+			b.ReportMetric(dec.RawRate(), "decoding-raw-events/s")
+			b.ReportMetric(100*dec.Ratio(), "%-of-decoding")
 			b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
 		})
 	}
@@ -161,4 +168,91 @@ func benchAppendInline(b *testing.B, n int, batch bool) {
 	b.ReportMetric(events/plainTime.Seconds(), "plain-events/s")
 	b.ReportMetric(events/inlineTime.Seconds(), "inline-events/s")
 	b.ReportMetric(100*plainTime.Seconds()/inlineTime.Seconds(), "%-of-plain")
+}
+
+// BenchmarkManyConsumers catches 1, 5 and 20 batch-form consumers up on the
+// same 200,000-event backlog (PROJECTOR_BENCH_EVENTS overrides it) in one
+// dispatcher, in one process: each consumer reads the whole log on its own.
+// Beside the total, in the same iteration: the same consumers with no-op
+// handlers (the dispatcher's own work) and the log read alone, n times,
+// whose share of the total says what a shared read per process could save.
+// The work itself is benchmark.CatchUp.MeasureConsumers.
+func BenchmarkManyConsumers(b *testing.B) {
+	n := 200_000
+	if v, err := strconv.Atoi(os.Getenv("PROJECTOR_BENCH_EVENTS")); err == nil && v > 0 {
+		n = v
+	}
+	ctx := context.Background()
+	c, err := benchmark.NewCatchUp(ctx, pgtest.Store(b, benchmark.NewRegistry()), benchmark.CatchUpConfig{Events: n})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, consumers := range []int{1, 5, 20} {
+		b.Run(fmt.Sprintf("events=%d/consumers=%d", n, consumers), func(b *testing.B) {
+			var counting, noop, read time.Duration
+			for b.Loop() {
+				r, err := c.MeasureConsumers(ctx, consumers)
+				if err != nil {
+					b.Fatal(err)
+				}
+				counting, noop, read = counting+r.Counting, noop+r.NoOp, read+r.ReadOnly
+			}
+			delivered := float64(b.N * consumers * n)
+			b.ReportMetric(counting.Seconds()/float64(b.N), "catch-up-s")
+			b.ReportMetric(delivered/counting.Seconds(), "delivered-events/s")
+			b.ReportMetric(delivered/noop.Seconds(), "noop-delivered-events/s")
+			b.ReportMetric(100*read.Seconds()/counting.Seconds(), "%-log-read")
+			b.ReportMetric(100*noop.Seconds()/counting.Seconds(), "%-noop")
+		})
+	}
+}
+
+// BenchmarkHorizonHeld measures what a long transaction costs delivery: at
+// 500 events/s for four seconds, a transaction elsewhere in the cluster
+// takes a transaction id one second in and holds it for hold (none, then
+// one second) before it commits. No reader may pass it (promise 3), so every
+// event committed meanwhile waits for it: the percentiles and the maximum
+// of commit-to-handler latency show the wait, and how fast the dispatcher
+// drains what piled up. Note that it holds back every reader of the
+// cluster for that second, other tests' included.
+func BenchmarkHorizonHeld(b *testing.B) {
+	cfg := benchmark.LatencyConfig{Rate: 500, Duration: 4 * time.Second}
+	for _, hold := range []time.Duration{0, time.Second} {
+		b.Run(fmt.Sprintf("hold=%v", hold), func(b *testing.B) {
+			ctx := context.Background()
+			store := pgtest.Store(b, benchmark.NewRegistry())
+			var p benchmark.Percentiles
+			var worst time.Duration
+			for b.Loop() {
+				held := make(chan error, 1)
+				go func() {
+					if hold == 0 {
+						held <- nil
+						return
+					}
+					time.Sleep(time.Second) // one second into the run
+					held <- pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+						if _, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+							return err
+						}
+						time.Sleep(hold)
+						return nil
+					})
+				}()
+				lat, err := benchmark.LatencySamples(ctx, store, benchmark.Dispatcher, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := <-held; err != nil {
+					b.Fatal(err)
+				}
+				p = benchmark.Summarize(lat)
+				for _, l := range lat {
+					worst = max(worst, l)
+				}
+			}
+			p.Report(b)
+			b.ReportMetric(float64(worst.Microseconds())/1000, "max-ms")
+		})
+	}
 }

@@ -116,6 +116,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 		return err
 	})
+	// The first handler savepoint goes out in the same round trip: taking
+	// it before the log read changes nothing (the read writes nothing), it
+	// takes no transaction id, and a pass that stops here rolls it back
+	// with the rest. A shadow pass writes its own state before the
+	// handlers run (search path, rebuild status), which a rollback to this
+	// savepoint would undo: it takes a savepoint of its own later.
+	b.Queue("SAVEPOINT " + savepointName(0))
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return passResult{}, fmt.Errorf("lock shard: %w", err)
 	}
@@ -213,7 +220,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	// (and be retried, or go dead) rather than stall the fleet.
 	handlerCtx, cancel := context.WithTimeout(ctx, cfg.BatchTimeout)
 	defer cancel()
-	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant, queue: &writeQueue{}}
+	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant, queue: &writeQueue{}, savepointed: sh.shadow == nil}
 	r.handlerCtx = context.WithValue(handlerCtx, queueKey{}, r.queue)
 	if replaying {
 		r.handlerCtx = withReplay(r.handlerCtx, sh.replayState())
@@ -475,15 +482,24 @@ type run struct {
 	abort error
 	// timedOut is set when a handler failed after the batch deadline.
 	timedOut bool
+	// savepointed is set while the first savepoint, sent with the shard's
+	// lock, is still unused: the first applyUntil takes it instead of
+	// sending its own.
+	savepointed bool
 }
+
+// savepointName is the savepoint of applyUntil at depth.
+func savepointName(depth int) string { return "projector_sp" + strconv.Itoa(depth) }
 
 // applyUntil applies events in order under a savepoint. It returns -1 when
 // all were applied, else the index of the first event that failed and its
 // error; then the effects of the events before it are in place and those of
 // the failing event and after are rolled back.
 func (r *run) applyUntil(ctx context.Context, events []projector.Event, depth int) (int, error) {
-	sp := "projector_sp" + strconv.Itoa(depth)
-	if _, err := r.tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
+	sp := savepointName(depth)
+	if depth == 0 && r.savepointed {
+		r.savepointed = false // taken with the shard's lock, nothing written since
+	} else if _, err := r.tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
 		r.abort = fmt.Errorf("savepoint: %w", err)
 		return 0, r.abort
 	}

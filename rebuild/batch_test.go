@@ -183,3 +183,61 @@ func TestQuietLogRebuildSwitchesBeforeRecheck(t *testing.T) {
 		t.Fatalf("switched model %+v, %v", r, err)
 	}
 }
+
+// Shadow passes commit with synchronous_commit off (a commit lost in a
+// crash is read again from the shadow cursor; no reader uses the shadow
+// tables), live passes with the session's setting; and writes queued with
+// projection.Queue are pipelined in shadow passes as in live ones: the
+// switched model, built only from queued writes, is exact.
+func TestShadowPassesCommitAsynchronouslyAndPipelineQueuedWrites(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const streams = 40
+	for i := range streams {
+		e.appendBatch(t, i, 1)
+	}
+	var mu sync.Mutex
+	seen := map[bool]map[string]bool{false: {}, true: {}} // by Replaying: synchronous_commit values
+	p := projection.NewAsync("counter", projection.AsyncConfig{Version: 1, Tables: []string{e.table}, BatchSize: 7})
+	must(projection.OnEvent(p, e.types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		var sc string
+		if err := tx.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&sc); err != nil {
+			return err
+		}
+		mu.Lock()
+		seen[projection.Replaying(ctx)][sc] = true
+		mu.Unlock()
+		return projection.Queue(ctx, `INSERT INTO `+projection.Table(ctx, e.table)+` AS c (stream_id, n, v) VALUES ($1, 1, 1)
+			ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1`, ev.Stream.ID)
+	}))
+	var session string
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT current_setting('synchronous_commit')`).Scan(&session); err != nil {
+		t.Fatal(err)
+	}
+	if session == "off" {
+		t.Fatal("the test database's sessions run with synchronous_commit off: nothing to tell shadow passes from live ones by")
+	}
+	d := e.dispatcher(p)
+	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE ` + pgx.Identifier{e.schema, "counts"}.Sanitize() + ` SET n = 0`)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if final, err := rebuild.Wait(ctx, e.store, "counter", 10*time.Millisecond, nil); err != nil || final.Status != rebuild.Switched {
+		t.Fatalf("rebuild ended %+v, %v", final, err)
+	}
+	var rows, counted int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*), coalesce(sum(n), 0) FROM `+pgx.Identifier{e.schema, "counts"}.Sanitize()+` WHERE n = 1`).
+		Scan(&rows, &counted); err != nil || rows != streams || counted != streams {
+		t.Fatalf("switched model: %d rows counting one event each (%v), want %d", rows, err, streams)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen[false]) != 1 || !seen[false][session] || len(seen[true]) != 1 || !seen[true]["off"] {
+		t.Fatalf("synchronous_commit seen by live passes %v (want only %q), by shadow passes %v (want only off)", seen[false], session, seen[true])
+	}
+}

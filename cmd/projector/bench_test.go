@@ -28,7 +28,7 @@ func TestBenchTable(t *testing.T) {
 		t.Fatalf("bench: %+v", r)
 	}
 	for _, row := range []string{
-		"FIGURE", "append, 1 event/tx, 2 writers", "append, 100 events/tx, 2 writers",
+		"FIGURE", "DECODING BASELINE", "append, 1 event/tx, 2 writers", "append, 100 events/tx, 2 writers",
 		"catch-up, per-event handler", "catch-up, per-event handler, queued writes", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
 		"rebuild log, live catch-up (batches of 100)", "rebuild log, blue/green rebuild (batches of 400)",
 		"× the live catch-up rate", "the switch held the live tables", "shadow batches of 400",
@@ -68,6 +68,9 @@ func TestBenchJSON(t *testing.T) {
 	for _, f := range out.Figures {
 		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio <= 0) {
 			t.Errorf("figure %+v", f)
+		}
+		if catchUp := strings.HasPrefix(f.Figure, "catch-up"); catchUp != (f.RawDecoding > 0 && f.RatioDecoding > 0) {
+			t.Errorf("figure %+v: decoding baseline on the catch-up figures only", f)
 		}
 	}
 	if !strings.HasPrefix(out.Schema, "projector_bench_") || pgtest.SchemaExists(t, out.Schema) {

@@ -110,6 +110,10 @@ func TestMeasureCatchUp(t *testing.T) {
 	}
 	for i, r := range res {
 		checkThroughput(t, string(r.Form), r.Throughput)
+		checkThroughput(t, string(r.Form)+" decoding", r.Decoding)
+		if r.Decoding.ProjectorTime != r.ProjectorTime || r.Decoding.RawEvents != 1234 {
+			t.Errorf("result %d: decoding baseline %+v beside %+v", i, r.Decoding, r.Throughput)
+		}
 		if r.Form != benchmark.Forms()[i] || r.RawEvents != 1234 || r.ProjectorEvents != 1234 || r.BatchSize != 100 || r.PeakHeap == 0 {
 			t.Errorf("result %d: %+v", i, r)
 		}
@@ -161,9 +165,13 @@ func TestRunDropsItsSchema(t *testing.T) {
 	if len(figs) != 10 {
 		t.Fatalf("%d figures, want 2 append + 4 catch-up + 2 latency + 2 rebuild: %+v", len(figs), figs)
 	}
-	for _, f := range figs {
+	for i, f := range figs {
 		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio() <= 0) || (f.Unit == "events/s") == f.LowerIsBetter {
 			t.Errorf("figure %+v (ratio %.2f)", f, f.Ratio())
+		}
+		// The catch-up figures, and only they, carry the decoding baseline.
+		if catchUp := i >= 2 && i < 6; catchUp != (f.RawDecoding > 0 && f.DecodingRatio() > 0) {
+			t.Errorf("figure %d %q: decoding baseline %v", i, f.Name, f.RawDecoding)
 		}
 	}
 	if r := rep.Rebuild; r.Events != 1500 || r.RebuildBatchSize != 400 || r.SwitchLock <= 0 {

@@ -3,6 +3,7 @@ package benchmark
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -77,7 +78,18 @@ type CatchUpResult struct {
 	Form      Form
 	Events    int // the backlog; each side applies all of it once per round
 	BatchSize int
+	// Throughput is Projector beside the one-column raw loop, the floor:
+	// it reads only the stream id the upsert needs and decodes nothing.
 	Throughput
+	// Decoding is Projector beside the second, fairer baseline: the same
+	// raw loop reading the columns a typical handler uses (id, position,
+	// tenant, stream, version, type, schema version, payload, recorded
+	// time) and decoding each payload into the same Go type the
+	// dispatcher hands the handler, with encoding/json. For
+	// [BatchedRawPayloads] it reads the same columns but, like that form,
+	// leaves the payload undecoded. Its Projector side is the same run as
+	// Throughput's.
+	Decoding Throughput
 	// PeakHeap is the most Go heap in use while the dispatcher ran, in
 	// bytes: the dispatcher streams batches, so it must not grow with the
 	// backlog.
@@ -115,10 +127,10 @@ const catchUpConsumer = "bench-catch-up"
 // upserts and moves the cursor. [MeasureCatchUp] and BenchmarkCatchUp both
 // drive it.
 type CatchUp struct {
-	store                                           *postgres.Store
-	cfg                                             CatchUpConfig
-	counts, cursor                                  string
-	upsert, setUpsert, read, lockCursor, moveCursor string
+	store                                                     *postgres.Store
+	cfg                                                       CatchUpConfig
+	counts, cursor                                            string
+	upsert, setUpsert, read, readFull, lockCursor, moveCursor string
 }
 
 // NewCatchUp creates the read-model and cursor tables in store's schema
@@ -139,6 +151,11 @@ func NewCatchUp(ctx context.Context, store *postgres.Store, cfg CatchUpConfig) (
 	c.setUpsert = `INSERT INTO ` + c.counts + ` AS c (stream_id, n) SELECT * FROM unnest($1::text[], $2::bigint[])
 		ON CONFLICT (stream_id) DO UPDATE SET n = c.n + excluded.n`
 	c.read = `SELECT e.tx_id, e.seq, e.stream_id FROM ` + events + ` e
+		WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < pg_snapshot_xmin(pg_current_snapshot())
+		  AND e.type = ANY($3::text[])
+		ORDER BY e.tx_id, e.seq LIMIT $4`
+	c.readFull = `SELECT e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type, e.schema_version,
+		  e.data, e.recorded_at FROM ` + events + ` e
 		WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < pg_snapshot_xmin(pg_current_snapshot())
 		  AND e.type = ANY($3::text[])
 		ORDER BY e.tx_id, e.seq LIMIT $4`
@@ -188,12 +205,12 @@ func (c *CatchUp) Close(ctx context.Context) error {
 	return nil
 }
 
-// Measure catches the whole backlog up twice from an empty read model:
-// first with the raw loop, then with a dispatcher running the projection
-// in form, back to back so drift on a shared machine hits both alike. Each
-// side's time runs from start to the last batch committed (the dispatcher's
-// from New to Stop); each must have counted every backlog event exactly
-// once, or Measure fails.
+// Measure catches the whole backlog up three times from an empty read
+// model: with the one-column raw loop, with the decoding raw loop, then
+// with a dispatcher running the projection in form, back to back so drift
+// on a shared machine hits all alike. Each side's time runs from start to
+// the last batch committed (the dispatcher's from New to Stop); each must
+// have counted every backlog event exactly once, or Measure fails.
 func (c *CatchUp) Measure(ctx context.Context, form Form) (CatchUpResult, error) {
 	res := CatchUpResult{Form: form, Events: c.cfg.Events, BatchSize: c.cfg.BatchSize}
 	var p *projection.Async
@@ -205,38 +222,48 @@ func (c *CatchUp) Measure(ctx context.Context, form Form) (CatchUpResult, error)
 	default:
 		return res, fmt.Errorf("catch-up: unknown form %q", form)
 	}
-	for _, raw := range []bool{true, false} {
-		side := "dispatcher"
-		if raw {
-			side = "raw loop"
-		}
+	const (
+		floor = iota
+		decoding
+		dispatcher
+	)
+	for side := range []int{floor, decoding, dispatcher} {
+		name := [...]string{"raw loop", "decoding raw loop", "dispatcher"}[side]
 		if err := c.reset(ctx); err != nil {
 			return res, err
 		}
 		runtime.GC()
 		stopHeap := func() {}
-		if !raw {
+		if side == dispatcher {
 			stopHeap = sampleHeap(&res.PeakHeap)
 		}
 		start := time.Now()
 		var err error
-		if raw {
-			err = c.rawLoop(ctx, form)
-		} else {
+		switch side {
+		case floor:
+			err = c.rawLoop(ctx, form, false)
+		case decoding:
+			err = c.rawLoop(ctx, form, true)
+		default:
 			err = c.dispatch(ctx, p)
 		}
 		took := time.Since(start)
 		stopHeap()
 		if err != nil {
-			return res, fmt.Errorf("catch-up %s, %s: %w", form, side, err)
+			return res, fmt.Errorf("catch-up %s, %s: %w", form, name, err)
 		}
 		if err := c.checkApplied(ctx); err != nil {
-			return res, fmt.Errorf("catch-up %s, %s: %w", form, side, err)
+			return res, fmt.Errorf("catch-up %s, %s: %w", form, name, err)
 		}
-		if raw {
-			res.RawEvents, res.RawTime = int64(c.cfg.Events), took
-		} else {
-			res.ProjectorEvents, res.ProjectorTime = int64(c.cfg.Events), took
+		n := int64(c.cfg.Events)
+		switch side {
+		case floor:
+			res.RawEvents, res.RawTime = n, took
+		case decoding:
+			res.Decoding.RawEvents, res.Decoding.RawTime = n, took
+		default:
+			res.ProjectorEvents, res.ProjectorTime = n, took
+			res.Decoding.ProjectorEvents, res.Decoding.ProjectorTime = n, took
 		}
 	}
 	return res, nil
@@ -326,51 +353,74 @@ func stopDispatcher(ctx context.Context, d *projection.Dispatcher) error {
 }
 
 // rawLoop is the baseline: batches of the same size in one transaction
-// each, per-event upserts or one set-based upsert per batch.
-func (c *CatchUp) rawLoop(ctx context.Context, form Form) error {
+// each, per-event upserts or one set-based upsert per batch. With full
+// false it reads the one column the upsert needs (the floor); with full
+// true it reads the columns a typical handler uses and, unless form is
+// [BatchedRawPayloads], decodes each payload into [Backlogged] with
+// encoding/json, as the dispatcher does for the handler.
+func (c *CatchUp) rawLoop(ctx context.Context, form Form, full bool) error {
 	types := []string{BackloggedType}
 	applied := 0
+	decode := full && form != BatchedRawPayloads
+	var evs []rawEvent // reused across batches, as a careful loop would
 	for {
-		full, n := false, 0
+		more, n := false, 0
 		err := pgx.BeginFunc(ctx, c.store.Pool(), func(tx pgx.Tx) error {
 			var txID uint64
 			var seq int64
 			if err := tx.QueryRow(ctx, c.lockCursor).Scan(&txID, &seq); err != nil {
 				return fmt.Errorf("lock cursor: %w", err)
 			}
-			rows, err := tx.Query(ctx, c.read, txID, seq, types, c.cfg.BatchSize)
+			read := c.read
+			if full {
+				read = c.readFull
+			}
+			rows, err := tx.Query(ctx, read, txID, seq, types, c.cfg.BatchSize)
 			if err != nil {
 				return fmt.Errorf("read batch: %w", err)
 			}
-			var streams []string
-			var stream string
-			if _, err := pgx.ForEachRow(rows, []any{&txID, &seq, &stream}, func() error {
-				streams = append(streams, stream)
+			evs = evs[:0]
+			var ev rawEvent
+			dest := []any{&ev.txID, &ev.seq, &ev.streamID}
+			if full {
+				dest = []any{&ev.txID, &ev.seq, &ev.id, &ev.tenant, &ev.streamType, &ev.streamID, &ev.version, &ev.typ,
+					&ev.schemaVersion, &ev.data, &ev.recordedAt}
+			}
+			if _, err := pgx.ForEachRow(rows, dest, func() error {
+				if decode {
+					var p Backlogged
+					if err := json.Unmarshal(ev.data, &p); err != nil {
+						return fmt.Errorf("decode %s: %w", ev.typ, err)
+					}
+					ev.payload = p
+				}
+				evs = append(evs, ev)
 				return nil
 			}); err != nil {
 				return fmt.Errorf("read batch: %w", err)
 			}
-			full, n = len(streams) == c.cfg.BatchSize, len(streams)
-			if len(streams) == 0 {
+			more, n = len(evs) == c.cfg.BatchSize, len(evs)
+			if n == 0 {
 				return nil
 			}
+			txID, seq = evs[n-1].txID, evs[n-1].seq
 			switch form {
 			case Batched, BatchedRawPayloads:
-				ids, counts := countByStream(streams)
+				ids, counts := countByStream(evs)
 				if _, err := tx.Exec(ctx, c.setUpsert, ids, counts); err != nil {
 					return fmt.Errorf("upsert: %w", err)
 				}
 			case Pipelined:
 				b := &pgx.Batch{}
-				for _, s := range streams {
-					b.Queue(c.upsert, s)
+				for i := range evs {
+					b.Queue(c.upsert, evs[i].streamID)
 				}
 				if err := tx.SendBatch(ctx, b).Close(); err != nil {
 					return fmt.Errorf("upsert: %w", err)
 				}
 			default:
-				for _, s := range streams {
-					if _, err := tx.Exec(ctx, c.upsert, s); err != nil {
+				for i := range evs {
+					if _, err := tx.Exec(ctx, c.upsert, evs[i].streamID); err != nil {
 						return fmt.Errorf("upsert: %w", err)
 					}
 				}
@@ -385,7 +435,7 @@ func (c *CatchUp) rawLoop(ctx context.Context, form Form) error {
 		}
 		applied += n
 		switch {
-		case full:
+		case more:
 		case applied >= c.cfg.Events:
 			return nil
 		default:
@@ -400,20 +450,38 @@ func (c *CatchUp) rawLoop(ctx context.Context, form Form) error {
 	}
 }
 
+// rawEvent is what the raw loops read of an event: the floor fills the
+// position and stream id only, the decoding loop all of it.
+type rawEvent struct {
+	txID          uint64
+	seq           int64
+	id            [16]byte
+	tenant        string
+	streamType    string
+	streamID      string
+	version       int64
+	typ           string
+	schemaVersion int32
+	data          []byte
+	recordedAt    time.Time
+	payload       Backlogged
+}
+
 // countByStream counts each stream's events, streams in order of first
 // appearance.
-func countByStream(streams []string) ([]string, []int64) {
+func countByStream(evs []rawEvent) ([]string, []int64) {
 	index := map[string]int{}
 	var ids []string
 	var counts []int64
-	for _, s := range streams {
-		i, ok := index[s]
+	for i := range evs {
+		s := evs[i].streamID
+		k, ok := index[s]
 		if !ok {
-			i = len(ids)
-			index[s] = i
+			k = len(ids)
+			index[s] = k
 			ids, counts = append(ids, s), append(counts, 0)
 		}
-		counts[i]++
+		counts[k]++
 	}
 	return ids, counts
 }

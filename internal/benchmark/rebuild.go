@@ -169,10 +169,12 @@ func (r *Rebuild) Close(ctx context.Context) error {
 	defer cancel()
 	store := r.c.store
 	var errs []error
-	if err := rebuild.Cancel(ctx, store, rebuildConsumer); err != nil && !errors.Is(err, rebuild.ErrNotActive) {
+	// A measurement that never ran (a benchmark filtered out) left no
+	// projection registered: nothing to cancel or drop then.
+	if err := rebuild.Cancel(ctx, store, rebuildConsumer); err != nil && !errors.Is(err, rebuild.ErrNotActive) && !errors.Is(err, rebuild.ErrUnknownProjection) {
 		errs = append(errs, err)
 	}
-	if _, err := rebuild.DropOld(ctx, store, rebuildConsumer); err != nil {
+	if _, err := rebuild.DropOld(ctx, store, rebuildConsumer); err != nil && !errors.Is(err, rebuild.ErrUnknownProjection) {
 		errs = append(errs, err)
 	}
 	return errors.Join(append(errs, r.c.Close(ctx))...)
@@ -197,7 +199,7 @@ func (r *Rebuild) Measure(ctx context.Context, rebuildBatch int) (RebuildResult,
 		return res, err
 	}
 	start := time.Now()
-	if err := r.c.rawLoop(ctx, cfg.Form); err != nil {
+	if err := r.c.rawLoop(ctx, cfg.Form, false); err != nil {
 		return res, fmt.Errorf("rebuild, raw loop: %w", err)
 	}
 	res.RawTime = time.Since(start)

@@ -100,11 +100,15 @@ FROM h LEFT JOIN LATERAL (
 // of those returned). Each type is read in log order through the
 // (type, tx_id, seq) index, with the same gap-safe bounds, and the ordered
 // reads are merged (Merge Append): a batch costs the events it returns
-// plus one index descent per type. The lower bound is written over the
-// index's own columns, (type, tx_id, seq), so the planner cannot mistake the
-// primary key for the cheaper path (it would filter by type again). %s
-// stands for one branch per type,
-// joined by UNION ALL; each takes its type as the array element $4[i].
+// plus one index descent per type. The descent must land on the cursor, not
+// on the type's first event: the branch says type = $4[i] and
+// (tx_id, seq) > cursor, which the B-tree turns into the start key
+// (type, tx_id, seq) > ($4[i], cursor). Written as one row comparison over
+// (type, tx_id, seq) beside the equality, PostgreSQL 15 started every read
+// at the equality and walked the type's every earlier index entry: a batch
+// cost its position in the log, a catch-up the square of the log. %s
+// stands for one branch per type, joined by UNION ALL; each takes its type
+// as the array element $4[i].
 const readLogTypesSQL = `
 WITH h AS MATERIALIZED (
 	SELECT LEAST(pg_snapshot_xmin(pg_current_snapshot()), pg_current_xact_id_if_assigned()) AS xmin
@@ -116,7 +120,7 @@ FROM h LEFT JOIN LATERAL (
 
 // readLogTypeBranch is one type's ordered read in readLogTypesSQL.
 const readLogTypeBranch = `(SELECT * FROM {{s}}.projector_events e
-		WHERE e.type = ($4::text[])[%[1]d] AND (e.type, e.tx_id, e.seq) > (($4::text[])[%[1]d], $1::xid8, $2::bigint) AND e.tx_id < h.xmin
+		WHERE e.type = ($4::text[])[%[1]d] AND (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < h.xmin
 		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
 		ORDER BY e.tx_id, e.seq LIMIT $3)`
 
