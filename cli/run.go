@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector/console"
+	"github.com/projectorhq/projector/live"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -36,6 +39,11 @@ type runConfig struct {
 	// instance may go unseen before its per-instance shards stop holding
 	// retention back.
 	InstanceExpiry time.Duration
+	// ConsolePayloads shows event payloads on the console's single
+	// dead-letter view (console.Config.ShowPayloads).
+	ConsolePayloads bool
+	// NoConsole serves no console, only /metrics, /healthz and /readyz.
+	NoConsole bool
 }
 
 func (a *App) runCmd() *cobra.Command {
@@ -51,6 +59,9 @@ with only inline projections runs for that alone), and serves, on --http-addr:
   /metrics   Prometheus metrics (projector_* and Go runtime)
   /healthz   200 while the process runs
   /readyz    200 while the dispatcher runs and the database answers, else 503
+  /console/  the operator console (docs/console.md): consumers, horizon, dead
+             letters, rebuilds, sagas, live updates; read-only unless
+             $` + console.EnvToken + ` holds the operator token
 
 SIGINT or SIGTERM stops it gracefully: running batches get --stop-timeout to
 finish, then roll back (nothing is lost; they are applied again later).`,
@@ -60,10 +71,16 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 	cmd.Flags().StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9464", "address for /metrics, /healthz, /readyz (empty: no HTTP)")
 	cmd.Flags().StringVar(&cfg.InstanceID, "instance-id", "", "this process's instance id (default $"+projection.EnvInstanceID+" or a random UUID)")
 	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown")
+	cmd.Flags().BoolVar(&cfg.ConsolePayloads, "console-payloads", false, "show event payloads on the console's dead-letter view (they may carry personal data)")
+	cmd.Flags().BoolVar(&cfg.NoConsole, "no-console", false, "serve no operator console on --http-addr")
 	cmd.Flags().DurationVar(&cfg.InstanceExpiry, "instance-expiry", projection.DefaultInstanceExpiry,
 		fmt.Sprintf("how long this instance may go unseen before its per-instance shards stop holding retention back (%s to %s)", human(minInstanceExpiry), human(projection.MaxInstanceExpiry)))
 	return cmd
 }
+
+// consoleTailName is the consumer name of the console's live tail: one
+// per-instance shard per `run` process, shown by `status` like any other.
+const consoleTailName = "console_tail"
 
 // minInstanceExpiry is the shortest --instance-expiry: as many heartbeats
 // as the dispatcher requires at its default heartbeat.
@@ -113,6 +130,24 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	if len(async) == 0 && len(inline) == 0 {
 		return errNothingToRun
 	}
+	var ui http.Handler
+	var tail *live.Feed
+	if cfg.HTTPAddr != "" && !cfg.NoConsole {
+		// The console's live tail: a live feed whose per-instance consumer
+		// this dispatcher runs beside the application's, envelopes only.
+		if tail, err = live.New(live.Config{Store: store, Name: consoleTailName, Authorize: console.TailTenant, Logger: log}); err != nil {
+			return fmt.Errorf("console live tail: %w", err)
+		}
+		defer tail.Close()
+		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
+			Projections: async, Sagas: sagas.names, Tail: tail, Logger: log})
+		if err != nil {
+			return usageError{fmt.Errorf("console: %w (set $%s to %d or more characters, or unset it for a read-only console)", err, console.EnvToken, console.MinTokenLength)}
+		}
+		ui = c
+		async = append(async, tail.Projection())
+	}
+
 	d, err := newRunDispatcher(store, async, cfg, log, reg)
 	if err != nil {
 		return err
@@ -127,7 +162,10 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 			return usageError{fmt.Errorf("--http-addr: %w", err)}
 		}
 		addr = ln.Addr().String()
-		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping, ui), ReadHeaderTimeout: 5 * time.Second}
+		if tail != nil {
+			srv.RegisterOnShutdown(tail.Close) // ends the tail's streams, which Shutdown would wait for
+		}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("run: http server", slog.Any("error", err))
@@ -162,6 +200,9 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	}
 	if addr != "" {
 		fmt.Fprintf(a.out, "; metrics on http://%s/metrics", addr)
+		if ui != nil {
+			fmt.Fprintf(a.out, ", console on http://%s/console/", addr)
+		}
 	}
 	fmt.Fprintln(a.out)
 
@@ -183,8 +224,14 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	return nil
 }
 
-func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error) http.Handler {
+// routes serves the metrics and probes, and the console at /console/ (with
+// / redirecting to it) when ui is not nil.
+func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error, ui http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	if ui != nil {
+		mux.Handle("/console/", http.StripPrefix("/console", ui))
+		mux.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusFound))
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

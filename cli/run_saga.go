@@ -43,12 +43,20 @@ func (a *App) sagaConsumers(store *postgres.Store, w Wiring, log *slog.Logger, r
 	if err != nil {
 		return nil, nil, fmt.Errorf("wire sagas: %w", err)
 	}
-	return async, &sagaRunner{r: r}, nil
+	names := make([]string, len(defs))
+	for i, s := range defs {
+		names[i] = s.Name()
+	}
+	return async, &sagaRunner{r: r, names: names}, nil
 }
 
 // sagaRunner is the saga runner `run` starts beside the dispatcher, or
 // nothing when the binary has no sagas.
-type sagaRunner struct{ r *saga.Runner }
+type sagaRunner struct {
+	r *saga.Runner
+	// names are the sagas' names, whose instances the console lists.
+	names []string
+}
 
 func (s *sagaRunner) Start(ctx context.Context) error {
 	if s.r == nil {

@@ -45,19 +45,9 @@ func shardRole(s projection.ShardState) string {
 	return RolePerInstance
 }
 
-// rebuildOf returns the rebuild the shard carries out, if any: a blue/green
-// rebuild runs on its shadow shard, an in-place one on the live shard.
+// rebuildOf returns the rebuild the shard carries out, if any.
 func rebuildOf(s projection.ShardState, rebuilds []rebuild.Rebuild) *rebuild.Rebuild {
-	for i, r := range rebuilds {
-		if r.Name != s.Consumer || !r.Active() {
-			continue
-		}
-		if ((r.Mode == rebuild.BlueGreen || r.Mode == rebuild.InlineRebuild) && s.Instance == projection.RebuildInstance) ||
-			(r.Mode == rebuild.InPlace && s.Instance == projection.SharedInstance) {
-			return &rebuilds[i]
-		}
-	}
-	return nil
+	return rebuild.ForShard(rebuilds, s.ShardID)
 }
 
 func shardRebuildJSON(r *rebuild.Rebuild) *ShardRebuildJSON {

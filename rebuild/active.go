@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -29,4 +30,21 @@ func InProgress(ctx context.Context, store *postgres.Store) ([]Rebuild, error) {
 		}
 	}
 	return out, nil
+}
+
+// ForShard returns the active rebuild among rebuilds that shard carries
+// out, nil if none: a blue/green or inline rebuild runs on its shadow shard
+// (projection.RebuildInstance), one in place on the live shared shard. The
+// CLI's status and the console show it beside the shard.
+func ForShard(rebuilds []Rebuild, shard projection.ShardID) *Rebuild {
+	for i, r := range rebuilds {
+		if r.Name != shard.Consumer || !r.Active() {
+			continue
+		}
+		if ((r.Mode == BlueGreen || r.Mode == InlineRebuild) && shard.Instance == projection.RebuildInstance) ||
+			(r.Mode == InPlace && (shard.Instance == projection.SharedInstance || shard.Instance == "")) {
+			return &rebuilds[i]
+		}
+	}
+	return nil
 }

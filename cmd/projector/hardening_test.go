@@ -239,3 +239,12 @@ func TestRunPortInUseExitsOne(t *testing.T) {
 	defer ln.Close()
 	wantError(t, run(t, o.env, "run", "--http-addr", ln.Addr().String(), "--instance-id", "port-test"), 1, "address already in use")
 }
+
+// A console token too short to be safe is a bad configuration (exit 2),
+// before anything is served.
+func TestRunShortConsoleTokenExitsTwo(t *testing.T) {
+	t.Parallel()
+	o := newOpsEnv(t)
+	env := append([]string{"PROJECTOR_CONSOLE_TOKEN=short"}, o.env...)
+	wantError(t, run(t, env, "run", "--http-addr", "127.0.0.1:0", "--instance-id", "token-test"), 2, "PROJECTOR_CONSOLE_TOKEN")
+}

@@ -154,7 +154,9 @@ func TestRunStatusAndGracefulStop(t *testing.T) {
 		if err := unmarshalStatusShards(r.stdout, &shards); err != nil {
 			t.Fatalf("status -o json is not JSON: %v\n%s", err, r.stdout)
 		}
-		caught := len(shards) == 6 // agent_workload, customer_history, welcome_mail, live_counter, ticket_search, and the SLA saga ticket_sla
+		// agent_workload, customer_history, welcome_mail, live_counter, ticket_search, the SLA saga
+		// ticket_sla, and console_tail, the console's live tail
+		caught := len(shards) == 7
 		for _, s := range shards {
 			caught = caught && s.LagEvents == 0 && s.Status == "idle"
 		}
@@ -172,6 +174,28 @@ func TestRunStatusAndGracefulStop(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	// The console is served next to the metrics, read-only without a
+	// token, with the sagas the binary runs; / leads to it.
+	if code, page := get(t, "http://"+addr+"/console/"); code != 200 || !strings.Contains(page, "read-only") ||
+		!strings.Contains(page, `data-consumer="agent_workload"`) || !strings.Contains(page, "ticket_sla") || strings.Contains(page, `class="act"`) || !strings.Contains(page, `id="tail-panel"`) {
+		t.Errorf("console: %d, want the read-only dashboard with the consumers, the saga and the live tail", code)
+	}
+	if code, _ := get(t, "http://"+addr+"/"); code != 200 {
+		t.Errorf("/ does not lead to the console: %d", code)
+	}
+	// Its live tail is an SSE stream of the live feed.
+	tailCtx, cancelTail := context.WithTimeout(context.Background(), 10*time.Second)
+	req, _ := http.NewRequestWithContext(tailCtx, http.MethodGet, "http://"+addr+"/console/tail", nil)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Errorf("console tail: %v", err)
+	} else {
+		first, _ := bufio.NewReader(resp.Body).ReadString('\n')
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || !strings.HasPrefix(first, ": projector live feed") {
+			t.Errorf("console tail: %d %s %q, want an SSE stream", resp.StatusCode, resp.Header.Get("Content-Type"), first)
+		}
+		resp.Body.Close()
+	}
+	cancelTail()
 	r = run(t, o.env, "status")
 	for _, want := range []string{"CONSUMER", "agent_workload", "live_counter", "test-1", "idle"} {
 		if !strings.Contains(r.stdout, want) {

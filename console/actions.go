@@ -1,0 +1,169 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
+)
+
+// consumerOps are the consumer actions: the same guarded transitions of
+// projection.Admin that `projector consumer restart|skip|disable|enable`
+// runs.
+var consumerOps = map[string]func(*projection.Admin, context.Context, projection.ShardID) error{
+	"restart": (*projection.Admin).Restart,
+	"skip":    (*projection.Admin).Skip,
+	"disable": (*projection.Admin).Disable,
+	"enable":  (*projection.Admin).Enable,
+}
+
+// action serves POST /actions/{kind}/{op}: it checks, in order, that the
+// console has a token, that the request is signed in, that a cookie session
+// sent its CSRF token (the same-origin check ran before, in
+// http.CrossOriginProtection), and that the input is valid; then it runs the
+// library call the CLI runs and logs who did what with which result.
+func (c *Console) action(w http.ResponseWriter, r *http.Request) {
+	if c.ReadOnly() {
+		c.deny(w, r, http.StatusForbidden, "this console is read-only: no "+EnvToken+" is configured")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	o := c.who(r)
+	if !o.ok() {
+		c.deny(w, r, http.StatusUnauthorized, "sign in with the operator token first")
+		return
+	}
+	if !c.csrfOK(r, o) {
+		c.deny(w, r, http.StatusForbidden, "missing or wrong CSRF token")
+		return
+	}
+	kind, op := r.PathValue("kind"), r.PathValue("op")
+	what := kind + " " + op
+	target, run, err := c.plan(r, kind, op)
+	if err != nil {
+		code := http.StatusBadRequest
+		if !errors.Is(err, ErrInvalidInput) {
+			code = http.StatusNotFound
+		}
+		c.log.Warn("console: action refused", slog.String("who", o.name), slog.String("remote", remote(r)),
+			slog.String("action", what), slog.String("result", "bad request"), slog.Any("error", err))
+		c.reply(w, r, code, err.Error())
+		return
+	}
+	msg, err := run(r.Context())
+	c.invalidate()
+	result, code := "ok", http.StatusOK
+	switch {
+	case err == nil:
+	case errors.Is(err, projector.ErrNotFound):
+		result, code = "not found", http.StatusNotFound
+	case refusal(err):
+		result, code = "refused", http.StatusConflict
+	default:
+		result, code = "error", http.StatusInternalServerError
+	}
+	attrs := []any{slog.String("who", o.name), slog.String("remote", remote(r)), slog.String("action", what),
+		slog.String("target", target), slog.String("result", result)}
+	if err != nil {
+		msg = err.Error()
+		attrs = append(attrs, slog.Any("error", err))
+	}
+	c.log.Info("console: action", attrs...)
+	c.reply(w, r, code, msg)
+}
+
+// refusal reports an error that is a guarded transition's "not now": the
+// state does not allow it and nothing changed (the CLI's exit code 3).
+func refusal(err error) bool {
+	return errors.Is(err, projector.ErrInvalidTransition) || errors.Is(err, rebuild.ErrActive) || errors.Is(err, rebuild.ErrNotActive) ||
+		errors.Is(err, rebuild.ErrNoTables) || errors.Is(err, rebuild.ErrNotRebuildable) || errors.Is(err, rebuild.ErrPruned) ||
+		errors.Is(err, rebuild.ErrNotReady) || errors.Is(err, rebuild.ErrNoPrimaryKey) || errors.Is(err, rebuild.ErrUnknownProjection)
+}
+
+// plan validates an action's input and returns what it acts on and the
+// call that carries it out. An unknown kind or op matches ErrNotFound.
+func (c *Console) plan(r *http.Request, kind, op string) (target string, run func(context.Context) (string, error), err error) {
+	store := c.cfg.Store
+	switch kind {
+	case "consumer":
+		fn, ok := consumerOps[op]
+		if !ok {
+			break
+		}
+		id := projection.ShardID{Consumer: r.PostFormValue("consumer"), Instance: r.PostFormValue("instance")}
+		if id.Instance == "" {
+			id.Instance = projection.SharedInstance
+		}
+		if err := checkName("consumer", id.Consumer); err != nil {
+			return "", nil, err
+		}
+		if err := checkName("instance", id.Instance); err != nil {
+			return "", nil, err
+		}
+		return id.String(), func(ctx context.Context) (string, error) {
+			admin := projection.NewAdmin(store)
+			if err := fn(admin, ctx, id); err != nil {
+				return "", err
+			}
+			st, err := admin.Status(ctx, id)
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("%s %s: now %s at %s", op, id, st.Status, cursorText(st.Cursor)), nil
+		}, nil
+	case "dead-letter":
+		if op != "retry" && op != "discard" {
+			break
+		}
+		id, err := strconv.ParseInt(strings.TrimSpace(r.PostFormValue("id")), 10, 64)
+		if err != nil || id < 1 {
+			return "", nil, fmt.Errorf("%w: dead-letter id %q: want a positive number", ErrInvalidInput, r.PostFormValue("id"))
+		}
+		return "dead letter " + strconv.FormatInt(id, 10), func(ctx context.Context) (string, error) {
+			if op == "discard" {
+				if err := projection.DiscardDeadLetters(ctx, store, []int64{id}); err != nil {
+					return "", err
+				}
+				return fmt.Sprintf("dead letter %d discarded", id), nil
+			}
+			// Recorded for a dispatcher that has the projection, as
+			// `dead-letters retry` without --here: the handlers are that
+			// process's code.
+			if err := projection.RequestDeadLetterRetry(ctx, store, []int64{id}); err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("retry of dead letter %d requested: a dispatcher running its consumer carries it out", id), nil
+		}, nil
+	case "rebuild":
+		if op != "request" {
+			break
+		}
+		name := r.PostFormValue("name")
+		if err := checkName("projection", name); err != nil {
+			return "", nil, err
+		}
+		mode := rebuild.Mode(r.PostFormValue("mode"))
+		switch mode {
+		case "":
+			mode = rebuild.BlueGreen
+		case rebuild.BlueGreen, rebuild.InPlace:
+		default:
+			return "", nil, fmt.Errorf("%w: rebuild mode %q: want %s or %s", ErrInvalidInput, mode, rebuild.BlueGreen, rebuild.InPlace)
+		}
+		return "projection " + name, func(ctx context.Context) (string, error) {
+			rb, err := rebuild.Request(ctx, store, name, rebuild.Options{Mode: mode})
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("rebuild %d of %s requested (v%d, %s): dispatchers running the projection carry it out", rb.ID, rb.Name, rb.Version, rb.Mode), nil
+		}, nil
+	}
+	return "", nil, fmt.Errorf("no action %s %s: %w", kind, op, projector.ErrNotFound)
+}

@@ -1,0 +1,192 @@
+package console
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// CookieName is the session cookie the login form sets.
+const CookieName = "projector_console"
+
+// CSRFField is the form field (and CSRFHeader the header) carrying the
+// CSRF token of a cookie session.
+const (
+	CSRFField  = "csrf"
+	CSRFHeader = "X-CSRF-Token"
+)
+
+// MaxOperatorName bounds the name an operator gives at login, which the
+// action log records as "who".
+const MaxOperatorName = 64
+
+// operator is who sent a request: a signed-in session, a bearer token, or
+// nobody.
+type operator struct {
+	name   string
+	bearer bool
+	cookie string // the session cookie's value, which the CSRF token is bound to
+}
+
+func (o operator) ok() bool { return o.name != "" }
+
+// tokenMatches compares a presented token with the configured one in
+// constant time (both hashed first, so neither length leaks either).
+func (c *Console) tokenMatches(given string) bool {
+	if c.cfg.Token == "" || given == "" {
+		return false
+	}
+	a, b := sha256.Sum256([]byte(given)), sha256.Sum256([]byte(c.cfg.Token))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+}
+
+// mac signs msg with the operator token: a session cookie is valid only
+// while the token it was issued under is configured.
+func (c *Console) mac(msg string) string {
+	h := hmac.New(sha256.New, []byte("projector-console-session\x00"+c.cfg.Token))
+	h.Write([]byte(msg))
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// sessionValue is the cookie value for name, valid until expiry:
+// base64(name) "." expiry-unix "." mac.
+func (c *Console) sessionValue(name string, expiry time.Time) string {
+	msg := base64.RawURLEncoding.EncodeToString([]byte(name)) + "." + strconv.FormatInt(expiry.Unix(), 10)
+	return msg + "." + c.mac(msg)
+}
+
+// who identifies the request's operator: a bearer token in the
+// Authorization header, or a valid, unexpired session cookie.
+func (c *Console) who(r *http.Request) operator {
+	if c.ReadOnly() {
+		return operator{}
+	}
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		if tok, ok := strings.CutPrefix(auth, "Bearer "); ok && c.tokenMatches(tok) {
+			return operator{name: "bearer", bearer: true}
+		}
+		return operator{}
+	}
+	ck, err := r.Cookie(CookieName)
+	if err != nil {
+		return operator{}
+	}
+	parts := strings.Split(ck.Value, ".")
+	if len(parts) != 3 {
+		return operator{}
+	}
+	msg := parts[0] + "." + parts[1]
+	if subtle.ConstantTimeCompare([]byte(c.mac(msg)), []byte(parts[2])) != 1 {
+		return operator{}
+	}
+	exp, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil || time.Now().Unix() >= exp {
+		return operator{}
+	}
+	name, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil || checkOperatorName(string(name)) != nil {
+		return operator{}
+	}
+	return operator{name: string(name), cookie: ck.Value}
+}
+
+// csrfToken is the CSRF token of a cookie session: an HMAC of the session
+// cookie under a key that never leaves the process, so a page of another
+// origin can neither read nor compute it.
+func (c *Console) csrfToken(o operator) string {
+	if o.cookie == "" {
+		return ""
+	}
+	h := hmac.New(sha256.New, c.csrfKey)
+	h.Write([]byte(o.cookie))
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// csrfOK checks the CSRF token of a state-changing request. A bearer
+// request needs none: a browser never adds an Authorization header to a
+// request another origin makes it send.
+func (c *Console) csrfOK(r *http.Request, o operator) bool {
+	if o.bearer {
+		return true
+	}
+	given := r.Header.Get(CSRFHeader)
+	if given == "" {
+		given = r.PostFormValue(CSRFField)
+	}
+	want := c.csrfToken(o)
+	return want != "" && subtle.ConstantTimeCompare([]byte(given), []byte(want)) == 1
+}
+
+func checkOperatorName(n string) error {
+	if err := checkName("operator name", n); err != nil {
+		return err
+	}
+	if len(n) > MaxOperatorName {
+		return ErrInvalidInput
+	}
+	return nil
+}
+
+// remote is the request's peer for the log.
+func remote(r *http.Request) string { return r.RemoteAddr }
+
+// deny refuses a request and logs it: a refused request is as much an
+// operator's business as an action.
+func (c *Console) deny(w http.ResponseWriter, r *http.Request, code int, why string) {
+	c.log.Warn("console: request refused", slog.String("remote", remote(r)), slog.String("method", r.Method),
+		slog.String("path", r.URL.Path), slog.Int("status", code), slog.String("why", why))
+	c.reply(w, r, code, why)
+}
+
+func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, http.StatusOK, "login.html", c.page(r, "Sign in", nil))
+}
+
+// login checks the token from the form and sets the session cookie:
+// HttpOnly (no script reads it), SameSite=Strict (no other site's page
+// sends it), Secure when served over TLS, Path limited to the console.
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if c.ReadOnly() {
+		c.deny(w, r, http.StatusForbidden, "this console is read-only: no "+EnvToken+" is configured")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	name := strings.TrimSpace(r.PostFormValue("name"))
+	if name == "" {
+		name = "operator"
+	}
+	if err := checkOperatorName(name); err != nil {
+		c.deny(w, r, http.StatusBadRequest, "operator name: 1 to 64 printable characters")
+		return
+	}
+	if !c.tokenMatches(r.PostFormValue("token")) {
+		c.log.Warn("console: login refused", slog.String("who", name), slog.String("remote", remote(r)), slog.String("result", "wrong token"))
+		c.reply(w, r, http.StatusUnauthorized, "wrong token")
+		return
+	}
+	exp := time.Now().Add(c.cfg.SessionTTL)
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: c.sessionValue(name, exp), Path: base(r) + "/", Expires: exp,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	c.log.Info("console: login", slog.String("who", name), slog.String("remote", remote(r)), slog.String("result", "ok"))
+	http.Redirect(w, r, base(r)+"/", http.StatusSeeOther)
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	o := c.who(r)
+	if o.ok() && !c.csrfOK(r, o) {
+		c.deny(w, r, http.StatusForbidden, "missing or wrong CSRF token")
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: base(r) + "/", MaxAge: -1,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	if o.ok() {
+		c.log.Info("console: logout", slog.String("who", o.name), slog.String("remote", remote(r)))
+	}
+	http.Redirect(w, r, base(r)+"/", http.StatusSeeOther)
+}

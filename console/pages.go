@@ -1,0 +1,293 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+)
+
+// pageData is what every template gets.
+type pageData struct {
+	Title string
+	// Base is the path the console is mounted at ("" at the root).
+	Base     string
+	ReadOnly bool
+	Operator string
+	CSRF     string
+	Tail     bool
+	// TailTypes is the JSON list of event types the tail listens for (an
+	// SSE message named by its event type reaches only a listener of that
+	// name).
+	TailTypes    string
+	ShowPayloads bool
+	State        *State
+	Err          string
+	// Message and Code are an action's result (result.html).
+	Message string
+	Code    int
+	// DeadLetters, Filter and Next are the dead-letter list's: the page,
+	// the status shown, and the id to page on from (0 on the last page).
+	DeadLetters []projection.DeadLetter
+	Filter      string
+	Next        int64
+	// DeadLetter and Event are the single dead-letter view's.
+	DeadLetter *projection.DeadLetter
+	Event      *projector.Event
+	// rebuildable names the projections a rebuild button is offered for.
+	rebuildable map[string]bool
+}
+
+// page is the data every page starts from.
+func (c *Console) page(r *http.Request, title string, st *State) pageData {
+	o := c.who(r)
+	d := pageData{Title: title, Base: base(r), ReadOnly: c.ReadOnly(), Operator: o.name, CSRF: c.csrfToken(o),
+		Tail: c.cfg.Tail != nil, TailTypes: c.tailTypes, ShowPayloads: c.cfg.ShowPayloads, State: st, rebuildable: c.rebuildable}
+	if o.bearer {
+		d.Operator = ""
+	}
+	return d
+}
+
+// render executes a template into a buffer first, so a failure midway
+// sends a clean error rather than half a page.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, name string, d pageData) {
+	var buf bytes.Buffer
+	if err := c.pages.ExecuteTemplate(&buf, name, d); err != nil {
+		c.log.Error("console: render", slog.String("template", name), slog.Any("error", err))
+		http.Error(w, "console: render failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = buf.WriteTo(w)
+}
+
+// reply answers an action or a refused request: JSON for the page's
+// script (it asks with Accept: application/json), else a small page with a
+// link back, so the forms work without JavaScript too.
+func (c *Console) reply(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	if strings.Contains(r.Header.Get("Accept"), "application/json") {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(struct {
+			OK      bool   `json:"ok"`
+			Message string `json:"message"`
+		}{code < 400, msg})
+		return
+	}
+	d := c.page(r, "Result", nil)
+	d.Message, d.Code = msg, code
+	c.render(w, r, code, "result.html", d)
+}
+
+func (c *Console) dashboard(w http.ResponseWriter, r *http.Request) {
+	st, err := c.read(r.Context())
+	d := c.page(r, "Projector console", &st)
+	if err != nil {
+		c.log.Error("console: read", slog.Any("error", err))
+		d.Err = err.Error()
+	}
+	c.render(w, r, http.StatusOK, "dashboard.html", d)
+}
+
+// fragment is the dashboard's live part, which the page's script fetches
+// every second and swaps in.
+func (c *Console) fragment(w http.ResponseWriter, r *http.Request) {
+	st, err := c.read(r.Context())
+	d := c.page(r, "", &st)
+	code := http.StatusOK
+	if err != nil {
+		c.log.Error("console: read", slog.Any("error", err))
+		d.Err, code = err.Error(), http.StatusServiceUnavailable
+	}
+	c.render(w, r, code, "live", d)
+}
+
+// stateJSON is the dashboard's state for scripts and monitors: the same
+// shards, horizon, rebuilds, dead letters and sagas, never a payload.
+func (c *Console) stateJSON(w http.ResponseWriter, r *http.Request) {
+	st, err := c.read(r.Context())
+	if err != nil {
+		c.log.Error("console: read", slog.Any("error", err))
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(st)
+}
+
+// deadLetters lists dead letters of one status (open by default, or
+// resolved, discarded, all), oldest first, a page of DeadLetterLimit at a
+// time: ?status=…&after=ID.
+func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := projection.DeadLetterFilter{Status: q.Get("status"), Limit: c.cfg.DeadLetterLimit}
+	switch f.Status {
+	case "":
+		f.Status = projection.DeadLetterOpen
+	case "all", projection.DeadLetterOpen, projection.DeadLetterResolved, projection.DeadLetterDiscarded:
+	default:
+		c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: status %q: want open, resolved, discarded or all", ErrInvalidInput, f.Status))
+		return
+	}
+	filter := f.Status
+	if f.Status == "all" {
+		f.Status = ""
+	}
+	if a := q.Get("after"); a != "" {
+		n, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || n < 0 {
+			c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: after %q: want a dead-letter id", ErrInvalidInput, a))
+			return
+		}
+		f.AfterID = n
+	}
+	dls, err := projection.ListDeadLetters(r.Context(), c.cfg.Store, f)
+	if err != nil {
+		c.log.Error("console: list dead letters", slog.Any("error", err))
+		c.reply(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	d := c.page(r, "Dead letters", nil)
+	d.DeadLetters, d.Filter = dls, filter
+	if len(dls) == f.Limit {
+		d.Next = dls[len(dls)-1].ID
+	}
+	c.render(w, r, http.StatusOK, "deadletters.html", d)
+}
+
+// deadLetter is the single dead-letter view: the record, the event's
+// envelope, and its payload only when Config.ShowPayloads.
+func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id < 1 {
+		c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: dead-letter id %q: want a positive number", ErrInvalidInput, r.PathValue("id")))
+		return
+	}
+	dl, ev, err := projection.GetDeadLetter(r.Context(), c.cfg.Store, id)
+	switch {
+	case errors.Is(err, projector.ErrNotFound):
+		c.reply(w, r, http.StatusNotFound, err.Error())
+		return
+	case err != nil:
+		c.log.Error("console: read dead letter", slog.Int64("id", id), slog.Any("error", err))
+		c.reply(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	d := c.page(r, fmt.Sprintf("Dead letter %d", id), nil)
+	d.DeadLetter, d.Event = &dl, ev
+	c.render(w, r, http.StatusOK, "deadletter.html", d)
+}
+
+// funcs are the templates' helpers.
+var funcs = template.FuncMap{
+	"cursor":    cursorText,
+	"printable": projector.Printable,
+	"lagAge": func(seconds float64) string {
+		if seconds <= 0 {
+			return "-"
+		}
+		return human(time.Duration(seconds * float64(time.Second)))
+	},
+	"ago": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		d := time.Since(t)
+		if d < time.Second && d > -time.Second {
+			return "just now"
+		}
+		if d < 0 {
+			return "in " + human(-d)
+		}
+		return human(d) + " ago"
+	},
+	"when": func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.UTC().Format(time.RFC3339)
+	},
+	"rate": func(r float64) string {
+		switch {
+		case r < 0:
+			return "-"
+		case r < 10:
+			return strconv.FormatFloat(r, 'f', 1, 64) + "/s"
+		}
+		return strconv.FormatFloat(r, 'f', 0, 64) + "/s"
+	},
+	"pct": func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) },
+	"clip": func(n int, s string) string {
+		s = strings.Join(strings.Fields(s), " ")
+		if len(s) <= n {
+			return s
+		}
+		cut := n
+		for cut > 0 && s[cut]&0xc0 == 0x80 {
+			cut--
+		}
+		return s[:cut] + "…"
+	},
+	"shared": func(s string) bool { return s == projection.SharedInstance },
+	"shadow": func(s string) bool { return s == projection.RebuildInstance },
+	"json": func(b []byte) string {
+		var out bytes.Buffer
+		if err := json.Indent(&out, b, "", "  "); err != nil {
+			return string(b)
+		}
+		return out.String()
+	},
+	"headers": func(h map[string]string) string {
+		b, _ := json.MarshalIndent(h, "", "  ")
+		return string(b)
+	},
+	"done": func(total, remaining int64) int64 { return total - remaining },
+	"actionsFor": func(sh Shard, p pageData) map[string]any {
+		return map[string]any{"P": p, "Ops": shardActions(sh, p.rebuildable[sh.Consumer])}
+	},
+	"list": func(v ...string) []string { return v },
+	"dict": func(kv ...any) (map[string]any, error) {
+		if len(kv)%2 != 0 {
+			return nil, errors.New("dict: odd number of arguments")
+		}
+		m := make(map[string]any, len(kv)/2)
+		for i := 0; i < len(kv); i += 2 {
+			k, ok := kv[i].(string)
+			if !ok {
+				return nil, errors.New("dict: a key is not a string")
+			}
+			m[k] = kv[i+1]
+		}
+		return m, nil
+	},
+}
+
+// human renders a duration at a glance: two units at most ("10m54s",
+// "2h5m", "3d4h"), milliseconds only below a second, as the CLI does.
+func human(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		d = d.Round(time.Second)
+		return fmt.Sprintf("%dm%02ds", d/time.Minute, (d%time.Minute)/time.Second)
+	case d < 24*time.Hour:
+		d = d.Round(time.Minute)
+		return fmt.Sprintf("%dh%02dm", d/time.Hour, (d%time.Hour)/time.Minute)
+	}
+	d = d.Round(time.Hour)
+	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
+}
