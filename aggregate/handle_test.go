@@ -197,7 +197,7 @@ func TestHandleUnderTenantRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := fixture{ctx: ctx, types: types, store: store}
-	var logged syncBuffer
+	var logged pgtest.SyncBuffer
 	tickets, err := aggregate.New(store, aggregate.Config[Ticket]{
 		Name: "ticket", Folds: ticketFolds(types), Snapshots: aggregate.Snapshots{Every: 1, Keep: 1},
 		Logger: slog.New(slog.NewTextHandler(&logged, nil)),

@@ -1,19 +1,18 @@
 package aggregate_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/aggregate"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -200,7 +199,7 @@ func TestSnapshotFailuresNeverBreakAppends(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	table := f.store.Table("projector_snapshots")
-	var logged syncBuffer
+	var logged pgtest.SyncBuffer
 	logger := slog.New(slog.NewTextHandler(&logged, nil))
 	tickets, err := aggregate.New(f.store, aggregate.Config[Ticket]{Name: "ticket", Folds: ticketFolds(f.types), Snapshots: aggregate.Snapshots{Every: 1}, Logger: logger})
 	if err != nil {
@@ -287,24 +286,6 @@ func TestSnapshotFailuresNeverBreakAppends(t *testing.T) {
 		}
 		wantLogged(t, "state does not encode as JSON")
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TicketStats is a second aggregate over ticket streams.

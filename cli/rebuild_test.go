@@ -1,12 +1,10 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -115,29 +113,10 @@ func (e *rebuildEnv) versions() (vs []int32, counted int64) {
 	return vs, counted
 }
 
-// lockedBuffer is written by the command and the dispatcher it runs while
-// a test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // cliRun is one invocation of the command tree, in this process, with the
 // given projections wired in.
 type cliRun struct {
-	out, errOut lockedBuffer
+	out, errOut pgtest.SyncBuffer
 	done        chan struct{}
 	code        int
 }

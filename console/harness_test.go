@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -46,7 +45,7 @@ type env struct {
 	slow  atomic.Bool
 	proj  *projection.Async
 	more  []*projection.Async
-	logs  *syncBuffer
+	logs  *pgtest.SyncBuffer
 	con   *console.Console
 	srv   *httptest.Server
 	admin *projection.Admin
@@ -70,7 +69,7 @@ type options struct {
 
 func newEnv(t testing.TB, o options) *env {
 	t.Helper()
-	e := &env{t: t, ctx: context.Background(), types: testevents.New(), logs: &syncBuffer{}}
+	e := &env{t: t, ctx: context.Background(), types: testevents.New(), logs: &pgtest.SyncBuffer{}}
 	e.store = pgtest.Store(t, e.types.Registry)
 	e.admin = projection.NewAdmin(e.store)
 	counts := pgx.Identifier{e.store.Schema(), "counts"}.Sanitize()
@@ -297,24 +296,6 @@ func (c *client) csrf() string {
 	}
 	tok, _, _ := strings.Cut(rest, `"`)
 	return tok
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // tLog writes log lines to the test's log.

@@ -17,7 +17,7 @@ import (
 // runs its part instead of the tests.
 type Child struct {
 	cmd  *exec.Cmd
-	out  syncBuffer
+	out  SyncBuffer
 	done chan struct{}
 }
 
@@ -103,18 +103,22 @@ func (c *Child) Output() string { return c.out.String() }
 // Pid is the child's process id.
 func (c *Child) Pid() int { return c.cmd.Process.Pid }
 
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer that a logger or a child process and the
+// test reading it can share: tests of several packages need one.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+// Write appends p under the lock.
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+// String is what was written so far.
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
