@@ -701,7 +701,10 @@ func (a *App) rebuildHereInline(cmd *cobra.Command, p *projection.Inline, w Wiri
 		done <- outcome{res, err}
 	}()
 	// Follow the record once the run has one (it refuses before that).
-	var rb rebuild.Rebuild
+	var (
+		rb       rebuild.Rebuild
+		finished *outcome // the run's outcome, when it ended before the record was seen
+	)
 	ticker := time.NewTicker(100 * time.Millisecond)
 	defer ticker.Stop()
 	for rb.ID == 0 {
@@ -710,6 +713,7 @@ func (a *App) rebuildHereInline(cmd *cobra.Command, p *projection.Inline, w Wiri
 			if o.err != nil {
 				return rebuildError(o.err)
 			}
+			finished = &o
 			rb, err = rebuild.Current(ctx, store, name)
 			if err != nil {
 				return err
@@ -725,7 +729,12 @@ func (a *App) rebuildHereInline(cmd *cobra.Command, p *projection.Inline, w Wiri
 	cmd.SetContext(followCtx)
 	r, ferr := a.followRebuild(cmd, store, rb, 0, false)
 	cmd.SetContext(ctx)
-	o := <-done
+	var o outcome
+	if finished != nil {
+		o = *finished
+	} else {
+		o = <-done
+	}
 	if o.err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("stopped rebuild %d of %s here: it resumes from its cursor with `rebuild %s --here` again, or in `run`: %w", rb.ID, name, name, ctx.Err())
