@@ -287,12 +287,7 @@ func (a *App) deadLettersDiscardCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "discard ID...",
 		Short: "Mark dead letters discarded: given up on, kept for the record",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usageError{errors.New("name the dead-letter ids to discard")}
-			}
-			return nil
-		},
+		Args:  someIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := parseIDs(args)
 			if err != nil {
@@ -339,6 +334,15 @@ func (a *App) asyncByName() (map[string]*projection.Async, error) {
 		m[p.Name()] = p
 	}
 	return m, nil
+}
+
+// someIDs accepts one or more dead-letter ids, with the usage exit code;
+// parseIDs then checks each.
+func someIDs(_ *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return usageError{errors.New("want at least one dead-letter id")}
+	}
+	return nil
 }
 
 // parseIDs reads dead-letter ids: positive integers.

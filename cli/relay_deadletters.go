@@ -140,12 +140,7 @@ func (a *App) relayDLRetryCmd() *cobra.Command {
 deletes it: the effect and the removal commit together, and a retry that fails changes
 nothing and is reported (exit 1). It needs the handler, so it works in the consumer
 service's binary, which mounts this command tree with cli.Config.JetStreamConsumers.`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usageError{errors.New("want at least one dead-letter id")}
-			}
-			return nil
-		},
+		Args: someIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := parseIDs(args)
 			if err != nil {
@@ -166,16 +161,9 @@ service's binary, which mounts this command tree with cli.Config.JetStreamConsum
 				if i < 0 {
 					return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
 				}
-				var errs []error
-				for _, id := range ids {
-					if err := consumers[i].RetryDeadLetter(cmd.Context(), id); err != nil {
-						errs = append(errs, err)
-						fmt.Fprintf(a.out, "dead letter %d: not retried: %s\n", id, oneLineText(err.Error()))
-						continue
-					}
-					fmt.Fprintf(a.out, "dead letter %d: applied and removed\n", id)
-				}
-				return errors.Join(errs...)
+				return a.eachDeadLetter(ids, "retried", "applied and removed", func(id int64) error {
+					return consumers[i].RetryDeadLetter(cmd.Context(), id)
+				})
 			})
 		},
 	}
@@ -192,12 +180,7 @@ func (a *App) relayDLDiscardCmd() *cobra.Command {
 effects are not wanted. The events stay claimed and their streams past them, so they are
 never applied later either. A dead letter being retried at the same moment is either
 retried or discarded, never both (the loser reports it not found).`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usageError{errors.New("want at least one dead-letter id")}
-			}
-			return nil
-		},
+		Args: someIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := parseIDs(args)
 			if err != nil {
@@ -207,21 +190,30 @@ retried or discarded, never both (the loser reports it not found).`,
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				var errs []error
-				for _, id := range ids {
-					if err := jetstream.DiscardDeadLetter(cmd.Context(), store, subscription, id); err != nil {
-						errs = append(errs, err)
-						fmt.Fprintf(a.out, "dead letter %d: not discarded: %s\n", id, oneLineText(err.Error()))
-						continue
-					}
-					fmt.Fprintf(a.out, "dead letter %d: discarded\n", id)
-				}
-				return errors.Join(errs...)
+				return a.eachDeadLetter(ids, "discarded", "discarded", func(id int64) error {
+					return jetstream.DiscardDeadLetter(cmd.Context(), store, subscription, id)
+				})
 			})
 		},
 	}
 	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
 	return cmd
+}
+
+// eachDeadLetter runs do for every id, printing "dead letter N: <done>" or
+// "dead letter N: not <verb>: <error>" for each, and returns every failure:
+// one dead letter that cannot be handled does not stop the others.
+func (a *App) eachDeadLetter(ids []int64, verb, done string, do func(int64) error) error {
+	var errs []error
+	for _, id := range ids {
+		if err := do(id); err != nil {
+			errs = append(errs, err)
+			fmt.Fprintf(a.out, "dead letter %d: not %s: %s\n", id, verb, oneLineText(err.Error()))
+			continue
+		}
+		fmt.Fprintf(a.out, "dead letter %d: %s\n", id, done)
+	}
+	return errors.Join(errs...)
 }
 
 // oneID accepts exactly one argument, with the usage exit code.
