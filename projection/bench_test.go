@@ -176,11 +176,13 @@ func benchAppendInline(b *testing.B, n int, batch bool) {
 
 // BenchmarkManyConsumers catches 1, 5 and 20 batch-form consumers up on the
 // same 200,000-event backlog (PROJECTOR_BENCH_EVENTS overrides it) in one
-// dispatcher, in one process: each consumer reads the whole log on its own.
-// Beside the total, in the same iteration: the same consumers with no-op
-// handlers (the dispatcher's own work) and the log read alone, n times,
-// whose share of the total says what a shared read per process could save.
-// The work itself is benchmark.CatchUp.MeasureConsumers.
+// dispatcher, in one process, shards at the same position sharing each full
+// batch read (the default). Beside the total, in the same iteration: the
+// same consumers with every shard reading every batch itself
+// (Config.SeparateReads), with no-op handlers (the dispatcher's own work),
+// and the log read alone, n times, whose share of the separate-reads total
+// is what sharing could save at most. The work itself is
+// benchmark.CatchUp.MeasureConsumers.
 func BenchmarkManyConsumers(b *testing.B) {
 	n := 200_000
 	if v, err := strconv.Atoi(os.Getenv("PROJECTOR_BENCH_EVENTS")); err == nil && v > 0 {
@@ -193,19 +195,21 @@ func BenchmarkManyConsumers(b *testing.B) {
 	}
 	for _, consumers := range []int{1, 5, 20} {
 		b.Run(fmt.Sprintf("events=%d/consumers=%d", n, consumers), func(b *testing.B) {
-			var counting, noop, read time.Duration
+			var counting, separate, noop, read time.Duration
 			for b.Loop() {
 				r, err := c.MeasureConsumers(ctx, consumers)
 				if err != nil {
 					b.Fatal(err)
 				}
-				counting, noop, read = counting+r.Counting, noop+r.NoOp, read+r.ReadOnly
+				counting, separate, noop, read = counting+r.Counting, separate+r.Separate, noop+r.NoOp, read+r.ReadOnly
 			}
 			delivered := float64(b.N * consumers * n)
 			b.ReportMetric(counting.Seconds()/float64(b.N), "catch-up-s")
+			b.ReportMetric(separate.Seconds()/float64(b.N), "separate-reads-catch-up-s")
 			b.ReportMetric(delivered/counting.Seconds(), "delivered-events/s")
+			b.ReportMetric(delivered/separate.Seconds(), "separate-reads-delivered-events/s")
 			b.ReportMetric(delivered/noop.Seconds(), "noop-delivered-events/s")
-			b.ReportMetric(100*read.Seconds()/counting.Seconds(), "%-log-read")
+			b.ReportMetric(100*read.Seconds()/separate.Seconds(), "%-log-read")
 			b.ReportMetric(100*noop.Seconds()/counting.Seconds(), "%-noop")
 		})
 	}

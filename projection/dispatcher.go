@@ -93,6 +93,13 @@ type Config struct {
 	// had not applied. Default [DefaultInstanceExpiry]; at least
 	// [MinExpiryHeartbeats] heartbeats, at most [MaxInstanceExpiry].
 	InstanceExpiry time.Duration
+	// SeparateReads makes every shard read each batch of the log itself.
+	// By default, shards of this dispatcher that stand at the same position
+	// with the same event types and batch size (many consumers catching up
+	// on one backlog) read a full batch once and each apply it in its own
+	// transaction; this keeps up to two batches per shard in memory. Set it
+	// to compare, or to bound memory with very large batches.
+	SeparateReads bool
 }
 
 // Dispatcher is the daemon that applies async projections: one loop per
@@ -121,6 +128,9 @@ type Dispatcher struct {
 	hardCancel context.CancelFunc
 	wg         sync.WaitGroup
 	stopped    chan struct{}
+	// shared shares full batch reads among shards; nil when off or when
+	// no two shards read the same filter.
+	shared *sharedReads
 	// remeasure asks the metrics loop for a refresh now: a shard whose
 	// published lag is not zero has caught up, so that lag may be stale.
 	remeasure chan struct{}
@@ -238,6 +248,13 @@ func New(cfg Config) (*Dispatcher, error) {
 			id.Instance = d.instance
 		}
 		d.shards = append(d.shards, &shard{id: id, proj: p, lockKey: shardLockKey(cfg.Store.Schema(), id)})
+	}
+	if !cfg.SeparateReads {
+		filters := make([][]string, len(d.shards))
+		for i, sh := range d.shards {
+			filters[i] = sh.proj.t.types
+		}
+		d.shared = newSharedReads(filters)
 	}
 	if cfg.Registerer != nil {
 		m, err := newMetrics(cfg.Registerer)

@@ -21,6 +21,7 @@ type metrics struct {
 	processed   *prometheus.CounterVec
 	failed      *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
+	sharedReads *prometheus.CounterVec
 	batchApply  *prometheus.HistogramVec
 	horizonAge  prometheus.Gauge
 	// horizonHolder names the transaction holding the horizon (Horizon):
@@ -70,6 +71,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "projector_dead_letters_total",
 			Help: "Events this process wrote to the dead-letter table in continuous mode.",
 		}, labels),
+		sharedReads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "projector_shared_reads_total",
+			Help: "Batches the shard took from another shard's read of the same full log batch in this process, instead of reading them itself.",
+		}, labels),
 		batchApply: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "projector_batch_apply_duration_seconds",
 			Help:    "Time to apply one batch, from the first handler call to commit.",
@@ -90,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lagged:   map[ShardID]bool{},
 		rebuilds: newRebuildGauges(),
 	}
-	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.batchApply, m.horizonAge, m.horizonHolder, m.openDeadLetters}, m.rebuilds.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.sharedReads, m.batchApply, m.horizonAge, m.horizonHolder, m.openDeadLetters}, m.rebuilds.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if errors.As(err, &already) {
@@ -112,6 +117,7 @@ func (m *metrics) start(id ShardID) {
 	m.processed.With(l).Add(0)
 	m.failed.With(l).Add(0)
 	m.deadLetters.With(l).Add(0)
+	m.sharedReads.With(l).Add(0)
 	m.batchApply.With(l)
 }
 

@@ -173,7 +173,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if sh.shadow != nil {
 		size = cfg.RebuildBatchSize // no reader waits for a shadow batch: read more at once
 	}
-	batch, err := d.store.ReadLogTx(ctx, tx, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true})
+	batch, err := d.readBatch(ctx, tx, sh, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true})
 	if err != nil {
 		return passResult{}, err
 	}
@@ -366,6 +366,20 @@ func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st
 		return passResult{kind: passMore}, nil
 	}
 	return d.recordTimeout(ctx, sh, st, events[0], herr, started)
+}
+
+// readBatch reads the pass's batch in tx, or takes it from another shard's
+// read of the same full batch (see sharedReads).
+func (d *Dispatcher) readBatch(ctx context.Context, tx pgx.Tx, sh *shard, q postgres.LogQuery) (postgres.LogBatch, error) {
+	read := func() (postgres.LogBatch, error) { return d.store.ReadLogTx(ctx, tx, q) }
+	if d.shared == nil {
+		return read()
+	}
+	batch, shared, err := d.shared.read(ctx, q, filterKey(q.EventTypes), read)
+	if shared && d.metrics != nil {
+		d.metrics.sharedReads.WithLabelValues(sh.id.Consumer, sh.id.Instance).Inc()
+	}
+	return batch, err
 }
 
 // commit ends the pass's transaction and reports what it applied.

@@ -22,8 +22,12 @@ type ConsumersResult struct {
 	Events    int // the backlog each consumer applies
 	// Counting is the time for all consumers to catch up with the
 	// counting batch handler (one unnest upsert per batch into a table of
-	// their own).
+	// their own), shards at the same position sharing each full batch read
+	// (the default).
 	Counting time.Duration
+	// Separate is the same with projection.Config.SeparateReads: every
+	// shard reads every batch itself.
+	Separate time.Duration
 	// NoOp is the same with handlers that write nothing: what the
 	// dispatcher's own work costs (lock, state, log read, cursor, commit).
 	NoOp time.Duration
@@ -71,7 +75,8 @@ func (c *CatchUp) MeasureConsumers(ctx context.Context, n int) (ConsumersResult,
 			_, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+t)
 		}
 	}()
-	for _, counting := range []bool{true, false} {
+	for _, side := range []struct{ counting, separate bool }{{true, true}, {true, false}, {false, false}} {
+		counting := side.counting
 		if _, err := pool.Exec(ctx, `DELETE FROM `+c.store.Table("projector_consumers")+` WHERE name LIKE 'bench-consumer-%'`); err != nil {
 			return res, fmt.Errorf("consumers: reset: %w", err)
 		}
@@ -95,7 +100,7 @@ func (c *CatchUp) MeasureConsumers(ctx context.Context, n int) (ConsumersResult,
 		}
 		runtime.GC()
 		start := time.Now()
-		d, err := projection.New(projection.Config{Store: c.store, Projections: ps, Logger: quiet})
+		d, err := projection.New(projection.Config{Store: c.store, Projections: ps, Logger: quiet, SeparateReads: side.separate})
 		if err != nil {
 			return res, err
 		}
@@ -111,7 +116,11 @@ func (c *CatchUp) MeasureConsumers(ctx context.Context, n int) (ConsumersResult,
 			res.NoOp = took
 			continue
 		}
-		res.Counting = took
+		if side.separate {
+			res.Separate = took
+		} else {
+			res.Counting = took
+		}
 		for _, t := range tables {
 			var sum int64
 			if err := pool.QueryRow(ctx, `SELECT coalesce(sum(n), 0) FROM `+t).Scan(&sum); err != nil {
@@ -119,6 +128,9 @@ func (c *CatchUp) MeasureConsumers(ctx context.Context, n int) (ConsumersResult,
 			}
 			if sum != int64(c.cfg.Events) {
 				return res, fmt.Errorf("consumers: %s counted %d of %d events", t, sum, c.cfg.Events)
+			}
+			if _, err := pool.Exec(ctx, `TRUNCATE `+t); err != nil {
+				return res, fmt.Errorf("consumers: reset: %w", err)
 			}
 		}
 	}
