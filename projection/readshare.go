@@ -45,7 +45,7 @@ type readKey struct {
 }
 
 type readEntry struct {
-	done   chan struct{} // closed when the read finished
+	done  chan struct{} // closed when the read finished
 	batch postgres.LogBatch
 	ok    bool // the read succeeded and was full: shareable
 }
