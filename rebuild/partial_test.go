@@ -132,19 +132,7 @@ func (e *penv) totals(name, table string) *projection.Async {
 
 func (e *penv) dispatcher(ps ...*projection.Async) *projection.Dispatcher {
 	e.t.Helper()
-	d, err := projection.New(projection.Config{Store: e.store, Projections: ps, PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := d.Start(e.ctx); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = d.Stop(ctx)
-	})
-	return d
+	return startDispatcher(e.t, e.store, projection.Config{}, ps...)
 }
 
 // ticket appends a whole ticket's life to stream in two transactions.

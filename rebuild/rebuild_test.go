@@ -98,14 +98,23 @@ func must(err error) {
 
 func (e *env) dispatcher(ps ...*projection.Async) *projection.Dispatcher {
 	e.t.Helper()
-	d, err := projection.New(projection.Config{Store: e.store, Projections: ps, PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
+	return startDispatcher(e.t, e.store, projection.Config{}, ps...)
+}
+
+// startDispatcher starts a dispatcher of ps on store with cfg's options
+// and the tests' short poll and recheck, stopped at the end of the test.
+func startDispatcher(t *testing.T, store *postgres.Store, cfg projection.Config, ps ...*projection.Async) *projection.Dispatcher {
+	t.Helper()
+	cfg.Store, cfg.Projections = store, ps
+	cfg.PollMax, cfg.Recheck = 20*time.Millisecond, 20*time.Millisecond
+	d, err := projection.New(cfg)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
-	if err := d.Start(e.ctx); err != nil {
-		e.t.Fatal(err)
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
 	}
-	e.t.Cleanup(func() {
+	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_ = d.Stop(ctx)

@@ -80,7 +80,7 @@ func TestSharedReadsAcrossShardsInEveryState(t *testing.T) {
 	// Before: "ahead" and "disabled" apply the first part of the log, the
 	// live "rebuilt" all of it up to the poison event.
 	backlog("first", 150)
-	before := e.dispatcherWith(projection.Config{SeparateReads: true},
+	before := startDispatcher(t, e.store, projection.Config{SeparateReads: true},
 		recorder("ahead", false), recorder("disabled", false), rebuiltProjection())
 	if err := before.CatchUp(ctx); err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func TestSharedReadsAcrossShardsInEveryState(t *testing.T) {
 	// while younger ones commit) while every shard runs and "rebuilt" is
 	// rebuilt from the start.
 	reg := prometheus.NewRegistry()
-	e.dispatcherWith(projection.Config{Registerer: reg},
+	startDispatcher(t, e.store, projection.Config{Registerer: reg},
 		recorder("fresh-a", false), recorder("fresh-b", false), recorder("ahead", false),
 		recorder("dead", true), recorder("disabled", false), rebuiltProjection())
 	if _, err := rebuild.Request(e.ctx, e.store, "rebuilt", rebuild.Options{}); err != nil {
@@ -181,27 +181,6 @@ func TestSharedReadsAcrossShardsInEveryState(t *testing.T) {
 		t.Error("no shard took a batch from another's read: the test proved nothing about sharing")
 	}
 	t.Logf("%d events; %.0f batches shared", all, shared)
-}
-
-// dispatcherWith starts a dispatcher of ps with cfg's options, stopped at
-// the end of the test.
-func (e *env) dispatcherWith(cfg projection.Config, ps ...*projection.Async) *projection.Dispatcher {
-	e.t.Helper()
-	cfg.Store, cfg.Projections = e.store, ps
-	cfg.PollMax, cfg.Recheck = 20*time.Millisecond, 20*time.Millisecond
-	d, err := projection.New(cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := d.Start(e.ctx); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = d.Stop(ctx)
-	})
-	return d
 }
 
 // appliedBy counts the events consumer applied.
