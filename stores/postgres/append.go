@@ -113,10 +113,21 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 		}
 	}
 
-	rows, err := tx.Query(ctx, s.sql.append,
-		stream.Tenant, stream.Type, stream.ID, int64(n), int64(expected),
-		ids, types, versions, datas,
-		[16]byte(md.CorrelationID), causation, md.Actor, headers)
+	sql, takesVersion := s.sql.append.statement(expected, n)
+	args := make([]any, 0, 13)
+	args = append(args, stream.Tenant, stream.Type, stream.ID, int64(n))
+	if n == 1 {
+		// Scalars: the one-event statement inserts a row of parameters,
+		// which also spares encoding four one-element arrays.
+		args = append(args, ids[0], types[0], versions[0], datas[0])
+	} else {
+		args = append(args, ids, types, versions, datas)
+	}
+	args = append(args, [16]byte(md.CorrelationID), causation, md.Actor, headers)
+	if takesVersion {
+		args = append(args, int64(expected))
+	}
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
 		return AppendResult{}, mapError(stream, expected, err)
 	}

@@ -3,7 +3,9 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -136,5 +138,147 @@ func TestAppendExpectedVersions(t *testing.T) {
 	}
 	if err := tryAppend(projector.ExpectedVersion(-7)); !errors.Is(err, projector.ErrInvalidStream) {
 		t.Fatalf("expected version -7: %v", err)
+	}
+}
+
+// The append has one statement per expected-version kind and shape (one
+// event or many): each of the six must write the head and number the events
+// from it, and refuse what its kind refuses, writing nothing.
+func TestAppendEachStatement(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	comments := func(n int) []any {
+		out := make([]any, n)
+		for i := range out {
+			out[i] = testevents.TicketCommented{Body: "c", N: i}
+		}
+		return out
+	}
+	tryAppend := func(s projector.StreamRef, exp projector.ExpectedVersion, n int) (postgres.AppendResult, error) {
+		var res postgres.AppendResult
+		err := pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
+			var err error
+			res, err = f.store.Append(f.ctx, tx, s, exp, comments(n)...)
+			return err
+		})
+		return res, err
+	}
+	check := func(t *testing.T, s projector.StreamRef, res postgres.AppendResult, err error, from int64, n int) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("append %d events at version %d: %v", n, from, err)
+		}
+		if res.Version != from+int64(n)-1 || len(res.Events) != n {
+			t.Fatalf("result: version %d, %d events; want version %d, %d events", res.Version, len(res.Events), from+int64(n)-1, n)
+		}
+		got, err := f.store.ReadStream(f.ctx, s, postgres.StreamQuery{FromVersion: from})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != n {
+			t.Fatalf("read %d events from version %d, want %d", len(got), from, n)
+		}
+		for i, ev := range got {
+			want := res.Events[i]
+			if ev.ID != want.ID || ev.Version != from+int64(i) || ev.Position != want.Position ||
+				ev.Payload.(testevents.TicketCommented).N != i {
+				t.Errorf("event %d: read %+v, appended %+v", i, ev, want)
+			}
+			if i > 0 && !got[i-1].Position.Less(ev.Position) {
+				t.Errorf("events %d and %d: positions %v, %v out of version order", i-1, i, got[i-1].Position, ev.Position)
+			}
+		}
+	}
+	refused := func(t *testing.T, s projector.StreamRef, err error, actual int64) {
+		t.Helper()
+		var ce *projector.ConcurrencyError
+		if !errors.As(err, &ce) || ce.Actual != actual {
+			t.Fatalf("append: %v, want a concurrency error at version %d", err, actual)
+		}
+		v, err := f.store.StreamVersion(f.ctx, f.store.Pool(), s)
+		if actual == 0 {
+			if !errors.Is(err, projector.ErrNotFound) {
+				t.Fatalf("refused append left stream version %d (%v), want no stream", v, err)
+			}
+			return
+		}
+		if err != nil || v != actual {
+			t.Fatalf("refused append left stream version %d (%v), want %d", v, err, actual)
+		}
+	}
+	for _, n := range []int{1, 3} {
+		t.Run(fmt.Sprintf("events=%d", n), func(t *testing.T) {
+			id := func(name string) projector.StreamRef {
+				return projector.Stream("ticket", fmt.Sprintf("%s-%d", name, n))
+			}
+
+			s := id("exact-missing")
+			_, err := tryAppend(s, projector.ExactVersion(1), n)
+			refused(t, s, err, 0)
+
+			s = id("nostream")
+			res, err := tryAppend(s, projector.NoStream, n)
+			check(t, s, res, err, 1, n)
+			_, err = tryAppend(s, projector.NoStream, n)
+			refused(t, s, err, int64(n))
+			res, err = tryAppend(s, projector.ExactVersion(int64(n)), n)
+			check(t, s, res, err, int64(n)+1, n)
+			_, err = tryAppend(s, projector.ExactVersion(int64(n)), n)
+			refused(t, s, err, 2*int64(n))
+			res, err = tryAppend(s, projector.AnyVersion, n)
+			check(t, s, res, err, 2*int64(n)+1, n)
+
+			s = id("any-missing")
+			res, err = tryAppend(s, projector.AnyVersion, n)
+			check(t, s, res, err, 1, n)
+		})
+	}
+}
+
+// Two transactions creating the same stream at once (NoStream): one wins,
+// the other waits for it and is refused with the concurrency error, for
+// either shape of the append.
+func TestAppendConcurrentNoStream(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for _, n := range []int{1, 2} {
+		s := projector.Stream("ticket", fmt.Sprintf("create-race-%d", n))
+		payloads := make([]any, n)
+		for i := range payloads {
+			payloads[i] = testevents.TicketOpened{Title: "x"}
+		}
+		first, err := f.store.Pool().Begin(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = first.Rollback(f.ctx) }()
+		if _, err := f.store.Append(f.ctx, first, s, projector.NoStream, payloads...); err != nil {
+			t.Fatal(err)
+		}
+		second := make(chan error, 1)
+		go func() {
+			second <- pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
+				_, err := f.store.Append(f.ctx, tx, s, projector.NoStream, payloads...)
+				return err
+			})
+		}()
+		// The second append waits on the first's uncommitted head row:
+		// let it get there before the first commits.
+		pgtest.Eventually(t, 5*time.Second, "second append waiting for the first", func() bool {
+			var waiting bool
+			err := f.store.Pool().QueryRow(f.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND position($1 in query) > 0)`, f.store.Schema()).Scan(&waiting)
+			return err == nil && waiting
+		})
+		if err := first.Commit(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+		var ce *projector.ConcurrencyError
+		if err := <-second; !errors.As(err, &ce) || ce.Actual != int64(n) {
+			t.Fatalf("events=%d: second creator: %v, want a concurrency error at version %d", n, err, n)
+		}
+		if v, err := f.store.StreamVersion(f.ctx, f.store.Pool(), s); err != nil || v != int64(n) {
+			t.Fatalf("events=%d: stream version %d (%v), want %d", n, v, err, n)
+		}
 	}
 }

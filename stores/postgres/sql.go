@@ -3,11 +3,13 @@ package postgres
 import (
 	"fmt"
 	"strings"
+
+	"github.com/projectorhq/projector"
 )
 
 // statements holds the fixed hot-path SQL with the schema filled in once.
 type statements struct {
-	append     string
+	append     appendStatements
 	streamHead string
 	readStream string
 	readLog    string
@@ -21,44 +23,109 @@ type statements struct {
 const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
 	e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at`
 
-// appendSQL writes a stream's head and its new events in one statement, one
-// round trip whatever the number of events.
+// The append is one statement, one round trip whatever the number of events:
+// a CTE that writes the stream's head, then the insert of the events, numbered
+// from the head's new version. There is one statement per kind of expected
+// version and per shape (one event or many), six in all, so each plan holds
+// only the head write that can apply: a statement with every branch paid for
+// starting and running the ones that could not, and a single event paid for
+// unnest, ORDINALITY and the sort of one row (docs/performance.md, "Single-event
+// append").
 //
-// The head upsert is where both concurrency rules live. The expected version
+// The head write is where both concurrency rules live. The expected version
 // is checked against the row as it is after any concurrent writer committed
-// (ON CONFLICT re-reads the locked row), and a transaction older than the one
-// that last appended is refused (last_tx_id <= ours), so a stream's versions
-// always sort the same way as its transaction ids (promise 4). A refused head
-// returns no row, the event insert then inserts nothing, and the caller reads
-// the head to report why. A stream that does not exist is only created when
-// the caller expects no stream or any version; an exact version takes the
-// plain UPDATE, which re-checks the row after waiting for its lock the same
-// way.
-const appendSQL = `
-WITH created AS (
+// (ON CONFLICT and UPDATE both re-check the row they waited for), and a
+// transaction older than the one that last appended is refused
+// (last_tx_id <= ours), so a stream's versions always sort the same way as
+// its transaction ids (promise 4). A refused head returns no row, the event
+// insert then inserts nothing, and the caller reads the head to report why.
+//
+// Parameters, the same in all six: $1, $2, $3 the stream (tenant, type, id),
+// $4 the number of events, $5–$8 the events' ids, types, schema versions and
+// data (scalars for one event, arrays for many), $9–$12 the metadata
+// (correlation, causation, actor, headers) and, for an exact expected
+// version only, $13 that version.
+
+// appendAnyHead creates the stream or advances it, whatever its version.
+const appendAnyHead = `
 	INSERT INTO {{s}}.projector_streams AS s (tenant_id, stream_type, stream_id, version, last_tx_id)
-	SELECT $1, $2, $3, $4, pg_current_xact_id() WHERE $5::bigint <= 0
+	VALUES ($1, $2, $3, $4, pg_current_xact_id())
 	ON CONFLICT (tenant_id, stream_type, stream_id) DO UPDATE
 		SET version = s.version + $4, last_tx_id = pg_current_xact_id(), updated_at = now()
-		WHERE $5::bigint = -1 AND s.last_tx_id <= pg_current_xact_id()
-	RETURNING s.version
-), advanced AS (
+		WHERE s.last_tx_id <= pg_current_xact_id()
+	RETURNING s.version`
+
+// appendNoStreamHead creates the stream, or nothing when it exists. DO
+// NOTHING still waits for a concurrent creator to finish, like DO UPDATE,
+// but leaves the row it conflicts with unlocked.
+const appendNoStreamHead = `
+	INSERT INTO {{s}}.projector_streams AS s (tenant_id, stream_type, stream_id, version, last_tx_id)
+	VALUES ($1, $2, $3, $4, pg_current_xact_id())
+	ON CONFLICT (tenant_id, stream_type, stream_id) DO NOTHING
+	RETURNING s.version`
+
+// appendExactHead advances a stream that is at version $13; a stream that
+// does not exist matches nothing.
+const appendExactHead = `
 	UPDATE {{s}}.projector_streams AS s
 	SET version = s.version + $4, last_tx_id = pg_current_xact_id(), updated_at = now()
-	WHERE $5::bigint > 0 AND s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3
-	  AND s.version = $5::bigint AND s.last_tx_id <= pg_current_xact_id()
-	RETURNING s.version
-), head AS (
-	SELECT version FROM created UNION ALL SELECT version FROM advanced
-)
+	WHERE s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3
+	  AND s.version = $13::bigint AND s.last_tx_id <= pg_current_xact_id()
+	RETURNING s.version`
+
+// appendOneEvents inserts a single event, at the head's new version.
+const appendOneEvents = `
+INSERT INTO {{s}}.projector_events
+	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
+	 correlation_id, causation_id, actor, headers)
+SELECT $5::uuid, $1, $2, $3, head.version, $6::text, $7::int, $8::jsonb, $9, $10, $11, $12
+FROM head
+RETURNING tx_id, seq, version, recorded_at`
+
+// appendManyEvents inserts the events in order (ORDER BY ev.ord: seq, and
+// so the log's order within the transaction, follows the versions).
+const appendManyEvents = `
 INSERT INTO {{s}}.projector_events
 	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
 	 correlation_id, causation_id, actor, headers)
 SELECT ev.id, $1, $2, $3, head.version - $4 + ev.ord, ev.type, ev.sv, ev.data,
-	$10, $11, $12, $13
-FROM head, unnest($6::uuid[], $7::text[], $8::int[], $9::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
+	$9, $10, $11, $12
+FROM head, unnest($5::uuid[], $6::text[], $7::int[], $8::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
 ORDER BY ev.ord
 RETURNING tx_id, seq, version, recorded_at`
+
+// appendStatements holds the six append statements, by expected-version kind
+// and shape.
+type appendStatements struct {
+	// any, noStream and exact are indexed by shape: 0 for one event, 1 for
+	// more.
+	any, noStream, exact [2]string
+}
+
+func buildAppendStatements(r *strings.Replacer) appendStatements {
+	both := func(head string) [2]string {
+		with := "WITH head AS (" + head + "\n)"
+		return [2]string{r.Replace(with + appendOneEvents), r.Replace(with + appendManyEvents)}
+	}
+	return appendStatements{any: both(appendAnyHead), noStream: both(appendNoStreamHead), exact: both(appendExactHead)}
+}
+
+// statement returns the statement for n events with expectation expected,
+// and whether it takes the expected version as its last parameter.
+func (a *appendStatements) statement(expected projector.ExpectedVersion, n int) (sql string, takesVersion bool) {
+	shape := 0
+	if n > 1 {
+		shape = 1
+	}
+	switch {
+	case expected == projector.AnyVersion:
+		return a.any[shape], false
+	case expected == projector.NoStream:
+		return a.noStream[shape], false
+	default:
+		return a.exact[shape], true
+	}
+}
 
 const streamHeadSQL = `
 SELECT version, last_tx_id, pg_current_xact_id_if_assigned()
@@ -139,7 +206,7 @@ SELECT GREATEST((SELECT max(tx_id) FROM {{s}}.projector_events),
 func buildStatements(schema string) statements {
 	r := strings.NewReplacer("{{s}}", schema)
 	return statements{
-		append:        r.Replace(appendSQL),
+		append:        buildAppendStatements(r),
 		streamHead:    r.Replace(streamHeadSQL),
 		readStream:    r.Replace(readStreamSQL),
 		readLog:       r.Replace(readLogSQL),
