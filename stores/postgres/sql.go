@@ -97,9 +97,9 @@ RETURNING tx_id, seq, version, recorded_at`
 // appendStatements holds the six append statements, by expected-version kind
 // and shape.
 type appendStatements struct {
-	// any, noStream and exact are indexed by shape: 0 for one event, 1 for
+	// anyVersion, noStream and exact are indexed by shape: 0 for one event, 1 for
 	// more.
-	any, noStream, exact [2]string
+	anyVersion, noStream, exact [2]string
 }
 
 func buildAppendStatements(r *strings.Replacer) appendStatements {
@@ -107,7 +107,7 @@ func buildAppendStatements(r *strings.Replacer) appendStatements {
 		with := "WITH head AS (" + head + "\n)"
 		return [2]string{r.Replace(with + appendOneEvents), r.Replace(with + appendManyEvents)}
 	}
-	return appendStatements{any: both(appendAnyHead), noStream: both(appendNoStreamHead), exact: both(appendExactHead)}
+	return appendStatements{anyVersion: both(appendAnyHead), noStream: both(appendNoStreamHead), exact: both(appendExactHead)}
 }
 
 // statement returns the statement for n events with expectation expected,
@@ -119,7 +119,7 @@ func (a *appendStatements) statement(expected projector.ExpectedVersion, n int) 
 	}
 	switch {
 	case expected == projector.AnyVersion:
-		return a.any[shape], false
+		return a.anyVersion[shape], false
 	case expected == projector.NoStream:
 		return a.noStream[shape], false
 	default:
