@@ -71,8 +71,8 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 	defer cancel()
 	// The scope is unknown: the caller's transaction may be scoped to any
 	// tenant, so the first event scopes it.
-	r := &run{d: d, tx: tx, sh: sh, scope: "", queue: &writeQueue{}}
-	r.handlerCtx = withReplay(context.WithValue(handlerCtx, queueKey{}, r.queue), &replayState{})
+	r := newRun(d, tx, sh, "", handlerCtx)
+	r.handlerCtx = withReplay(r.handlerCtx, &replayState{})
 	rest := events
 	var applied [][16]byte
 	for len(rest) > 0 {

@@ -519,8 +519,7 @@ func applyLive(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, 
 	sh := &shard{id: id, proj: p}
 	handlerCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
 	defer cancel()
-	r := &run{d: d, tx: tx, sh: sh, scope: "", queue: &writeQueue{}}
-	r.handlerCtx = context.WithValue(handlerCtx, queueKey{}, r.queue)
+	r := newRun(d, tx, sh, "", handlerCtx)
 	k, herr := r.applyUntil(ctx, []projector.Event{ev}, 0)
 	if r.abort != nil {
 		return nil, r.abort

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -239,8 +240,8 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	// (and be retried, or go dead) rather than stall the fleet.
 	handlerCtx, cancel := context.WithTimeout(ctx, cfg.BatchTimeout)
 	defer cancel()
-	r := &run{d: d, tx: tx, sh: sh, scope: projector.SystemTenant, queue: &writeQueue{}, savepointed: sh.shadow == nil}
-	r.handlerCtx = context.WithValue(handlerCtx, queueKey{}, r.queue)
+	r := newRun(d, tx, sh, projector.SystemTenant, handlerCtx)
+	r.savepointed = sh.shadow == nil
 	if replaying {
 		r.handlerCtx = withReplay(r.handlerCtx, sh.replayState())
 	}
@@ -510,6 +511,8 @@ type run struct {
 	current *projector.Event
 	// queue holds the writes handlers queued with Queue.
 	queue *writeQueue
+	// htx is the transaction as handlers get it.
+	htx *handlerTx
 	// scope is the tenant the transaction is scoped to, "" when unknown
 	// (after a rollback to a savepoint).
 	scope string
@@ -522,6 +525,18 @@ type run struct {
 	// lock, is still unused: the first applyUntil takes it instead of
 	// sending its own.
 	savepointed bool
+}
+
+// newRun prepares the handler calls of one pass (or of one replay or
+// retry) in tx, whose scope is scope ("" when unknown). Handlers run under
+// handlerCtx, with the queue and the store their helpers find there.
+func newRun(d *Dispatcher, tx pgx.Tx, sh *shard, scope string, handlerCtx context.Context) *run {
+	q := &writeQueue{}
+	return &run{
+		d: d, tx: tx, sh: sh, scope: scope, queue: q,
+		htx:        &handlerTx{Tx: tx, q: q},
+		handlerCtx: withStore(context.WithValue(handlerCtx, queueKey{}, q), d.store),
+	}
 }
 
 // savepointName is the savepoint of applyUntil at depth.
@@ -584,65 +599,106 @@ func (r *run) applyUntil(ctx context.Context, events []projector.Event, depth in
 func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) {
 	t := &r.sh.proj.t
 	r.queue.reset()
+	if t.batch == nil {
+		return r.applyEach(ctx, events)
+	}
 	for i := range events {
-		ev := &events[i]
-		if ev.Payload == nil && !r.sh.proj.cfg.RawPayloads {
-			payload, data, err := r.d.store.Registry().Decode(ev.Type, ev.SchemaVersion, ev.Data)
-			if err != nil {
-				return i, err
-			}
-			ev.Payload, ev.Data = payload, data
+		if err := r.decode(&events[i]); err != nil {
+			return i, err
 		}
 	}
-	if t.batch != nil {
-		for _, b := range groupBatch(events) {
-			if b.Tenant != r.scope {
-				if _, err := r.queue.flush(ctx, r.tx); err != nil {
-					return 0, err
-				}
-				r.queue.reset()
-			}
-			if err := r.scopeTo(ctx, b.Tenant); err != nil {
-				return 0, err
-			}
-			r.current = &b.Streams[0].Events[0]
-			if err := r.call(withStore(r.handlerCtx, r.d.store), func(ctx context.Context) error { return t.batch(ctx, handlerTx{r.tx}, b) }); err != nil {
+	for _, b := range groupBatch(events) {
+		if b.Tenant != r.scope {
+			if _, err := r.queue.flush(ctx, r.tx); err != nil {
 				return 0, err
 			}
 		}
-		if _, err := r.queue.flush(ctx, r.tx); err != nil {
+		if err := r.scopeTo(ctx, b.Tenant); err != nil {
 			return 0, err
 		}
-		return -1, nil
+		r.current = &b.Streams[0].Events[0]
+		if err := r.call(r.handlerCtx, func(ctx context.Context) error { return t.batch(ctx, r.htx, b) }); err != nil {
+			r.queue.settle()
+			return 0, err
+		}
 	}
-	for i, ev := range events {
-		h := t.byType[ev.Type]
+	if _, err := r.queue.flush(ctx, r.tx); err != nil {
+		return 0, err
+	}
+	return -1, nil
+}
+
+// decode decodes ev's payload into its Go type, unless the projection
+// takes raw payloads.
+func (r *run) decode(ev *projector.Event) error {
+	if ev.Payload != nil || r.sh.proj.cfg.RawPayloads {
+		return nil
+	}
+	payload, data, err := r.d.store.Registry().Decode(ev.Type, ev.SchemaVersion, ev.Data)
+	if err != nil {
+		return err
+	}
+	ev.Payload, ev.Data = payload, data
+	return nil
+}
+
+// applyEach runs per-event handlers over events in order. The writes they
+// queue are streamed to PostgreSQL while the next events are decoded and
+// handled (see writeQueue), so neither side waits for the other; each
+// event's payload is decoded just before its handler runs, for the same
+// reason. A failure returns the index of the failing event: the first
+// event whose queued write failed, if any did, else the event whose
+// decoding or handler failed.
+func (r *run) applyEach(ctx context.Context, events []projector.Event) (int, error) {
+	q := r.queue
+	failed := func(i int, err error) (int, error) {
+		q.settle()
+		if f := q.failed; f != nil {
+			return f.owner, f.err // queued by event i or an earlier one
+		}
+		return i, err
+	}
+	byType := r.sh.proj.t.byType
+	for i := range events {
+		ev := &events[i]
+		h := byType[ev.Type]
 		if h == nil {
 			continue // the read filter makes this unreachable
 		}
 		if ev.Stream.Tenant != r.scope {
 			// Queued writes run under the tenant that queued them.
-			if k, err := r.queue.flush(ctx, r.tx); err != nil {
+			if k, err := q.flush(ctx, r.tx); err != nil {
 				return k, err
 			}
-			r.queue.reset()
 			if err := r.scopeTo(ctx, ev.Stream.Tenant); err != nil {
 				return i, err
 			}
 		}
-		r.current = &events[i]
-		r.queue.current = i
+		r.current = ev
+		q.current = i
 		if err := r.handlerCtx.Err(); err != nil {
 			// The deadline passed while an earlier handler ignored it:
 			// running more would only lengthen the overrun.
-			return i, err
+			return failed(i, err)
 		}
-		hctx := withStore(projector.WithCausationID(projector.WithMetadata(r.handlerCtx, ev.Metadata), ev.ID), r.d.store)
-		if err := r.call(hctx, func(ctx context.Context) error { return h(ctx, handlerTx{r.tx}, ev) }); err != nil {
-			return i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
+		if err := r.decode(ev); err != nil {
+			return failed(i, err)
+		}
+		hctx := projector.WithCausationID(projector.WithMetadata(r.handlerCtx, ev.Metadata), ev.ID)
+		if err := r.call(hctx, func(ctx context.Context) error { return h(ctx, r.htx, *ev) }); err != nil {
+			return failed(i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err))
+		}
+		if q.failed != nil {
+			// Found by the handler's own use of the transaction.
+			return failed(i, nil)
+		}
+		if len(q.pending) >= streamChunk {
+			if q.stream(ctx, r.tx); q.failed != nil {
+				return failed(i, nil)
+			}
 		}
 	}
-	return r.queue.flush(ctx, r.tx)
+	return q.flush(ctx, r.tx)
 }
 
 // call runs a handler, turning a panic into an error.
@@ -686,8 +742,65 @@ func (r *run) unscope(ctx context.Context) error {
 var errTxOwned = errors.New("projection: the dispatcher owns this transaction; return an error to roll back instead")
 
 // handlerTx is the dispatcher's transaction as handlers see it: everything
-// but ending it.
-type handlerTx struct{ pgx.Tx }
+// but ending it. Its statements first settle the writes streamed so far
+// (see writeQueue), which hold the connection until their results are
+// read; q is nil where nothing is streamed.
+type handlerTx struct {
+	pgx.Tx
+	q *writeQueue
+}
 
-func (handlerTx) Commit(context.Context) error   { return errTxOwned }
-func (handlerTx) Rollback(context.Context) error { return errTxOwned }
+func (*handlerTx) Commit(context.Context) error   { return errTxOwned }
+func (*handlerTx) Rollback(context.Context) error { return errTxOwned }
+
+func (t *handlerTx) settle() {
+	if t.q != nil {
+		t.q.settle()
+	}
+}
+
+func (t *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	t.settle()
+	return t.Tx.Begin(ctx)
+}
+
+func (t *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	t.settle()
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	t.settle()
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *handlerTx) LargeObjects() pgx.LargeObjects {
+	t.settle()
+	return t.Tx.LargeObjects()
+}
+
+func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	t.settle()
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+func (t *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	t.settle()
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	t.settle()
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	t.settle()
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+// Conn settles too: the handler may use the connection itself.
+func (t *handlerTx) Conn() *pgx.Conn {
+	t.settle()
+	return t.Tx.Conn()
+}

@@ -157,7 +157,7 @@ func ClearScopeTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Asyn
 		}
 	}
 	if p.cfg.ResetScope != nil {
-		if err := p.cfg.ResetScope(ctx, handlerTx{tx}, scope); err != nil {
+		if err := p.cfg.ResetScope(ctx, &handlerTx{Tx: tx}, scope); err != nil {
 			return fmt.Errorf("clear %s of %s: ResetScope: %w", scope, p.name, err)
 		}
 	}
