@@ -190,7 +190,7 @@ func TestInlineRebuildExactUnderWriters(t *testing.T) {
 	}
 	// Corrupt the live model: a rebuild must repair it, not keep it.
 	e.exec(`DELETE FROM ` + e.ident("tickets") + ` WHERE stream_id IN ('s1', 's2', 's3')`)
-	e.exec(`UPDATE ` + e.ident("tickets") + ` SET n = n + 100 WHERE stream_id = 's4'`)
+	e.exec(`UPDATE ` + e.ident("tickets") + ` SET n = n + 1000000 WHERE stream_id = 's4'`)
 	if e.differences() == 0 {
 		t.Fatal("the corruption did not take")
 	}
@@ -291,7 +291,7 @@ func TestInlineRebuildExactUnderWriters(t *testing.T) {
 		t.Fatalf("rebuilt model has %d tickets, want 60", n)
 	}
 	// The old tables are kept, corruption and all; the shadow schema is gone.
-	if n := e.count(`SELECT count(*) FROM ` + pgx.Identifier{res.OldSchema, "tickets"}.Sanitize() + ` WHERE n > 100`); n != 1 {
+	if n := e.count(`SELECT count(*) FROM ` + pgx.Identifier{res.OldSchema, "tickets"}.Sanitize() + ` WHERE n > 1000000`); n != 1 {
 		t.Fatalf("old tickets: %d corrupted rows, want the 1 left there", n)
 	}
 	if n := e.count(`SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, '` + e.schema + `_irb_') AND nspname <> '` + res.OldSchema + `'`); n != 0 {
