@@ -150,6 +150,11 @@ type shard struct {
 	// warnedVersion is the live model version last warned about (see
 	// superseded).
 	warnedVersion int
+	// prefetch is the read of the next batch taken while the last pass
+	// applied its own, or nil. Only the shard's own loop touches it.
+	prefetch *prefetch
+	// prefetched counts the batches a pass took from a prefetch.
+	prefetched int
 }
 
 // batchLimit is how many events the shard's next pass reads.

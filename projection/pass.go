@@ -174,7 +174,8 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if sh.shadow != nil {
 		size = cfg.RebuildBatchSize // no reader waits for a shadow batch: read more at once
 	}
-	batch, err := d.readBatch(ctx, tx, sh, postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true})
+	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true}
+	batch, err := d.readBatch(ctx, tx, sh, q)
 	if err != nil {
 		return passResult{}, err
 	}
@@ -194,6 +195,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 	}
 	next := batch.Next(st.cursor)
+	if batch.Full && d.shared == nil && sh.shadow == nil {
+		d.startPrefetch(ctx, sh, q, next)
+	}
 	status := StatusIdle
 	if batch.Full {
 		status = StatusProcessing
@@ -369,9 +373,16 @@ func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st
 	return d.recordTimeout(ctx, sh, st, events[0], herr, started)
 }
 
-// readBatch reads the pass's batch in tx, or takes it from another shard's
-// read of the same full batch (see sharedReads).
+// readBatch reads the pass's batch in tx, or takes it from the shard's
+// prefetch of it (see prefetch) or from another shard's read of the same
+// full batch (see sharedReads).
 func (d *Dispatcher) readBatch(ctx context.Context, tx pgx.Tx, sh *shard, q postgres.LogQuery) (postgres.LogBatch, error) {
+	if batch, ok, err := d.takePrefetch(ctx, sh, q); ok || err != nil {
+		if ok {
+			sh.prefetched++
+		}
+		return batch, err
+	}
 	read := func() (postgres.LogBatch, error) { return d.store.ReadLogTx(ctx, tx, q) }
 	if d.shared == nil {
 		return read()

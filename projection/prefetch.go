@@ -1,0 +1,89 @@
+package projection
+
+import (
+	"context"
+	"slices"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// prefetch is a read of a shard's next batch, taken on a connection of its
+// own while the pass that read the current batch applies it, writes its
+// cursor and commits: the next pass then finds its rows read (and their
+// payloads decoded) instead of waiting a round trip and the server's scan
+// for them. The reads of one shard's passes overlap its writes, as the
+// server and the client can work at the same time.
+//
+// Only a full batch is used, for the reason sharedReads shares only full
+// batches: it holds limit events after its position, every one from a
+// transaction that had ended when it was read (promise 3: the read is
+// the gap-safe ReadLogTx), so every event between the position and its
+// last had ended too, and the same query returns the same rows at any later
+// moment. A partial batch is thrown away and the pass reads again: a late
+// commit may have landed in its range since.
+//
+// The next pass uses the batch only after it holds the shard's lock and has
+// read the shard's state (promise 6), and only when the cursor it read is
+// the position the prefetch started from: a pass that failed, an operator's
+// skip or rewind, or another process's pass moved it, and the batch is
+// thrown away. Retention cannot remove its events meanwhile: the shard has
+// not passed them.
+type prefetch struct {
+	q     postgres.LogQuery
+	done  chan struct{} // closed when batch and err are set
+	batch postgres.LogBatch
+	err   error
+}
+
+// startPrefetch reads the batch after next, the cursor the running pass
+// will commit after its full batch, in the background. It reads nothing
+// when the pool has no connection to spare (none idle, and no room for
+// another): a prefetch must not make another shard's pass wait for one.
+func (d *Dispatcher) startPrefetch(ctx context.Context, sh *shard, q postgres.LogQuery, next projector.Position) {
+	if st := d.store.Pool().Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
+		return
+	}
+	q.After = next
+	pf := &prefetch{q: q, done: make(chan struct{})}
+	sh.prefetch = pf
+	decode := !sh.proj.cfg.RawPayloads
+	reg := d.store.Registry()
+	d.wg.Go(func() {
+		defer close(pf.done)
+		pf.batch, pf.err = d.store.ReadLog(ctx, q)
+		if pf.err != nil || !pf.batch.Full || !decode {
+			return
+		}
+		// The decoding apply would do, done here while the pass's writes
+		// are in flight. A payload that fails stays undecoded: apply
+		// decodes it again and fails that event, as without a prefetch.
+		for i := range pf.batch.Events {
+			ev := &pf.batch.Events[i]
+			if payload, data, err := reg.Decode(ev.Type, ev.SchemaVersion, ev.Data); err == nil {
+				ev.Payload, ev.Data = payload, data
+			}
+		}
+	})
+}
+
+// takePrefetch returns the shard's prefetched batch when it is the read q
+// asks for and was full, waiting for it if it is still being read. Any
+// prefetch is used once at most: the shard's next read starts afresh.
+func (d *Dispatcher) takePrefetch(ctx context.Context, sh *shard, q postgres.LogQuery) (postgres.LogBatch, bool, error) {
+	pf := sh.prefetch
+	sh.prefetch = nil
+	if pf == nil || pf.q.After != q.After || pf.q.Limit != q.Limit || !slices.Equal(pf.q.EventTypes, q.EventTypes) ||
+		!slices.Equal(pf.q.StreamTypes, q.StreamTypes) || pf.q.Raw != q.Raw {
+		return postgres.LogBatch{}, false, nil
+	}
+	select {
+	case <-pf.done:
+	case <-ctx.Done():
+		return postgres.LogBatch{}, false, ctx.Err()
+	}
+	if pf.err != nil || !pf.batch.Full {
+		return postgres.LogBatch{}, false, nil
+	}
+	return pf.batch, true, nil
+}

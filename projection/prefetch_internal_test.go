@@ -1,0 +1,141 @@
+package projection
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+)
+
+// A pass takes its batch from the prefetch of the pass before only when the
+// prefetch started at the cursor the pass holds and was full. Driven pass
+// by pass: a moved cursor throws the prefetch away, and a late commit
+// below a later transaction's events is delivered in log order, once,
+// with prefetches running around it (promise 3).
+func TestPrefetchGapSafe(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	var seen []string
+	p := NewAsync("prefetched", AsyncConfig{BatchSize: 2})
+	if err := On(p, types.Commented, func(_ context.Context, _ pgx.Tx, ev projector.Event, c testevents.TicketCommented) error {
+		seen = append(seen, c.Body)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Store: store, Projections: []*Async{p}, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sh := d.shards[0]
+	appendIn := func(tx pgx.Tx, stream string, bodies ...string) {
+		t.Helper()
+		payloads := make([]any, len(bodies))
+		for i, b := range bodies {
+			payloads[i] = testevents.TicketCommented{Body: b}
+		}
+		if _, err := store.Append(ctx, tx, projector.Stream("ticket", stream), projector.ExactVersion(0), payloads...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// settled waits for the cluster's horizon to pass every event
+	// committed so far: other tests' transactions hold it back for a while.
+	settled := func() {
+		t.Helper()
+		var newest uint64
+		if err := store.Pool().QueryRow(ctx, `SELECT max(tx_id) FROM `+store.Table("projector_events")).Scan(&newest); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			h, err := store.Horizon(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.TxID >= newest {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	commit := func(stream string, bodies ...string) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error { appendIn(tx, stream, bodies...); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pass := func(want passKind) {
+		t.Helper()
+		res, err := d.pass(ctx, sh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.kind != want {
+			t.Fatalf("pass: kind %d, want %d (seen %v)", res.kind, want, seen)
+		}
+		if sh.prefetch != nil {
+			<-sh.prefetch.done // deterministic: the prefetch has read before the next step
+		}
+	}
+
+	commit("a", "a1", "a2", "a3", "a4", "a5", "a6")
+	settled()
+	pass(passMore) // a1 a2, prefetching a3 a4
+	pass(passMore) // a3 a4 from the prefetch, prefetching a5 a6
+	if sh.prefetched != 1 {
+		t.Fatalf("%d batches taken from a prefetch, want 1", sh.prefetched)
+	}
+	// An operator moves the cursor back to the start: the prefetch of a5 a6
+	// no longer follows it and must not be applied.
+	if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET cursor_tx_id = '0', cursor_seq = 0 WHERE name = $1`, sh.id.Consumer); err != nil {
+		t.Fatal(err)
+	}
+	pass(passMore) // a1 a2 again, read afresh
+	if sh.prefetched != 1 {
+		t.Fatalf("a prefetch taken after the cursor moved (seen %v)", seen)
+	}
+
+	// A transaction with an older id than c's stays open while c commits:
+	// its event is below c's in the log and must come first, once.
+	late, err := store.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(ctx) }()
+	appendIn(late, "b", "b1")
+	commit("c", "c1", "c2", "c3", "c4")
+	pass(passMore) // a3 a4 from the prefetch; a5 a6 prefetched
+	pass(passMore) // a5 a6 from the prefetch; the next prefetch finds nothing below the horizon
+	pass(passCaughtUp)
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	settled()
+	for range 5 {
+		if res, err := d.pass(ctx, sh); err != nil {
+			t.Fatal(err)
+		} else if res.kind == passCaughtUp {
+			break
+		}
+		if sh.prefetch != nil {
+			<-sh.prefetch.done
+		}
+	}
+	want := []string{"a1", "a2", "a3", "a4", "a1", "a2", "a3", "a4", "a5", "a6", "b1", "c1", "c2", "c3", "c4"}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("handled %v,\nwant    %v", seen, want)
+	}
+	if sh.prefetched < 4 {
+		t.Fatalf("only %d batches taken from a prefetch: the test did not exercise it", sh.prefetched)
+	}
+}
