@@ -95,11 +95,25 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 // pass (it is recorded on the shard); an error means the database failed
 // and the transaction rolled back.
 func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
-	tx, err := d.store.Pool().Begin(ctx)
+	// The connection is held apart from the transaction so that the cursor
+	// advance and the COMMIT can go out in one round trip (advanceCommit),
+	// after which pgx's transaction is not ended but the server's is: the
+	// pool takes back a connection only when it is idle in no transaction.
+	conn, err := d.store.Pool().Acquire(ctx)
 	if err != nil {
 		return passResult{}, fmt.Errorf("begin: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return passResult{}, fmt.Errorf("begin: %w", err)
+	}
+	committed := false // by advanceCommit
+	defer func() {
+		if !committed {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
 
 	// The lock and the state read go out pipelined, one round trip, as two
 	// statements: the read's snapshot is taken after the lock is held.
@@ -231,11 +245,11 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			}
 			return passResult{kind: passCaughtUp}, nil // nothing to write
 		}
-		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, 0); err != nil {
-			return passResult{}, fmt.Errorf("advance cursor: %w", err)
+		if err := d.advanceCommit(ctx, tx, sh, next, status, 0); err != nil {
+			return passResult{}, err
 		}
-		res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
-		return sh.shadowResult(res), err
+		committed = true
+		return sh.shadowResult(d.committed(sh, caughtUp, nil, 0, 0, time.Time{})), nil
 	}
 
 	started := time.Now()
@@ -291,11 +305,6 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			return passResult{}, err
 		}
 	}
-	if !switched {
-		if _, err := tx.Exec(ctx, d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, len(done)); err != nil {
-			return passResult{}, fmt.Errorf("advance cursor: %w", err)
-		}
-	}
 	kind := passCaughtUp
 	switch {
 	case switched:
@@ -303,7 +312,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	case batch.Full:
 		kind = passMore
 	}
-	res, err := d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
+	var res passResult
+	if switched {
+		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
+	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done)); err == nil {
+		committed = true
+		res = d.committed(sh, kind, done, 0, deadLetters, started)
+	}
 	if err == nil {
 		sh.growLimit(size)
 		if sh.shadow != nil {
@@ -399,13 +414,50 @@ func (d *Dispatcher) commit(ctx context.Context, tx pgx.Tx, sh *shard, kind pass
 	if err := tx.Commit(ctx); err != nil {
 		return passResult{}, fmt.Errorf("commit: %w", err)
 	}
+	return d.committed(sh, kind, applied, failed, deadLetters, started), nil
+}
+
+// advanceCommit moves the shard's cursor to next and commits, the UPDATE
+// and the COMMIT pipelined in one round trip: the advance is the pass's
+// last statement, so nothing needs its answer before the COMMIT is sent.
+// A failed UPDATE leaves the COMMIT unexecuted (the server skips to the
+// pipeline's end) and the transaction aborted, for the caller's rollback.
+// After it returns nil the transaction is committed on the server and must
+// not be rolled back or committed again through tx.
+func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position, status Status, processed int) error {
+	b := &pgx.Batch{}
+	b.Queue(d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, processed)
+	b.Queue("COMMIT")
+	br := tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return fmt.Errorf("advance cursor: %w", err)
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if tag.String() != "COMMIT" {
+		// A deferred constraint or the like turned the COMMIT into a
+		// rollback: nothing of the pass is in place.
+		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
+	}
+	return nil
+}
+
+// committed reports a pass whose transaction committed: metrics and the
+// projection's AfterCommit.
+func (d *Dispatcher) committed(sh *shard, kind passKind, applied []projector.Event, failed, deadLetters int, started time.Time) passResult {
 	if d.metrics != nil {
 		d.metrics.batch(sh.id, len(applied), failed, deadLetters, started)
 	}
 	if fn := sh.proj.cfg.AfterCommit; fn != nil && len(applied) > 0 {
 		fn(applied)
 	}
-	return passResult{kind: kind}, nil
+	return passResult{kind: kind}
 }
 
 // shardRow is what a pass reads of its shard's state.
