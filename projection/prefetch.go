@@ -30,10 +30,14 @@ import (
 // thrown away. Retention cannot remove its events meanwhile: the shard has
 // not passed them.
 type prefetch struct {
-	q     postgres.LogQuery
-	done  chan struct{} // closed when batch and err are set
-	batch postgres.LogBatch
-	err   error
+	q postgres.LogQuery
+	// reading is closed once the read holds a connection of its own; until
+	// then the next pass does not wait for it (see takePrefetch).
+	reading chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when batch and err are set
+	batch   postgres.LogBatch
+	err     error
 }
 
 // startPrefetch reads the batch after next, the cursor the running pass
@@ -45,13 +49,27 @@ func (d *Dispatcher) startPrefetch(ctx context.Context, sh *shard, q postgres.Lo
 		return
 	}
 	q.After = next
-	pf := &prefetch{q: q, done: make(chan struct{})}
+	d.launchPrefetch(ctx, sh, q)
+}
+
+// launchPrefetch starts the read of q for sh's next pass.
+func (d *Dispatcher) launchPrefetch(ctx context.Context, sh *shard, q postgres.LogQuery) {
+	ctx, cancel := context.WithCancel(ctx)
+	pf := &prefetch{q: q, reading: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
 	sh.prefetch = pf
 	decode := !sh.proj.cfg.RawPayloads
 	reg := d.store.Registry()
 	d.wg.Go(func() {
 		defer close(pf.done)
-		pf.batch, pf.err = d.store.ReadLog(ctx, q)
+		defer cancel()
+		conn, err := d.store.Pool().Acquire(ctx)
+		if err != nil {
+			pf.err = err
+			return
+		}
+		defer conn.Release()
+		close(pf.reading)
+		pf.batch, pf.err = d.store.ReadLogTx(ctx, conn, q)
 		if pf.err != nil || !pf.batch.Full || !decode {
 			return
 		}
@@ -73,8 +91,22 @@ func (d *Dispatcher) startPrefetch(ctx context.Context, sh *shard, q postgres.Lo
 func (d *Dispatcher) takePrefetch(ctx context.Context, sh *shard, q postgres.LogQuery) (postgres.LogBatch, bool, error) {
 	pf := sh.prefetch
 	sh.prefetch = nil
-	if pf == nil || pf.q.After != q.After || pf.q.Limit != q.Limit || !slices.Equal(pf.q.EventTypes, q.EventTypes) ||
+	if pf == nil {
+		return postgres.LogBatch{}, false, nil
+	}
+	if pf.q.After != q.After || pf.q.Limit != q.Limit || !slices.Equal(pf.q.EventTypes, q.EventTypes) ||
 		!slices.Equal(pf.q.StreamTypes, q.StreamTypes) || pf.q.Raw != q.Raw {
+		pf.cancel()
+		return postgres.LogBatch{}, false, nil
+	}
+	select {
+	case <-pf.reading:
+	default:
+		// Still waiting for a connection, which may be the one this pass
+		// holds: every pass of the pool's connections waiting for its
+		// prefetch, and every prefetch for a connection, would stall the
+		// dispatcher. Read in the pass instead.
+		pf.cancel()
 		return postgres.LogBatch{}, false, nil
 	}
 	select {

@@ -11,6 +11,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // A pass takes its batch from the prefetch of the pass before only when the
@@ -138,4 +139,47 @@ func TestPrefetchGapSafe(t *testing.T) {
 	if sh.prefetched < 4 {
 		t.Fatalf("only %d batches taken from a prefetch: the test did not exercise it", sh.prefetched)
 	}
+}
+
+// A prefetch still waiting for a pooled connection is not waited for: the
+// pass that would wait may hold the connection it waits for (every pass of
+// the pool's connections waiting on its prefetch, every prefetch on a
+// connection, would stall the dispatcher). The pass reads itself instead.
+func TestPrefetchWithoutAConnectionIsNotWaitedFor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	// A pool of its own: holding all of the shared pool's connections
+	// would stall the package's other tests.
+	store, err := postgres.New(ctx, pgtest.NewPool(t, 2), postgres.Config{Schema: pgtest.Schema(t), Registry: types.Registry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewAsync("starved", AsyncConfig{BatchSize: 2})
+	if err := On(p, types.Commented, func(context.Context, pgx.Tx, projector.Event, testevents.TicketCommented) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Store: store, Projections: []*Async{p}, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := d.shards[0]
+	// Hold every connection of the pool, as passes of other shards would.
+	pool := store.Pool()
+	for range pool.Config().MaxConns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+	}
+	q := postgres.LogQuery{After: projector.Start, Limit: 2, EventTypes: p.t.types, Raw: true}
+	d.launchPrefetch(ctx, sh, q)
+	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	_, ok, err := d.takePrefetch(waitCtx, sh, q)
+	if err != nil || ok {
+		t.Fatalf("takePrefetch of a prefetch without a connection: ok %v, err %v; want no batch and no wait", ok, err)
+	}
+	d.wg.Wait() // the cancelled prefetch ends without a connection
 }
