@@ -209,7 +209,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 	}
 	next := batch.Next(st.cursor)
-	if batch.Full && d.shared == nil && sh.shadow == nil {
+	if batch.Full && d.shared == nil {
 		d.startPrefetch(ctx, sh, q, next)
 	}
 	status := StatusIdle
