@@ -74,8 +74,9 @@ type Config struct {
 	// another process, dead, disabled) looks at its state again; default
 	// [DefaultRecheck].
 	Recheck time.Duration
-	// Concurrency caps the passes running at once (each holds a connection);
-	// default [DefaultConcurrency].
+	// Concurrency caps the passes running at once (each holds a connection;
+	// a pass catching up also reads its next batch on a second one, only
+	// when the pool has one idle); default [DefaultConcurrency].
 	Concurrency int
 	// MetricsEvery is how often lag gauges are refreshed; default
 	// [DefaultMetricsEvery].
