@@ -87,25 +87,11 @@ func benchAppendOn(b *testing.B, store *postgres.Store, n int) {
 // Each iteration measures for PROJECTOR_BENCH_APPEND_SECONDS seconds
 // (default 3), all three sides together.
 func BenchmarkAppendWriters(b *testing.B) {
-	d := 3 * time.Second
-	if s, err := strconv.Atoi(os.Getenv("PROJECTOR_BENCH_APPEND_SECONDS")); err == nil && s > 0 {
-		d = time.Duration(s) * time.Second
-	}
+	d := appendSeconds()
 	for _, n := range []int{1, 100} {
 		for _, writers := range benchmark.DefaultWriterCounts() {
 			b.Run(fmt.Sprintf("events=%d/writers=%d", n, writers), func(b *testing.B) {
-				ctx := context.Background()
-				store := pgtest.Store(b, benchmark.NewRegistry())
-				var sum benchmark.AppendResult
-				for b.Loop() {
-					r, err := benchmark.MeasureAppend(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Writers: writers, Duration: d})
-					if err != nil {
-						b.Fatal(err)
-					}
-					sum.Add(r.Throughput)
-					sum.FloorEvents += r.FloorEvents
-					sum.FloorTime += r.FloorTime
-				}
+				sum := measureAppendLoop(b, pgtest.Store(b, benchmark.NewRegistry()), n, writers, d)
 				sum.Report(b)
 				b.ReportMetric(sum.FloorRate(), "floor-events/s")
 				b.ReportMetric(100*sum.FloorRatio(), "%-of-floor")
@@ -123,10 +109,7 @@ func BenchmarkAppendWriters(b *testing.B) {
 // Projector ÷ raw what the code and the stream head row cost. Run with
 // -benchtime 1x; docs/performance.md has the table.
 func BenchmarkAppendSchemaCosts(b *testing.B) {
-	d := 3 * time.Second
-	if s, err := strconv.Atoi(os.Getenv("PROJECTOR_BENCH_APPEND_SECONDS")); err == nil && s > 0 {
-		d = time.Duration(s) * time.Second
-	}
+	d := appendSeconds()
 	const (
 		dropType     = `DROP INDEX {{s}}.projector_events_type`
 		dropID       = `ALTER TABLE {{s}}.projector_events DROP CONSTRAINT projector_events_id_key`
@@ -164,16 +147,7 @@ func BenchmarkAppendSchemaCosts(b *testing.B) {
 							b.Fatal(err)
 						}
 					}
-					var sum benchmark.AppendResult
-					for b.Loop() {
-						r, err := benchmark.MeasureAppend(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Writers: writers, Duration: d})
-						if err != nil {
-							b.Fatal(err)
-						}
-						sum.Add(r.Throughput)
-						sum.FloorEvents += r.FloorEvents
-						sum.FloorTime += r.FloorTime
-					}
+					sum := measureAppendLoop(b, store, n, writers, d)
 					b.ReportMetric(100*sum.FloorRatio(), "%-of-floor")
 					b.ReportMetric(100*sum.RawRate()/sum.FloorRate(), "raw-%-of-floor")
 					b.ReportMetric(100*sum.Ratio(), "%-of-raw")
@@ -181,4 +155,30 @@ func BenchmarkAppendSchemaCosts(b *testing.B) {
 			}
 		}
 	}
+}
+
+// appendSeconds is how long each iteration of the multi-writer append
+// benchmarks measures: PROJECTOR_BENCH_APPEND_SECONDS, default 3.
+func appendSeconds() time.Duration {
+	if s, err := strconv.Atoi(os.Getenv("PROJECTOR_BENCH_APPEND_SECONDS")); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	return 3 * time.Second
+}
+
+// measureAppendLoop runs benchmark.MeasureAppend on store once per
+// iteration and sums the three sides' figures.
+func measureAppendLoop(b *testing.B, store *postgres.Store, n, writers int, d time.Duration) benchmark.AppendResult {
+	ctx := context.Background()
+	var sum benchmark.AppendResult
+	for b.Loop() {
+		r, err := benchmark.MeasureAppend(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Writers: writers, Duration: d})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sum.Add(r.Throughput)
+		sum.FloorEvents += r.FloorEvents
+		sum.FloorTime += r.FloorTime
+	}
+	return sum
 }
