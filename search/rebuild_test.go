@@ -3,7 +3,6 @@ package search_test
 import (
 	"context"
 	"math/rand/v2"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,28 +32,8 @@ func TestPromise13_PGSearchBlueGreenReindexKeepsAnswering(t *testing.T) {
 		}
 	}
 
-	var searches, empty atomic.Int64
-	stop, done := make(chan struct{}), make(chan struct{})
-	acme := search.WithTenant(context.Background(), "acme")
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			docs, err := search.Search[ticketDoc](acme, search.Target(b, ticketIndex), "")
-			if err != nil {
-				t.Errorf("a search during the rebuild failed: %v", err)
-				return
-			}
-			searches.Add(1)
-			if len(docs) == 0 {
-				empty.Add(1)
-			}
-		}
-	}()
+	stop := make(chan struct{})
+	searches, empty, done := searchLoop(t, b, "acme", stop)
 	defer func() {
 		select {
 		case <-stop:
@@ -101,7 +80,7 @@ func TestPromise13_PGSearchBlueGreenReindexKeepsAnswering(t *testing.T) {
 		t.Fatal("Ensure remade the generated columns of the switched-in table: its settings were lost in the switch")
 	}
 	sameIndex(t, "after Ensure on the switched-in table", m.canonical(t), indexed(t, e.ctx, b))
-	open, err := search.Search[ticketDoc](acme, search.Target(b, ticketIndex), "", search.Eq("status", "open"))
+	open, err := search.Search[ticketDoc](search.WithTenant(context.Background(), "acme"), search.Target(b, ticketIndex), "", search.Eq("status", "open"))
 	must(t, err)
 	for _, d := range open {
 		if d.Status != "open" {
