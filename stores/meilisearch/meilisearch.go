@@ -146,7 +146,14 @@ func (b *Backend) Shadow(ctx context.Context, idx search.Index) (search.Backend,
 // so searches go from the old documents to the new at once, then deletes
 // the old ones (now under the shadow's uid).
 func (b *Backend) Swap(ctx context.Context, idx search.Index) error {
-	live, shadow := b.UID(idx), b.UID(idx)+shadowSuffix
+	if err := b.swap(ctx, b.UID(idx), b.UID(idx)+shadowSuffix); err != nil {
+		return err
+	}
+	return b.DropShadow(ctx, idx)
+}
+
+// swap swaps the indexes live and shadow in one task and waits for it.
+func (b *Backend) swap(ctx context.Context, live, shadow string) error {
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	t, err := b.client.SwapIndexes(rctx, []*meili.SwapIndexesParams{{Indexes: []string{live, shadow}}})
 	cancel()
@@ -156,7 +163,7 @@ func (b *Backend) Swap(ctx context.Context, idx search.Index) error {
 	if err := b.wait(ctx, []int64{t.TaskUID}); err != nil {
 		return fmt.Errorf("swap %s and %s: %w", live, shadow, err)
 	}
-	return b.DropShadow(ctx, idx)
+	return nil
 }
 
 // DropShadow deletes idx's shadow index if there is one.
@@ -232,14 +239,8 @@ func (b *Backend) SwapRebuild(ctx context.Context, idx search.Index, rebuildID i
 		return err
 	}
 	if !swapped {
-		rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
-		t, err := b.client.SwapIndexes(rctx, []*meili.SwapIndexesParams{{Indexes: []string{live, shadow}}})
-		cancel()
-		if err != nil {
-			return b.requestError("swap "+live+" and "+shadow, err)
-		}
-		if err := b.wait(ctx, []int64{t.TaskUID}); err != nil {
-			return fmt.Errorf("swap %s and %s: %w", live, shadow, err)
+		if err := b.swap(ctx, live, shadow); err != nil {
+			return err
 		}
 	}
 	return b.deleteIndex(ctx, shadow)
