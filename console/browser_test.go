@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/projectorhq/projector/internal/browsertest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 )
@@ -22,26 +22,6 @@ import (
 // EnvScreenshot names a file the browser test writes the console's
 // screenshot to (docs/img/console.png is made so).
 const EnvScreenshot = "PROJECTOR_CONSOLE_SCREENSHOT"
-
-// chromium finds the browser: $PROJECTOR_CHROMIUM, else chromium or
-// chromium-browser on the PATH. Without one the test is skipped, but under
-// CI=true it fails: CI installs Debian's chromium (.ci/run).
-func chromium(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("PROJECTOR_CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("browser test: no chromium on the PATH; CI must install it (apt-get install -y chromium, as .ci/run does)")
-	}
-	t.Skip("browser test skipped: no chromium on the PATH (apt-get install -y chromium, or set PROJECTOR_CHROMIUM)")
-	return ""
-}
 
 // browser is one headless Chromium with a fresh profile, closed when the
 // test ends; a failing test leaves a screenshot in an artifacts directory
@@ -54,7 +34,7 @@ type browser struct {
 func newBrowser(t *testing.T, width, height int) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium(t)),
+		chromedp.ExecPath(browsertest.Chromium(t)),
 		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
 		chromedp.Flag("disable-quic", true), chromedp.NoFirstRun,
 		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),

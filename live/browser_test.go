@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/browsertest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/live"
@@ -32,22 +31,6 @@ es.addEventListener("reset", () => { window.got.push("reset"); });
 es.onerror = () => { window.errors++; };
 </script>`
 
-// chromium returns the path of the Chromium binary, skipping the test when
-// there is none (CI installs Debian's chromium; see .ci/run).
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("no chromium binary: install Debian's chromium package")
-	}
-	t.Skip("no chromium binary")
-	return ""
-}
-
 // TestPromise15_BrowserReconnectsWithoutGaps: a page in real headless
 // Chromium receives events through EventSource while a writer appends and
 // its connections are cut five times mid-stream; the browser reconnects by itself with
@@ -55,7 +38,7 @@ func chromium(t *testing.T) string {
 // tenant, in order.
 func TestPromise15_BrowserReconnectsWithoutGaps(t *testing.T) {
 	t.Parallel()
-	bin := chromium(t)
+	bin := browsertest.Chromium(t)
 	e := newEnv(t, live.Config{Authorize: func(*http.Request) (string, error) { return "a", nil }, EventTypes: []string{"ticket.commented"}}, false)
 	var resumed atomic.Int64
 	mux := http.NewServeMux()
