@@ -174,7 +174,7 @@ func warm(ctx context.Context, pool *pgxpool.Pool, n int) error {
 
 // appendPhase runs op on every writer at once until slice has passed and
 // returns the transactions committed and the time until the last ended.
-func appendPhase(ctx context.Context, writers []*AppendWriter, op func(*AppendWriter, context.Context) error, slice time.Duration) (int64, time.Duration, error) {
+func appendPhase[W any](ctx context.Context, writers []W, op func(W, context.Context) error, slice time.Duration) (int64, time.Duration, error) {
 	start := time.Now()
 	deadline := start.Add(slice)
 	var ops atomic.Int64

@@ -330,3 +330,32 @@ func TestRebuildConfigValidate(t *testing.T) {
 		t.Errorf("refused configurations wrote %d events", n)
 	}
 }
+
+func TestMeasureRowShapes(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	// 12 events a transaction and past ten transactions a writer, so every
+	// layout's unique keys see several streams and commits per stream.
+	res, err := benchmark.MeasureRowShapes(ctx, store, benchmark.AppendConfig{EventsPerTx: 12, Writers: 2, Duration: 1400 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"outbox-floor", "projector"}
+	for _, s := range benchmark.RowShapes() {
+		want = append(want, s.Name)
+	}
+	if len(res) != len(want) {
+		t.Fatalf("%d sides, want %d: %+v", len(res), len(want), res)
+	}
+	for i, r := range res {
+		if r.Name != want[i] || r.Events <= 0 || r.Events%12 != 0 || r.Rate() <= 0 {
+			t.Errorf("side %d: %+v, want %s with whole transactions of events", i, r, want[i])
+		}
+	}
+	if n := count(t, store, `SELECT count(*) FROM `+store.Table("projector_events")+` WHERE type = $1`, benchmark.AppendedType); n != res[1].Events {
+		t.Errorf("log holds %d appended events, result counts %d", n, res[1].Events)
+	}
+	if n := count(t, store, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND (tablename LIKE 'bench\_shape\_%' OR tablename LIKE 'bench\_raw\_%')`, store.Schema()); n != 0 {
+		t.Errorf("%d layout tables left behind", n)
+	}
+}

@@ -157,6 +157,48 @@ func BenchmarkAppendSchemaCosts(b *testing.B) {
 	}
 }
 
+// BenchmarkAppendRowShapes measures candidate layouts of the event log
+// (benchmark.RowShapes: a narrow row with a stream number, the same in one
+// statement with the stream head, the narrow row with two indexes, one row
+// per commit) as hand-written inserts, beside the outbox floor and
+// Projector's append on today's schema, all in one run taking turns
+// (benchmark.MeasureRowShapes). It answers what a migration to each layout
+// could buy before any code is written: each side is reported as a
+// percentage of the floor. Run with -benchtime 1x; docs/performance.md has
+// the table.
+func BenchmarkAppendRowShapes(b *testing.B) {
+	d := 4 * appendSeconds()
+	for _, n := range []int{1, 100} {
+		for _, writers := range []int{4, 16} {
+			b.Run(fmt.Sprintf("events=%d/writers=%d", n, writers), func(b *testing.B) {
+				ctx := context.Background()
+				store := pgtest.Store(b, benchmark.NewRegistry())
+				sums := map[string]*benchmark.ShapeResult{}
+				var names []string
+				for b.Loop() {
+					res, err := benchmark.MeasureRowShapes(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Writers: writers, Duration: d})
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, r := range res {
+						if sums[r.Name] == nil {
+							sums[r.Name] = &benchmark.ShapeResult{Name: r.Name}
+							names = append(names, r.Name)
+						}
+						sums[r.Name].Events += r.Events
+						sums[r.Name].Time += r.Time
+					}
+				}
+				floor := sums["outbox-floor"].Rate()
+				b.ReportMetric(floor, "floor-events/s")
+				for _, name := range names[1:] {
+					b.ReportMetric(100*sums[name].Rate()/floor, "%-floor:"+name)
+				}
+			})
+		}
+	}
+}
+
 // appendSeconds is how long each iteration of the multi-writer append
 // benchmarks measures: PROJECTOR_BENCH_APPEND_SECONDS, default 3.
 func appendSeconds() time.Duration {
