@@ -48,6 +48,22 @@ const (
 	MaxInstanceExpiry   = 366 * 24 * time.Hour
 )
 
+// Bounds of the other durations and of the concurrency of [Config]. A poll
+// or recheck below a millisecond would spin on the database; a negative
+// concurrency cannot size the pass semaphore.
+const (
+	MinPoll         = time.Millisecond
+	MaxPoll         = time.Hour
+	MinMetricsEvery = 10 * time.Millisecond
+	MaxMetricsEvery = 24 * time.Hour
+	MaxConcurrency  = 1024
+)
+
+// ErrInvalidConfig is wrapped by [New]'s errors for a [Config] field out of
+// its range, so a caller that builds the config from flags or a file can
+// tell a user's mistake from a failure to start.
+var ErrInvalidConfig = errors.New("projection dispatcher: invalid configuration")
+
 // ErrNotStarted is returned by [Dispatcher.CatchUp] on a dispatcher that was
 // never started: nothing would ever move its shards, so waiting for them
 // would never end.
@@ -68,18 +84,21 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// PollMin and PollMax bound the adaptive poll of the log head that wakes
 	// caught-up shards: PollMin while events keep arriving, doubling up to
-	// PollMax while nothing does. Defaults [DefaultPollMin], [DefaultPollMax].
+	// PollMax while nothing does. Defaults [DefaultPollMin], [DefaultPollMax]
+	// (or PollMin, if larger); both between [MinPoll] and [MaxPoll], PollMax
+	// at least PollMin.
 	PollMin, PollMax time.Duration
 	// Recheck is how often a shard that is not running here (locked by
 	// another process, dead, disabled) looks at its state again; default
-	// [DefaultRecheck].
+	// [DefaultRecheck]; between [MinPoll] and [MaxPoll].
 	Recheck time.Duration
 	// Concurrency caps the passes running at once (each holds a connection;
 	// a pass catching up also reads its next batch on a second one, only
-	// when the pool has one idle); default [DefaultConcurrency].
+	// when the pool has one idle); default [DefaultConcurrency]; at most
+	// [MaxConcurrency].
 	Concurrency int
 	// MetricsEvery is how often lag gauges are refreshed; default
-	// [DefaultMetricsEvery].
+	// [DefaultMetricsEvery]; between [MinMetricsEvery] and [MaxMetricsEvery].
 	MetricsEvery time.Duration
 	// HeartbeatEvery is how often the dispatcher records in
 	// projector_instances that its instance is alive (riding on the log
@@ -101,6 +120,35 @@ type Config struct {
 	// transaction; this keeps up to two batches per shard in memory. Set it
 	// to compare, or to bound memory with very large batches.
 	SeparateReads bool
+}
+
+// validate checks every duration and count of cfg, defaults applied,
+// against its bounds: each error names the field, its value and the range.
+func (cfg Config) validate() error {
+	within := func(field string, v, lo, hi time.Duration) error {
+		if v < lo || v > hi {
+			return fmt.Errorf("%w: Config.%s %v: want between %v and %v", ErrInvalidConfig, field, v, lo, hi)
+		}
+		return nil
+	}
+	errs := []error{
+		within("PollMin", cfg.PollMin, MinPoll, MaxPoll),
+		within("PollMax", cfg.PollMax, max(MinPoll, cfg.PollMin), MaxPoll),
+		within("Recheck", cfg.Recheck, MinPoll, MaxPoll),
+		within("MetricsEvery", cfg.MetricsEvery, MinMetricsEvery, MaxMetricsEvery),
+		within("HeartbeatEvery", cfg.HeartbeatEvery, MinHeartbeatEvery, MaxHeartbeatEvery),
+	}
+	if cfg.Concurrency < 1 || cfg.Concurrency > MaxConcurrency {
+		errs = append(errs, fmt.Errorf("%w: Config.Concurrency %d: want between 1 and %d", ErrInvalidConfig, cfg.Concurrency, MaxConcurrency))
+	}
+	if minExpiry := MinExpiryHeartbeats * cfg.HeartbeatEvery; cfg.InstanceExpiry < minExpiry || cfg.InstanceExpiry > MaxInstanceExpiry {
+		errs = append(errs, fmt.Errorf("%w: Config.InstanceExpiry %v: want between %v (%d heartbeats) and %v",
+			ErrInvalidConfig, cfg.InstanceExpiry, minExpiry, MinExpiryHeartbeats, MaxInstanceExpiry))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("projection dispatcher: %w", err)
+	}
+	return nil
 }
 
 // Dispatcher is the daemon that applies async projections: one loop per
@@ -203,17 +251,14 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("projection dispatcher: no projections")
 	}
 	cfg.PollMin = cmp.Or(cfg.PollMin, DefaultPollMin)
-	cfg.PollMax = max(cmp.Or(cfg.PollMax, DefaultPollMax), cfg.PollMin)
+	cfg.PollMax = cmp.Or(cfg.PollMax, max(DefaultPollMax, cfg.PollMin))
 	cfg.Recheck = cmp.Or(cfg.Recheck, DefaultRecheck)
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
 	cfg.MetricsEvery = cmp.Or(cfg.MetricsEvery, DefaultMetricsEvery)
 	cfg.HeartbeatEvery = cmp.Or(cfg.HeartbeatEvery, DefaultHeartbeatEvery)
 	cfg.InstanceExpiry = cmp.Or(cfg.InstanceExpiry, DefaultInstanceExpiry)
-	if cfg.HeartbeatEvery < MinHeartbeatEvery || cfg.HeartbeatEvery > MaxHeartbeatEvery {
-		return nil, fmt.Errorf("projection dispatcher: Config.HeartbeatEvery %v: want between %v and %v", cfg.HeartbeatEvery, MinHeartbeatEvery, MaxHeartbeatEvery)
-	}
-	if minExpiry := MinExpiryHeartbeats * cfg.HeartbeatEvery; cfg.InstanceExpiry < minExpiry || cfg.InstanceExpiry > MaxInstanceExpiry {
-		return nil, fmt.Errorf("projection dispatcher: Config.InstanceExpiry %v: want between %v (%d heartbeats) and %v", cfg.InstanceExpiry, minExpiry, MinExpiryHeartbeats, MaxInstanceExpiry)
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	d := &Dispatcher{
 		store:   cfg.Store,

@@ -300,6 +300,50 @@ func TestHeartbeatConfigRange(t *testing.T) {
 	}
 }
 
+// Every duration and the concurrency of a dispatcher's config is range
+// checked: a negative concurrency used to panic sizing the pass semaphore,
+// and a poll or recheck of a nanosecond would spin on the database.
+func TestConfigRange(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := counting(e.schema, e.types, "c", projection.AsyncConfig{})
+	for _, c := range []struct {
+		field string
+		cfg   projection.Config
+	}{
+		{"PollMin", projection.Config{PollMin: -time.Millisecond}},
+		{"PollMin", projection.Config{PollMin: time.Microsecond}},
+		{"PollMin", projection.Config{PollMin: 2 * time.Hour}},
+		{"PollMax", projection.Config{PollMax: -time.Second}},
+		{"PollMax", projection.Config{PollMin: 50 * time.Millisecond, PollMax: 20 * time.Millisecond}},
+		{"PollMax", projection.Config{PollMax: 2 * time.Hour}},
+		{"Recheck", projection.Config{Recheck: -time.Second}},
+		{"Recheck", projection.Config{Recheck: time.Nanosecond}},
+		{"MetricsEvery", projection.Config{MetricsEvery: -time.Second}},
+		{"MetricsEvery", projection.Config{MetricsEvery: time.Millisecond}},
+		{"Concurrency", projection.Config{Concurrency: -1}},
+		{"Concurrency", projection.Config{Concurrency: projection.MaxConcurrency + 1}},
+	} {
+		c.cfg.Store, c.cfg.Projections = e.store, []*projection.Async{p}
+		_, err := projection.New(c.cfg)
+		if !errors.Is(err, projection.ErrInvalidConfig) || !strings.Contains(err.Error(), "Config."+c.field) {
+			t.Errorf("%s out of range (%+v): %v, want ErrInvalidConfig naming it", c.field, c.cfg, err)
+		}
+	}
+	// The bounds themselves, and a PollMin above the default PollMax (which
+	// then follows it), are accepted.
+	for _, cfg := range []projection.Config{
+		{PollMin: projection.MinPoll, PollMax: projection.MinPoll, Recheck: projection.MinPoll, MetricsEvery: projection.MinMetricsEvery, Concurrency: 1},
+		{PollMin: projection.MaxPoll, Recheck: projection.MaxPoll, MetricsEvery: projection.MaxMetricsEvery, Concurrency: projection.MaxConcurrency},
+		{PollMin: time.Second},
+	} {
+		cfg.Store, cfg.Projections = e.store, []*projection.Async{p}
+		if _, err := projection.New(cfg); err != nil {
+			t.Errorf("in-range config %+v refused: %v", cfg, err)
+		}
+	}
+}
+
 // Remove unregisters a consumer no dispatcher runs, keeps its dead letters,
 // and refuses, changing nothing, while one does.
 func TestRemoveConsumer(t *testing.T) {

@@ -35,6 +35,10 @@ type LatencyConfig struct {
 	// Duration is how long each side appends; default
 	// [DefaultLatencyDuration].
 	Duration time.Duration
+	// PollMin is the dispatcher sides' projection.Config.PollMin, the
+	// probe interval while events keep arriving: what the polled side's
+	// median mostly waits for. Zero takes the dispatcher's default.
+	PollMin time.Duration
 }
 
 func (c LatencyConfig) withDefaults() LatencyConfig {
@@ -44,7 +48,8 @@ func (c LatencyConfig) withDefaults() LatencyConfig {
 }
 
 func (c LatencyConfig) validate() error {
-	return errors.Join(within("rate", c.Rate, 1, 100_000), notNegative("latency duration", c.Duration))
+	return errors.Join(within("rate", c.Rate, 1, 100_000), notNegative("latency duration", c.Duration),
+		notNegative("poll interval", c.PollMin))
 }
 
 // Side is what carries an event from its append's commit to the code that
@@ -126,12 +131,12 @@ func LatencySamples(ctx context.Context, store *postgres.Store, side Side, cfg L
 	var stop func() error
 	switch side {
 	case Dispatcher:
-		stop, err = startLatencyDispatcher(ctx, store, tr)
+		stop, err = startLatencyDispatcher(ctx, store, tr, cfg.PollMin)
 	case PolledDispatcher:
 		var own *postgres.Store
 		own, err = postgres.New(ctx, store.Pool(), postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet})
 		if err == nil {
-			stop, err = startLatencyDispatcher(ctx, own, tr)
+			stop, err = startLatencyDispatcher(ctx, own, tr, cfg.PollMin)
 		}
 	case ListenNotify:
 		stop, err = listen(ctx, store, channel, tr)
@@ -176,7 +181,7 @@ func LatencySamples(ctx context.Context, store *postgres.Store, side Side, cfg L
 
 // startLatencyDispatcher runs a dispatcher whose only projection reports
 // the events it applied to tr.
-func startLatencyDispatcher(ctx context.Context, store *postgres.Store, tr *tracker) (stop func() error, err error) {
+func startLatencyDispatcher(ctx context.Context, store *postgres.Store, tr *tracker, pollMin time.Duration) (stop func() error, err error) {
 	if _, err := store.Pool().Exec(ctx, `DELETE FROM `+store.Table("projector_consumers")+` WHERE name = $1`, latencyConsumer); err != nil {
 		return nil, fmt.Errorf("reset consumer: %w", err)
 	}
@@ -187,8 +192,11 @@ func startLatencyDispatcher(ctx context.Context, store *postgres.Store, tr *trac
 		}
 	}})
 	_ = projection.OnEvent(p, typeName(TimedType), func(context.Context, pgx.Tx, projector.Event) error { return nil })
-	d, err := startDispatcher(ctx, store, p, 0)
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, PollMin: pollMin, Logger: quiet})
 	if err != nil {
+		return nil, err
+	}
+	if err := d.Start(ctx); err != nil {
 		return nil, err
 	}
 	return func() error { return stopDispatcher(ctx, d) }, nil
