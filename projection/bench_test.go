@@ -105,6 +105,42 @@ func BenchmarkLatency(b *testing.B) {
 	}
 }
 
+// BenchmarkLatencyPollMin measures the polled dispatcher's latency (the
+// "projector-polled" side of BenchmarkLatency: a dispatcher that learns of
+// appends only by probing the log, as one in another process does) at
+// several Config.PollMin values, the probe interval while events keep
+// arriving, at 500 events/s. cpu-ms/s is this process's CPU time per
+// second of the run (appenders and dispatcher together, the same appends
+// at every interval: the difference between intervals is the probes' and
+// the passes' client side); batches/s the dispatcher's committed batches,
+// each a transaction with a cursor write: a shorter poll hands on smaller
+// batches, more of them.
+func BenchmarkLatencyPollMin(b *testing.B) {
+	for _, poll := range []time.Duration{time.Millisecond, 2 * time.Millisecond, projection.DefaultPollMin} {
+		b.Run(fmt.Sprintf("poll-min=%v", poll), func(b *testing.B) {
+			ctx := context.Background()
+			store := pgtest.Store(b, benchmark.NewRegistry())
+			cfg := benchmark.LatencyConfig{Rate: 500, Duration: 5 * time.Second, PollMin: poll}
+			var p benchmark.Percentiles
+			var cpu, batches float64
+			for b.Loop() {
+				c0, t0 := cpuTime(b), time.Now()
+				run, err := benchmark.MeasureLatencyRun(ctx, store, benchmark.PolledDispatcher, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				secs := time.Since(t0).Seconds()
+				cpu += float64(cpuTime(b)-c0) / float64(time.Millisecond) / secs
+				batches += float64(run.Batches) / secs
+				p = benchmark.Summarize(run.Samples)
+			}
+			p.Report(b)
+			b.ReportMetric(cpu/float64(b.N), "cpu-ms/s")
+			b.ReportMetric(batches/float64(b.N), "batches/s")
+		})
+	}
+}
+
 // BenchmarkAppendInline measures an append with one inline projection (an
 // upsert per event, in the append's transaction) beside the same append
 // without it, interleaved op by op in the same run: the cost of keeping a

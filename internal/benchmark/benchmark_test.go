@@ -359,3 +359,27 @@ func TestMeasureRowShapes(t *testing.T) {
 		t.Errorf("%d layout tables left behind", n)
 	}
 }
+
+// MeasureLatencyRun counts the dispatcher's batches: at least one, at most
+// one per event; none on the raw side. A poll interval out of range is
+// refused before anything runs.
+func TestMeasureLatencyRunBatches(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	cfg := benchmark.LatencyConfig{Rate: 200, Duration: 300 * time.Millisecond, PollMin: 2 * time.Millisecond}
+	run, err := benchmark.MeasureLatencyRun(ctx, store, benchmark.PolledDispatcher, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := int64(len(run.Samples)); run.Batches < 1 || run.Batches > n {
+		t.Errorf("%d batches for %d events", run.Batches, n)
+	}
+	raw, err := benchmark.MeasureLatencyRun(ctx, store, benchmark.ListenNotify, cfg)
+	if err != nil || raw.Batches != 0 || len(raw.Samples) == 0 {
+		t.Errorf("raw side: %d batches, %d samples, %v", raw.Batches, len(raw.Samples), err)
+	}
+	cfg.PollMin = -time.Millisecond
+	if _, err := benchmark.MeasureLatencyRun(ctx, store, benchmark.PolledDispatcher, cfg); err == nil || !strings.Contains(err.Error(), "poll interval") {
+		t.Errorf("negative poll interval: %v", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -117,13 +118,30 @@ const latencyConsumer = "bench-latency"
 //
 // Stream ids and the notification channel carry a random run id, so runs
 // on one database at once (tests in parallel, say) do not hear each other.
-func LatencySamples(ctx context.Context, store *postgres.Store, side Side, cfg LatencyConfig) (samples []time.Duration, err error) {
+func LatencySamples(ctx context.Context, store *postgres.Store, side Side, cfg LatencyConfig) ([]time.Duration, error) {
+	run, err := MeasureLatencyRun(ctx, store, side, cfg)
+	return run.Samples, err
+}
+
+// LatencyRun is one side's run of [MeasureLatencyRun].
+type LatencyRun struct {
+	// Samples are the events' latencies, as [LatencySamples] returns them.
+	Samples []time.Duration
+	// Batches is how many batches a dispatcher side committed to deliver
+	// them (zero on the raw side): with one event per pass, every event
+	// cost the dispatcher a transaction of its own.
+	Batches int64
+}
+
+// MeasureLatencyRun is [LatencySamples] with the number of batches the
+// dispatcher committed: what a shorter poll costs in transactions.
+func MeasureLatencyRun(ctx context.Context, store *postgres.Store, side Side, cfg LatencyConfig) (res LatencyRun, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("latency: %w", err)
+		return res, fmt.Errorf("latency: %w", err)
 	}
 	if err := checkRegistry(store, TimedType, Timed{}); err != nil {
-		return nil, fmt.Errorf("latency: %w", err)
+		return res, fmt.Errorf("latency: %w", err)
 	}
 	run := "l" + randomHex(4) + "-"
 	channel := SchemaPrefix + run[:len(run)-1]
@@ -141,10 +159,10 @@ func LatencySamples(ctx context.Context, store *postgres.Store, side Side, cfg L
 	case ListenNotify:
 		stop, err = listen(ctx, store, channel, tr)
 	default:
-		return nil, fmt.Errorf("latency: unknown side %q", side)
+		return res, fmt.Errorf("latency: unknown side %q", side)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("latency %s: %w", side, err)
+		return res, fmt.Errorf("latency %s: %w", side, err)
 	}
 	defer func() { err = errors.Join(err, stop()) }()
 
@@ -154,7 +172,7 @@ func LatencySamples(ctx context.Context, store *postgres.Store, side Side, cfg L
 	for i := 0; time.Now().Before(end); i++ {
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("latency %s: %w", side, ctx.Err())
+			return res, fmt.Errorf("latency %s: %w", side, ctx.Err())
 		case <-tick.C:
 		}
 		id := run + strconv.Itoa(i)
@@ -169,14 +187,15 @@ func LatencySamples(ctx context.Context, store *postgres.Store, side Side, cfg L
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("latency %s: append: %w", side, err)
+			return res, fmt.Errorf("latency %s: append: %w", side, err)
 		}
 		tr.committed(id, time.Now())
 	}
 	if err := tr.drain(ctx, drainTimeout); err != nil {
-		return nil, fmt.Errorf("latency %s: %w", side, err)
+		return res, fmt.Errorf("latency %s: %w", side, err)
 	}
-	return tr.samples(), nil
+	res.Samples, res.Batches = tr.samples(), tr.batches.Load()
+	return res, nil
 }
 
 // startLatencyDispatcher runs a dispatcher whose only projection reports
@@ -186,6 +205,7 @@ func startLatencyDispatcher(ctx context.Context, store *postgres.Store, tr *trac
 		return nil, fmt.Errorf("reset consumer: %w", err)
 	}
 	p := projection.NewAsync(latencyConsumer, projection.AsyncConfig{StartFrom: projection.FromNow, AfterCommit: func(evs []projector.Event) {
+		tr.batches.Add(1)
 		now := time.Now()
 		for _, ev := range evs {
 			tr.arrived(ev.Stream.ID, now)
@@ -244,6 +264,7 @@ type tracker struct {
 	pending map[string]time.Time
 	lat     []time.Duration
 	changed chan struct{} // signalled, without blocking, on every pairing
+	batches atomic.Int64  // the dispatcher's committed batches
 }
 
 func newTracker(run string) *tracker {
