@@ -209,7 +209,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 	}
 	next := batch.Next(st.cursor)
-	if batch.Full && d.shared == nil {
+	if batch.Full {
 		d.startPrefetch(ctx, sh, q, next)
 	}
 	status := StatusIdle
@@ -392,17 +392,17 @@ func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st
 // prefetch of it (see prefetch) or from another shard's read of the same
 // full batch (see sharedReads).
 func (d *Dispatcher) readBatch(ctx context.Context, tx pgx.Tx, sh *shard, q postgres.LogQuery) (postgres.LogBatch, error) {
-	if batch, ok, err := d.takePrefetch(ctx, sh, q); ok || err != nil {
-		if ok {
-			sh.prefetched++
+	batch, ok, shared, err := d.takePrefetch(ctx, sh, q)
+	if ok {
+		sh.prefetched++
+	}
+	if !ok && err == nil {
+		read := func() (postgres.LogBatch, error) { return d.store.ReadLogTx(ctx, tx, q) }
+		if d.shared == nil {
+			return read()
 		}
-		return batch, err
+		batch, shared, err = d.shared.read(ctx, q, filterKey(q.EventTypes), read)
 	}
-	read := func() (postgres.LogBatch, error) { return d.store.ReadLogTx(ctx, tx, q) }
-	if d.shared == nil {
-		return read()
-	}
-	batch, shared, err := d.shared.read(ctx, q, filterKey(q.EventTypes), read)
 	if shared && d.metrics != nil {
 		d.metrics.sharedReads.WithLabelValues(sh.id.Consumer, sh.id.Instance).Inc()
 	}

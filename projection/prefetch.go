@@ -35,8 +35,9 @@ type prefetch struct {
 	// then the next pass does not wait for it (see takePrefetch).
 	reading chan struct{}
 	cancel  context.CancelFunc
-	done    chan struct{} // closed when batch and err are set
+	done    chan struct{} // closed when batch, shared and err are set
 	batch   postgres.LogBatch
+	shared  bool // the batch came from another shard's read (sharedReads)
 	err     error
 }
 
@@ -69,7 +70,16 @@ func (d *Dispatcher) launchPrefetch(ctx context.Context, sh *shard, q postgres.L
 		}
 		defer conn.Release()
 		close(pf.reading)
-		pf.batch, pf.err = d.store.ReadLogTx(ctx, conn, q)
+		// Through the shared reads when they are on: shards catching up
+		// together then prefetch each batch once between them. The read
+		// is taken only now that it holds a connection, so a shard that
+		// waits for this read waits for one that can finish.
+		read := func() (postgres.LogBatch, error) { return d.store.ReadLogTx(ctx, conn, q) }
+		if d.shared != nil {
+			pf.batch, pf.shared, pf.err = d.shared.read(ctx, q, filterKey(q.EventTypes), read)
+		} else {
+			pf.batch, pf.err = read()
+		}
 		if pf.err != nil || !pf.batch.Full || !decode {
 			return
 		}
@@ -86,18 +96,19 @@ func (d *Dispatcher) launchPrefetch(ctx context.Context, sh *shard, q postgres.L
 }
 
 // takePrefetch returns the shard's prefetched batch when it is the read q
-// asks for and was full, waiting for it if it is still being read. Any
-// prefetch is used once at most: the shard's next read starts afresh.
-func (d *Dispatcher) takePrefetch(ctx context.Context, sh *shard, q postgres.LogQuery) (postgres.LogBatch, bool, error) {
+// asks for and was full, waiting for it if it is still being read, and
+// whether another shard's read supplied it. Any prefetch is used once at
+// most: the shard's next read starts afresh.
+func (d *Dispatcher) takePrefetch(ctx context.Context, sh *shard, q postgres.LogQuery) (batch postgres.LogBatch, ok, shared bool, err error) {
 	pf := sh.prefetch
 	sh.prefetch = nil
 	if pf == nil {
-		return postgres.LogBatch{}, false, nil
+		return postgres.LogBatch{}, false, false, nil
 	}
 	if pf.q.After != q.After || pf.q.Limit != q.Limit || !slices.Equal(pf.q.EventTypes, q.EventTypes) ||
 		!slices.Equal(pf.q.StreamTypes, q.StreamTypes) || pf.q.Raw != q.Raw {
 		pf.cancel()
-		return postgres.LogBatch{}, false, nil
+		return postgres.LogBatch{}, false, false, nil
 	}
 	select {
 	case <-pf.reading:
@@ -107,15 +118,15 @@ func (d *Dispatcher) takePrefetch(ctx context.Context, sh *shard, q postgres.Log
 		// prefetch, and every prefetch for a connection, would stall the
 		// dispatcher. Read in the pass instead.
 		pf.cancel()
-		return postgres.LogBatch{}, false, nil
+		return postgres.LogBatch{}, false, false, nil
 	}
 	select {
 	case <-pf.done:
 	case <-ctx.Done():
-		return postgres.LogBatch{}, false, ctx.Err()
+		return postgres.LogBatch{}, false, false, ctx.Err()
 	}
 	if pf.err != nil || !pf.batch.Full {
-		return postgres.LogBatch{}, false, nil
+		return postgres.LogBatch{}, false, false, nil
 	}
-	return pf.batch, true, nil
+	return pf.batch, true, pf.shared, nil
 }

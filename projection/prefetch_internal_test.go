@@ -177,7 +177,7 @@ func TestPrefetchWithoutAConnectionIsNotWaitedFor(t *testing.T) {
 	d.launchPrefetch(ctx, sh, q)
 	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	_, ok, err := d.takePrefetch(waitCtx, sh, q)
+	_, ok, _, err := d.takePrefetch(waitCtx, sh, q)
 	if err != nil || ok {
 		t.Fatalf("takePrefetch of a prefetch without a connection: ok %v, err %v; want no batch and no wait", ok, err)
 	}

@@ -29,7 +29,10 @@ import (
 //
 // Shards read concurrently up to the dispatcher's Concurrency: the first
 // to ask for a batch reads it, and those asking for the same batch while it
-// is being read wait for that read rather than starting their own.
+// is being read wait for that read rather than starting their own. A
+// shard's prefetch of its next batch asks here too, once it holds a
+// connection: whoever creates an entry can always finish its read, so no
+// waiter waits on a read that waits for a connection.
 type sharedReads struct {
 	mu      sync.Mutex
 	entries map[readKey]*readEntry
