@@ -49,12 +49,8 @@ only be discarded; --model live those a retry may apply.`,
 			if f.AfterID < 0 {
 				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", f.AfterID)}
 			}
-			switch f.Status {
-			case "all":
-				f.Status = ""
-			case projection.DeadLetterOpen, projection.DeadLetterResolved, projection.DeadLetterDiscarded:
-			default:
-				return usageError{fmt.Errorf("--status %q: want open, resolved, discarded or all", f.Status)}
+			if f.Status, err = statusFlag(f.Status); err != nil {
+				return err
 			}
 			switch f.Reason {
 			case "", "apply-error", "skipped":
@@ -356,6 +352,20 @@ func parseIDs(args []string) ([]int64, error) {
 		ids = append(ids, id)
 	}
 	return ids, nil
+}
+
+// statusFlag reads a dead-letter --status flag (open, resolved, discarded
+// or all) into a status filter, "" for all: the dispatcher's dead letters
+// and the JetStream claims consumer's have the same statuses and the same
+// flag.
+func statusFlag(s string) (string, error) {
+	if s == "all" {
+		return "", nil
+	}
+	if s == "" || projection.ValidateDeadLetterStatus(s) != nil {
+		return "", usageError{fmt.Errorf("--status %q: want open, resolved, discarded or all", projector.Printable(s))}
+	}
+	return s, nil
 }
 
 // parseSince reads an age ("24h", "7d") or an RFC 3339 time.

@@ -6,11 +6,13 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -26,19 +28,21 @@ func (a *App) relayDeadLettersCmd() *cobra.Command {
 	cmd := group("dead-letters", "List, show, retry and discard the messages a JetStream claims consumer dead-lettered")
 	cmd.Long = `The claims consumer (stores/jetstream) writes a message whose handler failed MaxDeliver
 times, or that could not be decoded, to projector_jetstream_dead_letters in its own
-database; point --database-url and --schema there. list, show and discard work from any
-binary; retry runs the consumer's handler, so it works only in a binary that wires its
-consumers (cli.Config.JetStreamConsumers). See docs/jetstream.md.`
+database; point --database-url and --schema there. A dead letter is open until a retry
+applies it (resolved) or an operator discards it (discarded); neither deletes it, so the
+table stays the record of what failed and what was done about it. list, show and discard
+work from any binary; retry runs the consumer's handler, so it works only in a binary
+that wires its consumers (cli.Config.JetStreamConsumers). See docs/jetstream.md.`
 	cmd.AddCommand(a.relayDLListCmd(), a.relayDLShowCmd(), a.relayDLRetryCmd(), a.relayDLDiscardCmd())
 	return cmd
 }
 
 func (a *App) relayDLListCmd() *cobra.Command {
-	var subscription, format string
+	var subscription, format, status string
 	var limit int
 	cmd := &cobra.Command{
-		Use:   "list --subscription S",
-		Short: "List a subscription's dead letters, oldest first",
+		Use:   "list --subscription S [--status open|resolved|discarded|all]",
+		Short: "List a subscription's dead letters (open ones unless --status says otherwise), oldest first",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := outputFormat(format)
@@ -48,11 +52,14 @@ func (a *App) relayDLListCmd() *cobra.Command {
 			if limit < 1 || limit > 10_000 {
 				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", limit)}
 			}
+			if status, err = statusFlag(status); err != nil {
+				return err
+			}
 			if err := validateSubscription(subscription, false); err != nil {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				dls, err := jetstream.ListDeadLetters(cmd.Context(), store, subscription, limit)
+				dls, err := jetstream.ListDeadLettersByStatus(cmd.Context(), store, subscription, status, limit)
 				if err != nil {
 					return err
 				}
@@ -64,20 +71,25 @@ func (a *App) relayDLListCmd() *cobra.Command {
 					return writeJSON(a.out, out)
 				}
 				if len(dls) == 0 {
-					_, err := fmt.Fprintf(a.out, "no dead letters for %s\n", subscription)
+					which := ""
+					if status != "" {
+						which = status + " "
+					}
+					_, err := fmt.Fprintf(a.out, "no %sdead letters for %s\n", which, subscription)
 					return err
 				}
 				w := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(w, "ID\tEVENT\tTYPE\tSUBJECT\tDELIVERIES\tAT\tERROR")
+				fmt.Fprintln(w, "ID\tEVENT\tTYPE\tSUBJECT\tSTATUS\tDELIVERIES\tAT\tERROR")
 				for _, d := range dls {
-					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, eventIDText(d), cmpDash(d.Header.Get(jetstream.HeaderEventType)),
-						d.Subject, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), clip(oneLineText(d.Error), 80))
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, eventIDText(d), cmpDash(d.Header.Get(jetstream.HeaderEventType)),
+						d.Subject, d.Status, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), clip(oneLineText(d.Error), 80))
 				}
 				return w.Flush()
 			})
 		},
 	}
 	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	cmd.Flags().StringVar(&status, "status", projection.DeadLetterOpen, "open, resolved, discarded or all")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many (1 to 10000)")
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "table or json")
 	return cmd
@@ -87,7 +99,7 @@ func (a *App) relayDLShowCmd() *cobra.Command {
 	var subscription, format string
 	cmd := &cobra.Command{
 		Use:   "show ID --subscription S",
-		Short: "Show a dead letter: subject, headers, body, error",
+		Short: "Show a dead letter: status, subject, headers, body, error",
 		Args:  oneID,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			asJSON, err := outputFormat(format)
@@ -110,8 +122,15 @@ func (a *App) relayDLShowCmd() *cobra.Command {
 					return writeJSON(a.out, relayDLView(d))
 				}
 				w := a.out
-				fmt.Fprintf(w, "dead letter %d of %s\n  event       %s\n  subject     %s\n  deliveries  %d\n  at          %s\n  error       %s\n  headers\n",
-					d.ID, d.Subscription, eventIDText(d), d.Subject, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), oneLineText(d.Error))
+				fmt.Fprintf(w, "dead letter %d of %s\n  status      %s\n", d.ID, d.Subscription, d.Status)
+				if d.ResolvedAt != nil {
+					fmt.Fprintf(w, "  %-11s %s\n", d.Status, d.ResolvedAt.UTC().Format(time.RFC3339))
+				}
+				if d.LastRetriedAt != nil {
+					fmt.Fprintf(w, "  retried     %s\n", d.LastRetriedAt.UTC().Format(time.RFC3339))
+				}
+				fmt.Fprintf(w, "  event       %s\n  subject     %s\n  deliveries  %d\n  at          %s\n  error       %s\n  headers\n",
+					eventIDText(d), d.Subject, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), oneLineText(d.Error))
 				for _, k := range slices.Sorted(func(yield func(string) bool) {
 					for k := range d.Header {
 						if !yield(k) {
@@ -136,10 +155,13 @@ func (a *App) relayDLRetryCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "retry ID... --subscription S",
 		Short: "Run the consumer's handler again for dead letters (only in a binary that wires its JetStream consumers)",
-		Long: `retry runs the subscription's handler for each dead letter in a transaction that also
-deletes it: the effect and the removal commit together, and a retry that fails changes
-nothing and is reported (exit 1). It needs the handler, so it works in the consumer
-service's binary, which mounts this command tree with cli.Config.JetStreamConsumers.`,
+		Long: `retry runs the subscription's handler for each open dead letter in a transaction that
+also marks it resolved: the effect and the status commit together, so the event is
+applied once. A retry that fails rolls the handler's writes back, keeps the dead letter
+open with the new error and the time of the retry, and is reported (exit 1); retrying a
+resolved or discarded one is refused (exit 3). It needs the handler, so it works in the
+consumer service's binary, which mounts this command tree with
+cli.Config.JetStreamConsumers.`,
 		Args: someIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := parseIDs(args)
@@ -161,7 +183,7 @@ service's binary, which mounts this command tree with cli.Config.JetStreamConsum
 				if i < 0 {
 					return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
 				}
-				return a.eachDeadLetter(ids, "retried", "applied and removed", func(id int64) error {
+				return a.eachDeadLetter(ids, "retried", "applied and resolved", func(id int64) error {
 					return consumers[i].RetryDeadLetter(cmd.Context(), id)
 				})
 			})
@@ -175,11 +197,13 @@ func (a *App) relayDLDiscardCmd() *cobra.Command {
 	var subscription string
 	cmd := &cobra.Command{
 		Use:   "discard ID... --subscription S",
-		Short: "Delete dead letters without running their handler (their effects are given up)",
-		Long: `discard deletes dead letters without applying them: the operator's decision that their
-effects are not wanted. The events stay claimed and their streams past them, so they are
-never applied later either. A dead letter being retried at the same moment is either
-retried or discarded, never both (the loser reports it not found).`,
+		Short: "Mark dead letters discarded without running their handler (their effects are given up, the record kept)",
+		Long: `discard marks open dead letters discarded without applying them: the operator's decision
+that their effects are not wanted; the rows stay as the record. The events stay claimed
+and their streams past them, so they are never applied later either. Discarding one that
+is resolved or discarded already is refused (exit 3). A dead letter being retried at the
+same moment is either retried or discarded, never both (the loser is refused: it is not
+open any more).`,
 		Args: someIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := parseIDs(args)
@@ -190,7 +214,7 @@ retried or discarded, never both (the loser reports it not found).`,
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				return a.eachDeadLetter(ids, "discarded", "discarded", func(id int64) error {
+				return a.eachDeadLetter(ids, "discarded", "discarded (kept for the record)", func(id int64) error {
 					return jetstream.DiscardDeadLetter(cmd.Context(), store, subscription, id)
 				})
 			})
@@ -235,11 +259,16 @@ type relayDLJSON struct {
 	Error        string              `json:"error"`
 	Deliveries   int64               `json:"deliveries"`
 	CreatedAt    string              `json:"created_at"`
+	Status       string              `json:"status"`
+	// ResolvedAt is when it was resolved or discarded.
+	ResolvedAt    *time.Time `json:"resolved_at,omitempty"`
+	LastRetriedAt *time.Time `json:"last_retried_at,omitempty"`
 }
 
 func relayDLView(d jetstream.DeadLetter) relayDLJSON {
 	out := relayDLJSON{ID: d.ID, Subscription: d.Subscription, Subject: d.Subject, Headers: d.Header,
-		Body: bodyText(d.Data), Error: d.Error, Deliveries: d.Deliveries, CreatedAt: d.CreatedAt.UTC().Format("2006-01-02T15:04:05.999999Z07:00")}
+		Body: bodyText(d.Data), Error: d.Error, Deliveries: d.Deliveries, CreatedAt: d.CreatedAt.UTC().Format("2006-01-02T15:04:05.999999Z07:00"),
+		Status: d.Status, ResolvedAt: utcTime(d.ResolvedAt), LastRetriedAt: utcTime(d.LastRetriedAt)}
 	if d.EventID != [16]byte{} {
 		out.EventID = d.EventID.String()
 	}
@@ -247,6 +276,15 @@ func relayDLView(d jetstream.DeadLetter) relayDLJSON {
 		out.Headers = map[string][]string{}
 	}
 	return out
+}
+
+// utcTime is t in UTC, like the other times -o json prints; nil stays nil.
+func utcTime(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 // eventIDText is the dead letter's event id, or why there is none.

@@ -179,9 +179,11 @@ func (e *relayEnv) deadLetter(subscription, streamID string) (int64, projector.E
 
 // The dead-letter commands of the claims consumer: list and show from any
 // binary, retry only from one that wires the consumer (its handler runs,
-// the dead letter goes with its effect), discard without the handler.
-// Bad ids, limits and names exit 2; a retry racing a discard of the same
-// dead letter applies it at most once and only when the discard lost.
+// the dead letter is resolved with its effect), discard without the
+// handler. Both keep the dead letter, listed with --status, and a second
+// retry or discard is refused (exit 3). Bad ids, limits, statuses and names
+// exit 2; a retry racing a discard of the same dead letter applies it at
+// most once and only when the discard lost.
 func TestRelayDeadLettersCommands(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
@@ -200,16 +202,19 @@ func TestRelayDeadLettersCommands(t *testing.T) {
 	e.deadLetter("other", "t3")
 
 	out, code := e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed")
-	if code != ExitOK || !strings.Contains(out, ev1.ID.String()) || !strings.Contains(out, "ticket.commented") || strings.Count(out, "\n") != 3 {
+	if code != ExitOK || !strings.Contains(out, ev1.ID.String()) || !strings.Contains(out, "ticket.commented") || strings.Count(out, "\n") != 3 ||
+		!strings.Contains(out, "STATUS") || strings.Count(out, " open ") != 2 {
 		t.Fatalf("list: exit %d:\n%s", code, out)
 	}
 	out, code = e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed", "-o", "json", "--limit", "1")
 	var listed []relayDLJSON
-	if err := json.Unmarshal([]byte(out), &listed); code != ExitOK || err != nil || len(listed) != 1 || listed[0].ID != id1 || listed[0].Error != "boom" {
+	if err := json.Unmarshal([]byte(out), &listed); code != ExitOK || err != nil || len(listed) != 1 || listed[0].ID != id1 || listed[0].Error != "boom" ||
+		listed[0].Status != "open" || listed[0].ResolvedAt != nil {
 		t.Fatalf("list -o json: exit %d, %v: %s", code, err, out)
 	}
 	out, code = e.run(Config{}, "relay", "dead-letters", "show", fmt.Sprint(id1), "--subscription", "feed")
-	if code != ExitOK || !strings.Contains(out, jetstream.HeaderEventID+": "+ev1.ID.String()) || !strings.Contains(out, `"body":"dl"`) {
+	if code != ExitOK || !strings.Contains(out, jetstream.HeaderEventID+": "+ev1.ID.String()) || !strings.Contains(out, `"body":"dl"`) ||
+		!strings.Contains(out, "status      open\n") || strings.Contains(out, "resolved") {
 		t.Fatalf("show: exit %d:\n%s", code, out)
 	}
 	if _, code := e.run(Config{}, "relay", "dead-letters", "show", fmt.Sprint(id1), "--subscription", "other"); code != ExitError {
@@ -220,6 +225,9 @@ func TestRelayDeadLettersCommands(t *testing.T) {
 		{"list", "--subscription", "feed", "--limit", "10001"},
 		{"list"},
 		{"list", "--subscription", "feed.x"},
+		{"list", "--subscription", "feed", "--status", "gone"},
+		{"list", "--subscription", "feed", "--status", ""},
+		{"list", "--subscription", "feed", "--status", "OPEN"},
 		{"show", "0", "--subscription", "feed"},
 		{"show", "-3", "--subscription", "feed"},
 		{"show", "x", "--subscription", "feed"},
@@ -239,21 +247,56 @@ func TestRelayDeadLettersCommands(t *testing.T) {
 	}
 
 	out, code = e.run(wired, "relay", "dead-letters", "retry", fmt.Sprint(id1), "--subscription", "feed")
-	if code != ExitOK || e.count(`SELECT count(*) FROM `+effects+` WHERE event_id = $1`, ev1.ID) != 1 {
+	if code != ExitOK || e.count(`SELECT count(*) FROM `+effects+` WHERE event_id = $1`, ev1.ID) != 1 || !strings.Contains(out, "resolved") {
 		t.Fatalf("retry: exit %d: %s", code, out)
 	}
-	if _, code := e.run(wired, "relay", "dead-letters", "retry", fmt.Sprint(id1), "--subscription", "feed"); code != ExitError {
-		t.Fatalf("second retry: exit %d, want %d", code, ExitError)
+	if out, code := e.run(wired, "relay", "dead-letters", "retry", fmt.Sprint(id1), "--subscription", "feed"); code != ExitRefused || !strings.Contains(out, "resolved already") {
+		t.Fatalf("second retry: exit %d, want %d: %s", code, ExitRefused, out)
 	}
 	out, code = e.run(Config{}, "relay", "dead-letters", "discard", fmt.Sprint(id2), "--subscription", "feed")
 	if code != ExitOK || !strings.Contains(out, "discarded") {
 		t.Fatalf("discard: exit %d: %s", code, out)
 	}
+	if out, code := e.run(Config{}, "relay", "dead-letters", "discard", fmt.Sprint(id2), "--subscription", "feed"); code != ExitRefused || !strings.Contains(out, "discarded already") {
+		t.Fatalf("second discard: exit %d, want %d: %s", code, ExitRefused, out)
+	}
+	if out, code := e.run(wired, "relay", "dead-letters", "retry", fmt.Sprint(id2), "--subscription", "feed"); code != ExitRefused || !strings.Contains(out, "discarded already") {
+		t.Fatalf("retry after discard: exit %d, want %d: %s", code, ExitRefused, out)
+	}
+	if out, code := e.run(Config{}, "relay", "dead-letters", "discard", fmt.Sprint(id1), "--subscription", "feed"); code != ExitRefused {
+		t.Fatalf("discard after retry: exit %d, want %d: %s", code, ExitRefused, out)
+	}
 	if n := e.count(`SELECT count(*) FROM ` + effects); n != 1 {
 		t.Fatalf("%d effects after a discard, want the retried one only", n)
 	}
-	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_jetstream_dead_letters") + ` WHERE subscription = 'feed'`); n != 0 {
-		t.Fatalf("%d dead letters left for feed", n)
+	// Both kept, neither listed by default, each under its status and all.
+	if out, code := e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed"); code != ExitOK || !strings.Contains(out, "no open dead letters for feed") {
+		t.Fatalf("list after retry and discard: exit %d:\n%s", code, out)
+	}
+	for status, want := range map[string][]int64{"resolved": {id1}, "discarded": {id2}, "all": {id1, id2}, "open": nil} {
+		out, code := e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed", "--status", status, "-o", "json")
+		var got []relayDLJSON
+		if err := json.Unmarshal([]byte(out), &got); code != ExitOK || err != nil || len(got) != len(want) {
+			t.Fatalf("list --status %s: exit %d, %v: %s", status, code, err, out)
+		}
+		for i, d := range got {
+			if d.ID != want[i] || d.ResolvedAt == nil || (status != "all" && d.Status != status) {
+				t.Fatalf("list --status %s: %+v, want ids %v", status, got, want)
+			}
+		}
+	}
+	out, code = e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed", "--status", "all")
+	if code != ExitOK || !strings.Contains(out, " resolved ") || !strings.Contains(out, " discarded ") || strings.Count(out, "\n") != 3 {
+		t.Fatalf("list --status all: exit %d:\n%s", code, out)
+	}
+	for id, status := range map[int64]string{id1: "resolved", id2: "discarded"} {
+		out, code := e.run(Config{}, "relay", "dead-letters", "show", fmt.Sprint(id), "--subscription", "feed")
+		if code != ExitOK || !strings.Contains(out, "status      "+status+"\n") || !strings.Contains(out, "  "+status+"  ") {
+			t.Fatalf("show of the %s one: exit %d:\n%s", status, code, out)
+		}
+		if retried := strings.Contains(out, "retried  "); retried != (status == "resolved") {
+			t.Fatalf("show of the %s one: retried line shown %v:\n%s", status, retried, out)
+		}
 	}
 
 	// Retry and discard of the same dead letter at once, many times: each
@@ -278,8 +321,8 @@ func TestRelayDeadLettersCommands(t *testing.T) {
 		wg.Wait()
 		applied := e.count(`SELECT count(*) FROM `+effects+` WHERE event_id = $1`, ev.ID)
 		switch {
-		case retryErr == nil && errors.Is(discardErr, projector.ErrNotFound) && applied == 1:
-		case discardErr == nil && errors.Is(retryErr, projector.ErrNotFound) && applied == 0:
+		case retryErr == nil && errors.Is(discardErr, jetstream.ErrDeadLetterNotOpen) && applied == 1:
+		case discardErr == nil && errors.Is(retryErr, jetstream.ErrDeadLetterNotOpen) && applied == 0:
 		default:
 			t.Fatalf("round %d: retry %v, discard %v, applied %d times", i, retryErr, discardErr, applied)
 		}

@@ -87,6 +87,19 @@ type DeadLetter struct {
 	ModelRebuildID int64 `json:"model_rebuild_id"`
 }
 
+// ValidateDeadLetterStatus checks a status to select dead letters by: one
+// of [DeadLetterOpen], [DeadLetterResolved] and [DeadLetterDiscarded], or ""
+// for all. The JetStream claims consumer's dead letters have the same three
+// statuses, so its listing checks them here too and both refuse the same
+// values alike. Errors match [ErrInvalidFilter].
+func ValidateDeadLetterStatus(status string) error {
+	switch status {
+	case "", DeadLetterOpen, DeadLetterResolved, DeadLetterDiscarded:
+		return nil
+	}
+	return fmt.Errorf("%w: status %q (want open, resolved or discarded)", ErrInvalidFilter, projector.Printable(status))
+}
+
 // DeadLetterFilter selects dead letters; zero fields do not filter. The
 // filters combine (AND).
 type DeadLetterFilter struct {
@@ -150,10 +163,8 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 	if f.AfterID < 0 {
 		return nil, fmt.Errorf("%w: after id %d is negative", ErrInvalidFilter, f.AfterID)
 	}
-	switch f.Status {
-	case "", DeadLetterOpen, DeadLetterResolved, DeadLetterDiscarded:
-	default:
-		return nil, fmt.Errorf("%w: status %q (want open, resolved or discarded)", ErrInvalidFilter, f.Status)
+	if err := ValidateDeadLetterStatus(f.Status); err != nil {
+		return nil, err
 	}
 	switch f.Reason {
 	case "", "apply-error", "skipped":

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
 	pjs "github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -319,24 +321,33 @@ func TestConsumerDeadLettersPoison(t *testing.T) {
 	}
 	snk.check(t, []projector.Event{log[0], log[2], log[3]})
 
-	// Listed, then retried once the handler is fixed: applied once, the
-	// dead letter gone; a second retry finds nothing.
+	// Listed (open), then retried once the handler is fixed: applied once,
+	// the dead letter kept as resolved; a second retry is refused.
 	dls, err := pjs.ListDeadLetters(e.ctx, snk.store, "poisoned", 10)
-	if err != nil || len(dls) != 1 || dls[0].EventID != log[1].ID || dls[0].Header.Get(pjs.HeaderEventID) != log[1].ID.String() {
+	if err != nil || len(dls) != 1 || dls[0].EventID != log[1].ID || dls[0].Header.Get(pjs.HeaderEventID) != log[1].ID.String() ||
+		dls[0].Status != projection.DeadLetterOpen || dls[0].ResolvedAt != nil || dls[0].LastRetriedAt != nil {
 		t.Fatalf("dead letters %+v, %v", dls, err)
 	}
-	if err := c.RetryDeadLetter(e.ctx, dls[0].ID); err == nil {
-		t.Fatal("retry of a still-failing dead letter succeeded")
+	if err := c.RetryDeadLetter(e.ctx, dls[0].ID); err == nil || !strings.Contains(err.Error(), "cannot handle poison") {
+		t.Fatalf("retry of a still-failing dead letter: %v, want the handler's error", err)
+	}
+	if d, err := pjs.GetDeadLetter(e.ctx, snk.store, "poisoned", dls[0].ID); err != nil || d.Status != projection.DeadLetterOpen ||
+		d.LastRetriedAt == nil || d.Error != "retry: cannot handle poison" {
+		t.Fatalf("after a failed retry: %+v, %v; want it open with the retry's error and time", d, err)
 	}
 	cured.Store(true)
 	if err := c.RetryDeadLetter(e.ctx, dls[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.RetryDeadLetter(e.ctx, dls[0].ID); !errors.Is(err, projector.ErrNotFound) {
-		t.Fatalf("second retry: %v, want ErrNotFound", err)
+	if err := c.RetryDeadLetter(e.ctx, dls[0].ID); !errors.Is(err, pjs.ErrDeadLetterNotOpen) {
+		t.Fatalf("second retry: %v, want ErrDeadLetterNotOpen", err)
 	}
 	if dls, err := pjs.ListDeadLetters(e.ctx, snk.store, "poisoned", 10); err != nil || len(dls) != 0 {
-		t.Fatalf("dead letters after the retry: %+v, %v", dls, err)
+		t.Fatalf("open dead letters after the retry: %+v, %v", dls, err)
+	}
+	if dls, err := pjs.ListDeadLettersByStatus(e.ctx, snk.store, "poisoned", projection.DeadLetterResolved, 10); err != nil || len(dls) != 1 ||
+		dls[0].ResolvedAt == nil || dls[0].EventID != log[1].ID {
+		t.Fatalf("resolved dead letters after the retry: %+v, %v", dls, err)
 	}
 	if n := snk.count(t); n != 4 {
 		t.Fatalf("%d effects after the retry, want 4", n)

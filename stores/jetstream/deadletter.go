@@ -11,10 +11,22 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// DeadLetter is a message the claims consumer gave up on.
+// ErrDeadLetterNotOpen: a retry or a discard of a dead letter that is not
+// open any more: a retry applied it (resolved) or an operator discarded it.
+// Both keep the row as the record, and neither may happen twice, nor one
+// after the other: a discarded event must never be applied, and a resolved
+// one never again. It matches [projector.ErrInvalidTransition] too, so the
+// CLI reports it as a refusal, as it does for the dispatcher's dead letters.
+var ErrDeadLetterNotOpen = fmt.Errorf("%w: the dead letter is not open", projector.ErrInvalidTransition)
+
+// DeadLetter is a message the claims consumer gave up on, and what has been
+// done about it since. Its Status is one of the dispatcher's dead-letter
+// statuses ([projection.DeadLetterOpen], [projection.DeadLetterResolved],
+// [projection.DeadLetterDiscarded]), which mean the same here.
 type DeadLetter struct {
 	ID           int64
 	Subscription string
@@ -26,16 +38,46 @@ type DeadLetter struct {
 	Error      string
 	Deliveries int64
 	CreatedAt  time.Time
+	// Status is open until a retry applies the message (resolved) or an
+	// operator discards it (discarded).
+	Status string
+	// ResolvedAt is when it was resolved or discarded; nil while open.
+	ResolvedAt *time.Time
+	// LastRetriedAt is when a retry last ran, whether it succeeded or not.
+	LastRetriedAt *time.Time
 }
 
-// ListDeadLetters returns a subscription's dead letters, oldest first, at
-// most limit (1..10000).
+const deadLetterColumns = `id, subscription, coalesce(event_id, '00000000-0000-0000-0000-000000000000'), subject, headers, data, error, deliveries, created_at,
+	status, resolved_at, last_retried_at`
+
+func scanDeadLetter(r pgx.CollectableRow) (DeadLetter, error) {
+	var d DeadLetter
+	err := r.Scan(&d.ID, &d.Subscription, &d.EventID, &d.Subject, &d.Header, &d.Data, &d.Error, &d.Deliveries, &d.CreatedAt,
+		&d.Status, &d.ResolvedAt, &d.LastRetriedAt)
+	return d, err
+}
+
+// ListDeadLetters returns a subscription's open dead letters, the ones that
+// need an operator, oldest first, at most limit (1..10000).
+// [ListDeadLettersByStatus] lists the resolved and discarded ones too.
 func ListDeadLetters(ctx context.Context, store *postgres.Store, subscription string, limit int) ([]DeadLetter, error) {
+	return ListDeadLettersByStatus(ctx, store, subscription, projection.DeadLetterOpen, limit)
+}
+
+// ListDeadLettersByStatus returns a subscription's dead letters of status
+// (open, resolved or discarded; "" for all of them, as in
+// [projection.DeadLetterFilter]), oldest first, at most limit (1..10000).
+// A bad limit or status matches [ErrInvalidConfig]; a bad status matches
+// [projection.ErrInvalidFilter] too.
+func ListDeadLettersByStatus(ctx context.Context, store *postgres.Store, subscription, status string, limit int) ([]DeadLetter, error) {
 	if limit < 1 || limit > 10_000 {
 		return nil, fmt.Errorf("%w: limit %d outside 1..10000", ErrInvalidConfig, limit)
 	}
-	rows, err := store.Pool().Query(ctx, `SELECT id, subscription, coalesce(event_id, '00000000-0000-0000-0000-000000000000'), subject, headers, data, error, deliveries, created_at
-		FROM `+store.Table("projector_jetstream_dead_letters")+` WHERE subscription = $1 ORDER BY id LIMIT $2`, subscription, limit)
+	if err := projection.ValidateDeadLetterStatus(status); err != nil {
+		return nil, fmt.Errorf("%w: list jetstream dead letters: %w", ErrInvalidConfig, err)
+	}
+	rows, err := store.Pool().Query(ctx, `SELECT `+deadLetterColumns+` FROM `+store.Table("projector_jetstream_dead_letters")+`
+		WHERE subscription = $1 AND ($2 = '' OR status = $2) ORDER BY id LIMIT $3`, subscription, status, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list jetstream dead letters: %w", err)
 	}
@@ -46,23 +88,24 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, subscription st
 	return out, nil
 }
 
-func scanDeadLetter(r pgx.CollectableRow) (DeadLetter, error) {
-	var d DeadLetter
-	err := r.Scan(&d.ID, &d.Subscription, &d.EventID, &d.Subject, &d.Header, &d.Data, &d.Error, &d.Deliveries, &d.CreatedAt)
-	return d, err
-}
-
-// RetryDeadLetter runs the handler again for the dead letter id of this
-// consumer's subscription, in one transaction that deletes the dead letter:
-// on success the event's effects and the removal commit together; on
-// failure nothing changes and the error is returned. The event's claim and
-// stream version were recorded when it was dead-lettered, so the retried
-// effect lands after its stream's later events. A missing id is
-// projector.ErrNotFound.
+// RetryDeadLetter runs the handler again for the open dead letter id of
+// this consumer's subscription, in one transaction that marks it resolved:
+// on success the event's effects and the resolved status commit together.
+// On failure the handler's writes roll back, the dead letter stays open
+// with the new error and the time of the retry, and the error is returned.
+// The event's claim and stream version were recorded when it was
+// dead-lettered, so the retried effect lands after its stream's later
+// events. A missing id is projector.ErrNotFound; one that is resolved or
+// discarded already is [ErrDeadLetterNotOpen]. The row is locked for the
+// transaction, so a concurrent retry or [DiscardDeadLetter] of the same
+// dead letter waits and then finds it no longer open: an event is applied
+// once or discarded, never both.
 func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
-	return pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, subscription, coalesce(event_id, '00000000-0000-0000-0000-000000000000'), subject, headers, data, error, deliveries, created_at
-			FROM `+c.cfg.Store.Table("projector_jetstream_dead_letters")+` WHERE id = $1 AND subscription = $2 FOR UPDATE`, id, c.cfg.Subscription)
+	table := c.cfg.Store.Table("projector_jetstream_dead_letters")
+	var herr error
+	var ev projector.Event
+	err := pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT `+deadLetterColumns+` FROM `+table+` WHERE id = $1 AND subscription = $2 FOR UPDATE`, id, c.cfg.Subscription)
 		if err != nil {
 			return fmt.Errorf("retry dead letter %d: %w", id, err)
 		}
@@ -73,28 +116,59 @@ func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 		if err != nil {
 			return fmt.Errorf("retry dead letter %d: %w", id, err)
 		}
-		ev, err := Decode(c.cfg.Store.Registry(), d.Header, d.Data)
+		if d.Status != projection.DeadLetterOpen {
+			return fmt.Errorf("retry dead letter %d of %s: it is %s already (nothing applied again): %w", id, c.cfg.Subscription, d.Status, ErrDeadLetterNotOpen)
+		}
+		if ev, err = Decode(c.cfg.Store.Registry(), d.Header, d.Data); err != nil {
+			return fmt.Errorf("retry dead letter %d: %w", id, err)
+		}
+		// The handler runs in a savepoint, so that its failure (an SQL
+		// error aborts the transaction) rolls back its writes, the resolved
+		// status and the tenant scope, and leaves the transaction to record
+		// the failed retry. The status is written before the scope, which
+		// only ever narrows privileges: a tenant role needs no grant on
+		// this table.
+		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return fmt.Errorf("retry dead letter %d: %w", id, err)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+c.cfg.Store.Table("projector_jetstream_dead_letters")+` WHERE id = $1`, id); err != nil {
-			return fmt.Errorf("retry dead letter %d: %w", id, err)
+		if _, err := sp.Exec(ctx, `UPDATE `+table+` SET status = 'resolved', resolved_at = now(), last_retried_at = now() WHERE id = $1`, id); err != nil {
+			return fmt.Errorf("retry dead letter %d: mark it resolved: %w", id, err)
 		}
-		if err := c.cfg.Store.ScopeTx(ctx, tx, ev.Stream.Tenant); err != nil {
+		if err := c.cfg.Store.ScopeTx(ctx, sp, ev.Stream.Tenant); err != nil {
 			return err
 		}
-		if err := c.cfg.Handler(ctx, tx, ev); err != nil {
-			return fmt.Errorf("retry dead letter %d: event %s (%s): %w", id, ev.ID, ev.Type, err)
+		if herr = c.cfg.Handler(ctx, sp, ev); herr == nil {
+			if err := sp.Commit(ctx); err != nil {
+				return fmt.Errorf("retry dead letter %d: %w", id, err)
+			}
+			return nil
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return fmt.Errorf("retry dead letter %d: roll back the failed handler: %w", id, err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+table+` SET error = $2, last_retried_at = now() WHERE id = $1`, id, "retry: "+herr.Error()); err != nil {
+			return fmt.Errorf("retry dead letter %d: record the failed retry: %w", id, err)
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	if herr != nil {
+		c.logger.WarnContext(ctx, "jetstream consumer: dead letter retried, failed again", "subscription", c.cfg.Subscription, "id", id, "err", herr)
+		return fmt.Errorf("retry dead letter %d of %s: event %s (%s): the handler failed again, the dead letter stays open: %w",
+			id, c.cfg.Subscription, ev.ID, ev.Type, herr)
+	}
+	c.logger.InfoContext(ctx, "jetstream consumer: dead letter retried and resolved", "subscription", c.cfg.Subscription, "id", id)
+	return nil
 }
 
-// GetDeadLetter returns the dead letter id of subscription;
-// projector.ErrNotFound when there is none.
+// GetDeadLetter returns the dead letter id of subscription, whatever its
+// status; projector.ErrNotFound when there is none.
 func GetDeadLetter(ctx context.Context, store *postgres.Store, subscription string, id int64) (DeadLetter, error) {
-	rows, err := store.Pool().Query(ctx, `SELECT id, subscription, coalesce(event_id, '00000000-0000-0000-0000-000000000000'), subject, headers, data, error, deliveries, created_at
-		FROM `+store.Table("projector_jetstream_dead_letters")+` WHERE id = $1 AND subscription = $2`, id, subscription)
+	rows, err := store.Pool().Query(ctx, `SELECT `+deadLetterColumns+` FROM `+store.Table("projector_jetstream_dead_letters")+`
+		WHERE id = $1 AND subscription = $2`, id, subscription)
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("jetstream dead letter %d: %w", id, err)
 	}
@@ -108,19 +182,35 @@ func GetDeadLetter(ctx context.Context, store *postgres.Store, subscription stri
 	return d, nil
 }
 
-// DiscardDeadLetter deletes the dead letter id of subscription without
-// running its handler: the operator's decision that its effects are not
-// wanted. The event stays claimed and its stream past it, so it is never
-// applied later either. It waits for a retry of the same dead letter in
-// progress and then finds nothing (projector.ErrNotFound), so an event is
+// DiscardDeadLetter marks the open dead letter id of subscription discarded
+// without running its handler: the operator's decision that its effects are
+// not wanted, kept for the record. The event stays claimed and its stream
+// past it, so it is never applied later either. A missing id is
+// projector.ErrNotFound; one that is resolved or discarded already is
+// [ErrDeadLetterNotOpen]. It waits for a retry of the same dead letter in
+// progress and then, if the retry resolved it, is refused, so an event is
 // either retried or discarded, never both.
 func DiscardDeadLetter(ctx context.Context, store *postgres.Store, subscription string, id int64) error {
-	tag, err := store.Pool().Exec(ctx, `DELETE FROM `+store.Table("projector_jetstream_dead_letters")+` WHERE id = $1 AND subscription = $2`, id, subscription)
+	table := store.Table("projector_jetstream_dead_letters")
+	// A conditional update: behind a retry holding the row, PostgreSQL
+	// checks the status again on the row the retry committed.
+	tag, err := store.Pool().Exec(ctx, `UPDATE `+table+` SET status = 'discarded', resolved_at = now()
+		WHERE id = $1 AND subscription = $2 AND status = 'open'`, id, subscription)
 	if err != nil {
 		return fmt.Errorf("discard jetstream dead letter %d: %w", id, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	// Say why: a status never goes back to open, so what this reads is
+	// what refused the update.
+	var status string
+	err = store.Pool().QueryRow(ctx, `SELECT status FROM `+table+` WHERE id = $1 AND subscription = $2`, id, subscription).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("discard jetstream dead letter %d of %s: %w", id, subscription, projector.ErrNotFound)
 	}
-	return nil
+	if err != nil {
+		return fmt.Errorf("discard jetstream dead letter %d: %w", id, err)
+	}
+	return fmt.Errorf("discard jetstream dead letter %d of %s: it is %s already: %w", id, subscription, status, ErrDeadLetterNotOpen)
 }

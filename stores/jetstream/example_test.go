@@ -3,6 +3,7 @@ package jetstream_test
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -69,6 +70,27 @@ func ExampleNewConsumer() {
 			return nil, err
 		}
 		return c.Consume(ctx, cons)
+	}
+	_ = run
+}
+
+// Once a dead letter's cause is fixed, a retry applies it and marks it
+// resolved in one transaction; the row stays as the record. (Compiled, not
+// run; docs/jetstream.md shows the same.)
+func ExampleConsumer_RetryDeadLetter() {
+	ctx := context.Background()
+	var consumer *jetstream.Consumer // from jetstream.NewConsumer
+	run := func() error {
+		err := consumer.RetryDeadLetter(ctx, 42)
+		switch {
+		case errors.Is(err, jetstream.ErrDeadLetterNotOpen):
+			// resolved or discarded already: nothing was applied again
+		case errors.Is(err, projector.ErrNotFound):
+			// no dead letter 42 of this subscription
+		case err != nil:
+			return err // the handler failed again; the dead letter stays open with the error
+		}
+		return nil
 	}
 	_ = run
 }
