@@ -104,25 +104,11 @@ func MeasureAppend(ctx context.Context, store *postgres.Store, cfg AppendConfig)
 		return res, fmt.Errorf("measure append: %w", err)
 	}
 	res = AppendResult{EventsPerTx: cfg.EventsPerTx, Writers: cfg.Writers}
-	pcfg := store.Pool().Config()
-	pcfg.MaxConns, pcfg.MinConns = int32(cfg.Writers), 0
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return res, fmt.Errorf("measure append: open writers' pool: %w", err)
-	}
-	defer pool.Close()
-	own, err := postgres.New(ctx, pool, postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet})
+	a, closeWriters, err := openWriters(ctx, store, cfg)
 	if err != nil {
 		return res, fmt.Errorf("measure append: %w", err)
 	}
-	a, err := NewAppender(ctx, own, cfg.EventsPerTx)
-	if err != nil {
-		return res, fmt.Errorf("measure append: %w", err)
-	}
-	defer func() { err = errors.Join(err, a.Close(ctx)) }()
-	if err := warm(ctx, pool, cfg.Writers); err != nil {
-		return res, fmt.Errorf("measure append: connect writers: %w", err)
-	}
+	defer func() { err = errors.Join(err, closeWriters()) }()
 
 	writers := make([]*AppendWriter, cfg.Writers)
 	for i := range writers {
@@ -151,6 +137,36 @@ func MeasureAppend(ctx context.Context, store *postgres.Store, cfg AppendConfig)
 		res.ProjectorTime += took
 	}
 	return res, nil
+}
+
+// openWriters opens a pool of one connection per writer on store's
+// database, connected before any clock starts, and an [Appender] on a
+// store of that pool: the writers' side of [MeasureAppend] and
+// [MeasureRowShapes]. closeWriters drops the appender's tables and closes
+// the pool.
+func openWriters(ctx context.Context, store *postgres.Store, cfg AppendConfig) (a *Appender, closeWriters func() error, err error) {
+	pcfg := store.Pool().Config()
+	pcfg.MaxConns, pcfg.MinConns = int32(cfg.Writers), 0
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open writers' pool: %w", err)
+	}
+	own, err := postgres.New(ctx, pool, postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet})
+	if err == nil {
+		a, err = NewAppender(ctx, own, cfg.EventsPerTx)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	closeWriters = func() error {
+		defer pool.Close()
+		return a.Close(ctx)
+	}
+	if err := warm(ctx, pool, cfg.Writers); err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("connect writers: %w", err), closeWriters())
+	}
+	return a, closeWriters, nil
 }
 
 // warm opens n connections before the clock starts, so neither side pays

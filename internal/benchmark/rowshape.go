@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -230,22 +229,12 @@ func MeasureRowShapes(ctx context.Context, store *postgres.Store, cfg AppendConf
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("measure row shapes: %w", err)
 	}
-	pcfg := store.Pool().Config()
-	pcfg.MaxConns, pcfg.MinConns = int32(cfg.Writers), 0
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("measure row shapes: open writers' pool: %w", err)
-	}
-	defer pool.Close()
-	own, err := postgres.New(ctx, pool, postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet})
+	a, closeWriters, err := openWriters(ctx, store, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("measure row shapes: %w", err)
 	}
-	a, err := NewAppender(ctx, own, cfg.EventsPerTx)
-	if err != nil {
-		return nil, fmt.Errorf("measure row shapes: %w", err)
-	}
-	defer func() { err = errors.Join(err, a.Close(ctx)) }()
+	defer func() { err = errors.Join(err, closeWriters()) }()
+	pool := a.store.Pool()
 
 	shapes := RowShapes()
 	var tables []string
@@ -283,9 +272,6 @@ func MeasureRowShapes(ctx context.Context, store *postgres.Store, cfg AppendConf
 		}
 		shapeWriters = append(shapeWriters, ws)
 		res = append(res, ShapeResult{Name: s.Name})
-	}
-	if err := warm(ctx, pool, cfg.Writers); err != nil {
-		return nil, fmt.Errorf("measure row shapes: connect writers: %w", err)
 	}
 
 	sides := len(ops) + len(shapes)
