@@ -40,7 +40,8 @@ type runConfig struct {
 	// retention back.
 	InstanceExpiry time.Duration
 	// ConsolePayloads shows event payloads on the console's single
-	// dead-letter view (console.Config.ShowPayloads).
+	// dead-letter view and saga states on its single saga instance view
+	// (console.Config.ShowPayloads).
 	ConsolePayloads bool
 	// NoConsole serves no console, only /metrics, /healthz and /readyz.
 	NoConsole bool
@@ -71,7 +72,7 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 	cmd.Flags().StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9464", "address for /metrics, /healthz, /readyz (empty: no HTTP)")
 	cmd.Flags().StringVar(&cfg.InstanceID, "instance-id", "", "this process's instance id (default $"+projection.EnvInstanceID+" or a random UUID)")
 	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown")
-	cmd.Flags().BoolVar(&cfg.ConsolePayloads, "console-payloads", false, "show event payloads on the console's dead-letter view (they may carry personal data)")
+	cmd.Flags().BoolVar(&cfg.ConsolePayloads, "console-payloads", false, "show event payloads on the console's dead-letter view and saga states on its saga instance view (they may carry personal data)")
 	cmd.Flags().BoolVar(&cfg.NoConsole, "no-console", false, "serve no operator console on --http-addr")
 	cmd.Flags().DurationVar(&cfg.InstanceExpiry, "instance-expiry", projection.DefaultInstanceExpiry,
 		fmt.Sprintf("how long this instance may go unseen before its per-instance shards stop holding retention back (%s to %s)", human(minInstanceExpiry), human(projection.MaxInstanceExpiry)))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/internal/browsertest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
@@ -246,4 +247,51 @@ func TestBrowserForgedPostsRefused(t *testing.T) {
 			t.Errorf("a cross-origin form restarted the shard: %s", st.Status)
 		}
 	})
+}
+
+// An operator finds the sagas from the navigation: the saga list with its
+// overdue timeout, the saga's instances (filtered from the form), and the
+// instance whose reminder is overdue; its state, escaped, is text on the
+// page and never markup; on a narrow window the lists turn into cards.
+func TestBrowserSagaPages(t *testing.T) {
+	e := newEnv(t, options{showPayloads: true, extra: func(cfg *console.Config) { cfg.Sagas = []string{"sla"} }})
+	sagaFixture(e)
+	b := newBrowser(t, 1280, 900)
+	b.do("load the console", time.Minute, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#consumers")))
+	b.do("open the saga list", 30*time.Second, chromedp.Click(chromedp.ID("nav-sagas")),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-saga="sla"]`)))
+	if got := eval[string](b, `document.querySelector('tr[data-saga="sla"] td[data-label="Overdue timeouts"] .pill').textContent`); got != "1" {
+		t.Errorf("overdue timeouts shown %q, want 1", got)
+	}
+	b.do("open the saga", 30*time.Second, chromedp.Click(chromedp.CSS(`tr[data-saga="sla"] a.saga-link`)),
+		chromedp.WaitVisible(chromedp.CSS("#saga-instances tr[data-instance]")))
+	if n := eval[int](b, `document.querySelectorAll("#saga-instances tr[data-instance]").length`); n != 5 {
+		t.Errorf("%d instances shown, want 5", n)
+	}
+	b.do("filter failed", 30*time.Second, chromedp.SetValue(chromedp.CSS(`select[name="status"]`), "failed"),
+		chromedp.Submit(chromedp.CSS("form.filters")), chromedp.WaitNotPresent(chromedp.CSS(`tr[data-key="overdue"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-key="flaky"]`)))
+	if got := eval[string](b, `location.search`); !strings.Contains(got, "status=failed") {
+		t.Errorf("the filter form sent %q, want status=failed", got)
+	}
+	if n := eval[int](b, `document.querySelectorAll("#saga-instances tr[data-instance]").length`); n != 1 {
+		t.Errorf("failed filter shows %d instances, want flaky alone", n)
+	}
+	b.do("all instances again", 30*time.Second, chromedp.Navigate(e.srv.URL+"/sagas/sla"), chromedp.WaitVisible(chromedp.CSS(`tr[data-key="overdue"]`)))
+	b.do("open the overdue instance", 30*time.Second, chromedp.Click(chromedp.CSS(`tr[data-key="overdue"] a`)),
+		chromedp.WaitVisible(chromedp.CSS(`#saga-timeouts tr[data-timeout="remind"][data-overdue="true"]`)))
+	b.do("open the acme instance", 30*time.Second, chromedp.Navigate(e.srv.URL+"/sagas/sla?tenant=acme"),
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-key="t-acme"] a`)), chromedp.Click(chromedp.CSS(`tr[data-key="t-acme"] a`)),
+		chromedp.WaitVisible(chromedp.ID("state")))
+	if got := eval[string](b, `document.getElementById("state").textContent`); !strings.Contains(got, scriptTitle[:8]) {
+		t.Errorf("state shown as %q, want the title's text with its <script>", got)
+	}
+	if n := eval[int](b, `document.querySelectorAll("#state *, main script").length`); n != 0 {
+		t.Errorf("the state became %d elements in the page", n)
+	}
+	b.do("narrow window", 30*time.Second, chromedp.EmulateViewport(380, 800), chromedp.Navigate(e.srv.URL+"/sagas/sla"),
+		chromedp.WaitVisible(chromedp.CSS("#saga-instances tr[data-instance]")))
+	if w := eval[float64](b, `document.documentElement.scrollWidth`); w > 400 {
+		t.Errorf("narrow window: the saga page is %v px wide in a 380 px window", w)
+	}
 }

@@ -1,6 +1,6 @@
 // Package console is Projector's operator console: an http.Handler that
-// shows consumers, the horizon, dead letters, rebuilds, saga instances and
-// a live tail of the log, updating every second, and lets an operator with
+// shows consumers, the horizon, dead letters, rebuilds, sagas (counts,
+// overdue timeouts, instances) and a live tail of the log, updating every second, and lets an operator with
 // the console token restart, skip, disable and enable consumers, retry or
 // discard dead letters and request rebuilds.
 //
@@ -21,8 +21,9 @@
 // from the login form (HttpOnly, SameSite=Strict, signed with the token) or
 // an "Authorization: Bearer" header, POST only, a CSRF token for cookie
 // sessions and a same-origin check, and every action is logged with
-// log/slog (who, what, result). Event payloads are never shown unless
-// [Config.ShowPayloads], and then only on the single dead-letter view.
+// log/slog (who, what, result). Event payloads and saga states are never
+// shown unless [Config.ShowPayloads], and then only on the single
+// dead-letter and saga instance views.
 package console
 
 import (
@@ -65,8 +66,9 @@ var (
 	// or too long, a session age out of range).
 	ErrInvalidConfig = errors.New("console: invalid configuration")
 	// ErrInvalidInput: a request carried a value that cannot be a consumer
-	// name, instance id, dead-letter id or rebuild mode; it never reached
-	// the database.
+	// name, instance id, dead-letter id, rebuild mode, saga name, saga
+	// instance id, status, tenant or list limit; it never reached the
+	// database.
 	ErrInvalidInput = errors.New("console: invalid input")
 )
 
@@ -92,8 +94,9 @@ type Config struct {
 	// At least MinTokenLength characters otherwise.
 	Token string
 	// ShowPayloads shows event payloads and metadata (actor, headers) on
-	// the single dead-letter view. Off by default: payloads may carry
-	// personal data. Lists never show payloads.
+	// the single dead-letter view, and a saga instance's state on its own
+	// page. Off by default: payloads and states may carry personal data.
+	// Lists never show either.
 	ShowPayloads bool
 	// Projections are the application's async projections. The rebuild
 	// button is offered on the shared shards of those that declare tables
@@ -101,8 +104,10 @@ type Config struct {
 	// projection cannot be rebuilt. Without Projections no rebuild button
 	// is shown (the console cannot tell which could be rebuilt).
 	Projections []*projection.Async
-	// Sagas names the sagas whose instances the console lists (saga names
-	// as defined). Sagas with failed instances are listed anyway.
+	// Sagas names the sagas whose instances the dashboard lists (saga
+	// names as defined). Sagas with failed instances are listed anyway;
+	// the saga pages (/sagas) list every saga with instances, and these
+	// with none too.
 	Sagas []string
 	// Tail is the live feed the "live tail" panel reads (package live's
 	// handler, or any Server-Sent Events handler whose messages carry the
@@ -215,6 +220,9 @@ func New(cfg Config) (*Console, error) {
 	mux.HandleFunc("GET /state.json", c.stateJSON)
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
 	mux.HandleFunc("GET /dead-letters/{id}", c.deadLetter)
+	mux.HandleFunc("GET /sagas", c.sagas)
+	mux.HandleFunc("GET /sagas/{name}", c.sagaInstances)
+	mux.HandleFunc("GET /sagas/{name}/{id}", c.sagaInstance)
 	mux.HandleFunc("GET /login", c.loginForm)
 	mux.Handle("POST /login", c.cop.Handler(http.HandlerFunc(c.login)))
 	mux.Handle("POST /logout", c.cop.Handler(http.HandlerFunc(c.logout)))

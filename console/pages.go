@@ -8,12 +8,14 @@ import (
 	"html/template"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/saga"
 )
 
 // pageData is what every template gets.
@@ -43,6 +45,17 @@ type pageData struct {
 	// DeadLetter and Event are the single dead-letter view's.
 	DeadLetter *projection.DeadLetter
 	Event      *projector.Event
+	// SagaSummaries are the saga list's rows.
+	SagaSummaries []saga.Summary
+	// SagaName, SagaSummary and SagaInstances are one saga's instance
+	// list, with Filter (the status shown), Tenant and Limit its filters.
+	SagaName      string
+	SagaSummary   *saga.Summary
+	SagaInstances []saga.InstanceInfo
+	Tenant        string
+	Limit         int
+	// SagaInstance is the single saga instance view's.
+	SagaInstance *saga.InstanceDetail
 	// rebuildable names the projections a rebuild button is offered for.
 	rebuildable map[string]bool
 }
@@ -212,6 +225,10 @@ var funcs = template.FuncMap{
 		}
 		return human(d) + " ago"
 	},
+	// overdue: t (a timeout's due time) has passed.
+	"overdue": func(t time.Time) bool { return !t.IsZero() && time.Now().After(t) },
+	// path escapes a name for a URL's path segment.
+	"path": url.PathEscape,
 	"when": func(t time.Time) string {
 		if t.IsZero() {
 			return ""

@@ -24,8 +24,18 @@ func TailTenant(r *http.Request) (string, error) {
 	if t == "" {
 		return projector.SystemTenant, nil
 	}
-	if err := projector.TenantStream(t, "-", "-").Validate(); err != nil {
-		return "", fmt.Errorf("%w: tenant: %w", ErrInvalidInput, err)
+	if err := checkTenant(t); err != nil {
+		return "", err
 	}
 	return t, nil
+}
+
+// checkTenant validates a tenant an operator typed (the live tail's box,
+// the saga list's filter) as a stream's tenant is validated, before it goes
+// anywhere near PostgreSQL.
+func checkTenant(t string) error {
+	if err := projector.TenantStream(t, "-", "-").Validate(); err != nil {
+		return fmt.Errorf("%w: tenant: %w", ErrInvalidInput, err)
+	}
+	return nil
 }

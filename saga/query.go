@@ -39,6 +39,9 @@ type InstanceInfo struct {
 	CreatedAt     time.Time       `json:"created_at"`
 	UpdatedAt     time.Time       `json:"updated_at"`
 	CompletedAt   time.Time       `json:"completed_at,omitzero"`
+	// NextTimeoutAt is when the earliest of its pending timeouts is due;
+	// zero when none is pending.
+	NextTimeoutAt time.Time `json:"next_timeout_at,omitzero"`
 }
 
 // ListQuery selects instances of one saga; the optional filters combine.
@@ -66,7 +69,7 @@ func List(ctx context.Context, store *postgres.Store, q ListQuery) ([]InstanceIn
 	// The filters are optional and combine: the query's shape changes at
 	// run time, which is what squirrel is for.
 	b := sq.StatementBuilder.PlaceholderFormat(sq.Dollar).
-		Select(instanceColumns).From(store.Table("projector_saga_instances")).
+		Select(instanceColumns, nextTimeoutColumn(store)).From(store.Table("projector_saga_instances")+" i").
 		Where(sq.Eq{"saga": q.Saga}).OrderBy("updated_at DESC", "id").Limit(uint64(q.Limit))
 	if len(q.Statuses) > 0 {
 		sts := make([]string, len(q.Statuses))
@@ -96,15 +99,29 @@ func List(ctx context.Context, store *postgres.Store, q ListQuery) ([]InstanceIn
 	return out, nil
 }
 
-const instanceColumns = `id, saga, tenant_id, key, correlation_id, status, version, late_events, coalesce(last_error, ''),
-	state, created_at, updated_at, coalesce(completed_at, 'epoch')`
+// instanceColumns are the columns of an instance, read from
+// projector_saga_instances aliased i, followed by nextTimeoutColumn:
+// what scanInstance reads.
+const instanceColumns = `i.id, i.saga, i.tenant_id, i.key, i.correlation_id, i.status, i.version, i.late_events, coalesce(i.last_error, ''),
+	i.state, i.created_at, i.updated_at, coalesce(i.completed_at, 'epoch')`
+
+// nextTimeoutColumn is the due time of instance i's earliest pending
+// timeout ('epoch' for none), found through the timeouts' (instance_id,
+// name) index.
+func nextTimeoutColumn(store *postgres.Store) string {
+	return `coalesce((SELECT min(t.due_at) FROM ` + store.Table("projector_saga_timeouts") + ` t WHERE t.instance_id = i.id), 'epoch')`
+}
 
 func scanInstance(row pgx.CollectableRow) (InstanceInfo, error) {
 	var in InstanceInfo
 	err := row.Scan(&in.ID, &in.Saga, &in.Tenant, &in.Key, &in.CorrelationID, &in.Status, &in.Version, &in.LateEvents,
-		&in.LastError, &in.State, &in.CreatedAt, &in.UpdatedAt, &in.CompletedAt)
-	if in.CompletedAt.Equal(time.Unix(0, 0)) {
+		&in.LastError, &in.State, &in.CreatedAt, &in.UpdatedAt, &in.CompletedAt, &in.NextTimeoutAt)
+	epoch := time.Unix(0, 0)
+	if in.CompletedAt.Equal(epoch) {
 		in.CompletedAt = time.Time{}
+	}
+	if in.NextTimeoutAt.Equal(epoch) {
+		in.NextTimeoutAt = time.Time{}
 	}
 	return in, err
 }
@@ -156,19 +173,36 @@ type AppendedEvent struct {
 // Show returns the instance of saga for tenant and key, with its pending
 // timeouts, steps and appended events; [projector.ErrNotFound] if none.
 func Show(ctx context.Context, store *postgres.Store, saga, tenant, key string) (InstanceDetail, error) {
+	return show(ctx, store, saga, fmt.Sprintf("instance %q of tenant %q", key, tenant),
+		`i.saga = $1 AND i.tenant_id = $2 AND i.key = $3`, saga, tenant, key)
+}
+
+// ShowID is [Show] for the instance with id, which must be an instance of
+// saga: the console links instances by id, which needs neither the tenant
+// nor a key that may not fit in a URL. [projector.ErrNotFound] if saga
+// has no instance id.
+func ShowID(ctx context.Context, store *postgres.Store, saga string, id uuid.UUID) (InstanceDetail, error) {
+	return show(ctx, store, saga, "instance "+id.String(), `i.saga = $1 AND i.id = $2`, saga, id)
+}
+
+// show reads the instance of saga that where (on projector_saga_instances
+// aliased i, with args) selects, and what hangs off it; what names it in
+// errors.
+func show(ctx context.Context, store *postgres.Store, saga, what, where string, args ...any) (InstanceDetail, error) {
 	var d InstanceDetail
-	rows, err := store.Pool().Query(ctx, `SELECT `+instanceColumns+` FROM `+store.Table("projector_saga_instances")+`
-		WHERE saga = $1 AND tenant_id = $2 AND key = $3`, saga, tenant, key)
+	rows, err := store.Pool().Query(ctx, `SELECT `+instanceColumns+`, `+nextTimeoutColumn(store)+`
+		FROM `+store.Table("projector_saga_instances")+` i WHERE `+where, args...)
 	if err != nil {
-		return d, fmt.Errorf("show saga %q instance %q: %w", saga, key, err)
+		return d, fmt.Errorf("show saga %q %s: %w", saga, what, err)
 	}
 	d.InstanceInfo, err = pgx.CollectExactlyOneRow(rows, scanInstance)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return d, fmt.Errorf("show saga %q instance %q of tenant %q: %w", saga, key, tenant, projector.ErrNotFound)
+		return d, fmt.Errorf("show saga %q %s: %w", saga, what, projector.ErrNotFound)
 	}
 	if err != nil {
-		return d, fmt.Errorf("show saga %q instance %q: %w", saga, key, err)
+		return d, fmt.Errorf("show saga %q %s: %w", saga, what, err)
 	}
+	key := d.Key
 	rows, err = store.Pool().Query(ctx, `SELECT id, name, due_at, attempts, coalesce(last_error, '') FROM `+
 		store.Table("projector_saga_timeouts")+` WHERE instance_id = $1 ORDER BY due_at, name`, d.ID)
 	if err == nil {
@@ -226,6 +260,69 @@ func FailedCounts(ctx context.Context, store *postgres.Store) (map[string]int64,
 	var n int64
 	if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { out[name] = n; return nil }); err != nil {
 		return nil, fmt.Errorf("count failed saga instances: %w", err)
+	}
+	return out, nil
+}
+
+// Summary is one saga at a glance: its instances counted by status and its
+// pending timeouts, of which those overdue. An overdue timeout is due (by
+// the database's clock) and not yet fired: a Runner that is not running,
+// an instance whose row stays locked, or a handler that keeps failing
+// (Attempts and LastError on the instance's [PendingTimeout]) leave it so.
+// One just due is overdue too until the runner's next look, at most
+// [RunnerConfig.Poll] later, so OldestOverdueAt says how long it has been.
+type Summary struct {
+	Saga      string `json:"saga"`
+	Active    int64  `json:"active"`
+	Completed int64  `json:"completed"`
+	Failed    int64  `json:"failed"`
+	// PendingTimeouts are scheduled and neither fired nor cancelled.
+	PendingTimeouts int64 `json:"pending_timeouts"`
+	// OverdueTimeouts are the pending timeouts already due.
+	OverdueTimeouts int64 `json:"overdue_timeouts"`
+	// OldestOverdueAt is the due time of the earliest overdue timeout; zero
+	// when none is overdue.
+	OldestOverdueAt time.Time `json:"oldest_overdue_at,omitzero"`
+}
+
+// Instances is how many instances the saga has, in any status.
+func (s Summary) Instances() int64 { return s.Active + s.Completed + s.Failed }
+
+// Summaries counts, per saga with any instance, its instances by status
+// and its pending and overdue timeouts, ordered by saga name; with names,
+// only those sagas' (a name without instances has no summary). It reads the
+// status index and the timeouts' due index, no instance's state.
+func Summaries(ctx context.Context, store *postgres.Store, names ...string) ([]Summary, error) {
+	if names == nil {
+		names = []string{}
+	}
+	rows, err := store.Pool().Query(ctx, `WITH i AS (
+			SELECT saga, count(*) FILTER (WHERE status = 'active') AS active,
+				count(*) FILTER (WHERE status = 'completed') AS completed,
+				count(*) FILTER (WHERE status = 'failed') AS failed
+			FROM `+store.Table("projector_saga_instances")+`
+			WHERE cardinality($1::text[]) = 0 OR saga = ANY($1) GROUP BY saga
+		), t AS (
+			SELECT saga, count(*) AS pending, count(*) FILTER (WHERE due_at <= now()) AS overdue,
+				min(due_at) FILTER (WHERE due_at <= now()) AS oldest
+			FROM `+store.Table("projector_saga_timeouts")+`
+			WHERE cardinality($1::text[]) = 0 OR saga = ANY($1) GROUP BY saga
+		)
+		SELECT i.saga, i.active, i.completed, i.failed, coalesce(t.pending, 0), coalesce(t.overdue, 0), coalesce(t.oldest, 'epoch')
+		FROM i LEFT JOIN t USING (saga) ORDER BY i.saga`, names)
+	if err != nil {
+		return nil, fmt.Errorf("summarise sagas: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Summary, error) {
+		var s Summary
+		err := r.Scan(&s.Saga, &s.Active, &s.Completed, &s.Failed, &s.PendingTimeouts, &s.OverdueTimeouts, &s.OldestOverdueAt)
+		if s.OldestOverdueAt.Equal(time.Unix(0, 0)) {
+			s.OldestOverdueAt = time.Time{}
+		}
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("summarise sagas: %w", err)
 	}
 	return out, nil
 }
