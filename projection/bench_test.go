@@ -84,8 +84,9 @@ func BenchmarkCatchUp(b *testing.B) {
 // has, from the commit of an append that notifies to the notification's
 // arrival. Two dispatcher sides: "projector" runs on the appenders' Store
 // (hinted of each append in memory), "projector-polled" on a Store of its
-// own, as a dispatcher in another process that only polls. The work itself
-// is benchmark.LatencySamples, shared with `projector bench`.
+// own, as a dispatcher in another process that only polls; each reports the
+// batches it committed per second. The work itself is
+// benchmark.MeasureLatencyRun, shared with `projector bench`.
 func BenchmarkLatency(b *testing.B) {
 	cfg := benchmark.LatencyConfig{Rate: 500, Duration: 5 * time.Second}
 	for _, side := range []benchmark.Side{benchmark.ListenNotify, benchmark.Dispatcher, benchmark.PolledDispatcher} {
@@ -93,14 +94,20 @@ func BenchmarkLatency(b *testing.B) {
 			ctx := context.Background()
 			store := pgtest.Store(b, benchmark.NewRegistry())
 			var p benchmark.Percentiles
+			var batches float64
 			for b.Loop() {
-				lat, err := benchmark.LatencySamples(ctx, store, side, cfg)
+				t0 := time.Now()
+				run, err := benchmark.MeasureLatencyRun(ctx, store, side, cfg)
 				if err != nil {
 					b.Fatal(err)
 				}
-				p = benchmark.Summarize(lat)
+				batches += float64(run.Batches) / time.Since(t0).Seconds()
+				p = benchmark.Summarize(run.Samples)
 			}
 			p.Report(b)
+			if side != benchmark.ListenNotify {
+				b.ReportMetric(batches/float64(b.N), "batches/s")
+			}
 		})
 	}
 }
@@ -116,7 +123,7 @@ func BenchmarkLatency(b *testing.B) {
 // each a transaction with a cursor write: a shorter poll hands on smaller
 // batches, more of them.
 func BenchmarkLatencyPollMin(b *testing.B) {
-	for _, poll := range []time.Duration{time.Millisecond, 2 * time.Millisecond, projection.DefaultPollMin} {
+	for _, poll := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond} {
 		b.Run(fmt.Sprintf("poll-min=%v", poll), func(b *testing.B) {
 			ctx := context.Background()
 			store := pgtest.Store(b, benchmark.NewRegistry())
@@ -351,7 +358,7 @@ func BenchmarkDispatcherIdle(b *testing.B) {
 	}
 	var stmts, cpu float64
 	for b.Loop() {
-		// Let the poll back off to PollMax (5ms doubling to 250ms: under a
+		// Let the poll back off to PollMax (2ms doubling to 250ms: under a
 		// second), then measure.
 		time.Sleep(time.Second)
 		n0, c0 := tr.n.Load(), cpuTime(b)

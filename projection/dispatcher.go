@@ -25,7 +25,7 @@ const EnvInstanceID = "PROJECTOR_INSTANCE_ID"
 
 // Defaults of [Config].
 const (
-	DefaultPollMin      = 5 * time.Millisecond
+	DefaultPollMin      = 2 * time.Millisecond
 	DefaultPollMax      = 250 * time.Millisecond
 	DefaultRecheck      = time.Second
 	DefaultConcurrency  = 4
