@@ -38,7 +38,12 @@ func (a *App) relayStatusCmd() *cobra.Command {
 	var natsURL, stream, consumer, output string
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the relay's lag",
+		Short: "Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the relay's lag, and the claims consumers' open dead letters",
+		Long: `Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the
+relay consumer's shard (status, cursor, lag, attempts, last error), then the open dead
+letters of the claims consumers whose tables are in this schema, per subscription
+("open_dead_letters" in -o json). A consumer service with a store of its own has its dead
+letters there: run relay dead-letters list against it. See docs/jetstream.md.`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
