@@ -44,7 +44,7 @@ relay consumer's shard (status, cursor, lag, attempts, last error), then the ope
 letters of the claims consumers whose tables are in this schema, per subscription
 ("open_dead_letters" in -o json). A consumer service with a store of its own has its dead
 letters there: run relay dead-letters list against it. See docs/jetstream.md.`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return usageError{fmt.Errorf("-o %q: want table or json", output)}

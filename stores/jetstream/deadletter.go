@@ -68,8 +68,9 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, subscription st
 // ListDeadLettersByStatus returns a subscription's dead letters of status
 // (open, resolved or discarded; "" for all of them, as in
 // [projection.DeadLetterFilter]), oldest first, at most limit (1..10000).
-// A bad limit or status matches [ErrInvalidConfig]; a bad status matches
-// [projection.ErrInvalidFilter] too. [ListDeadLettersMatching] pages.
+// A bad subscription name, limit or status matches [ErrInvalidConfig]; a
+// bad status matches [projection.ErrInvalidFilter] too.
+// [ListDeadLettersMatching] pages.
 func ListDeadLettersByStatus(ctx context.Context, store *postgres.Store, subscription, status string, limit int) ([]DeadLetter, error) {
 	if limit < 1 || limit > 10_000 {
 		return nil, fmt.Errorf("%w: limit %d outside 1..10000", ErrInvalidConfig, limit)
