@@ -13,6 +13,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -37,8 +38,13 @@ func (a *App) relayStatusCmd() *cobra.Command {
 	var natsURL, stream, consumer, output string
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the relay's lag",
-		Args:  cobra.NoArgs,
+		Short: "Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the relay's lag, and the claims consumers' open dead letters",
+		Long: `Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the
+relay consumer's shard (status, cursor, lag, attempts, last error), then the open dead
+letters of the claims consumers whose tables are in this schema, per subscription
+("open_dead_letters" in -o json). A consumer service with a store of its own has its dead
+letters there: run relay dead-letters list against it. See docs/jetstream.md.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return usageError{fmt.Errorf("-o %q: want table or json", output)}
@@ -80,7 +86,10 @@ RELAY %s
 `, st.Stream, st.Storage, strings.Join(st.Subjects, ","), st.Messages, st.Bytes, st.FirstSeq, st.LastSeq,
 					st.LastTime.UTC().Format(time.RFC3339), st.DuplicateWindow, r.Consumer, r.Status, r.Dispatcher,
 					r.Cursor, r.LagEvents, r.LagSeconds, r.Attempts, cmp.Or(r.LastError, "-"))
-				return err
+				if err != nil {
+					return err
+				}
+				return a.writeOpenDeadLetters(st.OpenDeadLetters)
 			})
 		},
 	}
@@ -89,6 +98,23 @@ RELAY %s
 	cmd.Flags().StringVar(&consumer, "consumer", jetstream.DefaultRelayName, "the relay's consumer name")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
+}
+
+// writeOpenDeadLetters ends the text of `relay status`: the claims
+// consumers' open dead letters per subscription, in this schema, and the
+// command that lists them; one line when there are none.
+func (a *App) writeOpenDeadLetters(open []jetstream.OpenDeadLetters) error {
+	if len(open) == 0 {
+		_, err := fmt.Fprintln(a.out, "CONSUMER DEAD LETTERS none open in this schema")
+		return err
+	}
+	fmt.Fprintf(a.out, "CONSUMER DEAD LETTERS open, per subscription (%s relay dead-letters list --subscription S)\n", a.cfg.Name)
+	for _, o := range open {
+		if _, err := fmt.Fprintf(a.out, "  %-17s %d\n", projector.Printable(o.Subscription), o.Open); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // connectJetStream connects to the NATS server at url for one command.

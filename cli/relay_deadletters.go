@@ -40,10 +40,14 @@ that wires its consumers (cli.Config.JetStreamConsumers). See docs/jetstream.md.
 func (a *App) relayDLListCmd() *cobra.Command {
 	var subscription, format, status string
 	var limit int
+	var after int64
 	cmd := &cobra.Command{
-		Use:   "list --subscription S [--status open|resolved|discarded|all]",
+		Use:   "list --subscription S [--status open|resolved|discarded|all] [--limit N] [--after ID]",
 		Short: "List a subscription's dead letters (open ones unless --status says otherwise), oldest first",
-		Args:  noArgs,
+		Long: `List a subscription's dead letters, oldest first: the open ones, or those of --status
+(resolved, discarded, or all). Pages of --limit rows: pass the last id shown as --after
+for the next page.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := outputFormat(format)
 			if err != nil {
@@ -52,6 +56,9 @@ func (a *App) relayDLListCmd() *cobra.Command {
 			if limit < 1 || limit > 10_000 {
 				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", limit)}
 			}
+			if after < 0 {
+				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", after)}
+			}
 			if status, err = statusFlag(status); err != nil {
 				return err
 			}
@@ -59,7 +66,8 @@ func (a *App) relayDLListCmd() *cobra.Command {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				dls, err := jetstream.ListDeadLettersByStatus(cmd.Context(), store, subscription, status, limit)
+				dls, err := jetstream.ListDeadLettersMatching(cmd.Context(), store,
+					jetstream.DeadLetterFilter{Subscription: subscription, Status: status, AfterID: after, Limit: limit})
 				if err != nil {
 					return err
 				}
@@ -75,7 +83,11 @@ func (a *App) relayDLListCmd() *cobra.Command {
 					if status != "" {
 						which = status + " "
 					}
-					_, err := fmt.Fprintf(a.out, "no %sdead letters for %s\n", which, subscription)
+					past := ""
+					if after > 0 {
+						past = fmt.Sprintf(" after id %d", after)
+					}
+					_, err := fmt.Fprintf(a.out, "no %sdead letters for %s%s\n", which, subscription, past)
 					return err
 				}
 				w := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
@@ -90,7 +102,8 @@ func (a *App) relayDLListCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
 	cmd.Flags().StringVar(&status, "status", projection.DeadLetterOpen, "open, resolved, discarded or all")
-	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many (1 to 10000)")
+	cmd.Flags().IntVar(&limit, "limit", 100, "rows per page (1 to 10000)")
+	cmd.Flags().Int64Var(&after, "after", 0, "the last id of the previous page")
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "table or json")
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -228,6 +230,9 @@ func TestRelayDeadLettersCommands(t *testing.T) {
 		{"list", "--subscription", "feed", "--status", "gone"},
 		{"list", "--subscription", "feed", "--status", ""},
 		{"list", "--subscription", "feed", "--status", "OPEN"},
+		{"list", "--subscription", "feed", "--after", "-1"},
+		{"list", "--subscription", "feed", "--after", "x"},
+		{"list", "--subscription", "feed", "--after", "99999999999999999999"},
 		{"show", "0", "--subscription", "feed"},
 		{"show", "-3", "--subscription", "feed"},
 		{"show", "x", "--subscription", "feed"},
@@ -326,5 +331,147 @@ func TestRelayDeadLettersCommands(t *testing.T) {
 		default:
 			t.Fatalf("round %d: retry %v, discard %v, applied %d times", i, retryErr, discardErr, applied)
 		}
+	}
+}
+
+// relay dead-letters list pages with --after: every page of --status all,
+// --limit rows each, in id order, ends with the message that names the id
+// it listed after; --after 0 is the start.
+func TestRelayDeadLettersListPages(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	var all []int64
+	for i := range 5 {
+		id, _ := e.deadLetter("feed", fmt.Sprintf("p%d", i))
+		all = append(all, id)
+	}
+	e.deadLetter("other", "o1")
+	if err := jetstream.DiscardDeadLetter(e.ctx, e.store, "feed", all[2]); err != nil {
+		t.Fatal(err)
+	}
+	list := func(status string, after int64) []int64 {
+		t.Helper()
+		out, code := e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed", "--status", status,
+			"--limit", "2", "--after", fmt.Sprint(after), "-o", "json")
+		var page []relayDLJSON
+		if err := json.Unmarshal([]byte(out), &page); code != ExitOK || err != nil || len(page) > 2 {
+			t.Fatalf("list --status %s --after %d: exit %d, %v: %s", status, after, code, err, out)
+		}
+		got := make([]int64, len(page))
+		for i, d := range page {
+			got[i] = d.ID
+		}
+		return got
+	}
+	for status, want := range map[string][]int64{"all": all, "open": {all[0], all[1], all[3], all[4]}} {
+		var got []int64
+		var after int64
+		for {
+			page := list(status, after)
+			if len(page) == 0 {
+				break
+			}
+			got = append(got, page...)
+			after = page[len(page)-1]
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("every page of --status %s: %v, want %v", status, got, want)
+		}
+	}
+	out, code := e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed", "--after", fmt.Sprint(all[4]))
+	if code != ExitOK || !strings.Contains(out, fmt.Sprintf("no open dead letters for feed after id %d", all[4])) {
+		t.Fatalf("list past the last page: exit %d:\n%s", code, out)
+	}
+	out, code = e.run(Config{}, "relay", "dead-letters", "list", "--subscription", "feed", "--status", "all", "--after", fmt.Sprint(all[3]))
+	if code != ExitOK || strings.Count(out, "\n") != 2 || !strings.Contains(out, fmt.Sprintf("\n%d ", all[4])) {
+		t.Fatalf("table after id %d: exit %d:\n%s", all[3], code, out)
+	}
+}
+
+// relay status ends with the claims consumers' open dead letters per
+// subscription in its schema, in text and in -o json ("open_dead_letters",
+// an empty array when none are open); resolved and discarded ones are not
+// counted.
+func TestRelayStatusShowsOpenDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	stream, url := natsStream(t, jetstream.DefaultDuplicateWindow)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	r, err := jetstream.NewRelay(jetstream.RelayConfig{Conn: nc, Registry: e.types.Registry, Stream: stream,
+		Prefix: strings.ToLower(stream), Storage: natsjs.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if _, err := r.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{r.Async()},
+		PollMax: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	status := func() (string, jetstream.Status) {
+		t.Helper()
+		if err := d.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"relay", "status", "--nats-url", url, "--stream", stream}
+		text, code := e.run(Config{}, args...)
+		if code != ExitOK {
+			t.Fatalf("relay status: exit %d:\n%s", code, text)
+		}
+		out, code := e.run(Config{}, append(args, "-o", "json")...)
+		var st jetstream.Status
+		if err := json.Unmarshal([]byte(out), &st); code != ExitOK || err != nil {
+			t.Fatalf("relay status -o json: exit %d, %v:\n%s", code, err, out)
+		}
+		if !strings.Contains(out, `"open_dead_letters": [`) {
+			t.Fatalf("relay status -o json has no open_dead_letters array:\n%s", out)
+		}
+		return text, st
+	}
+
+	text, st := status()
+	if !strings.Contains(text, "CONSUMER DEAD LETTERS none open in this schema\n") || st.OpenDeadLetters == nil || len(st.OpenDeadLetters) != 0 {
+		t.Fatalf("with no dead letters: %+v\n%s", st.OpenDeadLetters, text)
+	}
+
+	var feed []int64
+	for i := range 3 {
+		id, _ := e.deadLetter("feed", fmt.Sprintf("s%d", i))
+		feed = append(feed, id)
+	}
+	e.deadLetter("billing-2", "b1")
+	if err := jetstream.DiscardDeadLetter(e.ctx, e.store, "feed", feed[0]); err != nil {
+		t.Fatal(err)
+	}
+	text, st = status()
+	if want := []jetstream.OpenDeadLetters{{Subscription: "billing-2", Open: 1}, {Subscription: "feed", Open: 2}}; fmt.Sprint(st.OpenDeadLetters) != fmt.Sprint(want) {
+		t.Fatalf("open dead letters %+v, want %+v", st.OpenDeadLetters, want)
+	}
+	for _, want := range []string{"RELAY jetstream_relay", "CONSUMER DEAD LETTERS open, per subscription (projector relay dead-letters list --subscription S)\n",
+		"\n  billing-2         1\n", "\n  feed              2\n"} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("relay status lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Index(text, "billing-2") > strings.Index(text, "  feed ") {
+		t.Fatalf("subscriptions not in name order:\n%s", text)
 	}
 }

@@ -11,8 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -22,6 +24,10 @@ const (
 	DefaultBackoff    = time.Second
 	DefaultMaxBackoff = time.Minute
 	DefaultHoldDelay  = 500 * time.Millisecond
+	// DefaultMetricsEvery is how often [Consumer.Consume] counts the
+	// subscription's open dead letters again, as the dispatcher refreshes
+	// its gauges.
+	DefaultMetricsEvery = projection.DefaultMetricsEvery
 )
 
 // Outcome says what [Consumer.Handle] did with a message.
@@ -68,6 +74,21 @@ type ConsumerConfig struct {
 	// stream's first handled event must be version 1, so a lost first event
 	// is held and visible rather than silently passed.
 	AcceptFirstSeen bool
+	// Registerer receives the consumer's metrics; nil means none. Its one
+	// series, projector_jetstream_dead_letters_open{subscription}, counts
+	// the subscription's open dead letters in the table (docs/jetstream.md,
+	// Metrics), so an operator learns that some wait for a retry or a
+	// discard. Consumers of several subscriptions may share a Registerer,
+	// and so may two of one subscription on the same store (the count is
+	// the table's, the same from both).
+	Registerer prometheus.Registerer
+	// MetricsEvery is how often [Consumer.Consume] counts the open dead
+	// letters again, which also picks up the retries and discards other
+	// processes (the CLI) make; default [DefaultMetricsEvery], between
+	// projection.MinMetricsEvery and projection.MaxMetricsEvery. The count
+	// is also taken when the consumer writes a dead letter and after a
+	// retry or discard through it.
+	MetricsEvery time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -81,9 +102,11 @@ type Consumer struct {
 	cfg    ConsumerConfig
 	logger *slog.Logger
 	sql    consumerSQL
+	// openDeadLetters is nil without a Registerer.
+	openDeadLetters *prometheus.GaugeVec
 }
 
-type consumerSQL struct{ claim, stream, advance, hold, dead string }
+type consumerSQL struct{ claim, stream, advance, hold, dead, countOpen string }
 
 // NewConsumer returns a consumer; zero fields of cfg take their documented
 // defaults. Configuration errors match [ErrInvalidConfig].
@@ -92,6 +115,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	cfg.Backoff = cmp.Or(cfg.Backoff, DefaultBackoff)
 	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff)
 	cfg.HoldDelay = cmp.Or(cfg.HoldDelay, DefaultHoldDelay)
+	cfg.MetricsEvery = cmp.Or(cfg.MetricsEvery, DefaultMetricsEvery)
 	switch {
 	case cfg.Store == nil:
 		return nil, fmt.Errorf("%w: ConsumerConfig.Store is required", ErrInvalidConfig)
@@ -101,10 +125,16 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		return nil, ValidateSubscription(cfg.Subscription)
 	case cfg.MaxDeliver < 1 || cfg.Backoff < 0 || cfg.MaxBackoff < cfg.Backoff || cfg.HoldDelay < 0:
 		return nil, fmt.Errorf("%w: max deliver %d, backoff %v..%v, hold delay %v", ErrInvalidConfig, cfg.MaxDeliver, cfg.Backoff, cfg.MaxBackoff, cfg.HoldDelay)
+	case cfg.MetricsEvery < projection.MinMetricsEvery || cfg.MetricsEvery > projection.MaxMetricsEvery:
+		return nil, fmt.Errorf("%w: metrics every %v: want %v to %v", ErrInvalidConfig, cfg.MetricsEvery, projection.MinMetricsEvery, projection.MaxMetricsEvery)
+	}
+	gauge, err := newConsumerMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
 	}
 	s := cfg.Store
 	claims, streams, dead := s.Table("projector_jetstream_claims"), s.Table("projector_jetstream_streams"), s.Table("projector_jetstream_dead_letters")
-	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), sql: consumerSQL{
+	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), openDeadLetters: gauge, sql: consumerSQL{
 		// The claim: a second insert of the same key does nothing, and the
 		// handler does not run.
 		claim: `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
@@ -121,18 +151,29 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			SET held_version = excluded.held_version, held_since = coalesce(s.held_since, now())
 			WHERE s.held_version IS DISTINCT FROM excluded.held_version OR s.held_since IS NULL`,
 		dead: `INSERT INTO ` + dead + ` (subscription, event_id, subject, headers, data, error, deliveries) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		// On the partial index of the open ones (migration 0013).
+		countOpen: `SELECT count(*) FROM ` + dead + ` WHERE subscription = $1 AND status = 'open'`,
 	}}, nil
 }
 
 // Consume runs the consumer on a JetStream consumer until the returned
 // context is stopped: cons should be a durable pull consumer with explicit
 // acknowledgement and MaxDeliver -1 (see ConsumerConfig.MaxDeliver).
+// With a Registerer it also counts the subscription's open dead letters at
+// once and every MetricsEvery, until ctx is done or consuming stops.
 func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
-	return cons.Consume(func(msg jetstream.Msg) {
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		if _, err := c.Handle(ctx, msg); err != nil {
 			c.logger.Error("jetstream consumer: message left for redelivery", "subscription", c.cfg.Subscription, "subject", msg.Subject(), "err", err)
 		}
 	})
+	if err != nil {
+		return nil, fmt.Errorf("jetstream consumer %s: consume: %w", c.cfg.Subscription, err)
+	}
+	if c.openDeadLetters != nil {
+		go c.metricsLoop(ctx, cc.Closed())
+	}
+	return cc, nil
 }
 
 // Handle processes one delivered message and acknowledges it (or not) as
@@ -288,6 +329,7 @@ func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, ev *projec
 		return "", fmt.Errorf("dead-letter message on %q: %w", msg.Subject(), err)
 	}
 	c.logger.Error("jetstream consumer: message dead-lettered", "subscription", c.cfg.Subscription, "subject", msg.Subject(), "deliveries", deliveries, "err", cause)
+	c.refreshMetrics(ctx)
 	if err := msg.DoubleAck(ctx); err != nil {
 		return DeadLettered, fmt.Errorf("ack dead-lettered message: %w", err)
 	}

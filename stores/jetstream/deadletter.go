@@ -1,6 +1,7 @@
 package jetstream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,23 +68,86 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, subscription st
 // ListDeadLettersByStatus returns a subscription's dead letters of status
 // (open, resolved or discarded; "" for all of them, as in
 // [projection.DeadLetterFilter]), oldest first, at most limit (1..10000).
-// A bad limit or status matches [ErrInvalidConfig]; a bad status matches
-// [projection.ErrInvalidFilter] too.
+// A bad subscription name, limit or status matches [ErrInvalidConfig]; a
+// bad status matches [projection.ErrInvalidFilter] too.
+// [ListDeadLettersMatching] pages.
 func ListDeadLettersByStatus(ctx context.Context, store *postgres.Store, subscription, status string, limit int) ([]DeadLetter, error) {
 	if limit < 1 || limit > 10_000 {
 		return nil, fmt.Errorf("%w: limit %d outside 1..10000", ErrInvalidConfig, limit)
 	}
-	if err := projection.ValidateDeadLetterStatus(status); err != nil {
+	return ListDeadLettersMatching(ctx, store, DeadLetterFilter{Subscription: subscription, Status: status, Limit: limit})
+}
+
+// DeadLetterFilter selects a subscription's dead letters for
+// [ListDeadLettersMatching], as [projection.DeadLetterFilter] does the
+// dispatcher's: since dead letters are kept after a retry or a discard, a
+// subscription's record outgrows one page, and AfterID reaches the rest.
+type DeadLetterFilter struct {
+	// Subscription is required ([ValidateSubscription]).
+	Subscription string
+	// Status is "open", "resolved", "discarded", or "" for all.
+	Status string
+	// AfterID pages: only dead letters with a larger id (pass the last id
+	// of the previous page); 0 starts at the oldest.
+	AfterID int64
+	// Limit caps the rows returned, 1..10000; 0 means 100.
+	Limit int
+}
+
+// ListDeadLettersMatching returns the dead letters f selects, oldest (lowest
+// id) first, at most f.Limit. A bad subscription, status, limit or a
+// negative AfterID matches [ErrInvalidConfig], and nothing is read; a bad
+// status matches [projection.ErrInvalidFilter] too.
+func ListDeadLettersMatching(ctx context.Context, store *postgres.Store, f DeadLetterFilter) ([]DeadLetter, error) {
+	if err := ValidateSubscription(f.Subscription); err != nil {
+		return nil, fmt.Errorf("list jetstream dead letters: %w", err)
+	}
+	if f.Limit < 0 || f.Limit > 10_000 {
+		return nil, fmt.Errorf("%w: limit %d outside 1..10000 (0 for 100)", ErrInvalidConfig, f.Limit)
+	}
+	if f.AfterID < 0 {
+		return nil, fmt.Errorf("%w: after id %d is negative (0 starts at the oldest)", ErrInvalidConfig, f.AfterID)
+	}
+	if err := projection.ValidateDeadLetterStatus(f.Status); err != nil {
 		return nil, fmt.Errorf("%w: list jetstream dead letters: %w", ErrInvalidConfig, err)
 	}
+	limit := cmp.Or(f.Limit, 100)
 	rows, err := store.Pool().Query(ctx, `SELECT `+deadLetterColumns+` FROM `+store.Table("projector_jetstream_dead_letters")+`
-		WHERE subscription = $1 AND ($2 = '' OR status = $2) ORDER BY id LIMIT $3`, subscription, status, limit)
+		WHERE subscription = $1 AND ($2 = '' OR status = $2) AND id > $3 ORDER BY id LIMIT $4`, f.Subscription, f.Status, f.AfterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list jetstream dead letters: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, scanDeadLetter)
 	if err != nil {
 		return nil, fmt.Errorf("list jetstream dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// OpenDeadLetters is how many open dead letters one subscription has.
+type OpenDeadLetters struct {
+	Subscription string `json:"subscription"`
+	Open         int64  `json:"open"`
+}
+
+// CountOpenDeadLetters returns, per subscription with any, how many open
+// dead letters the claims consumers of store's schema have, by
+// subscription name: what `projector relay status` shows, so an operator
+// sees that some wait for a retry or a discard. It counts on the partial
+// index of the open ones. Subscriptions without open dead letters are not
+// listed; an empty result is an empty slice.
+func CountOpenDeadLetters(ctx context.Context, store *postgres.Store) ([]OpenDeadLetters, error) {
+	rows, err := store.Pool().Query(ctx, `SELECT subscription, count(*) FROM `+store.Table("projector_jetstream_dead_letters")+`
+		WHERE status = 'open' GROUP BY subscription ORDER BY subscription`)
+	if err != nil {
+		return nil, fmt.Errorf("count open jetstream dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[OpenDeadLetters])
+	if err != nil {
+		return nil, fmt.Errorf("count open jetstream dead letters: %w", err)
+	}
+	if out == nil {
+		out = []OpenDeadLetters{}
 	}
 	return out, nil
 }
@@ -161,6 +225,18 @@ func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 			id, c.cfg.Subscription, ev.ID, ev.Type, herr)
 	}
 	c.logger.InfoContext(ctx, "jetstream consumer: dead letter retried and resolved", "subscription", c.cfg.Subscription, "id", id)
+	c.refreshMetrics(ctx)
+	return nil
+}
+
+// DiscardDeadLetter is [DiscardDeadLetter] for this consumer's
+// subscription; with a Registerer the open dead-letter gauge drops at once
+// rather than at the next periodic count.
+func (c *Consumer) DiscardDeadLetter(ctx context.Context, id int64) error {
+	if err := DiscardDeadLetter(ctx, c.cfg.Store, c.cfg.Subscription, id); err != nil {
+		return err
+	}
+	c.refreshMetrics(ctx)
 	return nil
 }
 

@@ -37,8 +37,12 @@
 // publishes only; effects need the claims. [PurgeClaims] deletes claims
 // older than a [ClaimsRetention] that outlasts the duplicate window and
 // the redelivery time; [ListDeadLetters], [ListDeadLettersByStatus],
-// [GetDeadLetter], [DiscardDeadLetter] and [Consumer.RetryDeadLetter] are
-// what the `relay dead-letters` commands run. A dead letter is kept after
-// a retry resolves it or a discard gives it up, as the record; only open
-// ones can be retried or discarded ([ErrDeadLetterNotOpen]).
+// [ListDeadLettersMatching] (paged), [GetDeadLetter], [DiscardDeadLetter]
+// and [Consumer.RetryDeadLetter] are what the `relay dead-letters` commands
+// run. A dead letter is kept after a retry resolves it or a discard gives
+// it up, as the record; only open ones can be retried or discarded
+// ([ErrDeadLetterNotOpen]). Operators see the open ones in the gauge
+// projector_jetstream_dead_letters_open{subscription}
+// ([ConsumerConfig.Registerer]) and in `projector relay status`
+// ([CountOpenDeadLetters]).
 package jetstream

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -50,6 +51,7 @@ func ExampleNewConsumer() {
 	ctx := context.Background()
 	var store *postgres.Store // the consumer's own database, migrated
 	var js natsjs.JetStream
+	var reg prometheus.Registerer // the service's metrics registry (nil for none)
 	run := func() (natsjs.ConsumeContext, error) {
 		cons, err := js.CreateOrUpdateConsumer(ctx, "PROJECTOR", natsjs.ConsumerConfig{
 			Durable: "billing", FilterSubject: "projector.*.ticket.>",
@@ -65,6 +67,7 @@ func ExampleNewConsumer() {
 				_, err := tx.Exec(ctx, `INSERT INTO billing_log (event_id, type) VALUES ($1, $2)`, ev.ID, ev.Type)
 				return err
 			},
+			Registerer: reg, // projector_jetstream_dead_letters_open{subscription="billing"}
 		})
 		if err != nil {
 			return nil, err
@@ -91,6 +94,31 @@ func ExampleConsumer_RetryDeadLetter() {
 			return err // the handler failed again; the dead letter stays open with the error
 		}
 		return nil
+	}
+	_ = run
+}
+
+// A subscription's dead letters are kept after a retry or a discard, so its
+// record is read in pages: the last id of one page is the AfterID of the
+// next. (Compiled, not run; docs/jetstream.md shows the same.)
+func ExampleListDeadLettersMatching() {
+	ctx := context.Background()
+	var store *postgres.Store // the consumer's own database
+	run := func() error {
+		f := jetstream.DeadLetterFilter{Subscription: "billing", Status: "", Limit: 500} // "" for every status
+		for {
+			page, err := jetstream.ListDeadLettersMatching(ctx, store, f)
+			if err != nil {
+				return err
+			}
+			if len(page) == 0 {
+				return nil
+			}
+			for _, d := range page {
+				fmt.Println(d.ID, d.Status, d.Subject, d.Error)
+			}
+			f.AfterID = page[len(page)-1].ID
+		}
 	}
 	_ = run
 }

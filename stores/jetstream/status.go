@@ -27,10 +27,16 @@ type Status struct {
 	// Relay is the relay consumer's shard (status, cursor, lag, attempts,
 	// last error), as `projector status` shows it.
 	Relay projection.ShardState `json:"relay"`
+	// OpenDeadLetters counts, per subscription with any, the open dead
+	// letters of the claims consumers whose tables are in the same schema
+	// ([CountOpenDeadLetters]); empty when none are open, or when the
+	// consumers keep their claims in a schema of their own.
+	OpenDeadLetters []OpenDeadLetters `json:"open_dead_letters"`
 }
 
-// RelayStatus reads the stream's state from JetStream and the relay
-// consumer's shard from store. A relay that never ran is
+// RelayStatus reads the stream's state from JetStream, and the relay
+// consumer's shard and the open dead letters of the claims consumers from
+// store. A relay that never ran is
 // projector.ErrNotFound; a stream that does not exist, jetstream's
 // ErrStreamNotFound.
 func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.Store, stream, consumer string) (Status, error) {
@@ -46,10 +52,14 @@ func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.St
 	if err != nil {
 		return Status{}, fmt.Errorf("relay stream %s: %w", stream, err)
 	}
+	open, err := CountOpenDeadLetters(ctx, store)
+	if err != nil {
+		return Status{}, err
+	}
 	return Status{
 		Stream: stream, Subjects: info.Config.Subjects, Storage: info.Config.Storage.String(),
 		DuplicateWindow: info.Config.Duplicates, Messages: info.State.Msgs, Bytes: info.State.Bytes,
 		FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, LastTime: info.State.LastTime,
-		Relay: shard,
+		Relay: shard, OpenDeadLetters: open,
 	}, nil
 }

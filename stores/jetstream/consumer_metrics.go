@@ -1,0 +1,71 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// newConsumerMetrics registers the open dead-letter gauge on reg, or
+// returns the one a consumer of another subscription (or of the same one)
+// registered there before: one vector per Registerer, one series per
+// subscription. Nil without a Registerer.
+func newConsumerMetrics(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	vec := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "projector_jetstream_dead_letters_open",
+		Help: "Open dead letters of the JetStream claims consumer's subscription (neither retried successfully nor discarded), counted from the table: the same from every process that runs the subscription.",
+	}, []string{"subscription"})
+	if err := reg.Register(vec); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if errors.As(err, &already) {
+			if existing, ok := already.ExistingCollector.(*prometheus.GaugeVec); ok {
+				return existing, nil
+			}
+		}
+		return nil, fmt.Errorf("jetstream consumer: register metrics: %w", err)
+	}
+	return vec, nil
+}
+
+// metricsLoop counts the open dead letters at once and every MetricsEvery
+// until ctx is done or closed is: the retries and discards of other
+// processes (the CLI) show within a period.
+func (c *Consumer) metricsLoop(ctx context.Context, closed <-chan struct{}) {
+	tick := time.NewTicker(c.cfg.MetricsEvery)
+	defer tick.Stop()
+	for {
+		c.refreshMetrics(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-closed:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// refreshMetrics sets the subscription's open dead-letter gauge from the
+// table, on the partial index of the open ones. The series appears with the
+// first count, never as a zero nobody measured. A failed count leaves the
+// last value and is logged at debug level: the next period tries again.
+func (c *Consumer) refreshMetrics(ctx context.Context) {
+	if c.openDeadLetters == nil {
+		return
+	}
+	var n int64
+	if err := c.cfg.Store.Pool().QueryRow(ctx, c.sql.countOpen, c.cfg.Subscription).Scan(&n); err != nil {
+		if ctx.Err() == nil {
+			c.logger.DebugContext(ctx, "jetstream consumer: count open dead letters", "subscription", c.cfg.Subscription, slog.Any("error", err))
+		}
+		return
+	}
+	c.openDeadLetters.WithLabelValues(c.cfg.Subscription).Set(float64(n))
+}
