@@ -117,7 +117,13 @@ func TestInlineRebuildCancelledWhileReplaying(t *testing.T) {
 	defer open() // a failing check must not leave the replay blocked
 	done := make(chan error, 1)
 	go func() {
-		_, err := rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}, BatchSize: 5})
+		// MaxUnderLock 1: the events must be replayed in batches, under the
+		// shard lock Cancel waits for. With the default, a horizon held back
+		// by another session of the cluster (the suite's other packages)
+		// leaves the batches empty and the switch applies all fifty under
+		// its own lock, where the gate would then hold the switch instead:
+		// Cancel, behind it, found the rebuild switched (ErrNotActive).
+		_, err := rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}, BatchSize: 5, MaxUnderLock: 1})
 		done <- err
 	}()
 	<-e.entered // inside the first batch
