@@ -79,7 +79,8 @@ func BenchmarkCatchUp(b *testing.B) {
 }
 
 // BenchmarkLatency measures the time from an append's commit to the commit
-// of the handler's batch, at a steady 500 events/s for five seconds, beside
+// of the handler's batch, at 500 events/s arriving at random (Poisson) for
+// five seconds, beside
 // the raw floor of the same run: LISTEN/NOTIFY, the fastest push PostgreSQL
 // has, from the commit of an append that notifies to the notification's
 // arrival. Two dispatcher sides: "projector" runs on the appenders' Store

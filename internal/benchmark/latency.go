@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,7 +111,8 @@ func MeasureLatency(ctx context.Context, store *postgres.Store, cfg LatencyConfi
 const latencyConsumer = "bench-latency"
 
 // LatencySamples appends one event per transaction, each to a new stream,
-// at cfg.Rate for cfg.Duration, and returns for each event the time from
+// at random times averaging cfg.Rate a second (a Poisson process) for
+// cfg.Duration, and returns for each event the time from
 // its transaction's commit (when the appender's COMMIT returned) to its
 // arrival on side. An arrival that beats the appender's own view of the
 // commit counts as zero. It fails if an event has not arrived within ten
@@ -166,15 +168,23 @@ func MeasureLatencyRun(ctx context.Context, store *postgres.Store, side Side, cf
 	}
 	defer func() { err = errors.Join(err, stop()) }()
 
-	tick := time.NewTicker(time.Second / time.Duration(cfg.Rate))
-	defer tick.Stop()
-	end := time.Now().Add(cfg.Duration)
+	// Arrivals at random, a Poisson process of cfg.Rate a second, as
+	// independent requests arrive: a fixed tick of the same period as the
+	// dispatcher's poll (2ms at 500 events/s) would hold the two in one
+	// phase for a whole run and measure that phase, not the poll.
+	period := float64(time.Second) / float64(cfg.Rate)
+	next := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	end := next.Add(cfg.Duration)
 	for i := 0; time.Now().Before(end); i++ {
 		select {
 		case <-ctx.Done():
 			return res, fmt.Errorf("latency %s: %w", side, ctx.Err())
-		case <-tick.C:
+		case <-timer.C:
 		}
+		next = next.Add(time.Duration(rand.ExpFloat64() * period))
+		timer.Reset(time.Until(next))
 		id := run + strconv.Itoa(i)
 		err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 			if _, err := store.Append(ctx, tx, projector.Stream("bench", id), projector.NoStream, Timed{Title: "t"}); err != nil {
