@@ -345,7 +345,7 @@ func TestConsumerDeadLettersPoison(t *testing.T) {
 	if dls, err := pjs.ListDeadLetters(e.ctx, snk.store, "poisoned", 10); err != nil || len(dls) != 0 {
 		t.Fatalf("open dead letters after the retry: %+v, %v", dls, err)
 	}
-	if dls, err := pjs.ListDeadLettersByStatus(e.ctx, snk.store, "poisoned", projection.DeadLetterResolved, 10); err != nil || len(dls) != 1 ||
+	if dls, err := pjs.ListDeadLettersMatching(e.ctx, snk.store, pjs.DeadLetterFilter{Subscription: "poisoned", Status: projection.DeadLetterResolved, Limit: 10}); err != nil || len(dls) != 1 ||
 		dls[0].ResolvedAt == nil || dls[0].EventID != log[1].ID {
 		t.Fatalf("resolved dead letters after the retry: %+v, %v", dls, err)
 	}

@@ -59,23 +59,15 @@ func scanDeadLetter(r pgx.CollectableRow) (DeadLetter, error) {
 }
 
 // ListDeadLetters returns a subscription's open dead letters, the ones that
-// need an operator, oldest first, at most limit (1..10000).
-// [ListDeadLettersByStatus] lists the resolved and discarded ones too.
+// need an operator, oldest first, at most limit (1..10000); a bad
+// subscription name or limit matches [ErrInvalidConfig].
+// [ListDeadLettersMatching] lists the resolved and discarded ones too, and
+// pages.
 func ListDeadLetters(ctx context.Context, store *postgres.Store, subscription string, limit int) ([]DeadLetter, error) {
-	return ListDeadLettersByStatus(ctx, store, subscription, projection.DeadLetterOpen, limit)
-}
-
-// ListDeadLettersByStatus returns a subscription's dead letters of status
-// (open, resolved or discarded; "" for all of them, as in
-// [projection.DeadLetterFilter]), oldest first, at most limit (1..10000).
-// A bad subscription name, limit or status matches [ErrInvalidConfig]; a
-// bad status matches [projection.ErrInvalidFilter] too.
-// [ListDeadLettersMatching] pages.
-func ListDeadLettersByStatus(ctx context.Context, store *postgres.Store, subscription, status string, limit int) ([]DeadLetter, error) {
 	if limit < 1 || limit > 10_000 {
 		return nil, fmt.Errorf("%w: limit %d outside 1..10000", ErrInvalidConfig, limit)
 	}
-	return ListDeadLettersMatching(ctx, store, DeadLetterFilter{Subscription: subscription, Status: status, Limit: limit})
+	return ListDeadLettersMatching(ctx, store, DeadLetterFilter{Subscription: subscription, Status: projection.DeadLetterOpen, Limit: limit})
 }
 
 // DeadLetterFilter selects a subscription's dead letters for

@@ -124,7 +124,7 @@ func TestDeadLettersKeepTheirRecord(t *testing.T) {
 		{projection.DeadLetterDiscarded, []int64{discarded}},
 		{"", []int64{retried, discarded, open}},
 	} {
-		dls, err := pjs.ListDeadLettersByStatus(ctx, snk.store, "feed", tc.status, 100)
+		dls, err := pjs.ListDeadLettersMatching(ctx, snk.store, pjs.DeadLetterFilter{Subscription: "feed", Status: tc.status, Limit: 100})
 		if err != nil || fmt.Sprint(ids(dls)) != fmt.Sprint(tc.want) {
 			t.Fatalf("status %q: %v, %v; want %v", tc.status, ids(dls), err, tc.want)
 		}
@@ -132,7 +132,7 @@ func TestDeadLettersKeepTheirRecord(t *testing.T) {
 	if dls, err := pjs.ListDeadLetters(ctx, snk.store, "feed", 100); err != nil || fmt.Sprint(ids(dls)) != fmt.Sprint([]int64{open}) {
 		t.Fatalf("default listing: %v, %v; want the open one only", ids(dls), err)
 	}
-	if dls, err := pjs.ListDeadLettersByStatus(ctx, snk.store, "feed", "", 2); err != nil || len(dls) != 2 {
+	if dls, err := pjs.ListDeadLettersMatching(ctx, snk.store, pjs.DeadLetterFilter{Subscription: "feed", Limit: 2}); err != nil || len(dls) != 2 {
 		t.Fatalf("limit 2: %v, %v", ids(dls), err)
 	}
 
@@ -178,7 +178,10 @@ func TestDeadLettersKeepTheirRecord(t *testing.T) {
 		status string
 		limit  int
 	}{{"all", 10}, {"gone", 10}, {"Open", 10}, {"open", 0}, {"open", 10_001}} {
-		_, err := pjs.ListDeadLettersByStatus(ctx, snk.store, "feed", bad.status, bad.limit)
+		_, err := pjs.ListDeadLettersMatching(ctx, snk.store, pjs.DeadLetterFilter{Subscription: "feed", Status: bad.status, Limit: bad.limit})
+		if bad.limit == 0 { // the filter's 0 is its default: ListDeadLetters wants 1..10000
+			_, err = pjs.ListDeadLetters(ctx, snk.store, "feed", bad.limit)
+		}
 		if !errors.Is(err, pjs.ErrInvalidConfig) {
 			t.Fatalf("status %q, limit %d: %v, want ErrInvalidConfig", bad.status, bad.limit, err)
 		}

@@ -36,8 +36,8 @@
 // dead-lettered after MaxDeliver deliveries. JetStream deduplicates
 // publishes only; effects need the claims. [PurgeClaims] deletes claims
 // older than a [ClaimsRetention] that outlasts the duplicate window and
-// the redelivery time; [ListDeadLetters], [ListDeadLettersByStatus],
-// [ListDeadLettersMatching] (paged), [GetDeadLetter], [DiscardDeadLetter]
+// the redelivery time; [ListDeadLetters] (the open ones),
+// [ListDeadLettersMatching] (by status, paged), [GetDeadLetter], [DiscardDeadLetter]
 // and [Consumer.RetryDeadLetter] are what the `relay dead-letters` commands
 // run. A dead letter is kept after a retry resolves it or a discard gives
 // it up, as the record; only open ones can be retried or discarded
