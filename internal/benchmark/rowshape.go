@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -189,6 +188,7 @@ type shapeWriter struct {
 	insert   string
 	ops      int
 	stream   string
+	writer   int64 // the writer's number: the high half of its stream numbers
 	streamNo int64
 	ids      [][16]byte
 	vers     []int64
@@ -198,8 +198,7 @@ type shapeWriter struct {
 func (w *shapeWriter) append(ctx context.Context) error {
 	a, op := w.a, w.ops
 	w.stream = w.biz.stream(op)
-	id, _ := strconv.Atoi(w.biz.id)
-	w.streamNo = int64(id)<<32 | int64(op/10)
+	w.streamNo = w.writer<<32 | int64(op/10)
 	for j := range a.n {
 		w.ids[j], w.vers[j] = uuid.Must(uuid.NewV7()), int64((op%10)*a.n+j+1)
 	}
@@ -267,7 +266,7 @@ func MeasureRowShapes(ctx context.Context, store *postgres.Store, cfg AppendConf
 		}
 		ws := make([]*shapeWriter, cfg.Writers)
 		for k := range ws {
-			ws[k] = &shapeWriter{a: a, biz: writers[k], shape: s, insert: r.Replace(s.Insert),
+			ws[k] = &shapeWriter{a: a, biz: writers[k], writer: int64(k), shape: s, insert: r.Replace(s.Insert),
 				ids: make([][16]byte, cfg.EventsPerTx), vers: make([]int64, cfg.EventsPerTx)}
 		}
 		shapeWriters = append(shapeWriters, ws)
