@@ -292,6 +292,8 @@ func TestSagaPagesBadInput(t *testing.T) {
 		{"/sagas/sla?tenant=" + strings.Repeat("x", 300), 400, "tenant"},
 		{"/sagas/sla?tenant=a%00b", 400, "NUL"},
 		{"/sagas/%01sla", 400, "control character"},
+		{"/sagas/%FFsla", 400, "not valid UTF-8"},
+		{"/sagas/sla?tenant=a%FFb", 400, "tenant"},
 		{"/sagas/" + strings.Repeat("s", 201), 400, "at most 200"},
 		{"/sagas/sla/not-a-uuid", 400, "want a UUID"},
 		{"/sagas/%01sla/" + in.ID.String(), 400, "control character"},
