@@ -227,6 +227,8 @@ func TestRelayDeadLettersCommands(t *testing.T) {
 		{"list", "--subscription", "feed", "--limit", "10001"},
 		{"list"},
 		{"list", "--subscription", "feed.x"},
+		{"list", "--subscription", "fe\x00ed"},
+		{"list", "--subscription", "fe\xffed"},
 		{"list", "--subscription", "feed", "--status", "gone"},
 		{"list", "--subscription", "feed", "--status", ""},
 		{"list", "--subscription", "feed", "--status", "OPEN"},
