@@ -31,7 +31,8 @@ const drainTimeout = 10 * time.Second
 
 // LatencyConfig sizes a latency measurement. Zero fields take the defaults.
 type LatencyConfig struct {
-	// Rate is the events appended per second, one per transaction; default
+	// Rate is the events appended per second on average, one per
+	// transaction, at random times (a Poisson process); default
 	// [DefaultRate].
 	Rate int
 	// Duration is how long each side appends; default
