@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector/console"
+	"github.com/projectorhq/projector/internal/hostcheck"
 	"github.com/projectorhq/projector/live"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
@@ -45,6 +48,10 @@ type runConfig struct {
 	ConsolePayloads bool
 	// NoConsole serves no console, only /metrics, /healthz and /readyz.
 	NoConsole bool
+	// ConsoleAllowedHosts are the names the console (and its live tail)
+	// answers to besides the --http-addr host, localhost names and IP
+	// addresses (console.Config.AllowedHosts): its names behind a proxy.
+	ConsoleAllowedHosts []string
 }
 
 func (a *App) runCmd() *cobra.Command {
@@ -74,6 +81,8 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown")
 	cmd.Flags().BoolVar(&cfg.ConsolePayloads, "console-payloads", false, "show event payloads on the console's dead-letter view and saga states on its saga instance view (they may carry personal data)")
 	cmd.Flags().BoolVar(&cfg.NoConsole, "no-console", false, "serve no operator console on --http-addr")
+	cmd.Flags().StringSliceVar(&cfg.ConsoleAllowedHosts, "console-allowed-hosts", nil,
+		"host names the console answers to besides the --http-addr host, localhost and IP addresses: its names behind a proxy (comma-separated; *.example.com for the names under example.com); any other Host header gets 421")
 	cmd.Flags().DurationVar(&cfg.InstanceExpiry, "instance-expiry", projection.DefaultInstanceExpiry,
 		fmt.Sprintf("how long this instance may go unseen before its per-instance shards stop holding retention back (%s to %s)", human(minInstanceExpiry), human(projection.MaxInstanceExpiry)))
 	return cmd
@@ -95,6 +104,10 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	}
 	if cfg.InstanceExpiry != 0 && (cfg.InstanceExpiry < minInstanceExpiry || cfg.InstanceExpiry > projection.MaxInstanceExpiry) {
 		return usageError{fmt.Errorf("--instance-expiry %v: want between %s and %s", cfg.InstanceExpiry, human(minInstanceExpiry), human(projection.MaxInstanceExpiry))}
+	}
+	hosts, err := consoleHosts(cfg)
+	if err != nil {
+		return err
 	}
 	log := a.logger()
 	pool, err := a.Pool(ctx)
@@ -136,14 +149,16 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	if cfg.HTTPAddr != "" && !cfg.NoConsole {
 		// The console's live tail: a live feed whose per-instance consumer
 		// this dispatcher runs beside the application's, envelopes only.
-		if tail, err = live.New(live.Config{Store: store, Name: consoleTailName, Authorize: console.TailTenant, Logger: log}); err != nil {
+		if tail, err = live.New(live.Config{Store: store, Name: consoleTailName, Authorize: console.TailTenant, Logger: log,
+			AllowedHosts: hosts}); err != nil {
 			return fmt.Errorf("console live tail: %w", err)
 		}
 		defer tail.Close()
 		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
-			Projections: async, Sagas: sagas.names, Tail: tail, Logger: log})
+			Projections: async, Sagas: sagas.names, Tail: tail, Logger: log, AllowedHosts: hosts})
 		if err != nil {
-			return usageError{fmt.Errorf("console: %w (set $%s to %d or more characters, or unset it for a read-only console)", err, console.EnvToken, console.MinTokenLength)}
+			// err starts "console: invalid configuration": say it once.
+			return usageError{fmt.Errorf("%w; $%s holds the token", err, console.EnvToken)}
 		}
 		ui = c
 		async = append(async, tail.Projection())
@@ -223,6 +238,25 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	}
 	fmt.Fprintf(a.out, "%s run: stopped\n", a.cfg.Name)
 	return nil
+}
+
+// consoleHosts is the console's AllowedHosts: --console-allowed-hosts and
+// the host of --http-addr when it is a name (addresses and localhost
+// names are accepted anyway).
+func consoleHosts(cfg runConfig) ([]string, error) {
+	if _, err := hostcheck.New(cfg.ConsoleAllowedHosts); err != nil {
+		return nil, usageError{fmt.Errorf("--console-allowed-hosts: %w", err)}
+	}
+	hosts := slices.Clone(cfg.ConsoleAllowedHosts)
+	if host, _, err := net.SplitHostPort(cfg.HTTPAddr); err == nil && host != "" {
+		if _, err := netip.ParseAddr(host); err != nil {
+			hosts = append(hosts, host)
+		}
+	}
+	if _, err := hostcheck.New(hosts); err != nil {
+		return nil, usageError{fmt.Errorf("--http-addr: %w", err)}
+	}
+	return hosts, nil
 }
 
 // routes serves the metrics and probes, and the console at /console/ (with

@@ -21,7 +21,10 @@
 // from the login form (HttpOnly, SameSite=Strict, signed with the token) or
 // an "Authorization: Bearer" header, POST only, a CSRF token for cookie
 // sessions and a same-origin check, and every action is logged with
-// log/slog (who, what, result). Event payloads and saga states are never
+// log/slog (who, what, result). Every route answers only a Host header
+// that is an IP address, a localhost name or one of [Config.AllowedHosts]
+// (421 otherwise), so that no web page can read the console through DNS
+// rebinding. Event payloads and saga states are never
 // shown unless [Config.ShowPayloads], and then only on the single
 // dead-letter and saga instance views.
 package console
@@ -43,6 +46,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/hostcheck"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -124,6 +129,15 @@ type Config struct {
 	// DefaultListLimit, at most MaxListLimit.
 	DeadLetterLimit int
 	SagaLimit       int
+	// AllowedHosts are the names, besides localhost names and IP
+	// addresses, that the console answers to in a request's Host header:
+	// the names it is reached by behind a proxy ("console.example.com",
+	// "*.example.com" for the names under example.com, "*" for any). Any
+	// other Host is answered 421 Misdirected Request on every route, the
+	// live tail included, so that a web page whose name its attacker points
+	// at the console's address (DNS rebinding) cannot read it. No scheme,
+	// no port; an entry that could never match is [ErrInvalidConfig].
+	AllowedHosts []string
 }
 
 // Console is the console's http.Handler. Mount it at any path with
@@ -135,6 +149,7 @@ type Console struct {
 	pages   *template.Template
 	csrfKey []byte
 	cop     *http.CrossOriginProtection
+	hosts   *hostcheck.Checker
 	rates   rateTracker
 	cache   stateCache
 	// tailTypes is the JSON array of the registry's event types.
@@ -180,12 +195,16 @@ func New(cfg Config) (*Console, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
+	hosts, err := hostcheck.New(cfg.AllowedHosts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: AllowedHosts: %w", ErrInvalidConfig, err)
+	}
 	pages, err := template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("console: parse templates: %w", err)
 	}
 	c := &Console{cfg: cfg, log: cmp.Or(cfg.Logger, slog.Default()), pages: pages, cop: http.NewCrossOriginProtection(),
-		rebuildable: map[string]bool{}}
+		hosts: hosts, rebuildable: map[string]bool{}}
 	for _, p := range cfg.Projections {
 		if p == nil {
 			return nil, fmt.Errorf("%w: a nil projection", ErrInvalidConfig)
@@ -238,8 +257,17 @@ func New(cfg Config) (*Console, error) {
 }
 
 // ServeHTTP serves the console, with headers that keep its pages out of
-// frames and other origins' scripts.
+// frames and other origins' scripts. A request naming a host the console
+// does not answer to ([Config.AllowedHosts]) is refused before any route,
+// the live tail's included, sees it.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !c.hosts.Allowed(r) {
+		c.log.Warn("console: request refused", slog.String("remote", remote(r)), slog.String("method", r.Method),
+			slog.String("path", projector.Printable(r.URL.Path)), slog.String("host", projector.Printable(r.Host)),
+			slog.Int("status", http.StatusMisdirectedRequest), slog.String("why", "Host is not this console's (DNS rebinding?)"))
+		hostcheck.Refuse(w, "console")
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")

@@ -17,7 +17,11 @@
 //
 // Each client has a bounded buffer ([Config.BufferSize]); a client that
 // falls further behind is sent `event: dropped` and disconnected, and loses
-// nothing when it reconnects with its Last-Event-ID. See the "Live feed"
+// nothing when it reconnects with its Last-Event-ID.
+//
+// A request whose Host header is neither an IP address, a localhost name
+// nor one of [Config.AllowedHosts] is answered 421 before the Authorizer is
+// asked: set AllowedHosts to the names browsers reach the feed by. See the "Live feed"
 // section of docs/projections.md.
 package live
 
@@ -30,6 +34,7 @@ import (
 	"time"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/hostcheck"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -119,6 +124,15 @@ type Config struct {
 	WriteTimeout time.Duration
 	// Logger receives the feed's log lines; default slog.Default().
 	Logger *slog.Logger
+	// AllowedHosts are the names, besides localhost names and IP
+	// addresses, that the feed answers to in a request's Host header: the
+	// names browsers reach it by ("app.example.com", "*.example.com" for
+	// the names under example.com, "*" for any). Any other Host is answered
+	// 421 Misdirected Request before Authorize is asked, so that a web page
+	// whose name its attacker points at the feed's address (DNS rebinding)
+	// cannot read it. No scheme, no port; an entry that could never match
+	// is [ErrInvalidConfig].
+	AllowedHosts []string
 }
 
 // Feed is the live feed: an [http.Handler] and the per-instance consumer
@@ -132,6 +146,7 @@ type Feed struct {
 	proj   *projection.Async
 	hub    *hub
 	logger *slog.Logger
+	hosts  *hostcheck.Checker
 }
 
 // New validates cfg and returns a feed. Its consumer does nothing until
@@ -155,6 +170,10 @@ func New(cfg Config) (*Feed, error) {
 	case cfg.WriteTimeout < MinWriteTimeout || cfg.WriteTimeout > MaxWriteTimeout:
 		return nil, fmt.Errorf("%w: WriteTimeout %v outside %v..%v", ErrInvalidConfig, cfg.WriteTimeout, MinWriteTimeout, MaxWriteTimeout)
 	}
+	hosts, err := hostcheck.New(cfg.AllowedHosts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: AllowedHosts: %w", ErrInvalidConfig, err)
+	}
 	reg := cfg.Store.Registry()
 	types := cfg.EventTypes
 	if len(types) == 0 {
@@ -175,7 +194,7 @@ func New(cfg Config) (*Feed, error) {
 		served[t] = true
 		names = append(names, typeName(t))
 	}
-	f := &Feed{cfg: cfg, served: served, types: append([]string(nil), types...), logger: cmp.Or(cfg.Logger, slog.Default())}
+	f := &Feed{cfg: cfg, served: served, types: append([]string(nil), types...), logger: cmp.Or(cfg.Logger, slog.Default()), hosts: hosts}
 	f.hub = newHub(f)
 	f.proj = projection.NewAsync(cfg.Name, projection.AsyncConfig{
 		Delivery:    projection.PerInstance,

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/hostcheck"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -33,13 +34,20 @@ const TypesParam = "types"
 const pruneMargin = time.Minute
 
 // ServeHTTP streams the authorised tenant's events. Answers before the
-// stream starts: 405 for anything but GET, 401/403 from the [Authorizer]
+// stream starts: 421 for a Host header that names no host the feed answers
+// to ([Config.AllowedHosts]), 405 for anything but GET, 401/403 from the [Authorizer]
 // (403 without one), 400 for an unknown or malformed `types` or a malformed
 // Last-Event-ID, 500 when the log cannot be read, 503 once the feed is
 // closed. Inside the stream: `event: reset` when the Last-Event-ID cannot be
 // resumed exactly (see the package documentation), `event: dropped` before
 // a slow client is disconnected.
 func (f *Feed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !f.hosts.Allowed(r) {
+		f.logger.WarnContext(r.Context(), "live feed: request refused: Host is not this feed's (DNS rebinding?)",
+			slog.String("host", projector.Printable(r.Host)), slog.String("remote", r.RemoteAddr))
+		hostcheck.Refuse(w, "live feed")
+		return
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		http.Error(w, "live feed: use GET", http.StatusMethodNotAllowed)

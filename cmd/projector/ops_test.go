@@ -73,11 +73,11 @@ func (o *opsEnv) append(stream projector.StreamRef, payloads ...any) {
 	}
 }
 
-// startRun starts `projector run` and returns the process and the address
-// it serves HTTP on.
-func (o *opsEnv) startRun() (*exec.Cmd, string, *strings.Builder) {
+// startRun starts `projector run` (with extra flags) and returns the
+// process and the address it serves HTTP on.
+func (o *opsEnv) startRun(extra ...string) (*exec.Cmd, string, *strings.Builder) {
 	o.t.Helper()
-	cmd := exec.Command(binary, "run", "--http-addr", "127.0.0.1:0", "--instance-id", "test-1")
+	cmd := exec.Command(binary, append([]string{"run", "--http-addr", "127.0.0.1:0", "--instance-id", "test-1"}, extra...)...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, o.env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
