@@ -20,12 +20,12 @@ import (
 	meili "github.com/meilisearch/meilisearch-go"
 
 	"github.com/projectorhq/projector"
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/meilisearch"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 	"github.com/projectorhq/projector/stores/pgsearch"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -266,7 +266,7 @@ func BenchmarkSearchIndexing(b *testing.B) {
 	b.Run(fmt.Sprintf("meilisearch-fake/events=%d", n), func(b *testing.B) {
 		var raw, proj time.Duration
 		for i := 0; b.Loop(); i++ {
-			fake := meilitest.New(b)
+			fake := meilisearchtest.New(b)
 			client := meili.New(fake.URL(), meili.DisableRetries())
 			ms, err := meilisearch.New(meilisearch.Config{URL: fake.URL(), PollInterval: time.Millisecond})
 			if err != nil {

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/projectorhq/projector/cli"
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/search"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 	"github.com/projectorhq/projector/stores/pgsearch"
 )
 
@@ -87,7 +87,7 @@ func TestCLISearchVerify(t *testing.T) {
 func TestCLISearchReindex(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	b := meiliBackend(e, fake.URL(), "")
 	p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{})
 	pg, err := pgsearch.New(e.store, pgsearch.Config{})

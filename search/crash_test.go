@@ -13,12 +13,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/meilisearch"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 	"github.com/projectorhq/projector/stores/pgsearch"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -106,7 +106,7 @@ func TestPromise13_SIGKILLedIndexerConverges(t *testing.T) {
 				b, err = pgsearch.New(e.store, pgsearch.Config{})
 				must(t, err)
 			} else {
-				meiliURL = meilitest.New(t).URL()
+				meiliURL = meilisearchtest.New(t).URL()
 				b = meiliBackend(e, meiliURL, "")
 			}
 			e.ticketProjection("ticket_search", b, projection.AsyncConfig{}) // creates the index

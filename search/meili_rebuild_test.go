@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/search"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 )
 
 // searchLoop searches tenant's documents in b until stop is closed and
@@ -55,7 +55,7 @@ func searchLoop(t *testing.T, b search.Backend, tenant string, stop <-chan struc
 func TestPromise13_MeiliBlueGreenRebuildKeepsAnswering(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	b := meiliBackend(e, fake.URL(), "")
 	v1 := e.ticketProjection("ticket_search", b, projection.AsyncConfig{Version: 1})
 	rng := rand.New(rand.NewPCG(1332, uint64(time.Now().UnixNano())))
@@ -124,7 +124,7 @@ func TestPromise13_MeiliBlueGreenRebuildKeepsAnswering(t *testing.T) {
 func TestPromise13_MeiliRebuildSIGKILLBetweenCommitAndSwap(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	b := meiliBackend(e, fake.URL(), "")
 	v1 := e.ticketProjection("ticket_search", b, projection.AsyncConfig{Version: 1})
 	e.catchUp(e.dispatcher(v1))

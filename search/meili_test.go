@@ -13,11 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/meilisearch"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 )
 
 // quickRetries retries a failing batch within milliseconds, so outage
@@ -33,7 +33,7 @@ func TestMeiliFailedTask(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			fake := meilitest.New(t)
+			fake := meilisearchtest.New(t)
 			b := meiliBackend(e, fake.URL(), "")
 			fake.FailDocuments(func(doc map[string]json.RawMessage) bool { return string(doc["title"]) == `"poison"` }, "invalid_document_fields")
 			p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{ErrorMode: mode, MaxAttempts: 2, RetryBackoff: 5 * time.Millisecond})
@@ -96,7 +96,7 @@ func (c *countingBackend) Documents(ctx context.Context, idx search.Index) ([]se
 func TestMeiliBatchesRequests(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	b := &countingBackend{Backend: meiliBackend(e, fake.URL(), "")}
 	p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{BatchSize: 1000})
 	m := model{}
@@ -134,7 +134,7 @@ func TestMeiliBatchesRequests(t *testing.T) {
 func TestMeiliEnsureUnreachable(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	fake.Down()
 	b := meiliBackend(e, fake.URL(), "")
 	p := search.New("ticket_search", search.Config{Index: ticketIndex, Backend: b})
@@ -151,7 +151,7 @@ func TestMeiliEnsureUnreachable(t *testing.T) {
 func TestPromise13_MeiliOutageLosesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	b := meiliBackend(e, fake.URL(), "")
 	p := e.ticketProjection("ticket_search", b, quickRetries)
 	d := e.dispatcher(p)

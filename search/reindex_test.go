@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 	"github.com/projectorhq/projector/stores/pgsearch"
 )
 
@@ -31,7 +31,7 @@ import (
 func TestPromise13_MeiliReindexKeepsAnswering(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	b := meiliBackend(e, fake.URL(), "")
 	p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{BatchSize: 50})
 	d := e.dispatcher(p)
@@ -126,7 +126,7 @@ func TestReindexRefusals(t *testing.T) {
 	if _, err := search.Reindex(e.ctx, e.store, p, 0); !errors.Is(err, search.ErrNotReindexable) {
 		t.Fatalf("reindex on pgsearch: %v, want ErrNotReindexable", err)
 	}
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	mp := e.ticketProjection("ticket_search_meili", meiliBackend(e, fake.URL(), ""), projection.AsyncConfig{})
 	e.append("acme", "T-1", testevents.TicketOpened{Title: "x"})
 	e.catchUp(e.dispatcher(mp))

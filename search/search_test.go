@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/meilisearch"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 	"github.com/projectorhq/projector/stores/pgsearch"
 )
 
@@ -35,12 +35,12 @@ func backends() []backendCase {
 			return b
 		}},
 		{"meilisearch-fake", func(e *env) search.Backend {
-			return meiliBackend(e, meilitest.New(e.t).URL(), "")
+			return meiliBackend(e, meilisearchtest.New(e.t).URL(), "")
 		}},
 		{"meilisearch-real", func(e *env) search.Backend {
 			url := os.Getenv("MEILISEARCH_URL")
 			if url == "" {
-				e.t.Skip("MEILISEARCH_URL is not set: the real-server variant is skipped (the same test ran against internal/meilitest)")
+				e.t.Skip("MEILISEARCH_URL is not set: the real-server variant is skipped (the same test ran against meilisearchtest)")
 			}
 			return meiliBackend(e, url, os.Getenv("MEILISEARCH_API_KEY"))
 		}},

@@ -9,10 +9,10 @@ import (
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/examples/helpdesk"
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 	"github.com/projectorhq/projector/stores/pgsearch"
 )
 
@@ -132,7 +132,7 @@ func TestTicketSearch(t *testing.T) {
 // the in-process fake) the demo builds the ticket index on both backends,
 // says which is which, and both verify clean against the log.
 func TestRunDemoSearchesOnMeilisearchToo(t *testing.T) {
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	t.Setenv("MEILISEARCH_URL", fake.URL())
 	var out bytes.Buffer
 	err := helpdesk.RunDemo(context.Background(), pgtest.Pool(t), &out, helpdesk.DemoConfig{Schema: demoSchema(t), Users: 2, Actions: 40})

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projectorhq/projector/internal/meilitest"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/meilisearch"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 )
 
 var swapIndex = search.Index{Name: "docs", Searchable: []string{"title"}}
@@ -49,7 +49,7 @@ func titles(t *testing.T, b *meilisearch.Backend) []string {
 func TestSwapRebuildNeverSwapsBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	fake := meilitest.New(t)
+	fake := meilisearchtest.New(t)
 	b, err := meilisearch.New(meilisearch.Config{URL: fake.URL(), PollInterval: 2 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -1,21 +1,21 @@
-package meilitest_test
+package meilisearchtest_test
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
-	"github.com/projectorhq/projector/internal/meilitest"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) } // the Example needs a database; Main checks for leaks too
 
 func call(t *testing.T, client *http.Client, method, url string, body any) (int, map[string]any, error) {
 	t.Helper()
@@ -68,7 +68,7 @@ func waitTask(t *testing.T, client *http.Client, base string, uid any) map[strin
 // index is a 404 with code index_not_found; documents replace or merge;
 // 503 and refused connections happen on demand and end on demand.
 func TestDocumentedShapes(t *testing.T) {
-	s := meilitest.New(t)
+	s := meilisearchtest.New(t)
 	client := &http.Client{Timeout: 5 * time.Second}
 	base := s.URL()
 
@@ -125,4 +125,83 @@ func TestDocumentedShapes(t *testing.T) {
 		t.Fatalf("up again: %d %v", code, err)
 	}
 	client.CloseIdleConnections()
+}
+
+// TestConfigFake: without MEILISEARCH_URL, Config starts a fake for the
+// test, with a prefix of the test's own.
+func TestConfigFake(t *testing.T) {
+	t.Setenv(meilisearchtest.EnvURL, "")
+	cfg, fake := meilisearchtest.Config(t)
+	if fake == nil || cfg.URL != fake.URL() || cfg.IndexPrefix == "" {
+		t.Fatalf("Config without %s: %+v, fake %v", meilisearchtest.EnvURL, cfg, fake)
+	}
+	other, _ := meilisearchtest.Config(t)
+	if other.IndexPrefix == cfg.IndexPrefix {
+		t.Errorf("two Configs share the prefix %s", cfg.IndexPrefix)
+	}
+}
+
+// TestConfigRealServerCleansUp: with MEILISEARCH_URL set, Config points at
+// that server (here a fake standing in for it) and deletes the indexes
+// under the test's prefix when the test ends, and no other index.
+func TestConfigRealServerCleansUp(t *testing.T) {
+	server := meilisearchtest.New(t)
+	t.Setenv(meilisearchtest.EnvURL, server.URL())
+	t.Setenv(meilisearchtest.EnvAPIKey, "a-key")
+	client := &http.Client{Timeout: 10 * time.Second}
+	create := func(uid string) {
+		t.Helper()
+		code, out, err := call(t, client, http.MethodPost, server.URL()+"/indexes", map[string]string{"uid": uid, "primaryKey": "id"})
+		if err != nil || code != http.StatusAccepted {
+			t.Fatalf("create %s: %d %v", uid, code, err)
+		}
+		if task := waitTask(t, client, server.URL(), out["taskUid"]); task["status"] != "succeeded" {
+			t.Fatalf("create %s: %v", uid, task)
+		}
+	}
+	create("someone_elses")
+	var prefix string
+	t.Run("inner", func(t *testing.T) {
+		cfg, fake := meilisearchtest.Config(t)
+		if fake != nil || cfg.URL != server.URL() || cfg.APIKey != "a-key" {
+			t.Fatalf("Config with %s: %+v, fake %v", meilisearchtest.EnvURL, cfg, fake)
+		}
+		prefix = cfg.IndexPrefix
+		for i := range 3 {
+			create(fmt.Sprintf("%sidx%d", prefix, i))
+		}
+	})
+	for i := range 3 {
+		if ok, _ := server.Index(fmt.Sprintf("%sidx%d", prefix, i)); ok {
+			t.Errorf("index %sidx%d outlived its test", prefix, i)
+		}
+	}
+	if ok, _ := server.Index("someone_elses"); !ok {
+		t.Error("an index outside the test's prefix was deleted")
+	}
+}
+
+// TestListIndexes: GET /indexes pages the indexes by uid, as documented.
+func TestListIndexes(t *testing.T) {
+	t.Parallel()
+	s := meilisearchtest.New(t)
+	client := &http.Client{Timeout: 10 * time.Second}
+	for _, uid := range []string{"b", "a", "c"} {
+		_, out, err := call(t, client, http.MethodPost, s.URL()+"/indexes", map[string]string{"uid": uid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitTask(t, client, s.URL(), out["taskUid"])
+	}
+	code, out, err := call(t, client, http.MethodGet, s.URL()+"/indexes?offset=1&limit=1", nil)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("list: %d %v", code, err)
+	}
+	res, _ := out["results"].([]any)
+	if out["total"] != float64(3) || len(res) != 1 || res[0].(map[string]any)["uid"] != "b" {
+		t.Errorf("GET /indexes?offset=1&limit=1: %v", out)
+	}
+	if code, _, _ := call(t, client, http.MethodGet, s.URL()+"/indexes?limit=-1", nil); code != http.StatusBadRequest {
+		t.Errorf("limit=-1: %d, want 400", code)
+	}
 }
