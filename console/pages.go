@@ -22,7 +22,12 @@ import (
 type pageData struct {
 	Title string
 	// Base is the path the console is mounted at ("" at the root).
-	Base     string
+	Base string
+	// Schema is the store's schema, named in every page's header.
+	Schema string
+	// Live: the page updates itself every second (the dashboard), and its
+	// header says whether it still does.
+	Live     bool
 	ReadOnly bool
 	Operator string
 	CSRF     string
@@ -63,7 +68,7 @@ type pageData struct {
 // page is the data every page starts from.
 func (c *Console) page(r *http.Request, title string, st *State) pageData {
 	o := c.who(r)
-	d := pageData{Title: title, Base: base(r), ReadOnly: c.ReadOnly(), Operator: o.name, CSRF: c.csrfToken(o),
+	d := pageData{Title: title, Base: base(r), Schema: c.cfg.Store.Schema(), ReadOnly: c.ReadOnly(), Operator: o.name, CSRF: c.csrfToken(o),
 		Tail: c.cfg.Tail != nil, TailTypes: c.tailTypes, ShowPayloads: c.cfg.ShowPayloads, State: st, rebuildable: c.rebuildable}
 	if o.bearer {
 		d.Operator = ""
@@ -106,6 +111,7 @@ func (c *Console) reply(w http.ResponseWriter, r *http.Request, code int, msg st
 func (c *Console) dashboard(w http.ResponseWriter, r *http.Request) {
 	st, err := c.read(r.Context())
 	d := c.page(r, "Projector console", &st)
+	d.Live = true
 	if err != nil {
 		c.log.Error("console: read", slog.Any("error", err))
 		d.Err = err.Error()

@@ -42,11 +42,17 @@ type Shard struct {
 	rebuilding bool
 }
 
-// SagaView is one saga's most recently updated instances, without their
-// state (which may carry personal data, like a payload).
+// SagaView is one saga's counts and its failed and active instances (the
+// most recently updated, failed and overdue first), without their state
+// (which may carry personal data, like a payload). Completed instances are
+// counted, not listed.
 type SagaView struct {
-	Name      string              `json:"name"`
-	Failed    int64               `json:"failed"`
+	Name      string `json:"name"`
+	Failed    int64  `json:"failed"`
+	Active    int64  `json:"active"`
+	Completed int64  `json:"completed"`
+	// Overdue counts the saga's timeouts already due and not fired.
+	Overdue   int64               `json:"overdue_timeouts"`
 	Instances []saga.InstanceInfo `json:"instances"`
 }
 
@@ -153,15 +159,41 @@ func (c *Console) readNow(ctx context.Context) (State, error) {
 			names = append(names, n)
 		}
 	}
+	if len(names) == 0 {
+		return st, nil
+	}
+	sums, err := saga.Summaries(ctx, store, names...)
+	if err != nil {
+		return st, fmt.Errorf("console: %w", err)
+	}
+	byName := map[string]saga.Summary{}
+	for _, sum := range sums {
+		byName[sum.Saga] = sum
+	}
 	for _, n := range names {
-		v := SagaView{Name: n, Failed: failed[n]}
-		ins, err := saga.List(ctx, store, saga.ListQuery{Saga: n, Limit: c.cfg.SagaLimit})
+		sum := byName[n]
+		v := SagaView{Name: n, Failed: sum.Failed, Active: sum.Active, Completed: sum.Completed, Overdue: sum.OverdueTimeouts}
+		// Only what may need an operator: failed instances, and active
+		// ones (overdue among them). Completed ones are a link away, not
+		// a list that pushes the live tail off the screen.
+		ins, err := saga.List(ctx, store, saga.ListQuery{Saga: n, Statuses: []saga.Status{saga.Active, saga.Failed}, Limit: c.cfg.SagaLimit})
 		if err != nil {
 			return st, fmt.Errorf("console: %w", err)
 		}
 		for i := range ins {
 			ins[i].State = nil // a saga's state may carry personal data, like a payload
 		}
+		// Failed first, then overdue, then the rest, each newest first.
+		rank := func(in saga.InstanceInfo) int {
+			switch {
+			case in.Status == saga.Failed:
+				return 0
+			case !in.NextTimeoutAt.IsZero() && !in.NextTimeoutAt.After(st.ReadAt):
+				return 1
+			}
+			return 2
+		}
+		slices.SortStableFunc(ins, func(a, b saga.InstanceInfo) int { return rank(a) - rank(b) })
 		v.Instances = ins
 		st.Sagas = append(st.Sagas, v)
 	}
@@ -179,29 +211,48 @@ func cursorText(p projector.Position) string {
 
 // Tile is one count of the summary line at the top of the dashboard.
 type Tile struct {
+	// State colours the tile: a shard state, or StateNone for a count of
+	// nothing, which is never coloured as an alarm.
 	State string
 	Label string
 	N     int
 }
 
+// StateNone is the display state of a tile that counts nothing.
+const StateNone = "none"
+
 // Tiles counts the shards by display state, the open dead letters and the
-// rebuilds in progress: the state of the system at a glance.
+// rebuilds in progress: the state of the system at a glance. A tile that
+// counts nothing is grey, whatever it counts ("0 dead" is good news). A
+// rebuild is one tile, "rebuilds", however many shards it runs on (the
+// live one and its shadow): their rows say "rebuilding".
 func (s State) Tiles() []Tile {
 	by := map[string]int{}
 	for _, sh := range s.Shards {
 		by[sh.State]++
 	}
+	tile := func(state, label string, n int) Tile {
+		if n == 0 {
+			state = StateNone
+		}
+		return Tile{State: state, Label: label, N: n}
+	}
 	var out []Tile
-	for _, st := range []string{StateDead, StateFailing, StateProcessing, StateRebuilding, StateIdle, StateDisabled} {
+	for _, st := range []string{StateDead, StateFailing, StateProcessing, StateIdle, StateDisabled} {
 		if by[st] > 0 || st == StateDead || st == StateIdle {
-			out = append(out, Tile{State: st, Label: st, N: by[st]})
+			out = append(out, tile(st, st, by[st]))
 		}
 	}
-	dl := Tile{State: "idle", Label: "open dead letters", N: len(s.DeadLetters)}
-	if dl.N > 0 {
-		dl.State = StateDead
+	return append(out, tile(StateDead, plural(len(s.DeadLetters), "open dead letter"), len(s.DeadLetters)),
+		tile(StateRebuilding, plural(len(s.Rebuilds), "rebuild"), len(s.Rebuilds)))
+}
+
+// plural is label for one, label+"s" for any other count.
+func plural(n int, label string) string {
+	if n == 1 {
+		return label
 	}
-	return append(out, dl, Tile{State: StateRebuilding, Label: "rebuilds", N: len(s.Rebuilds)})
+	return label + "s"
 }
 
 // actionView is one action button of a shard row.

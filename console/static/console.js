@@ -72,6 +72,9 @@
     var types = [];
     try { types = JSON.parse(tail.dataset.types || "[]") || []; } catch (_) { types = []; }
     var es = null, max = 200;
+    // The badge says "live" only once the feed answered: a new connection
+    // (first, or for another tenant) is "connecting" until then.
+    var setState = function (s) { state.textContent = s; state.dataset.state = s; };
     var add = function (cls, parts) {
       var li = document.createElement("li");
       if (cls) li.className = cls;
@@ -94,12 +97,12 @@
     };
     var open = function () {
       if (es) es.close();
+      setState("connecting");
       tail.textContent = "";
       var url = tail.dataset.src;
       var tenant = tenantBox && tenantBox.value.trim();
       if (tenant) url += "?tenant=" + encodeURIComponent(tenant);
       es = new EventSource(url);
-      var setState = function (s) { state.textContent = s; state.dataset.state = s; };
       es.onopen = function () { setState("live"); };
       es.onerror = function () { setState(es.readyState === EventSource.CLOSED ? "closed" : "reconnecting"); };
       es.onmessage = onEvent;
