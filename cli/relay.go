@@ -117,16 +117,17 @@ func (a *App) writeOpenDeadLetters(open []jetstream.OpenDeadLetters) error {
 	return nil
 }
 
-// connectJetStream connects to the NATS server at url for one command.
+// connectJetStream connects to the NATS server at url for one command;
+// its errors never show the URL's credentials (ConnectNATS).
 func connectJetStream(url string) (natsjs.JetStream, func(), error) {
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	nc, err := ConnectNATS(url, nats.Timeout(5*time.Second))
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
+		return nil, nil, err
 	}
 	js, err := natsjs.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("connect to JetStream: %w", err)
+		return nil, nil, fmt.Errorf("connect to JetStream at %s: %w", RedactNATSURL(url), scrubNATSError(err, url))
 	}
 	return js, nc.Close, nil
 }
