@@ -59,7 +59,7 @@ func demoRelay(ctx context.Context, store *postgres.Store, out io.Writer) error 
 		return err
 	}
 	fmt.Fprintf(out, "\n== Relay to NATS JetStream (`projector relay status`)\nstream %s on %s: %d messages, %d bytes, duplicate window %v; relay lag %d events\n",
-		stream, cli.RedactNATSURL(url), st.Messages, st.Bytes, st.DuplicateWindow, st.Relay.LagEvents)
+		stream, cli.RedactNATSURL(url), st.Messages, st.Bytes, st.DuplicateWindow, relayLag(st))
 
 	var tickets uint64
 	if s, err := js.Stream(ctx, stream); err == nil {
@@ -101,4 +101,13 @@ func demoRelay(ctx context.Context, store *postgres.Store, out io.Writer) error 
 		case <-time.After(100 * time.Millisecond): // poll the feed's table
 		}
 	}
+}
+
+// relayLag is the relay's lag in events, 0 when its shard is not in the
+// schema read.
+func relayLag(st jetstream.Status) int64 {
+	if st.Relay == nil {
+		return 0
+	}
+	return st.Relay.LagEvents
 }
