@@ -489,7 +489,7 @@ func TestRelayStatusShowsOpenDeadLetters(t *testing.T) {
 			t.Fatalf("relay status lacks %s:\n%s", want, text)
 		}
 	}
-	if regexp.MustCompile(sc+` +billing-2`).FindStringIndex(text)[0] > regexp.MustCompile(sc+` +feed`).FindStringIndex(text)[0] {
+	if regexp.MustCompile(sc + ` +billing-2`).FindStringIndex(text)[0] > regexp.MustCompile(sc + ` +feed`).FindStringIndex(text)[0] {
 		t.Fatalf("subscriptions not in name order:\n%s", text)
 	}
 }
