@@ -111,8 +111,8 @@ type Consumer struct {
 }
 
 type consumerSQL struct {
-	claim, stream, advance, hold, dead, countOpen string
-	fail, clearFailures                           string
+	claim, unclaim, stream, advance, hold, dead, countOpen string
+	fail, clearFailures                                    string
 }
 
 // NewConsumer returns a consumer; zero fields of cfg take their documented
@@ -145,7 +145,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), openDeadLetters: gauge, sql: consumerSQL{
 		// The claim: a second insert of the same key does nothing, and the
 		// handler does not run.
-		claim: `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		claim:   `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		unclaim: `DELETE FROM ` + claims + ` WHERE subscription = $1 AND event_id = $2`,
 		// Locks the stream's row, so two consumers of one subscription
 		// apply a stream's events one at a time.
 		stream: `SELECT last_version FROM ` + streams + ` WHERE subscription = $1 AND tenant_id = $2 AND stream_type = $3 AND stream_id = $4 FOR UPDATE`,
@@ -158,8 +159,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		// Widens the held range to take $5: held_version is the lowest
 		// version held, held_max the highest (LEAST and GREATEST skip
 		// NULLs), so the record names the gap however the redeliveries
-		// interleave. A hold whose gap closed meanwhile (its predecessor
-		// applied since it was read) records nothing.
+		// interleave. It runs under the row lock of the stream read; a hold
+		// whose gap is closed records nothing.
 		hold: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version, held_version, held_max, held_since) VALUES ($1, $2, $3, $4, 0, $5, $5, now())
 			ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE
 			SET held_version = LEAST(s.held_version, excluded.held_version),
@@ -216,7 +217,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (Outcome, erro
 	outcome, err := c.apply(ctx, ev, deliveries > 1)
 	switch {
 	case err == nil && outcome == Held:
-		return Held, c.hold(ctx, msg, ev)
+		return Held, c.hold(msg, ev)
 	case err == nil:
 		return outcome, msg.DoubleAck(ctx)
 	case errors.As(err, new(*handlerError)):
@@ -272,12 +273,25 @@ func (c *Consumer) apply(ctx context.Context, ev projector.Event, redelivered bo
 			outcome = Duplicate
 			return nil
 		}
-		if o, err := c.order(ctx, tx, ev); err != nil || o != Applied {
-			outcome = o
-			if err == nil {
-				err = errSettled
-			}
+		o, err := c.order(ctx, tx, ev)
+		outcome = o
+		switch {
+		case err != nil:
 			return err
+		case o == Held:
+			// Recorded under the stream's row lock that order took, so
+			// SkipTo, which takes it too, never misses a hold that is
+			// under way; the claim goes, for the event is not applied.
+			s := ev.Stream
+			if _, err := tx.Exec(ctx, c.sql.hold, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.Version); err != nil {
+				return fmt.Errorf("stream %s: record held version %d: %w", s, ev.Version, err)
+			}
+			if _, err := tx.Exec(ctx, c.sql.unclaim, c.cfg.Subscription, ev.ID); err != nil {
+				return fmt.Errorf("event %s: withdraw the claim of a held event: %w", ev.ID, err)
+			}
+			return nil
+		case o != Applied:
+			return errSettled
 		}
 		if redelivered {
 			if _, err := tx.Exec(ctx, c.sql.clearFailures, c.cfg.Subscription, ev.ID); err != nil {
@@ -332,13 +346,9 @@ func (c *Consumer) order(ctx context.Context, tx pgx.Tx, ev projector.Event) (Ou
 	return Applied, nil
 }
 
-// hold records the held event (visible in projector_jetstream_streams) and
-// naks the message with HoldDelay.
-func (c *Consumer) hold(ctx context.Context, msg jetstream.Msg, ev projector.Event) error {
-	s := ev.Stream
-	if _, err := c.cfg.Store.Pool().Exec(ctx, c.sql.hold, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.Version); err != nil {
-		return fmt.Errorf("stream %s: record held version %d: %w", s, ev.Version, err)
-	}
+// hold naks a held message with HoldDelay; apply recorded the hold
+// (visible in projector_jetstream_streams and [Gaps]).
+func (c *Consumer) hold(msg jetstream.Msg, ev projector.Event) error {
 	if err := msg.NakWithDelay(c.cfg.HoldDelay); err != nil {
 		return fmt.Errorf("nak held event %s: %w", ev.ID, err)
 	}
