@@ -467,7 +467,9 @@ func PurgeClaims(ctx context.Context, store *postgres.Store, r ClaimsRetention) 
 // be delivered again by a JetStream consumer whose AckWait is ackWait: each
 // of MaxDeliver deliveries may run until AckWait before it is redelivered,
 // plus the nak backoffs between them. The floor for a claims retention
-// ([ClaimsRetention.MaxRedelivery]).
+// ([ClaimsRetention.MaxRedelivery]). Holds behind a missing predecessor
+// do not count: they come before the event's claim exists, and a claim
+// only needs to outlive the deliveries that follow it.
 func (c *Consumer) MaxRedelivery(ackWait time.Duration) time.Duration {
 	d := time.Duration(c.cfg.MaxDeliver) * ackWait
 	for i := uint64(1); i < uint64(c.cfg.MaxDeliver); i++ {
