@@ -4,16 +4,20 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -41,9 +45,12 @@ func (a *App) relayStatusCmd() *cobra.Command {
 		Short: "Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the relay's lag, and the claims consumers' open dead letters",
 		Long: `Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the
 relay consumer's shard (status, cursor, lag, attempts, last error), then the open dead
-letters of the claims consumers whose tables are in this schema, per subscription
-("open_dead_letters" in -o json). A consumer service with a store of its own has its dead
-letters there: run relay dead-letters list against it. See docs/jetstream.md.`,
+letters of the claims consumers in every schema of the database, per schema and
+subscription ("open_dead_letters" in -o json). It works pointed at either side: in a
+claims consumer's schema, which has no relay, it shows the stream and the dead letters
+and says where the relay is not. A consumer service with a database of its own has its
+dead letters there: run relay status or relay dead-letters list against it. See
+docs/jetstream.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -51,6 +58,9 @@ letters there: run relay dead-letters list against it. See docs/jetstream.md.`,
 			}
 			if err := jetstream.ValidateStreamName(stream); err != nil {
 				return usageError{fmt.Errorf("--stream: %w", err)}
+			}
+			if consumer == "" || len(consumer) > 200 || !utf8.ValidString(consumer) || strings.ContainsRune(consumer, 0) {
+				return usageError{fmt.Errorf("--consumer %q: want the relay's consumer name (valid UTF-8, no NUL, up to 200 bytes)", projector.Printable(consumer))}
 			}
 			url := cmp.Or(natsURL, os.Getenv("NATS_URL"), nats.DefaultURL)
 			return a.withStore(cmd, func(store *postgres.Store) error {
@@ -62,6 +72,9 @@ letters there: run relay dead-letters list against it. See docs/jetstream.md.`,
 				ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 				defer cancel()
 				st, err := jetstream.RelayStatus(ctx, js, store, stream, consumer)
+				if errors.Is(err, natsjs.ErrStreamNotFound) {
+					return streamNotFound(ctx, js, stream, url)
+				}
 				if err != nil {
 					return err
 				}
@@ -70,23 +83,17 @@ letters there: run relay dead-letters list against it. See docs/jetstream.md.`,
 					enc.SetIndent("", "  ")
 					return enc.Encode(st)
 				}
-				r := st.Relay
-				_, err = fmt.Fprintf(a.out, `STREAM %s (%s, subjects %s)
+				if _, err := fmt.Fprintf(a.out, `STREAM %s (%s, subjects %s)
   messages          %d
   bytes             %d
   sequences         %d..%d
   last message      %s
   duplicate window  %v
-RELAY %s
-  status            %s (dispatcher %s)
-  cursor            %s
-  lag               %d events, oldest %.1fs
-  attempts          %d
-  last error        %s
-`, st.Stream, st.Storage, strings.Join(st.Subjects, ","), st.Messages, st.Bytes, st.FirstSeq, st.LastSeq,
-					st.LastTime.UTC().Format(time.RFC3339), st.DuplicateWindow, r.Consumer, r.Status, r.Dispatcher,
-					r.Cursor, r.LagEvents, r.LagSeconds, r.Attempts, cmp.Or(r.LastError, "-"))
-				if err != nil {
+`, st.Stream, st.Storage, projector.Printable(strings.Join(st.Subjects, ",")), st.Messages, st.Bytes, st.FirstSeq, st.LastSeq,
+					st.LastTime.UTC().Format(time.RFC3339), st.DuplicateWindow); err != nil {
+					return err
+				}
+				if err := a.writeRelayShard(st.Relay, consumer, store.Schema()); err != nil {
 					return err
 				}
 				return a.writeOpenDeadLetters(st.OpenDeadLetters)
@@ -100,33 +107,74 @@ RELAY %s
 	return cmd
 }
 
-// writeOpenDeadLetters ends the text of `relay status`: the claims
-// consumers' open dead letters per subscription, in this schema, and the
-// command that lists them; one line when there are none.
-func (a *App) writeOpenDeadLetters(open []jetstream.OpenDeadLetters) error {
-	if len(open) == 0 {
-		_, err := fmt.Fprintln(a.out, "CONSUMER DEAD LETTERS none open in this schema")
-		return err
-	}
-	fmt.Fprintf(a.out, "CONSUMER DEAD LETTERS open, per subscription (%s relay dead-letters list --subscription S)\n", a.cfg.Name)
-	for _, o := range open {
-		if _, err := fmt.Fprintf(a.out, "  %-17s %d\n", projector.Printable(o.Subscription), o.Open); err != nil {
-			return err
+// streamNotFound is the error of `relay status` for a stream the server
+// does not have: which flag names it, and the streams the server has, in
+// place of NATS's bare "stream not found" (a 404).
+func streamNotFound(ctx context.Context, js natsjs.JetStream, stream, url string) error {
+	var names []string
+	lister := js.StreamNames(ctx)
+	for name := range lister.Name() {
+		if len(names) == 20 {
+			names = append(names, "…")
+			break
 		}
+		names = append(names, projector.Printable(name))
 	}
-	return nil
+	have := "it has no streams"
+	if len(names) > 0 {
+		have = "its streams: " + strings.Join(names, ", ")
+	}
+	return &hiddenError{err: natsjs.ErrStreamNotFound, msg: fmt.Sprintf("no JetStream stream %q on NATS at %s: pass --stream with the relay's stream (RelayConfig.Stream, default %s); %s",
+		stream, RedactNATSURL(url), jetstream.DefaultStreamName, have)}
 }
 
-// connectJetStream connects to the NATS server at url for one command.
+// writeRelayShard prints the relay's shard for `relay status`, or where it
+// is not: the schema read may be a claims consumer's.
+func (a *App) writeRelayShard(r *projection.ShardState, consumer, schema string) error {
+	if r == nil {
+		_, err := fmt.Fprintf(a.out, "RELAY %s\n  not in schema %s (a claims consumer's schema?): pass the relaying application's --schema for the relay's lag\n",
+			projector.Printable(consumer), projector.Printable(schema))
+		return err
+	}
+	_, err := fmt.Fprintf(a.out, `RELAY %s
+  status            %s (dispatcher %s)
+  cursor            %s
+  lag               %d events, oldest %.1fs
+  attempts          %d
+  last error        %s
+`, projector.Printable(r.Consumer), r.Status, r.Dispatcher, cursor(r.Cursor), r.LagEvents, r.LagSeconds, r.Attempts,
+		cmp.Or(clip(oneLineText(projector.Printable(r.LastError)), 300), "-"))
+	return err
+}
+
+// writeOpenDeadLetters ends the text of `relay status`: the claims
+// consumers' open dead letters per schema and subscription, in the
+// database read, and the command that lists them; one line when there are
+// none.
+func (a *App) writeOpenDeadLetters(open []jetstream.OpenDeadLetters) error {
+	if len(open) == 0 {
+		_, err := fmt.Fprintln(a.out, "CONSUMER DEAD LETTERS none open in this database")
+		return err
+	}
+	fmt.Fprintf(a.out, "CONSUMER DEAD LETTERS open, per schema and subscription (%s relay dead-letters list --schema SCHEMA --subscription S)\n", a.cfg.Name)
+	w := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
+	for _, o := range open {
+		fmt.Fprintf(w, "  %s\t%s\t%d\n", projector.Printable(o.Schema), projector.Printable(o.Subscription), o.Open)
+	}
+	return w.Flush()
+}
+
+// connectJetStream connects to the NATS server at url for one command;
+// its errors never show the URL's credentials (ConnectNATS).
 func connectJetStream(url string) (natsjs.JetStream, func(), error) {
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	nc, err := ConnectNATS(url, nats.Timeout(5*time.Second))
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
+		return nil, nil, err
 	}
 	js, err := natsjs.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("connect to JetStream: %w", err)
+		return nil, nil, fmt.Errorf("connect to JetStream at %s: %w", RedactNATSURL(url), scrubNATSError(err, url))
 	}
 	return js, nc.Close, nil
 }

@@ -165,18 +165,23 @@ func (a *App) relayDLShowCmd() *cobra.Command {
 
 func (a *App) relayDLRetryCmd() *cobra.Command {
 	var subscription string
+	var all bool
 	cmd := &cobra.Command{
-		Use:   "retry ID... --subscription S",
+		Use:   "retry ID...|--all --subscription S",
 		Short: "Run the consumer's handler again for dead letters (only in a binary that wires its JetStream consumers)",
-		Long: `retry runs the subscription's handler for each open dead letter in a transaction that
-also marks it resolved: the effect and the status commit together, so the event is
-applied once. A retry that fails rolls the handler's writes back, keeps the dead letter
-open with the new error and the time of the retry, and is reported (exit 1); retrying a
-resolved or discarded one is refused (exit 3). It needs the handler, so it works in the
-consumer service's binary, which mounts this command tree with
-cli.Config.JetStreamConsumers.`,
-		Args: someIDs,
+		Long: `retry runs the subscription's handler for each open dead letter named, or with --all for
+every open dead letter of --subscription, in a transaction that also marks it resolved:
+the effect and the status commit together, so the event is applied once. A retry whose
+handler fails again rolls the handler's writes back, keeps the dead letter open with the
+new error and the time of the retry, and is reported as "retried, failed again" (exit 1);
+retrying a resolved or discarded one is refused (exit 3). One that cannot be retried does
+not stop the others. It needs the handler, so it works in the consumer service's binary,
+which mounts this command tree with cli.Config.JetStreamConsumers.`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return usageError{errors.New("name dead-letter ids, or --all for every open one of --subscription")}
+			}
 			ids, err := parseIDs(args)
 			if err != nil {
 				return err
@@ -196,6 +201,15 @@ cli.Config.JetStreamConsumers.`,
 				if i < 0 {
 					return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
 				}
+				if all {
+					if ids, err = openRelayDeadLetterIDs(cmd, store, subscription); err != nil {
+						return err
+					}
+					if len(ids) == 0 {
+						_, err := fmt.Fprintf(a.out, "no open dead letters of %s to retry\n", subscription)
+						return err
+					}
+				}
 				return a.eachDeadLetter(ids, "retried", "applied and resolved", func(id int64) error {
 					return consumers[i].RetryDeadLetter(cmd.Context(), id)
 				})
@@ -203,7 +217,29 @@ cli.Config.JetStreamConsumers.`,
 		},
 	}
 	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	cmd.Flags().BoolVar(&all, "all", false, "retry every open dead letter of --subscription")
 	return cmd
+}
+
+// openRelayDeadLetterIDs pages through every open dead letter of
+// subscription, taken before any is retried: one that fails again stays
+// open and is not tried twice.
+func openRelayDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, subscription string) ([]int64, error) {
+	f := jetstream.DeadLetterFilter{Subscription: subscription, Status: projection.DeadLetterOpen, Limit: 1000}
+	var ids []int64
+	for {
+		page, err := jetstream.ListDeadLettersMatching(cmd.Context(), store, f)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range page {
+			ids = append(ids, d.ID)
+		}
+		if len(page) < f.Limit {
+			return ids, nil
+		}
+		f.AfterID = page[len(page)-1].ID
+	}
 }
 
 func (a *App) relayDLDiscardCmd() *cobra.Command {
@@ -237,21 +273,50 @@ open any more).`,
 	return cmd
 }
 
-// eachDeadLetter runs do for every id, printing "dead letter N: <done>" or
-// "dead letter N: not <verb>: <error>" for each, and returns every failure:
-// one dead letter that cannot be handled does not stop the others.
+// eachDeadLetter runs do for every id, printing "dead letter N: <done>",
+// "dead letter N: retried, the handler failed again; still open: <error>"
+// or "dead letter N: not <verb>: <error>" for each, and returns every
+// failure: one dead letter that cannot be handled does not stop the others.
 func (a *App) eachDeadLetter(ids []int64, verb, done string, do func(int64) error) error {
-	var errs []error
+	var errs deadLetterErrors
 	for _, id := range ids {
-		if err := do(id); err != nil {
-			errs = append(errs, err)
-			fmt.Fprintf(a.out, "dead letter %d: not %s: %s\n", id, verb, oneLineText(err.Error()))
+		err := do(id)
+		var again *jetstream.RetryFailedError
+		switch {
+		case err == nil:
+			fmt.Fprintf(a.out, "dead letter %d: %s\n", id, done)
 			continue
+		case errors.As(err, &again):
+			fmt.Fprintf(a.out, "dead letter %d: retried, the handler failed again; still open: %s\n", id, clip(oneLineText(projector.Printable(again.Err.Error())), 500))
+		default:
+			fmt.Fprintf(a.out, "dead letter %d: not %s: %s\n", id, verb, clip(oneLineText(projector.Printable(err.Error())), 500))
 		}
-		fmt.Fprintf(a.out, "dead letter %d: %s\n", id, done)
+		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs
 }
+
+// deadLetterErrors are the failures of one command over several dead
+// letters: each is still there for errors.Is and errors.As (the exit
+// code), and the message separates them, where errors.Join's newline
+// would run them together on the one line the CLI prints.
+type deadLetterErrors []error
+
+func (e deadLetterErrors) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	if len(e) == 1 {
+		return msgs[0]
+	}
+	return fmt.Sprintf("%d dead letters failed: %s", len(e), strings.Join(msgs, "; "))
+}
+
+func (e deadLetterErrors) Unwrap() []error { return e }
 
 // oneID accepts exactly one argument, with the usage exit code.
 func oneID(_ *cobra.Command, args []string) error {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -449,8 +450,18 @@ func TestRelayStatusShowsOpenDeadLetters(t *testing.T) {
 		return text, st
 	}
 
+	// Other tests' schemas share the database: only this one's rows count.
+	mine := func(st jetstream.Status) []jetstream.OpenDeadLetters {
+		var out []jetstream.OpenDeadLetters
+		for _, o := range st.OpenDeadLetters {
+			if o.Schema == e.store.Schema() {
+				out = append(out, o)
+			}
+		}
+		return out
+	}
 	text, st := status()
-	if !strings.Contains(text, "CONSUMER DEAD LETTERS none open in this schema\n") || st.OpenDeadLetters == nil || len(st.OpenDeadLetters) != 0 {
+	if strings.Contains(text, "  "+e.store.Schema()+" ") || st.OpenDeadLetters == nil || len(mine(st)) != 0 {
 		t.Fatalf("with no dead letters: %+v\n%s", st.OpenDeadLetters, text)
 	}
 
@@ -464,16 +475,192 @@ func TestRelayStatusShowsOpenDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	text, st = status()
-	if want := []jetstream.OpenDeadLetters{{Subscription: "billing-2", Open: 1}, {Subscription: "feed", Open: 2}}; fmt.Sprint(st.OpenDeadLetters) != fmt.Sprint(want) {
+	sc := e.store.Schema()
+	if want := []jetstream.OpenDeadLetters{{Schema: sc, Subscription: "billing-2", Open: 1}, {Schema: sc, Subscription: "feed", Open: 2}}; fmt.Sprint(mine(st)) != fmt.Sprint(want) {
 		t.Fatalf("open dead letters %+v, want %+v", st.OpenDeadLetters, want)
 	}
-	for _, want := range []string{"RELAY jetstream_relay", "CONSUMER DEAD LETTERS open, per subscription (projector relay dead-letters list --subscription S)\n",
-		"\n  billing-2         1\n", "\n  feed              2\n"} {
+	for _, want := range []string{"RELAY jetstream_relay", "CONSUMER DEAD LETTERS open, per schema and subscription (projector relay dead-letters list --schema SCHEMA --subscription S)\n"} {
 		if !strings.Contains(text, want) {
 			t.Fatalf("relay status lacks %q:\n%s", want, text)
 		}
 	}
-	if strings.Index(text, "billing-2") > strings.Index(text, "  feed ") {
+	for _, want := range []string{`\n  ` + sc + ` +billing-2 +1\n`, `\n  ` + sc + ` +feed +2\n`} {
+		if !regexp.MustCompile(want).MatchString(text) {
+			t.Fatalf("relay status lacks %s:\n%s", want, text)
+		}
+	}
+	if regexp.MustCompile(sc + ` +billing-2`).FindStringIndex(text)[0] > regexp.MustCompile(sc + ` +feed`).FindStringIndex(text)[0] {
 		t.Fatalf("subscriptions not in name order:\n%s", text)
+	}
+}
+
+// relay status pointed at either side: in the relaying application's
+// schema it shows the relay's shard (its cursor as tx/max once caught up,
+// like every other command) and the open dead letters of a claims consumer
+// whose tables are in another schema of the database; in the consumer's
+// schema it shows the stream and those dead letters, and says the relay is
+// not there, instead of failing. A stream the server does not have is
+// named with the flag to pass and the streams it has, not NATS's bare 404.
+func TestRelayStatusEitherSide(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	consumerSide := pgtest.Store(t, e.types.Registry)
+	stream, url := natsStream(t, jetstream.DefaultDuplicateWindow)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	r, err := jetstream.NewRelay(jetstream.RelayConfig{Conn: nc, Registry: e.types.Registry, Stream: stream,
+		Prefix: strings.ToLower(stream), Storage: natsjs.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if _, err := r.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{r.Async()},
+		PollMax: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	e.deadLetter("x", "relay-side") // an event to relay (the dead letter is this schema's)
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Three open dead letters in the consumer's schema.
+	other := &relayEnv{t: t, ctx: e.ctx, types: e.types, store: consumerSide}
+	for i := range 3 {
+		other.deadLetter("billing", fmt.Sprintf("c%d", i))
+	}
+
+	run := func(schema string, args ...string) (string, int) {
+		t.Helper()
+		cfg := Config{Registry: e.types.Registry}
+		root := New(cfg)
+		var out, errOut bytes.Buffer
+		root.SetArgs(append(append([]string{"relay", "status", "--nats-url", url}, args...), "--database-url", pgtest.URL(t), "--schema", schema))
+		root.SetOut(&out)
+		root.SetErr(&errOut)
+		err := root.ExecuteContext(ctx)
+		if err != nil {
+			out.WriteString("error: " + err.Error() + "\n")
+		}
+		return out.String(), ExitCode(err)
+	}
+	out, code := run(e.store.Schema(), "--stream", stream)
+	if code != ExitOK {
+		t.Fatalf("relay side: exit %d:\n%s", code, out)
+	}
+	countLine := regexp.MustCompile(`\n  ` + consumerSide.Schema() + ` +billing +3\n`)
+	if !countLine.MatchString(out) {
+		t.Fatalf("relay side lacks the consumer schema's count:\n%s", out)
+	}
+	for _, want := range []string{"RELAY jetstream_relay", "/max\n"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("relay side lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "9223372036854775807") {
+		t.Fatalf("relay side prints the horizon cursor raw:\n%s", out)
+	}
+	out, code = run(consumerSide.Schema(), "--stream", stream)
+	if code != ExitOK {
+		t.Fatalf("consumer side: exit %d:\n%s", code, out)
+	}
+	if !countLine.MatchString(out) {
+		t.Fatalf("consumer side lacks its count:\n%s", out)
+	}
+	for _, want := range []string{"STREAM " + stream, "not in schema " + consumerSide.Schema()} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("consumer side lacks %q:\n%s", want, out)
+		}
+	}
+	out, code = run(consumerSide.Schema(), "--stream", stream, "-o", "json")
+	var st jetstream.Status
+	if err := json.Unmarshal([]byte(out), &st); code != ExitOK || err != nil || st.Relay != nil || st.Stream != stream {
+		t.Fatalf("consumer side -o json: exit %d, %v:\n%s", code, err, out)
+	}
+	missing := stream + "_GONE"
+	out, code = run(e.store.Schema(), "--stream", missing)
+	if code != ExitError || !strings.Contains(out, "pass --stream") || !strings.Contains(out, stream) || strings.Contains(out, "404") {
+		t.Fatalf("a stream the server lacks: exit %d, want %d with the flag and the streams named:\n%s", code, ExitError, out)
+	}
+}
+
+// relay dead-letters retry --all retries every open dead letter of the
+// subscription, and says of one whose handler failed again that it was
+// retried and failed (not that it was "not retried"); the failures of
+// several dead letters are separated in the error, not run together.
+func TestRelayDeadLettersRetryAll(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	effects := e.store.Table("cli_all_effects")
+	e.exec(`CREATE TABLE ` + effects + ` (event_id uuid NOT NULL)`)
+	var failing sync.Map
+	wired := Config{JetStreamConsumers: func(store *postgres.Store) ([]*jetstream.Consumer, error) {
+		c, err := jetstream.NewConsumer(jetstream.ConsumerConfig{Store: store, Subscription: "feed",
+			Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+				if _, bad := failing.Load(ev.ID); bad {
+					return errors.New("still broken")
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event_id) VALUES ($1)`, ev.ID)
+				return err
+			}})
+		return []*jetstream.Consumer{c}, err
+	}}
+	var ids []int64
+	for i := range 4 {
+		id, ev := e.deadLetter("feed", fmt.Sprintf("a%d", i))
+		ids = append(ids, id)
+		if i == 2 {
+			failing.Store(ev.ID, true)
+		}
+	}
+	e.deadLetter("other", "o1")
+	for _, bad := range [][]string{
+		{"retry", "--subscription", "feed"},
+		{"retry", "--all", fmt.Sprint(ids[0]), "--subscription", "feed"},
+		{"retry", "--all"},
+	} {
+		if out, code := e.run(wired, append([]string{"relay", "dead-letters"}, bad...)...); code != ExitUsage {
+			t.Fatalf("%q: exit %d, want %d:\n%s", bad, code, ExitUsage, out)
+		}
+	}
+	out, code := e.run(wired, "relay", "dead-letters", "retry", "--all", "--subscription", "feed")
+	if code != ExitError {
+		t.Fatalf("retry --all with one failing: exit %d, want %d:\n%s", code, ExitError, out)
+	}
+	if want := fmt.Sprintf("dead letter %d: retried, the handler failed again; still open: still broken\n", ids[2]); !strings.Contains(out, want) || strings.Contains(out, "not retried") {
+		t.Fatalf("retry --all lacks %q:\n%s", want, out)
+	}
+	if n := strings.Count(out, "applied and resolved"); n != 3 {
+		t.Fatalf("%d resolved, want 3:\n%s", n, out)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + effects); n != 3 {
+		t.Fatalf("%d effects, want 3", n)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_jetstream_dead_letters") + ` WHERE subscription = 'other' AND status = 'open'`); n != 1 {
+		t.Fatalf("another subscription's dead letter touched")
+	}
+	// Two refused at once: both named, separated.
+	out, code = e.run(wired, "relay", "dead-letters", "retry", fmt.Sprint(ids[0]), fmt.Sprint(ids[1]), "--subscription", "feed")
+	if code != ExitRefused {
+		t.Fatalf("two resolved ones: exit %d, want %d:\n%s", code, ExitRefused, out)
+	}
+	errLine := out[strings.LastIndex(out, "error: "):]
+	if !strings.Contains(errLine, fmt.Sprintf("2 dead letters failed: retry dead letter %d of feed: it is resolved already", ids[0])) ||
+		!strings.Contains(errLine, fmt.Sprintf("not open; retry dead letter %d of feed", ids[1])) {
+		t.Fatalf("the two errors are not separated:\n%s", errLine)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/projectorhq/projector/cli"
 	"github.com/projectorhq/projector/examples/ticketfeed"
 	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -26,9 +27,9 @@ import (
 // does not answer it says so and skips the relay.
 func demoRelay(ctx context.Context, store *postgres.Store, out io.Writer) error {
 	url := cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL)
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	nc, err := cli.ConnectNATS(url, nats.Timeout(2*time.Second))
 	if err != nil {
-		fmt.Fprintf(out, "\n(NATS at %s does not answer: skipped the relay to JetStream)\n", url)
+		fmt.Fprintf(out, "\n(NATS at %s does not answer: skipped the relay to JetStream)\n", cli.RedactNATSURL(url))
 		return nil
 	}
 	defer nc.Close()
@@ -58,7 +59,7 @@ func demoRelay(ctx context.Context, store *postgres.Store, out io.Writer) error 
 		return err
 	}
 	fmt.Fprintf(out, "\n== Relay to NATS JetStream (`projector relay status`)\nstream %s on %s: %d messages, %d bytes, duplicate window %v; relay lag %d events\n",
-		stream, url, st.Messages, st.Bytes, st.DuplicateWindow, st.Relay.LagEvents)
+		stream, cli.RedactNATSURL(url), st.Messages, st.Bytes, st.DuplicateWindow, relayLag(st))
 
 	var tickets uint64
 	if s, err := js.Stream(ctx, stream); err == nil {
@@ -100,4 +101,13 @@ func demoRelay(ctx context.Context, store *postgres.Store, out io.Writer) error 
 		case <-time.After(100 * time.Millisecond): // poll the feed's table
 		}
 	}
+}
+
+// relayLag is the relay's lag in events, 0 when its shard is not in the
+// schema read.
+func relayLag(st jetstream.Status) int64 {
+	if st.Relay == nil {
+		return 0
+	}
+	return st.Relay.LagEvents
 }

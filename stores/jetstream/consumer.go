@@ -57,13 +57,17 @@ type ConsumerConfig struct {
 	// stream each apply every event once.
 	Subscription string
 	Handler      ConsumerHandler
-	// MaxDeliver is how many deliveries may fail in the handler before the
-	// message is dead-lettered; default [DefaultMaxDeliver]. Set the
+	// MaxDeliver is how many times the handler may fail on one event
+	// before the message is dead-lettered; default [DefaultMaxDeliver].
+	// Only the handler's failures count (in projector_jetstream_failures),
+	// not NATS deliveries: a message held behind its predecessor, or
+	// delivered again after a lost acknowledgement, has not failed. Set the
 	// JetStream consumer's own MaxDeliver to -1 (unlimited), so JetStream
 	// never stops delivering a message this consumer has not settled.
 	MaxDeliver int
-	// Backoff is the nak delay after a handler error, doubled per delivery
-	// up to MaxBackoff; defaults [DefaultBackoff], [DefaultMaxBackoff].
+	// Backoff is the nak delay after a handler error, doubled per failure
+	// of the event up to MaxBackoff; defaults [DefaultBackoff],
+	// [DefaultMaxBackoff].
 	Backoff, MaxBackoff time.Duration
 	// HoldDelay is the nak delay of an event held for its predecessor;
 	// default [DefaultHoldDelay].
@@ -106,7 +110,10 @@ type Consumer struct {
 	openDeadLetters *prometheus.GaugeVec
 }
 
-type consumerSQL struct{ claim, stream, advance, hold, dead, countOpen string }
+type consumerSQL struct {
+	claim, unclaim, stream, advance, hold, dead, countOpen string
+	fail, clearFailures                                    string
+}
 
 // NewConsumer returns a consumer; zero fields of cfg take their documented
 // defaults. Configuration errors match [ErrInvalidConfig].
@@ -134,10 +141,12 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	s := cfg.Store
 	claims, streams, dead := s.Table("projector_jetstream_claims"), s.Table("projector_jetstream_streams"), s.Table("projector_jetstream_dead_letters")
+	failures := s.Table("projector_jetstream_failures")
 	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), openDeadLetters: gauge, sql: consumerSQL{
 		// The claim: a second insert of the same key does nothing, and the
 		// handler does not run.
-		claim: `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		claim:   `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		unclaim: `DELETE FROM ` + claims + ` WHERE subscription = $1 AND event_id = $2`,
 		// Locks the stream's row, so two consumers of one subscription
 		// apply a stream's events one at a time.
 		stream: `SELECT last_version FROM ` + streams + ` WHERE subscription = $1 AND tenant_id = $2 AND stream_type = $3 AND stream_id = $4 FOR UPDATE`,
@@ -145,14 +154,29 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE
 			SET last_version = excluded.last_version, updated_at = now(),
 			    held_version = CASE WHEN s.held_version <= excluded.last_version THEN NULL ELSE s.held_version END,
+			    held_max = CASE WHEN s.held_version <= excluded.last_version THEN NULL ELSE s.held_max END,
 			    held_since = CASE WHEN s.held_version <= excluded.last_version THEN NULL ELSE s.held_since END`,
-		hold: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version, held_version, held_since) VALUES ($1, $2, $3, $4, 0, $5, now())
+		// Widens the held range to take $5: held_version is the lowest
+		// version held, held_max the highest (LEAST and GREATEST skip
+		// NULLs), so the record names the gap however the redeliveries
+		// interleave. It runs under the row lock of the stream read; a hold
+		// whose gap is closed records nothing.
+		hold: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version, held_version, held_max, held_since) VALUES ($1, $2, $3, $4, 0, $5, $5, now())
 			ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE
-			SET held_version = excluded.held_version, held_since = coalesce(s.held_since, now())
-			WHERE s.held_version IS DISTINCT FROM excluded.held_version OR s.held_since IS NULL`,
+			SET held_version = LEAST(s.held_version, excluded.held_version),
+			    held_max = GREATEST(s.held_max, s.held_version, excluded.held_version),
+			    held_since = coalesce(s.held_since, now())
+			WHERE s.last_version + 1 < excluded.held_version
+			  AND (s.held_version IS NULL OR excluded.held_version < s.held_version OR excluded.held_version > coalesce(s.held_max, s.held_version))`,
 		dead: `INSERT INTO ` + dead + ` (subscription, event_id, subject, headers, data, error, deliveries) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
 		// On the partial index of the open ones (migration 0013).
 		countOpen: `SELECT count(*) FROM ` + dead + ` WHERE subscription = $1 AND status = 'open'`,
+		// Counts one more handler failure of an event (MaxDeliver), outside
+		// the handler's rolled-back transaction.
+		fail: `INSERT INTO ` + failures + ` AS f (subscription, event_id, failures, last_error) VALUES ($1, $2, 1, $3)
+			ON CONFLICT (subscription, event_id) DO UPDATE SET failures = f.failures + 1, last_error = excluded.last_error, failed_at = now()
+			RETURNING failures`,
+		clearFailures: `DELETE FROM ` + failures + ` WHERE subscription = $1 AND event_id = $2`,
 	}}, nil
 }
 
@@ -190,20 +214,25 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (Outcome, erro
 		// Nothing a retry can change: dead-letter it at once.
 		return c.deadLetter(ctx, msg, nil, deliveries, err)
 	}
-	outcome, err := c.apply(ctx, ev)
+	outcome, err := c.apply(ctx, ev, deliveries > 1)
 	switch {
 	case err == nil && outcome == Held:
-		return Held, c.hold(ctx, msg, ev)
+		return Held, c.hold(msg, ev)
 	case err == nil:
 		return outcome, msg.DoubleAck(ctx)
 	case errors.As(err, new(*handlerError)):
-		if deliveries >= uint64(c.cfg.MaxDeliver) {
+		failures, ferr := c.countFailure(ctx, ev, err)
+		if ferr != nil {
+			return "", ferr
+		}
+		if failures >= int64(c.cfg.MaxDeliver) {
 			return c.deadLetter(ctx, msg, &ev, deliveries, err)
 		}
-		if nerr := msg.NakWithDelay(c.backoff(deliveries)); nerr != nil {
+		if nerr := msg.NakWithDelay(c.backoff(uint64(failures))); nerr != nil {
 			return Retried, fmt.Errorf("nak event %s: %w", ev.ID, nerr)
 		}
-		c.logger.Warn("jetstream consumer: handler failed, retrying", "subscription", c.cfg.Subscription, "event_id", ev.ID, "deliveries", deliveries, "err", err)
+		c.logger.Warn("jetstream consumer: handler failed, retrying", "subscription", c.cfg.Subscription, "event_id", ev.ID,
+			"failures", failures, "deliveries", deliveries, "err", err)
 		return Retried, nil
 	default:
 		return "", err
@@ -217,11 +246,23 @@ type handlerError struct{ err error }
 func (e *handlerError) Error() string { return e.err.Error() }
 func (e *handlerError) Unwrap() error { return e.err }
 
+// countFailure records one more handler failure of ev and returns how many
+// there were: what MaxDeliver is compared with.
+func (c *Consumer) countFailure(ctx context.Context, ev projector.Event, cause error) (int64, error) {
+	var n int64
+	if err := c.cfg.Store.Pool().QueryRow(ctx, c.sql.fail, c.cfg.Subscription, ev.ID, cause.Error()).Scan(&n); err != nil {
+		return 0, fmt.Errorf("event %s: count the handler failure: %w", ev.ID, err)
+	}
+	return n, nil
+}
+
 // apply claims the event, checks its stream's order and runs the handler,
 // all in one transaction. The claim and the stream bookkeeping are written
 // before the transaction is scoped to the tenant, so scoping only ever
 // narrows privileges and a tenant role needs no grant on these tables.
-func (c *Consumer) apply(ctx context.Context, ev projector.Event) (Outcome, error) {
+// redelivered says the message came before, so earlier handler failures
+// may be counted: their record goes with the applied effect.
+func (c *Consumer) apply(ctx context.Context, ev projector.Event, redelivered bool) (Outcome, error) {
 	outcome := Applied
 	err := pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, c.sql.claim, c.cfg.Subscription, ev.ID)
@@ -232,12 +273,30 @@ func (c *Consumer) apply(ctx context.Context, ev projector.Event) (Outcome, erro
 			outcome = Duplicate
 			return nil
 		}
-		if o, err := c.order(ctx, tx, ev); err != nil || o != Applied {
-			outcome = o
-			if err == nil {
-				err = errSettled
-			}
+		o, err := c.order(ctx, tx, ev)
+		outcome = o
+		switch {
+		case err != nil:
 			return err
+		case o == Held:
+			// Recorded under the stream's row lock that order took, so
+			// SkipTo, which takes it too, never misses a hold that is
+			// under way; the claim goes, for the event is not applied.
+			s := ev.Stream
+			if _, err := tx.Exec(ctx, c.sql.hold, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.Version); err != nil {
+				return fmt.Errorf("stream %s: record held version %d: %w", s, ev.Version, err)
+			}
+			if _, err := tx.Exec(ctx, c.sql.unclaim, c.cfg.Subscription, ev.ID); err != nil {
+				return fmt.Errorf("event %s: withdraw the claim of a held event: %w", ev.ID, err)
+			}
+			return nil
+		case o != Applied:
+			return errSettled
+		}
+		if redelivered {
+			if _, err := tx.Exec(ctx, c.sql.clearFailures, c.cfg.Subscription, ev.ID); err != nil {
+				return fmt.Errorf("event %s: clear its failure count: %w", ev.ID, err)
+			}
 		}
 		if err := c.cfg.Store.ScopeTx(ctx, tx, ev.Stream.Tenant); err != nil {
 			return err
@@ -287,13 +346,9 @@ func (c *Consumer) order(ctx context.Context, tx pgx.Tx, ev projector.Event) (Ou
 	return Applied, nil
 }
 
-// hold records the held event (visible in projector_jetstream_streams) and
-// naks the message with HoldDelay.
-func (c *Consumer) hold(ctx context.Context, msg jetstream.Msg, ev projector.Event) error {
-	s := ev.Stream
-	if _, err := c.cfg.Store.Pool().Exec(ctx, c.sql.hold, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.Version); err != nil {
-		return fmt.Errorf("stream %s: record held version %d: %w", s, ev.Version, err)
-	}
+// hold naks a held message with HoldDelay; apply recorded the hold
+// (visible in projector_jetstream_streams and [Gaps]).
+func (c *Consumer) hold(msg jetstream.Msg, ev projector.Event) error {
 	if err := msg.NakWithDelay(c.cfg.HoldDelay); err != nil {
 		return fmt.Errorf("nak held event %s: %w", ev.ID, err)
 	}
@@ -321,6 +376,9 @@ func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, ev *projec
 			if _, err := tx.Exec(ctx, c.sql.advance, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.Version); err != nil {
 				return err
 			}
+			if _, err := tx.Exec(ctx, c.sql.clearFailures, c.cfg.Subscription, ev.ID); err != nil {
+				return err
+			}
 		}
 		_, err := tx.Exec(ctx, c.sql.dead, c.cfg.Subscription, id, msg.Subject(), headers, msg.Data(), cause.Error(), int64(deliveries))
 		return err
@@ -336,9 +394,10 @@ func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, ev *projec
 	return DeadLettered, nil
 }
 
-func (c *Consumer) backoff(deliveries uint64) time.Duration {
+// backoff is the nak delay after the event's failures-th handler failure.
+func (c *Consumer) backoff(failures uint64) time.Duration {
 	d := c.cfg.Backoff
-	for i := uint64(1); i < deliveries && d < c.cfg.MaxBackoff; i++ {
+	for i := uint64(1); i < failures && d < c.cfg.MaxBackoff; i++ {
 		d *= 2
 	}
 	return min(d, c.cfg.MaxBackoff)
@@ -384,7 +443,10 @@ func (r ClaimsRetention) Validate() error {
 // subscription or all), returning how many; it refuses a retention that
 // fails [ClaimsRetention.Validate]. Per-stream versions are kept, so an
 // event older than a stream's last handled version is still recognised
-// after its claim is gone.
+// after its claim is gone. Handler-failure counts (MaxDeliver) whose last
+// failure is older than the retention go too: an applied or dead-lettered
+// event's count is deleted with it, so what is left that old belongs to an
+// event delivered again outside the claims consumer's bookkeeping.
 func PurgeClaims(ctx context.Context, store *postgres.Store, r ClaimsRetention) (int64, error) {
 	if err := r.Validate(); err != nil {
 		return 0, err
@@ -394,6 +456,10 @@ func PurgeClaims(ctx context.Context, store *postgres.Store, r ClaimsRetention) 
 	if err != nil {
 		return 0, fmt.Errorf("purge jetstream claims: %w", err)
 	}
+	if _, err := store.Pool().Exec(ctx, `DELETE FROM `+store.Table("projector_jetstream_failures")+
+		` WHERE failed_at < now() - make_interval(secs => $1) AND ($2 = '' OR subscription = $2)`, r.OlderThan.Seconds(), r.Subscription); err != nil {
+		return 0, fmt.Errorf("purge jetstream handler-failure counts: %w", err)
+	}
 	return tag.RowsAffected(), nil
 }
 
@@ -401,7 +467,9 @@ func PurgeClaims(ctx context.Context, store *postgres.Store, r ClaimsRetention) 
 // be delivered again by a JetStream consumer whose AckWait is ackWait: each
 // of MaxDeliver deliveries may run until AckWait before it is redelivered,
 // plus the nak backoffs between them. The floor for a claims retention
-// ([ClaimsRetention.MaxRedelivery]).
+// ([ClaimsRetention.MaxRedelivery]). Holds behind a missing predecessor
+// do not count: they come before the event's claim exists, and a claim
+// only needs to outlive the deliveries that follow it.
 func (c *Consumer) MaxRedelivery(ackWait time.Duration) time.Duration {
 	d := time.Duration(c.cfg.MaxDeliver) * ackWait
 	for i := uint64(1); i < uint64(c.cfg.MaxDeliver); i++ {
@@ -432,26 +500,3 @@ func ValidateStreamName(s string) error {
 
 // Subscription returns the consumer's subscription name.
 func (c *Consumer) Subscription() string { return c.cfg.Subscription }
-
-// SkipTo moves a subscription's stream past a real gap: the stream's last
-// handled version becomes version-1, so the event at version (held until
-// now) is applied next. For a predecessor that will never come (pruned
-// before it was relayed, dead-lettered by another subscription's
-// operator); the held version and since when are in
-// projector_jetstream_streams. It refuses to move a stream backwards.
-func SkipTo(ctx context.Context, store *postgres.Store, subscription string, stream projector.StreamRef, version int64) error {
-	if version < 1 {
-		return fmt.Errorf("%w: version %d below 1", ErrInvalidConfig, version)
-	}
-	tag, err := store.Pool().Exec(ctx, `INSERT INTO `+store.Table("projector_jetstream_streams")+` AS s (subscription, tenant_id, stream_type, stream_id, last_version)
-		VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE SET last_version = excluded.last_version, updated_at = now()
-		WHERE s.last_version < excluded.last_version`, subscription, stream.Tenant, stream.Type, stream.ID, version-1)
-	if err != nil {
-		return fmt.Errorf("skip stream %s to version %d: %w", stream, version, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("skip stream %s to version %d: %w: already at or past it", stream, version, projector.ErrInvalidTransition)
-	}
-	return nil
-}

@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectorhq/projector"
@@ -116,24 +118,80 @@ func ListDeadLettersMatching(ctx context.Context, store *postgres.Store, f DeadL
 	return out, nil
 }
 
-// OpenDeadLetters is how many open dead letters one subscription has.
+// OpenDeadLetters is how many open dead letters one subscription has in
+// one schema.
 type OpenDeadLetters struct {
+	Schema       string `json:"schema"`
 	Subscription string `json:"subscription"`
 	Open         int64  `json:"open"`
 }
 
 // CountOpenDeadLetters returns, per subscription with any, how many open
 // dead letters the claims consumers of store's schema have, by
-// subscription name: what `projector relay status` shows, so an operator
-// sees that some wait for a retry or a discard. It counts on the partial
-// index of the open ones. Subscriptions without open dead letters are not
-// listed; an empty result is an empty slice.
+// subscription name, so an operator sees that some wait for a retry or a
+// discard. It counts on the partial index of the open ones. Subscriptions
+// without open dead letters are not listed; an empty result is an empty
+// slice.
 func CountOpenDeadLetters(ctx context.Context, store *postgres.Store) ([]OpenDeadLetters, error) {
-	rows, err := store.Pool().Query(ctx, `SELECT subscription, count(*) FROM `+store.Table("projector_jetstream_dead_letters")+`
-		WHERE status = 'open' GROUP BY subscription ORDER BY subscription`)
+	rows, err := store.Pool().Query(ctx, `SELECT $1::text, subscription, count(*) FROM `+store.Table("projector_jetstream_dead_letters")+`
+		WHERE status = 'open' GROUP BY subscription ORDER BY subscription`, store.Schema())
 	if err != nil {
 		return nil, fmt.Errorf("count open jetstream dead letters: %w", err)
 	}
+	return collectOpen(rows)
+}
+
+// CountOpenDeadLettersInDatabase is [CountOpenDeadLetters] for every
+// schema of store's database that holds claims-consumer tables this role
+// may read, by schema and subscription: what `projector relay status`
+// shows, since a consumer often keeps its tables in a schema of its own
+// beside the relaying application's. Schemas the role cannot read are
+// left out.
+func CountOpenDeadLettersInDatabase(ctx context.Context, store *postgres.Store) ([]OpenDeadLetters, error) {
+	for attempt := 1; ; attempt++ {
+		out, err := countOpenInDatabase(ctx, store)
+		// A schema dropped between finding it and counting in it: find
+		// the schemas again.
+		var pgErr *pgconn.PgError
+		if attempt < 3 && errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+			continue
+		}
+		return out, err
+	}
+}
+
+func countOpenInDatabase(ctx context.Context, store *postgres.Store) ([]OpenDeadLetters, error) {
+	// The tables of migration 0013 or later (with a status), readable.
+	rows, err := store.Pool().Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = 'projector_jetstream_dead_letters' AND c.relkind = 'r'
+		  AND has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT')
+		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'status' AND NOT a.attisdropped)
+		ORDER BY n.nspname`)
+	if err != nil {
+		return nil, fmt.Errorf("count open jetstream dead letters: find the schemas: %w", err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("count open jetstream dead letters: find the schemas: %w", err)
+	}
+	if len(schemas) == 0 {
+		return []OpenDeadLetters{}, nil
+	}
+	parts := make([]string, len(schemas))
+	args := make([]any, len(schemas))
+	for i, schema := range schemas {
+		args[i] = schema
+		parts[i] = fmt.Sprintf(`SELECT $%d::text AS schema, subscription, count(*) AS open FROM %s.projector_jetstream_dead_letters WHERE status = 'open' GROUP BY subscription`,
+			i+1, pgx.Identifier{schema}.Sanitize())
+	}
+	rows, err = store.Pool().Query(ctx, strings.Join(parts, " UNION ALL ")+` ORDER BY schema, subscription`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("count open jetstream dead letters: %w", err)
+	}
+	return collectOpen(rows)
+}
+
+func collectOpen(rows pgx.Rows) ([]OpenDeadLetters, error) {
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[OpenDeadLetters])
 	if err != nil {
 		return nil, fmt.Errorf("count open jetstream dead letters: %w", err)
@@ -148,7 +206,8 @@ func CountOpenDeadLetters(ctx context.Context, store *postgres.Store) ([]OpenDea
 // this consumer's subscription, in one transaction that marks it resolved:
 // on success the event's effects and the resolved status commit together.
 // On failure the handler's writes roll back, the dead letter stays open
-// with the new error and the time of the retry, and the error is returned.
+// with the new error and the time of the retry, and a [*RetryFailedError]
+// is returned.
 // The event's claim and stream version were recorded when it was
 // dead-lettered, so the retried effect lands after its stream's later
 // events. A missing id is projector.ErrNotFound; one that is resolved or
@@ -213,13 +272,31 @@ func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 	}
 	if herr != nil {
 		c.logger.WarnContext(ctx, "jetstream consumer: dead letter retried, failed again", "subscription", c.cfg.Subscription, "id", id, "err", herr)
-		return fmt.Errorf("retry dead letter %d of %s: event %s (%s): the handler failed again, the dead letter stays open: %w",
-			id, c.cfg.Subscription, ev.ID, ev.Type, herr)
+		return &RetryFailedError{ID: id, Subscription: c.cfg.Subscription, EventID: ev.ID, Type: ev.Type, Err: herr}
 	}
 	c.logger.InfoContext(ctx, "jetstream consumer: dead letter retried and resolved", "subscription", c.cfg.Subscription, "id", id)
 	c.refreshMetrics(ctx)
 	return nil
 }
+
+// RetryFailedError is [Consumer.RetryDeadLetter]'s error when the retry ran
+// and the handler failed again: its writes rolled back, the dead letter
+// stays open with Err as its error and the retry's time. Err is the
+// handler's error (errors.Is and errors.As reach it).
+type RetryFailedError struct {
+	ID           int64
+	Subscription string
+	EventID      uuid.UUID
+	Type         string
+	Err          error
+}
+
+func (e *RetryFailedError) Error() string {
+	return fmt.Sprintf("retry dead letter %d of %s: event %s (%s): the handler failed again, the dead letter stays open: %v",
+		e.ID, e.Subscription, e.EventID, e.Type, e.Err)
+}
+
+func (e *RetryFailedError) Unwrap() error { return e.Err }
 
 // DiscardDeadLetter is [DiscardDeadLetter] for this consumer's
 // subscription; with a Registerer the open dead-letter gauge drops at once

@@ -241,7 +241,7 @@ func TestListDeadLettersPagesAndCountOpen(t *testing.T) {
 	}
 
 	got, err := pjs.CountOpenDeadLetters(ctx, snk.store)
-	if want := []pjs.OpenDeadLetters{{Subscription: "feed", Open: 5}, {Subscription: "other", Open: 1}}; err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+	if want := []pjs.OpenDeadLetters{{Schema: snk.store.Schema(), Subscription: "feed", Open: 5}, {Schema: snk.store.Schema(), Subscription: "other", Open: 1}}; err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("open per subscription: %v, %v; want %v", got, err, want)
 	}
 }

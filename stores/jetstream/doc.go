@@ -32,8 +32,10 @@
 // claims (subscription, event id) and checks the source stream's last
 // handled version, so a redelivery of committed work is skipped and an
 // event whose predecessor is missing is held (nak with delay) rather than
-// applied out of order. Handler errors are retried with backoff and
-// dead-lettered after MaxDeliver deliveries. JetStream deduplicates
+// applied out of order ([Gaps] shows a stream waiting for a missing
+// version, [SkipTo] moves past it, never past a held event). Handler
+// errors are retried with backoff and dead-lettered after MaxDeliver
+// failures of the handler (holds and redeliveries do not count). JetStream deduplicates
 // publishes only; effects need the claims. [PurgeClaims] deletes claims
 // older than a [ClaimsRetention] that outlasts the duplicate window and
 // the redelivery time; [ListDeadLetters] (the open ones),
@@ -44,5 +46,5 @@
 // ([ErrDeadLetterNotOpen]). Operators see the open ones in the gauge
 // projector_jetstream_dead_letters_open{subscription}
 // ([ConsumerConfig.Registerer]) and in `projector relay status`
-// ([CountOpenDeadLetters]).
+// ([CountOpenDeadLettersInDatabase]).
 package jetstream

@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
+	pjs "github.com/projectorhq/projector/stores/jetstream"
 )
 
 // A test-owned nats-server is stopped while events keep being appended and
@@ -55,4 +58,64 @@ func TestPromise14_NATSOutage(t *testing.T) {
 	srv.start()
 	waitFor(t, "the relay to catch up after the outage", 60*time.Second, func() bool { return e.msgCount(e.nc) >= 50 })
 	e.checkOnceInOrder(e.streamMsgs(e.nc))
+}
+
+// NATS stopped under a relay with full batches to publish: the shard's
+// state (what `projector status`, `relay status` and the console show) and
+// the failure metric report the outage within about one publish timeout of
+// the first publish that cannot be acknowledged. The failing batch is not
+// bisected into one publish timeout per half (log2 of the batch size of
+// them), and a relay whose publish timeout outlasts the batch's deadline
+// reports its own failure rather than a batch timeout that is retried at
+// once unrecorded.
+func TestRelayOutageShowsWithinOnePublishTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		batchTimeout time.Duration
+	}{
+		{"publish timeout first", time.Minute},
+		{"batch deadline first", 1500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := startNATS(t)
+			e := newEnvAt(t, srv.url())
+			const publishTimeout = 2 * time.Second
+			cfg := e.relayConfig()
+			cfg.PublishTimeout = publishTimeout
+			cfg.Async.BatchSize = 64
+			cfg.Async.BatchTimeout = tc.batchTimeout
+			cfg.Async.RetryBackoff, cfg.Async.MaxBackoff = 30*time.Second, 30*time.Second
+			reg := prometheus.NewRegistry()
+			cfg.Registerer = reg
+			r := e.relay(cfg)
+			e.dispatcher(r.Async())
+			e.append("acme", "up", testevents.TicketCommented{Body: "up", N: 0})
+			waitFor(t, "the first event in JetStream", 30*time.Second, func() bool { return e.msgCount(e.nc) == 1 })
+
+			srv.stop()
+			payloads := make([]any, 200)
+			for i := range payloads {
+				payloads[i] = testevents.TicketCommented{Body: "down", N: i}
+			}
+			e.append("acme", "down", payloads...)
+			appended := time.Now()
+			admin := projection.NewAdmin(e.store)
+			waitFor(t, "the relay to report the outage", 60*time.Second, func() bool {
+				st, err := admin.Status(e.ctx, projection.ShardID{Consumer: pjs.DefaultRelayName})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st.LastError != "" && st.Attempts > 0
+			})
+			// The dispatcher's poll and the first publish's own wait come
+			// before the failure: one publish timeout plus a margin.
+			if took, limit := time.Since(appended), publishTimeout+1500*time.Millisecond; took > limit {
+				t.Fatalf("the outage showed in the relay's state after %v, want within %v", took.Round(time.Millisecond), limit)
+			}
+			if n := counterValue(t, reg, "projector_relay_publish_failures_total"); n < 1 {
+				t.Fatalf("publish failures metric %v after the outage showed, want at least 1", n)
+			}
+		})
+	}
 }

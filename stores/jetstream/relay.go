@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -111,6 +112,17 @@ type Relay struct {
 	// afterAcks, set by tests only, runs between the last acknowledgement
 	// and the cursor commit.
 	afterAcks func()
+	// failed is the pass whose publish failed on NATS, so that the
+	// dispatcher's bisection of that batch fails at once (see publish).
+	failed failedPass
+}
+
+// failedPass remembers the transaction of the pass whose publish failed on
+// NATS and the error, until a publish in another pass.
+type failedPass struct {
+	mu  sync.Mutex
+	tx  pgx.Tx
+	err error
 }
 
 // NewRelay returns a relay; zero fields of cfg take their documented
@@ -234,7 +246,23 @@ func (r *Relay) Ensure(ctx context.Context) (jetstream.Stream, error) {
 // acknowledgement awaited under PublishTimeout. Any failure fails the whole
 // batch, which the dispatcher retries from the cursor after a backoff:
 // retrying message by message could reorder a stream.
-func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) (err error) {
+//
+// A failing batch is bisected by the dispatcher, in the same transaction,
+// to find the event that fails. A NATS failure (no acknowledgement, NATS
+// down, the stream unreadable) is no event's: each half would wait out the
+// publish timeout again, log2(batch size) times before the failure is
+// recorded. So within the pass of such a failure every later call fails at
+// once with the same error, and the outage shows in the shard's state
+// (attempts, last error) within one publish timeout.
+func (r *Relay) publish(ctx context.Context, tx pgx.Tx, b projection.Batch) (err error) {
+	if prev := r.failed.in(tx); prev != nil {
+		return prev
+	}
+	defer func() {
+		if err != nil && !errors.Is(err, ErrMessageTooLarge) {
+			r.failed.set(tx, err)
+		}
+	}()
 	start := time.Now()
 	stored, err := r.skipSet(ctx, b)
 	if err != nil {
@@ -272,7 +300,8 @@ func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) (err 
 			positions = append(positions, ev.Position)
 		}
 	}
-	timer := time.NewTimer(r.cfg.PublishTimeout)
+	wait := r.ackWait(ctx)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	dups := 0
 	for i, f := range futures {
@@ -289,7 +318,7 @@ func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) (err 
 			return fmt.Errorf("publish %s: %w", f.Msg().Header.Get(HeaderEventID), err)
 		case <-timer.C:
 			r.metrics.failures.Inc()
-			return fmt.Errorf("publish %s: no acknowledgement within %v: %w", f.Msg().Header.Get(HeaderEventID), r.cfg.PublishTimeout, context.DeadlineExceeded)
+			return fmt.Errorf("publish %s: no acknowledgement within %v: %w", f.Msg().Header.Get(HeaderEventID), wait.Round(time.Millisecond), context.DeadlineExceeded)
 		case <-ctx.Done():
 			r.metrics.failures.Inc()
 			return fmt.Errorf("publish batch: %w", ctx.Err())
@@ -303,6 +332,40 @@ func (r *Relay) publish(ctx context.Context, _ pgx.Tx, b projection.Batch) (err 
 		r.afterAcks()
 	}
 	return nil
+}
+
+// ackWait is how long publish waits for a batch's acknowledgements:
+// PublishTimeout, or less when the batch's deadline comes first, so that
+// the relay reports NATS's silence as its own failure, which the
+// dispatcher records, rather than run into the batch timeout, which it
+// retries at once with half the batch and does not record.
+func (r *Relay) ackWait(ctx context.Context) time.Duration {
+	wait := r.cfg.PublishTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		// A tenth of what is left stays for the dispatcher to roll back
+		// and record the failure.
+		wait = min(wait, time.Until(deadline)*9/10)
+	}
+	return max(wait, time.Millisecond)
+}
+
+// in returns the failure of the pass whose transaction is tx, if its
+// publish failed on NATS, wrapped to say so; a call in another pass
+// forgets it.
+func (f *failedPass) in(tx pgx.Tx) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.tx != nil && f.tx == tx {
+		return fmt.Errorf("publish batch: not tried again in this pass, NATS failed it already: %w", f.err)
+	}
+	f.tx, f.err = nil, nil
+	return nil
+}
+
+func (f *failedPass) set(tx pgx.Tx, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tx, f.err = tx, err
 }
 
 // msgSize is what the server counts against max_payload: headers and body.

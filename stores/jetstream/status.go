@@ -2,18 +2,20 @@ package jetstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // Status is the relay's state for operators: the JetStream stream beside
 // the relay consumer's shard, so lag on one side can be read against the
-// other.
+// other, and the claims consumers' open dead letters.
 type Status struct {
 	Stream          string        `json:"stream"`
 	Subjects        []string      `json:"subjects"`
@@ -25,23 +27,30 @@ type Status struct {
 	LastSeq         uint64        `json:"last_seq"`
 	LastTime        time.Time     `json:"last_time"`
 	// Relay is the relay consumer's shard (status, cursor, lag, attempts,
-	// last error), as `projector status` shows it.
-	Relay projection.ShardState `json:"relay"`
-	// OpenDeadLetters counts, per subscription with any, the open dead
-	// letters of the claims consumers whose tables are in the same schema
-	// ([CountOpenDeadLetters]); empty when none are open, or when the
-	// consumers keep their claims in a schema of their own.
+	// last error), as `projector status` shows it; nil when the schema
+	// read holds no relay of that name (a claims consumer's schema).
+	Relay *projection.ShardState `json:"relay"`
+	// OpenDeadLetters counts, per schema and subscription with any, the
+	// open dead letters of the claims consumers whose tables are in the
+	// database read, whichever schema of it they use
+	// ([CountOpenDeadLettersInDatabase]); empty when none are open. A
+	// consumer with a database of its own has its count there.
 	OpenDeadLetters []OpenDeadLetters `json:"open_dead_letters"`
 }
 
-// RelayStatus reads the stream's state from JetStream, and the relay
-// consumer's shard and the open dead letters of the claims consumers from
-// store. A relay that never ran is
-// projector.ErrNotFound; a stream that does not exist, jetstream's
+// RelayStatus reads the stream's state from JetStream, the relay
+// consumer's shard from store's schema, and the open dead letters of the
+// claims consumers from every schema of store's database. It works
+// pointed at either side: a schema without the relay (a claims consumer's)
+// gives a nil Relay. A stream that does not exist matches jetstream's
 // ErrStreamNotFound.
 func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.Store, stream, consumer string) (Status, error) {
+	var relay *projection.ShardState
 	shard, err := projection.NewAdmin(store).Status(ctx, projection.ShardID{Consumer: consumer})
-	if err != nil {
+	switch {
+	case err == nil:
+		relay = &shard
+	case !errors.Is(err, projector.ErrNotFound):
 		return Status{}, fmt.Errorf("relay %s: %w", consumer, err)
 	}
 	s, err := js.Stream(ctx, stream)
@@ -52,7 +61,7 @@ func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.St
 	if err != nil {
 		return Status{}, fmt.Errorf("relay stream %s: %w", stream, err)
 	}
-	open, err := CountOpenDeadLetters(ctx, store)
+	open, err := CountOpenDeadLettersInDatabase(ctx, store)
 	if err != nil {
 		return Status{}, err
 	}
@@ -60,6 +69,6 @@ func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.St
 		Stream: stream, Subjects: info.Config.Subjects, Storage: info.Config.Storage.String(),
 		DuplicateWindow: info.Config.Duplicates, Messages: info.State.Msgs, Bytes: info.State.Bytes,
 		FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, LastTime: info.State.LastTime,
-		Relay: shard, OpenDeadLetters: open,
+		Relay: relay, OpenDeadLetters: open,
 	}, nil
 }

@@ -46,7 +46,7 @@ func TestRelayStatusCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if st.Messages != 7 || st.LastSeq != 7 || st.DuplicateWindow != pjs.DefaultDuplicateWindow || st.Relay.Consumer != "jetstream_relay" || st.Relay.LagEvents != 0 {
+	if st.Messages != 7 || st.LastSeq != 7 || st.DuplicateWindow != pjs.DefaultDuplicateWindow || st.Relay == nil || st.Relay.Consumer != "jetstream_relay" || st.Relay.LagEvents != 0 {
 		t.Fatalf("status %+v", st)
 	}
 	out, err = run()

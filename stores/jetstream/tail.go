@@ -120,11 +120,12 @@ func (r *Relay) published(ids map[uuid.UUID]projector.Position, lost bool) {
 }
 
 // committedCursor reads the relay consumer's committed cursor (not the
-// pass's own transaction: what a crash would leave).
+// pass's own transaction: what a crash would leave). The relay is a shared
+// consumer: its one shard row has instance id [projection.SharedInstance].
 func (r *Relay) committedCursor(ctx context.Context, store *postgres.Store) (projector.Position, error) {
 	var p projector.Position
 	err := store.Pool().QueryRow(ctx, `SELECT cursor_tx_id::text::bigint, cursor_seq FROM `+store.Table("projector_consumers")+
-		` WHERE name = $1 AND instance_id = ''`, r.cfg.Name).Scan(&p.TxID, &p.Seq)
+		` WHERE name = $1 AND instance_id = $2`, r.cfg.Name, projection.SharedInstance).Scan(&p.TxID, &p.Seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The consumer's first pass, its row not committed yet: nothing
 		// of it is past a cursor it does not have, so every relayed

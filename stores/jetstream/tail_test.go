@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
@@ -121,5 +122,62 @@ func waitForDuplicateWindow(t *testing.T, e *env) {
 	}
 	if err := s.Purge(e.ctx, jetstream.WithPurgeSubject(subject)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// counterValue reads the counter name of reg (0 when it has no series yet).
+func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			v := 0.0
+			for _, m := range f.GetMetric() {
+				v += m.GetCounter().GetValue()
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// The read-back starts from the relay's committed cursor. With the cursor
+// at the end of a 20,000-message stream, a relay that starts afresh (no
+// knowledge of the tail) reads back one message, the last, and finds it at
+// its cursor: nothing is stored past it. Reading the shared shard's cursor
+// with the wrong instance id finds none, takes the start of the log for the
+// cursor and reads back MaxTailWalk messages on every start and after every
+// failed publish.
+func TestRelayTailReadStopsAtTheCommittedCursor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const n = 20_000
+	for i := range n / 1000 {
+		payloads := make([]any, 1000)
+		for j := range payloads {
+			payloads[j] = testevents.TicketCommented{Body: "x", N: i*1000 + j}
+		}
+		e.append("acme", fmt.Sprintf("big%d", i), payloads...)
+	}
+	cfg := e.relayConfig()
+	cfg.Async.BatchSize = 2000
+	catchUpOnce(t, e, e.relay(cfg))
+	if got := e.msgCount(e.nc); got != n {
+		t.Fatalf("%d messages after the first relay, want %d", got, n)
+	}
+
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	second := e.relay(cfg)
+	e.append("acme", "big0", testevents.TicketCommented{Body: "after", N: n})
+	catchUpOnce(t, e, second)
+	if got := e.msgCount(e.nc); got != n+1 {
+		t.Fatalf("%d messages after the second relay, want %d", got, n+1)
+	}
+	if reads := counterValue(t, reg, "projector_relay_tail_reads_total"); reads != 1 {
+		t.Fatalf("the relay read %v messages back from the stream's end, want 1 (the last, at its committed cursor)", reads)
 	}
 }

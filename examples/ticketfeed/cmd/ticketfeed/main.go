@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/projectorhq/projector/cli"
 	"github.com/projectorhq/projector/examples/ticketfeed"
 )
 
@@ -41,7 +42,8 @@ func run() error {
 		return err
 	}
 	defer pool.Close()
-	nc, err := nats.Connect(cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), nats.MaxReconnects(-1))
+	// cli.ConnectNATS keeps the URL's credentials out of its errors.
+	nc, err := cli.ConnectNATS(cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), nats.MaxReconnects(-1))
 	if err != nil {
 		return err
 	}
