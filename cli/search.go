@@ -20,10 +20,7 @@ import (
 const maxVerifySample = 10_000_000
 
 func (a *App) searchCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "search",
-		Short: "Work with the indexes of search projections (see docs/search.md)",
-	}
+	cmd := group("search", "Work with the indexes of search projections (see docs/search.md)")
 	cmd.AddCommand(a.searchVerifyCmd(), a.searchReindexCmd())
 	return cmd
 }
