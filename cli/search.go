@@ -103,8 +103,9 @@ func (a *App) searchVerifyCmd() *cobra.Command {
 		Long: `verify NAME replays the events of the search projection NAME up to its consumer's
 cursor, in memory, through the projection's handlers (compiled into this binary),
 and compares the documents that gives with the ones its index holds: missing,
-extra and differing documents are listed. --sample N compares N documents picked
-at random instead of all. It works through the documents in pages of --page-size
+extra and differing documents are listed. --sample N compares the contents of N
+documents picked at random instead of all; every missing or extra document is
+found whatever the sample, and any is a failure. It works through the documents in pages of --page-size
 (by a hash of tenant and id), replaying the log once per page, so its memory is
 bounded by a page, not by the index.
 
@@ -156,7 +157,7 @@ failed), 2 bad command line.`,
 					}
 				}
 				if !r.OK() {
-					return fmt.Errorf("search projection %s: %d of %d documents compared differ from the log", p.Name(), len(r.Differences), r.Compared)
+					return fmt.Errorf("search projection %s: the index differs from the log: %s", p.Name(), verifyCounts(r))
 				}
 				fmt.Fprintln(a.out, "the index holds what the log says")
 				return nil
@@ -167,6 +168,16 @@ failed), 2 bad command line.`,
 	cmd.Flags().IntVar(&show, "show", 20, "list at most this many differences")
 	cmd.Flags().IntVar(&pageSize, "page-size", search.DefaultVerifyPage, "documents compared per page (memory is bounded by a page; each page replays the log)")
 	return cmd
+}
+
+// verifyCounts says how a verify report's index differs from the log.
+func verifyCounts(r search.VerifyReport) string {
+	n := map[search.DiffKind]int{}
+	for _, d := range r.Differences {
+		n[d.Kind]++
+	}
+	return fmt.Sprintf("%d documents expected, %d indexed: %d missing, %d extra, %d of %d compared differ",
+		r.Expected, r.Indexed, n[search.Missing], n[search.Extra], n[search.Differs], r.Compared)
 }
 
 // cancelRebuild is `rebuild cancel NAME`: rebuild.Cancel drops what lives

@@ -22,7 +22,8 @@ import (
 // TestCLISearchVerify: `projector search verify NAME` on an application
 // wired the way cli.Config.Wire builds it (pgsearch from the schema name):
 // exit 0 when the index holds what the log says, 1 with the planted
-// document listed when it does not (in pages too), 2 for an unknown name,
+// document listed when it does not (in pages too, and with a sample of 1),
+// 2 for an unknown name,
 // a bad --sample or --page-size.
 func TestCLISearchVerify(t *testing.T) {
 	t.Parallel()
@@ -61,6 +62,13 @@ func TestCLISearchVerify(t *testing.T) {
 	out, code = run("search", "verify", "ticket_search")
 	if code != cli.ExitError || !strings.Contains(out, "extra    acme/planted") {
 		t.Fatalf("verify with a planted document: exit %d\n%s", code, out)
+	}
+	// A sample of one among 150 documents still finds the extra one: the
+	// header says 1 more indexed than expected, and that is a failure.
+	for range 3 {
+		if out, code = run("search", "verify", "ticket_search", "--sample", "1"); code != cli.ExitError || !strings.Contains(out, "extra    acme/planted") {
+			t.Fatalf("verify --sample 1 with a planted document: exit %d\n%s", code, out)
+		}
 	}
 	if out, code = run("search", "verify", "nope"); code != cli.ExitUsage || !strings.Contains(out, "ticket_search") {
 		t.Fatalf("verify of an unknown name: exit %d\n%s", code, out)
