@@ -2,6 +2,7 @@ package projector
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -137,6 +138,20 @@ func (m Metadata) Validate() error {
 		if problem := storable(v, 0); problem != "" {
 			return fmt.Errorf("%w: metadata: the value of header %s %s", ErrInvalidPayload, Printable(k), problem)
 		}
+	}
+	return nil
+}
+
+// ValidText reports whether PostgreSQL text can hold s exactly: nil, or an
+// error saying why not (it is not valid UTF-8, or holds a NUL byte) that
+// never carries s itself. Every string from outside that reaches a query —
+// a name, a filter value, a key — is checked with it at the API boundary
+// and the error wrapped in that package's sentinel: sent as it is, the
+// driver's "invalid byte sequence" would abort the caller's transaction
+// and tell the caller nothing it can test with errors.Is.
+func ValidText(s string) error {
+	if problem := storable(s, 0); problem != "" {
+		return errors.New(problem)
 	}
 	return nil
 }
