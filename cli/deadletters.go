@@ -69,6 +69,9 @@ only be discarded; --model live those a retry may apply.`,
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				dls, err := projection.ListDeadLetters(cmd.Context(), store, f)
+				if errors.Is(err, projection.ErrInvalidFilter) {
+					return usageError{err}
+				}
 				if err != nil {
 					return err
 				}
@@ -306,6 +309,9 @@ func openDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, consumer, mode
 	var ids []int64
 	for {
 		page, err := projection.ListDeadLetters(cmd.Context(), store, f)
+		if errors.Is(err, projection.ErrInvalidFilter) {
+			return nil, usageError{fmt.Errorf("--consumer: %w", err)}
+		}
 		if err != nil {
 			return nil, err
 		}

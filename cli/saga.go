@@ -54,6 +54,9 @@ func (a *App) sagaListCmd() *cobra.Command {
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				list, err := saga.List(cmd.Context(), store, q)
+				if errors.Is(err, saga.ErrInvalidArgument) {
+					return usageError{err}
+				}
 				if err != nil {
 					return err
 				}
@@ -98,6 +101,9 @@ func (a *App) sagaShowCmd() *cobra.Command {
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				in, err := saga.Show(cmd.Context(), store, args[0], tenant, args[1])
+				if errors.Is(err, saga.ErrInvalidArgument) {
+					return usageError{err}
+				}
 				if errors.Is(err, projector.ErrNotFound) {
 					return fmt.Errorf("saga %s has no instance %q in tenant %q (`%s saga list %s` lists them)", args[0], args[1], tenant, cmd.Root().Name(), args[0])
 				}
