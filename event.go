@@ -179,14 +179,27 @@ const printableCut = 64
 // [MaxNameLength] bytes; otherwise quoted with Go escapes (so NUL, control
 // characters and invalid bytes show as \x00, \n, \xff) and, past 64 bytes,
 // cut short with its length noted.
-func Printable(s string) string {
-	if len(s) <= MaxNameLength && isPrintable(s) {
+func Printable(s string) string { return printable(s, MaxNameLength, printableCut) }
+
+// PrintableText is [Printable] for stored free text an operator reads —
+// an error message, a document, a saga's state — that may be longer than
+// a name: as it is when it is valid UTF-8, printable and at most limit
+// bytes; otherwise quoted with Go escapes and, past limit bytes, cut short
+// with its length noted. Whatever was stored, the result holds no escape
+// sequence a terminal would obey (ESC shows as \x1b) and no more than
+// limit bytes of s.
+func PrintableText(s string, limit int) string { return printable(s, limit, limit) }
+
+// printable returns s as it is when it is printable and at most pass
+// bytes, else quoted and cut to cut bytes.
+func printable(s string, pass, cut int) string {
+	if len(s) <= pass && isPrintable(s) {
 		return s
 	}
-	if len(s) <= printableCut {
+	if len(s) <= cut {
 		return strconv.Quote(s)
 	}
-	cut := printableCut
+	cut = max(cut, 0)
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}

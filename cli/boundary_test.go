@@ -10,12 +10,12 @@ import (
 	"github.com/projectorhq/projector/internal/pgtest"
 )
 
-// runIn runs the command tree in this process against store's schema and
-// returns what it printed (the error last, as Main prints it) and the exit
+// runIn runs the command tree, with reg's event types, in this process
+// against schema and returns what it printed (the error last, as Main prints it) and the exit
 // code.
-func runIn(t *testing.T, schema string, args ...string) (string, int) {
+func runIn(t *testing.T, schema string, reg *projector.Registry, args ...string) (string, int) {
 	t.Helper()
-	root := New(Config{})
+	root := New(Config{Registry: reg})
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)
@@ -47,7 +47,7 @@ func TestUnstorableStringsAreUsageErrors(t *testing.T) {
 			{"dead-letters", "list", "--instance", bad},
 			{"dead-letters", "retry", "--all", "--consumer", bad},
 		} {
-			out, code := runIn(t, store.Schema(), args...)
+			out, code := runIn(t, store.Schema(), nil, args...)
 			if code != ExitUsage {
 				t.Errorf("%q: exit %d, want %d\n%s", args, code, ExitUsage, out)
 			}

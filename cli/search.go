@@ -15,6 +15,9 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
+// verifyDocText is how much of a differing document verify shows.
+const verifyDocText = 500
+
 // maxVerifySample bounds --sample: beyond it a sample is no cheaper than
 // comparing everything.
 const maxVerifySample = 10_000_000
@@ -46,7 +49,7 @@ func (a *App) searchProjection(name string) (*search.Projection, error) {
 	if len(names) > 0 {
 		known = "this binary wires " + strings.Join(names, ", ")
 	}
-	return nil, usageError{fmt.Errorf("no search projection %q (%s)", name, known)}
+	return nil, usageError{fmt.Errorf("no search projection %s (%s)", projector.Printable(name), known)}
 }
 
 func (a *App) searchReindexCmd() *cobra.Command {
@@ -147,13 +150,15 @@ failed), 2 bad command line.`,
 						fmt.Fprintf(a.out, "... and %d more\n", len(r.Differences)-show)
 						break
 					}
+					doc, want, got := projector.Printable(d.Tenant)+"/"+projector.Printable(d.ID),
+						projector.PrintableText(string(d.Want), verifyDocText), projector.PrintableText(string(d.Got), verifyDocText)
 					switch d.Kind {
 					case search.Missing:
-						fmt.Fprintf(a.out, "missing  %s/%s  log: %s\n", d.Tenant, d.ID, d.Want)
+						fmt.Fprintf(a.out, "missing  %s  log: %s\n", doc, want)
 					case search.Extra:
-						fmt.Fprintf(a.out, "extra    %s/%s  index: %s\n", d.Tenant, d.ID, d.Got)
+						fmt.Fprintf(a.out, "extra    %s  index: %s\n", doc, got)
 					default:
-						fmt.Fprintf(a.out, "differs  %s/%s  log: %s  index: %s\n", d.Tenant, d.ID, d.Want, d.Got)
+						fmt.Fprintf(a.out, "differs  %s  log: %s  index: %s\n", doc, want, got)
 					}
 				}
 				if !r.OK() {

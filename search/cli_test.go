@@ -81,6 +81,16 @@ func TestCLISearchVerify(t *testing.T) {
 			t.Fatalf("verify --page-size %s: exit %d\n%s", bad, code, out)
 		}
 	}
+	// A planted document whose id would take over the terminal, and
+	// whose contents are long: shown escaped and cut.
+	hostile := "\x1b]0;owned\a\x1b[2J" + strings.Repeat("x", 2000)
+	_, err = e.store.Pool().Exec(e.ctx, `INSERT INTO `+e.store.Schema()+`.`+pgsearch.TableName(ticketIndex)+` (tenant_id, id, doc)
+		VALUES ('acme', $1, jsonb_build_object('id', $1::text))`, hostile)
+	must(t, err)
+	out, code = run("search", "verify", "ticket_search")
+	if code != cli.ExitError || strings.ContainsAny(out, "\x1b\a") || strings.Contains(out, strings.Repeat("x", 600)) || !strings.Contains(out, `extra    acme/"\x1b]0;owned\a`) {
+		t.Fatalf("verify with a hostile planted document: exit %d\n%q", code, out)
+	}
 	// Pages of 5 documents: the same finding and exit code.
 	if out, code = run("search", "verify", "ticket_search", "--page-size", "5"); code != cli.ExitError || !strings.Contains(out, "extra    acme/planted") {
 		t.Fatalf("paged verify with a planted document: exit %d\n%s", code, out)
