@@ -77,23 +77,25 @@ func TestOutputOfStoredDataIsPrintable(t *testing.T) {
 		VALUES ($1, $2, $3, '1', 1, $1, $1, $1, $2, 1, $4, 1, 'apply-error')`, hostileName, hostileText, uuid.New(), hostileLong)
 
 	for _, c := range []struct {
-		name string
-		args []string
-		want string // something the output must still say
+		name  string
+		args  []string
+		want  string // something the output must still say
+		whole bool   // the command shows long values whole (tail's payloads)
 	}{
-		{"status", []string{"status"}, "dead"},
-		{"consumer list", []string{"consumer", "list"}, "dead"},
-		{"consumer status", []string{"consumer", "status", "mailer"}, "last error"},
-		{"consumer status of a hostile name", []string{"consumer", "status", hostileName}, "has shards for instances"},
-		{"saga list", []string{"saga", "list", "sla", "--status", "failed"}, "failed"},
-		{"saga show", []string{"saga", "show", "sla", key, "--tenant", hostileName}, "Pending timeouts"},
-		{"saga show of an unknown key", []string{"saga", "show", "sla", hostileLong, "--tenant", hostileLong}, "has no instance"},
-		{"dead-letters list", []string{"dead-letters", "list"}, "open"},
-		{"dead-letters show", []string{"dead-letters", "show", strconv.FormatInt(dlID, 10)}, "payload"},
-		{"dead-letters show of a pruned event", []string{"dead-letters", "show", strconv.FormatInt(dlID+1, 10)}, "event pruned"},
-		{"dead-letters retry of an unknown consumer", []string{"dead-letters", "retry", "--all", "--consumer", hostileLong}, "no open dead letters"},
-		{"search verify of an unknown name", []string{"search", "verify", hostileLong}, "no search projection"},
-		{"consumer restart of an unknown name", []string{"consumer", "restart", hostileLong}, "not found"},
+		{"status", []string{"status"}, "dead", false},
+		{"consumer list", []string{"consumer", "list"}, "dead", false},
+		{"consumer status", []string{"consumer", "status", "mailer"}, "last error", false},
+		{"consumer status of a hostile name", []string{"consumer", "status", hostileName}, "has shards for instances", false},
+		{"saga list", []string{"saga", "list", "sla", "--status", "failed"}, "failed", false},
+		{"saga show", []string{"saga", "show", "sla", key, "--tenant", hostileName}, "Pending timeouts", false},
+		{"saga show of an unknown key", []string{"saga", "show", "sla", hostileLong, "--tenant", hostileLong}, "has no instance", false},
+		{"dead-letters list", []string{"dead-letters", "list"}, "open", false},
+		{"dead-letters show", []string{"dead-letters", "show", strconv.FormatInt(dlID, 10)}, "payload", false},
+		{"dead-letters show of a pruned event", []string{"dead-letters", "show", strconv.FormatInt(dlID+1, 10)}, "event pruned", false},
+		{"dead-letters retry of an unknown consumer", []string{"dead-letters", "retry", "--all", "--consumer", hostileLong}, "no open dead letters", false},
+		{"search verify of an unknown name", []string{"search", "verify", hostileLong}, "no search projection", false},
+		{"consumer restart of an unknown name", []string{"consumer", "restart", hostileLong}, "not found", false},
+		{"events tail", []string{"events", "tail", "--from-start", "--limit", "1"}, "ticket.opened", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, code := runIn(t, store.Schema(), types.Registry, c.args...)
@@ -103,7 +105,7 @@ func TestOutputOfStoredDataIsPrintable(t *testing.T) {
 			if i := strings.IndexFunc(out, func(r rune) bool { return r == 0x1b || r == 0x07 || r == 0x9b }); i >= 0 {
 				t.Fatalf("exit %d, a raw control character at byte %d reaches the terminal: %.200q", code, i, out[max(0, i-40):])
 			}
-			if strings.Contains(out, strings.Repeat("x", lineText+1)) || strings.Contains(out, strings.Repeat("k", 1000)) {
+			if !c.whole && strings.Contains(out, strings.Repeat("x", lineText+1)) || strings.Contains(out, strings.Repeat("k", 1000)) {
 				t.Fatalf("exit %d, a long value is shown whole (%d bytes of output)", code, len(out))
 			}
 		})
