@@ -2,6 +2,7 @@ package projector
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -141,6 +142,20 @@ func (m Metadata) Validate() error {
 	return nil
 }
 
+// ValidText reports whether PostgreSQL text can hold s exactly: nil, or an
+// error saying why not (it is not valid UTF-8, or holds a NUL byte) that
+// never carries s itself. Every string from outside that reaches a query —
+// a name, a filter value, a key — is checked with it at the API boundary
+// and the error wrapped in that package's sentinel: sent as it is, the
+// driver's "invalid byte sequence" would abort the caller's transaction
+// and tell the caller nothing it can test with errors.Is.
+func ValidText(s string) error {
+	if problem := storable(s, 0); problem != "" {
+		return errors.New(problem)
+	}
+	return nil
+}
+
 // storable says why PostgreSQL text cannot hold s exactly, or would refuse
 // it as a name longer than limit bytes (0: no limit); "" when it can.
 func storable(s string, limit int) string {
@@ -164,14 +179,27 @@ const printableCut = 64
 // [MaxNameLength] bytes; otherwise quoted with Go escapes (so NUL, control
 // characters and invalid bytes show as \x00, \n, \xff) and, past 64 bytes,
 // cut short with its length noted.
-func Printable(s string) string {
-	if len(s) <= MaxNameLength && isPrintable(s) {
+func Printable(s string) string { return printable(s, MaxNameLength, printableCut) }
+
+// PrintableText is [Printable] for stored free text an operator reads —
+// an error message, a document, a saga's state — that may be longer than
+// a name: as it is when it is valid UTF-8, printable and at most limit
+// bytes; otherwise quoted with Go escapes and, past limit bytes, cut short
+// with its length noted. Whatever was stored, the result holds no escape
+// sequence a terminal would obey (ESC shows as \x1b) and no more than
+// limit bytes of s.
+func PrintableText(s string, limit int) string { return printable(s, limit, limit) }
+
+// printable returns s as it is when it is printable and at most pass
+// bytes, else quoted and cut to cut bytes.
+func printable(s string, pass, cut int) string {
+	if len(s) <= pass && isPrintable(s) {
 		return s
 	}
-	if len(s) <= printableCut {
+	if len(s) <= cut {
 		return strconv.Quote(s)
 	}
-	cut := printableCut
+	cut = max(cut, 0)
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}

@@ -107,6 +107,20 @@ func TestPrintable(t *testing.T) {
 			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
 		}
 	}
+	text := map[string]string{
+		"a short error":                "a short error",
+		"\x1b[31mred\x1b[0m":           `"\x1b[31mred\x1b[0m"`,
+		"\x1b]0;owned\a":               `"\x1b]0;owned\a"`,
+		"bidi \u202e txt":              `"bidi \u202e txt"`,
+		strings.Repeat("y", 100):       strings.Repeat("y", 100),
+		strings.Repeat("y", 101):       `"` + strings.Repeat("y", 100) + `"…(101 bytes)`,
+		strings.Repeat("\x1b", 10_000): `"` + strings.Repeat(`\x1b`, 100) + `"…(10000 bytes)`,
+	}
+	for in, want := range text {
+		if got := projector.PrintableText(in, 100); got != want {
+			t.Errorf("PrintableText(%q, 100) = %q, want %q", in, got, want)
+		}
+	}
 	if got := projector.Stream("ticket", "a\x00").String(); got != `__system__/ticket/"a\x00"` {
 		t.Errorf("String of a ref with NUL: %q", got)
 	}

@@ -129,8 +129,11 @@ func TestCursorDisplay(t *testing.T) {
 	if got := cursor(projector.Position{TxID: 9, Seq: 4}); got != "9/4" {
 		t.Errorf("event cursor renders %q", got)
 	}
-	if got := shorten("a  very\nlong   error message", 12); got != "a very long…" {
-		t.Errorf("shorten: %q", got)
+	if got := text("a  very\nlong   error message", 11); got != `"a very long"…(25 bytes)` {
+		t.Errorf("text: %q", got)
+	}
+	if got := text("a  very\nshort\x1b[2J", 40); got != `"a very short\x1b[2J"` {
+		t.Errorf("text: %q", got)
 	}
 }
 

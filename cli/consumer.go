@@ -180,14 +180,6 @@ func timestamp(t, now time.Time) string {
 	return t.Local().Format(time.RFC3339) + " (" + ago(t, now) + ")"
 }
 
-func shorten(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-1] + "…"
-}
-
 func (a *App) statusCmd() *cobra.Command {
 	return a.listCmd("status", "Show every consumer shard: status, dispatcher, cursor, lag, attempts, last error")
 }
@@ -323,10 +315,10 @@ func unknownConsumer(ctx context.Context, admin *projection.Admin, consumer stri
 	if lerr != nil {
 		return err
 	}
-	var names, instances []string
+	var consumers, instances []string
 	for _, s := range all {
-		if !slices.Contains(names, s.Consumer) {
-			names = append(names, s.Consumer)
+		if !slices.Contains(consumers, s.Consumer) {
+			consumers = append(consumers, s.Consumer)
 		}
 		if s.Consumer == consumer {
 			instances = append(instances, s.Instance)
@@ -334,11 +326,11 @@ func unknownConsumer(ctx context.Context, admin *projection.Admin, consumer stri
 	}
 	switch {
 	case len(instances) > 0:
-		return usageError{fmt.Errorf("%w; consumer %s has shards for instances: %s (choose one with --instance)", err, consumer, strings.Join(instances, ", "))}
-	case len(names) == 0:
+		return usageError{fmt.Errorf("%w; consumer %s has shards for instances: %s (choose one with --instance)", err, projector.Printable(consumer), names(instances))}
+	case len(consumers) == 0:
 		return usageError{fmt.Errorf("%w; no consumers are registered in this schema (they appear when a dispatcher first starts)", err)}
 	}
-	return usageError{fmt.Errorf("%w; registered consumers: %s", err, strings.Join(names, ", "))}
+	return usageError{fmt.Errorf("%w; registered consumers: %s", err, names(consumers))}
 }
 
 // PruneAdvice is what `events prune` prints when a consumer shard held
@@ -349,13 +341,14 @@ func PruneAdvice(name string, res postgres.PruneResult) string {
 	if b == nil {
 		return ""
 	}
-	id := b.Consumer
+	id := projector.Printable(b.Consumer)
 	if b.Instance != projection.SharedInstance {
-		id += " --instance " + b.Instance
+		id += " --instance " + projector.Printable(b.Instance)
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "held back %d events: consumer %s (instance %s, %s, dispatcher %s) has not passed them; it is %d events behind at %s.\n",
-		res.HeldBack, b.Consumer, b.Instance, b.Status, b.Dispatcher, b.Behind, cursor(b.Cursor))
+		res.HeldBack, projector.Printable(b.Consumer), projector.Printable(b.Instance), projector.Printable(b.Status),
+		projector.Printable(b.Dispatcher), b.Behind, cursor(b.Cursor))
 	switch {
 	case b.Status == string(projection.StatusDead):
 		fmt.Fprintf(&sb, "It is dead: see why with `%s consumer status %s`, then fix the handler and `%s consumer restart %s`, or `%s consumer skip %s` past the failing event.\n",
@@ -463,7 +456,7 @@ the registered ones.`
 					if err != nil {
 						return err
 					}
-					fmt.Fprintf(a.out, "%s %s: now %s at %s\n", op.use, id, st.Status, cursor(st.Cursor))
+					fmt.Fprintf(a.out, "%s %s: now %s at %s\n", op.use, projector.Printable(id.String()), st.Status, cursor(st.Cursor))
 					return nil
 				})
 			},
@@ -484,11 +477,11 @@ the registered ones.`
 				if err != nil {
 					return unknownConsumer(cmd.Context(), admin, args[0], err)
 				}
-				names := make([]string, len(removed))
+				shards := make([]string, len(removed))
 				for i, id := range removed {
-					names[i] = id.String()
+					shards[i] = id.String()
 				}
-				fmt.Fprintf(a.out, "removed consumer %s: %d shards (%s); its dead letters are kept\n", args[0], len(removed), strings.Join(names, ", "))
+				fmt.Fprintf(a.out, "removed consumer %s: %d shards (%s); its dead letters are kept\n", projector.Printable(args[0]), len(removed), names(shards))
 				return nil
 			})
 		},
@@ -500,8 +493,8 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 	now := time.Now()
 	return writeTable(w, func(tw io.Writer) {
 		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
-		row("consumer", s.Consumer)
-		row("instance", s.Instance)
+		row("consumer", projector.Printable(s.Consumer))
+		row("instance", projector.Printable(s.Instance))
 		if s.Instance == projection.RebuildInstance {
 			row("role", "shadow shard of a blue/green rebuild: builds the new version into tables no reader uses (`rebuild list`)")
 		}
@@ -515,7 +508,7 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 		row("processed", fmt.Sprint(s.Processed))
 		row("attempts", fmt.Sprint(s.Attempts))
 		if s.LastError != "" {
-			row("last error", s.LastError)
+			row("last error", text(s.LastError, lineText))
 			row("last error at", timestamp(s.LastErrorAt, now))
 		}
 		if s.FailedAt.TxID != 0 {

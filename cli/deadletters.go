@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -69,6 +68,9 @@ only be discarded; --model live those a retry may apply.`,
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				dls, err := projection.ListDeadLetters(cmd.Context(), store, f)
+				if errors.Is(err, projection.ErrInvalidFilter) {
+					return usageError{err}
+				}
 				if err != nil {
 					return err
 				}
@@ -87,7 +89,7 @@ only be discarded; --model live those a retry may apply.`,
 					for _, dl := range dls {
 						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", dl.ID, projector.Printable(dl.Consumer),
 							projector.Printable(dl.Instance), projector.Printable(dl.EventType), deadLetterStream(dl), dl.Version,
-							deadLetterStatus(dl), dl.Attempts, dl.CreatedAt.UTC().Format(time.RFC3339), clip(oneLineText(dl.Error), 80))
+							deadLetterStatus(dl), dl.Attempts, dl.CreatedAt.UTC().Format(time.RFC3339), text(dl.Error, 80))
 					}
 				})
 			})
@@ -145,25 +147,25 @@ func (a *App) deadLettersShowCmd() *cobra.Command {
 				fmt.Fprintf(w, "dead letter %d: %s\n", dl.ID, deadLetterStatus(dl))
 				fmt.Fprintf(w, "consumer:   %s (instance %s)\n", projector.Printable(dl.Consumer), projector.Printable(dl.Instance))
 				fmt.Fprintf(w, "event:      %s %s v%d of %s\n", projector.Printable(dl.EventType), dl.EventID, dl.Version, deadLetterStream(dl))
-				fmt.Fprintf(w, "reason:     %s, %d attempts, recorded %s\n", dl.Reason, dl.Attempts, dl.CreatedAt.UTC().Format(time.RFC3339))
+				fmt.Fprintf(w, "reason:     %s, %d attempts, recorded %s\n", projector.Printable(dl.Reason), dl.Attempts, dl.CreatedAt.UTC().Format(time.RFC3339))
 				if dl.ModelRebuildID != 0 {
 					fmt.Fprintf(w, "model:      the one rebuild %d built (a retry is refused once another rebuild replaces it)\n", dl.ModelRebuildID)
 				}
 				if dl.LastRetriedAt != nil {
 					fmt.Fprintf(w, "retried:    %s\n", dl.LastRetriedAt.UTC().Format(time.RFC3339))
 				}
-				fmt.Fprintf(w, "error:      %s\n", oneLineText(dl.Error))
+				fmt.Fprintf(w, "error:      %s\n", text(dl.Error, lineText))
 				if ev == nil {
 					fmt.Fprintln(w, "event pruned: it is no longer in the log, so it cannot be retried; discard the dead letter to close it")
 					return nil
 				}
 				fmt.Fprintf(w, "recorded:   %s, schema version %d\n", ev.RecordedAt.UTC().Format(time.RFC3339), ev.SchemaVersion)
-				fmt.Fprintf(w, "metadata:   correlation %s, causation %s, actor %q\n", ev.Metadata.CorrelationID, ev.Metadata.CausationID, ev.Metadata.Actor)
+				fmt.Fprintf(w, "metadata:   correlation %s, causation %s, actor %s\n", ev.Metadata.CorrelationID, ev.Metadata.CausationID, projector.Printable(ev.Metadata.Actor))
 				if len(ev.Metadata.Headers) > 0 {
 					h, _ := json.Marshal(ev.Metadata.Headers)
-					fmt.Fprintf(w, "headers:    %s\n", h)
+					fmt.Fprintf(w, "headers:    %s\n", projector.PrintableText(string(h), lineText))
 				}
-				fmt.Fprintf(w, "payload:    %s\n", ev.Data)
+				fmt.Fprintf(w, "payload:    %s\n", projector.PrintableText(string(ev.Data), lineText))
 				return nil
 			})
 		},
@@ -263,7 +265,7 @@ others it left (` + "`dead-letters list --model superseded`" + `).`,
 						fmt.Fprintf(a.out, "dead letter %d: applied and resolved%s\n", id, order)
 					} else {
 						failed++
-						fmt.Fprintf(a.out, "dead letter %d: failed again (attempt %d), still open%s: %s\n", id, res.Attempts, order, oneLineText(res.Error))
+						fmt.Fprintf(a.out, "dead letter %d: failed again (attempt %d), still open%s: %s\n", id, res.Attempts, order, text(res.Error, lineText))
 					}
 				}
 				if failed > 0 {
@@ -306,6 +308,9 @@ func openDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, consumer, mode
 	var ids []int64
 	for {
 		page, err := projection.ListDeadLetters(cmd.Context(), store, f)
+		if errors.Is(err, projection.ErrInvalidFilter) {
+			return nil, usageError{fmt.Errorf("--consumer: %w", err)}
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -390,8 +395,6 @@ func deadLetterStatus(dl projection.DeadLetter) string {
 	}
 	return dl.Status
 }
-
-func oneLineText(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 func clip(s string, n int) string {
 	if r := []rune(s); len(r) > n {

@@ -105,13 +105,13 @@ func (a *App) prune(cmd *cobra.Command, store *postgres.Store, opts postgres.Pru
 		verb = "would delete"
 	}
 	fmt.Fprintf(a.out, "%s %d events of stream types %s recorded before %s\n", verb, res.Deleted,
-		strings.Join(types, ", "), res.Cutoff.Local().Format(time.RFC3339))
+		names(types), res.Cutoff.Local().Format(time.RFC3339))
 	for _, t := range res.Types {
 		kind := "ephemeral"
 		if !t.Ephemeral {
 			kind = "aggregate history"
 		}
-		fmt.Fprintf(a.out, "  %d events of stream type %s (%s) from %d %s\n", t.Events, t.StreamType, kind, t.Streams, plural(t.Streams, "stream"))
+		fmt.Fprintf(a.out, "  %d events of stream type %s (%s) from %d %s\n", t.Events, projector.Printable(t.StreamType), kind, t.Streams, plural(t.Streams, "stream"))
 	}
 	fmt.Fprint(a.out, PruneAdvice(a.cfg.Name, res))
 	return nil
@@ -255,8 +255,12 @@ func tailJSON(ev projector.Event) TailJSON {
 	return j
 }
 
+// printLine prints one event of the tail: its payload whole (following the
+// log is what tail is for), escaped only if it holds a character a
+// terminal would obey.
 func (a *App) printLine(ev projector.Event) error {
-	_, err := fmt.Fprintf(a.out, "%s  %-20s %s v%d  %s\n", ev.RecordedAt.Local().Format("2006-01-02T15:04:05.000Z07:00"), ev.Type, ev.Stream, ev.Version, ev.Data)
+	_, err := fmt.Fprintf(a.out, "%s  %-20s %s v%d  %s\n", ev.RecordedAt.Local().Format("2006-01-02T15:04:05.000Z07:00"),
+		projector.Printable(ev.Type), ev.Stream, ev.Version, projector.PrintableText(string(ev.Data), len(ev.Data)))
 	return err
 }
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -72,8 +71,8 @@ func WriteHorizon(w io.Writer, rep projection.HorizonReport, now time.Time) erro
 		fmt.Fprintf(&b, "HORIZON: %s old, held by session pid %d (xid %d) in database %s, user %s, application %q",
 			age(rep.AgeSeconds), h.PID, h.TxID, projector.Printable(h.Database), projector.Printable(h.User), projector.Printable(h.ApplicationName))
 		if !h.Hidden {
-			fmt.Fprintf(&b, ", %s since %s\n", h.State, timestamp(h.Since, now))
-			if q := strings.Join(strings.Fields(printableText(h.Query)), " "); q != "" {
+			fmt.Fprintf(&b, ", %s since %s\n", projector.Printable(h.State), timestamp(h.Since, now))
+			if q := text(h.Query, lineText); q != "" {
 				fmt.Fprintf(&b, "  query: %s\n", q)
 			}
 		} else {
@@ -86,17 +85,6 @@ func WriteHorizon(w io.Writer, rep projection.HorizonReport, now time.Time) erro
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-// printableText is s with control characters (a query's newlines, or an
-// escape sequence someone put in one) turned into spaces.
-func printableText(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
 }
 
 // writeStatusHorizon ends `status` with the horizon's holder.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -87,7 +88,7 @@ func writeRepair(w io.Writer, rep postgres.RepairReport, took time.Duration) err
 			if c.OldFailedAt.TxID != 0 {
 				failing = cursor(c.OldFailedAt) + " → " + cursor(c.NewFailedAt)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", c.Consumer, c.Instance, c.Status,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", projector.Printable(c.Consumer), projector.Printable(c.Instance), projector.Printable(c.Status),
 				cursor(c.OldCursor), cursor(c.NewCursor), c.Behind, c.SeesAgain, failing)
 		}
 		if err := tw.Flush(); err != nil {

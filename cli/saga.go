@@ -54,6 +54,9 @@ func (a *App) sagaListCmd() *cobra.Command {
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				list, err := saga.List(cmd.Context(), store, q)
+				if errors.Is(err, saga.ErrInvalidArgument) {
+					return usageError{err}
+				}
 				if err != nil {
 					return err
 				}
@@ -79,8 +82,8 @@ func writeSagaList(w io.Writer, list []saga.InstanceInfo) error {
 	return writeTable(w, func(tw io.Writer) {
 		fmt.Fprintln(tw, "KEY\tTENANT\tSTATUS\tSTEPS\tLATE\tUPDATED\tSTATE")
 		for _, in := range list {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", in.Key, in.Tenant, in.Status, in.Version, in.LateEvents,
-				ago(in.UpdatedAt, now), shorten(string(in.State), 60))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", projector.Printable(in.Key), projector.Printable(in.Tenant),
+				projector.Printable(string(in.Status)), in.Version, in.LateEvents, ago(in.UpdatedAt, now), text(string(in.State), cellText))
 		}
 	})
 }
@@ -98,8 +101,12 @@ func (a *App) sagaShowCmd() *cobra.Command {
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				in, err := saga.Show(cmd.Context(), store, args[0], tenant, args[1])
+				if errors.Is(err, saga.ErrInvalidArgument) {
+					return usageError{err}
+				}
 				if errors.Is(err, projector.ErrNotFound) {
-					return fmt.Errorf("saga %s has no instance %q in tenant %q (`%s saga list %s` lists them)", args[0], args[1], tenant, cmd.Root().Name(), args[0])
+					return fmt.Errorf("saga %s has no instance %s in tenant %s (`%s saga list %s` lists them)", projector.Printable(args[0]),
+						quoted(args[1]), quoted(tenant), cmd.Root().Name(), projector.Printable(args[0]))
 				}
 				if err != nil {
 					return err
@@ -120,22 +127,22 @@ func writeSagaInstance(w io.Writer, in saga.InstanceDetail) error {
 	now := time.Now()
 	err := writeTable(w, func(tw io.Writer) {
 		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
-		row("saga", in.Saga)
-		row("key", in.Key)
-		row("tenant", in.Tenant)
-		row("status", string(in.Status))
+		row("saga", projector.Printable(in.Saga))
+		row("key", projector.Printable(in.Key))
+		row("tenant", projector.Printable(in.Tenant))
+		row("status", projector.Printable(string(in.Status)))
 		row("steps", fmt.Sprint(in.Version))
 		row("late events", fmt.Sprint(in.LateEvents))
 		row("correlation id", in.CorrelationID.String())
 		if in.LastError != "" {
-			row("last error", in.LastError)
+			row("last error", text(in.LastError, lineText))
 		}
 		row("created", timestamp(in.CreatedAt, now))
 		row("updated", timestamp(in.UpdatedAt, now))
 		if !in.CompletedAt.IsZero() {
 			row("completed", timestamp(in.CompletedAt, now))
 		}
-		row("state", string(in.State))
+		row("state", projector.PrintableText(string(in.State), lineText))
 	})
 	if err != nil {
 		return err
@@ -144,7 +151,7 @@ func writeSagaInstance(w io.Writer, in saga.InstanceDetail) error {
 	err = writeTable(w, func(tw io.Writer) {
 		fmt.Fprintln(tw, "NAME\tDUE\tATTEMPTS\tLAST ERROR")
 		for _, t := range in.Timeouts {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", t.Name, timestamp(t.DueAt, now), t.Attempts, t.LastError)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", projector.Printable(t.Name), timestamp(t.DueAt, now), t.Attempts, text(t.LastError, cellText))
 		}
 	})
 	if err != nil {
@@ -154,7 +161,8 @@ func writeSagaInstance(w io.Writer, in saga.InstanceDetail) error {
 	err = writeTable(w, func(tw io.Writer) {
 		fmt.Fprintln(tw, "STEP\tCAUSE\tTYPE\tSTREAM\tCAUSE ID\tAPPENDED\tAT")
 		for _, s := range in.Steps {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Step, s.Cause, s.Type, s.Stream, s.CauseID, s.Appended, timestamp(s.At, now))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Step, projector.Printable(s.Cause), projector.Printable(s.Type),
+				projector.Printable(s.Stream), s.CauseID, s.Appended, timestamp(s.At, now))
 		}
 	})
 	if err != nil {
@@ -164,7 +172,7 @@ func writeSagaInstance(w io.Writer, in saga.InstanceDetail) error {
 	return writeTable(w, func(tw io.Writer) {
 		fmt.Fprintln(tw, "TYPE\tSTREAM\tVERSION\tID\tCAUSED BY")
 		for _, e := range in.Appended {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", e.Type, e.Stream, e.Version, e.ID, e.CausationID)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", projector.Printable(e.Type), projector.Printable(e.Stream), e.Version, e.ID, e.CausationID)
 		}
 	})
 }

@@ -15,15 +15,15 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
+// verifyDocText is how much of a differing document verify shows.
+const verifyDocText = 500
+
 // maxVerifySample bounds --sample: beyond it a sample is no cheaper than
 // comparing everything.
 const maxVerifySample = 10_000_000
 
 func (a *App) searchCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "search",
-		Short: "Work with the indexes of search projections (see docs/search.md)",
-	}
+	cmd := group("search", "Work with the indexes of search projections (see docs/search.md)")
 	cmd.AddCommand(a.searchVerifyCmd(), a.searchReindexCmd())
 	return cmd
 }
@@ -49,7 +49,7 @@ func (a *App) searchProjection(name string) (*search.Projection, error) {
 	if len(names) > 0 {
 		known = "this binary wires " + strings.Join(names, ", ")
 	}
-	return nil, usageError{fmt.Errorf("no search projection %q (%s)", name, known)}
+	return nil, usageError{fmt.Errorf("no search projection %s (%s)", projector.Printable(name), known)}
 }
 
 func (a *App) searchReindexCmd() *cobra.Command {
@@ -106,8 +106,9 @@ func (a *App) searchVerifyCmd() *cobra.Command {
 		Long: `verify NAME replays the events of the search projection NAME up to its consumer's
 cursor, in memory, through the projection's handlers (compiled into this binary),
 and compares the documents that gives with the ones its index holds: missing,
-extra and differing documents are listed. --sample N compares N documents picked
-at random instead of all. It works through the documents in pages of --page-size
+extra and differing documents are listed. --sample N compares the contents of N
+documents picked at random instead of all; every missing or extra document is
+found whatever the sample, and any is a failure. It works through the documents in pages of --page-size
 (by a hash of tenant and id), replaying the log once per page, so its memory is
 bounded by a page, not by the index.
 
@@ -149,17 +150,19 @@ failed), 2 bad command line.`,
 						fmt.Fprintf(a.out, "... and %d more\n", len(r.Differences)-show)
 						break
 					}
+					doc, want, got := projector.Printable(d.Tenant)+"/"+projector.Printable(d.ID),
+						projector.PrintableText(string(d.Want), verifyDocText), projector.PrintableText(string(d.Got), verifyDocText)
 					switch d.Kind {
 					case search.Missing:
-						fmt.Fprintf(a.out, "missing  %s/%s  log: %s\n", d.Tenant, d.ID, d.Want)
+						fmt.Fprintf(a.out, "missing  %s  log: %s\n", doc, want)
 					case search.Extra:
-						fmt.Fprintf(a.out, "extra    %s/%s  index: %s\n", d.Tenant, d.ID, d.Got)
+						fmt.Fprintf(a.out, "extra    %s  index: %s\n", doc, got)
 					default:
-						fmt.Fprintf(a.out, "differs  %s/%s  log: %s  index: %s\n", d.Tenant, d.ID, d.Want, d.Got)
+						fmt.Fprintf(a.out, "differs  %s  log: %s  index: %s\n", doc, want, got)
 					}
 				}
 				if !r.OK() {
-					return fmt.Errorf("search projection %s: %d of %d documents compared differ from the log", p.Name(), len(r.Differences), r.Compared)
+					return fmt.Errorf("search projection %s: the index differs from the log: %s", p.Name(), verifyCounts(r))
 				}
 				fmt.Fprintln(a.out, "the index holds what the log says")
 				return nil
@@ -170,6 +173,16 @@ failed), 2 bad command line.`,
 	cmd.Flags().IntVar(&show, "show", 20, "list at most this many differences")
 	cmd.Flags().IntVar(&pageSize, "page-size", search.DefaultVerifyPage, "documents compared per page (memory is bounded by a page; each page replays the log)")
 	return cmd
+}
+
+// verifyCounts says how a verify report's index differs from the log.
+func verifyCounts(r search.VerifyReport) string {
+	n := map[search.DiffKind]int{}
+	for _, d := range r.Differences {
+		n[d.Kind]++
+	}
+	return fmt.Sprintf("%d documents expected, %d indexed: %d missing, %d extra, %d of %d compared differ",
+		r.Expected, r.Indexed, n[search.Missing], n[search.Extra], n[search.Differs], r.Compared)
 }
 
 // cancelRebuild is `rebuild cancel NAME`: rebuild.Cancel drops what lives

@@ -5,6 +5,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 )
@@ -69,9 +70,9 @@ func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
 	case s.Instance == projection.RebuildInstance:
 		return s.Instance + " (rebuild shadow)"
 	case r != nil:
-		return fmt.Sprintf("%s (rebuild %d: in place, v%d)", s.Instance, r.ID, r.Version)
+		return fmt.Sprintf("%s (rebuild %d: in place, v%d)", projector.Printable(s.Instance), r.ID, r.Version)
 	}
-	return s.Instance
+	return projector.Printable(s.Instance)
 }
 
 // progressCell renders a rebuild's progress: "45% (450/1000 events)".
@@ -133,8 +134,8 @@ func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuil
 				status += " (failing)"
 			}
 			shadows = shadows || s.Instance == projection.RebuildInstance
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", s.Consumer, instanceCell(s, rebuildOf(s, rebuilds)), status,
-				dispatcher(s, now), cursor(s.Cursor), s.LagEvents, age(s.LagSeconds), s.Attempts, shorten(s.LastError, 60))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", projector.Printable(s.Consumer), instanceCell(s, rebuildOf(s, rebuilds)), status,
+				dispatcher(s, now), cursor(s.Cursor), s.LagEvents, age(s.LagSeconds), s.Attempts, text(s.LastError, cellText))
 		}
 	})
 	if err != nil {
@@ -162,9 +163,9 @@ func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuil
 		for _, r := range active {
 			status := string(r.Status)
 			if r.Status == rebuild.Ready {
-				status += " (held: rebuild switch " + r.Name + ")"
+				status += " (held: rebuild switch " + projector.Printable(r.Name) + ")"
 			}
-			fmt.Fprintf(tw, "%d\t%s\tv%d\t%s\t%s\t%s\t%s\n", r.ID, r.Name, r.Version, r.Mode, status, progressCell(r), ago(r.RequestedAt, now))
+			fmt.Fprintf(tw, "%d\t%s\tv%d\t%s\t%s\t%s\t%s\n", r.ID, projector.Printable(r.Name), r.Version, r.Mode, status, progressCell(r), ago(r.RequestedAt, now))
 		}
 	})
 }

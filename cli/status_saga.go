@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/saga"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -30,7 +31,7 @@ func (a *App) writeFailedSagas(ctx context.Context, store *postgres.Store, asJSO
 	return writeTable(a.out, func(tw io.Writer) {
 		fmt.Fprintln(tw, "SAGA\tFAILED\tSEE")
 		for _, name := range slices.Sorted(maps.Keys(counts)) {
-			fmt.Fprintf(tw, "%s\t%d\t%s saga list %s --status failed\n", name, counts[name], a.cfg.Name, name)
+			fmt.Fprintf(tw, "%s\t%d\t%s saga list %s --status failed\n", projector.Printable(name), counts[name], a.cfg.Name, projector.Printable(name))
 		}
 	})
 }

@@ -176,6 +176,12 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 	default:
 		return nil, fmt.Errorf("%w: model %q (want live or superseded)", ErrInvalidFilter, f.Model)
 	}
+	for _, c := range [...]struct{ what, v string }{{"consumer", f.Consumer}, {"instance", f.Instance},
+		{"event type", f.EventType}, {"tenant", f.Tenant}} {
+		if err := projector.ValidText(c.v); err != nil {
+			return nil, fmt.Errorf("%w: %s %s %w", ErrInvalidFilter, c.what, projector.Printable(c.v), err)
+		}
+	}
 	if f.Limit == 0 {
 		f.Limit = 100
 	}

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -504,8 +503,9 @@ func validInstance(id string) error {
 		return errors.New("instance id is empty")
 	case len(id) > projector.MaxNameLength:
 		return fmt.Errorf("instance id is %d bytes, more than %d", len(id), projector.MaxNameLength)
-	case !utf8.ValidString(id) || strings.ContainsRune(id, 0):
-		return fmt.Errorf("instance id %s is not valid UTF-8 without NUL bytes", projector.Printable(id))
+	}
+	if err := projector.ValidText(id); err != nil {
+		return fmt.Errorf("instance id %s %w", projector.Printable(id), err)
 	}
 	return nil
 }

@@ -60,6 +60,9 @@ func List(ctx context.Context, store *postgres.Store, q ListQuery) ([]InstanceIn
 	if q.Saga == "" {
 		return nil, fmt.Errorf("%w: list saga instances: no saga name", ErrInvalidArgument)
 	}
+	if err := checkText("list saga instances", "saga", q.Saga, "tenant", q.Tenant); err != nil {
+		return nil, err
+	}
 	if q.Limit < 0 {
 		return nil, fmt.Errorf("%w: list saga instances: negative limit %d", ErrInvalidArgument, q.Limit)
 	}
@@ -90,13 +93,26 @@ func List(ctx context.Context, store *postgres.Store, q ListQuery) ([]InstanceIn
 	}
 	rows, err := store.Pool().Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list saga instances of %q: %w", q.Saga, err)
+		return nil, fmt.Errorf("list saga instances of %s: %w", projector.Printable(q.Saga), err)
 	}
 	out, err := pgx.CollectRows(rows, scanInstance)
 	if err != nil {
-		return nil, fmt.Errorf("list saga instances of %q: %w", q.Saga, err)
+		return nil, fmt.Errorf("list saga instances of %s: %w", projector.Printable(q.Saga), err)
 	}
 	return out, nil
+}
+
+// checkText refuses, as [ErrInvalidArgument], any of the named values
+// (name, value, name, value, …) that PostgreSQL text cannot hold, before
+// it is sent: the driver's error would say nothing a caller can test with
+// errors.Is, and abort a caller's transaction.
+func checkText(op string, pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if err := projector.ValidText(pairs[i+1]); err != nil {
+			return fmt.Errorf("%w: %s: %s %s %w", ErrInvalidArgument, op, pairs[i], projector.Printable(pairs[i+1]), err)
+		}
+	}
+	return nil
 }
 
 // instanceColumns are the columns of an instance, read from
@@ -173,7 +189,10 @@ type AppendedEvent struct {
 // Show returns the instance of saga for tenant and key, with its pending
 // timeouts, steps and appended events; [projector.ErrNotFound] if none.
 func Show(ctx context.Context, store *postgres.Store, saga, tenant, key string) (InstanceDetail, error) {
-	return show(ctx, store, saga, fmt.Sprintf("instance %q of tenant %q", key, tenant),
+	if err := checkText("show saga instance", "saga", saga, "tenant", tenant, "key", key); err != nil {
+		return InstanceDetail{}, err
+	}
+	return show(ctx, store, saga, fmt.Sprintf("instance %s of tenant %s", projector.Printable(key), projector.Printable(tenant)),
 		`i.saga = $1 AND i.tenant_id = $2 AND i.key = $3`, saga, tenant, key)
 }
 
@@ -182,6 +201,9 @@ func Show(ctx context.Context, store *postgres.Store, saga, tenant, key string) 
 // nor a key that may not fit in a URL. [projector.ErrNotFound] if saga
 // has no instance id.
 func ShowID(ctx context.Context, store *postgres.Store, saga string, id uuid.UUID) (InstanceDetail, error) {
+	if err := checkText("show saga instance", "saga", saga); err != nil {
+		return InstanceDetail{}, err
+	}
 	return show(ctx, store, saga, "instance "+id.String(), `i.saga = $1 AND i.id = $2`, saga, id)
 }
 
@@ -193,14 +215,14 @@ func show(ctx context.Context, store *postgres.Store, saga, what, where string, 
 	rows, err := store.Pool().Query(ctx, `SELECT `+instanceColumns+`, `+nextTimeoutColumn(store)+`
 		FROM `+store.Table("projector_saga_instances")+` i WHERE `+where, args...)
 	if err != nil {
-		return d, fmt.Errorf("show saga %q %s: %w", saga, what, err)
+		return d, fmt.Errorf("show saga %s %s: %w", projector.Printable(saga), what, err)
 	}
 	d.InstanceInfo, err = pgx.CollectExactlyOneRow(rows, scanInstance)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return d, fmt.Errorf("show saga %q %s: %w", saga, what, projector.ErrNotFound)
+		return d, fmt.Errorf("show saga %s %s: %w", projector.Printable(saga), what, projector.ErrNotFound)
 	}
 	if err != nil {
-		return d, fmt.Errorf("show saga %q %s: %w", saga, what, err)
+		return d, fmt.Errorf("show saga %s %s: %w", projector.Printable(saga), what, err)
 	}
 	key := d.Key
 	rows, err = store.Pool().Query(ctx, `SELECT id, name, due_at, attempts, coalesce(last_error, '') FROM `+
@@ -212,7 +234,7 @@ func show(ctx context.Context, store *postgres.Store, saga, what, where string, 
 		})
 	}
 	if err != nil {
-		return d, fmt.Errorf("show saga %q instance %q: timeouts: %w", saga, key, err)
+		return d, fmt.Errorf("show saga %s instance %s: timeouts: %w", projector.Printable(saga), projector.Printable(key), err)
 	}
 	ev := store.Table("projector_events")
 	rows, err = store.Pool().Query(ctx, `SELECT s.step, s.cause, s.cause_id, s.type,
@@ -226,7 +248,7 @@ func show(ctx context.Context, store *postgres.Store, saga, what, where string, 
 		})
 	}
 	if err != nil {
-		return d, fmt.Errorf("show saga %q instance %q: steps: %w", saga, key, err)
+		return d, fmt.Errorf("show saga %s instance %s: steps: %w", projector.Printable(saga), projector.Printable(key), err)
 	}
 	causes := make([]uuid.UUID, len(d.Steps))
 	for i, s := range d.Steps {
@@ -241,7 +263,7 @@ func show(ctx context.Context, store *postgres.Store, saga, what, where string, 
 		})
 	}
 	if err != nil {
-		return d, fmt.Errorf("show saga %q instance %q: appended events: %w", saga, key, err)
+		return d, fmt.Errorf("show saga %s instance %s: appended events: %w", projector.Printable(saga), projector.Printable(key), err)
 	}
 	return d, nil
 }

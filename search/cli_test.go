@@ -22,7 +22,8 @@ import (
 // TestCLISearchVerify: `projector search verify NAME` on an application
 // wired the way cli.Config.Wire builds it (pgsearch from the schema name):
 // exit 0 when the index holds what the log says, 1 with the planted
-// document listed when it does not (in pages too), 2 for an unknown name,
+// document listed when it does not (in pages too, and with a sample of 1),
+// 2 for an unknown name,
 // a bad --sample or --page-size.
 func TestCLISearchVerify(t *testing.T) {
 	t.Parallel()
@@ -62,6 +63,13 @@ func TestCLISearchVerify(t *testing.T) {
 	if code != cli.ExitError || !strings.Contains(out, "extra    acme/planted") {
 		t.Fatalf("verify with a planted document: exit %d\n%s", code, out)
 	}
+	// A sample of one among 150 documents still finds the extra one: the
+	// header says 1 more indexed than expected, and that is a failure.
+	for range 3 {
+		if out, code = run("search", "verify", "ticket_search", "--sample", "1"); code != cli.ExitError || !strings.Contains(out, "extra    acme/planted") {
+			t.Fatalf("verify --sample 1 with a planted document: exit %d\n%s", code, out)
+		}
+	}
 	if out, code = run("search", "verify", "nope"); code != cli.ExitUsage || !strings.Contains(out, "ticket_search") {
 		t.Fatalf("verify of an unknown name: exit %d\n%s", code, out)
 	}
@@ -72,6 +80,16 @@ func TestCLISearchVerify(t *testing.T) {
 		if out, code = run("search", "verify", "ticket_search", "--page-size", bad); code != cli.ExitUsage {
 			t.Fatalf("verify --page-size %s: exit %d\n%s", bad, code, out)
 		}
+	}
+	// A planted document whose id would take over the terminal, and
+	// whose contents are long: shown escaped and cut.
+	hostile := "\x1b]0;owned\a\x1b[2J" + strings.Repeat("x", 2000)
+	_, err = e.store.Pool().Exec(e.ctx, `INSERT INTO `+e.store.Schema()+`.`+pgsearch.TableName(ticketIndex)+` (tenant_id, id, doc)
+		VALUES ('acme', $1, jsonb_build_object('id', $1::text))`, hostile)
+	must(t, err)
+	out, code = run("search", "verify", "ticket_search")
+	if code != cli.ExitError || strings.ContainsAny(out, "\x1b\a") || strings.Contains(out, strings.Repeat("x", 600)) || !strings.Contains(out, `extra    acme/"\x1b]0;owned\a`) {
+		t.Fatalf("verify with a hostile planted document: exit %d\n%q", code, out)
 	}
 	// Pages of 5 documents: the same finding and exit code.
 	if out, code = run("search", "verify", "ticket_search", "--page-size", "5"); code != cli.ExitError || !strings.Contains(out, "extra    acme/planted") {

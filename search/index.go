@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+
+	"github.com/projectorhq/projector"
 )
 
 // ErrInvalidIndex: an index was declared wrongly (a bad name, a bad or
@@ -132,8 +134,14 @@ func Eq(attr string, value any) Filter { return Filter{Attr: attr, Value: value}
 
 // JSON returns the filter's value as JSON, the form both backends compare.
 func (f Filter) JSON() (json.RawMessage, error) {
-	switch f.Value.(type) {
-	case string, bool, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64, float32, float64, json.Number:
+	switch v := f.Value.(type) {
+	case string:
+		// encoding/json would turn invalid UTF-8 into U+FFFD (matching
+		// something else) and PostgreSQL's jsonb refuses \u0000.
+		if err := projector.ValidText(v); err != nil {
+			return nil, fmt.Errorf("%w: %s: the value %s %w", ErrInvalidFilter, f.Attr, projector.Printable(v), err)
+		}
+	case bool, int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64, float32, float64, json.Number:
 	default:
 		return nil, fmt.Errorf("%w: %s: value of type %T; want a string, number or boolean", ErrInvalidFilter, f.Attr, f.Value)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"unicode"
 
 	"github.com/projectorhq/projector"
 )
@@ -15,10 +16,23 @@ import (
 // rather than everybody's documents.
 var ErrNoTenant = errors.New("search: no tenant in the context of a search of a tenant-owned index (use search.WithTenant)")
 
+// ErrQueryTooLarge: a query's text is longer than [MaxQueryBytes] or
+// holds more than [MaxQueryTerms] words. Every word is a condition the
+// backend must meet (PostgreSQL ANDs one prefix match per word), so an
+// unbounded query is an unbounded cost: a megabyte of words once ran for
+// half a minute and ended in PostgreSQL's stack depth limit. The error
+// never carries the query's text.
+var ErrQueryTooLarge = errors.New("search: query too large")
+
 // Defaults and limits of [Query].
 const (
 	DefaultLimit = 20
 	MaxLimit     = 1000
+	// MaxQueryBytes caps the length of [Query.Text] in bytes.
+	MaxQueryBytes = 2048
+	// MaxQueryTerms caps the words of [Query.Text], as [QueryTerms]
+	// splits them.
+	MaxQueryTerms = 32
 )
 
 // Query is what a search asks for.
@@ -106,8 +120,42 @@ func SearchQuery[T any](ctx context.Context, src Source, q Query) ([]T, error) {
 	return out, nil
 }
 
+// QueryTerms returns the words of a query's text as the backends match
+// them: runs of letters and digits, everything else separating them. Text
+// longer than [MaxQueryBytes] or of more than [MaxQueryTerms] words is
+// [ErrQueryTooLarge], found without splitting more than the limit allows.
+func QueryTerms(text string) ([]string, error) {
+	if len(text) > MaxQueryBytes {
+		return nil, fmt.Errorf("%w: the text is %d bytes, more than %d", ErrQueryTooLarge, len(text), MaxQueryBytes)
+	}
+	var terms []string
+	start := -1
+	for i, r := range text {
+		inWord := unicode.IsLetter(r) || unicode.IsDigit(r)
+		switch {
+		case inWord && start < 0:
+			start = i
+		case !inWord && start >= 0:
+			terms, start = append(terms, text[start:i]), -1
+		}
+		if len(terms) > MaxQueryTerms {
+			return nil, fmt.Errorf("%w: the text holds more than %d words", ErrQueryTooLarge, MaxQueryTerms)
+		}
+	}
+	if start >= 0 {
+		terms = append(terms, text[start:])
+	}
+	if len(terms) > MaxQueryTerms {
+		return nil, fmt.Errorf("%w: the text holds more than %d words", ErrQueryTooLarge, MaxQueryTerms)
+	}
+	return terms, nil
+}
+
 // request checks q and adds the tenant filter.
 func request(ctx context.Context, idx Index, q Query) (Request, error) {
+	if _, err := QueryTerms(q.Text); err != nil {
+		return Request{}, fmt.Errorf("search index %q: %w", idx.Name, err)
+	}
 	if q.Limit == 0 {
 		q.Limit = DefaultLimit
 	}

@@ -29,9 +29,10 @@ const DefaultVerifyAttempts = 5
 
 // VerifyOptions tunes [Verify].
 type VerifyOptions struct {
-	// Sample compares only that many documents, picked at random among
-	// those the log says the index should hold and those it holds; 0
-	// compares all.
+	// Sample compares the contents of only that many documents, picked
+	// at random among those both the log and the index hold; 0 compares
+	// all. Presence is always checked in full: every document missing
+	// from the index or extra in it is reported whatever the sample.
 	Sample int
 	// Attempts is how often Verify reads again when the consumer's cursor
 	// moved while it read the index; default [DefaultVerifyAttempts].
@@ -83,7 +84,9 @@ type VerifyReport struct {
 	// Expected and Indexed count the documents the log says the index
 	// should hold and the documents it holds.
 	Expected, Indexed int
-	// Compared is how many documents were compared (all, or the sample).
+	// Compared is how many documents held on both sides had their
+	// contents compared (all, or the sample). Whatever the sample, every
+	// document missing from the index or extra in it is in Differences.
 	Compared int
 	// Differences are in tenant and id order.
 	Differences []Difference
@@ -92,8 +95,10 @@ type VerifyReport struct {
 	Moved bool
 }
 
-// OK reports that the index holds what the log says.
-func (r VerifyReport) OK() bool { return len(r.Differences) == 0 }
+// OK reports that the index holds what the log says: no difference was
+// found and the index holds as many documents as the log says it should.
+// A sample never makes a missing or extra document pass.
+func (r VerifyReport) OK() bool { return len(r.Differences) == 0 && r.Expected == r.Indexed }
 
 // Verify compares p's index with what the log says it should hold: it
 // replays the events of p's types up to the consumer's cursor through p's
@@ -400,58 +405,55 @@ func matchesAll(d map[string]json.RawMessage, filters []Filter) bool {
 }
 
 // compare adds to r what the expected documents and the indexed ones of a
-// page say: all of them compared, sample of them (> 0), or none (< 0).
+// page say. Every document missing from the index or extra in it is
+// reported whatever the sample: finding them costs a look-up, and a
+// sample that could miss a lost write would make verification pass a
+// broken index. Only the comparison of contents, which decodes both
+// sides, is sampled: all documents on both sides (sample 0), sample of
+// them (> 0), or none (< 0).
 func (r *VerifyReport) compare(want map[docKey]map[string]json.RawMessage, got []Stored, sample int) {
 	have := make(map[docKey]json.RawMessage, len(got))
 	for _, s := range got {
 		have[docKey{s.Tenant, s.ID}] = s.Doc
 	}
 	r.Expected, r.Indexed = r.Expected+len(want), r.Indexed+len(have)
-	keys := make([]docKey, 0, len(want)+len(have))
-	for k := range want {
-		keys = append(keys, k)
+	both := make([]docKey, 0, min(len(want), len(have)))
+	for k, w := range want {
+		if _, ok := have[k]; ok {
+			both = append(both, k)
+			continue
+		}
+		r.Differences = append(r.Differences, Difference{Kind: Missing, Tenant: k.tenant, ID: k.id, Want: canonical(w)})
 	}
-	for k := range have {
+	for k, g := range have {
 		if _, ok := want[k]; !ok {
-			keys = append(keys, k)
+			r.Differences = append(r.Differences, Difference{Kind: Extra, Tenant: k.tenant, ID: k.id, Got: g})
 		}
 	}
-	slices.SortFunc(keys, func(a, b docKey) int {
+	slices.SortFunc(both, func(a, b docKey) int {
 		if c := strings.Compare(a.tenant, b.tenant); c != 0 {
 			return c
 		}
 		return strings.Compare(a.id, b.id)
 	})
 	if sample < 0 {
-		keys = nil
+		both = nil
 	}
-	if sample > 0 && sample < len(keys) {
-		picked := rand.Perm(len(keys))[:sample]
+	if sample > 0 && sample < len(both) {
+		picked := rand.Perm(len(both))[:sample]
 		slices.Sort(picked)
 		sampled := make([]docKey, len(picked))
 		for i, j := range picked {
-			sampled[i] = keys[j]
+			sampled[i] = both[j]
 		}
-		keys = sampled
+		both = sampled
 	}
-	r.Compared += len(keys)
-	for _, k := range keys {
-		w, inLog := want[k]
-		g, inIndex := have[k]
-		var wantJSON json.RawMessage
-		if inLog {
-			wantJSON = canonical(w)
-		}
-		switch {
-		case inLog && !inIndex:
-			r.Differences = append(r.Differences, Difference{Kind: Missing, Tenant: k.tenant, ID: k.id, Want: wantJSON})
-		case !inLog && inIndex:
-			r.Differences = append(r.Differences, Difference{Kind: Extra, Tenant: k.tenant, ID: k.id, Got: g})
-		default:
-			var gotDoc map[string]json.RawMessage
-			if json.Unmarshal(g, &gotDoc) != nil || !bytes.Equal(canonical(gotDoc), wantJSON) {
-				r.Differences = append(r.Differences, Difference{Kind: Differs, Tenant: k.tenant, ID: k.id, Want: wantJSON, Got: g})
-			}
+	r.Compared += len(both)
+	for _, k := range both {
+		wantJSON := canonical(want[k])
+		var gotDoc map[string]json.RawMessage
+		if g := have[k]; json.Unmarshal(g, &gotDoc) != nil || !bytes.Equal(canonical(gotDoc), wantJSON) {
+			r.Differences = append(r.Differences, Difference{Kind: Differs, Tenant: k.tenant, ID: k.id, Want: wantJSON, Got: g})
 		}
 	}
 }

@@ -2,6 +2,7 @@ package search_test
 
 import (
 	"encoding/json"
+	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -96,4 +97,55 @@ func TestVerify(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestVerifySampleFindsEveryMissingAndExtra: a sample samples the
+// comparison of contents only. An index with one document missing and
+// one extra (the counts even out) or with one extra (the counts differ)
+// fails verification whatever the sample, in one page or many: a sample
+// of 1 among dozens once passed it.
+func TestVerifySampleFindsEveryMissingAndExtra(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := backends()[0].make(e)
+	p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{})
+	d := e.dispatcher(p)
+	m := e.history(rand.New(rand.NewPCG(7, uint64(time.Now().UnixNano()))), model{}, []string{"acme", "globex"}, 40, 200)
+	e.catchUp(d)
+	var deleted string
+	for id := range m["acme"] {
+		deleted = id
+		break
+	}
+	if deleted == "" {
+		t.Fatal("the history left no acme document")
+	}
+	raw := func(v any) json.RawMessage { return mustJSON(t, v) }
+	extra := search.Op{Kind: search.OpUpsert, Tenant: "globex", ID: "planted", Doc: map[string]json.RawMessage{"id": raw("planted"), "title": raw("not in the log")}}
+	must(t, pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error { return b.Apply(e.ctx, tx, ticketIndex, []search.Op{extra}) }))
+	check := func(what string, want map[string]search.DiffKind) {
+		t.Helper()
+		for _, opts := range []search.VerifyOptions{{Sample: 1}, {Sample: 1, PageSize: 7}, {Sample: 3, PageSize: 5}} {
+			report, err := search.Verify(e.ctx, e.store, p, opts)
+			must(t, err)
+			got := map[string]search.DiffKind{}
+			for _, d := range report.Differences {
+				if d.Kind != search.Differs {
+					got[d.Tenant+"/"+d.ID] = d.Kind
+				}
+			}
+			if report.OK() || !maps.Equal(got, want) {
+				t.Fatalf("%s, %+v: OK %v, %d expected, %d indexed, %d compared; missing and extra %v, want %v",
+					what, opts, report.OK(), report.Expected, report.Indexed, report.Compared, got, want)
+			}
+			if report.Compared > opts.Sample {
+				t.Fatalf("%s, %+v: %d documents' contents compared, more than the sample", what, opts, report.Compared)
+			}
+		}
+	}
+	check("one extra document", map[string]search.DiffKind{"globex/planted": search.Extra})
+	must(t, pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		return b.Apply(e.ctx, tx, ticketIndex, []search.Op{{Kind: search.OpDelete, Tenant: "acme", ID: deleted}})
+	}))
+	check("one extra and one missing document", map[string]search.DiffKind{"globex/planted": search.Extra, "acme/" + deleted: search.Missing})
 }

@@ -29,7 +29,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"unicode"
 
 	"github.com/jackc/pgx/v5"
 
@@ -425,11 +424,17 @@ func (b *Backend) Query(ctx context.Context, idx search.Index, q search.Request)
 	if err != nil {
 		return nil, err
 	}
-	order := ""
-	if tsq := prefixQuery(q.Text); tsq != "" {
+	tsq, err := prefixQuery(q.Text)
+	if err != nil {
+		return nil, err
+	}
+	from, order := t, ""
+	if tsq != "" {
+		// to_tsquery runs once, in FROM; the match and the rank share it.
 		args = append(args, tsq)
-		where += fmt.Sprintf(" AND search_text @@ to_tsquery(%s::regconfig, $%d)", quoteLiteral(b.cfg.TextSearchConfig), len(args))
-		order = fmt.Sprintf("ts_rank(search_text, to_tsquery(%s::regconfig, $%d)) DESC, ", quoteLiteral(b.cfg.TextSearchConfig), len(args))
+		from += fmt.Sprintf(", to_tsquery(%s::regconfig, $%d) AS q", quoteLiteral(b.cfg.TextSearchConfig), len(args))
+		where += " AND search_text @@ q"
+		order = "ts_rank(search_text, q) DESC, "
 	}
 	if len(q.Sort) > 0 {
 		order = ""
@@ -444,7 +449,7 @@ func (b *Backend) Query(ctx context.Context, idx search.Index, q search.Request)
 		}
 	}
 	args = append(args, q.Limit, q.Offset)
-	sql := fmt.Sprintf(`SELECT doc FROM %s WHERE tenant_id = $1%s ORDER BY %sid LIMIT $%d OFFSET $%d`, t, where, order, len(args)-1, len(args))
+	sql := fmt.Sprintf(`SELECT doc FROM %s WHERE tenant_id = $1%s ORDER BY %sid LIMIT $%d OFFSET $%d`, from, where, order, len(args)-1, len(args))
 	db, err := b.database()
 	if err != nil {
 		return nil, err
@@ -465,14 +470,19 @@ func (b *Backend) Query(ctx context.Context, idx search.Index, q search.Request)
 }
 
 // prefixQuery turns free text into a to_tsquery expression matching
-// every word as a prefix: "print jam" → 'print':* & 'jam':*. Only letters
-// and digits pass, so the expression needs no further escaping.
-func prefixQuery(text string) string {
-	words := strings.FieldsFunc(text, func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) })
+// every word as a prefix: "print jam" → 'print':* & 'jam':*. Words are
+// search.QueryTerms (letters and digits only, so the expression needs no
+// further escaping), which bounds their number: each is a condition, and
+// an unbounded AND of them once exhausted PostgreSQL's stack.
+func prefixQuery(text string) (string, error) {
+	words, err := search.QueryTerms(text)
+	if err != nil {
+		return "", err
+	}
 	for i, w := range words {
 		words[i] = "'" + w + "':*"
 	}
-	return strings.Join(words, " & ")
+	return strings.Join(words, " & "), nil
 }
 
 // Documents lists every document of idx, ordered by tenant and id.

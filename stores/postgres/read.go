@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -174,8 +172,8 @@ func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, e
 // nothing and is fine.
 func checkFilter(names []string, what string, sentinel error) error {
 	for _, n := range names {
-		if !utf8.ValidString(n) || strings.IndexByte(n, 0) >= 0 {
-			return fmt.Errorf("%w: %s filter %s is not valid UTF-8 or contains a NUL byte", sentinel, what, projector.Printable(n))
+		if err := projector.ValidText(n); err != nil {
+			return fmt.Errorf("%w: %s filter %s %w", sentinel, what, projector.Printable(n), err)
 		}
 	}
 	return nil

@@ -1,0 +1,59 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+)
+
+// runIn runs the command tree, with reg's event types, in this process
+// against schema and returns what it printed (the error last, as Main prints it) and the exit
+// code.
+func runIn(t *testing.T, schema string, reg *projector.Registry, args ...string) (string, int) {
+	t.Helper()
+	root := New(Config{Registry: reg})
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(append(args, "--database-url", pgtest.URL(t), "--schema", schema))
+	err := root.ExecuteContext(context.Background())
+	if err != nil {
+		out.WriteString(message(err) + "\n")
+	}
+	return out.String(), ExitCode(err)
+}
+
+// A name, tenant or other filter PostgreSQL text cannot hold (invalid
+// UTF-8, a NUL byte) is a bad command line, exit 2, with the value shown
+// escaped: it once reached the driver and came back as exit 1 with
+// `invalid byte sequence for encoding "UTF8"`.
+func TestUnstorableStringsAreUsageErrors(t *testing.T) {
+	t.Parallel()
+	store := pgtest.Store(t, projector.NewRegistry())
+	for _, bad := range []string{"x\xffy", "x\x00y"} {
+		for _, args := range [][]string{
+			{"saga", "list", bad},
+			{"saga", "list", "sla", "--tenant", bad},
+			{"saga", "show", bad, "k"},
+			{"saga", "show", "sla", bad},
+			{"saga", "show", "sla", "k", "--tenant", bad},
+			{"dead-letters", "list", "--consumer", bad},
+			{"dead-letters", "list", "--tenant", bad},
+			{"dead-letters", "list", "--type", bad},
+			{"dead-letters", "list", "--instance", bad},
+			{"dead-letters", "retry", "--all", "--consumer", bad},
+		} {
+			out, code := runIn(t, store.Schema(), nil, args...)
+			if code != ExitUsage {
+				t.Errorf("%q: exit %d, want %d\n%s", args, code, ExitUsage, out)
+			}
+			if strings.Contains(out, bad) || strings.Contains(out, "SQLSTATE") {
+				t.Errorf("%q: raw bytes or a driver error in the output: %q", args, out)
+			}
+		}
+	}
+}
