@@ -395,10 +395,3 @@ func deadLetterStatus(dl projection.DeadLetter) string {
 	}
 	return dl.Status
 }
-
-func clip(s string, n int) string {
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
-}

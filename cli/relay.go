@@ -143,7 +143,7 @@ func (a *App) writeRelayShard(r *projection.ShardState, consumer, schema string)
   attempts          %d
   last error        %s
 `, projector.Printable(r.Consumer), r.Status, r.Dispatcher, cursor(r.Cursor), r.LagEvents, r.LagSeconds, r.Attempts,
-		cmp.Or(clip(oneLineText(projector.Printable(r.LastError)), 300), "-"))
+		cmp.Or(text(r.LastError, 300), "-"))
 	return err
 }
 

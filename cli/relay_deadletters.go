@@ -93,8 +93,8 @@ for the next page.`,
 				w := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
 				fmt.Fprintln(w, "ID\tEVENT\tTYPE\tSUBJECT\tSTATUS\tDELIVERIES\tAT\tERROR")
 				for _, d := range dls {
-					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, eventIDText(d), cmpDash(d.Header.Get(jetstream.HeaderEventType)),
-						d.Subject, d.Status, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), clip(oneLineText(d.Error), 80))
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, eventIDText(d), cmpDash(text(d.Header.Get(jetstream.HeaderEventType), cellText)),
+						text(d.Subject, cellText), d.Status, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), text(d.Error, 80))
 				}
 				return w.Flush()
 			})
@@ -143,7 +143,7 @@ func (a *App) relayDLShowCmd() *cobra.Command {
 					fmt.Fprintf(w, "  retried     %s\n", d.LastRetriedAt.UTC().Format(time.RFC3339))
 				}
 				fmt.Fprintf(w, "  event       %s\n  subject     %s\n  deliveries  %d\n  at          %s\n  error       %s\n  headers\n",
-					eventIDText(d), d.Subject, d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), oneLineText(d.Error))
+					eventIDText(d), text(d.Subject, lineText), d.Deliveries, d.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), text(d.Error, lineText))
 				for _, k := range slices.Sorted(func(yield func(string) bool) {
 					for k := range d.Header {
 						if !yield(k) {
@@ -151,7 +151,7 @@ func (a *App) relayDLShowCmd() *cobra.Command {
 						}
 					}
 				}) {
-					fmt.Fprintf(w, "    %s: %s\n", k, strings.Join(d.Header.Values(k), ", "))
+					fmt.Fprintf(w, "    %s: %s\n", text(k, cellText), text(strings.Join(d.Header.Values(k), ", "), lineText))
 				}
 				_, err = fmt.Fprintf(w, "  body\n    %s\n", bodyText(d.Data))
 				return err
@@ -287,9 +287,9 @@ func (a *App) eachDeadLetter(ids []int64, verb, done string, do func(int64) erro
 			fmt.Fprintf(a.out, "dead letter %d: %s\n", id, done)
 			continue
 		case errors.As(err, &again):
-			fmt.Fprintf(a.out, "dead letter %d: retried, the handler failed again; still open: %s\n", id, clip(oneLineText(projector.Printable(again.Err.Error())), 500))
+			fmt.Fprintf(a.out, "dead letter %d: retried, the handler failed again; still open: %s\n", id, text(again.Err.Error(), 500))
 		default:
-			fmt.Fprintf(a.out, "dead letter %d: not %s: %s\n", id, verb, clip(oneLineText(projector.Printable(err.Error())), 500))
+			fmt.Fprintf(a.out, "dead letter %d: not %s: %s\n", id, verb, text(err.Error(), 500))
 		}
 		errs = append(errs, err)
 	}

@@ -593,7 +593,7 @@ func TestRelayStatusEitherSide(t *testing.T) {
 	}
 	missing := stream + "_GONE"
 	out, code = run(e.store.Schema(), "--stream", missing)
-	if code != ExitError || !strings.Contains(out, "pass --stream") || !strings.Contains(out, stream) || strings.Contains(out, "404") {
+	if code != ExitError || !strings.Contains(out, "pass --stream") || !strings.Contains(out, stream) || strings.Contains(out, "code=404") {
 		t.Fatalf("a stream the server lacks: exit %d, want %d with the flag and the streams named:\n%s", code, ExitError, out)
 	}
 }
