@@ -83,7 +83,7 @@ func TestPromise20_KitMatchesDispatcher(t *testing.T) {
 			}
 			got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]string, error) {
 				v, err := r.Values()
-				return []string{fmt.Sprint(v...)}, err
+				return []string{fmt.Sprintf("%v", v)}, err
 			})
 			if err != nil {
 				return nil, err
