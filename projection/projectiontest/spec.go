@@ -66,9 +66,6 @@ type Spec struct {
 	pending [][]projector.Event
 	// applied are all the events applied, for failure messages.
 	applied []projector.Event
-	// failure is the error applying the last batch returned, when a
-	// check is to look at it ([Spec.ThenFails]).
-	failure error
 }
 
 // New starts a spec: it begins the spec's transaction on cfg.Store and
