@@ -24,18 +24,20 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection/projectiontest"
 	"github.com/projectorhq/projector/saga"
 )
 
-// Start is the fixture clock's start.
-var Start = time.Date(2026, 1, 1, 9, 0, 0, 0, time.UTC)
+// Start is the fixture clock's start: the same instant as
+// projectiontest.Start.
+var Start = projectiontest.Start
 
 // Fixture drives one saga type in memory.
 type Fixture[S any] struct {
 	t        testing.TB
 	s        *saga.Saga[S]
 	reg      *projector.Registry
-	now      time.Time
+	clock    *projectiontest.Clock
 	inst     map[instKey]*instance[S]
 	versions map[projector.StreamRef]int64
 	appended []Appended
@@ -75,11 +77,22 @@ func New[S any](t testing.TB, s *saga.Saga[S], reg *projector.Registry) *Fixture
 	if err := s.Validate(reg); err != nil {
 		t.Fatalf("sagatest: %v", err)
 	}
-	return &Fixture[S]{t: t, s: s, reg: reg, now: Start, inst: map[instKey]*instance[S]{}, versions: map[projector.StreamRef]int64{}}
+	return &Fixture[S]{t: t, s: s, reg: reg, clock: projectiontest.NewClock(Start), inst: map[instKey]*instance[S]{}, versions: map[projector.StreamRef]int64{}}
 }
 
 // Now returns the fixture's clock.
-func (f *Fixture[S]) Now() time.Time { return f.now }
+func (f *Fixture[S]) Now() time.Time { return f.clock.Now() }
+
+// UseClock makes the fixture read and move c instead of its own clock, so
+// a saga fixture and a projection spec (package projectiontest), or the
+// code under test, share one time. Call it before the first event.
+func (f *Fixture[S]) UseClock(c *projectiontest.Clock) *Fixture[S] {
+	f.clock = c
+	return f
+}
+
+// Clock returns the fixture's clock.
+func (f *Fixture[S]) Clock() *projectiontest.Clock { return f.clock }
 
 // Given delivers events, each payload appended to stream (as the next
 // version) and handled, with everything the saga appends in return handled
@@ -127,7 +140,7 @@ func (f *Fixture[S]) event(stream projector.StreamRef, payload any, md projector
 	}
 	f.versions[stream]++
 	return projector.Event{ID: uuid.New(), Stream: stream, Version: f.versions[stream], Type: enc.Type,
-		SchemaVersion: enc.SchemaVersion, Data: enc.Data, Payload: reflect.ValueOf(payload).Interface(), Metadata: md, RecordedAt: f.now}, nil
+		SchemaVersion: enc.SchemaVersion, Data: enc.Data, Payload: reflect.ValueOf(payload).Interface(), Metadata: md, RecordedAt: f.clock.Now()}, nil
 }
 
 // handle takes one event's step and returns the events it appended that
@@ -158,7 +171,7 @@ func (f *Fixture[S]) handle(ev projector.Event) ([]projector.Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, err := f.s.Decide(context.Background(), f.reg, cur, isNew, ev, f.now)
+	d, err := f.s.Decide(context.Background(), f.reg, cur, isNew, ev, f.clock.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -212,19 +225,21 @@ func (f *Fixture[S]) Advance(d time.Duration) *Fixture[S] {
 	if d < 0 {
 		f.t.Fatalf("sagatest: advance by %v: the clock does not go back", d)
 	}
-	end := f.now.Add(d)
+	end := f.clock.Now().Add(d)
 	for {
 		in, name, p, ok := f.nextDue(end)
 		if !ok {
 			break
 		}
-		f.now = p.at
+		if p.at.After(f.clock.Now()) {
+			f.clock.Set(p.at) // a shared clock never goes back
+		}
 		delete(in.timeouts, name)
 		cur, err := f.stored(in.snap)
 		if err != nil {
 			f.t.Fatalf("sagatest: %v", err)
 		}
-		dec, err := f.s.DecideTimeout(context.Background(), f.reg, cur, saga.Timeout{ID: p.id, Name: name, Due: p.at}, f.now)
+		dec, err := f.s.DecideTimeout(context.Background(), f.reg, cur, saga.Timeout{ID: p.id, Name: name, Due: p.at}, f.clock.Now())
 		if err != nil {
 			f.t.Fatalf("sagatest: timeout %q of %q: %v", name, in.snap.Key, err)
 		}
@@ -242,7 +257,7 @@ func (f *Fixture[S]) Advance(d time.Duration) *Fixture[S] {
 			f.t.Fatalf("sagatest: timeout %q of %q: %v", name, in.snap.Key, err)
 		}
 	}
-	f.now = end
+	f.clock.Set(end)
 	return f
 }
 

@@ -3,7 +3,6 @@ package sagatest_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection/projectiontest"
 	"github.com/projectorhq/projector/saga"
 	"github.com/projectorhq/projector/saga/sagatest"
 )
@@ -105,19 +105,36 @@ func TestFixture(t *testing.T) {
 	f.Advance(48 * time.Hour).ExpectAppended()
 }
 
+// A fixture and a projection spec on one clock agree on the time: what
+// one moves, the other sees, and the fixture's timeouts fire by it.
+func TestFixture_SharedClock(t *testing.T) {
+	t.Parallel()
+	ty := testevents.New()
+	clock := projectiontest.NewClock(sagatest.Start)
+	f := sagatest.New(t, reminder(ty.Registry, ty, nil), ty.Registry).UseClock(clock)
+	m := projectiontest.NewMemory(t, projectiontest.MemoryConfig[[]time.Time]{Registry: ty.Registry, Clock: clock,
+		Fold: func(m []time.Time, ev projector.Event) ([]time.Time, error) { return append(m, ev.RecordedAt), nil }})
+	ticket := projector.Stream("ticket", "t-1")
+
+	clock.Advance(time.Hour)
+	f.Given(ticket, testevents.TicketOpened{Title: "printer"}).
+		ExpectTimeouts("t-1", map[string]time.Time{"remind": sagatest.Start.Add(2 * time.Hour)})
+	m.Given(ticket, testevents.TicketOpened{Title: "printer"})
+	f.Advance(time.Hour).ExpectAppended(Reminded{Ticket: "t-1"})
+	m.Given(ticket, testevents.TicketClosed{}).
+		ThenModel([]time.Time{sagatest.Start.Add(time.Hour), sagatest.Start.Add(2 * time.Hour)})
+	if f.Clock() != clock || !f.Now().Equal(sagatest.Start.Add(2*time.Hour)) {
+		t.Fatalf("fixture clock at %v, want the shared clock at %v", f.Now(), sagatest.Start.Add(2*time.Hour))
+	}
+}
+
 // Run drives the same saga against a real database with an injected
 // clock: Settle handles the events and fires what fell due.
 func TestRun(t *testing.T) {
 	t.Parallel()
 	ty := testevents.New()
-	var mu sync.Mutex
-	now := sagatest.Start
-	clock := func() time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		return now
-	}
-	s := reminder(ty.Registry, ty, clock)
+	clock := projectiontest.NewClock(sagatest.Start)
+	s := reminder(ty.Registry, ty, clock.Now)
 	store := pgtest.Store(t, ty.Registry)
 	live := sagatest.Run(t, store, s)
 	ctx := context.Background()
@@ -129,9 +146,7 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	live.Settle(ctx)
-	mu.Lock()
-	now = now.Add(2 * time.Hour)
-	mu.Unlock()
+	clock.Advance(2 * time.Hour)
 	live.Settle(ctx)
 	in, err := saga.Show(ctx, store, "reminder", projector.SystemTenant, "t-1")
 	if err != nil {
