@@ -282,7 +282,10 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		if err := r.unscope(ctx); err != nil {
 			return passResult{}, err
 		}
-		if cfg.ErrorMode == HaltOnError {
+		if cfg.ErrorMode == HaltOnError || IsSystemic(herr) {
+			// A systemic failure would fail every event behind this one:
+			// dead-lettering them all would bury the cause, so the shard
+			// stops here in either mode (recordFailure).
 			return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, failing, herr, done, started)
 		}
 		if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
@@ -511,7 +514,11 @@ func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, at
 	}
 	cfg := sh.proj.cfg
 	status := StatusProcessing
-	if attempts >= cfg.MaxAttempts {
+	systemic := IsSystemic(herr)
+	if systemic && !errors.Is(herr, ErrSystemic) {
+		herr = fmt.Errorf("%w: %w", ErrSystemic, herr)
+	}
+	if attempts >= cfg.MaxAttempts || systemic {
 		status = StatusDead
 	}
 	wait := sh.proj.backoff(attempts, rand.Float64())
@@ -526,6 +533,11 @@ func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, at
 	log := d.logger.With(slog.String("consumer", sh.id.Consumer), slog.String("instance_id", sh.id.Instance),
 		slog.String("event_id", failing.ID.String()), slog.String("type", failing.Type),
 		slog.String("position", failing.Position.String()), slog.Int("attempt", attempts), slog.Any("error", herr))
+	if systemic {
+		log.ErrorContext(ctx, "projection dispatcher: systemic failure (not about one event): shard stopped (dead), nothing dead-lettered; fix the cause, then restart the consumer",
+			slog.String("sqlstate", sqlState(herr)))
+		return passResult{kind: passDead}, nil
+	}
 	if status == StatusDead {
 		log.ErrorContext(ctx, "projection dispatcher: shard is dead after MaxAttempts; it stays stopped until an operator restarts, skips or disables it",
 			slog.Int("max_attempts", cfg.MaxAttempts))
