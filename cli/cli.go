@@ -107,6 +107,9 @@ type App struct {
 	schema      string
 	out, errOut io.Writer
 	wired       *Wiring
+	// appends is set by the commands that append events (run): only they
+	// let the store note an inline projection this binary does not run.
+	appends bool
 }
 
 // New returns the root command with every subcommand mounted.
@@ -394,14 +397,17 @@ func (h *hiddenError) Error() string { return h.msg }
 func (h *hiddenError) Unwrap() error { return h.err }
 
 // Store opens the event store on the configured schema, with the
-// application's inline projections and ephemeral stream types.
+// application's inline projections and ephemeral stream types. Outside
+// `run` the store keeps quiet about an inline projection recorded in the
+// schema that this binary does not run: the other commands do not append,
+// so the note would only be noise on every one of them.
 func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, error) {
 	w, err := a.wiring()
 	if err != nil {
 		return nil, err
 	}
 	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
-		Inline: w.Inline, Ephemeral: w.Ephemeral})
+		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends})
 }
 
 // wiring calls Config.Wire once per invocation.

@@ -118,6 +118,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 			return fmt.Errorf("set up the application's tables: %w", err)
 		}
 	}
+	a.appends = true // sagas append: the store notes a recorded inline projection this binary lacks
 	store, err := a.Store(ctx, pool)
 	if err != nil {
 		return err
