@@ -196,6 +196,9 @@ type shard struct {
 	limit int
 	// shadow is set on the shadow shard of a blue/green rebuild.
 	shadow *shadow
+	// ramped is set once a shadow shard's loop has cut its first batch
+	// down to firstShadowBatch.
+	ramped bool
 	// warnedVersion is the live model version last warned about (see
 	// superseded).
 	warnedVersion int
@@ -205,6 +208,10 @@ type shard struct {
 	// prefetched counts the batches a pass took from a prefetch.
 	prefetched int
 }
+
+// firstShadowBatch is the size of a shadow shard's first batch, from which
+// its batches grow to RebuildBatchSize.
+const firstShadowBatch = 100
 
 // batchLimit is how many events the shard's next pass reads.
 func (sh *shard) batchLimit(batchSize int) int {

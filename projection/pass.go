@@ -187,6 +187,16 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	size := cfg.BatchSize
 	if sh.shadow != nil {
 		size = cfg.RebuildBatchSize // no reader waits for a shadow batch: read more at once
+		if !sh.ramped {
+			// The first batches are small and grow by a quarter a pass
+			// (growLimit), so a rebuild's progress moves on a log smaller
+			// than one full batch, and an operator watching a large one
+			// sees it start at once.
+			sh.ramped = true
+			if size > firstShadowBatch {
+				sh.limit = firstShadowBatch
+			}
+		}
 	}
 	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true}
 	batch, err := d.readBatch(ctx, tx, sh, q)

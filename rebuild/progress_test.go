@@ -1,0 +1,50 @@
+package rebuild_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
+)
+
+// A log smaller than the shadow batch is still replayed in several
+// batches, so a rebuild's progress moves before it reaches 100%: the
+// shadow's first batch is small and grows pass by pass.
+func TestShadowProgressMovesOnASmallLog(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d1 := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	const events = 600
+	for i := range events / 100 {
+		e.appendBatch(t, i, 100)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d1.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var batches []int
+	v2 := e.counter(2, projection.AsyncConfig{AfterCommit: func(evs []projector.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		batches = append(batches, len(evs))
+	}})
+	e.dispatcher(v2)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Hold: true}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the held rebuild to be ready", func() bool {
+		r, err := rebuild.Current(e.ctx, e.store, "counter")
+		return err == nil && r.Status == rebuild.Ready
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(batches) < 2 || batches[0] >= events {
+		t.Fatalf("the shadow replayed %d events in batches %v: progress jumps from 0%% to 100%%", events, batches)
+	}
+}
