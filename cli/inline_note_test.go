@@ -1,8 +1,12 @@
 package cli
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/projectorhq/projector"
 )
 
 // Commands that only read keep quiet about an inline projection recorded
@@ -19,5 +23,17 @@ func TestReadOnlyCommandsDoNotNoteMissingInline(t *testing.T) {
 	}
 	if lines != 0 {
 		t.Fatalf("read-only commands logged the missing-inline note %d times, want never", lines)
+	}
+}
+
+// --start-retry is range-checked: a bad command line, exit 2.
+func TestRunStartRetryRangeChecked(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"-1s", "2h"} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		r := startCLI(ctx, t, projector.NewRegistry(), "projector", Wiring{}, "run", "--start-retry", v, "--http-addr", "")
+		<-r.done
+		cancel()
+		r.want(t, ExitUsage, "--start-retry")
 	}
 }
