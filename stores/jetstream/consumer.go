@@ -158,12 +158,13 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 }
 
 // Consume runs the consumer on a JetStream consumer until the returned
-// context is stopped, or until a handler or the consumer's own database work
-// fails with a systemic error ([projection.IsSystemic]: a missing table, a
-// missing grant, a lost connection), which it logs at ERROR before it stops
-// (the returned context's Closed channel closes); such a message is left for
-// redelivery, never dead-lettered: cons should be a durable pull consumer with explicit
+// context is stopped: cons should be a durable pull consumer with explicit
 // acknowledgement and MaxDeliver -1 (see ConsumerConfig.MaxDeliver).
+// A systemic failure ([projection.IsSystemic]: a missing table or grant, a
+// lost connection), of the handler or of the consumer's own database work,
+// stops it too: the message is left for redelivery, never dead-lettered,
+// the failure is logged at ERROR, and the returned context's Closed channel
+// closes. Fix the cause and call Consume again.
 // With a Registerer it also counts the subscription's open dead letters at
 // once and every MetricsEvery, until ctx is done or consuming stops.
 func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
