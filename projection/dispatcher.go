@@ -213,6 +213,16 @@ type shard struct {
 // its batches grow to RebuildBatchSize.
 const firstShadowBatch = 100
 
+// shadowApplicationName is the application_name of a shadow pass of
+// consumer: "projector rebuild NAME", cut to PostgreSQL's 63 bytes.
+func shadowApplicationName(consumer string) string {
+	name := "projector rebuild " + consumer
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	return name
+}
+
 // batchLimit is how many events the shard's next pass reads.
 func (sh *shard) batchLimit(batchSize int) int {
 	if sh.limit > 0 && sh.limit < batchSize {

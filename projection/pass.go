@@ -137,6 +137,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	// with the rest. A shadow pass writes its own state before the
 	// handlers run (search path, rebuild status), which a rollback to this
 	// savepoint would undo: it takes a savepoint of its own later.
+	if sh.shadow != nil {
+		// A shadow batch is long and holds the horizon while it runs: it
+		// names itself in pg_stat_activity, whatever the pool's
+		// application_name, so the horizon line tells Projector's own work
+		// from a forgotten session. Local to the transaction.
+		b.Queue(`SELECT set_config('application_name', $1, true)`, shadowApplicationName(sh.id.Consumer))
+	}
 	b.Queue("SAVEPOINT " + savepointName(0))
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return passResult{}, fmt.Errorf("lock shard: %w", err)

@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 )
@@ -46,5 +49,49 @@ func TestShadowProgressMovesOnASmallLog(t *testing.T) {
 	defer mu.Unlock()
 	if len(batches) < 2 || batches[0] >= events {
 		t.Fatalf("the shadow replayed %d events in batches %v: progress jumps from 0%% to 100%%", events, batches)
+	}
+}
+
+// A shadow pass names itself in pg_stat_activity, whatever the pool's
+// application_name: a long shadow batch holds the horizon, and the horizon
+// line must tell Projector's own work from a forgotten session.
+func TestShadowPassNamesItself(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d1 := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	e.appendBatch(t, 0, 3)
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d1.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	names := pgx.Identifier{e.schema, "app_names"}.Sanitize()
+	e.exec(`CREATE TABLE ` + names + ` (name text NOT NULL)`)
+	v2 := e.counter(2, projection.AsyncConfig{})
+	must(projection.OnEvent(v2, e.types.Closed, func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+names+` VALUES (current_setting('application_name'))`)
+		return err
+	}))
+	if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", "closed"), projector.NoStream, testevents.TicketClosed{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.dispatcher(v2)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Hold: true}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the held rebuild to be ready", func() bool {
+		r, err := rebuild.Current(e.ctx, e.store, "counter")
+		return err == nil && r.Status == rebuild.Ready
+	})
+	var got []string
+	rows, err := e.store.Pool().Query(e.ctx, `SELECT name FROM `+names)
+	if err == nil {
+		got, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || len(got) != 1 || got[0] != "projector rebuild counter" {
+		t.Fatalf("application_name during the shadow pass: %q, %v; want \"projector rebuild counter\"", got, err)
 	}
 }
