@@ -33,7 +33,7 @@ var systemicCodes = []string{
 	"3D000", // invalid catalog name: the database does not exist
 	"3F000", // invalid schema name
 	"25006", // read-only SQL transaction: connected to a standby
-	"42501", // insufficient privilege (also a row-level-security refusal)
+	"42501", // insufficient privilege (but see rowRefused)
 	"42P01", // undefined table
 	"42703", // undefined column
 	"42704", // undefined object (type, role…)
@@ -62,7 +62,16 @@ func IsSystemic(err error) bool {
 	if !errors.As(err, &pgErr) {
 		return false
 	}
-	return SystemicCode(pgErr.Code)
+	return SystemicCode(pgErr.Code) && !rowRefused(pgErr)
+}
+
+// rowRefused reports a row-level-security refusal of one row: SQLSTATE
+// 42501 like a missing grant, but about the event (a tenant's event
+// writing another tenant's row), so it follows the error mode. PostgreSQL
+// raises it in ExecWithCheckOptions; the routine name, unlike the message,
+// does not depend on the server's language.
+func rowRefused(e *pgconn.PgError) bool {
+	return e.Code == "42501" && e.Routine == "ExecWithCheckOptions"
 }
 
 // SystemicCode reports whether a SQLSTATE code is one [IsSystemic] treats

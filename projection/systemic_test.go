@@ -26,7 +26,8 @@ func TestIsSystemic(t *testing.T) {
 		{errors.New("boom"), false},
 		{&pgconn.PgError{Code: "42P01"}, true},
 		{fmt.Errorf("write: %w", &pgconn.PgError{Code: "42703"}), true},
-		{&pgconn.PgError{Code: "42501"}, true},
+		{&pgconn.PgError{Code: "42501", Routine: "aclcheck_error"}, true},
+		{&pgconn.PgError{Code: "42501", Routine: "ExecWithCheckOptions"}, false}, // a row-level-security refusal of one row
 		{&pgconn.PgError{Code: "08006"}, true},
 		{&pgconn.PgError{Code: "57P01"}, true},
 		{&pgconn.PgError{Code: "53100"}, true},
