@@ -74,6 +74,24 @@ func rowRefused(e *pgconn.PgError) bool {
 	return e.Code == "42501" && e.Routine == "ExecWithCheckOptions"
 }
 
+// IsConnectionLoss reports whether err is a systemic failure of the
+// connection itself: a failure to connect, a connection exception (08…) or
+// an operator's intervention (57P…: a terminated backend, a server shutting
+// down). The transaction it struck is gone, and a retry on a new connection
+// may well succeed: the dispatcher retries such a pass with backoff, and the
+// JetStream claims consumer leaves the message for redelivery and goes on,
+// where a missing table or grant stops them.
+func IsConnectionLoss(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
+	}
+	return errors.As(err, new(*pgconn.ConnectError))
+}
+
 // SystemicCode reports whether a SQLSTATE code is one [IsSystemic] treats
 // as not about one event.
 func SystemicCode(code string) bool {

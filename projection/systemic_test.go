@@ -16,6 +16,24 @@ import (
 	"github.com/projectorhq/projector/projection"
 )
 
+func TestIsConnectionLoss(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{&pgconn.PgError{Code: "57P01"}, true},
+		{fmt.Errorf("apply: %w", &pgconn.PgError{Code: "08006"}), true},
+		{&pgconn.PgError{Code: "42P01"}, false},
+		{errors.New("boom"), false},
+	} {
+		if got := projection.IsConnectionLoss(tc.err); got != tc.want {
+			t.Errorf("IsConnectionLoss(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
 func TestIsSystemic(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

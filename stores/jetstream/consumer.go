@@ -160,11 +160,14 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 // Consume runs the consumer on a JetStream consumer until the returned
 // context is stopped: cons should be a durable pull consumer with explicit
 // acknowledgement and MaxDeliver -1 (see ConsumerConfig.MaxDeliver).
-// A systemic failure ([projection.IsSystemic]: a missing table or grant, a
-// lost connection), of the handler or of the consumer's own database work,
-// stops it too: the message is left for redelivery, never dead-lettered,
-// the failure is logged at ERROR, and the returned context's Closed channel
-// closes. Fix the cause and call Consume again.
+// A systemic failure ([projection.IsSystemic]: a missing table, column or
+// grant), of the handler or of the consumer's own database work, stops it
+// too: the message is left for redelivery, never dead-lettered, the failure
+// is logged at ERROR, and the returned context's Closed channel closes. Fix
+// the cause and call Consume again. A lost connection
+// ([projection.IsConnectionLoss]) is not dead-lettered either, but the
+// consumer goes on: the message comes back after AckWait, on a new
+// connection.
 // With a Registerer it also counts the subscription's open dead letters at
 // once and every MetricsEvery, until ctx is done or consuming stops.
 func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
@@ -177,7 +180,7 @@ func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) (jetstr
 		_, err := c.Handle(ctx, msg)
 		switch {
 		case err == nil:
-		case projection.IsSystemic(err):
+		case projection.IsSystemic(err) && !projection.IsConnectionLoss(err):
 			stopOnce.Do(func() {
 				c.logger.Error("jetstream consumer: systemic failure (not about one message): consumer stopped, nothing dead-lettered; fix the cause, then start it again",
 					"subscription", c.cfg.Subscription, "subject", msg.Subject(), "err", err)

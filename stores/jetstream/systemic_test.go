@@ -92,3 +92,55 @@ func TestConsumerStopsOnSystemicFailure(t *testing.T) {
 		t.Fatalf("the log does not say why the consumer stopped:\n%s", out)
 	}
 }
+
+// A handler whose own backend is terminated loses its connection, not its
+// event: the message is neither dead-lettered (however low MaxDeliver is)
+// nor does it stop the consumer; it is applied on redelivery.
+func TestConsumerGoesOnAfterConnectionLoss(t *testing.T) {
+	e := newEnv(t)
+	r := e.relay(e.relayConfig())
+	d := e.dispatcher(r.Async())
+	for i := range 6 {
+		e.append("acme", "k", testevents.TicketCommented{Body: "x", N: i})
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snk := newSink(t, e.types.Registry)
+	var mu sync.Mutex
+	killed := map[string]bool{}
+	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "lossy", MaxDeliver: 1,
+		Backoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, HoldDelay: 10 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler),
+		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+			mu.Lock()
+			first := !killed[ev.ID.String()] && ev.Version%2 == 0
+			killed[ev.ID.String()] = true
+			mu.Unlock()
+			if first {
+				_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+				return err
+			}
+			return snk.record(ctx, tx, ev)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := c.Consume(e.ctx, e.jsConsumer("lossy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	waitFor(t, "every event applied", time.Minute, func() bool { return snk.count(t) == 6 })
+	select {
+	case <-cc.Closed():
+		t.Fatal("the consumer stopped on a lost connection")
+	default:
+	}
+	var dead int
+	if err := snk.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+snk.store.Table("projector_jetstream_dead_letters")).Scan(&dead); err != nil || dead != 0 {
+		t.Fatalf("%d dead letters after lost connections (%v), want none", dead, err)
+	}
+}
