@@ -197,8 +197,9 @@ type shard struct {
 	// shadow is set on the shadow shard of a blue/green rebuild.
 	shadow *shadow
 	// ramped is set once a shadow shard's loop has cut its first batch
-	// down to firstShadowBatch.
-	ramped bool
+	// down to firstShadowBatch; ramping while its limit doubles from there
+	// (grow), until a full batch or a timeout's cut.
+	ramped, ramping bool
 	// warnedVersion is the live model version last warned about (see
 	// superseded).
 	warnedVersion int
@@ -229,6 +230,18 @@ func (sh *shard) batchLimit(batchSize int) int {
 		return sh.limit
 	}
 	return batchSize
+}
+
+// grow raises the shard's limit after a committed batch: doubled while a
+// shadow shard ramps up from its first batch, else as growLimit says.
+func (sh *shard) grow(batchSize int) {
+	if !sh.ramping {
+		sh.growLimit(batchSize)
+		return
+	}
+	if sh.limit *= 2; sh.limit >= batchSize {
+		sh.limit, sh.ramping = 0, false
+	}
 }
 
 // growLimit lets a batch cut short by a timeout grow back towards

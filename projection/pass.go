@@ -195,13 +195,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if sh.shadow != nil {
 		size = cfg.RebuildBatchSize // no reader waits for a shadow batch: read more at once
 		if !sh.ramped {
-			// The first batches are small and grow by a quarter a pass
-			// (growLimit), so a rebuild's progress moves on a log smaller
-			// than one full batch, and an operator watching a large one
-			// sees it start at once.
+			// The first batches are small and double pass by pass (grow),
+			// so a rebuild's progress moves on a log smaller than one full
+			// batch, and an operator watching a large one sees it start at
+			// once.
 			sh.ramped = true
 			if size > firstShadowBatch {
-				sh.limit = firstShadowBatch
+				sh.limit, sh.ramping = firstShadowBatch, true
 			}
 		}
 	}
@@ -340,7 +340,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		res = d.committed(sh, kind, done, 0, deadLetters, started)
 	}
 	if err == nil {
-		sh.growLimit(size)
+		sh.grow(size)
 		if sh.shadow != nil {
 			// Caught up: the next pass tries the switch, at once the first
 			// time (a quiet log would wake it only after Recheck).
@@ -399,7 +399,7 @@ func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st
 		cut = len(events) / 2
 	}
 	if cut > 0 {
-		sh.limit = cut
+		sh.limit, sh.ramping = cut, false
 		d.logger.WarnContext(ctx, "projection dispatcher: batch timed out; retrying at once with the events that finished before the deadline",
 			slog.String("consumer", sh.id.String()), slog.Int("events", cut), slog.Duration("batch_timeout", timeout),
 			slog.String("running", failing.ID.String()), slog.Any("error", herr))
