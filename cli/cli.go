@@ -107,6 +107,11 @@ type App struct {
 	schema      string
 	out, errOut io.Writer
 	wired       *Wiring
+	// appName is the application_name of the command's connections.
+	appName string
+	// appends is set by the commands that append events (run): only they
+	// let the store note an inline projection this binary does not run.
+	appends bool
 }
 
 // New returns the root command with every subcommand mounted.
@@ -130,6 +135,7 @@ is not allowed in the current state; nothing changed).`,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			app.out, app.errOut = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			app.appName = ApplicationName(cfg.Name, strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()))
 			app.databaseURL = cmp.Or(app.databaseURL, os.Getenv(EnvDatabaseURL))
 			app.schema = cmp.Or(app.schema, os.Getenv(EnvSchema), postgres.DefaultSchema)
 			if err := postgres.ValidateSchema(app.schema); err != nil {
@@ -224,7 +230,37 @@ func (a *App) Pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if a.databaseURL == "" {
 		return nil, usageError{fmt.Errorf("no database: pass --database-url or set %s", EnvDatabaseURL)}
 	}
-	return Connect(ctx, a.databaseURL)
+	return connect(ctx, a.databaseURL, cmp.Or(a.appName, ApplicationName(a.cfg.Name, "")))
+}
+
+// ApplicationName is the application_name the command tree's connections
+// carry, so that pg_stat_activity (and the horizon line) tell Projector's
+// own sessions from the application's: "projector" and the subcommand
+// ("projector run", "projector rebuild"), with the binary's name after it
+// when it is not projector ("projector run (billing-ops)"). PostgreSQL keeps
+// 63 printable ASCII bytes of it.
+func ApplicationName(binary, command string) string {
+	name := strings.TrimSpace("projector " + strings.TrimSpace(command))
+	if binary != "" && binary != "projector" {
+		name += " (" + binary + ")"
+	}
+	name = strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return '?'
+		}
+		return r
+	}, name)
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	return name
+}
+
+// IsProjectorApplication reports whether an application_name is one the
+// command tree's connections carry ([ApplicationName]): the session is
+// Projector's own work (a dispatcher pass, a rebuild's batch).
+func IsProjectorApplication(name string) bool {
+	return name == "projector" || strings.HasPrefix(name, "projector ")
 }
 
 // Connect opens a pool on url and pings it within a bounded time.
@@ -237,7 +273,15 @@ func (a *App) Pool(ctx context.Context) (*pgxpool.Pool, error) {
 // scrubbed of the password. A server that answers but refuses (no such
 // database, no such role, wrong password) is told apart from one that does
 // not answer, so the message says what to fix.
+//
+// Its connections carry the application_name "projector" unless url sets
+// one.
 func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	return connect(ctx, url, ApplicationName("", ""))
+}
+
+// connect is Connect with the application_name to set when url sets none.
+func connect(ctx context.Context, url, appName string) (*pgxpool.Pool, error) {
 	secrets, err := urlSecrets(url)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("database url: %w", err)}
@@ -248,6 +292,9 @@ func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	}
 	if p := cfg.ConnConfig.Password; p != "" {
 		secrets = append(secrets, p)
+	}
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" && appName != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
@@ -394,14 +441,17 @@ func (h *hiddenError) Error() string { return h.msg }
 func (h *hiddenError) Unwrap() error { return h.err }
 
 // Store opens the event store on the configured schema, with the
-// application's inline projections and ephemeral stream types.
+// application's inline projections and ephemeral stream types. Outside
+// `run` the store keeps quiet about an inline projection recorded in the
+// schema that this binary does not run: the other commands do not append,
+// so the note would only be noise on every one of them.
 func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, error) {
 	w, err := a.wiring()
 	if err != nil {
 		return nil, err
 	}
 	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
-		Inline: w.Inline, Ephemeral: w.Ephemeral})
+		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends})
 }
 
 // wiring calls Config.Wire once per invocation.

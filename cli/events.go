@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
@@ -154,20 +155,24 @@ func parseAge(s string) (time.Duration, error) {
 func (a *App) tailCmd() *cobra.Command {
 	var f tailFilter
 	var limit int
-	var fromStart bool
+	var fromStart, noFollow bool
 	var format string
 	cmd := &cobra.Command{
-		Use:   "tail [--type T ...] [--stream-type T ... [--stream ID ...]] [-o json]",
+		Use:   "tail [--type T ...] [--stream-type T ... [--stream ID ...]] [--from-start] [--limit N] [--no-follow] [-o json]",
 		Short: "Follow new events live, one line each, until interrupted",
 		Long: `tail prints events as they become deliverable, in log order, one line each:
 time, type, stream and version, then the JSON payload; with -o json, one JSON
 object per line instead. It starts at the log's current horizon (or at the
 beginning with --from-start) and follows until interrupted, or until --limit
-events were printed.
+events were printed. With --no-follow it exits once it has printed what the log
+holds now: --from-start --limit 10 --no-follow prints the first ten matching
+events, or fewer if fewer match, and exits.
 
---type keeps events of the given types, which must be defined by this binary's
-application; --stream-type keeps events of the given stream types, and --stream
-(which needs --stream-type) only the streams with the given ids.`,
+--type keeps events of the given types: types this binary's application defines,
+or types it does not define that are in the log (an older event type, another
+application's), whose payloads are printed as stored, with a note. --stream-type
+keeps events of the given stream types, and --stream (which needs --stream-type)
+only the streams with the given ids.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if limit < 0 {
@@ -180,11 +185,16 @@ application; --stream-type keeps events of the given stream types, and --stream
 			if len(f.streams) > 0 && len(f.streamTypes) == 0 {
 				return usageError{errors.New("--stream needs --stream-type: a stream id is only unique within its type")}
 			}
-			if names := a.cfg.Registry.Names(); len(names) > 0 { // an empty registry: the binary does not know the types
-				for _, t := range f.types {
-					if _, ok := a.cfg.Registry.Lookup(t); !ok {
-						return usageError{fmt.Errorf("--type %q is not an event type of this application (defined: %s)", t, strings.Join(names, ", "))}
-					}
+			// Types the binary does not define are looked for in the log
+			// once connected; an empty registry knows no types at all.
+			var undefined []string
+			names := a.cfg.Registry.Names()
+			for _, t := range f.types {
+				if !utf8.ValidString(t) || strings.IndexByte(t, 0) >= 0 || len(t) > projector.MaxNameLength {
+					return usageError{fmt.Errorf("--type %s: not an event type name (valid UTF-8 without NUL, at most %d bytes)", projector.Printable(t), projector.MaxNameLength)}
+				}
+				if _, ok := a.cfg.Registry.Lookup(t); !ok && len(names) > 0 {
+					undefined = append(undefined, t)
 				}
 			}
 			ctx := cmd.Context()
@@ -197,6 +207,17 @@ application; --stream-type keeps events of the given stream types, and --stream
 			if err != nil {
 				return err
 			}
+			for _, t := range undefined {
+				var stored bool
+				if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_events")+` WHERE type = $1)`, t).Scan(&stored); err != nil {
+					return fmt.Errorf("look for --type %q in the log: %w", t, err)
+				}
+				if !stored {
+					// A typo would otherwise wait forever for events that cannot come.
+					return usageError{fmt.Errorf("--type %q is not an event type of this application (defined: %s), and the log holds no event of it", t, strings.Join(names, ", "))}
+				}
+				fmt.Fprintf(a.errOut, "note: --type %q is not defined by this binary; its events are in the log and are printed as stored\n", t)
+			}
 			after := projector.Start
 			if !fromStart {
 				if after, err = store.Horizon(ctx); err != nil {
@@ -208,7 +229,7 @@ application; --stream-type keeps events of the given stream types, and --stream
 				enc := json.NewEncoder(a.out)
 				print = func(ev projector.Event) error { return enc.Encode(tailJSON(ev)) }
 			}
-			return a.follow(ctx, store, after, f, limit, print)
+			return a.follow(ctx, store, after, f, limit, !noFollow, print)
 		},
 	}
 	cmd.Flags().StringSliceVar(&f.types, "type", nil, "only events of this type (repeatable)")
@@ -216,6 +237,7 @@ application; --stream-type keeps events of the given stream types, and --stream
 	cmd.Flags().StringSliceVar(&f.streams, "stream", nil, "only events of the stream with this id, with --stream-type (repeatable)")
 	cmd.Flags().IntVar(&limit, "limit", 0, "exit after printing this many events (0: follow until interrupted)")
 	cmd.Flags().BoolVar(&fromStart, "from-start", false, "print the log from its beginning first")
+	cmd.Flags().BoolVar(&noFollow, "no-follow", false, "exit once what the log holds now is printed, instead of following")
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table (one line per event) or json (one object per line)")
 	return cmd
 }
@@ -264,8 +286,10 @@ func (a *App) printLine(ev projector.Event) error {
 	return err
 }
 
-// follow prints events after the cursor as they arrive, polling while idle.
-func (a *App) follow(ctx context.Context, store *postgres.Store, after projector.Position, f tailFilter, limit int, print func(projector.Event) error) error {
+// follow prints events after the cursor as they arrive, polling while idle;
+// unless keepOn, it returns once a read comes back short (the log is read to
+// its current horizon).
+func (a *App) follow(ctx context.Context, store *postgres.Store, after projector.Position, f tailFilter, limit int, keepOn bool, print func(projector.Event) error) error {
 	printed := 0
 	idle := 10 * time.Millisecond
 	for {
@@ -291,6 +315,9 @@ func (a *App) follow(ctx context.Context, store *postgres.Store, after projector
 		after = b.Next(after)
 		if b.Full {
 			continue
+		}
+		if !keepOn {
+			return nil
 		}
 		if len(b.Events) > 0 {
 			idle = 10 * time.Millisecond

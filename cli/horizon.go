@@ -55,36 +55,68 @@ cannot see.`,
 	return cmd
 }
 
-// WriteHorizon renders a horizon report for people: its age, the holder
-// with how to end it, and what the role could not see.
+// HorizonThreshold is the age from which the horizon line names the
+// transaction holding the horizon and says how to end it. Below it the
+// holder is ordinary traffic: every transaction that writes holds the
+// horizon while it runs, and naming a 40ms one accuses an innocent.
+const HorizonThreshold = 5 * time.Second
+
+// WriteHorizon renders a horizon report for people: its age and, once it
+// is HorizonThreshold old, the holder with how to end it (never for
+// Projector's own sessions, which end by themselves), and what the role
+// could not see.
 func WriteHorizon(w io.Writer, rep projection.HorizonReport, now time.Time) error {
 	var b strings.Builder
-	switch h := rep.Holder; {
+	h := rep.Holder
+	old := time.Duration(rep.AgeSeconds * float64(time.Second))
+	switch {
+	case h == nil && rep.AgeSeconds <= 0:
+		if rep.Missing != "" {
+			b.WriteString("HORIZON: held by a transaction this role cannot see\n")
+		} else {
+			b.WriteString("HORIZON: no open transaction with an id holds it back\n")
+		}
 	case h == nil:
-		b.WriteString("HORIZON: no open transaction with an id holds it back\n")
+		fmt.Fprintf(&b, "HORIZON: %s old, held by a transaction this role cannot see\n", human(old))
+	case h.Hidden:
+		// Its transaction start is hidden, so its age is unknown: named,
+		// since it may be old, but with no advice to end it.
+		fmt.Fprintf(&b, "HORIZON: held by session pid %d (xid %d) of another role in %s, user %s, application %q; its age is not visible\n",
+			h.PID, h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), projector.Printable(h.ApplicationName))
+	case old < HorizonThreshold:
+		fmt.Fprintf(&b, "HORIZON: %s old: no transaction holds it back for long (a holder is named from %s)\n", human(old), human(HorizonThreshold))
 	case h.Kind == projection.HolderPrepared:
-		fmt.Fprintf(&b, "HORIZON: %s old, held by prepared transaction %q (xid %d) in database %s, owner %s, prepared %s\n",
-			age(rep.AgeSeconds), projector.Printable(h.GID), h.TxID, projector.Printable(h.Database), projector.Printable(h.User), timestamp(h.Since, now))
+		fmt.Fprintf(&b, "HORIZON: %s old, held by prepared transaction %q (xid %d) in %s, owner %s, prepared %s\n",
+			human(old), projector.Printable(h.GID), h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), timestamp(h.Since, now))
 		fmt.Fprintf(&b, "  a prepared transaction outlives its session: end it in database %s with COMMIT PREPARED or ROLLBACK PREPARED '%s'\n",
 			projector.Printable(h.Database), strings.ReplaceAll(projector.Printable(h.GID), "'", "''"))
 	default:
-		fmt.Fprintf(&b, "HORIZON: %s old, held by session pid %d (xid %d) in database %s, user %s, application %q",
-			age(rep.AgeSeconds), h.PID, h.TxID, projector.Printable(h.Database), projector.Printable(h.User), projector.Printable(h.ApplicationName))
-		if !h.Hidden {
-			fmt.Fprintf(&b, ", %s since %s\n", projector.Printable(h.State), timestamp(h.Since, now))
-			if q := text(h.Query, lineText); q != "" {
-				fmt.Fprintf(&b, "  query: %s\n", q)
-			}
-		} else {
-			b.WriteString("\n")
+		fmt.Fprintf(&b, "HORIZON: %s old, held by session pid %d (xid %d) in %s, user %s, application %q, %s since %s\n",
+			human(old), h.PID, h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), projector.Printable(h.ApplicationName),
+			projector.Printable(h.State), timestamp(h.Since, now))
+		if q := text(h.Query, lineText); q != "" {
+			fmt.Fprintf(&b, "  query: %s\n", q)
 		}
-		fmt.Fprintf(&b, "  if it must go: SELECT pg_terminate_backend(%d);\n", h.PID)
+		if IsProjectorApplication(h.ApplicationName) {
+			b.WriteString("  this is Projector's own work (a rebuild's batch or a dispatcher pass): it ends when its batch commits; do not terminate it\n")
+		} else {
+			fmt.Fprintf(&b, "  if it must go: SELECT pg_terminate_backend(%d);\n", h.PID)
+		}
 	}
 	if rep.Missing != "" {
 		fmt.Fprintf(&b, "  not visible: %s\n", rep.Missing)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// database names a holder's database, saying so when it is not the one
+// the report was taken from (here).
+func database(db, here string) string {
+	if here != "" && db != here {
+		return fmt.Sprintf("another database, %s (transaction ids are cluster-wide)", projector.Printable(db))
+	}
+	return "database " + projector.Printable(db)
 }
 
 // writeStatusHorizon ends `status` with the horizon's holder.

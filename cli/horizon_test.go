@@ -8,10 +8,12 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector/internal/pgserver"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -65,8 +67,9 @@ func TestStatusNamesHorizonHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := other.PgConn().PID()
+	pastThreshold(t, admin)
 	out, code := run("status")
-	for _, want := range []string{fmt.Sprintf("held by session pid %d", pid), "database elsewhere", `application "stuck-report"`,
+	for _, want := range []string{fmt.Sprintf("held by session pid %d", pid), "another database, elsewhere", `application "stuck-report"`,
 		"idle in transaction since", "horizon-holder-test", fmt.Sprintf("pg_terminate_backend(%d)", pid)} {
 		if code != ExitOK || !strings.Contains(out, want) {
 			t.Fatalf("status: exit %d, no %q in\n%s", code, want, out)
@@ -101,6 +104,7 @@ func TestStatusNamesHorizonHolder(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `ROLLBACK PREPARED 'stuck-2pc'`) })
+	pastThreshold(t, admin)
 	out, code = run("status")
 	if code != ExitOK || !strings.Contains(out, `held by prepared transaction "stuck-2pc"`) || !strings.Contains(out, "ROLLBACK PREPARED 'stuck-2pc'") {
 		t.Fatalf("status with a prepared transaction: exit %d:\n%s", code, out)
@@ -113,5 +117,84 @@ func TestStatusNamesHorizonHolder(t *testing.T) {
 	}
 	if out, code := run("horizon", "-o", "yaml"); code != ExitUsage {
 		t.Fatalf("horizon -o yaml: exit %d %s", code, out)
+	}
+}
+
+// pastThreshold waits until the horizon is HorizonThreshold old, from which
+// the horizon line names its holder.
+func pastThreshold(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	pgtest.Eventually(t, time.Minute, "the horizon to pass the threshold", func() bool {
+		rep, err := projection.Horizon(context.Background(), conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.AgeSeconds > HorizonThreshold.Seconds()
+	})
+}
+
+// The horizon line names a holder only past HorizonThreshold, says when it
+// is in another database or Projector's own work (with no advice to
+// terminate it), and is never malformed.
+func TestWriteHorizonLine(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	session := func(age time.Duration, db, app string) projection.HorizonReport {
+		return projection.HorizonReport{AgeSeconds: age.Seconds(), Database: "shop", Holder: &projection.HorizonHolder{
+			Kind: projection.HolderSession, PID: 4242, Database: db, User: "u", ApplicationName: app, State: "active",
+			Query: "SELECT 1", Since: now.Add(-age), TxID: 77}}
+	}
+	hidden := session(0, "shop", "")
+	hidden.Holder.Hidden, hidden.Holder.Since = true, time.Time{}
+	cases := []struct {
+		name      string
+		rep       projection.HorizonReport
+		want, not []string
+	}{
+		{"young, another database", session(41*time.Millisecond, "reports", "psql"),
+			[]string{"HORIZON: 41ms old: no transaction holds it back for long (a holder is named from 5s)"}, []string{"pid", "pg_terminate_backend"}},
+		{"old, another database", session(2*time.Minute, "reports", "psql"),
+			[]string{"HORIZON: 2m old, held by session pid 4242", "in another database, reports", "pg_terminate_backend(4242)"}, nil},
+		{"old, this database", session(2*time.Minute, "shop", "psql"), []string{"in database shop,", "pg_terminate_backend(4242)"}, []string{"another database"}},
+		{"projector's own", session(2*time.Minute, "shop", "projector rebuild"),
+			[]string{"held by session pid 4242", "Projector's own work"}, []string{"pg_terminate_backend"}},
+		{"hidden", hidden, []string{"held by session pid 4242 (xid 77) of another role", "age is not visible"}, []string{"- old", "pg_terminate_backend"}},
+		{"invisible", projection.HorizonReport{Missing: "the transaction holding the horizon is not visible to this role"},
+			[]string{"HORIZON: held by a transaction this role cannot see"}, []string{"- old"}},
+		{"quiet", projection.HorizonReport{}, []string{"HORIZON: no open transaction with an id holds it back"}, nil},
+	}
+	for _, tc := range cases {
+		var b strings.Builder
+		if err := WriteHorizon(&b, tc.rep, now); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(b.String(), w) {
+				t.Errorf("%s: no %q in\n%s", tc.name, w, b.String())
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(b.String(), n) {
+				t.Errorf("%s: %q in\n%s", tc.name, n, b.String())
+			}
+		}
+	}
+}
+
+func TestApplicationName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ binary, command, want string }{
+		{"projector", " run", "projector run"},
+		{"projector", "", "projector"},
+		{"billing-ops", " rebuild", "projector rebuild (billing-ops)"},
+		{"bad\x1bname", " run", "projector run (bad?name)"},
+	} {
+		got := ApplicationName(tc.binary, tc.command)
+		if got != tc.want || !IsProjectorApplication(got) {
+			t.Errorf("ApplicationName(%q, %q) = %q, want %q", tc.binary, tc.command, got, tc.want)
+		}
+	}
+	if len(ApplicationName(strings.Repeat("x", 100), " run")) != 63 {
+		t.Error("a long application name is not cut to 63 bytes")
 	}
 }

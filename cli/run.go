@@ -52,6 +52,9 @@ type runConfig struct {
 	// answers to besides the --http-addr host, localhost names and IP
 	// addresses (console.Config.AllowedHosts): its names behind a proxy.
 	ConsoleAllowedHosts []string
+	// StartRetry is how long a start-up whose connection fails is retried
+	// (openForRun); 0 means not at all.
+	StartRetry time.Duration
 }
 
 func (a *App) runCmd() *cobra.Command {
@@ -71,8 +74,13 @@ with only inline projections runs for that alone), and serves, on --http-addr:
              letters, rebuilds, sagas, live updates; read-only unless
              $` + console.EnvToken + ` holds the operator token
 
+A start-up whose database connection fails (refused, terminated, the server
+restarting) is retried with backoff, each retry logged, for up to --start-retry;
+a refused login, a missing database or pending migrations end it at once.
+
 SIGINT or SIGTERM stops it gracefully: running batches get --stop-timeout to
-finish, then roll back (nothing is lost; they are applied again later).`,
+finish, then roll back (nothing is lost; they are applied again later). A signal
+during start-up stops it with exit code 0.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context(), cfg) },
 	}
@@ -83,6 +91,7 @@ finish, then roll back (nothing is lost; they are applied again later).`,
 	cmd.Flags().BoolVar(&cfg.NoConsole, "no-console", false, "serve no operator console on --http-addr")
 	cmd.Flags().StringSliceVar(&cfg.ConsoleAllowedHosts, "console-allowed-hosts", nil,
 		"host names the console answers to besides the --http-addr host, localhost and IP addresses: its names behind a proxy (comma-separated; *.example.com for the names under example.com); any other Host header gets 421")
+	cmd.Flags().DurationVar(&cfg.StartRetry, "start-retry", DefaultStartRetry, "how long to keep retrying, with backoff, a start-up whose database connection fails (0: exit at once; at most 1h)")
 	cmd.Flags().DurationVar(&cfg.InstanceExpiry, "instance-expiry", projection.DefaultInstanceExpiry,
 		fmt.Sprintf("how long this instance may go unseen before its per-instance shards stop holding retention back (%s to %s)", human(minInstanceExpiry), human(projection.MaxInstanceExpiry)))
 	return cmd
@@ -98,23 +107,30 @@ const minInstanceExpiry = projection.MinExpiryHeartbeats * projection.DefaultHea
 
 // run is the `run` command: it runs until ctx is cancelled, then stops
 // gracefully.
-func (a *App) run(ctx context.Context, cfg runConfig) error {
+func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
+	started := false
+	defer func() {
+		// SIGINT or SIGTERM before the dispatcher ran is a request to stop,
+		// answered by stopping: not a failure to report.
+		if err != nil && !started && ctx.Err() != nil && !errors.As(err, new(usageError)) {
+			fmt.Fprintf(a.out, "%s run: stopped during start-up\n", a.cfg.Name)
+			err = nil
+		}
+	}()
 	if cfg.StopTimeout < 0 {
 		return usageError{fmt.Errorf("--stop-timeout %v is negative", cfg.StopTimeout)}
 	}
 	if cfg.InstanceExpiry != 0 && (cfg.InstanceExpiry < minInstanceExpiry || cfg.InstanceExpiry > projection.MaxInstanceExpiry) {
 		return usageError{fmt.Errorf("--instance-expiry %v: want between %s and %s", cfg.InstanceExpiry, human(minInstanceExpiry), human(projection.MaxInstanceExpiry))}
 	}
+	if cfg.StartRetry < 0 || cfg.StartRetry > maxStartRetry {
+		return usageError{fmt.Errorf("--start-retry %v: want 0 (no retry) up to %s", cfg.StartRetry, human(maxStartRetry))}
+	}
 	hosts, err := consoleHosts(cfg)
 	if err != nil {
 		return err
 	}
 	log := a.logger()
-	pool, err := a.Pool(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	w, err := a.wiring()
 	if err != nil {
 		return err
@@ -123,18 +139,11 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	// binary (`rebuild NAME`) or interrupted elsewhere, are carried out here,
 	// even in a binary that has nothing else to run.
 	inline := rebuildableInline(w)
-	if len(w.Async) == 0 && w.Sagas == nil && len(inline) == 0 {
-		return errNothingToRun
-	}
-	if w.Setup != nil {
-		if err := w.Setup(ctx, pool); err != nil {
-			return fmt.Errorf("set up the application's tables: %w", err)
-		}
-	}
-	store, err := a.Store(ctx, pool)
+	pool, store, err := a.openForRun(ctx, w, cfg.StartRetry, log) // run_start.go
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	async, sagas, err := a.sagaConsumers(store, w, log, reg) // run_saga.go
@@ -222,6 +231,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) error {
 	}
 	fmt.Fprintln(a.out)
 
+	started = true
 	<-ctx.Done()
 	running.Store(false)
 	fmt.Fprintf(a.out, "%s run: stopping\n", a.cfg.Name)

@@ -195,7 +195,7 @@ func (a *App) cancelRebuild(ctx context.Context, store *postgres.Store, name str
 	if err != nil && !errors.Is(err, projector.ErrNotFound) {
 		return err
 	}
-	if err := rebuild.Cancel(ctx, store, name); err != nil {
+	if err := a.cancelWaiting(ctx, store, name); err != nil { // rebuild_cancel.go
 		return err
 	}
 	w, werr := a.wiring()

@@ -75,6 +75,20 @@ func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
 	return projector.Printable(s.Instance)
 }
 
+// shardStatusCell renders the STATUS column: the shard's status, or for a
+// healthy shard carrying out an active rebuild, the rebuild's status and
+// progress ("building 45%"), which is what the shard is doing.
+func shardStatusCell(s projection.ShardState, r *rebuild.Rebuild) string {
+	status := string(s.Status)
+	switch {
+	case s.Failing():
+		status += " (failing)"
+	case r != nil && r.Active() && (s.Status == projection.StatusIdle || s.Status == projection.StatusProcessing):
+		status = fmt.Sprintf("%s %.0f%%", r.Status, 100*r.Progress())
+	}
+	return status
+}
+
 // progressCell renders a rebuild's progress: "45% (450/1000 events)".
 func progressCell(r rebuild.Rebuild) string {
 	return fmt.Sprintf("%.0f%% (%d/%d events)", 100*r.Progress(), r.TotalEvents-r.Remaining, r.TotalEvents)
@@ -129,13 +143,16 @@ func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuil
 	err := writeTable(w, func(tw io.Writer) {
 		fmt.Fprintln(tw, "CONSUMER\tINSTANCE\tSTATUS\tDISPATCHER\tCURSOR\tLAG\tLAG AGE\tATTEMPTS\tLAST ERROR")
 		for _, s := range shards {
-			status := string(s.Status)
-			if s.Failing() {
-				status += " (failing)"
+			r := rebuildOf(s, rebuilds)
+			status, lagAge := shardStatusCell(s, r), age(s.LagSeconds)
+			if s.Instance == projection.RebuildInstance {
+				// The age of the oldest event a shadow has still to replay
+				// is the log's age, not a delay: its progress says more.
+				lagAge = "-"
 			}
 			shadows = shadows || s.Instance == projection.RebuildInstance
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", projector.Printable(s.Consumer), instanceCell(s, rebuildOf(s, rebuilds)), status,
-				dispatcher(s, now), cursor(s.Cursor), s.LagEvents, age(s.LagSeconds), s.Attempts, text(s.LastError, cellText))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", projector.Printable(s.Consumer), instanceCell(s, r), status,
+				dispatcher(s, now), cursor(s.Cursor), s.LagEvents, lagAge, s.Attempts, text(s.LastError, cellText))
 		}
 	})
 	if err != nil {

@@ -54,7 +54,8 @@ func (e *ReplayError) Unwrap() error { return e.Err }
 //
 // A failing event follows the projection's error mode: halt-on-error
 // returns a [*ReplayError] (the caller rolls back); continuous mode
-// dead-letters it, unless the live consumer did already, and goes on. tx
+// dead-letters it, unless the live consumer did already, and goes on. A
+// systemic failure ([IsSystemic]) returns a [*ReplayError] in either mode. tx
 // ends scoped to the system tenant. logger receives the panics of handlers;
 // nil means slog.Default().
 func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, events []projector.Event, logger *slog.Logger) (ReplayResult, error) {
@@ -99,7 +100,8 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 		if err := r.unscope(ctx); err != nil {
 			return res, err
 		}
-		if p.cfg.ErrorMode == HaltOnError || ctx.Err() != nil {
+		if p.cfg.ErrorMode == HaltOnError || ctx.Err() != nil || IsSystemic(herr) {
+			// A systemic failure would dead-letter every event after it.
 			return res, &ReplayError{Event: failing, Err: herr}
 		}
 		if err := d.deadLetterOnce(ctx, tx, sh, failing, herr); err != nil {

@@ -196,6 +196,10 @@ type shard struct {
 	limit int
 	// shadow is set on the shadow shard of a blue/green rebuild.
 	shadow *shadow
+	// ramped is set once a shadow shard's loop has cut its first batch
+	// down to firstShadowBatch; ramping while its limit doubles from there
+	// (grow), until a full batch or a timeout's cut.
+	ramped, ramping bool
 	// warnedVersion is the live model version last warned about (see
 	// superseded).
 	warnedVersion int
@@ -206,12 +210,38 @@ type shard struct {
 	prefetched int
 }
 
+// firstShadowBatch is the size of a shadow shard's first batch, from which
+// its batches grow to RebuildBatchSize.
+const firstShadowBatch = 100
+
+// shadowApplicationName is the application_name of a shadow pass of
+// consumer: "projector rebuild NAME", cut to PostgreSQL's 63 bytes.
+func shadowApplicationName(consumer string) string {
+	name := "projector rebuild " + consumer
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	return name
+}
+
 // batchLimit is how many events the shard's next pass reads.
 func (sh *shard) batchLimit(batchSize int) int {
 	if sh.limit > 0 && sh.limit < batchSize {
 		return sh.limit
 	}
 	return batchSize
+}
+
+// grow raises the shard's limit after a committed batch: doubled while a
+// shadow shard ramps up from its first batch, else as growLimit says.
+func (sh *shard) grow(batchSize int) {
+	if !sh.ramping {
+		sh.growLimit(batchSize)
+		return
+	}
+	if sh.limit *= 2; sh.limit >= batchSize {
+		sh.limit, sh.ramping = 0, false
+	}
 }
 
 // growLimit lets a batch cut short by a timeout grow back towards

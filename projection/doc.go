@@ -85,6 +85,13 @@
 // back to a savepoint, the event is written to projector_dead_letters and the
 // batch goes on. A panicking handler fails like an erroring one.
 //
+// A systemic failure ([IsSystemic]: a missing table, column or grant, a lost
+// connection, a server shutting down) is not about the event it struck: every
+// event behind it would fail alike, and in continuous mode the dead-letter
+// table would bury the cause. So in either mode the shard goes dead at once,
+// nothing is dead-lettered, and the error says it is systemic; an operator
+// fixes the cause and restarts the consumer.
+//
 // # Tenancy
 //
 // Each handler runs in the transaction scoped to its event's tenant

@@ -63,6 +63,9 @@ type HorizonReport struct {
 	Holder *HorizonHolder `json:"holder,omitempty"`
 	// Others are the next oldest transactions with an id, at most four.
 	Others []HorizonHolder `json:"others,omitempty"`
+	// Database is the database the report was taken from: a holder in
+	// another one holds this one's consumers back all the same.
+	Database string `json:"database,omitempty"`
 	// Missing says what this role cannot see: other roles' sessions show
 	// neither their transaction ids nor their queries without
 	// pg_read_all_stats.
@@ -74,7 +77,7 @@ type HorizonReport struct {
 // transactions. It also returns the horizon (the oldest running xid, as the
 // log reader computes it), whether this role may read every session's
 // state, and how many sessions it cannot see.
-var horizonSQL = `WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,
+var horizonSQL = `WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, current_database() AS db,
 		pg_has_role(current_user, 'pg_read_all_stats', 'member') OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) AS all_stats,
 		(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND query = '<insufficient privilege>') AS hidden),
 	t AS (
@@ -85,7 +88,7 @@ var horizonSQL = `WITH h AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x
 		UNION ALL
 		SELECT 'prepared', 0, p.gid, p.database, p.owner, '', '', '', p.prepared, p.transaction
 		FROM pg_prepared_xacts p)
-	SELECT h.xmin::text, h.all_stats, h.hidden, t.kind, t.pid, t.gid, t.db, t.usr, t.app, t.state, t.query, t.since,
+	SELECT h.xmin::text, h.db, h.all_stats, h.hidden, t.kind, t.pid, t.gid, t.db, t.usr, t.app, t.state, t.query, t.since,
 		t.xid::text::bigint, (t.xid = xid(h.xmin)), extract(epoch FROM now() - t.since)::float8
 	FROM h LEFT JOIN LATERAL (SELECT * FROM t ORDER BY age(t.xid) DESC LIMIT 5) t ON true`
 
@@ -111,7 +114,7 @@ func Horizon(ctx context.Context, db postgres.DBTX) (HorizonReport, error) {
 		var xid *int64
 		var holds *bool
 		var age *float64
-		if err := rows.Scan(&xmin, &allStats, &hidden, &kind, &pid, &gid, &dbName, &user, &app, &state, &query, &since, &xid, &holds, &age); err != nil {
+		if err := rows.Scan(&xmin, &rep.Database, &allStats, &hidden, &kind, &pid, &gid, &dbName, &user, &app, &state, &query, &since, &xid, &holds, &age); err != nil {
 			return rep, fmt.Errorf("horizon: %w", err)
 		}
 		if kind == nil {

@@ -137,6 +137,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	// with the rest. A shadow pass writes its own state before the
 	// handlers run (search path, rebuild status), which a rollback to this
 	// savepoint would undo: it takes a savepoint of its own later.
+	if sh.shadow != nil {
+		// A shadow batch is long and holds the horizon while it runs: it
+		// names itself in pg_stat_activity, whatever the pool's
+		// application_name, so the horizon line tells Projector's own work
+		// from a forgotten session. Local to the transaction.
+		b.Queue(`SELECT set_config('application_name', $1, true)`, shadowApplicationName(sh.id.Consumer))
+	}
 	b.Queue("SAVEPOINT " + savepointName(0))
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return passResult{}, fmt.Errorf("lock shard: %w", err)
@@ -187,6 +194,16 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	size := cfg.BatchSize
 	if sh.shadow != nil {
 		size = cfg.RebuildBatchSize // no reader waits for a shadow batch: read more at once
+		if !sh.ramped {
+			// The first batches are small and double pass by pass (grow),
+			// so a rebuild's progress moves on a log smaller than one full
+			// batch, and an operator watching a large one sees it start at
+			// once.
+			sh.ramped = true
+			if size > firstShadowBatch {
+				sh.limit, sh.ramping = firstShadowBatch, true
+			}
+		}
 	}
 	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true}
 	batch, err := d.readBatch(ctx, tx, sh, q)
@@ -282,7 +299,10 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		if err := r.unscope(ctx); err != nil {
 			return passResult{}, err
 		}
-		if cfg.ErrorMode == HaltOnError {
+		if cfg.ErrorMode == HaltOnError || IsSystemic(herr) {
+			// A systemic failure would fail every event behind this one:
+			// dead-lettering them all would bury the cause, so the shard
+			// stops here in either mode (recordFailure).
 			return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, failing, herr, done, started)
 		}
 		if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
@@ -320,7 +340,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		res = d.committed(sh, kind, done, 0, deadLetters, started)
 	}
 	if err == nil {
-		sh.growLimit(size)
+		sh.grow(size)
 		if sh.shadow != nil {
 			// Caught up: the next pass tries the switch, at once the first
 			// time (a quiet log would wake it only after Recheck).
@@ -379,7 +399,7 @@ func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st
 		cut = len(events) / 2
 	}
 	if cut > 0 {
-		sh.limit = cut
+		sh.limit, sh.ramping = cut, false
 		d.logger.WarnContext(ctx, "projection dispatcher: batch timed out; retrying at once with the events that finished before the deadline",
 			slog.String("consumer", sh.id.String()), slog.Int("events", cut), slog.Duration("batch_timeout", timeout),
 			slog.String("running", failing.ID.String()), slog.Any("error", herr))
@@ -511,7 +531,11 @@ func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, at
 	}
 	cfg := sh.proj.cfg
 	status := StatusProcessing
-	if attempts >= cfg.MaxAttempts {
+	systemic := IsSystemic(herr)
+	if systemic && !errors.Is(herr, ErrSystemic) {
+		herr = fmt.Errorf("%w: %w", ErrSystemic, herr)
+	}
+	if attempts >= cfg.MaxAttempts || systemic {
 		status = StatusDead
 	}
 	wait := sh.proj.backoff(attempts, rand.Float64())
@@ -526,6 +550,11 @@ func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, at
 	log := d.logger.With(slog.String("consumer", sh.id.Consumer), slog.String("instance_id", sh.id.Instance),
 		slog.String("event_id", failing.ID.String()), slog.String("type", failing.Type),
 		slog.String("position", failing.Position.String()), slog.Int("attempt", attempts), slog.Any("error", herr))
+	if systemic {
+		log.ErrorContext(ctx, "projection dispatcher: systemic failure (not about one event): shard stopped (dead), nothing dead-lettered; fix the cause, then restart the consumer",
+			slog.String("sqlstate", sqlState(herr)))
+		return passResult{kind: passDead}, nil
+	}
 	if status == StatusDead {
 		log.ErrorContext(ctx, "projection dispatcher: shard is dead after MaxAttempts; it stays stopped until an operator restarts, skips or disables it",
 			slog.Int("max_attempts", cfg.MaxAttempts))

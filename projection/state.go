@@ -172,16 +172,21 @@ const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.sta
 // consumer for a shared shard, the shard's own instance for a per-instance
 // one. Stale applies to per-instance shards only: a shared shard is the
 // consumer's one shard, which any later dispatcher resumes.
+//
+// A rebuild's shadow shard is, like a shared one, run by any dispatcher of
+// the consumer (the one of the rebuilt version takes it): its reserved
+// instance id is no process's.
 func dispatcherColumns(instances string) string {
-	runs := `c.name = ANY(i.consumers) AND (c.instance_id = '` + SharedInstance + `' OR i.instance_id = c.instance_id)`
+	anyOf := `c.instance_id IN ('` + SharedInstance + `', '` + RebuildInstance + `')`
+	runs := `c.name = ANY(i.consumers) AND (` + anyOf + ` OR i.instance_id = c.instance_id)`
 	return `CASE
 		WHEN EXISTS (SELECT 1 FROM ` + instances + ` i WHERE ` + runs + ` AND i.stopped_at IS NULL
 			AND i.last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * i.heartbeat_every) THEN 'live'
-		WHEN c.instance_id <> '` + SharedInstance + `' AND EXISTS (SELECT 1 FROM ` + instances + ` i
+		WHEN NOT ` + anyOf + ` AND EXISTS (SELECT 1 FROM ` + instances + ` i
 			WHERE i.instance_id = c.instance_id AND i.last_seen_at < now() - i.expire_after) THEN 'stale'
 		ELSE 'none' END,
 		coalesce((SELECT max(i.last_seen_at) FROM ` + instances + ` i
-			WHERE i.instance_id = c.instance_id OR (c.instance_id = '` + SharedInstance + `' AND c.name = ANY(i.consumers))), 'epoch')`
+			WHERE i.instance_id = c.instance_id OR (` + anyOf + ` AND c.name = ANY(i.consumers))), 'epoch')`
 }
 
 func buildAdminSQL(store *postgres.Store) adminSQL {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -183,14 +184,42 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 // Consume runs the consumer on a JetStream consumer until the returned
 // context is stopped: cons should be a durable pull consumer with explicit
 // acknowledgement and MaxDeliver -1 (see ConsumerConfig.MaxDeliver).
+// A systemic failure ([projection.IsSystemic]: a missing table, column or
+// grant), of the handler or of the consumer's own database work, stops it
+// too: the message is left for redelivery, never dead-lettered, the failure
+// is logged at ERROR, and the returned context's Closed channel closes. Fix
+// the cause and call Consume again. A lost connection
+// ([projection.IsConnectionLoss]) is not dead-lettered either, but the
+// consumer goes on: the message comes back after AckWait, on a new
+// connection.
 // With a Registerer it also counts the subscription's open dead letters at
 // once and every MetricsEvery, until ctx is done or consuming stops.
 func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
+	// A systemic failure stops consuming: cc is set once Consume returns,
+	// which ready announces to the goroutine that stops it.
+	var cc jetstream.ConsumeContext
+	ready := make(chan struct{})
+	var stopOnce sync.Once
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		if _, err := c.Handle(ctx, msg); err != nil {
+		_, err := c.Handle(ctx, msg)
+		switch {
+		case err == nil:
+		case projection.IsSystemic(err) && !projection.IsConnectionLoss(err):
+			stopOnce.Do(func() {
+				c.logger.Error("jetstream consumer: systemic failure (not about one message): consumer stopped, nothing dead-lettered; fix the cause, then start it again",
+					"subscription", c.cfg.Subscription, "subject", msg.Subject(), "err", err)
+				go func() {
+					<-ready
+					if cc != nil {
+						cc.Stop()
+					}
+				}()
+			})
+		default:
 			c.logger.Error("jetstream consumer: message left for redelivery", "subscription", c.cfg.Subscription, "subject", msg.Subject(), "err", err)
 		}
 	})
+	close(ready)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream consumer %s: consume: %w", c.cfg.Subscription, err)
 	}
@@ -202,8 +231,9 @@ func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) (jetstr
 
 // Handle processes one delivered message and acknowledges it (or not) as
 // its outcome says. An error means the message was neither acknowledged nor
-// settled (the database or NATS failed); JetStream redelivers it after the
-// consumer's AckWait.
+// settled (the database or NATS failed, or the handler failed with a
+// systemic error, which is never dead-lettered); JetStream redelivers it
+// after the consumer's AckWait.
 func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (Outcome, error) {
 	deliveries := uint64(1)
 	if md, err := msg.Metadata(); err == nil {
@@ -220,6 +250,10 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (Outcome, erro
 		return Held, c.hold(msg, ev)
 	case err == nil:
 		return outcome, msg.DoubleAck(ctx)
+	case projection.IsSystemic(err):
+		// Every message behind this one would fail alike: it is left for
+		// redelivery, never dead-lettered, and Consume stops.
+		return "", err
 	case errors.As(err, new(*handlerError)):
 		failures, ferr := c.countFailure(ctx, ev, err)
 		if ferr != nil {

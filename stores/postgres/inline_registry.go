@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -130,7 +132,7 @@ const readInlineSQL = `SELECT name, version, event_types FROM {{s}}.projector_in
 
 // setupInline records the store's inline projections and loads the fence.
 // It runs once, in New.
-func (s *Store) setupInline(ctx context.Context, projections []InlineProjection, refresh time.Duration) error {
+func (s *Store) setupInline(ctx context.Context, projections []InlineProjection, refresh time.Duration, quiet bool) error {
 	if refresh < 0 {
 		return fmt.Errorf("postgres store: Config.InlineRefresh is %v; want 0 (default %v) or more", refresh, DefaultInlineRefresh)
 	}
@@ -162,9 +164,14 @@ func (s *Store) setupInline(ctx context.Context, projections []InlineProjection,
 	}
 	// An older version is a deploy in progress or a binary left behind:
 	// worth a warning. A missing projection is normal for a process that
-	// only reads (the CLI, a dashboard), so it is only noted.
+	// only reads (the CLI, a dashboard), so it is only noted, once per
+	// process (a process may open a store per request), and not at all
+	// when the store is told it only reads.
 	for name, b := range s.inlineRec.fence.Load().byProjection() {
 		if b.Have == 0 {
+			if quiet || !noteOnce(s.schema, name, b.Recorded) {
+				continue
+			}
 			s.logger.InfoContext(ctx, "postgres store: an inline projection recorded in the schema is not in Config.Inline; appends of the event types it covers will be refused",
 				slog.String("schema", s.schema), slog.String("projection", name), slog.Int("recorded_version", b.Recorded))
 			continue
@@ -397,4 +404,17 @@ func RetireInlineProjection(ctx context.Context, db DBTX, schema, name string) (
 		return false, fmt.Errorf("retire inline projection %q: %w", name, err)
 	}
 	return tag.RowsAffected() > 0, nil
+}
+
+// notedInline holds the (schema, projection, recorded version) keys whose
+// "not in Config.Inline" note this process has logged. It is process-wide
+// on purpose: the note is about the process's code, not about one store,
+// and an application that opens a store per request (or the CLI, a store
+// per step) would otherwise repeat it on every open.
+var notedInline sync.Map
+
+// noteOnce reports whether the note for key is this process's first.
+func noteOnce(schema, projection string, recorded int) bool {
+	_, seen := notedInline.LoadOrStore(schema+"\x1f"+projection+"\x1f"+strconv.Itoa(recorded), struct{}{})
+	return !seen
 }

@@ -100,6 +100,13 @@ type Config struct {
 	// projection recorded by another process fences this one's appends
 	// within about this long.
 	InlineRefresh time.Duration
+	// QuietInlineNote keeps to itself the start-up note that an inline
+	// projection recorded in the schema is not in Inline: set it in a
+	// process that only reads (a dashboard, the CLI's inspecting commands),
+	// for which the note is noise. Appends it refuses still fail with
+	// [ErrInlineProjectionRequired]. Without it the note is logged once per
+	// process, schema and projection, however many stores the process opens.
+	QuietInlineNote bool
 	// Ephemeral lists stream types whose events may be deleted once old
 	// (sessions, telemetry): what Prune and `projector events prune` act on
 	// when told no stream types. Aggregate streams are history; leave them
@@ -180,7 +187,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	} else if err := s.checkUnisolated(ctx, cfg.StrictTenancy); err != nil {
 		return nil, err
 	}
-	if err := s.setupInline(ctx, s.inline, cfg.InlineRefresh); err != nil {
+	if err := s.setupInline(ctx, s.inline, cfg.InlineRefresh, cfg.QuietInlineNote); err != nil {
 		return nil, err
 	}
 	return s, nil

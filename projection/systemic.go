@@ -1,0 +1,116 @@
+package projection
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrSystemic marks a failure that is not about one event: a missing table
+// or column, a missing grant, a lost connection, a server shutting down. Every
+// event behind the failing one would fail the same way, so dead-lettering it
+// and going on would only fill the dead-letter table with healthy events.
+// A dispatcher shard whose handler fails with such an error stops at once
+// (dead, in either error mode, nothing dead-lettered), and so does a
+// JetStream claims consumer; an operator fixes the cause and restarts it.
+//
+// A handler may wrap ErrSystemic itself to say that a failure of its own
+// (an outside service that is down for everyone) is systemic:
+//
+//	return fmt.Errorf("%w: search backend unreachable: %w", projection.ErrSystemic, err)
+var ErrSystemic = errors.New("projection: systemic failure, not about one event")
+
+// systemicCodes lists the SQLSTATE classes (two characters) and codes (five)
+// that say nothing about the event being handled: the schema, the grants,
+// the connection or the server is wrong, so every event would fail alike.
+// Data errors (22…, 23…), serialization failures and deadlocks (40…) and
+// statement timeouts (57014) are about the event or the moment, and are
+// not listed. Keep docs/projections.md (Errors) in step with this list.
+var systemicCodes = []string{
+	"08",    // connection exception
+	"28",    // invalid authorization specification
+	"3D000", // invalid catalog name: the database does not exist
+	"3F000", // invalid schema name
+	"25006", // read-only SQL transaction: connected to a standby
+	"42501", // insufficient privilege (but see rowRefused)
+	"42P01", // undefined table
+	"42703", // undefined column
+	"42704", // undefined object (type, role…)
+	"42883", // undefined function
+	"53",    // insufficient resources: disk full, out of memory, too many connections
+	"57P",   // operator intervention: admin or crash shutdown, cannot connect now, database dropped
+	"58",    // system error: I/O error
+	"XX",    // internal error, data or index corrupted
+}
+
+// IsSystemic reports whether err is a failure that is not about one event:
+// it wraps [ErrSystemic], a PostgreSQL error whose SQLSTATE is in the
+// documented list (docs/projections.md, Errors), or a failure to connect.
+// The dispatcher and the JetStream claims consumer both decide with it.
+func IsSystemic(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrSystemic) {
+		return true
+	}
+	if ce := (*pgconn.ConnectError)(nil); errors.As(err, &ce) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return SystemicCode(pgErr.Code) && !rowRefused(pgErr)
+}
+
+// rowRefused reports a row-level-security refusal of one row: SQLSTATE
+// 42501 like a missing grant, but about the event (a tenant's event
+// writing another tenant's row), so it follows the error mode. PostgreSQL
+// raises it in ExecWithCheckOptions; the routine name, unlike the message,
+// does not depend on the server's language.
+func rowRefused(e *pgconn.PgError) bool {
+	return e.Code == "42501" && e.Routine == "ExecWithCheckOptions"
+}
+
+// IsConnectionLoss reports whether err is a systemic failure of the
+// connection itself: a failure to connect, a connection exception (08…) or
+// an operator's intervention (57P…: a terminated backend, a server shutting
+// down). The transaction it struck is gone, and a retry on a new connection
+// may well succeed: the dispatcher retries such a pass with backoff, and the
+// JetStream claims consumer leaves the message for redelivery and goes on,
+// where a missing table or grant stops them.
+func IsConnectionLoss(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
+	}
+	return errors.As(err, new(*pgconn.ConnectError))
+}
+
+// SystemicCode reports whether a SQLSTATE code is one [IsSystemic] treats
+// as not about one event.
+func SystemicCode(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
+	for _, c := range systemicCodes {
+		if strings.HasPrefix(code, c) {
+			return true
+		}
+	}
+	return false
+}
+
+// sqlState returns err's SQLSTATE, or "" when it carries none.
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
