@@ -48,9 +48,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzEncodeStorable$$' -fuzztime $(FUZZTIME) .
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime $(FUZZTIME) ./stores/postgres
 
-## lint: gofmt, vet and staticcheck
+## lint: gofmt, go.mod tidy, vet and staticcheck
 lint:
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && echo "gofmt needed" && exit 1)
+	@$(GO) mod tidy -diff || (echo "go.mod/go.sum not tidy: run go mod tidy" && exit 1)
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
 
