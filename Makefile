@@ -21,9 +21,10 @@ build:
 	$(GO) build -o bin/projector ./cmd/projector
 
 ## test: vet, then the whole suite with the race detector against real PostgreSQL
+## (the timeout covers a binary waiting for its turn in the connection budget)
 test:
 	$(GO) vet $(PKGS)
-	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -race -count=1 -timeout 15m $(PKGS)
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 ## test-short: the suite without -race, for a quick loop
 test-short:
