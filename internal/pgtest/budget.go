@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -25,8 +26,10 @@ import (
 //     the number of slots is what the server's max_connections leaves
 //     room for at binaryBudget connections each. A binary that finds no
 //     free slot waits for one (and says so).
-//   - Within a binary, the shared pool has sharedPoolConns connections,
-//     idle ones closing after a few seconds; a child process ([StartChild])
+//   - Within a binary, at most maxParallel tests run in parallel (unless
+//     -parallel says otherwise), so a machine with many cores does not
+//     starve the shared pool of sharedPoolConns connections, idle ones
+//     closing after a few seconds; a child process ([StartChild])
 //     inherits the slot and opens childPoolConns; the projector binary a
 //     test runs is handed [URL], which tells it childPoolConns too.
 //
@@ -44,6 +47,11 @@ const (
 	reservedConns = 15
 	// sharedPoolConns bounds [Pool]'s pool in a test binary.
 	sharedPoolConns = 10
+	// maxParallel is go test's -parallel for a binary that is not given
+	// one: its default, the number of cores, would let a many-core machine
+	// run more database tests at once than sharedPoolConns serves, and
+	// tests holding a connection while waiting for another would stall.
+	maxParallel = 4
 	// childPoolConns bounds the pool of a child process and of every
 	// projector process a test starts with [URL].
 	childPoolConns = 4
@@ -61,6 +69,23 @@ const EnvSlotHeld = "PROJECTOR_TEST_SLOT_HELD"
 // slotLockKey is the advisory lock class of the budget's slots; the slot
 // number is the second key. Session locks, so they end with the holder.
 const slotLockKey = 0x70746573 // "ptes"
+
+// capParallel lowers go test's -parallel to maxParallel unless it was given
+// on the command line. It runs before m.Run, which reads the flag.
+func capParallel() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	f := flag.Lookup("test.parallel")
+	if f == nil {
+		return
+	}
+	explicit := false
+	flag.Visit(func(set *flag.Flag) { explicit = explicit || set.Name == f.Name })
+	if n, err := strconv.Atoi(f.Value.String()); err == nil && n > maxParallel && !explicit {
+		_ = f.Value.Set(strconv.Itoa(maxParallel))
+	}
+}
 
 // isChild reports whether this process runs under a parent's slot.
 func isChild() bool { return os.Getenv(EnvSlotHeld) != "" }

@@ -75,6 +75,7 @@ var startContainer func(ctx context.Context) (url string, stop func() error, err
 // Main runs a package's tests, then closes the shared pool, stops a
 // throwaway server if one was started and fails the run if goroutines leaked.
 func Main(m *testing.M) {
+	capParallel()
 	code := m.Run()
 	if shared.pool != nil {
 		dropExampleSchemas()

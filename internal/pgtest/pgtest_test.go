@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"flag"
 	"os"
 	"slices"
 	"strconv"
@@ -192,5 +193,21 @@ func TestWithPoolMaxConns(t *testing.T) {
 		if err != nil || cfg.MaxConns != 4 {
 			t.Errorf("pgxpool.ParseConfig(%q): MaxConns %v, %v", got, cfg.MaxConns, err)
 		}
+	}
+}
+
+// go test's default -parallel (the number of cores) is lowered to the
+// budget's when it was not given. On 4 cores or fewer the default is within
+// it already; GOMAXPROCS=8 go test -run TestParallelCapped shows the cap.
+func TestParallelCapped(t *testing.T) {
+	f := flag.Lookup("test.parallel")
+	explicit := false
+	flag.Visit(func(set *flag.Flag) { explicit = explicit || set.Name == f.Name })
+	n, err := strconv.Atoi(f.Value.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !explicit && n > maxParallel {
+		t.Fatalf("-test.parallel is %d, want at most %d", n, maxParallel)
 	}
 }
