@@ -45,8 +45,9 @@ const (
 	// reservedConns is kept free of test binaries: the superuser
 	// reserve, psql, a dashboard, other clients of a developer's server.
 	reservedConns = 15
-	// sharedPoolConns bounds [Pool]'s pool in a test binary.
-	sharedPoolConns = 10
+	// sharedPoolConns bounds [Pool]'s pool in a test binary: room for
+	// the tests that hold eight transactions open at once to race them.
+	sharedPoolConns = 16
 	// maxParallel is go test's -parallel for a binary that is not given
 	// one: its default, the number of cores, would let a many-core machine
 	// run more database tests at once than sharedPoolConns serves, and

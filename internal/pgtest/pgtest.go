@@ -109,7 +109,10 @@ func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	shared.url = os.Getenv(EnvURL)
-	if shared.url != "" && !isChild() {
+	// Told once, before this binary marks its own environment for its
+	// children below.
+	child := isChild()
+	if shared.url != "" && !child {
 		// A server other binaries share: wait for this binary's turn. The
 		// wait has no deadline of its own; go test's -timeout bounds it.
 		slot, err := acquireSlot(context.Background(), shared.url)
@@ -148,7 +151,7 @@ func setup() {
 		shared.err = fmt.Errorf("parse %s: %w", EnvURL, err)
 		return
 	}
-	if isChild() {
+	if child {
 		tunePool(cfg, childPoolConns)
 	} else {
 		tunePool(cfg, sharedPoolConns)

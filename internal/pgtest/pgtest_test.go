@@ -211,3 +211,13 @@ func TestParallelCapped(t *testing.T) {
 		t.Fatalf("-test.parallel is %d, want at most %d", n, maxParallel)
 	}
 }
+
+// A binary that took a slot marks its environment for its children; its
+// own shared pool keeps the parent's size all the same (it once took the
+// child's 4, and a test racing eight transactions on it hung).
+func TestSharedPoolHasTheParentsSize(t *testing.T) {
+	t.Parallel()
+	if got := Pool(t).Config().MaxConns; got != sharedPoolConns {
+		t.Fatalf("shared pool MaxConns = %d, want %d", got, sharedPoolConns)
+	}
+}
