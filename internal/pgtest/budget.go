@@ -37,10 +37,9 @@ import (
 // binary alone and needs no slot.
 const (
 	// binaryBudget is the most connections one test binary, its child
-	// processes and the projector processes it runs hold at once. The
-	// suite's heaviest binaries (cmd/projector, rebuild, projection) stay
-	// under it; measured in docs/performance.md's neighbour, the README's
-	// Developing section.
+	// processes and the projector processes it runs hold at once: the
+	// shared pool, three children and the slot, with room for a test's
+	// own pool. Check it by sampling pg_stat_activity during a full run.
 	binaryBudget = 35
 	// reservedConns is kept free of test binaries: the superuser
 	// reserve, psql, a dashboard, other clients of a developer's server.
