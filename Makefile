@@ -21,9 +21,10 @@ build:
 	$(GO) build -o bin/projector ./cmd/projector
 
 ## test: vet, then the whole suite with the race detector against real PostgreSQL
+## (the timeout covers a binary waiting for its turn in the connection budget)
 test:
 	$(GO) vet $(PKGS)
-	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -race -count=1 -timeout 15m $(PKGS)
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 ## test-short: the suite without -race, for a quick loop
 test-short:
@@ -48,9 +49,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzEncodeStorable$$' -fuzztime $(FUZZTIME) .
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime $(FUZZTIME) ./stores/postgres
 
-## lint: gofmt, vet and staticcheck
+## lint: gofmt, go.mod tidy, vet and staticcheck
 lint:
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && echo "gofmt needed" && exit 1)
+	@$(GO) mod tidy -diff || (echo "go.mod/go.sum not tidy: run go mod tidy" && exit 1)
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
 

@@ -65,7 +65,7 @@ func TestLiveLoad(t *testing.T) {
 	// Raw PostgreSQL baseline: a LISTEN connection told of each commit.
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
-	lconn, err := pgx.Connect(ctx, pgtest.URL(t))
+	lconn, err := pgx.ConnectConfig(ctx, pgtest.ConnConfig(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func ExampleDatabase() (url, schema string) {
 	exampleSchemas.mu.Lock()
 	exampleSchemas.names = append(exampleSchemas.names, schema)
 	exampleSchemas.mu.Unlock()
-	return shared.url, schema
+	return withPoolMaxConns(shared.url, childPoolConns), schema
 }
 
 // dropExampleSchemas drops the schemas examples made.

@@ -64,6 +64,7 @@ var shared struct {
 	server        *pgserver.Server
 	stopContainer func() error
 	pool          *pgxpool.Pool
+	slot          *pgx.Conn // holds this binary's slot of the connection budget
 	err           error
 }
 
@@ -74,10 +75,14 @@ var startContainer func(ctx context.Context) (url string, stop func() error, err
 // Main runs a package's tests, then closes the shared pool, stops a
 // throwaway server if one was started and fails the run if goroutines leaked.
 func Main(m *testing.M) {
+	capParallel()
 	code := m.Run()
 	if shared.pool != nil {
 		dropExampleSchemas()
 		shared.pool.Close()
+	}
+	if shared.slot != nil {
+		_ = shared.slot.Close(context.Background())
 	}
 	if shared.server != nil {
 		if err := shared.server.Stop(); err != nil {
@@ -104,6 +109,21 @@ func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	shared.url = os.Getenv(EnvURL)
+	// Told once, before this binary marks its own environment for its
+	// children below.
+	child := isChild()
+	if shared.url != "" && !child {
+		// A server other binaries share: wait for this binary's turn. The
+		// wait has no deadline of its own; go test's -timeout bounds it.
+		slot, err := acquireSlot(context.Background(), shared.url)
+		if err != nil {
+			shared.err = fmt.Errorf("connect to test database: %w", err)
+			return
+		}
+		shared.slot = slot
+		// Child processes inherit the slot (and so never wait for one).
+		os.Setenv(EnvSlotHeld, "1")
+	}
 	if shared.url == "" {
 		srv, err := pgserver.Start(ctx)
 		switch {
@@ -131,7 +151,11 @@ func setup() {
 		shared.err = fmt.Errorf("parse %s: %w", EnvURL, err)
 		return
 	}
-	cfg.MaxConns = 24
+	if child {
+		tunePool(cfg, childPoolConns)
+	} else {
+		tunePool(cfg, sharedPoolConns)
+	}
 	shared.pool, shared.err = pgxpool.NewWithConfig(ctx, cfg)
 	if shared.err == nil {
 		shared.err = shared.pool.Ping(ctx)
@@ -153,10 +177,25 @@ func ready(t testing.TB) {
 	}
 }
 
-// URL returns the test database's URL.
+// URL returns the test database's URL for a process a test starts (the
+// projector binary, say): it carries pool_max_conns, so the process keeps
+// to the connection budget. pgx.Connect does not take that parameter: open
+// single connections with [ConnConfig].
 func URL(t testing.TB) string {
 	ready(t)
-	return shared.url
+	return withPoolMaxConns(shared.url, childPoolConns)
+}
+
+// ConnConfig returns a configuration for one connection to the test
+// database, for a test that needs a connection of its own (LISTEN, say).
+func ConnConfig(t testing.TB) *pgx.ConnConfig {
+	t.Helper()
+	ready(t)
+	cfg, err := pgx.ParseConfig(shared.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 // Pool returns the pool every test of the binary shares. Do not close it.
@@ -175,7 +214,8 @@ func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 
 // PoolConfig returns a pool configuration for the test database, to adjust
 // (an application_name to find the pool's backends by, say) before
-// [PoolFromConfig].
+// [PoolFromConfig]. It is sized for a child process's share of the
+// connection budget; set MaxConns for more.
 func PoolConfig(t testing.TB) *pgxpool.Config {
 	t.Helper()
 	ready(t)
@@ -183,6 +223,7 @@ func PoolConfig(t testing.TB) *pgxpool.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tunePool(cfg, childPoolConns)
 	return cfg
 }
 

@@ -2,13 +2,17 @@ package pgtest
 
 import (
 	"context"
+	"flag"
+	"os"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projectorhq/projector/internal/pgserver"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -102,5 +106,118 @@ func TestSchemaNameDroppedAfterTest(t *testing.T) {
 	})
 	if SchemaExists(t, name) {
 		t.Errorf("schema %s outlived its test", name)
+	}
+}
+
+// Test binaries sharing a server take turns: on a server with room for one
+// binary's budget, a second binary waits for the slot until the first one
+// is done, and the URL handed to child processes asks for a small pool.
+func TestBudgetSlotsMakeBinariesTakeTurns(t *testing.T) {
+	t.Parallel()
+	if _, err := pgserver.FindBinaries(); err != nil && os.Getenv("CI") != "true" {
+		t.Skip("no local PostgreSQL binaries")
+	}
+	ctx := t.Context()
+	maxConns := reservedConns + binaryBudget + binaryBudget/2 // room for one binary, not two
+	if n := slots(maxConns); n != 1 {
+		t.Fatalf("slots(%d) = %d, want 1", maxConns, n)
+	}
+	if n := slots(100); n < 2 || n*binaryBudget+reservedConns > 100 {
+		t.Fatalf("slots(100) = %d: a stock server must fit at least two binaries and never more than it has", n)
+	}
+	srv, err := pgserver.Start(ctx, "max_connections="+strconv.Itoa(maxConns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	first, err := acquireSlot(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		second, err := acquireSlot(ctx, srv.URL)
+		if err == nil {
+			err = second.Close(context.Background())
+		}
+		got <- err
+	}()
+	// The second binary must be waiting, not through: its connection is
+	// there and has asked for the lock, and has not got it.
+	admin, err := pgx.Connect(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	Eventually(t, time.Minute, "a second binary asking for a slot", func() bool {
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgtest budget slot'`).Scan(&n)
+		return err == nil && n == 2
+	})
+	select {
+	case err := <-got:
+		t.Fatalf("the second binary got a slot while the first held the only one (err %v)", err)
+	case <-time.After(time.Second): // it keeps polling; a wrong grant would come within a poll
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the second binary never got the slot the first released")
+	}
+}
+
+// The URL a test hands to a process it starts tells pgxpool a small pool,
+// and both URL and keyword/value forms keep their other settings.
+func TestWithPoolMaxConns(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ in, want string }{
+		{"postgres://postgres@127.0.0.1:5432/db?sslmode=disable", "postgres://postgres@127.0.0.1:5432/db?pool_max_conns=4&sslmode=disable"},
+		{"postgres://postgres@/postgres?host=%2Ftmp%2Fpg&sslmode=disable", "postgres://postgres@/postgres?host=%2Ftmp%2Fpg&pool_max_conns=4&sslmode=disable"},
+		{"host=/tmp dbname=db", "host=/tmp dbname=db pool_max_conns=4"},
+	} {
+		got := withPoolMaxConns(c.in, 4)
+		if got != c.want {
+			t.Errorf("withPoolMaxConns(%q) = %q, want %q", c.in, got, c.want)
+		}
+		cfg, err := pgxpool.ParseConfig(got)
+		if err != nil || cfg.MaxConns != 4 {
+			t.Errorf("pgxpool.ParseConfig(%q): MaxConns %v, %v", got, cfg.MaxConns, err)
+		}
+	}
+}
+
+// go test's default -parallel (the number of cores) is lowered to the
+// budget's when it was not given. On 4 cores or fewer the default is within
+// it already; GOMAXPROCS=8 go test -run TestParallelCapped shows the cap.
+func TestParallelCapped(t *testing.T) {
+	f := flag.Lookup("test.parallel")
+	explicit := false
+	flag.Visit(func(set *flag.Flag) { explicit = explicit || set.Name == f.Name })
+	n, err := strconv.Atoi(f.Value.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !explicit && n > maxParallel {
+		t.Fatalf("-test.parallel is %d, want at most %d", n, maxParallel)
+	}
+}
+
+// A binary that took a slot marks its environment for its children; its
+// own shared pool keeps the parent's size all the same (it once took the
+// child's 4, and a test racing eight transactions on it hung).
+func TestSharedPoolHasTheParentsSize(t *testing.T) {
+	t.Parallel()
+	if got := Pool(t).Config().MaxConns; got != sharedPoolConns {
+		t.Fatalf("shared pool MaxConns = %d, want %d", got, sharedPoolConns)
 	}
 }
