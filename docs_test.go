@@ -68,6 +68,26 @@ func TestDocSnippetsCompile(t *testing.T) {
 			continue
 		}
 		total += len(blocks)
+		// A block that is a whole file (it starts with a package clause) is
+		// its own package, compiled as written: no preludes, no wrapping.
+		blocks = slices.DeleteFunc(blocks, func(b goBlock) bool {
+			if !isWholeFile(b) {
+				return false
+			}
+			slug := fmt.Sprintf("%s_file%d", pageSlug(page), b.line)
+			src := filepath.Join(tmp, slug+".go")
+			code := fmt.Sprintf("//line %s:%d\n%s\n", filepath.Join(root, page), b.line, strings.Join(b.lines, "\n"))
+			if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(root, "docsnippets_compiled", slug)
+			overlay[filepath.Join(dir, "file.go")] = src
+			pkgs = append(pkgs, "./"+filepath.ToSlash(filepath.Join("docsnippets_compiled", slug)))
+			return true
+		})
+		if len(blocks) == 0 {
+			continue
+		}
 		files, err := snippetFiles(root, page, blocks)
 		if err != nil {
 			t.Errorf("%v", err)
@@ -189,6 +209,19 @@ func extractGoBlocks(path string) ([]goBlock, error) {
 	return blocks, nil
 }
 
+// isWholeFile reports whether a block is a complete Go file: its first
+// line that is not a comment or blank is a package clause.
+func isWholeFile(b goBlock) bool {
+	for _, l := range b.lines {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "//") {
+			continue
+		}
+		return strings.HasPrefix(l, "package ")
+	}
+	return false
+}
+
 // snippetFile is one generated Go file of a page's package.
 type snippetFile struct {
 	name string
@@ -235,6 +268,8 @@ var autoImports = map[string]string{
 	"errors":      "errors",
 	"fmt":         "fmt",
 	"http":        "net/http",
+	"json":        "encoding/json",
+	"net":         "net",
 	"log":         "log",
 	"os":          "os",
 	"slog":        "log/slog",
