@@ -213,6 +213,9 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		if err != nil {
 			return err
 		}
+		if err := recheckPruned(ctx, tx, store, name, decl.eventTypes); err != nil {
+			return err
+		}
 		out, err = get(ctx, tx, store, id)
 		return err
 	})
@@ -346,6 +349,25 @@ func checkPruned(ctx context.Context, tx pgx.Tx, store *postgres.Store, name str
 		return fmt.Errorf("%w: %s reads event types that `events prune` deleted events of: %s; a replay would build a model without them", ErrPruned, name, strings.Join(pruned, ", "))
 	}
 	return nil
+}
+
+// recheckPruned is checkPruned made exact against a concurrent `events
+// prune`: the first check runs before the wait for the live shard's lock
+// (so a refusal is quick), and a prune may commit after it, deleting events
+// the live cursor passed but the rebuild's new or rewound cursor (not yet
+// committed) has not. Prune reads the cursors under a SHARE lock on the
+// consumers table; ROW EXCLUSIVE conflicts with it, and with nothing a
+// dispatcher takes, so from here on a prune waits for this transaction and
+// then sees its cursor, and a prune that committed before is in the record
+// read after the lock. Called last, once the transaction has written its
+// cursor (or, for a partial rebuild, read its events), so the lock is held
+// only to the commit: a prune queued behind it makes every dispatcher's
+// cursor write queue behind the prune.
+func recheckPruned(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, types []string) error {
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+store.Table("projector_consumers")+` IN ROW EXCLUSIVE MODE`); err != nil {
+		return fmt.Errorf("rebuild %s: lock out retention: %w", name, err)
+	}
+	return checkPruned(ctx, tx, store, name, types)
 }
 
 func insertRow(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, d decl, opts Options, target projector.Position, total int64) (int64, error) {
