@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,14 +34,20 @@ func (s *Store) ExplainPruneLocked(ctx context.Context, types []string, cutoff t
 	}
 	var txs []string
 	var seqs []int64
+	var ats []time.Time
 	var tx string
 	var seq int64
-	if _, err := pgx.ForEachRow(rows, []any{&tx, &seq}, func() error {
-		txs, seqs = append(txs, tx), append(seqs, seq)
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&tx, &seq, &at}, func() error {
+		txs, seqs, ats = append(txs, tx), append(seqs, seq), append(ats, at)
 		return nil
 	}); err != nil {
 		return nil, err
 	}
+	if len(txs) == 0 {
+		return nil, errors.New("nothing to prune")
+	}
+	oldest, newest := slices.MinFunc(ats, time.Time.Compare), slices.MaxFunc(ats, time.Time.Compare)
 	halt := strings.NewReplacer("{{c}}", s.Table("projector_consumers"), "{{i}}", s.Table("projector_instances"),
 		"{{e}}", s.Table("projector_events"), "{{d}}", s.Table("projector_dead_letters"), "{{lockPrefix}}", "$6").Replace(haltExpiredFixedSQL)
 	var plans []string
@@ -49,7 +56,7 @@ func (s *Store) ExplainPruneLocked(ctx context.Context, types []string, cutoff t
 			sql  string
 			args []any
 		}{
-			{s.sql.pruneDelete, []any{txs, seqs, uint64(0), int64(0), true}},
+			{s.sql.pruneDelete, []any{types, oldest, newest, cutoff, txs[0], seqs[0], txs[len(txs)-1], seqs[len(seqs)-1], uint64(0), int64(0), true}},
 			{halt, []any{types, cutoff, uint64(0), int64(0), true, shardLockPrefix(s.schema)}},
 		} {
 			var plan string

@@ -174,8 +174,9 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, erro
 // without a lock, along the (stream_type, recorded_at) index: the oldest
 // candidates in log order, up to batch. Only then does a transaction lock
 // the consumers table in SHARE mode, read the guard (slowestShard) and
-// delete those of the chosen rows the guard lets go, by primary key: what
-// the lock is held for depends on the batch, not on the log. A consumer
+// delete again those of the chosen rows the guard lets go, found through
+// the batch's spans of times and positions: what the lock is held for
+// depends on the batch, not on the log. A consumer
 // that registers or rewinds between the choice and the lock is seen by the
 // guard, which is read under the lock, so promise 9 is kept exactly; the
 // choice can only be too generous, never let an event go that the guard
@@ -188,11 +189,20 @@ func (s *Store) pruneBatches(ctx context.Context, types []string, batch int, res
 		if err != nil {
 			return fmt.Errorf("choose: %w", err)
 		}
-		txs, seqs := make([]string, 0, min(batch, 1024)), make([]int64, 0, min(batch, 1024))
-		var txID string
-		var seq int64
-		if _, err := pgx.ForEachRow(rows, []any{&txID, &seq}, func() error {
-			txs, seqs = append(txs, txID), append(seqs, seq)
+		// The batch as the locked delete finds it again: its first and
+		// last positions and the span of its recording times.
+		var chosen int
+		var first, last, pos struct {
+			tx  string
+			seq int64
+		}
+		var oldest, newest, at time.Time
+		if _, err := pgx.ForEachRow(rows, []any{&pos.tx, &pos.seq, &at}, func() error {
+			if chosen == 0 {
+				first, oldest, newest = pos, at, at
+			}
+			last, oldest, newest = pos, minTime(oldest, at), maxTime(newest, at)
+			chosen++
 			return nil
 		}); err != nil {
 			return fmt.Errorf("choose: %w", err)
@@ -208,10 +218,11 @@ func (s *Store) pruneBatches(ctx context.Context, types []string, batch int, res
 			if guard, blocker, err = s.slowestShard(ctx, tx, types, res.Cutoff, false); err != nil {
 				return err
 			}
-			if len(txs) == 0 {
+			if chosen == 0 {
 				return nil
 			}
-			if err := tx.QueryRow(ctx, s.sql.pruneDelete, txs, seqs, guard.TxID, guard.Seq, blocker == nil).Scan(&n); err != nil {
+			if err := tx.QueryRow(ctx, s.sql.pruneDelete, types, oldest, newest, res.Cutoff, first.tx, first.seq, last.tx, last.seq,
+				guard.TxID, guard.Seq, blocker == nil).Scan(&n); err != nil {
 				return fmt.Errorf("delete: %w", err)
 			}
 			return nil
@@ -222,8 +233,9 @@ func (s *Store) pruneBatches(ctx context.Context, types []string, batch int, res
 		res.Deleted += n
 		// The last round: fewer candidates than a batch are left, or the
 		// guard (or a dead letter opened since the choice) kept some of
-		// them, and the next choice would start with those.
-		if len(txs) < batch || n < int64(len(txs)) {
+		// them, and the next choice would start with those. (A late
+		// commit inside the batch's span may add to n: also fine.)
+		if chosen < batch || n < int64(chosen) {
 			break
 		}
 	}
@@ -406,36 +418,49 @@ const pruneByTypeSQL = `SELECT e.stream_type, count(*), count(DISTINCT (e.tenant
 
 // pruneChooseSQL picks the next batch of candidates ($1 types, older than
 // $2, at most $3), oldest first in log order, without a lock and without
-// the guard (which is read under the lock, by pruneDeleteSQL's caller). It
-// reads the candidates along projector_events_prune, not the log; the
-// transaction id goes out as text (xid8 has no binary array form pgx
-// knows).
-const pruneChooseSQL = `SELECT e.tx_id::text, e.seq` + pruneCandidates + `
+// the guard (which is read under the lock, by pruneDeleteSQL's caller), and
+// returns each one's position and recording time. It reads the candidates
+// along projector_events_prune, not the log; the transaction id goes out
+// as text, as pruneDeleteSQL takes it back.
+const pruneChooseSQL = `SELECT e.tx_id::text, e.seq, e.recorded_at` + pruneCandidates + `
 	ORDER BY e.tx_id, e.seq LIMIT $3`
 
-// pruneDeleteSQL deletes the chosen rows ($1/$2) that the guard read under
-// the lock lets go ($3/$4, or any when $5 says there is none) and that no
-// open dead letter holds (one may have opened since the choice), and
-// records, per event type, that events of it were deleted: a rebuild of a
-// projection reading that type could no longer be exact, and is refused.
-//
-// Each chosen row is looked up on its own through the primary key (the
-// LIMIT keeps the lateral subquery from being flattened into a join) and
-// deleted by its tuple id: with thousands of keys on a small log the
-// planner would otherwise hash-join them against a scan of the whole log,
-// under the lock.
+// pruneDeleteSQL deletes a chosen batch again, under the lock: the
+// candidates ($1 types, older than $4) recorded within the batch's span of
+// times ($2..$3) and positioned within its span of the log ($5/$6..$7/$8),
+// that the guard read under the lock lets go ($9/$10, or any when $11 says
+// there is none) and that no open dead letter holds (one may have opened
+// since the choice); and it records, per event type, that events of it
+// were deleted: a rebuild of a projection reading that type could no
+// longer be exact, and is refused. The two spans make it an index range
+// scan of about the batch (projector_events_prune on the times, or the
+// primary key on the positions), whatever the size of the log. A row in
+// both spans that was not chosen (a transaction that committed after the
+// choice) is a candidate all the same, and is checked like the others.
 const pruneDeleteSQL = `WITH deleted AS (
-	DELETE FROM {{s}}.projector_events WHERE ctid = ANY (ARRAY(
-		SELECT x.ctid FROM unnest($1::text[], $2::bigint[]) AS k(tx_id, seq)
-		CROSS JOIN LATERAL (SELECT e.ctid FROM {{s}}.projector_events e
-			WHERE e.tx_id = k.tx_id::xid8 AND e.seq = k.seq
-			  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
-			  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_dead_letters d WHERE d.event_id = e.id AND d.status = 'open')
-			LIMIT 1) x))
-	RETURNING type
+	DELETE FROM {{s}}.projector_events e
+	WHERE e.stream_type = ANY($1::text[]) AND e.recorded_at >= $2 AND e.recorded_at <= $3 AND e.recorded_at < $4
+	  AND (e.tx_id, e.seq) >= ($5::text::xid8, $6::bigint) AND (e.tx_id, e.seq) <= ($7::text::xid8, $8::bigint)
+	  AND ($11::bool OR (e.tx_id, e.seq) <= ($9::xid8, $10::bigint))
+	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_dead_letters d WHERE d.event_id = e.id AND d.status = 'open')
+	RETURNING e.type
 ), recorded AS (
 	INSERT INTO {{s}}.projector_pruned AS p (event_type, deleted)
 	SELECT type, count(*) FROM deleted GROUP BY type
 	ON CONFLICT (event_type) DO UPDATE SET deleted = p.deleted + excluded.deleted, last_at = now()
 )
 SELECT count(*) FROM deleted`
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
