@@ -102,9 +102,9 @@ type PruneBlocker struct {
 // slowest cursor, so a consumer registering (or a rebuild rewinding) at
 // that moment either is seen or waits for the delete to commit. The rows
 // of a batch are chosen before the lock, along an index on the prune's
-// filter, and deleted by key under it: how long dispatchers wait for a
-// prune depends on the batch size, not on the size of the log. A dry run
-// takes no lock.
+// filter, and found again and deleted under it through the batch's spans
+// of times and positions: how long dispatchers wait for a prune depends on
+// the batch size, not on the size of the log. A dry run takes no lock.
 //
 // A per-instance shard whose instance has not been seen for its expiry
 // (projector_instances, written by dispatcher heartbeats) is stale and does
@@ -176,11 +176,11 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, erro
 // the consumers table in SHARE mode, read the guard (slowestShard) and
 // delete again those of the chosen rows the guard lets go, found through
 // the batch's spans of times and positions: what the lock is held for
-// depends on the batch, not on the log. A consumer
-// that registers or rewinds between the choice and the lock is seen by the
-// guard, which is read under the lock, so promise 9 is kept exactly; the
-// choice can only be too generous, never let an event go that the guard
-// keeps. What the guard held back is counted after the lock is released.
+// depends on the batch, not on the log. A consumer that registers or
+// rewinds between the choice and the lock is seen by the guard, which is
+// read under the lock, so promise 9 is kept exactly; the choice can only
+// be too generous, never let an event go that the guard keeps. What the
+// guard held back is counted after the lock is released.
 func (s *Store) pruneBatches(ctx context.Context, types []string, batch int, res *PruneResult) error {
 	var guard projector.Position
 	var blocker *PruneBlocker
