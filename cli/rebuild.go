@@ -58,8 +58,8 @@ See docs/rebuilds.md.`,
 			if partial.set(cmd) {
 				return a.runPartial(cmd, args[0], partial)
 			}
-			if version < 0 {
-				return usageError{fmt.Errorf("--version %d: want a version of 1 or more (0: the highest registered)", version)}
+			if version < 0 || version > rebuild.MaxVersion {
+				return usageError{fmt.Errorf("--version %d: want a version from 1 to %d (0: the highest registered)", version, rebuild.MaxVersion)}
 			}
 			if pickup < 0 || pickup > 24*time.Hour {
 				return usageError{fmt.Errorf("--pickup-timeout %v: want 0 (no limit) up to 24h", pickup)}

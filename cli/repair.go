@@ -12,6 +12,11 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
+// maxRepairLockTimeout bounds --lock-timeout: PostgreSQL's lock_timeout
+// holds under 25 days of milliseconds, and a repair is run by someone
+// watching it.
+const maxRepairLockTimeout = 24 * time.Hour
+
 func (a *App) repairCmd() *cobra.Command {
 	root := group("repair", "Repair Projector's tables after an out-of-the-ordinary event (restored-cluster)")
 	var opts postgres.RepairOptions
@@ -33,8 +38,8 @@ when no stored transaction id is from the future, unless --force. --dry-run does
 the whole repair, prints the report and rolls it back.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if opts.LockTimeout <= 0 {
-				return usageError{fmt.Errorf("--lock-timeout must be positive, got %v", opts.LockTimeout)}
+			if opts.LockTimeout <= 0 || opts.LockTimeout > maxRepairLockTimeout {
+				return usageError{fmt.Errorf("--lock-timeout %v: want more than 0, up to %v", opts.LockTimeout, maxRepairLockTimeout)}
 			}
 			pool, err := a.Pool(cmd.Context())
 			if err != nil {

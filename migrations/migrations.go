@@ -34,8 +34,7 @@ const SchemaPlaceholder = "{{schema}}"
 var fileName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
 
 // All returns every migration in version order. It fails if a file name
-// breaks the pattern, a version is 0 or two files share a version, which a
-// test guards.
+// breaks the pattern or two files share a version, which a test guards.
 func All() ([]Migration, error) {
 	entries, err := fs.ReadDir(files, ".")
 	if err != nil {
@@ -59,12 +58,11 @@ func All() ([]Migration, error) {
 		}
 		out = append(out, Migration{Version: v, Name: m[2], SQL: string(body)})
 	}
-	// Versions are unique and applied in increasing order; a gap is
-	// tolerated (a number taken by a change not merged yet), since the
-	// migrator records each version it applied rather than a high mark.
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	if len(out) > 0 && out[0].Version < 1 {
-		return nil, fmt.Errorf("migration version %d: versions start at 1", out[0].Version)
+	for i, m := range out {
+		if m.Version != i+1 {
+			return nil, fmt.Errorf("migration versions must run 1, 2, 3…: found %d at place %d", m.Version, i+1)
+		}
 	}
 	return out, nil
 }

@@ -176,7 +176,11 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
 		return false, fmt.Errorf("switch: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE `+c+` SET cursor_tx_id = $3, cursor_seq = $4, version = $5, status = 'idle', attempts = 0,
+	// A disabled live shard stays disabled (ignored until `consumer
+	// enable`, as after an in-place rewind); any other state was the old
+	// model's, and the new one starts idle.
+	if _, err := tx.Exec(ctx, `UPDATE `+c+` SET cursor_tx_id = $3, cursor_seq = $4, version = $5,
+			status = CASE WHEN status = 'disabled' THEN 'disabled' ELSE 'idle' END, attempts = 0,
 			last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL, failed_event_id = NULL,
 			next_retry_at = NULL, replay_until_tx_id = NULL, replay_until_seq = NULL, updated_at = now()
 		WHERE name = $1 AND instance_id = $2`, sh.id.Consumer, SharedInstance, next.TxID, next.Seq, sh.proj.cfg.Version); err != nil {

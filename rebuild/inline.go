@@ -598,7 +598,9 @@ func beginInline(ctx context.Context, store *postgres.Store, p *projection.Inlin
 			name, projection.RebuildInstance, p.Version(), shadow); err != nil {
 			return fmt.Errorf("rebuild inline %s: record its cursor: %w", name, err)
 		}
-		return nil
+		// A prune that committed since the first check (while this waited
+		// to copy a table, say) deleted events the replay would miss.
+		return recheckPruned(ctx, tx, store, name, p.EventTypes())
 	})
 	return st, err
 }

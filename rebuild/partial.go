@@ -58,7 +58,10 @@ type PartialResult struct {
 //  4. it replays the scope's events up to the cursor, read through the
 //     events' stream index (not the whole log), with handlers told they are
 //     replaying (side effects skipped, nothing emitted again);
-//  5. it commits: the scope is rebuilt exactly to where the rest of the
+//  5. it checks, under a lock a prune waits for, that retention deleted
+//     no event of p's types meanwhile ([ErrPruned]: the replay may have
+//     missed them);
+//  6. it commits: the scope is rebuilt exactly to where the rest of the
 //     model is, and the live consumer goes on from its cursor.
 //
 // The transaction holds the consumer still and, once it has written, holds
@@ -143,6 +146,11 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 		}
 		if err := cur.Close(ctx); err != nil {
 			return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+		}
+		// A prune that committed while this waited for the lock or replayed
+		// may have deleted events of the scope the replay then missed.
+		if err := recheckPruned(ctx, tx, store, p.Name(), p.EventTypes()); err != nil {
+			return err
 		}
 		res.Held = time.Since(locked)
 		return nil

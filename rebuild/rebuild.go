@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -77,7 +78,17 @@ var (
 	// ErrPruned: retention deleted events the projection reads, so a
 	// replay from the log could not be exact.
 	ErrPruned = errors.New("rebuild: retention deleted events the projection needs")
+	// ErrDisabled: an in-place rebuild of a disabled consumer was asked
+	// for. It would clear the live tables for a replay no dispatcher runs
+	// (a disabled shard is passed over), leaving an empty model waiting;
+	// enable the consumer first, or rebuild blue/green. It is also an
+	// [ErrNotRebuildable].
+	ErrDisabled = fmt.Errorf("%w: its consumer is disabled", ErrNotRebuildable)
 )
+
+// MaxVersion is the highest projection version: versions are stored as
+// PostgreSQL integers.
+const MaxVersion = math.MaxInt32
 
 // Options says how to rebuild.
 type Options struct {
@@ -161,8 +172,8 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 	if opts.Mode != BlueGreen && opts.Mode != InPlace {
 		return Rebuild{}, fmt.Errorf("%w: mode %q: want %s or %s", ErrNotRebuildable, opts.Mode, BlueGreen, InPlace)
 	}
-	if opts.Version < 0 {
-		return Rebuild{}, fmt.Errorf("%w: version %d below 0", ErrUnknownProjection, opts.Version)
+	if opts.Version < 0 || opts.Version > MaxVersion {
+		return Rebuild{}, fmt.Errorf("%w: version %d: want 1 to %d (0: the highest registered)", ErrUnknownProjection, opts.Version, MaxVersion)
 	}
 	if opts.Hold && opts.Mode == InPlace {
 		return Rebuild{}, fmt.Errorf("%w: an in-place rebuild has no switch to hold", ErrNotRebuildable)
@@ -189,13 +200,17 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		if err := projection.LockShard(ctx, tx, store, live); err != nil {
 			return err
 		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2)`,
-			name, projection.SharedInstance).Scan(&exists); err != nil {
+		var status string
+		err = tx.QueryRow(ctx, `SELECT status FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
+			name, projection.SharedInstance).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, name)
+		}
+		if err != nil {
 			return fmt.Errorf("rebuild %s: %w", name, err)
 		}
-		if !exists {
-			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, name)
+		if opts.Mode == InPlace && status == string(projection.StatusDisabled) {
+			return fmt.Errorf("%w: an in-place rebuild of %s would clear its tables for a replay no dispatcher runs; enable it first (`projector consumer enable %s`), or rebuild it blue/green", ErrDisabled, name, name)
 		}
 		target, total, err := logEnd(ctx, tx, store, name)
 		if err != nil {
@@ -211,6 +226,9 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 			err = startBlueGreen(ctx, tx, store, name, decl, id)
 		}
 		if err != nil {
+			return err
+		}
+		if err := recheckPruned(ctx, tx, store, name, decl.eventTypes); err != nil {
 			return err
 		}
 		out, err = get(ctx, tx, store, id)
@@ -346,6 +364,25 @@ func checkPruned(ctx context.Context, tx pgx.Tx, store *postgres.Store, name str
 		return fmt.Errorf("%w: %s reads event types that `events prune` deleted events of: %s; a replay would build a model without them", ErrPruned, name, strings.Join(pruned, ", "))
 	}
 	return nil
+}
+
+// recheckPruned is checkPruned made exact against a concurrent `events
+// prune`: the first check runs before the wait for the live shard's lock
+// (so a refusal is quick), and a prune may commit after it, deleting events
+// the live cursor passed but the rebuild's new or rewound cursor (not yet
+// committed) has not. Prune reads the cursors under a SHARE lock on the
+// consumers table; ROW EXCLUSIVE conflicts with it, and with nothing a
+// dispatcher takes, so from here on a prune waits for this transaction and
+// then sees its cursor, and a prune that committed before is in the record
+// read after the lock. Called last, once the transaction has written its
+// cursor (or, for a partial rebuild, read its events), so the lock is held
+// only to the commit: a prune queued behind it makes every dispatcher's
+// cursor write queue behind the prune.
+func recheckPruned(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, types []string) error {
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+store.Table("projector_consumers")+` IN ROW EXCLUSIVE MODE`); err != nil {
+		return fmt.Errorf("rebuild %s: lock out retention: %w", name, err)
+	}
+	return checkPruned(ctx, tx, store, name, types)
 }
 
 func insertRow(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, d decl, opts Options, target projector.Position, total int64) (int64, error) {

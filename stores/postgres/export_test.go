@@ -1,6 +1,14 @@
 package postgres
 
-import "context"
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // PositionColumns lets the external tests compare the repair's list of
 // stored transaction ids with the schema's xid8 columns.
@@ -14,3 +22,55 @@ func (s *Store) ExplainReadLog(ctx context.Context, q LogQuery) ([]byte, error) 
 	err := s.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&plan)
 	return plan, err
 }
+
+// ExplainPruneLocked returns the plans (EXPLAIN FORMAT JSON) of the
+// statements a prune of types before cutoff runs on the events table while
+// it holds the consumers table in SHARE mode, unguarded (the batch chosen
+// as Prune chooses it, beforehand), in a transaction it rolls back.
+func (s *Store) ExplainPruneLocked(ctx context.Context, types []string, cutoff time.Time, batch int) ([]string, error) {
+	rows, err := s.pool.Query(ctx, s.sql.pruneChoose, types, cutoff, batch)
+	if err != nil {
+		return nil, err
+	}
+	var txs []string
+	var seqs []int64
+	var ats []time.Time
+	var tx string
+	var seq int64
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&tx, &seq, &at}, func() error {
+		txs, seqs, ats = append(txs, tx), append(seqs, seq), append(ats, at)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if len(txs) == 0 {
+		return nil, errors.New("nothing to prune")
+	}
+	oldest, newest := slices.MinFunc(ats, time.Time.Compare), slices.MaxFunc(ats, time.Time.Compare)
+	halt := strings.NewReplacer("{{c}}", s.Table("projector_consumers"), "{{i}}", s.Table("projector_instances"),
+		"{{e}}", s.Table("projector_events"), "{{d}}", s.Table("projector_dead_letters"), "{{lockPrefix}}", "$6").Replace(haltExpiredFixedSQL)
+	var plans []string
+	err = pgx.BeginFunc(ctx, s.pool, func(dbtx pgx.Tx) error {
+		for _, q := range []struct {
+			sql  string
+			args []any
+		}{
+			{s.sql.pruneDelete, []any{types, oldest, newest, cutoff, txs[0], seqs[0], txs[len(txs)-1], seqs[len(seqs)-1], uint64(0), int64(0), true}},
+			{halt, []any{types, cutoff, uint64(0), int64(0), true, shardLockPrefix(s.schema)}},
+		} {
+			var plan string
+			if err := dbtx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q.sql, q.args...).Scan(&plan); err != nil {
+				return err
+			}
+			plans = append(plans, plan)
+		}
+		return errRollback
+	})
+	if err != nil && err != errRollback {
+		return nil, err
+	}
+	return plans, nil
+}
+
+var errRollback = errors.New("rolled back")

@@ -97,9 +97,14 @@ type PruneBlocker struct {
 // the cutoff, but never one that some consumer shard that is not disabled
 // has not passed (promise 9), and never the event of an open dead letter
 // (one that may still be retried); once every dead letter of an event is
-// resolved or discarded, the event is pruned like any other. Each delete transaction locks the consumers table in SHARE mode
-// before reading the slowest cursor, so a consumer registering at that
-// moment either is seen or waits for the delete to commit.
+// resolved or discarded, the event is pruned like any other. Each delete
+// transaction locks the consumers table in SHARE mode before reading the
+// slowest cursor, so a consumer registering (or a rebuild rewinding) at
+// that moment either is seen or waits for the delete to commit. The rows
+// of a batch are chosen before the lock, along an index on the prune's
+// filter, and found again and deleted under it through the batch's spans
+// of times and positions: how long dispatchers wait for a prune depends on
+// the batch size, not on the size of the log. A dry run takes no lock.
 //
 // A per-instance shard whose instance has not been seen for its expiry
 // (projector_instances, written by dispatcher heartbeats) is stale and does
@@ -146,43 +151,12 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, erro
 	if !inRange {
 		return PruneResult{}, fmt.Errorf("%w: an age of %v puts the cutoff before year 1", ErrInvalidPrune, opts.OlderThan)
 	}
-	for {
-		var n int64
-		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `LOCK TABLE `+s.Table("projector_consumers")+` IN SHARE MODE`); err != nil {
-				return fmt.Errorf("lock consumers: %w", err)
-			}
-			guard, blocker, err := s.slowestShard(ctx, tx, types, res.Cutoff, opts.DryRun)
-			if err != nil {
-				return err
-			}
-			if opts.DryRun {
-				err := tx.QueryRow(ctx, s.sql.pruneCount, types, res.Cutoff, guard.TxID, guard.Seq, blocker == nil).Scan(&res.Deleted, &res.HeldBack)
-				if err != nil {
-					return fmt.Errorf("count: %w", err)
-				}
-				res.Blocker = blocker
-				return s.pruneTypes(ctx, tx, types, res.Cutoff, guard, blocker == nil, &res)
-			}
-			if err := tx.QueryRow(ctx, s.sql.pruneDelete, types, res.Cutoff, guard.TxID, guard.Seq, blocker == nil, batch).Scan(&n); err != nil {
-				return fmt.Errorf("delete: %w", err)
-			}
-			res.Deleted += n
-			if n < int64(batch) { // the last round: count what the guard kept
-				var wouldDelete int64
-				if err := tx.QueryRow(ctx, s.sql.pruneCount, types, res.Cutoff, guard.TxID, guard.Seq, blocker == nil).Scan(&wouldDelete, &res.HeldBack); err != nil {
-					return fmt.Errorf("count held back: %w", err)
-				}
-				res.Blocker = blocker
-			}
-			return nil
-		})
-		if err != nil {
+	if opts.DryRun {
+		if err := s.pruneDryRun(ctx, types, &res); err != nil {
 			return res, fmt.Errorf("prune %v older than %s: %w", types, res.Cutoff.Format(time.RFC3339), err)
 		}
-		if opts.DryRun || n < int64(batch) {
-			break
-		}
+	} else if err := s.pruneBatches(ctx, types, batch, &res); err != nil {
+		return res, fmt.Errorf("prune %v older than %s: %w", types, res.Cutoff.Format(time.RFC3339), err)
 	}
 	if res.HeldBack == 0 {
 		res.Blocker = nil
@@ -194,6 +168,101 @@ func (s *Store) Prune(ctx context.Context, opts PruneOptions) (PruneResult, erro
 		}
 	}
 	return res, nil
+}
+
+// pruneBatches deletes in batches. Each batch's rows are chosen first,
+// without a lock, along the (stream_type, recorded_at) index: the oldest
+// candidates in log order, up to batch. Only then does a transaction lock
+// the consumers table in SHARE mode, read the guard (slowestShard) and
+// delete again those of the chosen rows the guard lets go, found through
+// the batch's spans of times and positions: what the lock is held for
+// depends on the batch, not on the log. A consumer that registers or
+// rewinds between the choice and the lock is seen by the guard, which is
+// read under the lock, so promise 9 is kept exactly; the choice can only
+// be too generous, never let an event go that the guard keeps. What the
+// guard held back is counted after the lock is released.
+func (s *Store) pruneBatches(ctx context.Context, types []string, batch int, res *PruneResult) error {
+	var guard projector.Position
+	var blocker *PruneBlocker
+	for {
+		rows, err := s.pool.Query(ctx, s.sql.pruneChoose, types, res.Cutoff, batch)
+		if err != nil {
+			return fmt.Errorf("choose: %w", err)
+		}
+		// The batch as the locked delete finds it again: its first and
+		// last positions and the span of its recording times.
+		var chosen int
+		var first, last, pos struct {
+			tx  string
+			seq int64
+		}
+		var oldest, newest, at time.Time
+		if _, err := pgx.ForEachRow(rows, []any{&pos.tx, &pos.seq, &at}, func() error {
+			if chosen == 0 {
+				first, oldest, newest = pos, at, at
+			}
+			last, oldest, newest = pos, minTime(oldest, at), maxTime(newest, at)
+			chosen++
+			return nil
+		}); err != nil {
+			return fmt.Errorf("choose: %w", err)
+		}
+		var n int64
+		// The locked round runs even with nothing chosen: it is also where
+		// stale shards are removed or halted, and where the guard is read.
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `LOCK TABLE `+s.Table("projector_consumers")+` IN SHARE MODE`); err != nil {
+				return fmt.Errorf("lock consumers: %w", err)
+			}
+			var err error
+			if guard, blocker, err = s.slowestShard(ctx, tx, types, res.Cutoff, false); err != nil {
+				return err
+			}
+			if chosen == 0 {
+				return nil
+			}
+			if err := tx.QueryRow(ctx, s.sql.pruneDelete, types, oldest, newest, res.Cutoff, first.tx, first.seq, last.tx, last.seq,
+				guard.TxID, guard.Seq, blocker == nil).Scan(&n); err != nil {
+				return fmt.Errorf("delete: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		res.Deleted += n
+		// The last round: fewer candidates than a batch are left, or the
+		// guard (or a dead letter opened since the choice) kept some of
+		// them, and the next choice would start with those. (A late
+		// commit inside the batch's span may add to n: also fine.)
+		if chosen < batch || n < int64(chosen) {
+			break
+		}
+	}
+	var wouldDelete int64
+	if err := s.pool.QueryRow(ctx, s.sql.pruneCount, types, res.Cutoff, guard.TxID, guard.Seq, blocker == nil).Scan(&wouldDelete, &res.HeldBack); err != nil {
+		return fmt.Errorf("count held back: %w", err)
+	}
+	res.Blocker = blocker
+	return nil
+}
+
+// pruneDryRun counts what a prune would delete and what the guard would
+// hold back, deleting nothing. It takes no SHARE lock (it writes nothing a
+// registering consumer could race with), so it never stalls dispatchers;
+// one repeatable-read snapshot keeps its counts consistent with its guard.
+func (s *Store) pruneDryRun(ctx context.Context, types []string, res *PruneResult) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		guard, blocker, err := s.slowestShard(ctx, tx, types, res.Cutoff, true)
+		if err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, s.sql.pruneCount, types, res.Cutoff, guard.TxID, guard.Seq, blocker == nil).Scan(&res.Deleted, &res.HeldBack); err != nil {
+			return fmt.Errorf("count: %w", err)
+		}
+		res.Blocker = blocker
+		return s.pruneTypes(ctx, tx, types, res.Cutoff, guard, blocker == nil, res)
+	})
 }
 
 // slowestShard returns the lowest cursor among shards that are neither
@@ -347,19 +416,51 @@ const pruneByTypeSQL = `SELECT e.stream_type, count(*), count(DISTINCT (e.tenant
 	  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
 	GROUP BY e.stream_type ORDER BY e.stream_type`
 
-// pruneDeleteSQL deletes one batch, oldest first along the log's own index.
-// pruneDeleteSQL deletes one batch and records, per event type, that
-// events of it were deleted: a rebuild of a projection reading that type
-// could no longer be exact, and is refused.
+// pruneChooseSQL picks the next batch of candidates ($1 types, older than
+// $2, at most $3), oldest first in log order, without a lock and without
+// the guard (which is read under the lock, by pruneDeleteSQL's caller), and
+// returns each one's position and recording time. It reads the candidates
+// along projector_events_prune, not the log; the transaction id goes out
+// as text, as pruneDeleteSQL takes it back.
+const pruneChooseSQL = `SELECT e.tx_id::text, e.seq, e.recorded_at` + pruneCandidates + `
+	ORDER BY e.tx_id, e.seq LIMIT $3`
+
+// pruneDeleteSQL deletes a chosen batch again, under the lock: the
+// candidates ($1 types, older than $4) recorded within the batch's span of
+// times ($2..$3) and positioned within its span of the log ($5/$6..$7/$8),
+// that the guard read under the lock lets go ($9/$10, or any when $11 says
+// there is none) and that no open dead letter holds (one may have opened
+// since the choice); and it records, per event type, that events of it
+// were deleted: a rebuild of a projection reading that type could no
+// longer be exact, and is refused. The two spans make it an index range
+// scan of about the batch (projector_events_prune on the times, or the
+// primary key on the positions), whatever the size of the log. A row in
+// both spans that was not chosen (a transaction that committed after the
+// choice) is a candidate all the same, and is checked like the others.
 const pruneDeleteSQL = `WITH deleted AS (
-	DELETE FROM {{s}}.projector_events WHERE (tx_id, seq) IN (
-		SELECT e.tx_id, e.seq` + pruneCandidates + `
-		  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
-		ORDER BY e.tx_id, e.seq LIMIT $6)
-	RETURNING type
+	DELETE FROM {{s}}.projector_events e
+	WHERE e.stream_type = ANY($1::text[]) AND e.recorded_at >= $2 AND e.recorded_at <= $3 AND e.recorded_at < $4
+	  AND (e.tx_id, e.seq) >= ($5::text::xid8, $6::bigint) AND (e.tx_id, e.seq) <= ($7::text::xid8, $8::bigint)
+	  AND ($11::bool OR (e.tx_id, e.seq) <= ($9::xid8, $10::bigint))
+	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_dead_letters d WHERE d.event_id = e.id AND d.status = 'open')
+	RETURNING e.type
 ), recorded AS (
 	INSERT INTO {{s}}.projector_pruned AS p (event_type, deleted)
 	SELECT type, count(*) FROM deleted GROUP BY type
 	ON CONFLICT (event_type) DO UPDATE SET deleted = p.deleted + excluded.deleted, last_at = now()
 )
 SELECT count(*) FROM deleted`
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

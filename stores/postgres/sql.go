@@ -17,6 +17,7 @@ type statements struct {
 	readLogTypes  []string
 	restoredCheck string
 	pruneCount    string
+	pruneChoose   string
 	pruneDelete   string
 }
 
@@ -213,6 +214,7 @@ func buildStatements(schema string) statements {
 		readLogTypes:  readLogTypesStatements(r),
 		restoredCheck: r.Replace(restoredCheckSQL),
 		pruneCount:    r.Replace(pruneCountSQL),
+		pruneChoose:   r.Replace(pruneChooseSQL),
 		pruneDelete:   r.Replace(pruneDeleteSQL),
 	}
 }
