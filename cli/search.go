@@ -49,7 +49,7 @@ func (a *App) searchProjection(name string) (*search.Projection, error) {
 	if len(names) > 0 {
 		known = "this binary wires " + strings.Join(names, ", ")
 	}
-	return nil, usageError{fmt.Errorf("no search projection %s (%s)", projector.Printable(name), known)}
+	return nil, usageError{fmt.Errorf("no search projection \"%s\" (%s)", text(name, cellText), known)}
 }
 
 func (a *App) searchReindexCmd() *cobra.Command {
