@@ -261,3 +261,39 @@ func TestTrace_FailedBatchAndRetry(t *testing.T) {
 		t.Errorf("retried batch: status %v, attempt %s; want ok, 2", retried.Status(), a["projector.attempt"].Emit())
 	}
 }
+
+// A dispatcher without an SDK records no batch span, and what its handlers
+// emit keeps the handled event's trace context, as it keeps every header:
+// an untraced hop does not cut the chain.
+func TestTrace_UntracedDispatcherPassesTheContextOn(t *testing.T) {
+	t.Parallel()
+	e := newTracedEnv(t)
+	e.appendTraced("untraced", 1)
+	handled, err := e.store.ReadStream(e.ctx, projector.Stream("ticket", "untraced"), postgres.StreamQuery{})
+	if err != nil || len(handled) != 1 || handled[0].Metadata.Headers["traceparent"] == "" {
+		t.Fatalf("appended events %v (%v), want one with a traceparent", handled, err)
+	}
+	p := projection.NewAsync("plain", projection.AsyncConfig{})
+	must(projection.OnEvent(p, e.types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		_, err := projection.Emit(ctx, tx, projector.Stream("followup", ev.Stream.ID), projector.NoStream, testevents.TicketClosed{Reason: "auto"})
+		return err
+	}))
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}}) // the global provider: no SDK
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := e.store.ReadStream(e.ctx, projector.Stream("followup", "untraced"), postgres.StreamQuery{})
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("emitted events %v (%v), want one", evs, err)
+	}
+	if got, want := evs[0].Metadata.Headers["traceparent"], handled[0].Metadata.Headers["traceparent"]; got != want {
+		t.Errorf("emitted traceparent %q, want the handled event's %q", got, want)
+	}
+	for _, s := range e.rec.Started() {
+		if s.Name() == "process plain" || s.Name() == "append followup" {
+			t.Errorf("span %q recorded without an SDK in the dispatcher", s.Name())
+		}
+	}
+}
