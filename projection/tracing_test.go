@@ -148,12 +148,12 @@ func TestTrace_BatchSpanLinksTheProducers(t *testing.T) {
 		"projector.consumer": "traced", "projector.instance": projection.SharedInstance,
 	} {
 		if a[k].AsString() != v {
-			t.Errorf("attribute %s = %q, want %q", k, a[k].Emit(), v)
+			t.Errorf("attribute %s = %q, want %q", k, a[k].String(), v)
 		}
 	}
 	for k, v := range map[attribute.Key]int64{"messaging.batch.message_count": 3, "projector.attempt": 1, "projector.links.dropped": 0} {
 		if a[k].AsInt64() != v {
-			t.Errorf("attribute %s = %s, want %d", k, a[k].Emit(), v)
+			t.Errorf("attribute %s = %s, want %d", k, a[k].String(), v)
 		}
 	}
 	if a["projector.position.first"].AsString() == "" || a["projector.position.last"].AsString() == "" {
@@ -178,7 +178,7 @@ func TestTrace_BatchLinksAreCapped(t *testing.T) {
 	batch := e.spans("process capped", 1)[0]
 	a := attrs(batch)
 	if n := len(batch.Links()); n != 128 || a["projector.links.dropped"].AsInt64() != 12 || a["messaging.batch.message_count"].AsInt64() != 140 {
-		t.Fatalf("%d links, %s dropped, batch of %s; want 128, 12, 140", n, a["projector.links.dropped"].Emit(), a["messaging.batch.message_count"].Emit())
+		t.Fatalf("%d links, %s dropped, batch of %s; want 128, 12, 140", n, a["projector.links.dropped"].String(), a["messaging.batch.message_count"].String())
 	}
 }
 
@@ -258,7 +258,7 @@ func TestTrace_FailedBatchAndRetry(t *testing.T) {
 		t.Errorf("failed batch: status %v, events %v; want an error with the exception", failed.Status(), failed.Events())
 	}
 	if a := attrs(retried); retried.Status().Code == codes.Error || a["projector.attempt"].AsInt64() != 2 {
-		t.Errorf("retried batch: status %v, attempt %s; want ok, 2", retried.Status(), a["projector.attempt"].Emit())
+		t.Errorf("retried batch: status %v, attempt %s; want ok, 2", retried.Status(), a["projector.attempt"].String())
 	}
 }
 

@@ -87,12 +87,12 @@ func TestAppendTrace_RecordsTheAppendSpan(t *testing.T) {
 		"projector.stream.tenant": "acme", "projector.stream.id": "traced-1",
 	} {
 		if attrs[k].AsString() != v {
-			t.Errorf("attribute %s = %q, want %q", k, attrs[k].Emit(), v)
+			t.Errorf("attribute %s = %q, want %q", k, attrs[k].String(), v)
 		}
 	}
 	for k, v := range map[attribute.Key]int64{"messaging.batch.message_count": 2, "projector.expected_version": -1, "projector.stream.version": 2} {
 		if attrs[k].AsInt64() != v {
-			t.Errorf("attribute %s = %s, want %d", k, attrs[k].Emit(), v)
+			t.Errorf("attribute %s = %s, want %d", k, attrs[k].String(), v)
 		}
 	}
 }
