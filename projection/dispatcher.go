@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -120,6 +121,11 @@ type Config struct {
 	// transaction; this keeps up to two batches per shard in memory. Set it
 	// to compare, or to bound memory with very large batches.
 	SeparateReads bool
+	// TracerProvider records one span per batch, linked to the spans that
+	// appended its events (docs/tracing.md); default
+	// otel.GetTracerProvider(), which does nothing until the application
+	// installs an SDK.
+	TracerProvider trace.TracerProvider
 }
 
 // validate checks every duration and count of cfg, defaults applied,
@@ -166,6 +172,7 @@ type Dispatcher struct {
 	shards     []*shard
 	logger     *slog.Logger
 	metrics    *metrics
+	tracer     trace.Tracer
 	sql        dispatchSQL
 	isql       instanceSQL
 	sem        chan struct{}
@@ -302,6 +309,7 @@ func New(cfg Config) (*Dispatcher, error) {
 
 		remeasure: make(chan struct{}, 1),
 	}
+	d.tracer = newTracer(cfg.TracerProvider)
 	d.instance = cmp.Or(cfg.InstanceID, os.Getenv(EnvInstanceID))
 	if d.instance == "" {
 		d.instance, d.randomID = uuid.NewString(), true

@@ -273,7 +273,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	// Handlers get a deadline: a pass with a transaction id holds back
 	// every reader's horizon while it runs, so a hung handler must fail
 	// (and be retried, or go dead) rather than stall the fleet.
-	handlerCtx, cancel := context.WithTimeout(ctx, cfg.BatchTimeout)
+	spanCtx, span := d.startBatchSpan(ctx, sh, st.attempts, batch.Events, replaying)
+	defer span.End()
+	handlerCtx, cancel := context.WithTimeout(spanCtx, cfg.BatchTimeout)
 	defer cancel()
 	r := newRun(d, tx, sh, projector.SystemTenant, handlerCtx)
 	r.savepointed = sh.shadow == nil
@@ -296,6 +298,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 		done = append(done, rest[:k]...)
 		failing := rest[k]
+		batchEventFailed(span, failing, herr)
 		if err := r.unscope(ctx); err != nil {
 			return passResult{}, err
 		}

@@ -11,8 +11,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
 )
 
 // AppendResult is what an append wrote.
@@ -45,15 +47,26 @@ type AppendResult struct {
 // models, nor the caller's own writes can commit.
 //
 // All events of one append go out in a single statement.
+//
+// When ctx carries a sampled or recording span, the append runs in a span
+// of its own (inline projections included) and each event records that
+// span's context in its headers (traceparent, tracestate), which is how
+// the handlers it reaches continue the trace; without one, no span is
+// started and nothing is recorded (docs/tracing.md).
 func (s *Store) Append(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads ...any) (AppendResult, error) {
-	res, err := s.appendEvents(ctx, tx, stream, expected, payloads)
+	if tracing.Recorded(trace.SpanFromContext(ctx)) {
+		return s.appendTraced(ctx, tx, stream, expected, payloads)
+	}
+	res, err := s.appendEvents(ctx, tx, stream, expected, payloads, false)
 	if err != nil {
 		return AppendResult{}, fmt.Errorf("append to stream %s: %w", stream, err)
 	}
 	return res, nil
 }
 
-func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads []any) (AppendResult, error) {
+// appendEvents writes the events; traced writes the span context of ctx
+// into their headers.
+func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads []any, traced bool) (AppendResult, error) {
 	if tx == nil {
 		return AppendResult{}, errors.New("nil transaction: append runs inside the caller's transaction")
 	}
@@ -67,6 +80,9 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 		return AppendResult{}, fmt.Errorf("%w: no events to append", projector.ErrInvalidPayload)
 	}
 	md := projector.MetadataFrom(ctx)
+	if traced {
+		md.Headers = tracing.Inject(ctx, md.Headers)
+	}
 	if err := md.Validate(); err != nil {
 		return AppendResult{}, err
 	}

@@ -58,7 +58,12 @@ func benchAppend(b *testing.B, n int) {
 }
 
 func benchAppendOn(b *testing.B, store *postgres.Store, n int) {
-	ctx := context.Background()
+	benchAppendCtx(b, context.Background(), store, n)
+}
+
+// benchAppendCtx is benchAppendOn with the appends' context: a traced one
+// for BenchmarkAppendTracing.
+func benchAppendCtx(b *testing.B, ctx context.Context, store *postgres.Store, n int) {
 	a, err := benchmark.NewAppender(ctx, store, n)
 	if err != nil {
 		b.Fatal(err)

@@ -13,8 +13,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/migrations"
 )
 
@@ -114,6 +117,12 @@ type Config struct {
 	Ephemeral []string
 	// Logger receives the store's few log lines; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider records the append spans; default
+	// otel.GetTracerProvider(), which does nothing until the application
+	// installs an SDK. An append whose context carries no sampled or
+	// recording span starts no span and writes no trace context
+	// (docs/tracing.md).
+	TracerProvider trace.TracerProvider
 }
 
 // Store is the event store: appends, stream reads and the gap-safe global
@@ -127,6 +136,7 @@ type Store struct {
 	inlineRec *inlineState // the recorded inline projections as last read
 	ephemeral []string
 	logger    *slog.Logger
+	tracer    trace.Tracer
 	sql       statements
 	// unisolated, when set, is the warning the first tenant-scoped
 	// transaction logs (see checkUnisolated).
@@ -154,6 +164,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		role:     cfg.TenantRole,
 		logger:   cmp.Or(cfg.Logger, slog.Default()),
 	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	s.tracer = tp.Tracer(tracing.ScopeName)
 	if err := ValidateSchema(s.schema); err != nil {
 		return nil, fmt.Errorf("postgres store: %w", err)
 	}

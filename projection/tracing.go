@@ -1,0 +1,85 @@
+package projection
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
+)
+
+// newTracer returns the dispatcher's tracer from tp, the global provider
+// when nil. The global provider forwards to whatever SDK the application
+// installs later, so taking it at construction loses nothing.
+func newTracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return tp.Tracer(tracing.ScopeName)
+}
+
+// startBatchSpan starts the span of one batch of sh: a root span (a batch
+// has many causes, none of them its parent) linked to the span that
+// appended each event, up to [tracing.MaxLinks]. Handlers run under the
+// returned context, so what they append (Emit) is a child of the batch.
+//
+// Nothing beyond starting a span is done when it does not record: with
+// tracing off a batch costs no header parsing and no attributes. Links are
+// therefore added after the start, and a sampler decides on the batch
+// alone; the default parent-based sampler ignores links anyway. A replay
+// (rebuild, in place or into shadow tables) links nothing: its events'
+// traces ended long ago, and a link per replayed event would flood them.
+func (d *Dispatcher) startBatchSpan(ctx context.Context, sh *shard, attempts int, events []projector.Event, replaying bool) (context.Context, trace.Span) {
+	ctx, span := d.tracer.Start(ctx, "process "+sh.id.Consumer, trace.WithSpanKind(trace.SpanKindConsumer))
+	if !span.IsRecording() || len(events) == 0 {
+		return ctx, span
+	}
+	dropped := 0
+	if !replaying {
+		linked := 0
+		for _, ev := range events {
+			sc := tracing.Extract(ev.Metadata.Headers)
+			if !sc.IsValid() {
+				continue
+			}
+			if linked == tracing.MaxLinks {
+				dropped++
+				continue
+			}
+			span.AddLink(trace.Link{SpanContext: sc})
+			linked++
+		}
+	}
+	span.SetAttributes(
+		tracing.AttrMessagingSystem.String(tracing.MessagingSystem),
+		tracing.AttrMessagingOperationName.String("process"),
+		tracing.AttrMessagingOperationType.String("process"),
+		tracing.AttrMessagingConsumerGroup.String(sh.id.Consumer),
+		tracing.AttrMessagingBatchCount.Int(len(events)),
+		tracing.AttrConsumer.String(sh.id.Consumer),
+		tracing.AttrInstance.String(sh.id.Instance),
+		tracing.AttrPositionFirst.String(events[0].Position.String()),
+		tracing.AttrPositionLast.String(events[len(events)-1].Position.String()),
+		tracing.AttrAttempt.Int(attempts+1),
+		tracing.AttrLinksDropped.Int(dropped),
+		tracing.AttrReplay.Bool(replaying),
+	)
+	return ctx, span
+}
+
+// batchEventFailed marks the batch span failed by ev's handler error.
+func batchEventFailed(span trace.Span, ev projector.Event, err error) {
+	if !span.IsRecording() {
+		return
+	}
+	span.RecordError(err, trace.WithAttributes(
+		attribute.String("projector.event.id", ev.ID.String()),
+		attribute.String("projector.event.type", ev.Type),
+		attribute.String("projector.event.position", ev.Position.String()),
+	))
+	span.SetStatus(codes.Error, "handler failed")
+}
