@@ -38,7 +38,7 @@ func TestShadowProgressMovesOnASmallLog(t *testing.T) {
 		batches = append(batches, len(evs))
 	}})
 	e.dispatcher(v2)
-	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Hold: true}); err != nil {
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Hold: true, Version: 2}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, time.Minute, "the held rebuild to be ready", func() bool {
@@ -79,7 +79,7 @@ func TestShadowPassNamesItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.dispatcher(v2)
-	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Hold: true}); err != nil {
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Hold: true, Version: 2}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, time.Minute, "the held rebuild to be ready", func() bool {
