@@ -99,11 +99,19 @@ func TestPromise5_CrashRecoveryExactlyOnce(t *testing.T) {
 		if round > 60 {
 			t.Fatalf("only %d kills landed while catching up in %d rounds", kills, round)
 		}
+		before := e.applied("counting")
 		c := e.startChild(url, 50)
-		time.Sleep(time.Duration(80+rng.IntN(250)) * time.Millisecond) // a random moment, not a synchronisation
+		// Let the child start catching up before choosing the moment: on a
+		// loaded machine a -race child can take longer to start than any
+		// fixed delay, and a kill during start-up tests nothing.
+		started := time.Now()
+		for e.applied("counting") == before && time.Since(started) < time.Minute && !exited(c) {
+			time.Sleep(2 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond) // a random moment, not a synchronisation
 		applied := e.applied("counting")
 		c.Kill(t)
-		if applied > 0 && applied < total(versions) {
+		if applied > before && applied < total(versions) {
 			kills++
 		} else if applied >= total(versions) {
 			// Caught up before the kill: give it more to catch up on.
@@ -120,6 +128,16 @@ func TestPromise5_CrashRecoveryExactlyOnce(t *testing.T) {
 	e.checkCounts("counting", versions)
 	e.checkEmitted(openedCount(versions))
 	t.Logf("%d kills while catching up, %d events", kills, want)
+}
+
+// exited reports whether a child process has ended.
+func exited(c *pgtest.Child) bool {
+	select {
+	case <-c.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 func (e *env) emittedCount() int {
