@@ -3,6 +3,7 @@ package projection_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -178,4 +179,39 @@ func TestWaitForAcrossProcessesWithKilledDispatcher(t *testing.T) {
 		t.Fatalf("after WaitFor the read model holds %d events of stream b, want 2", got["b"])
 	}
 	c.Terminate(t)
+}
+
+// A per-instance consumer is read from every instance's tables: WaitFor
+// waits for each instance's shard, not just the first to pass.
+func TestWaitForEveryInstanceShard(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ds := map[string]*projection.Dispatcher{}
+	for _, id := range []string{"alpha", "beta"} {
+		p := projection.NewAsync("live", projection.AsyncConfig{Delivery: projection.PerInstance})
+		h := countingHandler(e.schema, "live@"+id)
+		must(projection.OnEvent(p, e.types.Opened, h))
+		ds[id] = e.dispatcher(projection.Config{Store: e.storeOn(pgtest.NewPool(t, 2)), Projections: []*projection.Async{p}, InstanceID: id})
+	}
+	pos := e.appendAt("a", testevents.TicketOpened{Title: "a"})
+	if _, err := e.waitFor("live", pos, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"alpha", "beta"} {
+		if got, _ := e.counts("live@" + id); got["a"] != 1 {
+			t.Fatalf("after WaitFor instance %s holds %d events of stream a, want 1", id, got["a"])
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	if err := ds["beta"].Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pos = e.appendAt("b", testevents.TicketOpened{Title: "b"})
+	eventually(t, time.Minute, "alpha to apply b", func() bool { got, _ := e.counts("live@alpha"); return got["b"] == 1 })
+	_, err := e.waitFor("live", pos, 300*time.Millisecond)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "live@beta") {
+		t.Fatalf("WaitFor with instance beta stopped: %v, want the deadline naming live@beta", err)
+	}
 }
