@@ -25,6 +25,19 @@ type AppendResult struct {
 	Version int64
 }
 
+// Position is the global-log position of the append's last event, what
+// [projection.WaitFor] waits for; [projector.Start] when nothing was
+// appended. Every event of one append shares its transaction, so a consumer
+// past this position has passed all of them.
+//
+// [projection.WaitFor]: https://pkg.go.dev/github.com/projectorhq/projector/projection#WaitFor
+func (r AppendResult) Position() projector.Position {
+	if len(r.Events) == 0 {
+		return projector.Start
+	}
+	return r.Events[len(r.Events)-1].Position
+}
+
 // Append appends payloads, in order, to stream inside the caller's
 // transaction, after checking expected against the stream's version. Each
 // payload's Go type must have been defined in the store's registry; payloads
