@@ -3,11 +3,14 @@ package jetstream_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -231,4 +234,74 @@ func TestConsumerContinuesTrace(t *testing.T) {
 	if tp := evs[0].Metadata.Headers["traceparent"]; len(tp) < 35 || tp[3:35] != request.TraceID().String() {
 		t.Errorf("handler's event traceparent %q, want trace %s", tp, request.TraceID())
 	}
+}
+
+// NewMsg writes the standard trace headers only from a valid stored
+// traceparent: a malformed or oversized one is left out, never an error.
+func TestNewMsgTraceHeaders(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, tc := range []struct {
+		name          string
+		headers       map[string]string
+		wantTP, wantS string
+	}{
+		{"valid", map[string]string{"traceparent": tp, "tracestate": "vendor=1", "client": "web"}, tp, "vendor=1"},
+		{"no tracestate", map[string]string{"traceparent": tp}, tp, ""},
+		{"malformed", map[string]string{"traceparent": "garbage", "tracestate": "vendor=1"}, "", ""},
+		{"oversized", map[string]string{"traceparent": tp + strings.Repeat("x", 1<<16)}, "", ""},
+		{"none", map[string]string{"client": "web"}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := projector.Event{ID: uuid.New(), Type: "note.added", SchemaVersion: 1, Stream: projector.Stream("note", "n1"), Version: 1,
+				Metadata: projector.Metadata{Headers: tc.headers}, RecordedAt: time.Now()}
+			msg, err := pjs.NewMsg("events", ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := msg.Header.Get(pjs.HeaderTraceParent); got != tc.wantTP {
+				t.Errorf("traceparent header %.80q, want %q", got, tc.wantTP)
+			}
+			if got := msg.Header.Get(pjs.HeaderTraceState); got != tc.wantS {
+				t.Errorf("tracestate header %q, want %q", got, tc.wantS)
+			}
+		})
+	}
+}
+
+// A message whose traceparent header is malformed is applied like any
+// other, under a process span of its own.
+func TestConsumerIgnoresMalformedTraceparent(t *testing.T) {
+	e := newTracedEnv(t)
+	e.append("acme", "bad", testevents.TicketCommented{Body: "plain", N: 1})
+	ev := e.logEvents()[0]
+	msg, err := pjs.NewMsg(e.prefix, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg.Header.Set(pjs.HeaderTraceParent, "00-zz-\x01-01")
+	e.relay(e.relayConfig()) // creates the stream
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	snk := newSink(t, e.types.Registry)
+	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "bad", TracerProvider: e.tp, Handler: snk.record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := c.Consume(e.ctx, e.jsConsumer("bad"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	span := e.ended("process bad", 1)[0]
+	if span.Parent().IsValid() || attr(span, "projector.outcome").AsString() != "applied" {
+		t.Fatalf("process span parent %v, attributes %v", span.Parent(), span.Attributes())
+	}
+	snk.check(t, []projector.Event{ev})
 }
