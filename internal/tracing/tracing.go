@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -23,8 +24,13 @@ const (
 // refuse. The number left out is recorded as [AttrLinksDropped].
 const MaxLinks = 128
 
-// MessagingSystem is the value of messaging.system on Projector's spans.
+// MessagingSystem is the value of messaging.system on Projector's spans
+// of its own log (append, dispatcher batches).
 const MessagingSystem = "projector"
+
+// MessagingSystemNATS is the value of messaging.system on the spans of the
+// JetStream relay and the claims consumer.
+const MessagingSystemNATS = "nats"
 
 // Attribute keys. The messaging.* keys follow the OpenTelemetry messaging
 // semantic conventions; projector.* keys are Projector's own.
@@ -35,6 +41,8 @@ const (
 	AttrMessagingDestination   = attribute.Key("messaging.destination.name")
 	AttrMessagingConsumerGroup = attribute.Key("messaging.consumer.group.name")
 	AttrMessagingBatchCount    = attribute.Key("messaging.batch.message_count")
+	AttrMessagingMessageID     = attribute.Key("messaging.message.id")
+	AttrMessagingSubscription  = attribute.Key("messaging.destination.subscription.name")
 
 	AttrStreamTenant    = attribute.Key("projector.stream.tenant")
 	AttrStreamType      = attribute.Key("projector.stream.type")
@@ -48,6 +56,8 @@ const (
 	AttrAttempt         = attribute.Key("projector.attempt")
 	AttrLinksDropped    = attribute.Key("projector.links.dropped")
 	AttrReplay          = attribute.Key("projector.replay")
+	AttrOutcome         = attribute.Key("projector.outcome")
+	AttrDeliveries      = attribute.Key("projector.deliveries")
 )
 
 // traceContext is the W3C propagator; it has no state.
@@ -84,4 +94,14 @@ func Extract(headers map[string]string) trace.SpanContext {
 	}
 	ctx := traceContext.Extract(context.Background(), propagation.MapCarrier(headers))
 	return trace.SpanContextFromContext(ctx)
+}
+
+// Tracer returns Projector's tracer from tp, the global provider when nil.
+// The global provider forwards to whatever SDK the application installs
+// later, so taking it at construction loses nothing.
+func Tracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return tp.Tracer(ScopeName)
 }

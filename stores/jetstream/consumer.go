@@ -13,8 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -94,6 +96,12 @@ type ConsumerConfig struct {
 	// is also taken when the consumer writes a dead letter and after a
 	// retry or discard through it.
 	MetricsEvery time.Duration
+	// TracerProvider records one process span per message, continuing the
+	// trace of the message's traceparent header, so what the handler
+	// appends with its context is part of the producer's trace
+	// (docs/tracing.md); default otel.GetTracerProvider(), which does
+	// nothing until the application installs an SDK.
+	TracerProvider trace.TracerProvider
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -106,6 +114,7 @@ type ConsumerConfig struct {
 type Consumer struct {
 	cfg    ConsumerConfig
 	logger *slog.Logger
+	tracer trace.Tracer
 	sql    consumerSQL
 	// openDeadLetters is nil without a Registerer.
 	openDeadLetters *prometheus.GaugeVec
@@ -143,7 +152,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	s := cfg.Store
 	claims, streams, dead := s.Table("projector_jetstream_claims"), s.Table("projector_jetstream_streams"), s.Table("projector_jetstream_dead_letters")
 	failures := s.Table("projector_jetstream_failures")
-	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), openDeadLetters: gauge, sql: consumerSQL{
+	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), tracer: tracing.Tracer(cfg.TracerProvider), openDeadLetters: gauge, sql: consumerSQL{
 		// The claim: a second insert of the same key does nothing, and the
 		// handler does not run.
 		claim:   `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
@@ -234,17 +243,28 @@ func (c *Consumer) Consume(ctx context.Context, cons jetstream.Consumer) (jetstr
 // settled (the database or NATS failed, or the handler failed with a
 // systemic error, which is never dead-lettered); JetStream redelivers it
 // after the consumer's AckWait.
-func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (Outcome, error) {
+func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (outcome Outcome, err error) {
 	deliveries := uint64(1)
 	if md, err := msg.Metadata(); err == nil {
 		deliveries = md.NumDelivered
 	}
+	ctx, span := c.startProcessSpan(ctx, msg, deliveries)
+	defer func() { endProcessSpan(span, outcome, err) }()
 	ev, err := Decode(c.cfg.Store.Registry(), msg.Headers(), msg.Data())
 	if err != nil {
 		// Nothing a retry can change: dead-letter it at once.
 		return c.deadLetter(ctx, msg, nil, deliveries, err)
 	}
-	outcome, err := c.apply(ctx, ev, deliveries > 1)
+	if span.IsRecording() {
+		span.SetAttributes(
+			tracing.AttrMessagingMessageID.String(ev.ID.String()),
+			tracing.AttrStreamTenant.String(projector.Printable(ev.Stream.Tenant)),
+			tracing.AttrStreamType.String(projector.Printable(ev.Stream.Type)),
+			tracing.AttrStreamID.String(projector.Printable(ev.Stream.ID)),
+			tracing.AttrStreamVersion.Int64(ev.Version),
+		)
+	}
+	outcome, err = c.apply(ctx, ev, deliveries > 1)
 	switch {
 	case err == nil && outcome == Held:
 		return Held, c.hold(msg, ev)

@@ -69,11 +69,13 @@ func newEnv(t testing.TB) *env {
 	return newEnvAt(t, natsURL())
 }
 
-func newEnvAt(t testing.TB, url string) *env {
+// newEnvAt is newEnv on the NATS server at url; cfg, if given, configures
+// the store (its Registry is the env's).
+func newEnvAt(t testing.TB, url string, cfg ...postgres.Config) *env {
 	t.Helper()
 	types := testevents.New()
 	id := randomHex(6)
-	e := &env{t: t, ctx: context.Background(), types: types, store: pgtest.Store(t, types.Registry), url: url,
+	e := &env{t: t, ctx: context.Background(), types: types, store: pgtest.Store(t, types.Registry, cfg...), url: url,
 		stream: "T_" + id, prefix: "t" + id}
 	e.nc = connect(t, url)
 	t.Cleanup(func() {

@@ -1,6 +1,7 @@
 package jetstream
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,8 +12,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
 )
 
 // Header names of a relayed message. The body is the payload JSON; the
@@ -36,6 +39,11 @@ const (
 	HeaderActor         = "Projector-Actor"
 	HeaderRecordedAt    = "Projector-Recorded-At" // RFC 3339 with nanoseconds, UTC
 	HeaderMetadata      = "Projector-Headers"     // Metadata.Headers as a JSON object
+	// The W3C Trace Context of the append that recorded the event, as the
+	// standard message headers any OpenTelemetry NATS instrumentation
+	// reads; set only when the event's metadata holds a valid one.
+	HeaderTraceParent = tracing.HeaderTraceParent
+	HeaderTraceState  = tracing.HeaderTraceState
 )
 
 // ErrInvalidMessage: a message is not a relayed Projector event (a header
@@ -68,12 +76,26 @@ func NewMsg(prefix string, ev projector.Event) (*nats.Msg, error) {
 			return nil, fmt.Errorf("event %s: encode metadata headers: %w", ev.ID, err)
 		}
 		h.Set(HeaderMetadata, string(b))
+		setTraceContext(h, ev.Metadata.Headers)
 	}
 	data := ev.Data
 	if data == nil {
 		data = json.RawMessage("null")
 	}
 	return &nats.Msg{Subject: Subject(prefix, ev), Header: h, Data: data}, nil
+}
+
+// setTraceContext copies the trace context stored in an event's metadata
+// headers to the message's standard headers, written anew from the parsed
+// context: a malformed stored value is left out rather than passed on.
+func setTraceContext(h nats.Header, md map[string]string) {
+	sc := tracing.Extract(md)
+	if !sc.IsValid() {
+		return
+	}
+	for k, v := range tracing.Inject(trace.ContextWithRemoteSpanContext(context.Background(), sc), nil) {
+		h.Set(k, v)
+	}
 }
 
 // Decode turns a relayed message back into the event that was appended,

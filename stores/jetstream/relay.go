@@ -15,8 +15,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -87,6 +91,11 @@ type RelayConfig struct {
 	Async projection.AsyncConfig
 	// Registerer receives the relay's metrics; nil means none.
 	Registerer prometheus.Registerer
+	// TracerProvider records one publish span per batch, a child of the
+	// dispatcher's batch span (docs/tracing.md); default
+	// otel.GetTracerProvider(), which does nothing until the application
+	// installs an SDK.
+	TracerProvider trace.TracerProvider
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -106,6 +115,7 @@ type Relay struct {
 	async   *projection.Async
 	metrics relayMetrics
 	logger  *slog.Logger
+	tracer  trace.Tracer
 	tail    tail
 	// noTailCheck, set by tests only, relies on the duplicate window alone.
 	noTailCheck bool
@@ -169,7 +179,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream relay: %w", err)
 	}
-	r := &Relay{cfg: cfg, js: js, async: async, logger: cmp.Or(cfg.Logger, slog.Default())}
+	r := &Relay{cfg: cfg, js: js, async: async, logger: cmp.Or(cfg.Logger, slog.Default()), tracer: tracing.Tracer(cfg.TracerProvider)}
 	names := make([]projection.TypeName, len(types))
 	for i, t := range slices.Sorted(slices.Values(types)) {
 		names[i] = typeName(t)
@@ -263,6 +273,8 @@ func (r *Relay) publish(ctx context.Context, tx pgx.Tx, b projection.Batch) (err
 			r.failed.set(tx, err)
 		}
 	}()
+	ctx, span := r.startPublishSpan(ctx, b)
+	defer func() { endSpan(span, err) }()
 	start := time.Now()
 	stored, err := r.skipSet(ctx, b)
 	if err != nil {
@@ -324,6 +336,10 @@ func (r *Relay) publish(ctx context.Context, tx pgx.Tx, b projection.Batch) (err
 			return fmt.Errorf("publish batch: %w", ctx.Err())
 		}
 	}
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrMessagingBatchCount.Int(len(futures)),
+			attribute.Int("projector.relay.duplicates", dups), attribute.Int("projector.relay.skipped", skipped))
+	}
 	r.metrics.published.Add(float64(len(futures) - dups))
 	r.metrics.duplicates.Add(float64(dups))
 	r.metrics.skipped.Add(float64(skipped))
@@ -332,6 +348,34 @@ func (r *Relay) publish(ctx context.Context, tx pgx.Tx, b projection.Batch) (err
 		r.afterAcks()
 	}
 	return nil
+}
+
+// startPublishSpan starts the span of one batch's publish, a child of the
+// dispatcher's batch span that ctx carries. Each message carries its own
+// event's trace context (NewMsg), so the span links nothing: the batch span
+// already links every event's append.
+func (r *Relay) startPublishSpan(ctx context.Context, b projection.Batch) (context.Context, trace.Span) {
+	ctx, span := r.tracer.Start(ctx, "publish "+r.cfg.Stream, trace.WithSpanKind(trace.SpanKindProducer))
+	if span.IsRecording() {
+		span.SetAttributes(
+			tracing.AttrMessagingSystem.String(tracing.MessagingSystemNATS),
+			tracing.AttrMessagingOperationName.String("publish"),
+			tracing.AttrMessagingOperationType.String("send"),
+			tracing.AttrMessagingDestination.String(r.cfg.Stream),
+			tracing.AttrConsumer.String(r.cfg.Name),
+			attribute.Int("projector.batch.events", b.Len()),
+		)
+	}
+	return ctx, span
+}
+
+// endSpan ends span, marked failed by err if there is one.
+func endSpan(span trace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
 
 // ackWait is how long publish waits for a batch's acknowledgements:
