@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
@@ -309,7 +310,7 @@ func New(cfg Config) (*Dispatcher, error) {
 
 		remeasure: make(chan struct{}, 1),
 	}
-	d.tracer = newTracer(cfg.TracerProvider)
+	d.tracer = tracing.Tracer(cfg.TracerProvider)
 	d.instance = cmp.Or(cfg.InstanceID, os.Getenv(EnvInstanceID))
 	if d.instance == "" {
 		d.instance, d.randomID = uuid.NewString(), true

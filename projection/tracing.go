@@ -3,7 +3,6 @@ package projection
 import (
 	"context"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -11,16 +10,6 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/tracing"
 )
-
-// newTracer returns the dispatcher's tracer from tp, the global provider
-// when nil. The global provider forwards to whatever SDK the application
-// installs later, so taking it at construction loses nothing.
-func newTracer(tp trace.TracerProvider) trace.Tracer {
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	return tp.Tracer(tracing.ScopeName)
-}
 
 // startBatchSpan starts the span of one batch of sh: a root span (a batch
 // has many causes, none of them its parent) linked to the span that

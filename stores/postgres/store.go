@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
@@ -164,11 +163,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		role:     cfg.TenantRole,
 		logger:   cmp.Or(cfg.Logger, slog.Default()),
 	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	s.tracer = tp.Tracer(tracing.ScopeName)
+	s.tracer = tracing.Tracer(cfg.TracerProvider)
 	if err := ValidateSchema(s.schema); err != nil {
 		return nil, fmt.Errorf("postgres store: %w", err)
 	}
