@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,11 +208,14 @@ func TestMetricsFromStart(t *testing.T) {
 				if _, err := holder.Exec(e.ctx, `SELECT pg_current_xact_id()`); err != nil {
 					t.Fatal(err)
 				}
+				// Released by the test or, if it fails first, by the cleanup:
+				// once, since a transaction is not safe for concurrent use.
+				rollback := sync.OnceFunc(func() { _ = holder.Rollback(context.Background()) })
 				go func() {
 					<-release
-					_ = holder.Rollback(context.Background())
+					rollback()
 				}()
-				t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
+				t.Cleanup(rollback)
 			}
 			versions := e.appendMany(1, 50, 5)
 			p := projection.NewAsync("gated", projection.AsyncConfig{})
