@@ -83,6 +83,13 @@ func TestPromise11_RebuildResumesAfterSIGKILL(t *testing.T) {
 		e.appendBatch(t, i, 40)
 	}
 	e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	// Version 1 serves before anything is killed: on a loaded machine its
+	// first pass can come after the first kill, and an empty model (no
+	// version yet) is not what the checks below are about.
+	eventually(t, time.Minute, "version 1 to serve", func() bool {
+		lr, err := e.read()
+		return err == nil && len(lr.versions) == 1
+	})
 	stop := make(chan struct{})
 	writers := e.write(2, stop)
 	defer func() {
