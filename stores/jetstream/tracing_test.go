@@ -273,7 +273,14 @@ func TestNewMsgTraceHeaders(t *testing.T) {
 func TestConsumerIgnoresMalformedTraceparent(t *testing.T) {
 	e := newTracedEnv(t)
 	e.append("acme", "bad", testevents.TicketCommented{Body: "plain", N: 1})
-	ev := e.logEvents()[0]
+	// The log is read gap-safely: another test's open transaction can keep
+	// the event below the horizon for a moment.
+	var logged []projector.Event
+	pgtest.Eventually(t, time.Minute, "the event to be readable", func() bool {
+		logged = e.logEvents()
+		return len(logged) > 0
+	})
+	ev := logged[0]
 	msg, err := pjs.NewMsg(e.prefix, ev)
 	if err != nil {
 		t.Fatal(err)
