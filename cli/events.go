@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
@@ -292,6 +293,17 @@ func (a *App) printLine(ev projector.Event) error {
 func (a *App) follow(ctx context.Context, store *postgres.Store, after projector.Position, f tailFilter, limit int, keepOn bool, print func(projector.Event) error) error {
 	printed := 0
 	idle := 10 * time.Millisecond
+	// Without following, "what the log holds now" is every event committed
+	// before the start: the gap-safe read reaches them once the transactions
+	// still open below them end, so wait for that rather than stop short.
+	var head projector.Position
+	if !keepOn {
+		err := store.Pool().QueryRow(ctx, `SELECT tx_id, seq FROM `+store.Table("projector_events")+`
+			ORDER BY tx_id DESC, seq DESC LIMIT 1`).Scan(&head.TxID, &head.Seq)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("read the log's head: %w", err)
+		}
+	}
 	for {
 		b, err := store.ReadLog(ctx, postgres.LogQuery{After: after, EventTypes: f.types, StreamTypes: f.streamTypes, Raw: true})
 		if err != nil {
@@ -316,7 +328,7 @@ func (a *App) follow(ctx context.Context, store *postgres.Store, after projector
 		if b.Full {
 			continue
 		}
-		if !keepOn {
+		if !keepOn && !after.Less(head) {
 			return nil
 		}
 		if len(b.Events) > 0 {
