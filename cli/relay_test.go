@@ -398,37 +398,7 @@ func TestRelayDeadLettersListPages(t *testing.T) {
 func TestRelayStatusShowsOpenDeadLetters(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
-	stream, url := natsStream(t, jetstream.DefaultDuplicateWindow)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	r, err := jetstream.NewRelay(jetstream.RelayConfig{Conn: nc, Registry: e.types.Registry, Stream: stream,
-		Prefix: strings.ToLower(stream), Storage: natsjs.MemoryStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
-	defer cancel()
-	if _, err := r.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{r.Async()},
-		PollMax: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := d.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	stream, url, ctx, d := startRelayDispatcher(t, e)
 	status := func() (string, jetstream.Status) {
 		t.Helper()
 		if err := d.CatchUp(ctx); err != nil {
@@ -505,35 +475,7 @@ func TestRelayStatusEitherSide(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
 	consumerSide := pgtest.Store(t, e.types.Registry)
-	stream, url := natsStream(t, jetstream.DefaultDuplicateWindow)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	r, err := jetstream.NewRelay(jetstream.RelayConfig{Conn: nc, Registry: e.types.Registry, Stream: stream,
-		Prefix: strings.ToLower(stream), Storage: natsjs.MemoryStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
-	defer cancel()
-	if _, err := r.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{r.Async()},
-		PollMax: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := d.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
-	}()
+	stream, url, ctx, d := startRelayDispatcher(t, e)
 	e.deadLetter("x", "relay-side") // an event to relay (the dead letter is this schema's)
 	if err := d.CatchUp(ctx); err != nil {
 		t.Fatal(err)
@@ -663,4 +605,43 @@ func TestRelayDeadLettersRetryAll(t *testing.T) {
 		!strings.Contains(errLine, fmt.Sprintf("not open; retry dead letter %d of feed", ids[1])) {
 		t.Fatalf("the two errors are not separated:\n%s", errLine)
 	}
+}
+
+// startRelayDispatcher ensures a memory stream on a test NATS server and
+// runs e's relay under a dispatcher until the test ends; ctx bounds the
+// test's waits.
+func startRelayDispatcher(t *testing.T, e *relayEnv) (stream, url string, ctx context.Context, d *projection.Dispatcher) {
+	t.Helper()
+	stream, url = natsStream(t, jetstream.DefaultDuplicateWindow)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	r, err := jetstream.NewRelay(jetstream.RelayConfig{Conn: nc, Registry: e.types.Registry, Stream: stream,
+		Prefix: strings.ToLower(stream), Storage: natsjs.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	t.Cleanup(cancel)
+	if _, err := r.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d, err = projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{r.Async()},
+		PollMax: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return stream, url, ctx, d
 }
