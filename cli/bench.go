@@ -30,7 +30,8 @@ the raw-PostgreSQL baseline of the same work, measured in the same run:
                 table of the same shape (our code), and the same payloads into
                 the cheapest gap-safe outbox table (identity id, xid8, stream
                 key, payload, one index: our schema); 1 and 100 events per
-                transaction, with each count of --writers (1,4,16)
+                transaction by default (--events-per-tx, a list), with each
+                count of --writers (1,4,16)
   catch-up      a dispatcher catching up a --events backlog with a counting
                 projection (one upsert per stream) against two hand-written
                 loops: the floor, reading the one column the upsert needs, and
@@ -64,6 +65,7 @@ primary. See docs/performance.md for what each line means.`,
 				positive bool
 			}{
 				{"writers", len(cfg.Writers) > 0 && slices.Min(cfg.Writers) > 0}, {"append-duration", cfg.AppendDuration > 0},
+				{"events-per-tx", len(cfg.EventsPerTx) > 0 && slices.Min(cfg.EventsPerTx) > 0},
 				{"events", cfg.Backlog > 0}, {"batch-size", cfg.BatchSize > 0},
 				{"rate", cfg.Rate > 0}, {"latency-duration", cfg.LatencyDuration > 0},
 				{"rebuild-events", cfg.RebuildEvents > 0},
@@ -97,6 +99,7 @@ primary. See docs/performance.md for what each line means.`,
 	}
 	f := cmd.Flags()
 	f.IntSliceVar(&cfg.Writers, "writers", benchmark.DefaultWriterCounts(), "concurrent appenders in the append figures, a list: each count is measured")
+	f.IntSliceVar(&cfg.EventsPerTx, "events-per-tx", benchmark.DefaultEventsPerTxCounts(), "events each append transaction writes, a list: each size is measured with each count of --writers")
 	f.DurationVar(&cfg.AppendDuration, "append-duration", benchmark.DefaultAppendDuration, "measuring time of each append figure, both sides together")
 	f.IntVar(&cfg.Backlog, "events", benchmark.DefaultBacklog, "catch-up backlog in events")
 	f.IntVar(&cfg.BatchSize, "batch-size", projection.DefaultBatchSize, "catch-up events per transaction, both sides")

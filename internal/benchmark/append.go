@@ -31,6 +31,12 @@ const (
 // index costs shows).
 func DefaultWriterCounts() []int { return []int{1, 4, 16} }
 
+// DefaultEventsPerTxCounts returns the append sizes a full [Run] measures:
+// one event per transaction (a request appending what it decided, where the
+// commit and the stream head dominate) and a hundred (rows and index
+// entries dominate).
+func DefaultEventsPerTxCounts() []int { return []int{1, 100} }
+
 // AppendConfig sizes [MeasureAppend]. Zero fields take the defaults.
 type AppendConfig struct {
 	// EventsPerTx is how many events each transaction appends; default

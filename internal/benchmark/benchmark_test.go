@@ -360,6 +360,33 @@ func TestMeasureRowShapes(t *testing.T) {
 	}
 }
 
+// The head-less layouts number a stream's events from its last one, so
+// every side must append whole transactions, and no layout's table may be
+// left behind.
+func TestMeasureHeadShapes(t *testing.T) {
+	t.Parallel()
+	ctx, store := setup(t)
+	res, err := benchmark.MeasureShapes(ctx, store, benchmark.AppendConfig{EventsPerTx: 3, Writers: 2, Duration: 1200 * time.Millisecond}, benchmark.HeadShapes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"outbox-floor", "projector"}
+	for _, s := range benchmark.HeadShapes() {
+		want = append(want, s.Name)
+	}
+	if len(res) != len(want) {
+		t.Fatalf("%d sides, want %d: %+v", len(res), len(want), res)
+	}
+	for i, r := range res {
+		if r.Name != want[i] || r.Events <= 0 || r.Events%3 != 0 {
+			t.Errorf("side %d: %+v, want %s with whole transactions of events", i, r, want[i])
+		}
+	}
+	if n := count(t, store, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND (tablename LIKE 'bench\_shape\_%' OR tablename LIKE 'bench\_raw\_%')`, store.Schema()); n != 0 {
+		t.Errorf("%d layout tables left behind", n)
+	}
+}
+
 // MeasureLatencyRun counts the dispatcher's batches: at least one, at most
 // one per event; none on the raw side. A poll interval out of range is
 // refused before anything runs.

@@ -224,6 +224,12 @@ func (w *shapeWriter) append(ctx context.Context) error {
 // first, then Projector, then the layouts in order. The layouts' tables
 // are created in store's schema and dropped before it returns.
 func MeasureRowShapes(ctx context.Context, store *postgres.Store, cfg AppendConfig) (res []ShapeResult, err error) {
+	return MeasureShapes(ctx, store, cfg, RowShapes())
+}
+
+// MeasureShapes is [MeasureRowShapes] over the layouts given, in their
+// order after the floor and Projector: [RowShapes], [HeadShapes], or both.
+func MeasureShapes(ctx context.Context, store *postgres.Store, cfg AppendConfig, shapes []RowShape) (res []ShapeResult, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("measure row shapes: %w", err)
@@ -235,7 +241,6 @@ func MeasureRowShapes(ctx context.Context, store *postgres.Store, cfg AppendConf
 	defer func() { err = errors.Join(err, closeWriters()) }()
 	pool := a.store.Pool()
 
-	shapes := RowShapes()
 	var tables []string
 	defer func() {
 		if len(tables) == 0 {

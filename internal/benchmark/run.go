@@ -15,7 +15,8 @@ import (
 // Config sizes a full [Run]. Zero fields take the defaults of the
 // measurement they belong to.
 type Config struct {
-	// EventsPerTx lists the append sizes measured; default 1 and 100.
+	// EventsPerTx lists the append sizes measured; default 1 and 100
+	// ([DefaultEventsPerTxCounts]).
 	EventsPerTx []int
 	// Writers lists the concurrent appender counts measured, each with
 	// every size of EventsPerTx; default 1, 4 and 16 ([DefaultWriterCounts]).
@@ -49,7 +50,7 @@ type Config struct {
 // caller can print what will run.
 func (c Config) WithDefaults() Config {
 	if len(c.EventsPerTx) == 0 {
-		c.EventsPerTx = []int{1, 100}
+		c.EventsPerTx = DefaultEventsPerTxCounts()
 	}
 	if len(c.Writers) == 0 {
 		c.Writers = DefaultWriterCounts()

@@ -229,3 +229,44 @@ func measureAppendLoop(b *testing.B, store *postgres.Store, n, writers int, d ti
 	}
 	return sum
 }
+
+// BenchmarkAppendHeadShapes measures issue 22's "no separate head row"
+// avenue before any migration (benchmark.HeadShapes): today's events table
+// written with the head upsert of today's append, without a head row (the
+// version and promise 4's order checked against the stream's last event
+// through the per-stream unique key), the same with an advisory lock per
+// append, and with a hash index on the event id — beside the outbox floor
+// and Projector's append, all taking turns in one run. Run with
+// -benchtime 1x; docs/performance.md has the table.
+func BenchmarkAppendHeadShapes(b *testing.B) {
+	d := 2 * appendSeconds()
+	for _, n := range []int{1, 4, 100} {
+		for _, writers := range benchmark.DefaultWriterCounts() {
+			b.Run(fmt.Sprintf("events=%d/writers=%d", n, writers), func(b *testing.B) {
+				ctx := context.Background()
+				store := pgtest.Store(b, benchmark.NewRegistry())
+				sums := map[string]*benchmark.ShapeResult{}
+				var names []string
+				for b.Loop() {
+					res, err := benchmark.MeasureShapes(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Writers: writers, Duration: d}, benchmark.HeadShapes())
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, r := range res {
+						if sums[r.Name] == nil {
+							sums[r.Name] = &benchmark.ShapeResult{Name: r.Name}
+							names = append(names, r.Name)
+						}
+						sums[r.Name].Events += r.Events
+						sums[r.Name].Time += r.Time
+					}
+				}
+				floor := sums["outbox-floor"].Rate()
+				b.ReportMetric(floor, "floor-events/s")
+				for _, name := range names[1:] {
+					b.ReportMetric(100*sums[name].Rate()/floor, "%-floor:"+name)
+				}
+			})
+		}
+	}
+}

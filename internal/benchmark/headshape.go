@@ -1,0 +1,105 @@
+package benchmark
+
+import (
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/projectorhq/projector"
+)
+
+// HeadShapes returns the stream-head variants of issue 22's "no separate
+// head row" avenue, each today's events table (LIKE projector_events
+// INCLUDING ALL) written in one statement per append, the way an append
+// would write it:
+//
+//   - events-with-head: the events and the stream head upsert of today's
+//     append (one head row per stream, updated by every append, which holds
+//     the version and the last transaction for promise 4) — Projector's
+//     statement written by hand, so the rest of the comparison is tables,
+//     not code.
+//   - events-no-head: no head row. The stream's last event is read through
+//     the per-stream unique index (a backward scan of one entry), the
+//     transaction-order rule of promise 4 is checked against its tx_id, the
+//     events are numbered from its version, and a concurrent appender of the
+//     same version is caught by that index: ON CONFLICT DO NOTHING waits
+//     for it and inserts nothing, which the append would retry or report
+//     (a wait and then a retry, not an error, for any version).
+//   - events-no-head-locked: events-no-head with an exclusive
+//     transaction-scoped advisory lock on the stream in the same statement:
+//     what keeps [postgres.Store.LockStream]'s promise that appends wait
+//     for a stream's lock holders once no head row is there to lock.
+//   - events-no-head-hash-id: events-no-head with the event id's unique
+//     B-tree replaced by a hash index (PostgreSQL's hash indexes cannot be
+//     unique, so the id's uniqueness would rest on UUIDv7 generation
+//     alone).
+//
+// Each writer's streams are its own, so the statements never meet on a
+// stream: these measure what each layout costs an uncontended append.
+func HeadShapes() []RowShape {
+	const insertCols = `(id, tenant_id, stream_type, stream_id, version, type, schema_version, data, correlation_id, causation_id, actor, headers)`
+	// last is the stream's newest event through the unique key, or version
+	// 0 for a new stream; no row when a younger transaction wrote it.
+	// (MATERIALIZED: read once, not once per event of the nested loop.)
+	const last = `SELECT coalesce(max(l.version), 0) AS version
+			FROM (SELECT e.version, e.tx_id FROM {{t}} e
+				WHERE e.tenant_id = $1 AND e.stream_type = $2 AND e.stream_id = $3
+				ORDER BY e.version DESC LIMIT 1) l
+			HAVING coalesce(max(l.tx_id), '0'::xid8) <= pg_current_xact_id()`
+	const insert = `
+		INSERT INTO {{t}} ` + insertCols + `
+		SELECT ev.id, $1, $2, $3, head.version + ev.ord, $4, 1, ev.data, $5, NULL, '', NULL
+		FROM head, unnest($6::uuid[], $7::jsonb[]) WITH ORDINALITY AS ev(id, data, ord)
+		ORDER BY ev.ord
+		ON CONFLICT (tenant_id, stream_type, stream_id, version) DO NOTHING`
+	noHead := `WITH head AS MATERIALIZED (` + last + `)` + insert
+	// The lock is taken in a CTE the last event's read joins, so before it.
+	locked := `WITH lk AS MATERIALIZED (SELECT pg_advisory_xact_lock(hashtextextended($2 || '/' || $3, 0))),
+		head AS MATERIALIZED (` + strings.Replace(last, "FROM (SELECT", "FROM lk, (SELECT", 1) + `)` + insert
+	args := func(w *shapeWriter) []any {
+		return []any{projector.SystemTenant, "bench", w.stream, AppendedType, [16]byte(uuid.Must(uuid.NewV7())), w.ids, w.a.datas}
+	}
+	table := `CREATE TABLE {{t}} (LIKE {{events}} INCLUDING ALL)`
+	return []RowShape{
+		{
+			Name: "events-with-head", Doc: "today's events table and head upsert, one statement",
+			DDL: []string{table, `CREATE TABLE {{h}} (
+				tenant_id   text        NOT NULL,
+				stream_type text        NOT NULL,
+				stream_id   text        NOT NULL,
+				version     bigint      NOT NULL,
+				last_tx_id  xid8        NOT NULL,
+				created_at  timestamptz NOT NULL DEFAULT now(),
+				updated_at  timestamptz NOT NULL DEFAULT now(),
+				PRIMARY KEY (tenant_id, stream_type, stream_id)) WITH (fillfactor = 80)`},
+			Insert: `WITH head AS (
+					INSERT INTO {{h}} AS s (tenant_id, stream_type, stream_id, version, last_tx_id)
+					VALUES ($1, $2, $3, $8, pg_current_xact_id())
+					ON CONFLICT (tenant_id, stream_type, stream_id) DO UPDATE
+						SET version = s.version + $8, last_tx_id = pg_current_xact_id(), updated_at = now()
+						WHERE s.last_tx_id <= pg_current_xact_id()
+					RETURNING s.version)
+				INSERT INTO {{t}} ` + insertCols + `
+				SELECT ev.id, $1, $2, $3, head.version - $8 + ev.ord, $4, 1, ev.data, $5, NULL, '', NULL
+				FROM head, unnest($6::uuid[], $7::jsonb[]) WITH ORDINALITY AS ev(id, data, ord)
+				ORDER BY ev.ord`,
+			Args: func(w *shapeWriter) []any { return append(args(w), int64(w.a.n)) },
+		},
+		{Name: "events-no-head", Doc: "today's events table; version and order checked against the stream's last event", DDL: []string{table}, Insert: noHead, Args: args},
+		{
+			Name: "events-no-head-locked", Doc: "events-no-head with an advisory lock on the stream",
+			DDL:    []string{table},
+			Insert: locked,
+			Args:   args,
+		},
+		{
+			Name: "events-no-head-hash-id", Doc: "events-no-head with a hash index on the event id instead of its unique B-tree",
+			DDL: []string{`CREATE TABLE {{t}} (LIKE {{events}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED INCLUDING IDENTITY)`,
+				`ALTER TABLE {{t}} ADD PRIMARY KEY (tx_id, seq), ADD UNIQUE (tenant_id, stream_type, stream_id, version)`,
+				`CREATE INDEX ON {{t}} USING hash (id)`,
+				`CREATE INDEX ON {{t}} (type, tx_id, seq)`,
+				`CREATE INDEX ON {{t}} (stream_type, recorded_at)`},
+			Insert: noHead, Args: args,
+		},
+	}
+}
