@@ -23,6 +23,9 @@ type ShapeResult struct {
 	Name   string
 	Events int64
 	Time   time.Duration
+	// Median is the median transaction, measured by
+	// [MeasureShapesInterleaved] only.
+	Median time.Duration
 }
 
 // Rate returns the side's events per second.
@@ -230,6 +233,22 @@ func MeasureRowShapes(ctx context.Context, store *postgres.Store, cfg AppendConf
 // MeasureShapes is [MeasureRowShapes] over the layouts given, in their
 // order after the floor and Projector: [RowShapes], [HeadShapes], or both.
 func MeasureShapes(ctx context.Context, store *postgres.Store, cfg AppendConfig, shapes []RowShape) (res []ShapeResult, err error) {
+	return measureShapes(ctx, store, cfg, shapes, false)
+}
+
+// MeasureShapesInterleaved is [MeasureShapes] op by op with one writer
+// (cfg.Writers is ignored): each round runs one transaction of every side
+// in turn until cfg.Duration has passed, and each side's [ShapeResult]
+// carries the median transaction. On a loaded machine, where the
+// scheduler and the other sessions' flushes move 200ms slices by tens of
+// points, the median of interleaved transactions is the figure that still
+// tells one statement from another.
+func MeasureShapesInterleaved(ctx context.Context, store *postgres.Store, cfg AppendConfig, shapes []RowShape) (res []ShapeResult, err error) {
+	cfg.Writers = 1
+	return measureShapes(ctx, store, cfg, shapes, true)
+}
+
+func measureShapes(ctx context.Context, store *postgres.Store, cfg AppendConfig, shapes []RowShape, interleaved bool) (res []ShapeResult, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("measure row shapes: %w", err)
@@ -278,6 +297,9 @@ func MeasureShapes(ctx context.Context, store *postgres.Store, cfg AppendConfig,
 		res = append(res, ShapeResult{Name: s.Name})
 	}
 
+	if interleaved {
+		return res, interleave(ctx, cfg, res, writers[0], ops, shapeWriters)
+	}
 	sides := len(ops) + len(shapes)
 	rounds := max(1, int(cfg.Duration/(time.Duration(sides)*appendSlice)))
 	slice := cfg.Duration / time.Duration(sides*rounds)
@@ -300,4 +322,34 @@ func MeasureShapes(ctx context.Context, store *postgres.Store, cfg AppendConfig,
 		}
 	}
 	return res, nil
+}
+
+// interleave runs one transaction of every side in turn, one writer, until
+// cfg.Duration has passed, and fills res with the totals and the medians.
+func interleave(ctx context.Context, cfg AppendConfig, res []ShapeResult, w *AppendWriter, ops []func(*AppendWriter, context.Context) error, shapeWriters [][]*shapeWriter) error {
+	took := make([][]time.Duration, len(res))
+	deadline := time.Now().Add(cfg.Duration)
+	for time.Now().Before(deadline) {
+		for i := range res {
+			start := time.Now()
+			var err error
+			if i < len(ops) {
+				err = ops[i](w, ctx)
+			} else {
+				err = shapeWriters[i-len(ops)][0].append(ctx)
+			}
+			if err != nil {
+				return fmt.Errorf("measure row shapes: %s: %w", res[i].Name, err)
+			}
+			d := time.Since(start)
+			took[i] = append(took[i], d)
+			res[i].Events += int64(cfg.EventsPerTx)
+			res[i].Time += d
+		}
+	}
+	for i, ds := range took {
+		slices.Sort(ds)
+		res[i].Median = ds[len(ds)/2]
+	}
+	return nil
 }

@@ -238,13 +238,26 @@ func measureAppendLoop(b *testing.B, store *postgres.Store, n, writers int, d ti
 // append, and with a hash index on the event id — beside the outbox floor
 // and Projector's append, all taking turns in one run. Run with
 // -benchtime 1x; docs/performance.md has the table.
+//
+// With PROJECTOR_BENCH_NO_FLUSH=1 every side runs with synchronous_commit
+// off, as BenchmarkAppendNoFlush: what is left is the statements, which is
+// what the layouts change, without the commit's flush that swamps them on a
+// shared machine.
 func BenchmarkAppendHeadShapes(b *testing.B) {
 	d := 2 * appendSeconds()
+	noFlush := os.Getenv("PROJECTOR_BENCH_NO_FLUSH") == "1"
 	for _, n := range []int{1, 4, 100} {
 		for _, writers := range benchmark.DefaultWriterCounts() {
 			b.Run(fmt.Sprintf("events=%d/writers=%d", n, writers), func(b *testing.B) {
 				ctx := context.Background()
-				store := pgtest.Store(b, benchmark.NewRegistry())
+				cfg := pgtest.PoolConfig(b)
+				if noFlush {
+					cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+				}
+				store, err := postgres.New(ctx, pgtest.PoolFromConfig(b, cfg), postgres.Config{Schema: pgtest.Schema(b), Registry: benchmark.NewRegistry()})
+				if err != nil {
+					b.Fatal(err)
+				}
 				sums := map[string]*benchmark.ShapeResult{}
 				var names []string
 				for b.Loop() {
@@ -268,5 +281,39 @@ func BenchmarkAppendHeadShapes(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkAppendHeadShapesInterleaved is BenchmarkAppendHeadShapes op by
+// op with one writer (benchmark.MeasureShapesInterleaved), each side's
+// median transaction reported as a percentage of the floor's median
+// (floor ÷ side: higher is faster). With PROJECTOR_BENCH_NO_FLUSH=1
+// synchronous_commit is off on every side.
+func BenchmarkAppendHeadShapesInterleaved(b *testing.B) {
+	d := 2 * appendSeconds()
+	noFlush := os.Getenv("PROJECTOR_BENCH_NO_FLUSH") == "1"
+	for _, n := range []int{1, 4, 100} {
+		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			cfg := pgtest.PoolConfig(b)
+			if noFlush {
+				cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+			}
+			store, err := postgres.New(ctx, pgtest.PoolFromConfig(b, cfg), postgres.Config{Schema: pgtest.Schema(b), Registry: benchmark.NewRegistry()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				res, err := benchmark.MeasureShapesInterleaved(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Duration: d}, benchmark.HeadShapes())
+				if err != nil {
+					b.Fatal(err)
+				}
+				floor := res[0].Median
+				b.ReportMetric(float64(floor.Microseconds()), "floor-median-µs")
+				for _, r := range res[1:] {
+					b.ReportMetric(100*float64(floor)/float64(r.Median), "%-floor:"+r.Name)
+				}
+			}
+		})
 	}
 }
