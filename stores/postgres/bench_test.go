@@ -39,7 +39,7 @@ func BenchmarkAppend(b *testing.B) {
 // than the difference between the sides; this is the figure to compare a
 // change to the append by, and BenchmarkAppend the one to report.
 func BenchmarkAppendNoFlush(b *testing.B) {
-	for _, n := range []int{1, 100} {
+	for _, n := range []int{1, 4, 100} {
 		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
 			cfg := pgtest.PoolConfig(b)
 			cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
