@@ -103,3 +103,34 @@ func HeadShapes() []RowShape {
 		},
 	}
 }
+
+// IndexShapes returns today's events table with each of its secondary
+// indexes taken away in turn, and with the primary key alone, written by
+// the same hand-written insert as [RowShapes]' events-as-is: what each
+// index costs an append of a few events, measured op by op
+// ([MeasureShapesInterleaved]) where the slice-based figures of
+// BenchmarkAppendSchemaCosts drown it in the commit's flush.
+func IndexShapes() []RowShape {
+	asIs := RowShapes()[0]
+	indexes := []struct{ name, ddl string }{
+		{"stream-key", `ALTER TABLE {{t}} ADD UNIQUE (tenant_id, stream_type, stream_id, version)`},
+		{"event-id", `ALTER TABLE {{t}} ADD UNIQUE (id)`},
+		{"type", `CREATE INDEX ON {{t}} (type, tx_id, seq)`},
+		{"prune", `CREATE INDEX ON {{t}} (stream_type, recorded_at)`},
+	}
+	base := []string{`CREATE TABLE {{t}} (LIKE {{events}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY)`,
+		`ALTER TABLE {{t}} ADD PRIMARY KEY (tx_id, seq)`}
+	shapes := []RowShape{asIs}
+	for skip, ix := range indexes {
+		ddl := append([]string(nil), base...)
+		for k, other := range indexes {
+			if k != skip {
+				ddl = append(ddl, other.ddl)
+			}
+		}
+		shapes = append(shapes, RowShape{Name: "events-without-" + ix.name, Doc: "today's events table without its " + ix.name + " index",
+			DDL: ddl, Insert: asIs.Insert, Args: asIs.Args})
+	}
+	return append(shapes, RowShape{Name: "events-primary-key-only", Doc: "today's events table with its primary key alone",
+		DDL: base, Insert: asIs.Insert, Args: asIs.Args})
+}

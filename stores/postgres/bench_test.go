@@ -290,6 +290,17 @@ func BenchmarkAppendHeadShapes(b *testing.B) {
 // (floor ÷ side: higher is faster). With PROJECTOR_BENCH_NO_FLUSH=1
 // synchronous_commit is off on every side.
 func BenchmarkAppendHeadShapesInterleaved(b *testing.B) {
+	benchShapesInterleaved(b, benchmark.HeadShapes())
+}
+
+// BenchmarkAppendIndexShapesInterleaved is BenchmarkAppendHeadShapesInterleaved
+// over benchmark.IndexShapes: today's events table with each secondary index
+// taken away in turn, what each costs an append of 1, 4 and 100 events.
+func BenchmarkAppendIndexShapesInterleaved(b *testing.B) {
+	benchShapesInterleaved(b, benchmark.IndexShapes())
+}
+
+func benchShapesInterleaved(b *testing.B, shapes []benchmark.RowShape) {
 	d := 2 * appendSeconds()
 	noFlush := os.Getenv("PROJECTOR_BENCH_NO_FLUSH") == "1"
 	for _, n := range []int{1, 4, 100} {
@@ -304,7 +315,7 @@ func BenchmarkAppendHeadShapesInterleaved(b *testing.B) {
 				b.Fatal(err)
 			}
 			for b.Loop() {
-				res, err := benchmark.MeasureShapesInterleaved(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Duration: d}, benchmark.HeadShapes())
+				res, err := benchmark.MeasureShapesInterleaved(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Duration: d}, shapes)
 				if err != nil {
 					b.Fatal(err)
 				}
