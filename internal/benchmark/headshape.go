@@ -18,6 +18,8 @@ import (
 //     the version and the last transaction for promise 4) — Projector's
 //     statement written by hand, so the rest of the comparison is tables,
 //     not code.
+//   - events-with-head-returning: events-with-head returning each event's
+//     position and time, as the append must.
 //   - events-no-head: no head row. The stream's last event is read through
 //     the per-stream unique index (a backward scan of one entry), the
 //     transaction-order rule of promise 4 is checked against its tx_id, the
@@ -60,10 +62,7 @@ func HeadShapes() []RowShape {
 		return []any{projector.SystemTenant, "bench", w.stream, AppendedType, [16]byte(uuid.Must(uuid.NewV7())), w.ids, w.a.datas}
 	}
 	table := `CREATE TABLE {{t}} (LIKE {{events}} INCLUDING ALL)`
-	return []RowShape{
-		{
-			Name: "events-with-head", Doc: "today's events table and head upsert, one statement",
-			DDL: []string{table, `CREATE TABLE {{h}} (
+	heads := `CREATE TABLE {{h}} (
 				tenant_id   text        NOT NULL,
 				stream_type text        NOT NULL,
 				stream_id   text        NOT NULL,
@@ -71,8 +70,8 @@ func HeadShapes() []RowShape {
 				last_tx_id  xid8        NOT NULL,
 				created_at  timestamptz NOT NULL DEFAULT now(),
 				updated_at  timestamptz NOT NULL DEFAULT now(),
-				PRIMARY KEY (tenant_id, stream_type, stream_id)) WITH (fillfactor = 80)`},
-			Insert: `WITH head AS (
+				PRIMARY KEY (tenant_id, stream_type, stream_id)) WITH (fillfactor = 80)`
+	withHead := `WITH head AS (
 					INSERT INTO {{h}} AS s (tenant_id, stream_type, stream_id, version, last_tx_id)
 					VALUES ($1, $2, $3, $8, pg_current_xact_id())
 					ON CONFLICT (tenant_id, stream_type, stream_id) DO UPDATE
@@ -82,8 +81,21 @@ func HeadShapes() []RowShape {
 				INSERT INTO {{t}} ` + insertCols + `
 				SELECT ev.id, $1, $2, $3, head.version - $8 + ev.ord, $4, 1, ev.data, $5, NULL, '', NULL
 				FROM head, unnest($6::uuid[], $7::jsonb[]) WITH ORDINALITY AS ev(id, data, ord)
-				ORDER BY ev.ord`,
-			Args: func(w *shapeWriter) []any { return append(args(w), int64(w.a.n)) },
+				ORDER BY ev.ord`
+	withHeadArgs := func(w *shapeWriter) []any { return append(args(w), int64(w.a.n)) }
+	return []RowShape{
+		{
+			Name: "events-with-head", Doc: "today's events table and head upsert, one statement",
+			DDL:    []string{table, heads},
+			Insert: withHead,
+			Args:   withHeadArgs,
+		},
+		{
+			Name: "events-with-head-returning", Doc: "events-with-head returning each event's position and time, as the append does",
+			DDL: []string{table, heads},
+			Insert: withHead + `
+				RETURNING tx_id, seq, version, recorded_at`,
+			Args: withHeadArgs,
 		},
 		{Name: "events-no-head", Doc: "today's events table; version and order checked against the stream's last event", DDL: []string{table}, Insert: noHead, Args: args},
 		{
