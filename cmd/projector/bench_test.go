@@ -23,13 +23,13 @@ func benchEnv(t *testing.T) []string {
 
 func TestBenchTable(t *testing.T) {
 	t.Parallel()
-	r := run(t, benchEnv(t), tinyBench...)
+	r := run(t, benchEnv(t), append(tinyBench, "--events-per-tx", "1,4,100")...)
 	if r.code != 0 {
 		t.Fatalf("bench: %+v", r)
 	}
 	for _, row := range []string{
-		"FIGURE", "DECODING BASELINE", "append, 1 event/tx, 2 writers", "append, 100 events/tx, 2 writers",
-		"append vs outbox floor, 1 event/tx, 2 writers", "append vs outbox floor, 100 events/tx, 2 writers",
+		"FIGURE", "DECODING BASELINE", "append, 1 event/tx, 2 writers", "append, 4 events/tx, 2 writers", "append, 100 events/tx, 2 writers",
+		"append vs outbox floor, 1 event/tx, 2 writers", "append vs outbox floor, 4 events/tx, 2 writers", "append vs outbox floor, 100 events/tx, 2 writers",
 		"catch-up, per-event handler", "catch-up, per-event handler, queued writes", "catch-up, batch handler (unnest)", "catch-up, batch handler, raw payloads", "latency p50 at 200 events/s", "latency p99 at 200 events/s",
 		"latency p50 at 200 events/s, polled", "latency p99 at 200 events/s, polled",
 		"rebuild log, live catch-up (batches of 100)", "rebuild log, blue/green rebuild (batches of 400)",
@@ -134,6 +134,8 @@ func TestBenchBadFlags(t *testing.T) {
 		{"not a number", []string{"--events", "lots"}, "--events"},
 		{"duration without unit", []string{"--latency-duration", "5"}, "--latency-duration"},
 		{"unknown format", []string{"-o", "yaml"}, "--output"},
+		{"zero events per transaction", []string{"--events-per-tx", "1,0"}, "--events-per-tx must be positive"},
+		{"events per transaction out of range", []string{"--events-per-tx", "4,20000"}, "events per transaction 20000"},
 		{"zero rebuild log", []string{"--rebuild-events", "0"}, "--rebuild-events must be positive"},
 		{"negative rebuild batch", []string{"--rebuild-batch-size", "-1"}, "--rebuild-batch-size must not be negative"},
 		{"rebuild batch out of range", []string{"--rebuild-batch-size", "1000000"}, "rebuild batch size 1000000"},
