@@ -366,20 +366,33 @@ func TestMeasureRowShapes(t *testing.T) {
 func TestMeasureHeadShapes(t *testing.T) {
 	t.Parallel()
 	ctx, store := setup(t)
-	res, err := benchmark.MeasureShapes(ctx, store, benchmark.AppendConfig{EventsPerTx: 3, Writers: 2, Duration: 1200 * time.Millisecond}, benchmark.HeadShapes())
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := []string{"outbox-floor", "projector"}
 	for _, s := range benchmark.HeadShapes() {
 		want = append(want, s.Name)
 	}
-	if len(res) != len(want) {
-		t.Fatalf("%d sides, want %d: %+v", len(res), len(want), res)
+	// One event and three: the append's copied statements differ by shape.
+	for _, n := range []int{1, 3} {
+		res, err := benchmark.MeasureShapes(ctx, store, benchmark.AppendConfig{EventsPerTx: n, Writers: 2, Duration: 1200 * time.Millisecond}, benchmark.HeadShapes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res) != len(want) {
+			t.Fatalf("%d sides, want %d: %+v", len(res), len(want), res)
+		}
+		for i, r := range res {
+			if r.Name != want[i] || r.Events <= 0 || r.Events%int64(n) != 0 {
+				t.Errorf("%d events/tx, side %d: %+v, want %s with whole transactions of events", n, i, r, want[i])
+			}
+		}
+	}
+	// Interleaved: every side runs, and each reports its median.
+	res, err := benchmark.MeasureShapesInterleaved(ctx, store, benchmark.AppendConfig{EventsPerTx: 2, Duration: 500 * time.Millisecond}, benchmark.HeadShapes())
+	if err != nil {
+		t.Fatal(err)
 	}
 	for i, r := range res {
-		if r.Name != want[i] || r.Events <= 0 || r.Events%3 != 0 {
-			t.Errorf("side %d: %+v, want %s with whole transactions of events", i, r, want[i])
+		if r.Name != want[i] || r.Events <= 0 || r.Median <= 0 || r.Median > r.Time {
+			t.Errorf("interleaved side %d: %+v, want %s with a median", i, r, want[i])
 		}
 	}
 	if n := count(t, store, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND (tablename LIKE 'bench\_shape\_%' OR tablename LIKE 'bench\_raw\_%')`, store.Schema()); n != 0 {

@@ -20,6 +20,10 @@ import (
 //     not code.
 //   - events-with-head-returning: events-with-head returning each event's
 //     position and time, as the append must.
+//   - events-append-statement: a copy of the append's own AnyVersion
+//     statements and parameters (scalars for one event, four arrays for
+//     more) run by tx.Exec, so the difference to Projector's side is the
+//     store's Go path and nothing of the SQL.
 //   - events-no-head: no head row. The stream's last event is read through
 //     the per-stream unique index (a backward scan of one entry), the
 //     transaction-order rule of promise 4 is checked against its tx_id, the
@@ -97,6 +101,17 @@ func HeadShapes() []RowShape {
 				RETURNING tx_id, seq, version, recorded_at`,
 			Args: withHeadArgs,
 		},
+		{
+			Name: "events-append-statement", Doc: "today's tables written by a copy of the append's own statements (scalars for one event), through pgx as the shapes are",
+			DDL: []string{table, heads},
+			InsertFor: func(n int) string {
+				if n == 1 {
+					return appendStatementOne
+				}
+				return appendStatementMany
+			},
+			Args: appendStatementArgs,
+		},
 		{Name: "events-no-head", Doc: "today's events table; version and order checked against the stream's last event", DDL: []string{table}, Insert: noHead, Args: args},
 		{
 			Name: "events-no-head-locked", Doc: "events-no-head with an advisory lock on the stream",
@@ -145,4 +160,49 @@ func IndexShapes() []RowShape {
 	}
 	return append(shapes, RowShape{Name: "events-primary-key-only", Doc: "today's events table with its primary key alone",
 		DDL: base, Insert: asIs.Insert, Args: asIs.Args})
+}
+
+// appendStatementOne and appendStatementMany are copies of the append's
+// AnyVersion statements (stores/postgres/sql.go) for a table {{t}} and heads
+// {{h}}: one event as a row of scalar parameters, more as arrays.
+const (
+	appendStatementHead = `WITH head AS (
+	INSERT INTO {{h}} AS s (tenant_id, stream_type, stream_id, version, last_tx_id)
+	VALUES ($1, $2, $3, $4, pg_current_xact_id())
+	ON CONFLICT (tenant_id, stream_type, stream_id) DO UPDATE
+		SET version = s.version + $4, last_tx_id = pg_current_xact_id(), updated_at = now()
+		WHERE s.last_tx_id <= pg_current_xact_id()
+	RETURNING s.version
+)`
+	appendStatementOne = appendStatementHead + `
+INSERT INTO {{t}}
+	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
+	 correlation_id, causation_id, actor, headers)
+SELECT $5::uuid, $1, $2, $3, head.version, $6::text, $7::int, $8::jsonb, $9, $10, $11, $12
+FROM head
+RETURNING tx_id, seq, version, recorded_at`
+	appendStatementMany = appendStatementHead + `
+INSERT INTO {{t}}
+	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
+	 correlation_id, causation_id, actor, headers)
+SELECT ev.id, $1, $2, $3, head.version - $4 + ev.ord, ev.type, ev.sv, ev.data,
+	$9, $10, $11, $12
+FROM head, unnest($5::uuid[], $6::text[], $7::int[], $8::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
+ORDER BY ev.ord
+RETURNING tx_id, seq, version, recorded_at`
+)
+
+// appendStatementArgs are the append's parameters, as the store passes
+// them: scalars for one event, arrays for more.
+func appendStatementArgs(w *shapeWriter) []any {
+	a := w.a
+	var causation *[16]byte
+	var headers []byte
+	args := []any{projector.SystemTenant, "bench", w.stream, int64(a.n)}
+	if a.n == 1 {
+		args = append(args, w.ids[0], a.types[0], a.versions[0], a.datas[0])
+	} else {
+		args = append(args, w.ids, a.types, a.versions, a.datas)
+	}
+	return append(args, [16]byte(uuid.Must(uuid.NewV7())), causation, "", headers)
 }

@@ -47,7 +47,10 @@ type RowShape struct {
 	// Insert is the statement of one append transaction's events (after the
 	// business row); Args its arguments for the transaction's events.
 	Insert string
-	Args   func(w *shapeWriter) []any
+	// InsertFor, when set, replaces Insert with a statement chosen by the
+	// number of events per transaction (as the append picks its shape).
+	InsertFor func(eventsPerTx int) string
+	Args      func(w *shapeWriter) []any
 }
 
 // RowShapes returns the layouts [MeasureRowShapes] measures:
@@ -290,7 +293,11 @@ func measureShapes(ctx context.Context, store *postgres.Store, cfg AppendConfig,
 		}
 		ws := make([]*shapeWriter, cfg.Writers)
 		for k := range ws {
-			ws[k] = &shapeWriter{a: a, biz: writers[k], writer: int64(k), shape: s, insert: r.Replace(s.Insert),
+			insert := s.Insert
+			if s.InsertFor != nil {
+				insert = s.InsertFor(cfg.EventsPerTx)
+			}
+			ws[k] = &shapeWriter{a: a, biz: writers[k], writer: int64(k), shape: s, insert: r.Replace(insert),
 				ids: make([][16]byte, cfg.EventsPerTx), vers: make([]int64, cfg.EventsPerTx)}
 		}
 		shapeWriters = append(shapeWriters, ws)
@@ -329,8 +336,11 @@ func measureShapes(ctx context.Context, store *postgres.Store, cfg AppendConfig,
 func interleave(ctx context.Context, cfg AppendConfig, res []ShapeResult, w *AppendWriter, ops []func(*AppendWriter, context.Context) error, shapeWriters [][]*shapeWriter) error {
 	took := make([][]time.Duration, len(res))
 	deadline := time.Now().Add(cfg.Duration)
-	for time.Now().Before(deadline) {
-		for i := range res {
+	// Each round starts one side later, so no side always runs right after
+	// the same other side's commit.
+	for round := 0; time.Now().Before(deadline); round++ {
+		for k := range res {
+			i := (round + k) % len(res)
 			start := time.Now()
 			var err error
 			if i < len(ops) {
