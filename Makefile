@@ -32,7 +32,7 @@ test-short:
 
 ## bench: benchmarks, each printed beside its raw-PostgreSQL baseline (about 10 minutes)
 bench:
-	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench . -benchtime 3s ./stores/postgres ./aggregate
+	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench . -benchtime 3s -timeout 30m ./stores/postgres ./aggregate
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'AppendInline' -benchtime 3s ./projection
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'CatchUp|Latency' -benchtime 1x -timeout 30m ./projection
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -run '^$$' -bench 'Rebuild|SyncCommitOff' -benchtime 1x -timeout 30m ./rebuild
