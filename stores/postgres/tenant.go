@@ -130,6 +130,7 @@ func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 	sql.WriteString(`GRANT USAGE ON SCHEMA ` + q + ` TO ` + r + `;
 GRANT SELECT, INSERT, UPDATE ON ` + q + `.projector_events, ` + q + `.projector_streams TO ` + r + `;
 GRANT SELECT, INSERT, DELETE ON ` + q + `.projector_snapshots TO ` + r + `;
+GRANT SELECT, INSERT ON ` + q + `.projector_subject_keys TO ` + r + `;
 `)
 	tenantPolicy := quoteIdent(tenantPolicyName(role))
 	match := `tenant_id = current_setting('` + TenantSetting + `', true)`
@@ -153,7 +154,7 @@ CREATE POLICY ` + tenantPolicy + ` ON ` + t + ` AS RESTRICTIVE TO ` + r + ` USIN
 
 // tenantTables are Projector's tables that hold tenant rows, each keyed by
 // a tenant_id column, that a tenant role is granted.
-var tenantTables = []string{"projector_events", "projector_streams", "projector_snapshots"}
+var tenantTables = []string{"projector_events", "projector_streams", "projector_snapshots", "projector_subject_keys"}
 
 // tenantPolicyName names the restrictive policy of one tenant role, so
 // granting a second role never replaces the first one's filter. A name that
