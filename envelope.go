@@ -60,7 +60,7 @@ func OpenValue(key []byte, subject, field, envelope string) ([]byte, error) {
 	if len(envelope) < len(sealedPrefix) || envelope[:len(sealedPrefix)] != sealedPrefix {
 		return nil, fmt.Errorf("%w: not an envelope", ErrSealed)
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(envelope[len(sealedPrefix):])
+	raw, err := base64.RawURLEncoding.Strict().DecodeString(envelope[len(sealedPrefix):])
 	if err != nil {
 		return nil, fmt.Errorf("%w: envelope encoding: %w", ErrSealed, err)
 	}
