@@ -22,7 +22,7 @@ type personalFixture struct {
 	store *postgres.Store
 }
 
-func masterKey(t *testing.T, id, seed string) *postgres.MasterKey {
+func masterKey(t testing.TB, id, seed string) *postgres.MasterKey {
 	t.Helper()
 	m, err := postgres.NewMasterKey(id, testevents.MasterKey(seed))
 	if err != nil {
