@@ -33,7 +33,7 @@ subject.forgotten delete or blank its rows and documents as they reach the event
 of the wrapped key in WAL archives, replicas and base backups last until those age out
 (docs/privacy.md). A subject without a key is an error (exit 1), one already forgotten
 is refused (exit 3); nothing is written either way. No master key is needed.`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ref := postgres.SubjectRef{Tenant: tenant, ID: args[0]}
 			if err := ref.Validate(); err != nil {

@@ -100,9 +100,10 @@ FROM outer_role`
 
 // GrantTenantRole grants role what it needs on Projector's own tables for
 // handlers that append events while scoped to a tenant — usage of the
-// schema, reading and writing the log and the stream heads, and reading,
-// writing and pruning aggregate snapshots — and puts row-level security on
-// those three tables so that role only ever reaches the rows of the tenant
+// schema, reading and writing the log and the stream heads, reading,
+// writing and pruning aggregate snapshots, and reading and creating data
+// subjects' keys (personal fields) — and puts row-level security on those
+// four tables so that role only ever reaches the rows of the tenant
 // its transaction is scoped to: without it, tenant a's handler could read
 // tenant b's events and append to b's streams.
 //
