@@ -141,13 +141,23 @@ func (r *Registry) HasPersonal() bool {
 // with personal fields: the value of its Subject field, which must be a
 // non-empty JSON string.
 func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(data, &fields); err != nil {
-		return "", fmt.Errorf("%w: personal payload: %w", ErrInvalidPayload, err)
+	var raw json.RawMessage
+	if !scanMembers(data, func(name string, v []byte, _, _ int) bool {
+		if name == p.Subject {
+			raw = v
+		}
+		return true
+	}) {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(data, &fields); err != nil {
+			return "", fmt.Errorf("%w: personal payload: %w", ErrInvalidPayload, err)
+		}
+		raw = fields[p.Subject]
 	}
-	raw, ok := fields[p.Subject]
 	var subject string
-	if ok {
+	if len(raw) > 1 && raw[0] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 && bytes.IndexByte(raw[1:len(raw)-1], '"') < 0 {
+		subject = string(raw[1 : len(raw)-1])
+	} else if raw != nil {
 		_ = json.Unmarshal(raw, &subject)
 	}
 	if subject == "" {
@@ -232,6 +242,40 @@ func sealedString(v json.RawMessage) (string, bool) {
 // and replaces the values fn asks to, keeping the members' order; it
 // returns data itself when nothing changed.
 func rewriteFields(data json.RawMessage, fn func(name string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
+	var out []byte
+	last := 0
+	var ferr error
+	ok := scanMembers(data, func(name string, v []byte, start, end int) bool {
+		repl, changed, err := fn(name, v)
+		if err != nil {
+			ferr = err
+			return false
+		}
+		if changed {
+			if out == nil {
+				out = make([]byte, 0, len(data)+64)
+			}
+			out = append(out, data[last:start]...)
+			out = append(out, repl...)
+			last = end
+		}
+		return true
+	})
+	if ferr != nil {
+		return nil, ferr
+	}
+	if ok && json.Valid(data) {
+		if out == nil {
+			return data, nil
+		}
+		return append(out, data[last:]...), nil
+	}
+	return rewriteFieldsSlow(data, fn)
+}
+
+// rewriteFieldsSlow is rewriteFields through encoding/json's tokenizer,
+// for what the scanner does not follow; it gives the precise error.
+func rewriteFieldsSlow(data json.RawMessage, fn func(name string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	tok, err := dec.Token()
 	if err != nil {
