@@ -170,12 +170,22 @@ func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
 }
 
 // Seal returns data with each of p's fields that is present and not null
-// replaced by its envelope under key (see [SealValue]). A nil key seals
+// replaced by its envelope under key (see [SealValue]). A top-level string
+// of another field that starts like an envelope is refused
+// ([ErrInvalidPayload]): reads would take it for one. A nil key seals
 // nothing and writes the fields as null instead: the subject was
 // forgotten before the event was written.
 func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.RawMessage, error) {
 	return rewriteFields(data, func(name string, v json.RawMessage) (json.RawMessage, bool, error) {
-		if !slices.Contains(p.Fields, name) || isNull(v) {
+		if !slices.Contains(p.Fields, name) {
+			if _, ok := sealedString(v); ok {
+				// Reads open any top-level envelope, so a field that is
+				// not personal may not look like one.
+				return nil, false, fmt.Errorf("%w: field %q starts with %q, which marks a sealed personal field", ErrInvalidPayload, name, sealedPrefix)
+			}
+			return nil, false, nil
+		}
+		if isNull(v) {
 			return nil, false, nil
 		}
 		if key == nil {

@@ -149,6 +149,9 @@ func TestSealAndOpen(t *testing.T) {
 	if pp := v.(personalPayload); pp.Name != "" || pp.Plan != "pro" {
 		t.Fatalf("decoded sealed payload as %+v", pp)
 	}
+	if _, err := p.Seal(json.RawMessage(`{"customer":"c-1","plan":"pjx1.abc"}`), "c-1", key); !errors.Is(err, projector.ErrInvalidPayload) {
+		t.Fatalf("a plain field that looks sealed: %v", err)
+	}
 	red, err := p.Redact(data)
 	if err != nil || strings.Contains(string(red), "Ada") || strings.Contains(string(red), "London") || !strings.Contains(string(red), "pro") {
 		t.Fatalf("redacted %s (%v)", red, err)
