@@ -45,6 +45,10 @@ type Event struct {
 	Payload any
 	// Metadata carries correlation, causation, actor and headers.
 	Metadata Metadata
+	// Forgotten reports that the event's personal fields belong to a data
+	// subject who was forgotten: they read as JSON null in Data and as the
+	// Go zero value in Payload (see [Personal] and docs/privacy.md).
+	Forgotten bool
 	// RecordedAt is the database clock when the event was inserted.
 	RecordedAt time.Time
 }

@@ -36,6 +36,11 @@ type TypeConfig struct {
 	// Upcasters hold one step for every older version, 1 to SchemaVersion-1.
 	// Reads apply them in order before decoding into the Go type.
 	Upcasters []Upcaster
+	// Personal declares the payload's personal fields and its data
+	// subject, checked here: the store seals those fields under the
+	// subject's key at append, and forgetting the subject destroys the key
+	// (docs/privacy.md). The zero value declares none.
+	Personal Personal
 }
 
 // EventType is the handle [Define] returns for an event type whose payload
@@ -57,6 +62,8 @@ type TypeInfo struct {
 	Name          string
 	GoType        reflect.Type
 	SchemaVersion int
+	// Personal is the type's personal-data declaration (zero: none).
+	Personal Personal
 }
 
 type typeEntry struct {
@@ -71,6 +78,9 @@ type Registry struct {
 	mu     sync.RWMutex
 	byName map[string]*typeEntry
 	byType map[reflect.Type]*typeEntry
+	// personal: some type declares personal fields (and subject.forgotten
+	// is defined).
+	personal bool
 }
 
 // NewRegistry returns an empty registry.
@@ -136,8 +146,15 @@ func Define[T any](r *Registry, name string, cfg ...TypeConfig) (EventType[T], e
 		}
 	}
 
+	if c.Personal.declared() {
+		if err := c.Personal.check(goType); err != nil {
+			return zero, fmt.Errorf("%w: define %q: %w", ErrInvalidEventType, name, err)
+		}
+		c.Personal.Fields = slices.Clone(c.Personal.Fields)
+	}
+
 	entry := &typeEntry{
-		TypeInfo:  TypeInfo{Name: name, GoType: goType, SchemaVersion: version},
+		TypeInfo:  TypeInfo{Name: name, GoType: goType, SchemaVersion: version, Personal: c.Personal},
 		upcasters: steps,
 		decode: func(data json.RawMessage) (any, error) {
 			var v T
@@ -156,9 +173,37 @@ func Define[T any](r *Registry, name string, cfg ...TypeConfig) (EventType[T], e
 	if prev, ok := r.byType[goType]; ok {
 		return zero, fmt.Errorf("%w: payload %s is already the payload of %q", ErrDuplicateEventType, goType, prev.Name)
 	}
+	if c.Personal.declared() && !r.personal {
+		if err := r.defineForgottenLocked(); err != nil {
+			return zero, fmt.Errorf("define %q: %w", name, err)
+		}
+	}
 	r.byName[name] = entry
 	r.byType[goType] = entry
 	return EventType[T]{name: name, version: version}, nil
+}
+
+// defineForgottenLocked defines [SubjectForgottenType], which every
+// registry with personal data needs for the events forgetting appends.
+func (r *Registry) defineForgottenLocked() error {
+	name := SubjectForgottenType.Name()
+	goType := reflect.TypeFor[SubjectForgotten]()
+	if prev, ok := r.byName[name]; ok {
+		return fmt.Errorf("%w: %q is reserved for forgetting data subjects, and is already defined with payload %s", ErrDuplicateEventType, name, prev.GoType)
+	}
+	r.byName[name] = &typeEntry{
+		TypeInfo: TypeInfo{Name: name, GoType: goType, SchemaVersion: 1},
+		decode: func(data json.RawMessage) (any, error) {
+			var v SubjectForgotten
+			if err := json.Unmarshal(data, &v); err != nil {
+				return nil, err
+			}
+			return v, nil
+		},
+	}
+	r.byType[goType] = r.byName[name]
+	r.personal = true
+	return nil
 }
 
 // MustDefine is [Define] for package-level declarations: it panics on error,
@@ -291,6 +336,15 @@ func (r *Registry) Upcast(name string, schemaVersion int, data json.RawMessage) 
 func (e *typeEntry) upcast(from int, data json.RawMessage) (json.RawMessage, error) {
 	if from < 1 || from > e.SchemaVersion {
 		return nil, fmt.Errorf("%w: %s stored at schema version %d, this program knows 1..%d", ErrInvalidPayload, e.Name, from, e.SchemaVersion)
+	}
+	if e.Personal.declared() && IsSealed(data) {
+		// Still sealed: read without the key store (a relayed message, a
+		// raw row). Personal fields then decode as null, never as
+		// ciphertext in a string field.
+		var err error
+		if data, _, err = Open(data, "", nil); err != nil {
+			return nil, err
+		}
 	}
 	for v := from; v < e.SchemaVersion; v++ {
 		out, err := e.upcasters[v-1](data)

@@ -739,16 +739,23 @@ func readCommitted(ctx context.Context, tx pgx.Tx, store *postgres.Store, after 
 		if err != nil {
 			return nil, err
 		}
+		out = append(out, ev)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the log after %s: %w", after, err)
+	}
+	// Personal fields open (or read as forgotten) as in every store read.
+	if err := store.OpenEvents(ctx, tx, out); err != nil {
+		return nil, fmt.Errorf("read the log after %s: %w", after, err)
+	}
+	for i := range out {
+		ev := &out[i]
 		payload, data, err := reg.Decode(ev.Type, ev.SchemaVersion, ev.Data)
 		if err != nil {
 			return nil, fmt.Errorf("event %s (%s v%d of %s): %w", ev.ID, ev.Type, ev.SchemaVersion, ev.Stream, err)
 		}
 		info, _ := reg.Lookup(ev.Type)
 		ev.Payload, ev.Data, ev.SchemaVersion = payload, data, info.SchemaVersion
-		out = append(out, ev)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the log after %s: %w", after, err)
 	}
 	return out, nil
 }

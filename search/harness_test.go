@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
+	if os.Getenv(forgetChildEnv) != "" {
+		os.Exit(runForgetChild())
+	}
 	pgtest.Main(m)
 }
 

@@ -39,6 +39,9 @@ const (
 	HeaderActor         = "Projector-Actor"
 	HeaderRecordedAt    = "Projector-Recorded-At" // RFC 3339 with nanoseconds, UTC
 	HeaderMetadata      = "Projector-Headers"     // Metadata.Headers as a JSON object
+	// HeaderPersonalRedacted is "true" on an event whose type declares
+	// personal fields: the relay sent them as null (docs/privacy.md).
+	HeaderPersonalRedacted = "Projector-Personal-Redacted"
 	// The W3C Trace Context of the append that recorded the event, as the
 	// standard message headers any OpenTelemetry NATS instrumentation
 	// reads; set only when the event's metadata holds a valid one.

@@ -295,9 +295,21 @@ func (r *Relay) publish(ctx context.Context, tx pgx.Tx, b projection.Batch) (err
 				skipped++
 				continue
 			}
+			redacted := false
+			if p, ok := r.cfg.Registry.PersonalOf(ev.Type); ok {
+				// Personal fields never leave for JetStream, which holds
+				// no keys and cannot forget (docs/privacy.md).
+				if ev.Data, err = p.Redact(ev.Data); err != nil {
+					return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+				}
+				redacted = true
+			}
 			msg, err := NewMsg(r.cfg.Prefix, ev)
 			if err != nil {
 				return err
+			}
+			if redacted {
+				msg.Header.Set(HeaderPersonalRedacted, "true")
 			}
 			if size := msgSize(msg); maxPayload > 0 && size > maxPayload {
 				r.metrics.failures.Inc()

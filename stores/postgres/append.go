@@ -111,16 +111,28 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 	if md.CorrelationID == uuid.Nil {
 		md.CorrelationID = newID()
 	}
+	var keys map[SubjectRef][]byte // the subjects' keys, when a payload has personal fields
 	for i, p := range payloads {
 		enc, err := s.registry.Encode(p)
 		if err != nil {
 			return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
 		}
+		stored := enc.Data
+		if s.registry.HasPersonal() {
+			// Sealed in Go before the insert: the events table never sees
+			// a personal field in the clear (docs/privacy.md).
+			if keys == nil {
+				keys = map[SubjectRef][]byte{}
+			}
+			if stored, err = s.seal(ctx, tx, stream.Tenant, enc, keys); err != nil {
+				return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
+			}
+		}
 		id := newID()
 		ids[i] = id
 		types[i] = enc.Type
 		versions[i] = int32(enc.SchemaVersion)
-		datas[i] = string(enc.Data)
+		datas[i] = string(stored)
 		events[i] = projector.Event{
 			ID: id, Stream: stream, Type: enc.Type, SchemaVersion: enc.SchemaVersion,
 			Data: enc.Data, Payload: deref(p), Metadata: md,

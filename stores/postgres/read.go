@@ -52,7 +52,7 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 	if err != nil {
 		return nil, fmt.Errorf("read stream %s: %w", stream, err)
 	}
-	events, err := s.collect(rows, false)
+	events, err := s.collect(ctx, db, rows, false)
 	if err != nil {
 		return nil, fmt.Errorf("read stream %s: %w", stream, err)
 	}
@@ -158,7 +158,7 @@ func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, e
 		return LogBatch{}, fmt.Errorf("read log after %s: %w", q.After, err)
 	}
 	var batch LogBatch
-	batch.Events, err = s.collectWithHorizon(rows, &batch.Horizon, q.Raw)
+	batch.Events, err = s.collectWithHorizon(ctx, db, rows, &batch.Horizon, q.Raw)
 	if err != nil {
 		return LogBatch{}, fmt.Errorf("read log after %s: %w", q.After, err)
 	}
@@ -250,24 +250,44 @@ func (r *row) intern(b []byte) string {
 	return s
 }
 
-func (s *Store) collect(rows pgx.Rows, raw bool) ([]projector.Event, error) {
+func (s *Store) collect(ctx context.Context, db DBTX, rows pgx.Rows, raw bool) ([]projector.Event, error) {
 	var out []projector.Event
 	var r row
+	sealed := s.registry.HasPersonal()
 	_, err := pgx.ForEachRow(rows, r.dest(), func() error {
-		ev, err := s.decodeRow(&r, raw)
+		ev, err := s.decodeRow(&r, raw, sealed)
 		if err != nil {
 			return err
 		}
 		out = append(out, ev)
 		return nil
 	})
-	return out, err
+	if err != nil || !sealed {
+		return out, err
+	}
+	return s.openAndDecode(ctx, db, out, raw)
+}
+
+// openAndDecode opens the personal fields of events read without
+// decoding, then decodes them: the keys are read once the rows are, in a
+// statement of their own on the same connection.
+func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.Event, raw bool) ([]projector.Event, error) {
+	if err := s.open(ctx, db, events); err != nil {
+		return nil, err
+	}
+	for i := range events {
+		if err := s.decodeEvent(&events[i], raw); err != nil {
+			return nil, err
+		}
+	}
+	return events, nil
 }
 
 // collectWithHorizon reads the log query's rows: the horizon in the first
 // column, then an event, or NULLs when nothing matched.
-func (s *Store) collectWithHorizon(rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
+func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
 	defer rows.Close()
+	sealed := s.registry.HasPersonal()
 	out := make([]projector.Event, 0, 64)
 	var r row
 	dest := append([]any{horizon}, r.dest()...)
@@ -283,16 +303,21 @@ func (s *Store) collectWithHorizon(rows pgx.Rows, horizon *uint64, raw bool) ([]
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
-		ev, err := s.decodeRow(&r, raw)
+		ev, err := s.decodeRow(&r, raw, sealed)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, ev)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil || !sealed {
+		return out, err
+	}
+	return s.openAndDecode(ctx, db, out, raw)
 }
 
-func (s *Store) decodeRow(r *row, raw bool) (projector.Event, error) {
+// decodeRow assembles the row's event and decodes it, unless deferred: then
+// the caller opens sealed fields first and decodes with decodeEvent.
+func (s *Store) decodeRow(r *row, raw, deferred bool) (projector.Event, error) {
 	var causation *uuid.UUID
 	if r.causation != nil {
 		c := uuid.UUID(*r.causation)
@@ -300,9 +325,15 @@ func (s *Store) decodeRow(r *row, raw bool) (projector.Event, error) {
 	}
 	ev, err := DecodeEnvelope(r.txID, r.seq, r.id, projector.StreamRef{Tenant: r.intern(r.tenant), Type: r.intern(r.streamType), ID: r.streamID},
 		r.version, r.intern(r.typ), int(r.schemaVersion), r.data, r.correlation, causation, r.intern(r.actor), r.headers, r.recordedAt)
-	if err != nil {
+	if err != nil || deferred {
 		return ev, err
 	}
+	return ev, s.decodeEvent(&ev, raw)
+}
+
+// decodeEvent upcasts a stored event's data and, unless raw, decodes its
+// payload.
+func (s *Store) decodeEvent(ev *projector.Event, raw bool) error {
 	if raw {
 		// A refused upcast leaves the event at its stored schema version:
 		// a raw read must not fail on one event (a dispatcher could not then
@@ -311,15 +342,15 @@ func (s *Store) decodeRow(r *row, raw bool) (projector.Event, error) {
 		if data, v, err := s.registry.Upcast(ev.Type, ev.SchemaVersion, ev.Data); err == nil {
 			ev.Data, ev.SchemaVersion = data, v
 		}
-		return ev, nil
+		return nil
 	}
 	payload, data, err := s.registry.Decode(ev.Type, ev.SchemaVersion, ev.Data)
 	if err != nil {
-		return ev, fmt.Errorf("event %s (%s v%d of %s): %w", ev.ID, ev.Type, ev.SchemaVersion, ev.Stream, err)
+		return fmt.Errorf("event %s (%s v%d of %s): %w", ev.ID, ev.Type, ev.SchemaVersion, ev.Stream, err)
 	}
 	info, _ := s.registry.Lookup(ev.Type)
 	ev.Payload, ev.Data, ev.SchemaVersion = payload, data, info.SchemaVersion
-	return ev, nil
+	return nil
 }
 
 // DecodeEnvelope assembles an event from stored columns, checking what the

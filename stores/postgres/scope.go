@@ -124,7 +124,7 @@ func (c *ScopeCursor) Next(ctx context.Context, n int) ([]projector.Event, error
 	if err != nil {
 		return nil, fmt.Errorf("read scope: %w", err)
 	}
-	events, err := c.s.collect(rows, c.raw)
+	events, err := c.s.collect(ctx, c.tx, rows, c.raw)
 	if err != nil {
 		return nil, fmt.Errorf("read scope: %w", err)
 	}

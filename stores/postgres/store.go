@@ -122,6 +122,17 @@ type Config struct {
 	// recording span starts no span and writes no trace context
 	// (docs/tracing.md).
 	TracerProvider trace.TracerProvider
+	// Keys holds the data subjects' keys for the registry's personal
+	// fields; default the [KeyTable] of the store's schema, its keys
+	// wrapped by MasterKey.
+	Keys KeyStore
+	// MasterKey wraps the default key table's data keys; default the key
+	// in the PROJECTOR_MASTER_KEY environment variable ([ParseMasterKey]
+	// gives the format; New fails on a malformed one). Without either,
+	// appends and reads of sealed personal fields fail with
+	// [ErrNoMasterKey] and nothing is written; forgetting still works.
+	// Ignored when Keys is set.
+	MasterKey *MasterKey
 }
 
 // Store is the event store: appends, stream reads and the gap-safe global
@@ -143,6 +154,8 @@ type Store struct {
 	unisolatedOnce sync.Once
 	// watch holds the in-process watches of appends (WatchAppends).
 	watch watchers
+	// keys holds the data subjects' keys (personal fields).
+	keys KeyStore
 }
 
 // New checks the schema and returns a store. It fails with
@@ -183,6 +196,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	s.inline = append([]InlineProjection(nil), cfg.Inline...)
 	s.ephemeral = append([]string(nil), cfg.Ephemeral...)
 	s.sql = buildStatements(quoteIdent(s.schema))
+	if err := s.setupKeys(cfg); err != nil {
+		return nil, err
+	}
 
 	if err := s.checkSchema(ctx); err != nil {
 		return nil, err

@@ -100,9 +100,10 @@ FROM outer_role`
 
 // GrantTenantRole grants role what it needs on Projector's own tables for
 // handlers that append events while scoped to a tenant — usage of the
-// schema, reading and writing the log and the stream heads, and reading,
-// writing and pruning aggregate snapshots — and puts row-level security on
-// those three tables so that role only ever reaches the rows of the tenant
+// schema, reading and writing the log and the stream heads, reading,
+// writing and pruning aggregate snapshots, and reading and creating data
+// subjects' keys (personal fields) — and puts row-level security on those
+// four tables so that role only ever reaches the rows of the tenant
 // its transaction is scoped to: without it, tenant a's handler could read
 // tenant b's events and append to b's streams.
 //
@@ -130,6 +131,7 @@ func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 	sql.WriteString(`GRANT USAGE ON SCHEMA ` + q + ` TO ` + r + `;
 GRANT SELECT, INSERT, UPDATE ON ` + q + `.projector_events, ` + q + `.projector_streams TO ` + r + `;
 GRANT SELECT, INSERT, DELETE ON ` + q + `.projector_snapshots TO ` + r + `;
+GRANT SELECT, INSERT ON ` + q + `.projector_subject_keys TO ` + r + `;
 `)
 	tenantPolicy := quoteIdent(tenantPolicyName(role))
 	match := `tenant_id = current_setting('` + TenantSetting + `', true)`
@@ -153,7 +155,7 @@ CREATE POLICY ` + tenantPolicy + ` ON ` + t + ` AS RESTRICTIVE TO ` + r + ` USIN
 
 // tenantTables are Projector's tables that hold tenant rows, each keyed by
 // a tenant_id column, that a tenant role is granted.
-var tenantTables = []string{"projector_events", "projector_streams", "projector_snapshots"}
+var tenantTables = []string{"projector_events", "projector_streams", "projector_snapshots", "projector_subject_keys"}
 
 // tenantPolicyName names the restrictive policy of one tenant role, so
 // granting a second role never replaces the first one's filter. A name that

@@ -1,0 +1,341 @@
+package projector
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+)
+
+// Personal declares which fields of an event type's payload are personal
+// data and whose they are, so the store can encrypt them under the data
+// subject's key and forget them by destroying that key (crypto-shredding;
+// see docs/privacy.md). Fields are named by their top-level JSON names.
+// The zero value declares nothing.
+type Personal struct {
+	// Subject is the JSON name of the top-level string field that holds
+	// the data subject's id: whose key the personal fields are sealed
+	// with. It stays in the clear, so choose an id that is not itself
+	// personal (a customer's UUID rather than their e-mail address).
+	Subject string
+	// Fields are the JSON names of the top-level fields that are personal.
+	// Each is sealed whole (a struct or list field included) and, once
+	// the subject is forgotten, decodes as JSON null: the Go zero value.
+	Fields []string
+}
+
+// declared reports whether p declares anything.
+func (p Personal) declared() bool { return p.Subject != "" || len(p.Fields) > 0 }
+
+// check resolves p against the payload type: every name must be a
+// top-level JSON field of t, the subject a string, and no field named
+// twice or both subject and personal.
+func (p Personal) check(t reflect.Type) error {
+	if t.Kind() != reflect.Struct {
+		return fmt.Errorf("personal fields need a struct payload, %s is a %s", t, t.Kind())
+	}
+	if p.Subject == "" {
+		return errors.New("personal fields need a Subject field naming the data subject")
+	}
+	if len(p.Fields) == 0 {
+		return errors.New("a Personal declaration names no Fields")
+	}
+	fields := jsonFields(t)
+	sub, ok := fields[p.Subject]
+	if !ok {
+		return fmt.Errorf("subject field %q is not a JSON field of %s", p.Subject, t)
+	}
+	if sub.Kind() != reflect.String {
+		return fmt.Errorf("subject field %q of %s is a %s, want a string", p.Subject, t, sub)
+	}
+	for i, f := range p.Fields {
+		if _, ok := fields[f]; !ok {
+			return fmt.Errorf("personal field %q is not a JSON field of %s", f, t)
+		}
+		if f == p.Subject {
+			return fmt.Errorf("field %q is both the subject and personal: the subject id stays in the clear", f)
+		}
+		if slices.Contains(p.Fields[:i], f) {
+			return fmt.Errorf("personal field %q named twice", f)
+		}
+	}
+	return nil
+}
+
+// jsonFields returns the top-level JSON names of struct type t with their
+// Go types, following encoding/json's rules for tags and embedded structs
+// closely enough for declarations: a name that encoding/json would not
+// produce is not returned.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for _, f := range reflect.VisibleFields(t) {
+		if !f.IsExported() && !f.Anonymous {
+			continue
+		}
+		tag := f.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			continue // its fields are promoted and visited on their own
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		if _, dup := out[name]; !dup {
+			out[name] = f.Type
+		}
+	}
+	return out
+}
+
+// SubjectForgotten is the payload of the system event [Store.Forget]
+// appends when a data subject's key is destroyed: projections and search
+// projections handle it to delete or blank what they hold of the subject
+// (see projection.OnForgotten and search.OnForgotten).
+//
+// [Store.Forget]: https://pkg.go.dev/github.com/projectorhq/projector/stores/postgres#Store.Forget
+type SubjectForgotten struct {
+	// Subject is the forgotten data subject's id.
+	Subject string `json:"subject"`
+}
+
+// SubjectForgottenType is the event type of [SubjectForgotten]. A registry
+// defines it by itself the first time a type with personal fields is
+// defined.
+var SubjectForgottenType = EventType[SubjectForgotten]{name: "subject.forgotten", version: 1}
+
+// SubjectStreamType is the stream type of the streams the forgotten events
+// go to: one stream per subject, in the subject's tenant, its id the
+// subject's id.
+const SubjectStreamType = "projector.subject"
+
+// PersonalOf returns the personal-data declaration of the type name, and
+// whether it has one.
+func (r *Registry) PersonalOf(name string) (Personal, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.byName[name]
+	if !ok || !e.Personal.declared() {
+		return Personal{}, false
+	}
+	return e.Personal, true
+}
+
+// HasPersonal reports whether any defined type declares personal fields:
+// readers that find none skip looking for sealed fields altogether.
+func (r *Registry) HasPersonal() bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.personal
+}
+
+// SubjectOf returns the data subject's id in an encoded payload of a type
+// with personal fields: the value of its Subject field, which must be a
+// non-empty JSON string.
+func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
+	var raw json.RawMessage
+	if !scanMembers(data, func(name string, v []byte, _, _ int) bool {
+		if name == p.Subject {
+			raw = v
+		}
+		return true
+	}) {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(data, &fields); err != nil {
+			return "", fmt.Errorf("%w: personal payload: %w", ErrInvalidPayload, err)
+		}
+		raw = fields[p.Subject]
+	}
+	var subject string
+	if len(raw) > 1 && raw[0] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 && bytes.IndexByte(raw[1:len(raw)-1], '"') < 0 {
+		subject = string(raw[1 : len(raw)-1])
+	} else if raw != nil {
+		_ = json.Unmarshal(raw, &subject)
+	}
+	if subject == "" {
+		return "", fmt.Errorf("%w: the subject field %q is empty: personal data needs its subject", ErrInvalidPayload, p.Subject)
+	}
+	if err := ValidText(subject); err != nil {
+		return "", fmt.Errorf("%w: the subject field %q %w", ErrInvalidPayload, p.Subject, err)
+	}
+	return subject, nil
+}
+
+// Seal returns data with each of p's fields that is present and not null
+// replaced by its envelope under key (see [SealValue]). A top-level string
+// of another field that starts like an envelope is refused
+// ([ErrInvalidPayload]): reads would take it for one. A nil key seals
+// nothing and writes the fields as null instead: the subject was
+// forgotten before the event was written.
+func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.RawMessage, error) {
+	return rewriteFields(data, func(name string, v json.RawMessage) (json.RawMessage, bool, error) {
+		if !slices.Contains(p.Fields, name) {
+			if _, ok := sealedString(v); ok {
+				// Reads open any top-level envelope, so a field that is
+				// not personal may not look like one.
+				return nil, false, fmt.Errorf("%w: field %q starts with %q, which marks a sealed personal field", ErrInvalidPayload, name, sealedPrefix)
+			}
+			return nil, false, nil
+		}
+		if isNull(v) {
+			return nil, false, nil
+		}
+		if key == nil {
+			return jsonNull, true, nil
+		}
+		env, err := SealValue(key, subject, name, v)
+		if err != nil {
+			return nil, false, err
+		}
+		out, err := json.Marshal(env)
+		return out, true, err
+	})
+}
+
+// Open returns data with every sealed field opened with key, or set to
+// null when key is nil (the subject was forgotten). It opens whatever
+// top-level field holds an envelope, not only the fields declared now, so
+// a field an upcaster renames later still opens; forgotten reports that
+// some field was set to null for want of a key. A field whose envelope
+// does not open under key is an error, never garbage.
+func Open(data json.RawMessage, subject string, key []byte) (out json.RawMessage, forgotten bool, err error) {
+	out, err = rewriteFields(data, func(name string, v json.RawMessage) (json.RawMessage, bool, error) {
+		env, ok := sealedString(v)
+		if !ok {
+			return nil, false, nil
+		}
+		if key == nil {
+			forgotten = true
+			return jsonNull, true, nil
+		}
+		plain, err := OpenValue(key, subject, name, env)
+		if err != nil {
+			return nil, false, fmt.Errorf("field %q: %w", name, err)
+		}
+		return plain, true, nil
+	})
+	return out, forgotten, err
+}
+
+// IsSealed reports whether data, a JSON object, holds a sealed field.
+func IsSealed(data json.RawMessage) bool {
+	return bytes.Contains(data, []byte(`"`+sealedPrefix))
+}
+
+var jsonNull = json.RawMessage("null")
+
+func isNull(v json.RawMessage) bool { return string(bytes.TrimSpace(v)) == "null" }
+
+// sealedString returns the envelope a JSON value holds, if it is a string
+// that starts like one.
+func sealedString(v json.RawMessage) (string, bool) {
+	v = bytes.TrimSpace(v)
+	if len(v) < len(sealedPrefix)+2 || v[0] != '"' || !bytes.HasPrefix(v[1:], []byte(sealedPrefix)) {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(v, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// rewriteFields calls fn on every top-level member of the JSON object data
+// and replaces the values fn asks to, keeping the members' order; it
+// returns data itself when nothing changed.
+func rewriteFields(data json.RawMessage, fn func(name string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
+	var out []byte
+	last := 0
+	var ferr error
+	ok := scanMembers(data, func(name string, v []byte, start, end int) bool {
+		repl, changed, err := fn(name, v)
+		if err != nil {
+			ferr = err
+			return false
+		}
+		if changed {
+			if out == nil {
+				out = make([]byte, 0, len(data)+64)
+			}
+			out = append(out, data[last:start]...)
+			out = append(out, repl...)
+			last = end
+		}
+		return true
+	})
+	if ferr != nil {
+		return nil, ferr
+	}
+	if ok && json.Valid(data) {
+		if out == nil {
+			return data, nil
+		}
+		return append(out, data[last:]...), nil
+	}
+	return rewriteFieldsSlow(data, fn)
+}
+
+// rewriteFieldsSlow is rewriteFields through encoding/json's tokenizer,
+// for what the scanner does not follow; it gives the precise error.
+func rewriteFieldsSlow(data json.RawMessage, fn func(name string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, fmt.Errorf("%w: payload: %w", ErrInvalidPayload, err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, fmt.Errorf("%w: payload is not a JSON object", ErrInvalidPayload)
+	}
+	var out []byte
+	last := 0 // bytes of data copied to out so far
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%w: payload: %w", ErrInvalidPayload, err)
+		}
+		name, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("%w: payload: %w", ErrInvalidPayload, err)
+		}
+		end := int(dec.InputOffset())
+		repl, ok, err := fn(name, v)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		start := end - len(v) // RawMessage holds the value's exact bytes
+		if out == nil {
+			out = make([]byte, 0, len(data)+64)
+		}
+		out = append(out, data[last:start]...)
+		out = append(out, repl...)
+		last = end
+	}
+	if out == nil {
+		return data, nil
+	}
+	return append(out, data[last:]...), nil
+}
+
+// Redact returns data with p's personal fields set to null: what leaves
+// Projector for a system that holds no keys (the JetStream relay sends
+// nothing of a personal field, clear or sealed).
+func (p Personal) Redact(data json.RawMessage) (json.RawMessage, error) {
+	return rewriteFields(data, func(name string, v json.RawMessage) (json.RawMessage, bool, error) {
+		if !slices.Contains(p.Fields, name) || isNull(v) {
+			return nil, false, nil
+		}
+		return jsonNull, true, nil
+	})
+}

@@ -1,0 +1,287 @@
+package postgres
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+)
+
+// MasterKeyEnv is the environment variable [New] reads the master key from
+// when Config.MasterKey is nil; see [ParseMasterKey] for its format.
+const MasterKeyEnv = "PROJECTOR_MASTER_KEY"
+
+// ErrNoMasterKey: personal data must be sealed or opened and no master key
+// was given (Config.MasterKey, or PROJECTOR_MASTER_KEY). Nothing was
+// written.
+var ErrNoMasterKey = errors.New("projector: no master key for personal data (set PROJECTOR_MASTER_KEY)")
+
+// ErrMasterKeyChanged: a subject's data key was wrapped by another master
+// key than the one this process has — a different key id, or the same id
+// with different key material. The key is never used and nothing is
+// written; run with the master key the data keys were made with.
+var ErrMasterKeyChanged = errors.New("projector: master key changed")
+
+// SubjectRef names a data subject: its id within a tenant.
+type SubjectRef struct {
+	Tenant string
+	ID     string
+}
+
+// String renders the subject as tenant/id for errors and logs.
+func (s SubjectRef) String() string {
+	return projector.Printable(s.Tenant) + "/" + projector.Printable(s.ID)
+}
+
+// Validate reports whether PostgreSQL can store the reference exactly; the
+// error matches [projector.ErrInvalidPayload].
+func (s SubjectRef) Validate() error {
+	if s.Tenant == "" || s.ID == "" {
+		return fmt.Errorf("%w: subject %s needs a tenant and an id", projector.ErrInvalidPayload, s)
+	}
+	for _, v := range []string{s.Tenant, s.ID} {
+		if err := projector.ValidText(v); err != nil {
+			return fmt.Errorf("%w: subject %s: %w", projector.ErrInvalidPayload, s, err)
+		}
+	}
+	return nil
+}
+
+// KeyStore holds the data subjects' keys. The default is [KeyTable], a
+// PostgreSQL table wrapped by a master key from the environment; a KMS
+// plugs in by implementing it (docs/privacy.md, "Plugging in a KMS").
+//
+// Destroying a key must be final and must commit with tx: the forgotten
+// event is appended in the same transaction.
+type KeyStore interface {
+	// DataKey returns subject's data key for sealing, creating one inside
+	// tx when the subject has none, so the key commits with the events
+	// sealed under it; two transactions racing for a new subject must end
+	// with one key. A forgotten subject returns a nil key and no error.
+	DataKey(ctx context.Context, tx pgx.Tx, subject SubjectRef) ([]byte, error)
+	// DataKeys returns the keys of subjects for opening their fields. A
+	// subject that was forgotten, or has no key, is absent from the map.
+	DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef) (map[SubjectRef][]byte, error)
+	// Destroy destroys subject's key inside tx. It fails matching
+	// [projector.ErrNotFound] for a subject without a key and
+	// [projector.ErrInvalidTransition] for one already forgotten; either
+	// way nothing changed.
+	Destroy(ctx context.Context, tx pgx.Tx, subject SubjectRef) (time.Time, error)
+}
+
+// MasterKey wraps the data keys [KeyTable] stores. Its ID is recorded with
+// every wrapped key, so a process started with another master key gets
+// [ErrMasterKeyChanged], never garbage.
+type MasterKey struct {
+	id   string
+	aead cipher.AEAD
+}
+
+var masterKeyID = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// ParseMasterKey parses a master key written as ID:KEY, where ID names the
+// key (1–64 letters, digits, '.', '_' or '-'; recorded with every data key
+// it wraps) and KEY is 32 random bytes in standard base64, such as
+//
+//	PROJECTOR_MASTER_KEY=2026-12:$(openssl rand -base64 32)
+//
+// The error never holds the key material.
+func ParseMasterKey(s string) (*MasterKey, error) {
+	id, enc, ok := strings.Cut(strings.TrimSpace(s), ":")
+	if !ok || !masterKeyID.MatchString(id) {
+		return nil, errors.New("master key: want ID:BASE64KEY, the id 1–64 letters, digits, '.', '_' or '-'")
+	}
+	key, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil || len(key) != projector.DataKeySize {
+		return nil, fmt.Errorf("master key %q: the key must be %d bytes in standard base64 (openssl rand -base64 32)", id, projector.DataKeySize)
+	}
+	return NewMasterKey(id, key)
+}
+
+// NewMasterKey returns the master key id with 32 bytes of key material.
+func NewMasterKey(id string, key []byte) (*MasterKey, error) {
+	if !masterKeyID.MatchString(id) {
+		return nil, fmt.Errorf("master key id %s: want 1–64 letters, digits, '.', '_' or '-'", projector.Printable(id))
+	}
+	if len(key) != projector.DataKeySize {
+		return nil, fmt.Errorf("master key %q: %d bytes, want %d", id, len(key), projector.DataKeySize)
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	return &MasterKey{id: id, aead: aead}, nil
+}
+
+// ID returns the key's id.
+func (m *MasterKey) ID() string { return m.id }
+
+// wrap encrypts a data key for subject; the subject is the additional data,
+// so a wrapped key copied to another subject's row does not open.
+func (m *MasterKey) wrap(subject SubjectRef, key []byte) ([]byte, error) {
+	out := make([]byte, m.aead.NonceSize(), m.aead.NonceSize()+len(key)+m.aead.Overhead())
+	if _, err := rand.Read(out); err != nil {
+		return nil, fmt.Errorf("wrap data key: %w", err)
+	}
+	return m.aead.Seal(out, out, key, wrapAD(subject)), nil
+}
+
+func (m *MasterKey) unwrap(subject SubjectRef, keyID string, wrapped []byte) ([]byte, error) {
+	if keyID != m.id {
+		return nil, fmt.Errorf("%w: the data key of subject %s was wrapped by master key %s, this process has %q",
+			ErrMasterKeyChanged, subject, projector.Printable(keyID), m.id)
+	}
+	n := m.aead.NonceSize()
+	if len(wrapped) < n+m.aead.Overhead() {
+		return nil, fmt.Errorf("%w: the data key of subject %s is damaged (%d bytes)", ErrMasterKeyChanged, subject, len(wrapped))
+	}
+	key, err := m.aead.Open(nil, wrapped[:n], wrapped[n:], wrapAD(subject))
+	if err != nil || len(key) != projector.DataKeySize {
+		return nil, fmt.Errorf("%w: master key %q does not open the data key of subject %s: the key material changed under the same id, or the row was altered",
+			ErrMasterKeyChanged, m.id, subject)
+	}
+	return key, nil
+}
+
+func wrapAD(s SubjectRef) []byte {
+	return []byte("projector-data-key\x00" + s.Tenant + "\x00" + s.ID)
+}
+
+// KeyTable is the default [KeyStore]: the table projector_subject_keys in
+// the store's schema, each subject's random 32-byte AES key wrapped with
+// AES-256-GCM by a [MasterKey] kept outside the database. Forgetting sets
+// the wrapped key to NULL, leaving a tombstone.
+type KeyTable struct {
+	table  string // quoted, schema-qualified
+	master *MasterKey
+}
+
+// NewKeyTable returns the key table of schema; master may be nil, in which
+// case sealing and opening fail with [ErrNoMasterKey] and only forgetting
+// works.
+func NewKeyTable(schema string, master *MasterKey) (*KeyTable, error) {
+	schema = schemaOrDefault(schema)
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	return &KeyTable{table: quoteIdent(schema) + ".projector_subject_keys", master: master}, nil
+}
+
+// DataKey implements [KeyStore]. The common case — the subject has a key —
+// is one statement; the statement that creates the key reads the existing
+// one in the same round trip.
+func (k *KeyTable) DataKey(ctx context.Context, tx pgx.Tx, subject SubjectRef) ([]byte, error) {
+	if k.master == nil {
+		return nil, ErrNoMasterKey
+	}
+	fresh, err := projector.NewDataKey()
+	if err != nil {
+		return nil, err
+	}
+	wrapped, err := k.master.wrap(subject, fresh)
+	if err != nil {
+		return nil, err
+	}
+	// Found, or inserted; when neither, another transaction inserted the
+	// row after this statement's snapshot was taken and committed while
+	// the insert waited on it: the next statement sees it.
+	sql := `WITH found AS (
+		SELECT master_key_id, wrapped FROM ` + k.table + ` WHERE tenant_id = $1 AND subject = $2
+	), ins AS (
+		INSERT INTO ` + k.table + ` (tenant_id, subject, master_key_id, wrapped)
+		SELECT $1, $2, $3, $4 WHERE NOT EXISTS (SELECT FROM found)
+		ON CONFLICT (tenant_id, subject) DO NOTHING
+		RETURNING master_key_id, wrapped
+	)
+	SELECT master_key_id, wrapped FROM found UNION ALL SELECT master_key_id, wrapped FROM ins`
+	for range 3 {
+		var keyID string
+		var stored []byte
+		err := tx.QueryRow(ctx, sql, subject.Tenant, subject.ID, k.master.id, wrapped).Scan(&keyID, &stored)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("data key of subject %s: %w", subject, err)
+		}
+		if stored == nil {
+			return nil, nil // forgotten
+		}
+		return k.master.unwrap(subject, keyID, stored)
+	}
+	return nil, fmt.Errorf("data key of subject %s: no key found or created after three tries", subject)
+}
+
+// DataKeys implements [KeyStore].
+func (k *KeyTable) DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef) (map[SubjectRef][]byte, error) {
+	if len(subjects) == 0 {
+		return nil, nil
+	}
+	tenants := make([]string, len(subjects))
+	ids := make([]string, len(subjects))
+	for i, s := range subjects {
+		tenants[i], ids[i] = s.Tenant, s.ID
+	}
+	rows, err := db.Query(ctx, `SELECT k.tenant_id, k.subject, k.master_key_id, k.wrapped FROM `+k.table+` k
+		JOIN unnest($1::text[], $2::text[]) AS s(tenant_id, subject) USING (tenant_id, subject)
+		WHERE k.wrapped IS NOT NULL`, tenants, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read data keys: %w", err)
+	}
+	out := make(map[SubjectRef][]byte, len(subjects))
+	var ref SubjectRef
+	var keyID string
+	var wrapped []byte
+	_, err = pgx.ForEachRow(rows, []any{&ref.Tenant, &ref.ID, &keyID, &wrapped}, func() error {
+		if k.master == nil {
+			return ErrNoMasterKey
+		}
+		key, err := k.master.unwrap(ref, keyID, wrapped)
+		if err != nil {
+			return err
+		}
+		out[ref] = key
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read data keys: %w", err)
+	}
+	return out, nil
+}
+
+// Destroy implements [KeyStore]. Two forgets racing for one subject meet on
+// the row's lock: the second re-reads the row after the first commits and
+// is told the subject is already forgotten.
+func (k *KeyTable) Destroy(ctx context.Context, tx pgx.Tx, subject SubjectRef) (time.Time, error) {
+	var at time.Time
+	err := tx.QueryRow(ctx, `UPDATE `+k.table+` SET wrapped = NULL, forgotten_at = now()
+		WHERE tenant_id = $1 AND subject = $2 AND wrapped IS NOT NULL RETURNING forgotten_at`, subject.Tenant, subject.ID).Scan(&at)
+	if err == nil {
+		return at, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, fmt.Errorf("destroy the key of subject %s: %w", subject, err)
+	}
+	err = tx.QueryRow(ctx, `SELECT forgotten_at FROM `+k.table+` WHERE tenant_id = $1 AND subject = $2`, subject.Tenant, subject.ID).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, fmt.Errorf("subject %s has no personal data (no key): %w", subject, projector.ErrNotFound)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("destroy the key of subject %s: %w", subject, err)
+	}
+	return time.Time{}, fmt.Errorf("%w: subject %s was already forgotten at %s", projector.ErrInvalidTransition, subject, at.UTC().Format(time.RFC3339))
+}
