@@ -90,41 +90,75 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 	if len(s.inline) > 0 && !opts.WithoutInline {
 		return ImportResult{}, fmt.Errorf("%w: this store runs %d inline projection(s); import with WithoutInline (--without-inline) and rebuild them afterwards", ErrImportInline, len(s.inline))
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the reader when a batch fails
 	dec := NewHistoryDecoder(r)
 	if _, err := dec.Header(); err != nil {
 		return ImportResult{}, fmt.Errorf("import: %w", err)
 	}
 	var res ImportResult
-	b := &importBatch{}
-	for {
-		done, err := b.read(dec, s.registry, size)
+	batches := s.readBatches(ctx, dec, size)
+	for rb := range batches {
+		b := rb.batch
 		res.Lines += int64(len(b.events))
+		if rb.err != nil {
+			return res, fmt.Errorf("import: %w", rb.err)
+		}
+		if len(b.events) == 0 {
+			continue
+		}
+		if !opts.WithoutInline {
+			if err := s.checkInline(ctx, b.types()); err != nil {
+				return res, fmt.Errorf("import: %w", err)
+			}
+		}
+		imported, skipped, err := s.importBatch(ctx, b)
 		if err != nil {
 			return res, fmt.Errorf("import: %w", err)
 		}
-		if len(b.events) > 0 {
-			if !opts.WithoutInline {
-				if err := s.checkInline(ctx, b.types()); err != nil {
-					return res, fmt.Errorf("import: %w", err)
-				}
-			}
-			imported, skipped, err := s.importBatch(ctx, b)
-			if err != nil {
-				return res, fmt.Errorf("import: %w", err)
-			}
-			res.Imported += imported
-			res.Skipped += skipped
-			if imported > 0 {
-				res.Batches++
-			}
-			if opts.Progress != nil {
-				opts.Progress(res)
-			}
+		res.Imported += imported
+		res.Skipped += skipped
+		if imported > 0 {
+			res.Batches++
 		}
-		if done {
-			return res, nil
+		if opts.Progress != nil {
+			opts.Progress(res)
 		}
 	}
+	return res, ctx.Err()
+}
+
+// readBatch is one batch as read and checked, or the error that stopped
+// the reading.
+type readBatch struct {
+	batch *importBatch
+	err   error
+}
+
+// readBatches reads and checks batches in a goroutine of its own, one
+// ahead of the batch being written: decoding JSON and payloads takes about
+// as long as copying them, and the two overlap instead of adding up. The
+// channel closes after the last batch, after an error, or once ctx ends
+// (the caller's deferred cancel on return); a read blocked on r returns
+// when r does.
+func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size int) <-chan readBatch {
+	out := make(chan readBatch, 1)
+	go func() {
+		defer close(out)
+		for {
+			b := &importBatch{}
+			done, err := b.read(dec, s.registry, size)
+			select {
+			case out <- readBatch{batch: b, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if done || err != nil {
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // importBatch is one batch of a history file, checked on its own.
