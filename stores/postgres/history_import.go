@@ -112,7 +112,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 				return res, fmt.Errorf("import: %w", err)
 			}
 		}
-		imported, skipped, err := s.importBatch(ctx, b)
+		imported, skipped, err := s.writeBatch(ctx, b)
 		if err != nil {
 			return res, fmt.Errorf("import: %w", err)
 		}
@@ -274,9 +274,9 @@ ORDER BY t.ord`
 const importExistingSQL = `
 SELECT id, tenant_id, stream_type, stream_id, version FROM {{s}}.projector_events WHERE id = ANY($1::uuid[])`
 
-// importBatch writes one batch in one transaction: versions checked
+// writeBatch writes one batch in one transaction: versions checked
 // against the log, the new events copied, the stream heads advanced.
-func (s *Store) importBatch(ctx context.Context, b *importBatch) (imported, skipped int64, err error) {
+func (s *Store) writeBatch(ctx context.Context, b *importBatch) (imported, skipped int64, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return 0, 0, err

@@ -372,3 +372,60 @@ func FuzzHistoryDecoder(f *testing.F) {
 		}
 	})
 }
+
+// TestHistory_ImportRacingAppend puts an append in the gap between the
+// import's version check and its copy: the append's transaction is open,
+// holding version 1 of the stream, when the import reads the stream at
+// version 0 and copies its version 1. Exactly one wins: the append
+// commits, the import fails with a concurrency error and writes nothing of
+// its batch; run again, it names the line that no longer fits.
+func TestHistory_ImportRacingAppend(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	s := projector.TenantStream("acme", "ticket", "a")
+	tx, err := f.store.Pool().Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(f.ctx)
+	if _, err := f.store.Append(f.ctx, tx, s, projector.NoStream, testevents.TicketOpened{Title: "appended"}); err != nil {
+		t.Fatal(err)
+	}
+	file := historyFile(eventLine("b", 1, "ticket.opened", `{"title":"b"}`), eventLine("a", 1, "ticket.opened", `{"title":"imported"}`))
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.store.Import(f.ctx, strings.NewReader(file), postgres.ImportOptions{})
+		done <- err
+	}()
+	// The import is in the gap once its COPY waits on the appender's row.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var waiting bool
+		err := f.store.Pool().QueryRow(f.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query ILIKE 'copy %' AND strpos(query, $1) > 0)`, f.store.Schema()).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the import's COPY never waited on the append's row")
+		}
+		time.Sleep(2 * time.Millisecond) // polling with a deadline
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if !errors.Is(err, projector.ErrConcurrency) {
+		t.Fatalf("import beside a racing append: %v, want a concurrency error", err)
+	}
+	if got := countEvents(t, f); got != 1 {
+		t.Fatalf("%d events in the log, want only the append's", got)
+	}
+	_, err = f.store.Import(f.ctx, strings.NewReader(file), postgres.ImportOptions{})
+	var le *postgres.HistoryLineError
+	if !errors.As(err, &le) || le.Line != 3 {
+		t.Fatalf("import again: %v, want line 3 (version 1 of a is another event)", err)
+	}
+}
