@@ -16,10 +16,10 @@ import (
 // exportCmd is `events export`: the log as a history file.
 func (a *App) exportCmd() *cobra.Command {
 	var opts postgres.ExportOptions
-	var from, to, output string
+	var from, to, after, output string
 	var redact []string
 	cmd := &cobra.Command{
-		Use:   "export [--stream-type T ...] [--tenant T] [--from TIME] [--to TIME] [--redact FIELD.PATH ...] [-o FILE]",
+		Use:   "export [--stream-type T ...] [--tenant T] [--from TIME] [--to TIME] [--after POSITION] [--redact FIELD.PATH ...] [-o FILE]",
 		Short: "Write the event log, or part of it, as a history file (JSON Lines)",
 		Long: `export writes events in log order as a history file: a header line, then one
 JSON object per event with its stream, version, type, schema version, id, recording
@@ -32,7 +32,8 @@ newest event is still open, it waits for it to end first.
 
 --stream-type and --tenant keep the events of those stream types and that tenant;
 --from and --to (RFC 3339 times) keep events recorded at or after --from and before
---to. --redact replaces a payload field, in every event that has it, with an empty
+--to. --after starts after a log position: the one an earlier export printed, so a
+series of exports holds every event once. --redact replaces a payload field, in every event that has it, with an empty
 value of its kind ("" for a string, 0 for a number): dot-separated field names, such
 as customer.email, applied to each element of an array on the way. Without -o (or
 with -o -) the file goes to standard output and the summary to standard error.`,
@@ -44,6 +45,11 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 			}
 			if opts.To, err = parseTimeFlag("--to", to); err != nil {
 				return err
+			}
+			if after != "" {
+				if opts.After, err = projector.ParsePosition(after); err != nil {
+					return usageError{fmt.Errorf("--after: %w (the position an earlier export printed)", err)}
+				}
 			}
 			if !opts.From.IsZero() && !opts.To.IsZero() && !opts.From.Before(opts.To) {
 				return usageError{fmt.Errorf("--from %s is not before --to %s", from, to)}
@@ -88,6 +94,7 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 	cmd.Flags().StringVar(&opts.Tenant, "tenant", "", "only this tenant's events")
 	cmd.Flags().StringVar(&from, "from", "", "only events recorded at or after this time (RFC 3339)")
 	cmd.Flags().StringVar(&to, "to", "", "only events recorded before this time (RFC 3339)")
+	cmd.Flags().StringVar(&after, "after", "", "only events after this log position (txid/seq), the one an earlier export printed")
 	cmd.Flags().StringArrayVar(&redact, "redact", nil, "replace this payload field (dot path, e.g. customer.email) with an empty value (repeatable)")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the file here (default, or -: standard output)")
 	return cmd

@@ -67,6 +67,7 @@ func TestEventsExportImport(t *testing.T) {
 		{"export", "--from", "2026-02-01T00:00:00Z", "--to", "2026-01-01T00:00:00Z"},
 		{"export", "--redact", "a..b"},
 		{"export", "--tenant", "a\x00b"},
+		{"export", "--after", "12"},
 	} {
 		if r := runEvents(t, writer.Registry, schema, args...); r.code != ExitUsage {
 			t.Errorf("events %q: exit %d, want %d\n%s", args, r.code, ExitUsage, r.errOut.String())

@@ -25,6 +25,9 @@ type ExportOptions struct {
 	// From and To, when set, keep events recorded at or after From and
 	// before To.
 	From, To time.Time
+	// After, when set, starts after this log position: the Horizon of an
+	// earlier export, so a series of exports holds every event once.
+	After projector.Position
 	// Redact, when set, rewrites each event before it is written: the
 	// anonymisation hook ([RedactFields] builds one from field paths).
 	Redact Redactor
@@ -104,7 +107,7 @@ func (s *Store) Export(ctx context.Context, w io.Writer, opts ExportOptions) (Ex
 	res := ExportResult{Horizon: projector.Horizon(xmin)}
 	enc := NewHistoryEncoder(w)
 	sql := strings.ReplaceAll(exportSQL, "{{s}}", quoteIdent(s.schema))
-	var after projector.Position
+	after := opts.After
 	for {
 		rows, err := s.pool.Query(ctx, sql, after.TxID, after.Seq, xmin, page, nilIfEmpty(opts.StreamTypes), tenant, from, to)
 		if err != nil {

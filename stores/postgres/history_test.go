@@ -330,6 +330,15 @@ func TestHistory_ExportFiltersAndRedacts(t *testing.T) {
 	if h.Stream.ID != "a" || string(h.Payload) != `{"customer":"","title":"x"}` {
 		t.Fatalf("exported %+v (payload %s), want stream a with the customer redacted", h, h.Payload)
 	}
+	// A second export after the first one's horizon holds only what
+	// committed since: the open transaction's event, once it commits.
+	if err := open.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var next bytes.Buffer
+	if res, err = f.store.Export(f.ctx, &next, postgres.ExportOptions{After: res.Horizon}); err != nil || res.Events != 1 || !strings.Contains(next.String(), `"late"`) {
+		t.Fatalf("export after the first one: %+v, %v:\n%s", res, err, next.String())
+	}
 	var none bytes.Buffer
 	if res, err = f.store.Export(f.ctx, &none, postgres.ExportOptions{From: time.Now().Add(time.Hour)}); err != nil || res.Events != 0 {
 		t.Fatalf("export from the future: %+v, %v", res, err)
