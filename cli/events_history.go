@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -130,8 +129,9 @@ same id at the same stream and version) and continues; it never writes an event
 twice. Imported events get log positions after everything committed before them,
 and consumers process them like appended ones.
 
-Inline projections are not applied: an application with inline projections must
-pass --without-inline and rebuild them afterwards (` + "`rebuild`" + `).`,
+The application's inline projections are applied to each batch, as appends apply
+them; --without-inline skips them (faster), and they must then be rebuilt
+(` + "`rebuild`" + `) before their read models hold the imported events.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.BatchSize < 1 || opts.BatchSize > postgres.MaxImportBatchSize {
@@ -156,9 +156,6 @@ pass --without-inline and rebuild them afterwards (` + "`rebuild`" + `).`,
 					}
 				}
 				res, err := store.Import(cmd.Context(), in, opts)
-				if errors.Is(err, postgres.ErrImportInline) {
-					return usageError{err}
-				}
 				if err != nil {
 					return fmt.Errorf("%w (%d events imported before it, in %d committed %s)", err, res.Imported, res.Batches, batches(res.Batches))
 				}
@@ -170,7 +167,7 @@ pass --without-inline and rebuild them afterwards (` + "`rebuild`" + `).`,
 		},
 	}
 	cmd.Flags().IntVar(&opts.BatchSize, "batch-size", postgres.DefaultImportBatchSize, fmt.Sprintf("events per transaction (1 to %d)", postgres.MaxImportBatchSize))
-	cmd.Flags().BoolVar(&opts.WithoutInline, "without-inline", false, "import although the application has inline projections (rebuild them afterwards)")
+	cmd.Flags().BoolVar(&opts.WithoutInline, "without-inline", false, "do not apply the application's inline projections (rebuild them afterwards)")
 	return cmd
 }
 

@@ -24,19 +24,15 @@ const (
 	MaxImportBatchSize     = 1_000_000
 )
 
-// ErrImportInline means the store runs inline projections, which an import
-// does not apply: its events would be in the log and not in their read
-// models. Set [ImportOptions.WithoutInline] and rebuild the inline
-// projections afterwards (`projector rebuild`).
-var ErrImportInline = errors.New("projector: import does not run inline projections")
-
 // ImportOptions configures [Store.Import].
 type ImportOptions struct {
 	// BatchSize is the number of events written per transaction; default
 	// [DefaultImportBatchSize], at most [MaxImportBatchSize].
 	BatchSize int
-	// WithoutInline imports although the store has inline projections,
-	// which the import does not apply (rebuild them afterwards).
+	// WithoutInline skips the store's inline projections, which an import
+	// otherwise applies to each batch as an append would: faster, but
+	// their read models then miss the imported events until they are
+	// rebuilt.
 	WithoutInline bool
 	// Progress, when set, is called after each committed batch.
 	Progress func(ImportResult)
@@ -81,14 +77,14 @@ var importColumns = []string{"id", "tenant_id", "stream_type", "stream_id", "ver
 // already in the log, with the same id at the same stream and version, is
 // skipped (ImportResult.Skipped); a different event there is an error.
 //
-// Inline projections are not applied ([ErrImportInline]).
+// The store's inline projections are applied to each batch inside its
+// transaction, one stream's run of events at a time scoped to its tenant,
+// as appends apply them, unless opts.WithoutInline; a failing one fails the
+// batch, with the line of the run's first event.
 func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (ImportResult, error) {
 	size := cmp.Or(opts.BatchSize, DefaultImportBatchSize)
 	if size < 1 || size > MaxImportBatchSize {
 		return ImportResult{}, fmt.Errorf("import: batch size %d: want 1 to %d", size, MaxImportBatchSize)
-	}
-	if len(s.inline) > 0 && !opts.WithoutInline {
-		return ImportResult{}, fmt.Errorf("%w: this store runs %d inline projection(s); import with WithoutInline (--without-inline) and rebuild them afterwards", ErrImportInline, len(s.inline))
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the reader when a batch fails
@@ -112,7 +108,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 				return res, fmt.Errorf("import: %w", err)
 			}
 		}
-		imported, skipped, err := s.writeBatch(ctx, b)
+		imported, skipped, err := s.writeBatch(ctx, b, !opts.WithoutInline)
 		if err != nil {
 			return res, fmt.Errorf("import: %w", err)
 		}
@@ -165,7 +161,11 @@ func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size int) 
 type importBatch struct {
 	events []HistoryEvent
 	lines  []int
-	ids    map[uuid.UUID]int // id → line
+	// payloads and data are the events' payloads decoded and upcast by
+	// the registry, for inline projections.
+	payloads []any
+	data     [][]byte
+	ids      map[uuid.UUID]int // id → line
 	// last is each stream's last version in the batch so far.
 	last map[projector.StreamRef]int64
 }
@@ -173,7 +173,7 @@ type importBatch struct {
 // read fills the batch with up to size events and checks what can be
 // checked without the database; done reports the end of the file.
 func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size int) (done bool, err error) {
-	b.events, b.lines = b.events[:0], b.lines[:0]
+	b.events, b.lines, b.payloads, b.data = b.events[:0], b.lines[:0], b.payloads[:0], b.data[:0]
 	clear(b.ids)
 	clear(b.last)
 	if b.ids == nil {
@@ -190,7 +190,7 @@ func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size in
 		}
 		line := dec.Line()
 		fail := func(err error) (bool, error) { return false, &HistoryLineError{Line: line, Err: err} }
-		payload, _, err := reg.Decode(h.Type, h.SchemaVersion, h.Payload)
+		payload, data, err := reg.Decode(h.Type, h.SchemaVersion, h.Payload)
 		if err == nil {
 			err = validatePayload(payload)
 		}
@@ -211,6 +211,8 @@ func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size in
 		}
 		b.events = append(b.events, h)
 		b.lines = append(b.lines, line)
+		b.payloads = append(b.payloads, payload)
+		b.data = append(b.data, data)
 	}
 	return false, nil
 }
@@ -276,7 +278,7 @@ SELECT id, tenant_id, stream_type, stream_id, version FROM {{s}}.projector_event
 
 // writeBatch writes one batch in one transaction: versions checked
 // against the log, the new events copied, the stream heads advanced.
-func (s *Store) writeBatch(ctx context.Context, b *importBatch) (imported, skipped int64, err error) {
+func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (imported, skipped int64, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return 0, 0, err
@@ -337,6 +339,11 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch) (imported, skipp
 	if err := s.advanceImportedHeads(ctx, tx, heads); err != nil {
 		return 0, 0, err
 	}
+	if inline && len(s.inline) > 0 {
+		if err := s.applyInlineImported(ctx, tx, b, keep); err != nil {
+			return 0, 0, err
+		}
+	}
 	var txID uint64
 	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()`).Scan(&txID); err != nil {
 		return 0, 0, err
@@ -346,6 +353,56 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch) (imported, skipp
 	}
 	s.appended(txID)
 	return int64(len(keep)), int64(len(seen)), nil
+}
+
+// applyInlineImported applies the store's inline projections to the
+// batch's new events, as appends would have: each stream's run of
+// consecutive events in one call, with their log positions (read back from
+// this transaction's rows) and decoded payloads, scoped to the stream's
+// tenant.
+func (s *Store) applyInlineImported(ctx context.Context, tx pgx.Tx, b *importBatch, keep []int) error {
+	rows, err := tx.Query(ctx, s.sqlFor(`SELECT id, tx_id, seq FROM {{s}}.projector_events WHERE tx_id = pg_current_xact_id()`))
+	if err != nil {
+		return fmt.Errorf("read imported positions: %w", err)
+	}
+	positions := make(map[uuid.UUID]projector.Position, len(keep))
+	var id [16]byte
+	var pos projector.Position
+	if _, err := pgx.ForEachRow(rows, []any{&id, &pos.TxID, &pos.Seq}, func() error {
+		positions[id] = pos
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read imported positions: %w", err)
+	}
+	info := map[string]int{}
+	for start := 0; start < len(keep); {
+		end := start + 1
+		for end < len(keep) && b.events[keep[end]].Stream == b.events[keep[start]].Stream {
+			end++
+		}
+		run := make([]projector.Event, 0, end-start)
+		for _, k := range keep[start:end] {
+			ev := b.events[k].Event()
+			ev.Position, ev.Payload, ev.Data = positions[ev.ID], b.payloads[k], b.data[k]
+			v, ok := info[ev.Type]
+			if !ok {
+				t, _ := s.registry.Lookup(ev.Type)
+				v, info[ev.Type] = t.SchemaVersion, t.SchemaVersion
+			}
+			ev.SchemaVersion = v
+			run = append(run, ev)
+		}
+		if err := s.ScopeTx(ctx, tx, run[0].Stream.Tenant); err != nil {
+			return err
+		}
+		for _, p := range s.inline {
+			if err := p.ApplyInline(ctx, tx, run); err != nil {
+				return &HistoryLineError{Line: b.lines[keep[start]], Err: fmt.Errorf("inline projection %q: %w", p.Name(), err)}
+			}
+		}
+		start = end
+	}
+	return s.ScopeTx(ctx, tx, projector.SystemTenant)
 }
 
 // importRows feeds COPY the kept events of the batch, in file order.
