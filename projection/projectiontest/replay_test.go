@@ -122,12 +122,9 @@ func TestReplay_CatchesChangedRows(t *testing.T) {
 	if res.Events != 100_000 || res.Rows != 1000 {
 		t.Fatalf("recorded %d rows from %d events, want 1000 from 100000", res.Rows, res.Events)
 	}
-	// The same version replays to the same model.
-	if res := projectiontest.ReplayTest(t, history, ticketModel(t, ty, table, 1), cfg); len(res.Differences) != 0 {
-		t.Fatalf("the unchanged projection differs: %v", res.Differences)
-	}
-
-	// The changed version is caught, with exactly the three rows it alters.
+	// The changed version is caught, with exactly the three rows it alters
+	// (and so none of the 997 it leaves alone: the replay itself adds no
+	// difference).
 	var changed projectiontest.ReplayResult
 	msg := run(t, func(ft testing.TB) {
 		changed = projectiontest.ReplayTest(ft, history, ticketModel(t, ty, table, 2), cfg)
