@@ -21,8 +21,8 @@ import (
 )
 
 func (a *App) eventsCmd() *cobra.Command {
-	root := group("events", "Work on the event log: prune old ephemeral events, follow new ones")
-	root.AddCommand(a.pruneCmd(), a.tailCmd())
+	root := group("events", "Work on the event log: prune old ephemeral events, follow new ones, export and import history")
+	root.AddCommand(a.pruneCmd(), a.tailCmd(), a.exportCmd(), a.importCmd()) // export, import: events_history.go
 	return root
 }
 

@@ -1,0 +1,565 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/projectorhq/projector"
+)
+
+// Import batch sizes: the default and the most [ImportOptions.BatchSize]
+// may ask (a batch is held in memory while it is checked and copied).
+const (
+	DefaultImportBatchSize = 10_000
+	MaxImportBatchSize     = 1_000_000
+)
+
+// ImportOptions configures [Store.Import].
+type ImportOptions struct {
+	// BatchSize is the number of events written per transaction; default
+	// [DefaultImportBatchSize], at most [MaxImportBatchSize].
+	BatchSize int
+	// WithoutInline skips the store's inline projections, which an import
+	// otherwise applies to each batch as an append would: faster, but
+	// their read models then miss the imported events until they are
+	// rebuilt.
+	WithoutInline bool
+	// Progress, when set, is called after each committed batch.
+	Progress func(ImportResult)
+}
+
+// ImportResult is what an import did.
+type ImportResult struct {
+	// Lines counts the events read.
+	Lines int64
+	// Imported counts the events written; Skipped the events the log
+	// already held (the same id at the same stream and version: an import
+	// run again after it was interrupted).
+	Imported, Skipped int64
+	// Batches counts the committed transactions that wrote events.
+	Batches int
+}
+
+// importColumns are the columns an import writes; tx_id and seq take their
+// defaults, as on append, which is what puts imported events in the log's
+// order after everything committed before them.
+var importColumns = []string{"id", "tenant_id", "stream_type", "stream_id", "version", "type",
+	"schema_version", "data", "correlation_id", "causation_id", "actor", "headers", "recorded_at"}
+
+// Import reads a history file (see [HistoryEvent]) and appends its events
+// to the log with PostgreSQL's COPY, in batches of opts.BatchSize events,
+// one transaction each. Each event is checked before anything of its batch
+// is sent: the format, its type defined in the registry and its payload
+// decodable at its schema version (upcasters run, payloads that implement
+// [projector.Validator] are validated), its id not repeated, and its
+// stream's versions contiguous, continuing the version the stream has in the
+// log. A bad event fails the import with a [*HistoryLineError] naming its
+// line; nothing of its batch is written, the batches before it stay.
+//
+// Imported events keep their ids, versions, payloads, metadata and
+// recording times; they get log positions of the import's transactions, in
+// the file's order. A consumer reads them exactly once, like appended ones,
+// and the per-stream order rule of appends holds: a batch that finds a
+// stream advanced by a younger transaction fails with a
+// [*projector.ConcurrencyError], and nothing of it is written.
+//
+// Running an import again after it was interrupted continues it: an event
+// already in the log, with the same id at the same stream and version, is
+// skipped (ImportResult.Skipped); a different event there is an error.
+//
+// The store's inline projections are applied to each batch inside its
+// transaction, one stream's run of events at a time scoped to its tenant,
+// as appends apply them, unless opts.WithoutInline; a failing one fails the
+// batch, with the line of the run's first event.
+func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (ImportResult, error) {
+	size := cmp.Or(opts.BatchSize, DefaultImportBatchSize)
+	if size < 1 || size > MaxImportBatchSize {
+		return ImportResult{}, fmt.Errorf("import: batch size %d: want 1 to %d", size, MaxImportBatchSize)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the reader when a batch fails
+	dec := NewHistoryDecoder(r)
+	if _, err := dec.Header(); err != nil {
+		return ImportResult{}, fmt.Errorf("import: %w", err)
+	}
+	var res ImportResult
+	batches := s.readBatches(ctx, dec, size)
+	for rb := range batches {
+		b := rb.batch
+		res.Lines += int64(len(b.events))
+		if rb.err != nil {
+			return res, fmt.Errorf("import: %w", rb.err)
+		}
+		if len(b.events) == 0 {
+			continue
+		}
+		if !opts.WithoutInline {
+			if err := s.checkInline(ctx, b.types()); err != nil {
+				return res, fmt.Errorf("import: %w", err)
+			}
+		}
+		imported, skipped, err := s.writeBatch(ctx, b, !opts.WithoutInline)
+		if err != nil {
+			return res, fmt.Errorf("import: %w", err)
+		}
+		res.Imported += imported
+		res.Skipped += skipped
+		if imported > 0 {
+			res.Batches++
+		}
+		if opts.Progress != nil {
+			opts.Progress(res)
+		}
+	}
+	return res, ctx.Err()
+}
+
+// readBatch is one batch as read and checked, or the error that stopped
+// the reading.
+type readBatch struct {
+	batch *importBatch
+	err   error
+}
+
+// readBatches reads and checks batches in a goroutine of its own, one
+// ahead of the batch being written: decoding JSON and payloads takes about
+// as long as copying them, and the two overlap instead of adding up. The
+// channel closes after the last batch, after an error, or once ctx ends
+// (the caller's deferred cancel on return); a read blocked on r returns
+// when r does.
+func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size int) <-chan readBatch {
+	out := make(chan readBatch, 1)
+	go func() {
+		defer close(out)
+		for {
+			b := &importBatch{}
+			done, err := b.read(dec, s.registry, size)
+			select {
+			case out <- readBatch{batch: b, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if done || err != nil {
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// importBatch is one batch of a history file, checked on its own.
+type importBatch struct {
+	events []HistoryEvent
+	lines  []int
+	// payloads and data are the events' payloads decoded and upcast by
+	// the registry, for inline projections.
+	payloads []any
+	data     [][]byte
+	ids      map[uuid.UUID]int // id → line
+	// last is each stream's last version in the batch so far.
+	last map[projector.StreamRef]int64
+}
+
+// read fills the batch with up to size events and checks what can be
+// checked without the database; done reports the end of the file.
+func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size int) (done bool, err error) {
+	b.events, b.lines, b.payloads, b.data = b.events[:0], b.lines[:0], b.payloads[:0], b.data[:0]
+	clear(b.ids)
+	clear(b.last)
+	if b.ids == nil {
+		b.ids, b.last = map[uuid.UUID]int{}, map[projector.StreamRef]int64{}
+	}
+	for len(b.events) < size {
+		var h HistoryEvent
+		err := dec.Next(&h)
+		if errors.Is(err, io.EOF) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		line := dec.Line()
+		fail := func(err error) (bool, error) { return false, &HistoryLineError{Line: line, Err: err} }
+		payload, data, err := reg.Decode(h.Type, h.SchemaVersion, h.Payload)
+		if err == nil {
+			err = validatePayload(payload)
+		}
+		if err != nil {
+			return fail(fmt.Errorf("event %s: %w", h.ID, err))
+		}
+		if prev, dup := b.ids[h.ID]; dup {
+			return fail(fmt.Errorf("%w: event id %s repeats line %d", ErrInvalidHistory, h.ID, prev))
+		}
+		b.ids[h.ID] = line
+		ref := h.Stream.Ref()
+		if last, seen := b.last[ref]; seen && h.Version != last+1 {
+			return fail(fmt.Errorf("%w: stream %s version %d follows version %d (want %d)", ErrInvalidHistory, ref, h.Version, last, last+1))
+		}
+		b.last[ref] = h.Version
+		if h.Metadata.CorrelationID == uuid.Nil {
+			h.Metadata.CorrelationID = h.ID
+		}
+		b.events = append(b.events, h)
+		b.lines = append(b.lines, line)
+		b.payloads = append(b.payloads, payload)
+		b.data = append(b.data, data)
+	}
+	return false, nil
+}
+
+// validatePayload runs a decoded payload's Validate, as an append runs it
+// on the payload it is given (on the value or, when only the pointer has
+// the method, on a pointer to it).
+func validatePayload(payload any) error {
+	v, ok := payload.(projector.Validator)
+	if !ok {
+		p := reflect.New(reflect.TypeOf(payload))
+		p.Elem().Set(reflect.ValueOf(payload))
+		v, ok = p.Interface().(projector.Validator)
+	}
+	if !ok {
+		return nil
+	}
+	if err := v.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", projector.ErrInvalidPayload, err)
+	}
+	return nil
+}
+
+func (b *importBatch) types() []string {
+	var out []string
+	for i := range b.events {
+		if !slices.Contains(out, b.events[i].Type) {
+			out = append(out, b.events[i].Type)
+		}
+	}
+	return out
+}
+
+// streams returns the batch's streams and, for each, the first version the
+// batch holds.
+func (b *importBatch) streams() ([]projector.StreamRef, map[projector.StreamRef]int64) {
+	first := make(map[projector.StreamRef]int64, len(b.last))
+	refs := make([]projector.StreamRef, 0, len(b.last))
+	for i := range b.events {
+		ref := b.events[i].Stream.Ref()
+		if _, ok := first[ref]; !ok {
+			first[ref] = b.events[i].Version
+			refs = append(refs, ref)
+		}
+	}
+	return refs, first
+}
+
+// importStreamVersionsSQL reads each stream's version from the log itself,
+// through the (stream, version) unique index: the log is the truth the
+// import continues, whatever keeps stream heads.
+const importStreamVersionsSQL = `
+SELECT coalesce((SELECT max(e.version) FROM {{s}}.projector_events e
+	WHERE e.tenant_id = t.tenant AND e.stream_type = t.stream_type AND e.stream_id = t.stream_id), 0)
+FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(tenant, stream_type, stream_id, ord)
+ORDER BY t.ord`
+
+// importExistingSQL looks up events by id, to tell an event imported
+// before (a resumed import) from a different one, and to name the line of
+// an id the log already holds.
+const importExistingSQL = `
+SELECT id, tenant_id, stream_type, stream_id, version FROM {{s}}.projector_events WHERE id = ANY($1::uuid[])`
+
+// writeBatch writes one batch in one transaction: versions checked
+// against the log, the new events copied, the stream heads advanced.
+func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (imported, skipped int64, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	refs, first := b.streams()
+	tenants, types, ids := make([]string, len(refs)), make([]string, len(refs)), make([]string, len(refs))
+	for i, r := range refs {
+		tenants[i], types[i], ids[i] = r.Tenant, r.Type, r.ID
+	}
+	versions, err := pgxCollect[int64](tx.Query(ctx, s.sqlFor(importStreamVersionsSQL), tenants, types, ids))
+	if err != nil {
+		return 0, 0, fmt.Errorf("read stream versions: %w", err)
+	}
+	current := make(map[projector.StreamRef]int64, len(refs))
+	for i, r := range refs {
+		current[r] = versions[i]
+		if first[r] > versions[i]+1 {
+			line := b.lines[slices.IndexFunc(b.events, func(h HistoryEvent) bool { return h.Stream.Ref() == r })]
+			return 0, 0, &HistoryLineError{Line: line, Err: fmt.Errorf("%w: stream %s is at version %d in the log; version %d would leave a gap",
+				ErrInvalidHistory, r, versions[i], first[r])}
+		}
+	}
+	// Events at or below their stream's version are already in the log:
+	// they must be these very events (an import run again), to skip.
+	var seen []HistoryEvent
+	var seenLines []int
+	keep := make([]int, 0, len(b.events))
+	for i := range b.events {
+		if b.events[i].Version <= current[b.events[i].Stream.Ref()] {
+			seen, seenLines = append(seen, b.events[i]), append(seenLines, b.lines[i])
+			continue
+		}
+		keep = append(keep, i)
+	}
+	if len(seen) > 0 {
+		if err := s.checkImported(ctx, tx, seen, seenLines); err != nil {
+			return 0, 0, err
+		}
+	}
+	if len(keep) == 0 {
+		return 0, int64(len(seen)), nil
+	}
+	n, err := tx.CopyFrom(ctx, pgx.Identifier{s.schema, "projector_events"}, importColumns, pgx.CopyFromFunc(s.importRows(b, keep)))
+	if err != nil {
+		return 0, 0, s.importCopyError(ctx, b, keep, err)
+	}
+	if n != int64(len(keep)) {
+		return 0, 0, fmt.Errorf("copied %d of %d events", n, len(keep))
+	}
+	var heads []streamAdvance
+	for _, r := range refs {
+		if last := b.last[r]; last > current[r] {
+			heads = append(heads, streamAdvance{stream: r, from: current[r], to: last})
+		}
+	}
+	if err := s.advanceImportedHeads(ctx, tx, heads); err != nil {
+		return 0, 0, err
+	}
+	if inline && len(s.inline) > 0 {
+		if err := s.applyInlineImported(ctx, tx, b, keep); err != nil {
+			return 0, 0, err
+		}
+	}
+	var txID uint64
+	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()`).Scan(&txID); err != nil {
+		return 0, 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, 0, fmt.Errorf("commit: %w", err)
+	}
+	s.appended(txID)
+	return int64(len(keep)), int64(len(seen)), nil
+}
+
+// applyInlineImported applies the store's inline projections to the
+// batch's new events, as appends would have: each stream's run of
+// consecutive events in one call, with their log positions (read back from
+// this transaction's rows) and decoded payloads, scoped to the stream's
+// tenant.
+func (s *Store) applyInlineImported(ctx context.Context, tx pgx.Tx, b *importBatch, keep []int) error {
+	rows, err := tx.Query(ctx, s.sqlFor(`SELECT id, tx_id, seq FROM {{s}}.projector_events WHERE tx_id = pg_current_xact_id()`))
+	if err != nil {
+		return fmt.Errorf("read imported positions: %w", err)
+	}
+	positions := make(map[uuid.UUID]projector.Position, len(keep))
+	var id [16]byte
+	var pos projector.Position
+	if _, err := pgx.ForEachRow(rows, []any{&id, &pos.TxID, &pos.Seq}, func() error {
+		positions[id] = pos
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read imported positions: %w", err)
+	}
+	info := map[string]int{}
+	for start := 0; start < len(keep); {
+		end := start + 1
+		for end < len(keep) && b.events[keep[end]].Stream == b.events[keep[start]].Stream {
+			end++
+		}
+		run := make([]projector.Event, 0, end-start)
+		for _, k := range keep[start:end] {
+			ev := b.events[k].Event()
+			ev.Position, ev.Payload, ev.Data = positions[ev.ID], b.payloads[k], b.data[k]
+			v, ok := info[ev.Type]
+			if !ok {
+				t, _ := s.registry.Lookup(ev.Type)
+				v, info[ev.Type] = t.SchemaVersion, t.SchemaVersion
+			}
+			ev.SchemaVersion = v
+			run = append(run, ev)
+		}
+		if err := s.ScopeTx(ctx, tx, run[0].Stream.Tenant); err != nil {
+			return err
+		}
+		for _, p := range s.inline {
+			if err := p.ApplyInline(ctx, tx, run); err != nil {
+				return &HistoryLineError{Line: b.lines[keep[start]], Err: fmt.Errorf("inline projection %q: %w", p.Name(), err)}
+			}
+		}
+		start = end
+	}
+	return s.ScopeTx(ctx, tx, projector.SystemTenant)
+}
+
+// importRows feeds COPY the kept events of the batch, in file order.
+func (s *Store) importRows(b *importBatch, keep []int) func() ([]any, error) {
+	i := 0
+	row := make([]any, len(importColumns))
+	return func() ([]any, error) {
+		if i == len(keep) {
+			return nil, nil
+		}
+		h := &b.events[keep[i]]
+		i++
+		var causation *[16]byte
+		if h.Metadata.CausationID != uuid.Nil {
+			c := [16]byte(h.Metadata.CausationID)
+			causation = &c
+		}
+		var headers any // nil: NULL, as an append stores no headers
+		if len(h.Metadata.Headers) > 0 {
+			headers = h.Metadata.Headers
+		}
+		row[0], row[1], row[2], row[3] = [16]byte(h.ID), h.Stream.Tenant, h.Stream.Type, h.Stream.ID
+		row[4], row[5], row[6], row[7] = h.Version, h.Type, int32(h.SchemaVersion), h.Payload
+		row[8], row[9], row[10], row[11], row[12] = [16]byte(h.Metadata.CorrelationID), causation, h.Metadata.Actor, headers, h.RecordedAt
+		return row, nil
+	}
+}
+
+// checkImported checks that events at versions their streams already have
+// are the very events the log holds there.
+func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, seen []HistoryEvent, lines []int) error {
+	type stored struct {
+		stream  projector.StreamRef
+		version int64
+	}
+	ids := make([][16]byte, len(seen))
+	for i := range seen {
+		ids[i] = seen[i].ID
+	}
+	rows, err := tx.Query(ctx, s.sqlFor(importExistingSQL), ids)
+	if err != nil {
+		return fmt.Errorf("look up imported events: %w", err)
+	}
+	have := map[uuid.UUID]stored{}
+	var id [16]byte
+	var st stored
+	_, err = pgx.ForEachRow(rows, []any{&id, &st.stream.Tenant, &st.stream.Type, &st.stream.ID, &st.version}, func() error {
+		have[id] = st
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("look up imported events: %w", err)
+	}
+	for i, h := range seen {
+		if got, ok := have[h.ID]; !ok || got.stream != h.Stream.Ref() || got.version != h.Version {
+			return &HistoryLineError{Line: lines[i], Err: fmt.Errorf("%w: stream %s already has version %d, and it is not event %s",
+				ErrInvalidHistory, h.Stream.Ref(), h.Version, h.ID)}
+		}
+	}
+	return nil
+}
+
+// importCopyError says which line a failed COPY tripped on where it can:
+// an id the log already holds elsewhere is found by looking the batch's ids
+// up, after the failed transaction is gone.
+func (s *Store) importCopyError(ctx context.Context, b *importBatch, keep []int, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		return fmt.Errorf("copy events: %w", err)
+	}
+	if !strings.Contains(pgErr.ConstraintName, "_id_key") && !strings.HasSuffix(pgErr.ConstraintName, "_pkey") {
+		// The (stream, version) key: another writer appended to a stream
+		// between the version check and the copy.
+		return fmt.Errorf("%w (%s)", &projector.ConcurrencyError{Actual: -1, Reason: "a stream was appended to during the import: " + pgErr.Message}, pgErr.Code)
+	}
+	ids := make([][16]byte, len(keep))
+	for i, k := range keep {
+		ids[i] = b.events[k].ID
+	}
+	var found [16]byte
+	qerr := s.pool.QueryRow(ctx, s.sqlFor(`SELECT id FROM {{s}}.projector_events WHERE id = ANY($1::uuid[]) LIMIT 1`), ids).Scan(&found)
+	if qerr == nil {
+		for _, k := range keep {
+			if b.events[k].ID == found {
+				return &HistoryLineError{Line: b.lines[k], Err: fmt.Errorf("%w: event id %s is already in the log, in another stream or version", ErrInvalidHistory, uuid.UUID(found))}
+			}
+		}
+	}
+	return fmt.Errorf("copy events: %w", err)
+}
+
+// streamAdvance is one stream an import batch moved from version from to
+// version to.
+type streamAdvance struct {
+	stream   projector.StreamRef
+	from, to int64
+}
+
+// advanceImportedHeadsSQL is the import's stream-head bookkeeping, the
+// same rules as an append's head write, for many streams at once: a stream
+// is created (from version 0) or advanced only from the version the import
+// found it at, and only by a transaction no older than the one that last
+// appended to it (promise 4), so imported and appended events keep version
+// order equal to log order. It returns the number of heads written; fewer
+// than asked means another writer got there first.
+const advanceImportedHeadsSQL = `
+WITH t AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
+		AS t(tenant, stream_type, stream_id, version_from, version_to)
+), advanced AS (
+	UPDATE {{s}}.projector_streams AS s
+	SET version = t.version_to, last_tx_id = pg_current_xact_id(), updated_at = now()
+	FROM t
+	WHERE t.version_from > 0 AND s.tenant_id = t.tenant AND s.stream_type = t.stream_type AND s.stream_id = t.stream_id
+	  AND s.version = t.version_from AND s.last_tx_id <= pg_current_xact_id()
+	RETURNING 1
+), created AS (
+	INSERT INTO {{s}}.projector_streams (tenant_id, stream_type, stream_id, version, last_tx_id)
+	SELECT t.tenant, t.stream_type, t.stream_id, t.version_to, pg_current_xact_id()
+	FROM t WHERE t.version_from = 0
+	ORDER BY t.tenant, t.stream_type, t.stream_id
+	ON CONFLICT (tenant_id, stream_type, stream_id) DO NOTHING
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM advanced) + (SELECT count(*) FROM created)`
+
+// advanceImportedHeads moves the stream heads of one import batch: the one
+// place the import knows how stream heads are kept. A head the append's
+// rules refuse fails the batch with a concurrency error.
+func (s *Store) advanceImportedHeads(ctx context.Context, tx pgx.Tx, heads []streamAdvance) error {
+	n := len(heads)
+	tenants, types, ids := make([]string, n), make([]string, n), make([]string, n)
+	from, to := make([]int64, n), make([]int64, n)
+	for i, h := range heads {
+		tenants[i], types[i], ids[i], from[i], to[i] = h.stream.Tenant, h.stream.Type, h.stream.ID, h.from, h.to
+	}
+	var written int64
+	err := tx.QueryRow(ctx, s.sqlFor(advanceImportedHeadsSQL), tenants, types, ids, from, to).Scan(&written)
+	if err != nil {
+		return fmt.Errorf("advance stream heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
+	}
+	if written != int64(n) {
+		return &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
+			Reason: fmt.Sprintf("%d of %d streams were appended to during the import, or by a younger transaction; run the import again", int64(n)-written, n)}
+	}
+	return nil
+}
+
+// sqlFor fills the schema into an import or export statement.
+func (s *Store) sqlFor(sql string) string {
+	return strings.ReplaceAll(sql, "{{s}}", quoteIdent(s.schema))
+}
+
+// pgxCollect collects a query's single column.
+func pgxCollect[T any](rows pgx.Rows, err error) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[T])
+}
