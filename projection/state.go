@@ -177,7 +177,7 @@ const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.sta
 // the consumer (the one of the rebuilt version takes it): its reserved
 // instance id is no process's.
 func dispatcherColumns(instances string) string {
-	anyOf := `c.instance_id IN ('` + SharedInstance + `', '` + RebuildInstance + `')`
+	anyOf := `(c.instance_id IN ('` + SharedInstance + `', '` + RebuildInstance + `') OR c.instance_id LIKE '` + PartitionPrefix + `%')`
 	runs := `c.name = ANY(i.consumers) AND (` + anyOf + ` OR i.instance_id = c.instance_id)`
 	return `CASE
 		WHEN EXISTS (SELECT 1 FROM ` + instances + ` i WHERE ` + runs + ` AND i.stopped_at IS NULL
