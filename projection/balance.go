@@ -84,19 +84,6 @@ func (b *balancer) set(p int, own bool) {
 	}
 }
 
-// Owned returns how many partitions this process owns.
-func (b *balancer) count() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for _, o := range b.owned {
-		if o {
-			n++
-		}
-	}
-	return n
-}
-
 type balanceSQL struct {
 	owners, live, claim, release, releaseAll string
 }
