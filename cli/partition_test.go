@@ -22,6 +22,9 @@ func TestConsumerPartitions(t *testing.T) {
 	types := testevents.New()
 	store := pgtest.Store(t, types.Registry)
 	ctx := context.Background()
+	if err := store.CreatePartitionIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
 	p := projection.NewAsync("parts", projection.AsyncConfig{Partitions: 4})
 	if err := projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
 		t.Fatal(err)

@@ -8,9 +8,15 @@
 --
 -- A partition is a hash segment: partition p of N (N a power of two, at
 -- most 64) holds the streams whose hash's top log2(N) bits equal p, so a
--- segment splits into two children and two siblings merge back. The log is
--- indexed by the top six bits (the bucket, 0..63): a partition reads its
--- buckets in log order, merged, and never walks another partition's rows.
+-- segment splits into two children and two siblings merge back. A partition
+-- reads the log through an index on the top six bits (the bucket, 0..63),
+-- its buckets in log order, merged, and never walks another partition's
+-- rows. That index is not created here: it costs every append, so only a
+-- schema with partitioned consumers carries it, created without blocking
+-- appends by stores/postgres Store.CreatePartitionIndex or by an operator:
+--
+--   CREATE INDEX CONCURRENTLY projector_events_partition ON <schema>.projector_events
+--       (<schema>.projector_stream_bucket(tenant_id, stream_type, stream_id), tx_id, seq);
 --
 -- convert_to is only STABLE (a conversion could in principle change); to
 -- UTF8 from a UTF8 database it is the identity, and to UTF8 from any other

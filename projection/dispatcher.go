@@ -427,6 +427,12 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		}
 		return nil
 	}
+	if len(d.balancers) > 0 {
+		// Without the index every partition's read would walk the log.
+		if err := d.store.CheckPartitionIndex(ctx); err != nil {
+			return fmt.Errorf("projection dispatcher: %w", err)
+		}
+	}
 	if err := d.register(ctx); err != nil {
 		return err
 	}

@@ -27,7 +27,7 @@ import (
 // ANALYZE of one full batch read): 1 means it never walks another
 // partition's rows.
 func BenchmarkPartitions(b *testing.B) {
-	e := newEnv(b)
+	e := partitioned(b)
 	events := 20_000
 	if n, err := strconv.Atoi(os.Getenv("PROJECTOR_BENCH_PARTITION_EVENTS")); err == nil && n > 0 {
 		events = n

@@ -12,6 +12,17 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
+// partitioned is newEnv with the log's partition index, which partitioned
+// consumers need (it is opt-in: Store.CreatePartitionIndex).
+func partitioned(t testing.TB) *env {
+	t.Helper()
+	e := newEnv(t)
+	if err := e.store.CreatePartitionIndex(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // partitionShards returns consumer's partition shards from the admin's
 // list, by partition number.
 func (e *env) partitionShards(consumer string) map[int]projection.ShardState {
@@ -54,7 +65,7 @@ func (e *env) owners(consumer string) map[string]int {
 // (and some), and the unpartitioned row is the fence.
 func TestPartitionsApplyEachEventOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := partitioned(t)
 	versions := e.appendMany(4, 3000, 200)
 	p := counting(e.schema, e.types, "parted", projection.AsyncConfig{BatchSize: 50, Partitions: 4})
 	e.dispatcher(projection.Config{Projections: []*projection.Async{p}, InstanceID: "solo"})
@@ -110,7 +121,7 @@ func TestPartitionsApplyEachEventOnce(t *testing.T) {
 // twice: it finds the fence's version and stands aside.
 func TestPromise16_UnpartitionedBinaryFenced(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := partitioned(t)
 	versions := e.appendMany(2, 600, 40)
 	before := counting(e.schema, e.types, "fenced", projection.AsyncConfig{BatchSize: 50})
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{before}, InstanceID: "old-1"})
@@ -145,7 +156,7 @@ func TestPromise16_UnpartitionedBinaryFenced(t *testing.T) {
 // do, not carried out as a silent reshuffle.
 func TestPartitionCountChangeRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := partitioned(t)
 	p := counting(e.schema, e.types, "four", projection.AsyncConfig{Partitions: 4})
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	if err := d.Stop(e.ctx); err != nil {
@@ -166,6 +177,17 @@ func TestPartitionCountChangeRefused(t *testing.T) {
 			t.Errorf("Partitions %d accepted", bad)
 		}
 	}
+	// Without the partition index a partitioned consumer does not start:
+	// every partition's read would walk the whole log.
+	bare := newEnv(t)
+	np := counting(bare.schema, bare.types, "noindex", projection.AsyncConfig{Partitions: 2})
+	dn, err := projection.New(projection.Config{Store: bare.store, Projections: []*projection.Async{np}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dn.Start(e.ctx); !errors.Is(err, postgres.ErrNoPartitionIndex) {
+		t.Fatalf("start without the partition index: %v, want ErrNoPartitionIndex", err)
+	}
 	pi := counting(e.schema, e.types, "perinst", projection.AsyncConfig{Partitions: 2, Delivery: projection.PerInstance})
 	if _, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{pi}}); err == nil {
 		t.Error("partitions with per-instance delivery accepted")
@@ -178,7 +200,7 @@ func TestPartitionCountChangeRefused(t *testing.T) {
 // taken by the others.
 func TestPartitionsBalanceFairly(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := partitioned(t)
 	versions := e.appendMany(2, 1200, 120)
 	start := func(id string) *projection.Dispatcher {
 		p := counting(e.schema, e.types, "fair", projection.AsyncConfig{BatchSize: 20, Partitions: 16})

@@ -46,7 +46,7 @@ func (e *env) workers() map[string]int64 {
 // every process that ran to the end of a phase did work.
 func TestPromise16_PartitionsExactlyOnceAcrossKills(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := partitioned(t)
 	e.exec(`CREATE TABLE ` + e.table("workers") + ` (instance text PRIMARY KEY, n bigint NOT NULL)`)
 	url := pgtest.URL(t)
 	events, streams := 6000, 300

@@ -1,10 +1,15 @@
 package postgres
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // StreamHash is the partition hash of a stream: the first four bytes,
@@ -80,3 +85,65 @@ func (s Segment) Buckets() []int16 {
 
 // String renders the segment as partition/count, as status shows it.
 func (s Segment) String() string { return fmt.Sprintf("%d/%d", s.Value, s.Count()) }
+
+// PartitionIndex is the name of the index partitioned consumers read the
+// log through: (projector_stream_bucket(tenant_id, stream_type, stream_id),
+// tx_id, seq).
+const PartitionIndex = "projector_events_partition"
+
+// ErrNoPartitionIndex is returned by [Store.CheckPartitionIndex] when the
+// log has no valid partition index. The index is opt-in: every append pays
+// one more index entry and a hash for it (about a fifth of an append's
+// throughput here, docs/performance.md), so only schemas with partitioned
+// consumers carry it.
+var ErrNoPartitionIndex = errors.New("the event log has no partition index")
+
+// partitionIndexSQL builds the index without blocking appends. It cannot
+// run in a transaction.
+const partitionIndexSQL = `CREATE INDEX CONCURRENTLY IF NOT EXISTS ` + PartitionIndex + ` ON {{s}}.projector_events
+	({{s}}.projector_stream_bucket(tenant_id, stream_type, stream_id), tx_id, seq)`
+
+// PartitionIndexSQL returns the statement that creates the partition index
+// of the store's schema, for an operator to run (outside a transaction).
+func (s *Store) PartitionIndexSQL() string {
+	return strings.ReplaceAll(partitionIndexSQL, "{{s}}", quoteIdent(s.schema))
+}
+
+// CheckPartitionIndex returns nil when the log's partition index exists and
+// is valid, else an error matching [ErrNoPartitionIndex] that says how to
+// create it.
+func (s *Store) CheckPartitionIndex(ctx context.Context) error {
+	var valid *bool
+	err := s.pool.QueryRow(ctx, `SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, s.schema, PartitionIndex).Scan(&valid)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w (schema %s): partitioned consumers need it; create it once, without blocking appends, with\n  %s\n(or call Store.CreatePartitionIndex)", ErrNoPartitionIndex, s.schema, s.PartitionIndexSQL())
+	case err != nil:
+		return fmt.Errorf("check the partition index: %w", err)
+	case valid == nil || !*valid:
+		return fmt.Errorf("%w (schema %s): index %s is invalid (an interrupted CREATE INDEX CONCURRENTLY); drop it and create it again (Store.CreatePartitionIndex does both)", ErrNoPartitionIndex, s.schema, PartitionIndex)
+	}
+	return nil
+}
+
+// CreatePartitionIndex creates the partition index if it is missing, with
+// CREATE INDEX CONCURRENTLY (appends go on meanwhile; on a large log it
+// takes a while), replacing an invalid one an interrupted build left. Its
+// role must own the events table.
+func (s *Store) CreatePartitionIndex(ctx context.Context) error {
+	err := s.CheckPartitionIndex(ctx)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, ErrNoPartitionIndex) {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+quoteIdent(s.schema)+`.`+PartitionIndex+``); err != nil {
+		return fmt.Errorf("drop an invalid partition index: %w", err)
+	}
+	if _, err := s.pool.Exec(ctx, s.PartitionIndexSQL()); err != nil {
+		return fmt.Errorf("create the partition index: %w", err)
+	}
+	return s.CheckPartitionIndex(ctx)
+}

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -126,6 +127,15 @@ func TestSegments(t *testing.T) {
 func TestReadLogPartition(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
+	if err := f.store.CheckPartitionIndex(f.ctx); !errors.Is(err, postgres.ErrNoPartitionIndex) || !strings.Contains(err.Error(), "CREATE INDEX CONCURRENTLY") {
+		t.Fatalf("a new schema's partition index check: %v, want ErrNoPartitionIndex with the statement to run", err)
+	}
+	if err := f.store.CreatePartitionIndex(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.CreatePartitionIndex(f.ctx); err != nil { // idempotent
+		t.Fatal(err)
+	}
 	var last postgres.AppendResult
 	for i := range 40 {
 		last = f.appendTx(t, projector.Stream("ticket", fmt.Sprint("s", i)), projector.AnyVersion, testevents.TicketOpened{Title: "x"}, testevents.TicketCommented{Body: "y"})

@@ -197,6 +197,7 @@ const readLogTypeBranch = `(SELECT * FROM {{s}}.projector_events e
 // readLogPartitionSQL is readLogSQL for one partition of a partitioned
 // consumer (a hash segment, see Segment). Each bucket of the segment is read
 // in log order through the (projector_stream_bucket(...), tx_id, seq) index
+// (PartitionIndex, created on demand: see Store.CreatePartitionIndex)
 // with the same gap-safe bounds, and the ordered reads are merged (Merge
 // Append, which pulls lazily): a batch costs the events it returns plus one
 // index descent per bucket, and never walks another partition's rows. The
