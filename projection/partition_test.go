@@ -1,12 +1,14 @@
 package projection_test
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -103,6 +105,16 @@ func TestPartitionsApplyEachEventOnce(t *testing.T) {
 		if !seg.Contains(h) {
 			t.Fatalf("stream %s: hash %08x not in its own segment", id, h)
 		}
+	}
+	// WaitFor waits for the partitions, not for the fence (which never moves).
+	var last projector.Position
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT tx_id, seq FROM `+e.store.Table("projector_events")+` ORDER BY tx_id DESC, seq DESC LIMIT 1`).Scan(&last.TxID, &last.Seq); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	if err := projection.WaitFor(wctx, e.store, "parted", last); err != nil {
+		t.Fatalf("WaitFor a partitioned consumer: %v", err)
 	}
 	st, err := projection.NewAdmin(e.store).Status(e.ctx, projection.ShardID{Consumer: "parted"})
 	if err != nil {
