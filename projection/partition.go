@@ -131,12 +131,22 @@ func (d *Dispatcher) registerPartitioned(ctx context.Context, tx pgx.Tx, p *Asyn
 	var version int
 	var cursor projector.Position
 	err := tx.QueryRow(ctx, d.psql.fenceRow, p.name).Scan(&version, &cursor.TxID, &cursor.Seq)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		if _, err := tx.Exec(ctx, d.psql.insertFence, p.name, start.TxID, start.Seq, fenceNote(n)); err != nil {
-			return err
+	if errors.Is(err, pgx.ErrNoRows) {
+		tag, ierr := tx.Exec(ctx, d.psql.insertFence, p.name, start.TxID, start.Seq, fenceNote(n))
+		if ierr != nil {
+			return ierr
 		}
-		cursor = start
+		if tag.RowsAffected() == 1 {
+			version, cursor, err = PartitionedVersion, start, nil
+		} else {
+			// A binary that does not know partitions registered the
+			// unpartitioned row meanwhile (its insert takes no advisory
+			// lock; ours waited for its commit): read it again, now
+			// committed, and convert it like any unpartitioned consumer.
+			err = tx.QueryRow(ctx, d.psql.fenceRow, p.name).Scan(&version, &cursor.TxID, &cursor.Seq)
+		}
+	}
+	switch {
 	case err != nil:
 		return err
 	case version == PartitionedVersion:

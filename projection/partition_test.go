@@ -249,3 +249,52 @@ func TestPartitionsBalanceFairly(t *testing.T) {
 	eventually(t, time.Minute, "every event applied", func() bool { return e.applied("fair") >= total(versions) })
 	e.checkCounts("fair", versions)
 }
+
+// The race of a rolling deploy's first minute: a binary that does not know
+// partitions registers the consumer's unpartitioned row (an insert that
+// takes no advisory lock) while a partitioned one registers it. Here the
+// old binary's insert is held uncommitted until the new one's registration
+// is seen waiting on it; the new one must then fence the row the old one
+// committed, not take its own insert's DO NOTHING for a fence.
+func TestPartitionRegistrationRacingUnpartitionedInsert(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	old, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = old.Rollback(e.ctx) }()
+	if _, err := old.Exec(e.ctx, `INSERT INTO `+e.store.Table("projector_consumers")+` (name, instance_id, version) VALUES ('gap', $1, 1)`, projection.SharedInstance); err != nil {
+		t.Fatal(err)
+	}
+	p := counting(e.schema, e.types, "gap", projection.AsyncConfig{Partitions: 2})
+	d, err := projection.New(projection.Config{Store: e.storeOn(pgtest.NewPool(t, 4)), Projections: []*projection.Async{p}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- d.Start(e.ctx) }()
+	eventually(t, 30*time.Second, "the partitioned registration waits on the unpartitioned insert", func() bool {
+		var n int
+		err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO%projector_consumers%disabled%'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if err := old.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	st, err := projection.NewAdmin(e.store).Status(e.ctx, projection.ShardID{Consumer: "gap"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Fence() || st.Status != projection.StatusDisabled {
+		t.Fatalf("the unpartitioned row is version %d, %s: not fenced, so the old binary would run it beside the partitions", st.Version, st.Status)
+	}
+	if n := len(e.partitionShards("gap")); n != 2 {
+		t.Fatalf("%d partitions registered, want 2", n)
+	}
+}
