@@ -44,6 +44,12 @@ type ShardJSON struct {
 	// rebuild the shard carries out (`status` only; see status_rebuild.go).
 	Role    string            `json:"role"`
 	Rebuild *ShardRebuildJSON `json:"rebuild,omitempty"`
+	// Partition, Partitions and Owner describe a partition of a
+	// partitioned consumer: which one of how many, and the instance that
+	// works it ("" for none yet).
+	Partition  *int   `json:"partition,omitempty"`
+	Partitions int    `json:"partitions,omitempty"`
+	Owner      string `json:"owner,omitempty"`
 }
 
 func toJSON(s projection.ShardState) ShardJSON {
@@ -54,6 +60,10 @@ func toJSON(s projection.ShardState) ShardJSON {
 	}
 	if !s.LastSeen.IsZero() {
 		j.LastSeenAt = &s.LastSeen
+	}
+	if s.Partitions > 0 {
+		p := s.Partition
+		j.Partition, j.Partitions, j.Owner = &p, s.Partitions, s.Owner
 	}
 	if !s.LastErrorAt.IsZero() {
 		j.LastErrorAt = &s.LastErrorAt
@@ -387,6 +397,7 @@ func writeJSON(w io.Writer, v any) error {
 
 func (a *App) consumerCmd() *cobra.Command {
 	var instance, format string
+	partition := -1
 	root := group("consumer", "Inspect and steer consumer shards (list, status, restart, skip, disable, enable, remove)")
 	root.Long = `Each async projection is a consumer with one shard (shared delivery) or one per
 instance (per-instance delivery). These commands act on one shard: the shared one
@@ -405,6 +416,42 @@ refused with exit code 3 and changes nothing:
 A consumer name that is not registered is a usage error (exit code 2) that lists
 the registered ones.`
 	root.PersistentFlags().StringVar(&instance, "instance", projection.SharedInstance, "instance id of the shard (per-instance consumers)")
+	root.PersistentFlags().IntVar(&partition, "partition", -1, "partition of a partitioned consumer (0 to its partition count - 1)")
+	// shardOf resolves NAME with --instance or --partition to a shard id;
+	// partitioned reports a partitioned consumer named without --partition.
+	shardOf := func(cmd *cobra.Command, admin *projection.Admin, name string) (id projection.ShardID, partitioned []projection.ShardState, err error) {
+		id = projection.ShardID{Consumer: name, Instance: instance}
+		set := cmd.Flags().Changed("partition")
+		if set && cmd.Flags().Changed("instance") {
+			return id, nil, usageError{errors.New("--partition and --instance name a shard each: give one")}
+		}
+		if set && partition < 0 {
+			return id, nil, usageError{fmt.Errorf("--partition %d: want 0 or more", partition)}
+		}
+		if cmd.Flags().Changed("instance") {
+			return id, nil, nil
+		}
+		shards, err := admin.List(cmd.Context(), name)
+		if err != nil {
+			return id, nil, err
+		}
+		var parts []projection.ShardState
+		for _, s := range shards {
+			if s.Partitions > 0 {
+				parts = append(parts, s)
+			}
+		}
+		switch {
+		case set && len(parts) == 0:
+			return id, nil, usageError{fmt.Errorf("--partition: consumer %s is not partitioned", projector.Printable(name))}
+		case set && partition >= parts[0].Partitions:
+			return id, nil, usageError{fmt.Errorf("--partition %d: consumer %s has partitions 0 to %d", partition, projector.Printable(name), parts[0].Partitions-1)}
+		case set:
+			id.Instance = projection.PartitionInstance(partition, parts[0].Partitions)
+			return id, nil, nil
+		}
+		return id, parts, nil
+	}
 
 	list := a.listCmd("list", "List every consumer shard (same as status)")
 
@@ -418,7 +465,11 @@ the registered ones.`
 				return err
 			}
 			return a.withAdmin(cmd, func(admin *projection.Admin) error {
-				st, err := admin.Status(cmd.Context(), projection.ShardID{Consumer: args[0], Instance: instance})
+				id, _, err := shardOf(cmd, admin, args[0])
+				if err != nil {
+					return err
+				}
+				st, err := admin.Status(cmd.Context(), id)
 				if err != nil {
 					return unknownConsumer(cmd.Context(), admin, args[0], err)
 				}
@@ -448,7 +499,13 @@ the registered ones.`
 			Args:  exactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return a.withAdmin(cmd, func(admin *projection.Admin) error {
-					id := projection.ShardID{Consumer: args[0], Instance: instance}
+					id, parts, err := shardOf(cmd, admin, args[0])
+					if err != nil {
+						return err
+					}
+					if len(parts) > 0 && op.use == "restart" {
+						return a.restartDeadPartitions(cmd.Context(), admin, args[0], parts)
+					}
 					if err := op.run(admin, cmd.Context(), id); err != nil {
 						return unknownConsumer(cmd.Context(), admin, id.Consumer, err)
 					}
@@ -498,6 +555,13 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 		if s.Instance == projection.RebuildInstance {
 			row("role", "shadow shard of a blue/green rebuild: builds the new version into tables no reader uses (`rebuild list`)")
 		}
+		if s.Partitions > 0 {
+			row("partition", fmt.Sprintf("%d of %d", s.Partition, s.Partitions))
+			row("owner", cmpOr(projector.Printable(s.Owner), "none yet"))
+		}
+		if s.Fence() {
+			row("role", "fence of a partitioned consumer: keeps binaries that do not know partitions from running it (see its partitions with --partition)")
+		}
 		row("status", string(s.Status))
 		row("dispatcher", dispatcher(s, now))
 		if !s.LastSeen.IsZero() {
@@ -539,4 +603,29 @@ func exactArgs(n int) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+// restartDeadPartitions is `consumer restart NAME` on a partitioned
+// consumer without --partition: it restarts the dead partitions only, and
+// is refused (exit code 3) when none is dead.
+func (a *App) restartDeadPartitions(ctx context.Context, admin *projection.Admin, name string, parts []projection.ShardState) error {
+	restarted := 0
+	for _, s := range parts {
+		if s.Status != projection.StatusDead {
+			continue
+		}
+		if err := admin.Restart(ctx, s.ShardID); err != nil {
+			if errors.Is(err, projector.ErrInvalidTransition) {
+				continue // restarted by someone else meanwhile
+			}
+			return err
+		}
+		restarted++
+		fmt.Fprintf(a.out, "restart %s partition %d/%d: now idle at %s\n", projector.Printable(name), s.Partition, s.Partitions, cursor(s.Cursor))
+	}
+	if restarted == 0 {
+		return &projection.TransitionError{Shard: projection.ShardID{Consumer: name}, Op: "restart", From: projection.StatusIdle,
+			Allowed: []projection.Status{projection.StatusDead}, Detail: "no partition is dead (name one with --partition P)"}
+	}
+	return nil
 }

@@ -21,6 +21,11 @@ const (
 	// RoleRebuildShadow: the second cursor of a blue/green rebuild, building
 	// the new version into shadow tables no reader uses yet.
 	RoleRebuildShadow = "rebuild-shadow"
+	// RolePartition: one partition of a partitioned consumer.
+	RolePartition = "partition"
+	// RolePartitionFence: the unpartitioned row of a partitioned consumer,
+	// which only fences binaries that do not know partitions.
+	RolePartitionFence = "partition-fence"
 )
 
 // ShardRebuildJSON is the rebuild a shard is carrying out, in `status -o
@@ -37,6 +42,12 @@ type ShardRebuildJSON struct {
 }
 
 func shardRole(s projection.ShardState) string {
+	switch {
+	case s.Partitions > 0:
+		return RolePartition
+	case s.Fence():
+		return RolePartitionFence
+	}
 	switch s.Instance {
 	case projection.SharedInstance:
 		return RoleShared
@@ -71,6 +82,10 @@ func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
 		return s.Instance + " (rebuild shadow)"
 	case r != nil:
 		return fmt.Sprintf("%s (rebuild %d: in place, v%d)", projector.Printable(s.Instance), r.ID, r.Version)
+	case s.Partitions > 0:
+		return fmt.Sprintf("  partition %d/%d (owner %s)", s.Partition, s.Partitions, cmpOr(projector.Printable(s.Owner), "none"))
+	case s.Fence():
+		return s.Instance + " (partitioned: fence)"
 	}
 	return projector.Printable(s.Instance)
 }
@@ -185,4 +200,11 @@ func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuil
 			fmt.Fprintf(tw, "%d\t%s\tv%d\t%s\t%s\t%s\t%s\n", r.ID, projector.Printable(r.Name), r.Version, r.Mode, status, progressCell(r), ago(r.RequestedAt, now))
 		}
 	})
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

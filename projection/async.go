@@ -160,6 +160,17 @@ type AsyncConfig struct {
 	// that records it done; an error is logged and the rebuild waits for the
 	// next try.
 	PrepareShadow func(ctx context.Context, tx pgx.Tx) error
+	// Partitions spreads the consumer over this many shards, one per hash
+	// segment of the streams (docs/scaling.md): each partition has its own
+	// cursor, lock, status and dead letters, and partitions are applied in
+	// parallel, in one process or balanced over every process running the
+	// projection. A stream belongs to one partition, so its events keep
+	// their order; events of different streams may be applied in any
+	// order. 0 or 1: unpartitioned, exactly as before. Otherwise a power of
+	// two up to postgres.MaxPartitions, for a shared consumer without an
+	// external model. Changing it on a partitioned consumer is refused at
+	// start (splitting and merging are not built yet).
+	Partitions int
 	// External, when set, is where the projection's model lives outside
 	// PostgreSQL (a Meilisearch index: search.Projection sets it). It makes
 	// the projection rebuildable blue/green without declared tables: the
@@ -199,6 +210,8 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 		p.t.fail(name, cfg.ScopeColumns.validate(cfg.Tables))
 	case validName(name) != nil:
 		p.t.fail(name, validName(name))
+	case validPartitions(cfg) != nil:
+		p.t.fail(name, validPartitions(cfg))
 	case cfg.BatchSize < 1 || cfg.BatchSize > MaxBatchSize:
 		p.t.fail(name, fmt.Errorf("batch size %d outside 1..%d", cfg.BatchSize, MaxBatchSize))
 	case cfg.RebuildBatchSize < 1 || cfg.RebuildBatchSize > MaxBatchSize:

@@ -28,6 +28,11 @@ const (
 	childSchemaEnv     = "PROJECTOR_TEST_CHILD_SCHEMA"
 	childBatchEnv      = "PROJECTOR_TEST_CHILD_BATCH"
 	childKillAfterEmit = "PROJECTOR_TEST_CHILD_KILL_AFTER_EMIT"
+	// childPartitions > 0 makes the child run only "parted", a counting
+	// projection with that many partitions that also records, in the
+	// handler's transaction, which process applied each event (table
+	// workers), for the partition tests.
+	childPartitions = "PROJECTOR_TEST_CHILD_PARTITIONS"
 )
 
 // childProjections are what a child runs: "counting" (opened and commented
@@ -79,6 +84,9 @@ func runChild() int {
 		return 1
 	}
 	projs := childProjections(store, types, batch, kill)
+	if n, _ := strconv.Atoi(os.Getenv(childPartitions)); n > 0 {
+		projs = []*projection.Async{partedProjection(store, types, batch, n, os.Getenv(projection.EnvInstanceID))}
+	}
 	d, err := projection.New(projection.Config{Store: store, Projections: projs, Logger: logger,
 		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
 	if err != nil {
@@ -131,4 +139,22 @@ func openedCount(versions map[string]int64) int {
 		}
 	}
 	return n
+}
+
+// partedProjection is the partitioned child's projection: the counting
+// model, plus a count per process of the events it applied.
+func partedProjection(store *postgres.Store, types testevents.Types, batch, partitions int, instance string) *projection.Async {
+	p := projection.NewAsync("parted", projection.AsyncConfig{BatchSize: batch, Partitions: partitions})
+	count := countingHandler(store.Schema(), "parted")
+	workers := pgx.Identifier{store.Schema(), "workers"}.Sanitize()
+	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if err := count(ctx, tx, ev); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+workers+` AS w (instance, n) VALUES ($1, 1) ON CONFLICT (instance) DO UPDATE SET n = w.n + 1`, instance)
+		return err
+	}
+	must(projection.OnEvent(p, types.Opened, h))
+	must(projection.OnEvent(p, types.Commented, h))
+	return p
 }

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -165,17 +167,22 @@ func (cfg Config) validate() error {
 // runs the handlers and advances the cursor. See the package documentation
 // for the guarantees.
 type Dispatcher struct {
-	store      *postgres.Store
-	admin      *Admin
-	cfg        Config
-	instance   string
-	randomID   bool
-	shards     []*shard
-	logger     *slog.Logger
-	metrics    *metrics
-	tracer     trace.Tracer
-	sql        dispatchSQL
-	isql       instanceSQL
+	store    *postgres.Store
+	admin    *Admin
+	cfg      Config
+	instance string
+	randomID bool
+	shards   []*shard
+	logger   *slog.Logger
+	metrics  *metrics
+	tracer   trace.Tracer
+	sql      dispatchSQL
+	isql     instanceSQL
+	psql     partitionSQL
+	bsql     balanceSQL
+	// balancers balance each partitioned consumer's partitions over the
+	// processes that run it (balance.go).
+	balancers  []*balancer
 	sem        chan struct{}
 	wake       broadcast
 	mu         sync.Mutex
@@ -216,6 +223,23 @@ type shard struct {
 	prefetch *prefetch
 	// prefetched counts the batches a pass took from a prefetch.
 	prefetched int
+	// segment is a partition's hash segment; zero for an unpartitioned
+	// shard. balancer and partition say whether this process works it.
+	segment   postgres.Segment
+	balancer  *balancer
+	partition int
+	// kick wakes the shard's loop when this process takes the partition.
+	kick chan struct{}
+}
+
+// readKey is the shard's log filter for shared reads: its event types and,
+// for a partition, its segment.
+func (sh *shard) readKey() string {
+	k := filterKey(sh.proj.t.types)
+	if sh.segment.Bits > 0 {
+		k += "\x01" + sh.segment.String()
+	}
+	return k
 }
 
 // firstShadowBatch is the size of a shadow shard's first batch, from which
@@ -305,6 +329,8 @@ func New(cfg Config) (*Dispatcher, error) {
 		logger:  cmp.Or(cfg.Logger, slog.Default()),
 		sql:     buildDispatchSQL(cfg.Store),
 		isql:    buildInstanceSQL(cfg.Store),
+		psql:    buildPartitionSQL(cfg.Store),
+		bsql:    buildBalanceSQL(cfg.Store),
 		sem:     make(chan struct{}, cfg.Concurrency),
 		stopped: make(chan struct{}),
 
@@ -315,7 +341,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	if d.instance == "" {
 		d.instance, d.randomID = uuid.NewString(), true
 	}
-	if d.instance == SharedInstance || d.instance == RebuildInstance {
+	if d.instance == SharedInstance || d.instance == RebuildInstance || strings.HasPrefix(d.instance, PartitionPrefix) {
 		return nil, fmt.Errorf("projection dispatcher: instance id %q is reserved; choose another (%s)", d.instance, EnvInstanceID)
 	}
 	if err := validInstance(d.instance); err != nil {
@@ -333,18 +359,38 @@ func New(cfg Config) (*Dispatcher, error) {
 		if err := p.Validate(cfg.Store.Registry()); err != nil {
 			return nil, err
 		}
+		if n := p.cfg.Partitions; n > 1 {
+			parts := make([]*shard, n)
+			for i := range n {
+				id := ShardID{Consumer: p.name, Instance: PartitionInstance(i, n)}
+				seg, _ := postgres.SegmentOf(i, n) // validated by NewAsync
+				parts[i] = &shard{id: id, proj: p, lockKey: shardLockKey(cfg.Store.Schema(), id), segment: seg, partition: i, kick: make(chan struct{}, 1)}
+			}
+			b := newBalancer(p.name, parts)
+			for _, sh := range parts {
+				sh.balancer = b
+			}
+			d.balancers = append(d.balancers, b)
+			d.shards = append(d.shards, parts...)
+			continue
+		}
 		id := ShardID{Consumer: p.name, Instance: SharedInstance}
 		if p.cfg.Delivery == PerInstance {
 			id.Instance = d.instance
 		}
 		d.shards = append(d.shards, &shard{id: id, proj: p, lockKey: shardLockKey(cfg.Store.Schema(), id)})
 	}
+	if len(d.balancers) > 0 {
+		// A process that dies is passed over once it misses LiveHeartbeats
+		// heartbeats: partitions are taken over within seconds.
+		d.cfg.HeartbeatEvery = min(d.cfg.HeartbeatEvery, PartitionHeartbeatEvery)
+	}
 	if !cfg.SeparateReads {
-		filters := make([][]string, len(d.shards))
+		keys := make([]string, len(d.shards))
 		for i, sh := range d.shards {
-			filters[i] = sh.proj.t.types
+			keys[i] = sh.readKey()
 		}
-		d.shared = newSharedReads(filters)
+		d.shared = newSharedReads(keys)
 	}
 	if cfg.Registerer != nil {
 		m, err := newMetrics(cfg.Registerer)
@@ -381,6 +427,12 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		}
 		return nil
 	}
+	if len(d.balancers) > 0 {
+		// Without the index every partition's read would walk the log.
+		if err := d.store.CheckPartitionIndex(ctx); err != nil {
+			return fmt.Errorf("projection dispatcher: %w", err)
+		}
+	}
 	if err := d.register(ctx); err != nil {
 		return err
 	}
@@ -399,7 +451,8 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 
 	d.wg.Go(func() { d.probeLoop(soft) })
 	d.wg.Go(func() { d.rebuildLoop(soft, hard) })
-	d.wg.Go(func() { d.retryLoop(soft) }) // dead-letter retry requests (deadletter.go)
+	d.wg.Go(func() { d.retryLoop(soft) })   // dead-letter retry requests (deadletter.go)
+	d.wg.Go(func() { d.balanceLoop(soft) }) // partitions (balance.go)
 	if d.metrics != nil {
 		d.wg.Go(func() { d.metricsLoop(soft) })
 	}
@@ -468,9 +521,14 @@ func buildInstanceSQL(store *postgres.Store) instanceSQL {
 // heartbeat records that this instance is alive and which consumers it
 // runs; start says it is the first of this process.
 func (d *Dispatcher) heartbeat(ctx context.Context, db postgres.DBTX, start bool) error {
-	names := make([]string, len(d.shards))
-	for i, sh := range d.shards {
-		names[i] = sh.id.Consumer
+	names := make([]string, 0, len(d.shards))
+	for _, sh := range d.shards {
+		if !slices.Contains(names, sh.id.Consumer) {
+			names = append(names, sh.id.Consumer)
+		}
+	}
+	for _, b := range d.balancers {
+		names = append(names, b.member())
 	}
 	_, err := db.Exec(ctx, d.isql.heartbeat, d.instance, d.randomID, names, d.cfg.HeartbeatEvery.Seconds(), d.cfg.InstanceExpiry.Seconds(), start)
 	if err != nil {
@@ -496,12 +554,23 @@ func (d *Dispatcher) register(ctx context.Context) error {
 			if sh.proj.cfg.StartFrom == FromNow {
 				start = horizon
 			}
+			if sh.balancer != nil {
+				if sh.partition == 0 {
+					if err := d.registerPartitioned(ctx, tx, sh.proj, start); err != nil {
+						return fmt.Errorf("register consumer %s: %w", sh.id.Consumer, err)
+					}
+				}
+				continue
+			}
 			if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq, sh.proj.cfg.Version); err != nil {
 				return fmt.Errorf("register consumer %s: %w", sh.id, err)
 			}
 		}
 		return d.heartbeat(ctx, tx, true)
 	})
+	if errors.Is(err, ErrPartitionsChanged) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("projection dispatcher: %w", err)
 	}
@@ -516,6 +585,7 @@ func (d *Dispatcher) register(ctx context.Context) error {
 func (d *Dispatcher) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	d.releasePartitions(ctx)
 	if !d.randomID {
 		if _, err := d.store.Pool().Exec(ctx, d.isql.stopped, d.instance); err != nil {
 			d.logger.WarnContext(ctx, "projection dispatcher: mark instance stopped", slog.String("instance_id", d.instance), slog.Any("error", err))
@@ -583,6 +653,9 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		case res.kind == passRetryAt:
 			dbFailures = 0
 			wait, wake = time.Until(res.retryAt), false
+		case res.kind == passNotMine:
+			dbFailures = 0
+			wait, wake = d.cfg.Recheck, false
 		default: // locked elsewhere, dead, disabled
 			dbFailures = 0
 			wait, wake = d.cfg.Recheck, false
@@ -599,6 +672,7 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 			timer.Stop()
 			return
 		case <-woken:
+		case <-sh.kick: // this process took the partition
 		case <-timer.C:
 		}
 		timer.Stop()

@@ -27,6 +27,7 @@ const (
 	passDisabled
 	passSuperseded // the consumer's model is of another version than this projection
 	passGone       // a shadow shard whose rebuild ended: its loop stops
+	passNotMine    // a partition another process works (balance.go)
 )
 
 type passResult struct {
@@ -58,7 +59,8 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 		state: `SELECT cursor_tx_id, cursor_seq, status, attempts,
 				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch'),
-				version, coalesce(replay_until_tx_id, '0'), coalesce(replay_until_seq, 0), coalesce(shadow_schema, '')
+				version, coalesce(replay_until_tx_id, '0'), coalesce(replay_until_seq, 0), coalesce(shadow_schema, ''),
+				coalesce(owner, '')
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		waitLock: waitShardLockSQL,
 		cursor:   `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
@@ -92,6 +94,9 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 // pass (it is recorded on the shard); an error means the database failed
 // and the transaction rolled back.
 func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
+	if sh.balancer != nil && !sh.balancer.owns(sh.partition) {
+		return passResult{kind: passNotMine}, nil
+	}
 	// The connection is held apart from the transaction so that the cursor
 	// advance and the COMMIT can go out in one round trip (advanceCommit),
 	// after which pgx's transaction is not ended but the server's is: the
@@ -121,7 +126,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	exists := true
 	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt,
-			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema)
+			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner)
 		if errors.Is(err, pgx.ErrNoRows) {
 			exists = false
 			return nil
@@ -156,6 +161,12 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		return passResult{kind: passGone}, nil // another rebuild's shadow
 	case sh.shadow == nil && st.version != sh.proj.cfg.Version:
 		return d.superseded(ctx, sh, st.version), nil
+	case sh.balancer != nil && st.owner != d.instance:
+		// Another process took the partition since this one's last
+		// balancing round: stand aside at once (the lock kept this pass
+		// from overlapping with its passes).
+		sh.balancer.set(sh.partition, false)
+		return passResult{kind: passNotMine}, nil
 	}
 	if sh.shadow == nil && sh.proj.cfg.External != nil {
 		// A rebuild's switch committed and its swap has not happened: the
@@ -202,7 +213,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			}
 		}
 	}
-	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true}
+	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.segment}
 	batch, err := d.readBatch(ctx, tx, sh, q)
 	if err != nil {
 		return passResult{}, err
@@ -421,7 +432,7 @@ func (d *Dispatcher) readBatch(ctx context.Context, tx pgx.Tx, sh *shard, q post
 		if d.shared == nil {
 			return read()
 		}
-		batch, shared, err = d.shared.read(ctx, q, filterKey(q.EventTypes), read)
+		batch, shared, err = d.shared.read(ctx, q, sh.readKey(), read)
 	}
 	if shared && d.metrics != nil {
 		d.metrics.sharedReads.WithLabelValues(sh.id.Consumer, sh.id.Instance).Inc()
@@ -495,6 +506,8 @@ type shardRow struct {
 	replayUntil projector.Position
 	// shadowSchema is the schema a shadow shard builds into.
 	shadowSchema string
+	// owner is the process that works a partition (balance.go).
+	owner string
 }
 
 // registerAgain restores a shard row an operator deleted, from the

@@ -76,7 +76,7 @@ func (d *Dispatcher) launchPrefetch(ctx context.Context, sh *shard, q postgres.L
 		// waits for this read waits for one that can finish.
 		read := func() (postgres.LogBatch, error) { return d.store.ReadLogTx(ctx, conn, q) }
 		if d.shared != nil {
-			pf.batch, pf.shared, pf.err = d.shared.read(ctx, q, filterKey(q.EventTypes), read)
+			pf.batch, pf.shared, pf.err = d.shared.read(ctx, q, sh.readKey(), read)
 		} else {
 			pf.batch, pf.err = read()
 		}

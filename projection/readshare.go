@@ -58,11 +58,10 @@ type readEntry struct {
 // could ever be shared. It keeps up to two batches per shard: shards
 // catching up together drift a few batches apart as they take turns at
 // the dispatcher's concurrency limit.
-func newSharedReads(filters [][]string) *sharedReads {
+func newSharedReads(filters []string) *sharedReads {
 	seen := map[string]int{}
 	shared := false
-	for _, f := range filters {
-		k := filterKey(f)
+	for _, k := range filters {
 		seen[k]++
 		shared = shared || seen[k] > 1
 	}

@@ -88,7 +88,20 @@ type ShardState struct {
 	// the shard (for a per-instance shard: of its instance); zero if none
 	// ever ran it since heartbeats were recorded.
 	LastSeen time.Time
+	// Version is the model version the shard maintains;
+	// [PartitionedVersion] on the unpartitioned row of a partitioned
+	// consumer (the fence, see [ShardState.Fence]).
+	Version int
+	// Partition and Partitions say which partition of how many the shard
+	// is; Partitions is 0 for a shard that is not a partition. Owner is the
+	// instance that works the partition, "" for none yet.
+	Partition, Partitions int
+	Owner                 string
 }
+
+// Fence reports the unpartitioned row of a partitioned consumer, which only
+// keeps binaries that do not know partitions from running it.
+func (s ShardState) Fence() bool { return s.Version == PartitionedVersion }
 
 // DispatcherState says whether anything is applying a shard's events, so an
 // idle shard can be told from an unattended one.
@@ -165,7 +178,8 @@ type adminSQL struct {
 
 const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status, c.attempts,
 	coalesce(c.last_error, ''), coalesce(c.last_error_at, 'epoch'), coalesce(c.failed_tx_id, '0'), coalesce(c.failed_seq, 0),
-	coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'), coalesce(c.next_retry_at, 'epoch'), c.processed, c.updated_at`
+	coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'), coalesce(c.next_retry_at, 'epoch'), c.processed, c.updated_at,
+	c.version, coalesce(c.owner, '')`
 
 // dispatcherColumns are a shard's DispatcherState and LastSeen, from the
 // heartbeats of the instances that run it: any instance listing the
@@ -177,7 +191,7 @@ const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.sta
 // the consumer (the one of the rebuilt version takes it): its reserved
 // instance id is no process's.
 func dispatcherColumns(instances string) string {
-	anyOf := `c.instance_id IN ('` + SharedInstance + `', '` + RebuildInstance + `')`
+	anyOf := `(c.instance_id IN ('` + SharedInstance + `', '` + RebuildInstance + `') OR c.instance_id LIKE '` + PartitionPrefix + `%')`
 	runs := `c.name = ANY(i.consumers) AND (` + anyOf + ` OR i.instance_id = c.instance_id)`
 	return `CASE
 		WHEN EXISTS (SELECT 1 FROM ` + instances + ` i WHERE ` + runs + ` AND i.stopped_at IS NULL
@@ -191,12 +205,18 @@ func dispatcherColumns(instances string) string {
 
 func buildAdminSQL(store *postgres.Store) adminSQL {
 	c, e := store.Table("projector_consumers"), store.Table("projector_events")
+	// A partition's lag counts its own streams' events only: the buckets
+	// [p·64/n, (p+1)·64/n) of its instance id __partition__p/n.
+	part := `substr(c.instance_id, ` + fmt.Sprint(len(PartitionPrefix)+1) + `)`
+	inPartition := `(c.instance_id NOT LIKE '` + PartitionPrefix + `%' OR ` + store.Schema() + `.projector_stream_bucket(e.tenant_id, e.stream_type, e.stream_id)
+		BETWEEN split_part(` + part + `, '/', 1)::int * ` + fmt.Sprint(postgres.MaxPartitions) + ` / split_part(` + part + `, '/', 2)::int
+		AND (split_part(` + part + `, '/', 1)::int + 1) * ` + fmt.Sprint(postgres.MaxPartitions) + ` / split_part(` + part + `, '/', 2)::int - 1)`
 	disp := dispatcherColumns(store.Table("projector_instances"))
 	return adminSQL{
 		list: `SELECT ` + shardColumns + `, ` + disp + `,
-			(SELECT count(*) FROM (SELECT 1 FROM ` + e + ` e WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) LIMIT ` + fmt.Sprint(LagCountCap) + `) l),
+			(SELECT count(*) FROM (SELECT 1 FROM ` + e + ` e WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) AND ` + inPartition + ` LIMIT ` + fmt.Sprint(LagCountCap) + `) l),
 			coalesce(extract(epoch FROM now() - (SELECT e.recorded_at FROM ` + e + ` e
-				WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) ORDER BY e.tx_id, e.seq LIMIT 1)), 0)::float8
+				WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) AND ` + inPartition + ` ORDER BY e.tx_id, e.seq LIMIT 1)), 0)::float8
 			FROM ` + c + ` c WHERE ($1::text IS NULL OR c.name = $1) AND ($2::text IS NULL OR c.instance_id = $2)
 			ORDER BY c.name, c.instance_id`,
 		lock:     `SELECT ` + shardColumns + `, ` + disp + `, 0::bigint, 0::float8 FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE OF c`,
@@ -226,7 +246,10 @@ func scanShard(row pgx.Row) (ShardState, error) {
 	var s ShardState
 	err := row.Scan(&s.Consumer, &s.Instance, &s.Cursor.TxID, &s.Cursor.Seq, &s.Status, &s.Attempts,
 		&s.LastError, &s.LastErrorAt, &s.FailedAt.TxID, &s.FailedAt.Seq, &s.FailedEventID, &s.NextRetryAt,
-		&s.Processed, &s.UpdatedAt, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds)
+		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds)
+	if p, n, ok := ParsePartition(s.Instance); ok {
+		s.Partition, s.Partitions = p, n
+	}
 	if s.LastSeen.Unix() == 0 {
 		s.LastSeen = time.Time{}
 	}
@@ -272,6 +295,9 @@ func (a *Admin) list(ctx context.Context, name, instance *string) ([]ShardState,
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list consumers: %w", err)
 	}
+	// Partitions under their consumer, in partition order (the query's
+	// text order would put 10/16 before 2/16).
+	sortPartitions(out)
 	return out, nil
 }
 
@@ -375,6 +401,10 @@ func (a *Admin) transition(ctx context.Context, id ShardID, op string, allowed [
 		}
 		if err != nil {
 			return err
+		}
+		if s.Fence() {
+			return &TransitionError{Shard: id, Op: op, From: s.Status, Allowed: allowed,
+				Detail: "the consumer is partitioned; this row only fences binaries that do not know partitions: name a partition (--partition P)"}
 		}
 		if !slices.Contains(allowed, s.Status) {
 			return &TransitionError{Shard: id, Op: op, From: s.Status, Allowed: allowed}
@@ -513,4 +543,42 @@ func validInstance(id string) error {
 		return fmt.Errorf("instance id %s %w", projector.Printable(id), err)
 	}
 	return nil
+}
+
+// sortPartitions orders each consumer's partitions by number, after its
+// other shards, keeping the query's order otherwise (a consumer's rows
+// are contiguous there).
+func sortPartitions(shards []ShardState) {
+	type key struct{ group, part, at int }
+	keys := make(map[int]key, len(shards))
+	group := 0
+	for i, s := range shards {
+		if i > 0 && s.Consumer != shards[i-1].Consumer {
+			group++
+		}
+		part := -1
+		if s.Partitions > 0 {
+			part = s.Partition
+		}
+		keys[i] = key{group, part, i}
+	}
+	idx := make([]int, len(shards))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		ka, kb := keys[a], keys[b]
+		if ka.group != kb.group {
+			return ka.group - kb.group
+		}
+		if ka.part != kb.part {
+			return ka.part - kb.part
+		}
+		return ka.at - kb.at
+	})
+	sorted := make([]ShardState, len(shards))
+	for i, j := range idx {
+		sorted[i] = shards[j]
+	}
+	copy(shards, sorted)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,7 +82,7 @@ func WaitFor(ctx context.Context, store *postgres.Store, consumer string, pos pr
 		return fmt.Errorf("wait for %s: consumer %w: %w", pos, err, projector.ErrNotFound)
 	}
 	q := `SELECT instance_id, cursor_tx_id, cursor_seq, status FROM ` + store.Table("projector_consumers") + `
-		WHERE name = $1 AND instance_id <> '` + RebuildInstance + `'`
+		WHERE name = $1 AND instance_id <> '` + RebuildInstance + `' AND version <> ` + strconv.Itoa(PartitionedVersion) // a partitioned consumer's fence never moves; its partitions do
 	interval := waitPollMin
 	timer := time.NewTimer(interval) // reset before every wait (Go 1.23 timers)
 	defer timer.Stop()

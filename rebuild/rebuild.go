@@ -201,13 +201,17 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 			return err
 		}
 		var status string
-		err = tx.QueryRow(ctx, `SELECT status FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
-			name, projection.SharedInstance).Scan(&status)
+		var version int
+		err = tx.QueryRow(ctx, `SELECT status, version FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
+			name, projection.SharedInstance).Scan(&status, &version)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, name)
 		}
 		if err != nil {
 			return fmt.Errorf("rebuild %s: %w", name, err)
+		}
+		if version == projection.PartitionedVersion {
+			return fmt.Errorf("%w: %s is partitioned, and rebuilds of partitioned consumers are not built yet (docs/scaling.md)", ErrNotRebuildable, name)
 		}
 		if opts.Mode == InPlace && status == string(projection.StatusDisabled) {
 			return fmt.Errorf("%w: an in-place rebuild of %s would clear its tables for a replay no dispatcher runs; enable it first (`projector consumer enable %s`), or rebuild it blue/green", ErrDisabled, name, name)

@@ -116,7 +116,10 @@ func BenchmarkAppendWriters(b *testing.B) {
 func BenchmarkAppendSchemaCosts(b *testing.B) {
 	d := appendSeconds()
 	const (
-		dropType     = `DROP INDEX {{s}}.projector_events_type`
+		dropType = `DROP INDEX {{s}}.projector_events_type`
+		// The partition index is opt-in (Store.CreatePartitionIndex):
+		// what it costs the appends of a schema that carries it.
+		addPart      = `CREATE INDEX projector_events_partition ON {{s}}.projector_events ({{s}}.projector_stream_bucket(tenant_id, stream_type, stream_id), tx_id, seq)`
 		dropID       = `ALTER TABLE {{s}}.projector_events DROP CONSTRAINT projector_events_id_key`
 		dropVersion  = `ALTER TABLE {{s}}.projector_events DROP CONSTRAINT projector_events_tenant_id_stream_type_stream_id_version_key`
 		headsFill100 = `ALTER TABLE {{s}}.projector_streams SET (fillfactor = 100)`
@@ -135,6 +138,7 @@ func BenchmarkAppendSchemaCosts(b *testing.B) {
 	}{
 		{"as-is", nil},
 		{"no-type-index", []string{dropType}},
+		{"with-partition-index", []string{addPart}},
 		{"no-event-id-unique", []string{dropID}},
 		{"no-stream-version-unique", []string{dropVersion}},
 		{"primary-key-only", []string{dropType, dropID, dropVersion}},

@@ -370,7 +370,7 @@ DELETE FROM {{c}} c USING gone g WHERE c.instance_id = g.instance_id AND c.insta
 // shards: a live one is never locked by a prune.
 const slowestShardSQL = `SELECT c.name, c.instance_id, c.status, c.cursor_tx_id, c.cursor_seq,
 	CASE WHEN EXISTS (SELECT 1 FROM {{i}} i WHERE c.name = ANY(i.consumers)
-		AND (c.instance_id = '__shared__' OR i.instance_id = c.instance_id)
+		AND (c.instance_id = '__shared__' OR c.instance_id LIKE '__partition__%' OR i.instance_id = c.instance_id)
 		AND i.stopped_at IS NULL AND i.last_seen_at > now() - 3 * i.heartbeat_every) THEN 'live' ELSE 'none' END
 FROM {{c}} c
 WHERE c.status <> 'disabled'

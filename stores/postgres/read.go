@@ -92,6 +92,10 @@ type LogQuery struct {
 	EventTypes []string
 	// StreamTypes, when non-empty, keeps only these stream types.
 	StreamTypes []string
+	// Partition keeps only the streams of one hash segment (a partition
+	// of a partitioned consumer), read through the log's partition index.
+	// The zero Segment reads every stream.
+	Partition Segment
 	// Raw skips decoding: events carry Data but no Payload, and types the
 	// registry does not know are returned instead of failing the read.
 	// Data is upcast to the type's current schema version; an event whose
@@ -152,6 +156,9 @@ func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, e
 	if err := checkFilter(q.StreamTypes, "stream type", projector.ErrInvalidStream); err != nil {
 		return LogBatch{}, fmt.Errorf("read log: %w", err)
 	}
+	if q.Partition.Bits > BucketBits || q.Partition.Value >= uint32(q.Partition.Count()) {
+		return LogBatch{}, fmt.Errorf("read log: partition segment %d bits, value %d: want at most %d bits and a value below 2^bits", q.Partition.Bits, q.Partition.Value, BucketBits)
+	}
 	sql, args := s.readLogQuery(q, limit)
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
@@ -183,6 +190,9 @@ func checkFilter(names []string, what string, sentinel error) error {
 // merge for a consumer of a few types, the filtered scan otherwise.
 func (s *Store) readLogQuery(q LogQuery, limit int) (string, []any) {
 	sql, types := s.sql.readLog, q.EventTypes
+	if q.Partition.Bits > 0 {
+		return s.sql.readLogPartition[q.Partition.Bits], []any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}
+	}
 	if k := len(types); k > 0 && k <= maxMergedTypes {
 		types = distinct(types)
 		sql = s.sql.readLogTypes[len(types)-1]

@@ -14,11 +14,13 @@ type statements struct {
 	readStream string
 	readLog    string
 	// readLogTypes[k-1] is readLogTypesSQL for k event types.
-	readLogTypes  []string
-	restoredCheck string
-	pruneCount    string
-	pruneChoose   string
-	pruneDelete   string
+	readLogTypes []string
+	// readLogPartition[b] is readLogPartitionSQL for a segment of b bits.
+	readLogPartition [BucketBits + 1]string
+	restoredCheck    string
+	pruneCount       string
+	pruneChoose      string
+	pruneDelete      string
 }
 
 const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
@@ -192,6 +194,27 @@ const readLogTypeBranch = `(SELECT * FROM {{s}}.projector_events e
 		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
 		ORDER BY e.tx_id, e.seq LIMIT $3)`
 
+// readLogPartitionSQL is readLogSQL for one partition of a partitioned
+// consumer (a hash segment, see Segment). Each bucket of the segment is read
+// in log order through the (projector_stream_bucket(...), tx_id, seq) index
+// (PartitionIndex, created on demand: see Store.CreatePartitionIndex)
+// with the same gap-safe bounds, and the ordered reads are merged (Merge
+// Append, which pulls lazily): a batch costs the events it returns plus one
+// index descent per bucket, and never walks another partition's rows. The
+// bucket is the first index column and an equality, so, as in
+// readLogTypesSQL, the descent starts at (bucket, cursor). Event and stream
+// type filters are applied to the partition's rows. %s stands for one branch
+// per bucket, joined by UNION ALL; $6 is the segment's first bucket.
+const readLogPartitionSQL = readLogTypesSQL
+
+// readLogPartitionBranch is one bucket's ordered read in readLogPartitionSQL.
+const readLogPartitionBranch = `(SELECT * FROM {{s}}.projector_events e
+		WHERE {{s}}.projector_stream_bucket(e.tenant_id, e.stream_type, e.stream_id) = $6::smallint + %[1]d::smallint
+		  AND (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < h.xmin
+		  AND ($4::text[] IS NULL OR e.type = ANY($4::text[]))
+		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
+		ORDER BY e.tx_id, e.seq LIMIT $3)`
+
 // restoredCheckSQL finds the newest stored transaction id: of an event, or
 // of a consumer's cursor or failing event. Cursors matter on their own: an
 // idle cursor rests at a horizon (xmin-1, max) past the newest event, so a
@@ -207,15 +230,16 @@ SELECT GREATEST((SELECT max(tx_id) FROM {{s}}.projector_events),
 func buildStatements(schema string) statements {
 	r := strings.NewReplacer("{{s}}", schema)
 	return statements{
-		append:        buildAppendStatements(r),
-		streamHead:    r.Replace(streamHeadSQL),
-		readStream:    r.Replace(readStreamSQL),
-		readLog:       r.Replace(readLogSQL),
-		readLogTypes:  readLogTypesStatements(r),
-		restoredCheck: r.Replace(restoredCheckSQL),
-		pruneCount:    r.Replace(pruneCountSQL),
-		pruneChoose:   r.Replace(pruneChooseSQL),
-		pruneDelete:   r.Replace(pruneDeleteSQL),
+		append:           buildAppendStatements(r),
+		streamHead:       r.Replace(streamHeadSQL),
+		readStream:       r.Replace(readStreamSQL),
+		readLog:          r.Replace(readLogSQL),
+		readLogTypes:     readLogTypesStatements(r),
+		readLogPartition: readLogPartitionStatements(r),
+		restoredCheck:    r.Replace(restoredCheckSQL),
+		pruneCount:       r.Replace(pruneCountSQL),
+		pruneChoose:      r.Replace(pruneChooseSQL),
+		pruneDelete:      r.Replace(pruneDeleteSQL),
 	}
 }
 
@@ -231,6 +255,18 @@ func readLogTypesStatements(r *strings.Replacer) []string {
 			branches[i] = fmt.Sprintf(readLogTypeBranch, i+1)
 		}
 		out[k-1] = r.Replace(fmt.Sprintf(readLogTypesSQL, strings.Join(branches, "\n\tUNION ALL ")))
+	}
+	return out
+}
+
+func readLogPartitionStatements(r *strings.Replacer) [BucketBits + 1]string {
+	var out [BucketBits + 1]string
+	for b := 1; b <= BucketBits; b++ {
+		branches := make([]string, 1<<(BucketBits-b))
+		for i := range branches {
+			branches[i] = fmt.Sprintf(readLogPartitionBranch, i)
+		}
+		out[b] = r.Replace(fmt.Sprintf(readLogPartitionSQL, strings.Join(branches, "\n\tUNION ALL ")))
 	}
 	return out
 }

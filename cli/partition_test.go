@@ -1,0 +1,81 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+)
+
+// Partitions show under their consumer (cursor, lag, owner); consumer
+// commands take a range-checked --partition (exit 2 outside it); restart
+// without it acts on the dead partitions only; the fence row refuses
+// transitions.
+func TestConsumerPartitions(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	ctx := context.Background()
+	if err := store.CreatePartitionIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := projection.NewAsync("parts", projection.AsyncConfig{Partitions: 4})
+	if err := projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, InstanceID: "cli-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET status = 'dead', attempts = 3 WHERE name = 'parts' AND instance_id = $1`,
+		projection.PartitionInstance(2, 4)); err != nil {
+		t.Fatal(err)
+	}
+	run := func(want int, args ...string) string {
+		t.Helper()
+		out, code := runIn(t, store.Schema(), types.Registry, args...)
+		if code != want {
+			t.Fatalf("%v: exit %d, want %d:\n%s", args, code, want, out)
+		}
+		return out
+	}
+	out := run(0, "status")
+	for _, want := range []string{"partition 0/4", "partition 3/4", "(partitioned: fence)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if i0, i3 := strings.Index(out, "partition 0/4"), strings.Index(out, "partition 3/4"); i0 > i3 {
+		t.Errorf("partitions out of order:\n%s", out)
+	}
+	run(2, "consumer", "status", "parts", "--partition", "4")
+	run(2, "consumer", "status", "parts", "--partition", "-1")
+	run(2, "consumer", "status", "parts", "--partition", "x")
+	run(2, "consumer", "status", "parts", "--partition", "1", "--instance", "a")
+	if out := run(0, "consumer", "status", "parts", "--partition", "1"); !strings.Contains(out, "1 of 4") {
+		t.Errorf("consumer status --partition 1:\n%s", out)
+	}
+	if out := run(0, "consumer", "status", "parts", "--partition", "1", "-o", "json"); !strings.Contains(out, `"partition": 1`) {
+		t.Errorf("consumer status -o json:\n%s", out)
+	}
+	if out := run(0, "consumer", "restart", "parts"); !strings.Contains(out, "partition 2/4") || strings.Contains(out, "partition 1/4") {
+		t.Errorf("restart without --partition restarted:\n%s", out)
+	}
+	run(3, "consumer", "restart", "parts")
+	run(3, "consumer", "enable", "parts")
+	run(3, "consumer", "restart", "parts", "--partition", "0")
+	run(0, "consumer", "disable", "parts", "--partition", "0")
+	run(0, "consumer", "enable", "parts", "--partition", "0")
+}

@@ -1,0 +1,270 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// Balancing a partitioned consumer's partitions over the processes that run
+// it, with no coordinator: every process runs the same rules on the same
+// rows (each partition's owner in projector_consumers, and the live
+// instances from their heartbeats in projector_instances) and changes only
+// its own claims, each a compare-and-set on one row.
+//
+//   - Affinity: a process keeps the partitions it owns while its share
+//     allows, so its prefetch and shared reads stay warm.
+//   - Fairness: with P live processes and N partitions each owns at most
+//     ceil(N/P); while a process owns fewer than floor(N/P), the most
+//     loaded process gives one up. A partition with no live owner (free, or
+//     its owner's heartbeats stopped) is claimed by a least-loaded process
+//     below its share.
+//   - A process that stops gracefully releases its partitions at once; one
+//     that dies is passed over once it misses LiveHeartbeats heartbeats
+//     (processes running partitioned consumers heartbeat at least every
+//     [PartitionHeartbeatEvery]).
+//
+// The owner steers which process tries a partition; it is not the
+// exclusion. Two processes that briefly both think they own one still take
+// its advisory lock for every pass, and the pass re-reads the owner after
+// the lock and stands aside when it is another's: a process that lost a
+// partition stops at its next pass.
+
+// PartitionHeartbeatEvery caps the heartbeat interval of a dispatcher that
+// runs a partitioned consumer: a process that dies has its partitions taken
+// once LiveHeartbeats of these have passed.
+const PartitionHeartbeatEvery = time.Second
+
+// balancer balances one partitioned consumer's partitions for this process.
+type balancer struct {
+	consumer string
+	shards   []*shard // the partitions, by partition number
+
+	mu    sync.Mutex
+	owned []bool
+}
+
+func newBalancer(consumer string, shards []*shard) *balancer {
+	return &balancer{consumer: consumer, shards: shards, owned: make([]bool, len(shards))}
+}
+
+// member is what the instances row lists for a process that balances the
+// consumer's partitions: NAME/N, which no consumer name can be. A process
+// that runs the consumer unpartitioned (an older binary, fenced) lists only
+// NAME and is not counted in the share.
+func (b *balancer) member() string { return b.consumer + "/" + strconv.Itoa(len(b.shards)) }
+
+// owns reports whether this process works partition p, as the last round
+// decided.
+func (b *balancer) owns(p int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.owned[p]
+}
+
+func (b *balancer) set(p int, own bool) {
+	b.mu.Lock()
+	was := b.owned[p]
+	b.owned[p] = own
+	b.mu.Unlock()
+	if own && !was {
+		select {
+		case b.shards[p].kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+type balanceSQL struct {
+	owners, live, claim, release, releaseAll string
+}
+
+func buildBalanceSQL(store *postgres.Store) balanceSQL {
+	c, i := store.Table("projector_consumers"), store.Table("projector_instances")
+	return balanceSQL{
+		owners: `SELECT instance_id, coalesce(owner, '') FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%'`,
+		live: `SELECT instance_id FROM ` + i + ` WHERE $1 = ANY(consumers) AND stopped_at IS NULL
+			AND last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * heartbeat_every`,
+		claim:      `UPDATE ` + c + ` SET owner = $3 WHERE name = $1 AND instance_id = $2 AND coalesce(owner, '') = $4`,
+		release:    `UPDATE ` + c + ` SET owner = NULL WHERE name = $1 AND instance_id = $2 AND owner = $3`,
+		releaseAll: `UPDATE ` + c + ` SET owner = NULL WHERE name = ANY($1) AND instance_id LIKE '` + PartitionPrefix + `%' AND owner = $2`,
+	}
+}
+
+// balanceLoop runs a balancing round for every partitioned consumer every
+// Recheck, and at once at start so a new process takes its share on its
+// first passes.
+func (d *Dispatcher) balanceLoop(ctx context.Context) {
+	if len(d.balancers) == 0 {
+		return
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		for _, b := range d.balancers {
+			if err := d.balance(ctx, b); err != nil && ctx.Err() == nil {
+				d.logger.WarnContext(ctx, "projection dispatcher: balancing partitions failed; will retry",
+					slog.String("consumer", b.consumer), slog.Any("error", err))
+			}
+		}
+		timer.Reset(d.cfg.Recheck)
+	}
+}
+
+// balance runs one round for b: read who owns what and who is alive,
+// release what is over this process's share, claim what is free and
+// within it.
+func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
+	var owners []string
+	var live []string
+	batch := &pgx.Batch{}
+	batch.Queue(d.bsql.owners, b.consumer).Query(func(rows pgx.Rows) error {
+		owners = make([]string, len(b.shards))
+		for rows.Next() {
+			var id, owner string
+			if err := rows.Scan(&id, &owner); err != nil {
+				return err
+			}
+			if p, n, ok := ParsePartition(id); ok && n == len(b.shards) {
+				owners[p] = owner
+			}
+		}
+		return rows.Err()
+	})
+	batch.Queue(d.bsql.live, b.member()).Query(func(rows pgx.Rows) error {
+		var err error
+		live, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err := d.store.Pool().SendBatch(ctx, batch).Close(); err != nil {
+		return err
+	}
+	if !slices.Contains(live, d.instance) {
+		live = append(live, d.instance) // this process runs, whatever its last heartbeat says
+	}
+	plan := planBalance(d.instance, owners, live)
+	for _, p := range plan.release {
+		if _, err := d.store.Pool().Exec(ctx, d.bsql.release, b.consumer, b.shards[p].id.Instance, d.instance); err != nil {
+			return err
+		}
+		b.set(p, false)
+		d.logger.DebugContext(ctx, "projection dispatcher: partition released", slog.String("consumer", b.shards[p].id.String()))
+	}
+	for _, p := range plan.claim {
+		tag, err := d.store.Pool().Exec(ctx, d.bsql.claim, b.consumer, b.shards[p].id.Instance, d.instance, owners[p])
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 1 {
+			b.set(p, true)
+		}
+	}
+	for p, owner := range owners {
+		if owner == d.instance && !slices.Contains(plan.release, p) {
+			b.set(p, true)
+		} else if owner != d.instance && owner != "" && !slices.Contains(plan.claim, p) {
+			b.set(p, false)
+		}
+	}
+	return nil
+}
+
+// balancePlan is what one process does in a round: partitions to give up
+// and partitions to claim.
+type balancePlan struct {
+	release, claim []int
+}
+
+// planBalance decides me's round from owners (each partition's owner, ""
+// for none) and the live instances: pure, so every process reaching the
+// same view decides consistently, and tested on its own.
+func planBalance(me string, owners []string, live []string) balancePlan {
+	n, alive := len(owners), len(live)
+	count := map[string]int{}
+	for _, l := range live {
+		count[l] = 0
+	}
+	var mine, free []int
+	for p, o := range owners {
+		if _, ok := count[o]; ok {
+			count[o]++
+			if o == me {
+				mine = append(mine, p)
+			}
+		} else {
+			free = append(free, p)
+		}
+	}
+	floor, ceil := n/alive, (n+alive-1)/alive
+	var plan balancePlan
+	switch {
+	case len(mine) > ceil:
+		plan.release = mine[ceil:] // keep the first: affinity, and the same choice every round
+	case len(mine) > floor:
+		// Give one up while someone is below its floor, if this process
+		// is the most loaded (ties: the greatest id), so only one does.
+		starving := false
+		top := me
+		for l, c := range count {
+			starving = starving || c < floor
+			if c > count[top] || (c == count[top] && l > top) {
+				top = l
+			}
+		}
+		if starving && top == me && len(free) == 0 {
+			plan.release = mine[len(mine)-1:]
+		}
+	}
+	if len(plan.release) > 0 {
+		return plan
+	}
+	// Claim free partitions up to the floor, and up to the ceiling while
+	// no live process owns fewer than this one.
+	least := true
+	for l, c := range count {
+		if l != me && c < len(mine) {
+			least = false
+		}
+	}
+	want := floor
+	if least {
+		want = ceil
+	}
+	if k := want - len(mine); k > 0 && len(free) > 0 {
+		free = slices.Clone(free)
+		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] }) // processes claiming at once spread out
+		plan.claim = free[:min(k, len(free))]
+		slices.Sort(plan.claim)
+	}
+	return plan
+}
+
+// releasePartitions gives up every partition this process owns, at a
+// graceful stop, so the others take them at once rather than after missed
+// heartbeats.
+func (d *Dispatcher) releasePartitions(ctx context.Context) {
+	if len(d.balancers) == 0 {
+		return
+	}
+	names := make([]string, len(d.balancers))
+	for i, b := range d.balancers {
+		names[i] = b.consumer
+	}
+	if _, err := d.store.Pool().Exec(ctx, d.bsql.releaseAll, names, d.instance); err != nil {
+		d.logger.WarnContext(ctx, "projection dispatcher: release partitions", slog.Any("error", err))
+	}
+}
