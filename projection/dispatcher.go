@@ -175,6 +175,7 @@ type Dispatcher struct {
 	metrics    *metrics
 	tracer     trace.Tracer
 	sql        dispatchSQL
+	park       parkSQL
 	isql       instanceSQL
 	sem        chan struct{}
 	wake       broadcast
@@ -304,6 +305,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		cfg:     cfg,
 		logger:  cmp.Or(cfg.Logger, slog.Default()),
 		sql:     buildDispatchSQL(cfg.Store),
+		park:    buildParkSQL(cfg.Store),
 		isql:    buildInstanceSQL(cfg.Store),
 		sem:     make(chan struct{}, cfg.Concurrency),
 		stopped: make(chan struct{}),
