@@ -557,9 +557,10 @@ func applyLive(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, 
 	return herr, nil
 }
 
-// retryLoop carries out the retry requests of dead letters of this
-// dispatcher's projections (`projector dead-letters retry` without --here):
-// each in its own transaction, the same as [RetryDeadLetter].
+// retryLoop carries out the retry requests of dead letters and parks of
+// this dispatcher's projections (`projector dead-letters retry` and
+// `projector parked retry` without --here): each in its own transaction,
+// the same as [RetryDeadLetter] and [RetryPark].
 func (d *Dispatcher) retryLoop(ctx context.Context) {
 	byName := map[string]*Async{}
 	var names []string
@@ -608,6 +609,7 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 				d.logger.WarnContext(ctx, "projection dispatcher: a dead-letter retry request failed", slog.Int64("id", r.id), slog.Any("error", err))
 			}
 		}
+		d.parkRetryRequests(ctx, byName, names, instances)
 		select {
 		case <-ctx.Done():
 			return

@@ -6,12 +6,14 @@ package projection
 // ways out (list, show, retry, discard). Migration 0016 has the tables.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
+	"unicode"
 
 	sq "github.com/Masterminds/squirrel"
 	"github.com/google/uuid"
@@ -416,6 +418,10 @@ func validBy(by string) error {
 	if err := projector.ValidText(by); err != nil {
 		return fmt.Errorf("%w: who %s %w", projector.ErrInvalidTransition, projector.Printable(by), err)
 	}
+	// It is shown on operators' terminals and pages: printable only.
+	if strings.IndexFunc(by, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return fmt.Errorf("%w: who %s: not printable", projector.ErrInvalidTransition, projector.Printable(by))
+	}
 	return nil
 }
 
@@ -590,4 +596,40 @@ func RequestParkRetry(ctx context.Context, store *postgres.Store, id int64, by s
 		return fmt.Errorf("retry: %w", err)
 	}
 	return fmt.Errorf("retry park %d: it is %s already: %w", id, pk.Status, projector.ErrInvalidTransition)
+}
+
+// parkRetryRequests carries out the retry requests of open parks of
+// byName's projections on instances (see retryLoop), each as [RetryPark]
+// on behalf of whoever asked.
+func (d *Dispatcher) parkRetryRequests(ctx context.Context, byName map[string]*Async, names, instances []string) {
+	type req struct {
+		id       int64
+		name, by string
+	}
+	rows, err := d.store.Pool().Query(ctx, `SELECT id, consumer, coalesce(resolved_by, '') FROM `+d.store.Table("projector_parks")+`
+		WHERE retry_requested_at IS NOT NULL AND status = 'parked' AND consumer = ANY($1) AND instance_id = ANY($2) ORDER BY id LIMIT 100`,
+		names, instances)
+	var reqs []req
+	if err == nil {
+		reqs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (req, error) {
+			var r req
+			return r, row.Scan(&r.id, &r.name, &r.by)
+		})
+	}
+	if err != nil && ctx.Err() == nil {
+		d.logger.WarnContext(ctx, "projection dispatcher: looking for park retry requests failed", slog.Any("error", err))
+	}
+	for _, r := range reqs {
+		_, _, err := retryPark(ctx, d.store, byName[r.name], r.id, cmp.Or(r.by, "dispatcher "+d.instance), d.logger, true)
+		if errors.Is(err, ErrWrongVersion) {
+			continue // a rolling deploy's other binary: leave it to one of the live version
+		}
+		if err != nil && ctx.Err() == nil {
+			// Clear the request, so one that cannot be carried out is not
+			// tried on every poll; the error is kept on the park.
+			_, _ = d.store.Pool().Exec(context.WithoutCancel(ctx), `UPDATE `+d.store.Table("projector_parks")+`
+				SET retry_requested_at = NULL, error = $2 WHERE id = $1 AND status = 'parked'`, r.id, "retry request: "+err.Error())
+			d.logger.WarnContext(ctx, "projection dispatcher: a park retry request failed", slog.Int64("id", r.id), slog.Any("error", err))
+		}
+	}
 }
