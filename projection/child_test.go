@@ -28,6 +28,9 @@ const (
 	childSchemaEnv     = "PROJECTOR_TEST_CHILD_SCHEMA"
 	childBatchEnv      = "PROJECTOR_TEST_CHILD_BATCH"
 	childKillAfterEmit = "PROJECTOR_TEST_CHILD_KILL_AFTER_EMIT"
+	// childPark makes the child run parkChaos instead (promise18_test.go):
+	// "failing" before the deploy, "deployed" after.
+	childPark = "PROJECTOR_TEST_CHILD_PARK"
 )
 
 // childProjections are what a child runs: "counting" (opened and commented
@@ -79,6 +82,9 @@ func runChild() int {
 		return 1
 	}
 	projs := childProjections(store, types, batch, kill)
+	if mode := os.Getenv(childPark); mode != "" {
+		projs = []*projection.Async{parkChaos(store.Schema(), types, batch, mode == "deployed")}
+	}
 	d, err := projection.New(projection.Config{Store: store, Projections: projs, Logger: logger,
 		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
 	if err != nil {
