@@ -18,6 +18,7 @@ import (
 	sq "github.com/Masterminds/squirrel"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -631,5 +632,40 @@ func (d *Dispatcher) parkRetryRequests(ctx context.Context, byName map[string]*A
 				SET retry_requested_at = NULL, error = $2 WHERE id = $1 AND status = 'parked'`, r.id, "retry request: "+err.Error())
 			d.logger.WarnContext(ctx, "projection dispatcher: a park retry request failed", slog.Int64("id", r.id), slog.Any("error", err))
 		}
+	}
+}
+
+// refreshParks publishes each consumer's open parks and the age of its
+// oldest, 0 included for every consumer this dispatcher runs (so an alert
+// on > 0 has a series from the start), along the open parks' index.
+func (d *Dispatcher) refreshParks(ctx context.Context) {
+	type gauge struct{ n, age float64 }
+	by := map[string]gauge{}
+	names := []string{}
+	for _, sh := range d.shards {
+		if _, ok := by[sh.id.Consumer]; !ok {
+			by[sh.id.Consumer] = gauge{}
+			names = append(names, sh.id.Consumer)
+		}
+	}
+	var name string
+	var g gauge
+	rows, err := d.store.Pool().Query(ctx, `SELECT consumer, count(*), extract(epoch FROM now() - min(parked_at))::float8
+		FROM `+d.store.Table("projector_parks")+` WHERE status = 'parked' AND consumer = ANY($1) GROUP BY consumer`, names)
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&name, &g.n, &g.age}, func() error {
+			by[name] = g
+			return nil
+		})
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logger.DebugContext(ctx, "projection dispatcher: refresh parks", slog.Any("error", err))
+		}
+		return
+	}
+	for name, g := range by {
+		d.metrics.parkedStreams.With(prometheus.Labels{"consumer": name}).Set(g.n)
+		d.metrics.parkedAge.With(prometheus.Labels{"consumer": name}).Set(max(g.age, 0))
 	}
 }

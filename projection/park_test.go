@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
@@ -287,4 +289,51 @@ func TestParkStream_PruneKeepsParkedEvents(t *testing.T) {
 			t.Fatalf("retry of park %d (stream %s): %+v, %v", pk.ID, pk.StreamID, res, err)
 		}
 	}
+}
+
+// projector_parked_streams counts a consumer's open parks and
+// projector_parked_oldest_age_seconds the age of the oldest; both follow a
+// discard.
+func TestParkStream_Gauges(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.traceTable()
+	var failing atomic.Bool
+	failing.Store(true)
+	p := poisoned(e, "parking", parkCfg, &failing)
+	reg := prometheus.NewRegistry()
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Registerer: reg, MetricsEvery: 20 * time.Millisecond})
+	gauge := func(name string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				for _, m := range mf.GetMetric() {
+					if m.GetLabel()[0].GetValue() == "parking" {
+						return m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		return -1
+	}
+	eventually(t, 30*time.Second, "the gauges at zero", func() bool {
+		return gauge("projector_parked_streams") == 0 && gauge("projector_parked_oldest_age_seconds") == 0
+	})
+	e.appendOne("a", projector.NoStream, testevents.TicketOpened{Title: "poison"})
+	e.appendOne("b", projector.NoStream, testevents.TicketOpened{Title: "poison"})
+	e.catchUp(d)
+	eventually(t, 30*time.Second, "two parks counted, the oldest aging", func() bool {
+		return gauge("projector_parked_streams") == 2 && gauge("projector_parked_oldest_age_seconds") > 0
+	})
+	for _, pk := range e.openParks("parking") {
+		if _, err := projection.DiscardPark(e.ctx, e.store, pk.ID, "tester"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 30*time.Second, "the gauges back at zero", func() bool {
+		return gauge("projector_parked_streams") == 0 && gauge("projector_parked_oldest_age_seconds") == 0
+	})
 }
