@@ -134,6 +134,12 @@ func TestParkedCommand(t *testing.T) {
 		!strings.Contains(out, "cannot digest poison") || strings.Count(out, "\n") != 2 || !strings.Contains(out, "\n"+ids[1]+" ") {
 		t.Fatalf("list, a page of one after the first:\n%s", out)
 	}
+	if out, _, code := cli("status"); code != ExitOK || !strings.Contains(out, "PARKED STREAMS") || !strings.Contains(out, "parked list --consumer parking") {
+		t.Fatalf("status: exit %d:\n%s", code, out)
+	}
+	if out, _, code := cli("consumer", "status", "parking"); code != ExitOK || !strings.Contains(out, "parked streams  3,") {
+		t.Fatalf("consumer status: exit %d:\n%s", code, out)
+	}
 	if out, _, code := cli("parked", "show", ids[0]); code != ExitOK || !strings.Contains(out, "sequence:   2 events") || !strings.Contains(out, poisons[0].ID.String()) {
 		t.Fatalf("show: exit %d:\n%s", code, out)
 	}
