@@ -669,3 +669,39 @@ func (d *Dispatcher) refreshParks(ctx context.Context) {
 		d.metrics.parkedAge.With(prometheus.Labels{"consumer": name}).Set(max(g.age, 0))
 	}
 }
+
+// withoutParked returns events without those an open park of consumer
+// holds, and how many it left out.
+func withoutParked(ctx context.Context, tx pgx.Tx, store *postgres.Store, consumer string, events []projector.Event) ([]projector.Event, int, error) {
+	if len(events) == 0 {
+		return events, 0, nil
+	}
+	ids := make([][16]byte, len(events))
+	for i, ev := range events {
+		ids[i] = [16]byte(ev.ID)
+	}
+	rows, err := tx.Query(ctx, `SELECT e.event_id FROM `+store.Table("projector_parked_events")+` e
+		JOIN `+store.Table("projector_parks")+` p ON p.id = e.park_id
+		WHERE p.consumer = $1 AND p.status = 'parked' AND e.event_id = ANY($2)`, consumer, ids)
+	if err != nil {
+		return nil, 0, fmt.Errorf("replay: read parked events: %w", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, 0, fmt.Errorf("replay: read parked events: %w", err)
+	}
+	if len(held) == 0 {
+		return events, 0, nil
+	}
+	skip := make(map[uuid.UUID]bool, len(held))
+	for _, id := range held {
+		skip[id] = true
+	}
+	out := make([]projector.Event, 0, len(events)-len(held))
+	for _, ev := range events {
+		if !skip[ev.ID] {
+			out = append(out, ev)
+		}
+	}
+	return out, len(held), nil
+}
