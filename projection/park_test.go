@@ -337,3 +337,66 @@ func TestParkStream_Gauges(t *testing.T) {
 		return gauge("projector_parked_streams") == 0 && gauge("projector_parked_oldest_age_seconds") == 0
 	})
 }
+
+// A retry waits for a pass that holds the shard and reads the park after
+// it: an event the pass added to the park meanwhile (the other actor in the
+// gap) is applied by the retry, in order, and none is left behind.
+func TestParkStream_RetryWaitsForThePassInTheGap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.traceTable()
+	var failing atomic.Bool
+	failing.Store(true)
+	p := poisoned(e, "parking", parkCfg, &failing)
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	e.appendOne("p", projector.NoStream, testevents.TicketOpened{Title: "poison"}, testevents.TicketCommented{Body: "after"})
+	e.catchUp(d)
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	parks := e.openParks("parking")
+	if len(parks) != 1 || parks[0].Events != 2 {
+		t.Fatalf("parks: %+v", parks)
+	}
+	late := e.appendOne("p", projector.ExactVersion(2), testevents.TicketCommented{Body: "in the gap"})[0]
+	failing.Store(false)
+
+	// The other actor: a transaction holding the shard's lock, as a pass
+	// does, that parks the late event behind the others.
+	gap, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = gap.Rollback(e.ctx) }()
+	if err := projection.LockShard(e.ctx, gap, e.store, projection.ShardID{Consumer: "parking"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan projection.ParkRetryResult, 1)
+	go func() {
+		res, err := projection.RetryPark(e.ctx, e.store, p, parks[0].ID, "tester", nil)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	eventually(t, 30*time.Second, "the retry to wait for the shard's lock", func() bool {
+		var waiting bool
+		_ = e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting)
+		return waiting
+	})
+	if _, err := gap.Exec(e.ctx, `INSERT INTO `+e.table("projector_parked_events")+` (park_id, version, event_id) VALUES ($1, $2, $3)`,
+		parks[0].ID, late.Version, late.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := gap.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if !res.Resolved || res.Events != 3 {
+		t.Fatalf("retry: %+v; want the 3 events, the one parked in the gap included", res)
+	}
+	if got, bad := e.counts("parking"); got["p"] != 3 || bad != 0 {
+		t.Fatalf("applied %v (%d bad); want p's 3 events once, in order", got, bad)
+	}
+}
