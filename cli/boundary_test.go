@@ -46,6 +46,11 @@ func TestUnstorableStringsAreUsageErrors(t *testing.T) {
 			{"dead-letters", "list", "--type", bad},
 			{"dead-letters", "list", "--instance", bad},
 			{"dead-letters", "retry", "--all", "--consumer", bad},
+			{"parked", "list", "--consumer", bad},
+			{"parked", "list", "--tenant", bad},
+			{"parked", "list", "--instance", bad},
+			{"parked", "discard", "1", "--by", bad},
+			{"parked", "retry", "1", "--by", bad},
 		} {
 			out, code := runIn(t, store.Schema(), nil, args...)
 			if code != ExitUsage {

@@ -50,6 +50,8 @@ type ShardJSON struct {
 	Partition  *int   `json:"partition,omitempty"`
 	Partitions int    `json:"partitions,omitempty"`
 	Owner      string `json:"owner,omitempty"`
+	// ParkedStreams counts the shard's open parks (`parked list`).
+	ParkedStreams int64 `json:"parked_streams"`
 }
 
 func toJSON(s projection.ShardState) ShardJSON {
@@ -57,6 +59,7 @@ func toJSON(s projection.ShardState) ShardJSON {
 		Consumer: s.Consumer, Instance: s.Instance, Status: string(s.Status), Cursor: cursor(s.Cursor),
 		LagEvents: s.LagEvents, LagSeconds: s.LagSeconds, Attempts: s.Attempts, LastError: s.LastError,
 		Processed: s.Processed, UpdatedAt: s.UpdatedAt, Dispatcher: string(s.Dispatcher), Role: shardRole(s),
+		ParkedStreams: s.Parked,
 	}
 	if !s.LastSeen.IsZero() {
 		j.LastSeenAt = &s.LastSeen
@@ -570,6 +573,9 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 		row("cursor", cursor(s.Cursor))
 		row("lag", fmt.Sprintf("%d events, oldest %s", s.LagEvents, age(s.LagSeconds)))
 		row("processed", fmt.Sprint(s.Processed))
+		if s.Parked > 0 {
+			row("parked streams", fmt.Sprintf("%d, held back until retried or discarded (parked list --consumer %s)", s.Parked, projector.Printable(s.Consumer)))
+		}
 		row("attempts", fmt.Sprint(s.Attempts))
 		if s.LastError != "" {
 			row("last error", text(s.LastError, lineText))

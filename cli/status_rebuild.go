@@ -173,6 +173,9 @@ func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuil
 	if err != nil {
 		return err
 	}
+	if err := writeParkedShards(w, shards); err != nil {
+		return err
+	}
 	if shadows {
 		if _, err := fmt.Fprintln(w, "\n__rebuild__ is a blue/green rebuild's shadow shard: it builds the new version into shadow tables\nno reader uses; the live model is the __shared__ shard's until the switch."); err != nil {
 			return err
@@ -207,4 +210,28 @@ func cmpOr(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// writeParkedShards lists the shards with open parks (ParkStream), if any:
+// streams whose read model is held back until an operator acts.
+func writeParkedShards(w io.Writer, shards []projection.ShardState) error {
+	var parked []projection.ShardState
+	for _, s := range shards {
+		if s.Parked > 0 {
+			parked = append(parked, s)
+		}
+	}
+	if len(parked) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, "\nPARKED STREAMS (held back until retried or discarded)"); err != nil {
+		return err
+	}
+	return writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "CONSUMER\tINSTANCE\tPARKED\tSEE")
+		for _, s := range parked {
+			fmt.Fprintf(tw, "%s\t%s\t%d\tparked list --consumer %s\n", projector.Printable(s.Consumer), projector.Printable(s.Instance),
+				s.Parked, projector.Printable(s.Consumer))
+		}
+	})
 }

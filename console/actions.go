@@ -141,6 +141,31 @@ func (c *Console) plan(r *http.Request, kind, op string) (target string, run fun
 			}
 			return fmt.Sprintf("retry of dead letter %d requested: a dispatcher running its consumer carries it out", id), nil
 		}, nil
+	case "park":
+		if op != "retry" && op != "discard" {
+			break
+		}
+		id, err := strconv.ParseInt(strings.TrimSpace(r.PostFormValue("id")), 10, 64)
+		if err != nil || id < 1 {
+			return "", nil, fmt.Errorf("%w: park id %q: want a positive number", ErrInvalidInput, r.PostFormValue("id"))
+		}
+		// The park's record names who acted: the signed-in operator.
+		by := "console: " + c.who(r).name
+		return "park " + strconv.FormatInt(id, 10), func(ctx context.Context) (string, error) {
+			if op == "discard" {
+				p, err := projection.DiscardPark(ctx, store, id, by)
+				if err != nil {
+					return "", err
+				}
+				return fmt.Sprintf("park %d discarded: %d events of %s dropped, kept for the record", id, p.Events, p.Stream()), nil
+			}
+			// A request, as `parked retry` without --here: the handlers are
+			// a dispatcher's code.
+			if err := projection.RequestParkRetry(ctx, store, id, by); err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("retry of park %d requested: a dispatcher running its consumer applies the parked sequence", id), nil
+		}, nil
 	case "rebuild":
 		if op != "request" {
 			break

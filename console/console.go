@@ -239,6 +239,7 @@ func New(cfg Config) (*Console, error) {
 	mux.HandleFunc("GET /state.json", c.stateJSON)
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
 	mux.HandleFunc("GET /dead-letters/{id}", c.deadLetter)
+	mux.HandleFunc("GET /parked", c.parked)
 	mux.HandleFunc("GET /sagas", c.sagas)
 	mux.HandleFunc("GET /sagas/{name}", c.sagaInstances)
 	mux.HandleFunc("GET /sagas/{name}/{id}", c.sagaInstance)

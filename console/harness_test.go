@@ -57,6 +57,7 @@ type options struct {
 	token        string
 	showPayloads bool
 	continuous   bool
+	park         bool // the consumer parks failing streams (ParkStream)
 	batchSize    int
 	// mailer adds a continuous-mode consumer "mailer" that dead-letters
 	// the events of streams named bad-…
@@ -82,6 +83,9 @@ func newEnv(t testing.TB, o options) *env {
 		Tables: []string{e.store.Schema() + ".counts"}, BatchSize: o.batchSize}
 	if o.continuous {
 		cfg.ErrorMode = projection.SkipApplyErrors
+	}
+	if o.park {
+		cfg.ErrorMode = projection.ParkStream
 	}
 	e.proj = projection.NewAsync("tickets", cfg)
 	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {

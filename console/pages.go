@@ -47,6 +47,8 @@ type pageData struct {
 	DeadLetters []projection.DeadLetter
 	Filter      string
 	Next        int64
+	// Parks is the parked-streams list's page (Filter and Next as above).
+	Parks []projection.Park
 	// DeadLetter and Event are the single dead-letter view's.
 	DeadLetter *projection.DeadLetter
 	Event      *projector.Event
@@ -313,4 +315,43 @@ func human(d time.Duration) string {
 	}
 	d = d.Round(time.Hour)
 	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
+}
+
+// parked is the list of parked streams (ParkStream consumers), open ones by
+// default, with retry and discard for a signed-in operator.
+func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := projection.ParkFilter{Status: q.Get("status"), Limit: c.cfg.DeadLetterLimit}
+	switch f.Status {
+	case "":
+		f.Status = projection.ParkOpen
+	case "all", projection.ParkOpen, projection.ParkResolved, projection.ParkDiscarded:
+	default:
+		c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: status %q: want parked, resolved, discarded or all", ErrInvalidInput, f.Status))
+		return
+	}
+	filter := f.Status
+	if f.Status == "all" {
+		f.Status = ""
+	}
+	if a := q.Get("after"); a != "" {
+		n, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || n < 0 {
+			c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: after %q: want a park id", ErrInvalidInput, a))
+			return
+		}
+		f.AfterID = n
+	}
+	parks, err := projection.ListParks(r.Context(), c.cfg.Store, f)
+	if err != nil {
+		c.log.Error("console: list parks", slog.Any("error", err))
+		c.reply(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	d := c.page(r, "Parked streams", nil)
+	d.Parks, d.Filter = parks, filter
+	if len(parks) == f.Limit {
+		d.Next = parks[len(parks)-1].ID
+	}
+	c.render(w, r, http.StatusOK, "parked.html", d)
 }

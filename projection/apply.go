@@ -21,6 +21,9 @@ type ReplayResult struct {
 	// in the dead-letter table (recorded again only if the live consumer
 	// had not recorded it already).
 	DeadLettered int
+	// Held counts the events left out because an open park holds them
+	// ([ParkStream]): a retry of the park applies them.
+	Held int
 	// Resolved counts the open dead letters of the live model whose events
 	// the replay applied: they are marked resolved in tx, so no retry
 	// applies those events a second time.
@@ -52,8 +55,8 @@ func (e *ReplayError) Unwrap() error { return e.Err }
 // building block of a partial rebuild (package rebuild), whose caller holds
 // the consumer's shard lock and commits.
 //
-// A failing event follows the projection's error mode: halt-on-error
-// returns a [*ReplayError] (the caller rolls back); continuous mode
+// A failing event follows the projection's error mode: halt-on-error and
+// park-stream return a [*ReplayError] (the caller rolls back); continuous mode
 // dead-letters it, unless the live consumer did already, and goes on. A
 // systemic failure ([IsSystemic]) returns a [*ReplayError] in either mode. tx
 // ends scoped to the system tenant. logger receives the panics of handlers;
@@ -72,6 +75,14 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 	defer cancel()
 	// The scope is unknown: the caller's transaction may be scoped to any
 	// tenant, so the first event scopes it.
+	if p.cfg.ErrorMode == ParkStream {
+		// Events an open park holds are left to it: a retry applies them,
+		// after the ones replayed here, and must not apply them twice.
+		var err error
+		if events, res.Held, err = withoutParked(ctx, tx, store, p.name, events); err != nil {
+			return res, err
+		}
+	}
 	r := newRun(d, tx, sh, "", handlerCtx)
 	r.handlerCtx = withReplay(r.handlerCtx, &replayState{})
 	rest := events
@@ -100,8 +111,9 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 		if err := r.unscope(ctx); err != nil {
 			return res, err
 		}
-		if p.cfg.ErrorMode == HaltOnError || ctx.Err() != nil || IsSystemic(herr) {
+		if p.cfg.ErrorMode != SkipApplyErrors || ctx.Err() != nil || IsSystemic(herr) {
 			// A systemic failure would dead-letter every event after it.
+			// ParkStream halts too: a replay has no park of its own.
 			return res, &ReplayError{Event: failing, Err: herr}
 		}
 		if err := d.deadLetterOnce(ctx, tx, sh, failing, herr); err != nil {

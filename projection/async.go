@@ -46,12 +46,28 @@ const (
 	// rolled back, the event goes to the dead-letter table and the shard
 	// goes on with the next one.
 	SkipApplyErrors
+	// ParkStream parks the failing event's stream instead of stopping the
+	// shard: after MaxAttempts (retried with backoff, as in halt mode) the
+	// event goes to the park table (projector_parks), and every later event
+	// of its stream the consumer reads goes there behind it, in order,
+	// without reaching the handler. Other streams go on, and the cursor
+	// moves past the parked events (`events prune` keeps them while they are
+	// parked). An operator retries the parked sequence through the current
+	// handlers ([RetryPark], `projector parked retry`), which makes the
+	// stream live again, or discards it ([DiscardPark]). A stream's events
+	// are applied in version order or not at all (promise 18). A systemic
+	// failure ([IsSystemic]) or a batch timeout still stops the shard: they
+	// are not about one stream.
+	ParkStream
 )
 
 // String renders the mode for logs and status output.
 func (m ErrorMode) String() string {
-	if m == SkipApplyErrors {
+	switch m {
+	case SkipApplyErrors:
 		return "skip-apply-errors"
+	case ParkStream:
+		return "park-stream"
 	}
 	return "halt-on-error"
 }
@@ -103,7 +119,8 @@ type AsyncConfig struct {
 	// that outlasts BatchTimeout is cut down as live ones are.
 	RebuildBatchSize int
 	// MaxAttempts is how many times a failing event is tried before the
-	// shard goes dead (halt mode); default [DefaultMaxAttempts].
+	// shard goes dead (halt mode) or its stream is parked ([ParkStream]);
+	// default [DefaultMaxAttempts].
 	MaxAttempts int
 	// RetryBackoff is the wait after the first failure, doubled after each
 	// further one up to MaxBackoff; defaults [DefaultRetryBackoff] and
@@ -224,7 +241,7 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 		p.t.fail(name, fmt.Errorf("retry backoff %v / max %v", cfg.RetryBackoff, cfg.MaxBackoff))
 	case cfg.Delivery != Shared && cfg.Delivery != PerInstance:
 		p.t.fail(name, fmt.Errorf("unknown delivery %d", cfg.Delivery))
-	case cfg.ErrorMode != HaltOnError && cfg.ErrorMode != SkipApplyErrors:
+	case cfg.ErrorMode != HaltOnError && cfg.ErrorMode != SkipApplyErrors && cfg.ErrorMode != ParkStream:
 		p.t.fail(name, fmt.Errorf("unknown error mode %d", cfg.ErrorMode))
 	}
 	return p

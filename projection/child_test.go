@@ -33,6 +33,9 @@ const (
 	// handler's transaction, which process applied each event (table
 	// workers), for the partition tests.
 	childPartitions = "PROJECTOR_TEST_CHILD_PARTITIONS"
+	// childPark makes the child run parkChaos instead (promise18_test.go):
+	// "failing" before the deploy, "deployed" after.
+	childPark = "PROJECTOR_TEST_CHILD_PARK"
 )
 
 // childProjections are what a child runs: "counting" (opened and commented
@@ -86,6 +89,8 @@ func runChild() int {
 	projs := childProjections(store, types, batch, kill)
 	if n, _ := strconv.Atoi(os.Getenv(childPartitions)); n > 0 {
 		projs = []*projection.Async{partedProjection(store, types, batch, n, os.Getenv(projection.EnvInstanceID))}
+	} else if mode := os.Getenv(childPark); mode != "" {
+		projs = []*projection.Async{parkChaos(store.Schema(), types, batch, mode == "deployed")}
 	}
 	d, err := projection.New(projection.Config{Store: store, Projections: projs, Logger: logger,
 		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})

@@ -434,7 +434,7 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 			dl.Tenant, dl.StreamType, dl.StreamID, dl.Consumer, dl.Instance, dl.Version).Scan(&res.OutOfOrder); err != nil {
 			return fmt.Errorf("retry dead letter %d: check order: %w", id, err)
 		}
-		herr, err := applyLive(ctx, tx, store, p, shardID, *ev, logger)
+		herr, err := applyLive(ctx, tx, store, p, shardID, []projector.Event{*ev}, logger)
 		if err != nil {
 			return err
 		}
@@ -526,18 +526,19 @@ func checkVersion(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Asyn
 	return nil
 }
 
-// applyLive runs p's handlers on one event in tx the way a pass does
+// applyLive runs p's handlers on events, in order, in tx the way a pass does
 // (decoded payload, tenant scope, queued writes flushed, a savepoint that
 // rolls a failure back, the projection's BatchTimeout), not as a replay.
-// It returns the handler's error, or err when the transaction itself
-// failed. tx ends scoped to the system tenant.
-func applyLive(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, id ShardID, ev projector.Event, logger *slog.Logger) (herr, err error) {
+// It returns the handler's error (then nothing of events is applied), or
+// err when the transaction itself failed. tx ends scoped to the system
+// tenant.
+func applyLive(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, id ShardID, events []projector.Event, logger *slog.Logger) (herr, err error) {
 	d := &Dispatcher{store: store, logger: logger, sql: buildDispatchSQL(store)}
 	sh := &shard{id: id, proj: p}
 	handlerCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
 	defer cancel()
 	r := newRun(d, tx, sh, "", handlerCtx)
-	k, herr := r.applyUntil(ctx, []projector.Event{ev}, 0)
+	k, herr := r.applyUntil(ctx, events, 0)
 	if r.abort != nil {
 		return nil, r.abort
 	}
@@ -556,9 +557,10 @@ func applyLive(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, 
 	return herr, nil
 }
 
-// retryLoop carries out the retry requests of dead letters of this
-// dispatcher's projections (`projector dead-letters retry` without --here):
-// each in its own transaction, the same as [RetryDeadLetter].
+// retryLoop carries out the retry requests of dead letters and parks of
+// this dispatcher's projections (`projector dead-letters retry` and
+// `projector parked retry` without --here): each in its own transaction,
+// the same as [RetryDeadLetter] and [RetryPark].
 func (d *Dispatcher) retryLoop(ctx context.Context) {
 	byName := map[string]*Async{}
 	var names []string
@@ -607,6 +609,7 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 				d.logger.WarnContext(ctx, "projection dispatcher: a dead-letter retry request failed", slog.Int64("id", r.id), slog.Any("error", err))
 			}
 		}
+		d.parkRetryRequests(ctx, byName, names, instances)
 		select {
 		case <-ctx.Done():
 			return

@@ -177,6 +177,7 @@ type Dispatcher struct {
 	metrics  *metrics
 	tracer   trace.Tracer
 	sql      dispatchSQL
+	park     parkSQL
 	isql     instanceSQL
 	psql     partitionSQL
 	bsql     balanceSQL
@@ -328,6 +329,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		cfg:     cfg,
 		logger:  cmp.Or(cfg.Logger, slog.Default()),
 		sql:     buildDispatchSQL(cfg.Store),
+		park:    buildParkSQL(cfg.Store),
 		isql:    buildInstanceSQL(cfg.Store),
 		psql:    buildPartitionSQL(cfg.Store),
 		bsql:    buildBalanceSQL(cfg.Store),

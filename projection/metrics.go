@@ -30,7 +30,10 @@ type metrics struct {
 	// openDeadLetters counts each consumer's open dead letters, all its
 	// instances together (the table's, not this process's).
 	openDeadLetters *prometheus.GaugeVec
-	rebuilds        *rebuildGauges
+	// parkedStreams and parkedAge count each consumer's open parks and the
+	// age of its oldest, all instances together (park.go).
+	parkedStreams, parkedAge *prometheus.GaugeVec
+	rebuilds                 *rebuildGauges
 
 	// lagged holds the shards whose last published lag was not zero.
 	mu     sync.Mutex
@@ -92,10 +95,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "projector_dead_letters_open",
 			Help: "Open dead letters of the consumer (neither retried successfully nor discarded), all instances; the same from every dispatcher that runs it.",
 		}, []string{"consumer"}),
+		parkedStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_parked_streams",
+			Help: "Streams the consumer has parked (ParkStream) and no retry or discard has resolved yet, all instances.",
+		}, []string{"consumer"}),
+		parkedAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_parked_oldest_age_seconds",
+			Help: "Age of the consumer's oldest open park, 0 when none: how long a stream's read model has been held back.",
+		}, []string{"consumer"}),
 		lagged:   map[ShardID]bool{},
 		rebuilds: newRebuildGauges(),
 	}
-	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.sharedReads, m.batchApply, m.horizonAge, m.horizonHolder, m.openDeadLetters}, m.rebuilds.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.sharedReads, m.batchApply, m.horizonAge, m.horizonHolder, m.openDeadLetters, m.parkedStreams, m.parkedAge}, m.rebuilds.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if errors.As(err, &already) {
@@ -208,6 +219,7 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 	}
 	d.refreshHorizonHolder(ctx)
 	d.refreshOpenDeadLetters(ctx)
+	d.refreshParks(ctx)
 	d.refreshRebuildGauges(ctx)
 }
 

@@ -237,6 +237,12 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if batch.Full {
 		d.startPrefetch(ctx, sh, q, next)
 	}
+	parked := 0 // events of parked streams held back (park.go)
+	if sh.parking() {
+		if batch.Events, parked, err = d.parkHeld(ctx, tx, sh, batch.Events); err != nil {
+			return passResult{}, err
+		}
+	}
 	status := StatusIdle
 	if batch.Full {
 		status = StatusProcessing
@@ -286,7 +292,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	handlerCtx, cancel := context.WithTimeout(spanCtx, cfg.BatchTimeout)
 	defer cancel()
 	r := newRun(d, tx, sh, projector.SystemTenant, handlerCtx)
-	r.savepointed = sh.shadow == nil
+	// The savepoint sent with the lock predates the parked rows, which a
+	// handler's failure must not roll back.
+	r.savepointed = sh.shadow == nil && parked == 0
 	if replaying {
 		r.handlerCtx = withReplay(r.handlerCtx, sh.replayState())
 	}
@@ -310,7 +318,15 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		if err := r.unscope(ctx); err != nil {
 			return passResult{}, err
 		}
-		if cfg.ErrorMode == HaltOnError || IsSystemic(herr) {
+		if attempts := failedAttempts(st, failing); sh.parking() && !IsSystemic(herr) && attempts >= cfg.MaxAttempts {
+			var n int
+			if rest, n, err = d.parkFailed(ctx, tx, sh, failing, herr, attempts, rest[k+1:]); err != nil {
+				return passResult{}, err
+			}
+			parked += n
+			continue
+		}
+		if cfg.ErrorMode != SkipApplyErrors || IsSystemic(herr) {
 			// A systemic failure would fail every event behind this one:
 			// dead-lettering them all would bury the cause, so the shard
 			// stops here in either mode (recordFailure).
@@ -521,6 +537,15 @@ func (d *Dispatcher) registerAgain(ctx context.Context, tx pgx.Tx, sh *shard) (p
 	}
 	d.logger.WarnContext(ctx, "projection dispatcher: shard row was missing; registered again from the beginning", slog.String("consumer", sh.id.String()))
 	return passResult{kind: passMore}, nil
+}
+
+// failedAttempts is how many times failing has failed, this time included:
+// the shard counts the attempts of the event it last failed on.
+func failedAttempts(st shardRow, failing projector.Event) int {
+	if failing.ID == st.failedEvent {
+		return st.attempts + 1
+	}
+	return 1
 }
 
 // recordFailure commits the events before the failing one and records the

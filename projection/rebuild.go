@@ -195,6 +195,18 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 		WHERE consumer = $1 AND instance_id = $3 AND model_rebuild_id = $4`, sh.id.Consumer, SharedInstance, RebuildInstance, sw.rebuildID); err != nil {
 		return false, fmt.Errorf("switch: hand the shadow shard's dead letters to the live shard: %w", err)
 	}
+	// The live shard's open parks (ParkStream) are resolved: the shadow
+	// replayed their events through the new model's handlers, and a shadow
+	// shard halts rather than parks, so reaching the switch means it
+	// applied every one of them. A retry now would apply them twice.
+	if _, err := tx.Exec(ctx, `WITH resolved AS (
+			UPDATE `+d.store.Table("projector_parks")+` p SET status = 'resolved', resolved_at = now(), resolved_by = $3, retry_requested_at = NULL,
+				events = (SELECT count(*) FROM `+d.store.Table("projector_parked_events")+` e WHERE e.park_id = p.id)
+			WHERE p.consumer = $1 AND p.instance_id = $2 AND p.status = 'parked' RETURNING p.id)
+		DELETE FROM `+d.store.Table("projector_parked_events")+` WHERE park_id IN (SELECT id FROM resolved)`,
+		sh.id.Consumer, SharedInstance, fmt.Sprintf("rebuild %d (replayed by the switch)", sw.rebuildID)); err != nil {
+		return false, fmt.Errorf("switch: resolve the live shard's parks: %w", err)
+	}
 	// A projection with an External target is not switched until its
 	// target is swapped, after this commit (the swap cannot be part of
 	// it): 'swapping' until then, and the live shard stands aside.

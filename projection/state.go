@@ -97,6 +97,9 @@ type ShardState struct {
 	// instance that works the partition, "" for none yet.
 	Partition, Partitions int
 	Owner                 string
+	// Parked counts the shard's open parks ([ParkStream]): streams whose
+	// events wait for an operator's retry or discard.
+	Parked int64
 }
 
 // Fence reports the unpartitioned row of a partitioned consumer, which only
@@ -216,10 +219,11 @@ func buildAdminSQL(store *postgres.Store) adminSQL {
 		list: `SELECT ` + shardColumns + `, ` + disp + `,
 			(SELECT count(*) FROM (SELECT 1 FROM ` + e + ` e WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) AND ` + inPartition + ` LIMIT ` + fmt.Sprint(LagCountCap) + `) l),
 			coalesce(extract(epoch FROM now() - (SELECT e.recorded_at FROM ` + e + ` e
-				WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) AND ` + inPartition + ` ORDER BY e.tx_id, e.seq LIMIT 1)), 0)::float8
+				WHERE (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq) AND ` + inPartition + ` ORDER BY e.tx_id, e.seq LIMIT 1)), 0)::float8,
+			(SELECT count(*) FROM ` + store.Table("projector_parks") + ` p WHERE p.consumer = c.name AND p.instance_id = c.instance_id AND p.status = 'parked')
 			FROM ` + c + ` c WHERE ($1::text IS NULL OR c.name = $1) AND ($2::text IS NULL OR c.instance_id = $2)
 			ORDER BY c.name, c.instance_id`,
-		lock:     `SELECT ` + shardColumns + `, ` + disp + `, 0::bigint, 0::float8 FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE OF c`,
+		lock:     `SELECT ` + shardColumns + `, ` + disp + `, 0::bigint, 0::float8, 0::bigint FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE OF c`,
 		waitLock: waitShardLockSQL,
 		between:  `SELECT EXISTS (SELECT 1 FROM ` + e + ` WHERE (tx_id, seq) > ($1::xid8, $2::bigint) AND (tx_id, seq) < ($3::xid8, $4::bigint))`,
 		update: `UPDATE ` + c + ` SET status = $3, attempts = $4, cursor_tx_id = $5, cursor_seq = $6,
@@ -246,7 +250,7 @@ func scanShard(row pgx.Row) (ShardState, error) {
 	var s ShardState
 	err := row.Scan(&s.Consumer, &s.Instance, &s.Cursor.TxID, &s.Cursor.Seq, &s.Status, &s.Attempts,
 		&s.LastError, &s.LastErrorAt, &s.FailedAt.TxID, &s.FailedAt.Seq, &s.FailedEventID, &s.NextRetryAt,
-		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds)
+		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds, &s.Parked)
 	if p, n, ok := ParsePartition(s.Instance); ok {
 		s.Partition, s.Partitions = p, n
 	}

@@ -49,7 +49,8 @@ func (s *Store) ExplainPruneLocked(ctx context.Context, types []string, cutoff t
 	}
 	oldest, newest := slices.MinFunc(ats, time.Time.Compare), slices.MaxFunc(ats, time.Time.Compare)
 	halt := strings.NewReplacer("{{c}}", s.Table("projector_consumers"), "{{i}}", s.Table("projector_instances"),
-		"{{e}}", s.Table("projector_events"), "{{d}}", s.Table("projector_dead_letters"), "{{lockPrefix}}", "$6").Replace(haltExpiredFixedSQL)
+		"{{e}}", s.Table("projector_events"), "{{d}}", s.Table("projector_dead_letters"),
+		"{{pe}}", s.Table("projector_parked_events"), "{{lockPrefix}}", "$6").Replace(haltExpiredFixedSQL)
 	var plans []string
 	err = pgx.BeginFunc(ctx, s.pool, func(dbtx pgx.Tx) error {
 		for _, q := range []struct {

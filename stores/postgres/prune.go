@@ -96,8 +96,10 @@ type PruneBlocker struct {
 // Prune deletes events of the given (or ephemeral) stream types older than
 // the cutoff, but never one that some consumer shard that is not disabled
 // has not passed (promise 9), and never the event of an open dead letter
-// (one that may still be retried); once every dead letter of an event is
-// resolved or discarded, the event is pruned like any other. Each delete
+// (one that may still be retried) or of an open park (projection.ParkStream:
+// the cursor passed it, the park holds it for a retry); once every dead
+// letter of an event is resolved or discarded and its park resolved or
+// discarded, the event is pruned like any other. Each delete
 // transaction locks the consumers table in SHARE mode before reading the
 // slowest cursor, so a consumer registering (or a rebuild rewinding) at
 // that moment either is seen or waits for the delete to commit. The rows
@@ -273,7 +275,8 @@ func (s *Store) pruneDryRun(ctx context.Context, types []string, res *PruneResul
 func (s *Store) slowestShard(ctx context.Context, tx pgx.Tx, types []string, cutoff time.Time, dryRun bool) (projector.Position, *PruneBlocker, error) {
 	fill := func(sql string) string {
 		return strings.NewReplacer("{{c}}", s.Table("projector_consumers"), "{{i}}", s.Table("projector_instances"),
-			"{{e}}", s.Table("projector_events"), "{{d}}", s.Table("projector_dead_letters")).Replace(sql)
+			"{{e}}", s.Table("projector_events"), "{{d}}", s.Table("projector_dead_letters"),
+			"{{pe}}", s.Table("projector_parked_events")).Replace(sql)
 	}
 	if !dryRun {
 		if _, err := tx.Exec(ctx, fill(removeExpiredRandomSQL)); err != nil {
@@ -319,7 +322,8 @@ func (s *Store) pruneTypes(ctx context.Context, tx pgx.Tx, types []string, cutof
 	// Not a hot path: the schema is filled in here rather than kept in
 	// the store's statements.
 	q := strings.NewReplacer("{{s}}.projector_events", s.Table("projector_events"),
-		"{{s}}.projector_dead_letters", s.Table("projector_dead_letters")).Replace(pruneByTypeSQL)
+		"{{s}}.projector_dead_letters", s.Table("projector_dead_letters"),
+		"{{s}}.projector_parked_events", s.Table("projector_parked_events")).Replace(pruneByTypeSQL)
 	rows, err := tx.Query(ctx, q, types, cutoff, guard.TxID, guard.Seq, unguarded)
 	if err != nil {
 		return fmt.Errorf("count by stream type: %w", err)
@@ -393,7 +397,8 @@ WHERE i.instance_id = c.instance_id AND c.instance_id <> '__shared__' AND NOT i.
 	WHERE e.stream_type = ANY($1::text[]) AND e.recorded_at < $2
 	  AND (e.tx_id, e.seq) > (c.cursor_tx_id, c.cursor_seq)
 	  AND ($5::bool OR (e.tx_id, e.seq) <= ($3::xid8, $4::bigint))
-	  AND NOT EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id AND d.status = 'open'))
+	  AND NOT EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id AND d.status = 'open')
+	  AND NOT EXISTS (SELECT 1 FROM {{pe}} pk WHERE pk.event_id = e.id))
   AND CASE WHEN ` + expiredInstance + ` THEN ` + tryShardLock + ` ELSE false END`
 
 // Ephemeral returns the stream types the store was told may be pruned by
@@ -403,7 +408,8 @@ func (s *Store) Ephemeral() []string { return append([]string(nil), s.ephemeral.
 const pruneCandidates = `
 	FROM {{s}}.projector_events e
 	WHERE e.stream_type = ANY($1::text[]) AND e.recorded_at < $2
-	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_dead_letters d WHERE d.event_id = e.id AND d.status = 'open')`
+	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_dead_letters d WHERE d.event_id = e.id AND d.status = 'open')
+	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_parked_events pk WHERE pk.event_id = e.id)`
 
 // pruneCountSQL counts the candidates the guard lets go and those it keeps.
 const pruneCountSQL = `SELECT
@@ -429,7 +435,7 @@ const pruneChooseSQL = `SELECT e.tx_id::text, e.seq, e.recorded_at` + pruneCandi
 // candidates ($1 types, older than $4) recorded within the batch's span of
 // times ($2..$3) and positioned within its span of the log ($5/$6..$7/$8),
 // that the guard read under the lock lets go ($9/$10, or any when $11 says
-// there is none) and that no open dead letter holds (one may have opened
+// there is none) and that no open dead letter or park holds (one may have opened
 // since the choice); and it records, per event type, that events of it
 // were deleted: a rebuild of a projection reading that type could no
 // longer be exact, and is refused. The two spans make it an index range
@@ -443,6 +449,7 @@ const pruneDeleteSQL = `WITH deleted AS (
 	  AND (e.tx_id, e.seq) >= ($5::text::xid8, $6::bigint) AND (e.tx_id, e.seq) <= ($7::text::xid8, $8::bigint)
 	  AND ($11::bool OR (e.tx_id, e.seq) <= ($9::xid8, $10::bigint))
 	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_dead_letters d WHERE d.event_id = e.id AND d.status = 'open')
+	  AND NOT EXISTS (SELECT 1 FROM {{s}}.projector_parked_events pk WHERE pk.event_id = e.id)
 	RETURNING e.type
 ), recorded AS (
 	INSERT INTO {{s}}.projector_pruned AS p (event_type, deleted)

@@ -1,0 +1,289 @@
+package cli
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// parkedCmd is `parked`: the streams ParkStream consumers parked, and the
+// operator's ways out (docs/operations.md, "Parked streams").
+func (a *App) parkedCmd() *cobra.Command {
+	cmd := group("parked", "List, show, retry and discard the streams park-stream consumers parked")
+	cmd.AddCommand(a.parkedListCmd(), a.parkedShowCmd(), a.parkedRetryCmd(), a.parkedDiscardCmd())
+	return cmd
+}
+
+func (a *App) parkedListCmd() *cobra.Command {
+	var f projection.ParkFilter
+	var format string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List parked streams (open parks unless --status says otherwise), oldest first",
+		Long: `List parks, oldest first, filtered by --consumer, --instance, --tenant and --status
+(parked by default; resolved, discarded or all). Pages of --limit rows: pass the last
+id shown as --after for the next page.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			if f.Limit < 1 || f.Limit > 10_000 {
+				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", f.Limit)}
+			}
+			if f.AfterID < 0 {
+				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", f.AfterID)}
+			}
+			if f.Status == "all" {
+				f.Status = ""
+			} else if f.Status == "" || projection.ValidateParkStatus(f.Status) != nil {
+				return usageError{fmt.Errorf("--status %q: want parked, resolved, discarded or all", projector.Printable(f.Status))}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				parks, err := projection.ListParks(cmd.Context(), store, f)
+				if errors.Is(err, projection.ErrInvalidParkFilter) {
+					return usageError{err}
+				}
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if parks == nil {
+						parks = []projection.Park{}
+					}
+					return writeJSON(a.out, parks)
+				}
+				if len(parks) == 0 {
+					fmt.Fprintln(a.out, "no parks match")
+					return nil
+				}
+				return writeTable(a.out, func(tw io.Writer) {
+					fmt.Fprintln(tw, "ID\tCONSUMER\tINSTANCE\tSTREAM\tFROM\tEVENTS\tSTATUS\tATTEMPTS\tPARKED\tERROR")
+					for _, p := range parks {
+						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\tv%d\t%d\t%s\t%d\t%s\t%s\n", p.ID, projector.Printable(p.Consumer),
+							projector.Printable(p.Instance), parkStream(p), p.Version, p.Events, parkStatus(p), p.Attempts,
+							p.ParkedAt.UTC().Format(time.RFC3339), text(p.Error, 80))
+					}
+				})
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.Consumer, "consumer", "", "only this consumer's")
+	fl.StringVar(&f.Instance, "instance", "", "only this instance's (shared shards: "+projection.SharedInstance+")")
+	fl.StringVar(&f.Tenant, "tenant", "", "only this tenant's streams")
+	fl.StringVar(&f.Status, "status", projection.ParkOpen, "parked, resolved, discarded or all")
+	fl.IntVar(&f.Limit, "limit", 100, "rows per page (1..10000)")
+	fl.Int64Var(&f.AfterID, "after", 0, "the last id of the previous page")
+	fl.StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func (a *App) parkedShowCmd() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show a park and its parked sequence of events, in order",
+		Args:  oneParkID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			id, err := parseParkID(args[0])
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				p, events, err := projection.GetPark(cmd.Context(), store, id)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if events == nil {
+						events = []projector.Event{}
+					}
+					return writeJSON(a.out, struct {
+						projection.Park
+						Sequence []projector.Event `json:"sequence"`
+					}{p, events})
+				}
+				w := a.out
+				fmt.Fprintf(w, "park %d: %s\n", p.ID, parkStatus(p))
+				fmt.Fprintf(w, "consumer:   %s (instance %s)\n", projector.Printable(p.Consumer), projector.Printable(p.Instance))
+				fmt.Fprintf(w, "stream:     %s, parked from v%d (%s %s)\n", parkStream(p), p.Version, projector.Printable(p.EventType), p.EventID)
+				fmt.Fprintf(w, "parked:     %s after %d attempts\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts)
+				if p.LastRetriedAt != nil {
+					fmt.Fprintf(w, "retried:    %s\n", p.LastRetriedAt.UTC().Format(time.RFC3339))
+				}
+				if p.ResolvedAt != nil {
+					fmt.Fprintf(w, "%s:   %s by %s, %d events\n", p.Status, p.ResolvedAt.UTC().Format(time.RFC3339), projector.Printable(p.ResolvedBy), p.Events)
+				}
+				fmt.Fprintf(w, "error:      %s\n", text(p.Error, lineText))
+				if len(events) > 0 {
+					fmt.Fprintf(w, "sequence:   %d events, applied in this order by a retry\n", len(events))
+					for _, ev := range events {
+						fmt.Fprintf(w, "  v%d %s %s %s\n", ev.Version, projector.Printable(ev.Type), ev.ID, text(string(ev.Data), cellText*2))
+					}
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func (a *App) parkedRetryCmd() *cobra.Command {
+	var here bool
+	var by string
+	cmd := &cobra.Command{
+		Use:   "retry ID",
+		Short: "Apply a parked sequence again, in order, through its consumer's current handlers",
+		Long: `Apply a park's whole sequence of events, in order, through its consumer's current
+handlers, in one transaction that also marks the park resolved: every parked event is
+applied exactly once, and the stream is live again (its later events follow). A retry
+that fails applies nothing and keeps the park with the new error (exit 1). Retrying a
+park that is resolved or discarded is refused (exit 3).
+
+The handlers are the projection's code: with --here the retry runs in this process,
+which must be your application's binary (cli.Config.Wire); without it the request is
+recorded and a running dispatcher that has the projection carries it out (check with
+` + "`parked list --status all`" + `).`,
+		Args: oneParkID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseParkID(args[0])
+			if err != nil {
+				return err
+			}
+			if by, err = operatorName(by); err != nil {
+				return err
+			}
+			var projections map[string]*projection.Async
+			if here {
+				if projections, err = a.asyncByName(); err != nil {
+					return err
+				}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				ctx := cmd.Context()
+				if !here {
+					if err := projection.RequestParkRetry(ctx, store, id, by); err != nil {
+						return err
+					}
+					fmt.Fprintf(a.out, "retry of park %d requested; a running dispatcher with the projection carries it out (or run with --here in your application's binary)\n", id)
+					return nil
+				}
+				p, _, err := projection.GetPark(ctx, store, id)
+				if err != nil {
+					return err
+				}
+				proj := projections[p.Consumer]
+				if proj == nil {
+					return usageError{fmt.Errorf("park %d belongs to %s, and this binary has no async projection of that name: run it with your application's binary (cli.Config.Wire), or without --here for a running dispatcher",
+						id, projector.Printable(p.Consumer))}
+				}
+				res, err := projection.RetryPark(ctx, store, proj, id, by, a.logger())
+				if err != nil {
+					return err
+				}
+				if !res.Resolved {
+					return fmt.Errorf("park %d: retry failed (attempt %d), nothing applied, still parked: %s", id, res.Attempts, text(res.Error, lineText))
+				}
+				fmt.Fprintf(a.out, "park %d: applied its %d events in order and resolved; %s is live again\n", id, res.Events, parkStream(p))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&here, "here", false, "run the handlers in this process (your application's binary, cli.Config.Wire)")
+	cmd.Flags().StringVar(&by, "by", "", "who is retrying, for the record (default $USER@host)")
+	return cmd
+}
+
+func (a *App) parkedDiscardCmd() *cobra.Command {
+	var by string
+	cmd := &cobra.Command{
+		Use:   "discard ID",
+		Short: "Drop a parked sequence (its events are never applied); recorded with who, when and how many",
+		Args:  oneParkID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseParkID(args[0])
+			if err != nil {
+				return err
+			}
+			if by, err = operatorName(by); err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				p, err := projection.DiscardPark(cmd.Context(), store, id, by)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "park %d: discarded %d events of %s (recorded as discarded by %s); the stream is live again from its next event\n",
+					id, p.Events, parkStream(p), projector.Printable(p.ResolvedBy))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&by, "by", "", "who is discarding, for the record (default $USER@host)")
+	return cmd
+}
+
+// oneParkID accepts exactly one argument, with the usage exit code.
+func oneParkID(_ *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return usageError{fmt.Errorf("want one park id, got %d arguments", len(args))}
+	}
+	return nil
+}
+
+// parseParkID reads a park id: a positive integer.
+func parseParkID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id < 1 {
+		return 0, usageError{fmt.Errorf("park id %q: want a positive integer", projector.Printable(s))}
+	}
+	return id, nil
+}
+
+// operatorName is who acts, for a park's record: --by, else $USER@host.
+func operatorName(by string) (string, error) {
+	if by == "" {
+		host, _ := os.Hostname()
+		by = cmp.Or(os.Getenv("USER"), "unknown") + "@" + cmp.Or(host, "unknown")
+	}
+	if len(by) > projector.MaxNameLength {
+		return "", usageError{fmt.Errorf("--by: longer than %d bytes", projector.MaxNameLength)}
+	}
+	if err := projector.ValidText(by); err != nil {
+		return "", usageError{fmt.Errorf("--by %s: %w", projector.Printable(by), err)}
+	}
+	if strings.IndexFunc(by, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return "", usageError{fmt.Errorf("--by %s: want printable characters only", projector.Printable(by))}
+	}
+	return by, nil
+}
+
+func parkStream(p projection.Park) string {
+	return projector.Printable(p.StreamType) + "/" + projector.Printable(p.StreamID) + " (tenant " + projector.Printable(p.Tenant) + ")"
+}
+
+func parkStatus(p projection.Park) string {
+	if p.RetryRequestedAt != nil && p.Status == projection.ParkOpen {
+		return "parked, retry requested"
+	}
+	return p.Status
+}
