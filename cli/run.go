@@ -277,7 +277,7 @@ func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(c
 		mux.Handle("/console/", http.StripPrefix("/console", ui))
 		mux.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusFound))
 	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
