@@ -182,3 +182,49 @@ func TestSagaTracingOff(t *testing.T) {
 		t.Fatal("sla.noted carries a traceparent with tracing off")
 	}
 }
+
+// TestPromise17_TraceSurvivesDispatcherKill: the trace context lives in the
+// event, not in a process's memory. A process running the saga is
+// SIGKILLed inside the step of a traced event, transaction open; the
+// process that handles the event afterwards takes the step in the trace of
+// the request that appended it, and what the step appends carries it on.
+func TestPromise17_TraceSurvivesDispatcherKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills a child process")
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ty := newTypes()
+	e := &env{t: t, ctx: context.Background(), types: ty, store: pgtest.Store(t, ty.Registry, postgres.Config{TracerProvider: tp})}
+	tracer := tp.Tracer("test")
+	ticket := projector.Stream("ticket", "t-kill")
+	opened := e.appendUnder(tracer, ticket, testevents.TicketOpened{Title: "printer"})
+	commented := e.appendUnder(tracer, ticket, testevents.TicketCommented{Body: "hello"})
+
+	c := e.startChild(1) // dies right after its first step decided
+	select {
+	case <-c.Done():
+	case <-time.After(time.Minute):
+		c.Kill(t)
+		t.Fatalf("the child did not reach its first step:\n%s", c.Output())
+	}
+	if !c.Killed() || e.instances() != 0 {
+		t.Fatalf("child killed %v, %d instances: want killed mid-step, nothing committed\n%s", c.Killed(), e.instances(), c.Output())
+	}
+
+	clk := newClock()
+	s := newSLA(ty, slaOptions{now: clk.Now, remindAfter: time.Hour})
+	d := e.dispatcher(s, projection.Config{TracerProvider: tp})
+	e.catchUp(d)
+	traces := map[trace.TraceID]bool{}
+	for _, st := range spansNamed(rec, "step sla") {
+		traces[st.SpanContext().TraceID()] = true
+	}
+	if !traces[opened.TraceID()] || !traces[commented.TraceID()] {
+		t.Fatalf("after the kill, steps ran in traces %v; want the requests' %v and %v", traces, opened.TraceID(), commented.TraceID())
+	}
+	if tid, _, ok := e.storedTrace("sla.noted"); !ok || tid != commented.TraceID() {
+		t.Fatalf("sla.noted: trace %v (present %v), want the commenting request's %v", tid, ok, commented.TraceID())
+	}
+}
