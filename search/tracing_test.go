@@ -67,7 +67,7 @@ func TestSearchIndexSpan(t *testing.T) {
 	want := map[attribute.Key]string{"projector.search.backend": "pgsearch", "projector.search.index": "tickets"}
 	for _, kv := range index.Attributes() {
 		if v, ok := want[kv.Key]; ok && kv.Value.AsString() != v {
-			t.Errorf("%s = %s, want %s", kv.Key, kv.Value.Emit(), v)
+			t.Errorf("%s = %s, want %s", kv.Key, kv.Value.String(), v)
 		}
 		if kv.Key == "projector.search.operations" && kv.Value.AsInt64() != 2 {
 			t.Errorf("operations %d, want 2", kv.Value.AsInt64())
