@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -83,12 +84,12 @@ func newTracerProvider(ctx context.Context, getenv func(string) string, opts ...
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
 	}
-	attrs := []resource.Option{resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithHost()}
-	if getenv(envOTelServiceName) == "" {
-		// OTEL_SERVICE_NAME, read by WithFromEnv, wins over this default.
-		attrs = append([]resource.Option{resource.WithAttributes(attribute.String("service.name", defaultOTelServiceName))}, attrs...)
-	}
-	res, err := resource.New(ctx, attrs...)
+	// The service name as getenv says (default "projector"); WithFromEnv,
+	// later, reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES from the
+	// process environment and wins where it sets them.
+	res, err := resource.New(ctx,
+		resource.WithAttributes(attribute.String("service.name", cmp.Or(getenv(envOTelServiceName), defaultOTelServiceName))),
+		resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithHost())
 	if err != nil {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
 )
 
 func envOf(m map[string]string) func(string) string {
@@ -79,5 +81,29 @@ func TestRunTracingExportsOTLP(t *testing.T) {
 	}
 	if posts.Load() == 0 {
 		t.Fatal("no OTLP export reached the endpoint")
+	}
+}
+
+// The resource's service name is OTEL_SERVICE_NAME as getenv gives it,
+// "projector" without one.
+func TestRunTracingServiceName(t *testing.T) {
+	t.Parallel()
+	for env, want := range map[string]string{"": defaultOTelServiceName, "helpdesk": "helpdesk"} {
+		ctx := context.Background()
+		tp, err := newTracerProvider(ctx, envOf(map[string]string{envOTelTracesExporter: "otlp", envOTelServiceName: env}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, span := tp.Tracer("test").Start(ctx, "x")
+		ro, ok := span.(interface{ Resource() *resource.Resource })
+		if !ok {
+			t.Fatal("SDK span without Resource")
+		}
+		got, _ := ro.Resource().Set().Value("service.name")
+		span.End()
+		_ = tp.Shutdown(ctx)
+		if os.Getenv(envOTelServiceName) == "" && got.AsString() != want {
+			t.Errorf("OTEL_SERVICE_NAME=%q: service.name %q, want %q", env, got.AsString(), want)
+		}
 	}
 }
