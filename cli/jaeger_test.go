@@ -110,7 +110,7 @@ func TestTracingJaegerEndToEnd(t *testing.T) {
 	t.Parallel()
 	bin := jaegerBin()
 	if _, err := os.Stat(bin); err != nil {
-		if os.Getenv("CI") == "true" {
+		if os.Getenv("CI") != "" {
 			t.Fatalf("Jaeger binary %q: %v (build it with scripts/jaeger-bin)", bin, err)
 		}
 		t.Skipf("no Jaeger binary at %q (scripts/jaeger-bin builds it)", bin)
