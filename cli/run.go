@@ -135,6 +135,22 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 	if err != nil {
 		return err
 	}
+	// Traces go to an OTLP endpoint when the OTEL_* environment names one
+	// (otel.go); flushed last, after the dispatcher stopped.
+	shutdownTracing, tracingOn, err := setUpTracing(ctx, os.Getenv)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if serr := shutdownTracing(sctx); serr != nil {
+			log.Warn("run: flushing traces", slog.Any("error", serr))
+		}
+	}()
+	if tracingOn {
+		log.Info("run: exporting traces over OTLP")
+	}
 	// Rebuilds of this binary's inline projections, requested from any
 	// binary (`rebuild NAME`) or interrupted elsewhere, are carried out here,
 	// even in a binary that has nothing else to run.
@@ -277,7 +293,7 @@ func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(c
 		mux.Handle("/console/", http.StripPrefix("/console", ui))
 		mux.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusFound))
 	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})

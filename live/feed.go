@@ -33,8 +33,11 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/hostcheck"
+	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -124,6 +127,9 @@ type Config struct {
 	WriteTimeout time.Duration
 	// Logger receives the feed's log lines; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider traces each fan-out of a batch to the connected
+	// clients (docs/tracing.md); nil means the global provider.
+	TracerProvider trace.TracerProvider
 	// AllowedHosts are the names, besides localhost names and IP
 	// addresses, that the feed answers to in a request's Host header: the
 	// names browsers reach it by ("app.example.com", "*.example.com" for
@@ -147,6 +153,7 @@ type Feed struct {
 	hub    *hub
 	logger *slog.Logger
 	hosts  *hostcheck.Checker
+	tracer trace.Tracer
 }
 
 // New validates cfg and returns a feed. Its consumer does nothing until
@@ -194,7 +201,8 @@ func New(cfg Config) (*Feed, error) {
 		served[t] = true
 		names = append(names, typeName(t))
 	}
-	f := &Feed{cfg: cfg, served: served, types: append([]string(nil), types...), logger: cmp.Or(cfg.Logger, slog.Default()), hosts: hosts}
+	f := &Feed{cfg: cfg, served: served, types: append([]string(nil), types...), logger: cmp.Or(cfg.Logger, slog.Default()), hosts: hosts,
+		tracer: tracing.Tracer(cfg.TracerProvider)}
 	f.hub = newHub(f)
 	f.proj = projection.NewAsync(cfg.Name, projection.AsyncConfig{
 		Delivery:    projection.PerInstance,

@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -133,6 +136,9 @@ func (h *hub) publish(events []projector.Event) {
 		frames = append(frames, h.f.render(&events[i]))
 	}
 	last := events[len(events)-1].Position
+	span := h.startSend(events, len(frames))
+	var delivered, dropped int
+	defer func() { h.endSend(span, delivered, dropped) }()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	prev, known := h.last, h.known
@@ -155,6 +161,7 @@ func (h *hub) publish(events []projector.Event) {
 		if c.dropped == "" {
 			cost := max(1, len(mine))
 			if c.queued+cost > c.limit {
+				dropped++
 				c.dropped = "buffer full: more than " + strconv.Itoa(c.limit) + " events waiting for this client; reconnect with Last-Event-ID to resume"
 				c.queue, c.queued = nil, 0
 			} else {
@@ -166,12 +173,60 @@ func (h *hub) publish(events []projector.Event) {
 				} else {
 					c.queue = append(c.queue, delivery{prev: prev, prevKnown: known, last: last, frames: append([]*frame(nil), mine...)})
 					c.queued += cost
+					delivered += len(mine)
 				}
 			}
 		}
 		c.mu.Unlock()
 		c.wake()
 	}
+}
+
+// startSend starts the span of one fan-out: a root span (the batch was
+// committed; its cause is each event's append) linked to the append of each
+// event, up to [tracing.MaxLinks], like the dispatcher's batch span. With
+// tracing off it only starts a non-recording span: no header is parsed.
+func (h *hub) startSend(events []projector.Event, frames int) trace.Span {
+	_, span := h.f.tracer.Start(context.Background(), "send "+h.f.cfg.Name, trace.WithSpanKind(trace.SpanKindProducer))
+	if !span.IsRecording() {
+		return span
+	}
+	linked, skipped := 0, 0
+	for _, ev := range events {
+		sc := tracing.Extract(ev.Metadata.Headers)
+		switch {
+		case !sc.IsValid():
+		case linked == tracing.MaxLinks:
+			skipped++
+		default:
+			span.AddLink(trace.Link{SpanContext: sc})
+			linked++
+		}
+	}
+	span.SetAttributes(
+		tracing.AttrMessagingSystem.String(tracing.MessagingSystem),
+		tracing.AttrMessagingOperationName.String("send"),
+		tracing.AttrMessagingOperationType.String("send"),
+		tracing.AttrMessagingDestination.String(h.f.cfg.Name),
+		tracing.AttrMessagingBatchCount.Int(frames),
+		tracing.AttrPositionFirst.String(events[0].Position.String()),
+		tracing.AttrPositionLast.String(events[len(events)-1].Position.String()),
+		tracing.AttrLinksDropped.Int(skipped),
+	)
+	return span
+}
+
+// endSend ends a fan-out's span with what it did: the messages queued for
+// clients and the clients dropped for a full buffer.
+func (h *hub) endSend(span trace.Span, delivered, dropped int) {
+	if span.IsRecording() {
+		span.SetAttributes(
+			attribute.Int("projector.live.clients", h.count()),
+			attribute.Int("projector.live.delivered", delivered),
+			attribute.Int("projector.live.dropped", dropped),
+		)
+	}
+	span.End()
 }
 
 // envelope is the JSON of an SSE message's data.

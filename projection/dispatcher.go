@@ -129,6 +129,12 @@ type Config struct {
 	// otel.GetTracerProvider(), which does nothing until the application
 	// installs an SDK.
 	TracerProvider trace.TracerProvider
+	// EventSpans adds a child span of the batch span per event a per-event
+	// handler (OnEvent) handles, linked to the event's append: useful to see
+	// which event of a batch took the time, and a span per event to pay
+	// for. Off by default; never for batch handlers (OnBatch), nor in a
+	// replay (a rebuild), nor when the batch span does not record.
+	EventSpans bool
 }
 
 // validate checks every duration and count of cfg, defaults applied,

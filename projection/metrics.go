@@ -23,7 +23,10 @@ type metrics struct {
 	deadLetters *prometheus.CounterVec
 	sharedReads *prometheus.CounterVec
 	batchApply  *prometheus.HistogramVec
-	horizonAge  prometheus.Gauge
+	// applyDelay is append-to-applied per event, with trace exemplars
+	// (exemplar.go).
+	applyDelay *prometheus.HistogramVec
+	horizonAge prometheus.Gauge
 	// horizonHolder names the transaction holding the horizon (Horizon):
 	// one series at a time, its labels the holder's, its value its age.
 	horizonHolder *prometheus.GaugeVec
@@ -83,6 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to apply one batch, from the first handler call to commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, labels),
+		applyDelay: newApplyDelay(labels),
 		horizonAge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "projector_horizon_age_seconds",
 			Help: "Age of the oldest transaction holding a transaction id in the cluster: how long delivery of later events may be held back.",
@@ -106,7 +110,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lagged:   map[ShardID]bool{},
 		rebuilds: newRebuildGauges(),
 	}
-	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.sharedReads, m.batchApply, m.horizonAge, m.horizonHolder, m.openDeadLetters, m.parkedStreams, m.parkedAge}, m.rebuilds.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.sharedReads, m.batchApply, m.applyDelay, m.horizonAge, m.horizonHolder, m.openDeadLetters, m.parkedStreams, m.parkedAge}, m.rebuilds.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if errors.As(err, &already) {
@@ -130,6 +134,7 @@ func (m *metrics) start(id ShardID) {
 	m.deadLetters.With(l).Add(0)
 	m.sharedReads.With(l).Add(0)
 	m.batchApply.With(l)
+	m.applyDelay.With(l)
 }
 
 func (m *metrics) batch(id ShardID, applied, failed, deadLetters int, started time.Time) {

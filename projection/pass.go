@@ -500,6 +500,7 @@ func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, ne
 func (d *Dispatcher) committed(sh *shard, kind passKind, applied []projector.Event, failed, deadLetters int, started time.Time) passResult {
 	if d.metrics != nil {
 		d.metrics.batch(sh.id, len(applied), failed, deadLetters, started)
+		d.metrics.applied(sh.id, applied, time.Now())
 	}
 	if fn := sh.proj.cfg.AfterCommit; fn != nil && len(applied) > 0 {
 		fn(applied)

@@ -205,7 +205,10 @@ func (r *run) applyEach(ctx context.Context, events []projector.Event) (int, err
 			return failed(i, err)
 		}
 		hctx := projector.WithCausationID(projector.WithMetadata(r.handlerCtx, ev.Metadata), ev.ID)
-		if err := r.call(hctx, func(ctx context.Context) error { return h(ctx, r.htx, *ev) }); err != nil {
+		hctx, span := r.d.startEventSpan(hctx, r.sh, ev) // nil unless Config.EventSpans
+		err := r.call(hctx, func(ctx context.Context) error { return h(ctx, r.htx, *ev) })
+		endEventSpan(span, err)
+		if err != nil {
 			return failed(i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err))
 		}
 		if q.failed != nil {

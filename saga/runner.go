@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -30,7 +32,7 @@ type Definition interface {
 	Ignored() int64
 	Late() int64
 	DeadLettered() int64
-	fireDue(ctx context.Context, store *postgres.Store, q queries, limit int, fired func(lateness time.Duration)) (n, claimed int, err error)
+	fireDue(ctx context.Context, store *postgres.Store, q queries, tracer trace.Tracer, limit int, fired func(lateness time.Duration)) (n, claimed int, err error)
 	nextDue(ctx context.Context, store *postgres.Store, q queries) (time.Time, error)
 }
 
@@ -57,6 +59,10 @@ type RunnerConfig struct {
 	// them waits that long.
 	BatchSize int
 	Logger    *slog.Logger
+	// TracerProvider traces each fired timeout's step (docs/tracing.md):
+	// a span linked to the step that scheduled it. Nil means the global
+	// provider. Pass the dispatcher's.
+	TracerProvider trace.TracerProvider
 	// Registerer receives the runner's metrics (docs/operations.md): per
 	// saga, the events ignored and the late events, the timeouts fired and
 	// how late they fired. Nil means no metrics. Pass the dispatcher's.
@@ -73,6 +79,7 @@ type RunnerConfig struct {
 type Runner struct {
 	cfg     RunnerConfig
 	q       queries
+	tracer  trace.Tracer
 	logger  *slog.Logger
 	metrics *runnerMetrics // nil without a Registerer
 
@@ -113,7 +120,7 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 	if cfg.BatchSize < 1 || cfg.BatchSize > 10_000 {
 		return nil, fmt.Errorf("saga runner: batch size %d outside 1..10000", cfg.BatchSize)
 	}
-	r := &Runner{cfg: cfg, q: newQueries(cfg.Store), logger: cmp.Or(cfg.Logger, slog.Default()),
+	r := &Runner{cfg: cfg, q: newQueries(cfg.Store), tracer: tracing.Tracer(cfg.TracerProvider), logger: cmp.Or(cfg.Logger, slog.Default()),
 		stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
 	if cfg.Registerer != nil {
 		m, err := newRunnerMetrics(cfg.Registerer, cfg.Sagas)
@@ -135,7 +142,7 @@ func (r *Runner) FireDue(ctx context.Context) (int, error) {
 	var first error
 	for _, s := range r.cfg.Sagas {
 		for rounds := 0; ; rounds++ {
-			fired, claimed, err := s.fireDue(ctx, r.cfg.Store, r.q, r.cfg.BatchSize, r.metrics.fired(s.Name()))
+			fired, claimed, err := s.fireDue(ctx, r.cfg.Store, r.q, r.tracer, r.cfg.BatchSize, r.metrics.fired(s.Name()))
 			n += fired
 			if ctx.Err() != nil {
 				return n, ctx.Err()

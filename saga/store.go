@@ -11,8 +11,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -51,9 +53,13 @@ func newQueries(store *postgres.Store) queries {
 		// The cause is unique per instance: a step applied twice would fail
 		// here rather than happen twice.
 		step: `INSERT INTO ` + st + ` (instance_id, step, cause_id, cause, type, appended) VALUES ($1, $2, $3, $4, $5, $6)`,
-		schedule: `INSERT INTO ` + t + ` (id, instance_id, saga, name, due_at, scheduled_by) VALUES ($1, $2, $3, $4, $5, $6)
+		// The trace columns keep the scheduling step's span context for the
+		// timeout's span to link to.
+		schedule: `INSERT INTO ` + t + ` (id, instance_id, saga, name, due_at, scheduled_by, trace_parent, trace_state)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 			ON CONFLICT (instance_id, name) DO UPDATE SET id = EXCLUDED.id, due_at = EXCLUDED.due_at,
-				scheduled_by = EXCLUDED.scheduled_by, retry_at = NULL, attempts = 0, last_error = NULL, created_at = now()`,
+				scheduled_by = EXCLUDED.scheduled_by, trace_parent = EXCLUDED.trace_parent, trace_state = EXCLUDED.trace_state,
+				retry_at = NULL, attempts = 0, last_error = NULL, created_at = now()`,
 		cancel:    `DELETE FROM ` + t + ` WHERE instance_id = $1 AND name = $2`,
 		cancelAll: `DELETE FROM ` + t + ` WHERE instance_id = $1`,
 		// The earliest due timeouts of a saga (the due index, no scan), with
@@ -62,7 +68,7 @@ func newQueries(store *postgres.Store) queries {
 		// waiting, and runners in several processes share the work. A row
 		// changed by a step that committed meanwhile is re-checked against
 		// the WHERE clause, so a cancelled or moved timeout is not claimed.
-		claim: `SELECT t.id, t.name, t.due_at, t.attempts, i.id, i.tenant_id, i.key, i.correlation_id, i.status, i.version, i.state
+		claim: `SELECT t.id, t.name, t.due_at, t.attempts, coalesce(t.trace_parent, ''), coalesce(t.trace_state, ''), i.id, i.tenant_id, i.key, i.correlation_id, i.status, i.version, i.state
 			FROM ` + t + ` t JOIN ` + i + ` i ON i.id = t.instance_id
 			WHERE t.saga = $1 AND t.due_at <= $2 AND (t.retry_at IS NULL OR t.retry_at <= $2)
 			ORDER BY t.due_at LIMIT $3 FOR UPDATE OF t, i SKIP LOCKED`,
@@ -200,45 +206,11 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 			in.late++
 			continue
 		}
-		d, err := s.Decide(ctx, store.Registry(), in.snap, isNew, ev, now)
-		if err != nil && s.continuous && ctx.Err() == nil && stepFault(err) {
-			// Nothing of the step was written: the handler only decides.
-			if err := s.failStep(ctx, store, q, tx, b.Tenant, in, ev, err); err != nil {
-				return err
-			}
-			continue
-		}
+		sctx, span := startStep(ctx, s, in, ev)
+		err := s.step(sctx, store, q, tx, wb, b.Tenant, in, isNew, ev, now)
+		endSpan(span, err)
 		if err != nil {
-			return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
-		}
-		mctx := projector.WithMetadata(ctx, ev.Metadata)
-		// In continuous mode a step that writes at once (appends, commands)
-		// does so under a savepoint, so a failure takes back its writes
-		// alone; its queued writes are taken off the batch.
-		guarded, queued := s.continuous && (len(d.Appends) > 0 || len(d.Commands) > 0), len(wb.QueuedQueries)
-		if guarded {
-			if _, err := tx.Exec(ctx, "SAVEPOINT projector_saga_step"); err != nil {
-				return fmt.Errorf("saga %q: savepoint: %w", s.name, err)
-			}
-		}
-		if err := s.applyStep(mctx, store, q, tx, wb, &in.snap, d, ev.ID, "event", ev.Type); err != nil {
-			if !guarded || ctx.Err() != nil || !stepFault(err) {
-				return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
-			}
-			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_saga_step"); rerr != nil {
-				// The transaction itself is gone: retry the batch.
-				return fmt.Errorf("%s v%d of %s: %w (and the step could not be rolled back: %v)", ev.Type, ev.Version, ev.Stream, err, rerr)
-			}
-			wb.QueuedQueries = wb.QueuedQueries[:queued]
-			if err := s.failStep(ctx, store, q, tx, b.Tenant, in, ev, err); err != nil {
-				return err
-			}
-			continue
-		}
-		if guarded {
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_saga_step"); err != nil {
-				return fmt.Errorf("saga %q: release savepoint: %w", s.name, err)
-			}
+			return err
 		}
 	}
 	for _, in := range order {
@@ -252,6 +224,48 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 	}
 	if err := tx.SendBatch(ctx, wb).Close(); err != nil {
 		return fmt.Errorf("saga %q: save steps: %w", s.name, err)
+	}
+	return nil
+}
+
+// step decides and applies the step of event ev on instance in, queuing its
+// writes on wb; in continuous mode a step's own failure dead-letters ev and
+// fails the instance instead of failing the batch. ctx carries the step's
+// span, under which its appends run.
+func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, wb *pgx.Batch, tenant string, in *live[S], isNew bool, ev projector.Event, now time.Time) error {
+	d, err := s.Decide(ctx, store.Registry(), in.snap, isNew, ev, now)
+	if err != nil && s.continuous && ctx.Err() == nil && stepFault(err) {
+		// Nothing of the step was written: the handler only decides.
+		return s.failStep(ctx, store, q, tx, tenant, in, ev, err)
+	}
+	if err != nil {
+		return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
+	}
+	mctx := projector.WithMetadata(ctx, ev.Metadata)
+	// In continuous mode a step that writes at once (appends, commands)
+	// does so under a savepoint, so a failure takes back its writes
+	// alone; its queued writes are taken off the batch.
+	guarded, queued := s.continuous && (len(d.Appends) > 0 || len(d.Commands) > 0), len(wb.QueuedQueries)
+	if guarded {
+		if _, err := tx.Exec(ctx, "SAVEPOINT projector_saga_step"); err != nil {
+			return fmt.Errorf("saga %q: savepoint: %w", s.name, err)
+		}
+	}
+	if err := s.applyStep(mctx, store, q, tx, wb, &in.snap, d, ev.ID, "event", ev.Type); err != nil {
+		if !guarded || ctx.Err() != nil || !stepFault(err) {
+			return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
+		}
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_saga_step"); rerr != nil {
+			// The transaction itself is gone: retry the batch.
+			return fmt.Errorf("%s v%d of %s: %w (and the step could not be rolled back: %v)", ev.Type, ev.Version, ev.Stream, err, rerr)
+		}
+		wb.QueuedQueries = wb.QueuedQueries[:queued]
+		return s.failStep(ctx, store, q, tx, tenant, in, ev, err)
+	}
+	if guarded {
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_saga_step"); err != nil {
+			return fmt.Errorf("saga %q: release savepoint: %w", s.name, err)
+		}
 	}
 	return nil
 }
@@ -354,6 +368,9 @@ func (s *Saga[S]) applyStep(ctx context.Context, store *postgres.Store, q querie
 ) error {
 	ctx = projector.WithCausationID(projector.WithCorrelationID(ctx, snap.CorrelationID), cause)
 	appended := 0
+	// The scheduling step's trace context, taken at its first schedule.
+	var traceParent, traceState any
+	traced := false
 	for _, o := range d.ops {
 		var err error
 		switch o.kind {
@@ -366,7 +383,11 @@ func (s *Saga[S]) applyStep(ctx context.Context, store *postgres.Store, q querie
 			n, err = o.command(ctx, tx)
 			appended += n
 		case opSchedule:
-			wb.Queue(q.schedule, uuid.New(), snap.ID, s.name, o.name, o.at, cause)
+			if !traced {
+				traceParent, traceState = schedulingTrace(ctx)
+				traced = true
+			}
+			wb.Queue(q.schedule, uuid.New(), snap.ID, s.name, o.name, o.at, cause, traceParent, traceState)
 		case opCancel:
 			wb.Queue(q.cancel, snap.ID, o.name)
 		}
@@ -388,6 +409,8 @@ func (s *Saga[S]) applyStep(ctx context.Context, store *postgres.Store, q querie
 type claimed[S any] struct {
 	t        Timeout
 	attempts int
+	// trace holds the scheduling step's traceparent and tracestate.
+	traceCtx map[string]string
 	snap     Snapshot[S]
 	state    []byte
 }
@@ -400,7 +423,7 @@ type claimed[S any] struct {
 // observe, when not nil, is called after the commit with the lateness of
 // each fired timeout: from its due time to the saga clock's reading when the
 // batch was claimed.
-func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries, limit int, observe func(time.Duration)) (fired, claimedN int, stepErr error) {
+func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries, tracer trace.Tracer, limit int, observe func(time.Duration)) (fired, claimedN int, stepErr error) {
 	now := s.cfg.Now()
 	tx, err := store.Pool().Begin(ctx)
 	if err != nil {
@@ -413,8 +436,15 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 	}
 	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed[S], error) {
 		var c claimed[S]
-		return c, r.Scan(&c.t.ID, &c.t.Name, &c.t.Due, &c.attempts, &c.snap.ID, &c.snap.Tenant, &c.snap.Key,
-			&c.snap.CorrelationID, &c.snap.Status, &c.snap.Version, &c.state)
+		var parent, state string
+		if err := r.Scan(&c.t.ID, &c.t.Name, &c.t.Due, &c.attempts, &parent, &state, &c.snap.ID, &c.snap.Tenant, &c.snap.Key,
+			&c.snap.CorrelationID, &c.snap.Status, &c.snap.Version, &c.state); err != nil {
+			return c, err
+		}
+		if parent != "" {
+			c.traceCtx = map[string]string{tracing.HeaderTraceParent: parent, tracing.HeaderTraceState: state}
+		}
+		return c, nil
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("saga %q: claim due timeouts: %w", s.name, err)
@@ -425,7 +455,7 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 	scope := projector.SystemTenant
 	var lateness []time.Duration
 	for _, c := range due {
-		savepoint, err := s.fireClaimed(ctx, store, q, tx, c, now, &scope)
+		savepoint, err := s.fireClaimed(ctx, store, q, tracer, tx, c, now, &scope)
 		if err == nil {
 			fired++
 			if c.snap.Status == Active {
@@ -473,7 +503,7 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 // savepoint and its release included. savepoint reports whether a
 // savepoint was set, which a failure must roll back to. scope tracks the
 // tenant tx is scoped to.
-func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, c claimed[S], now time.Time, scope *string) (savepoint bool, err error) {
+func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q queries, tracer trace.Tracer, tx pgx.Tx, c claimed[S], now time.Time, scope *string) (savepoint bool, err error) {
 	if c.snap.Status != Active {
 		// Completion deletes timeouts; this one is a leftover.
 		if _, err := tx.Exec(ctx, q.fired, c.t.ID); err != nil {
@@ -481,6 +511,8 @@ func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q quer
 		}
 		return false, nil
 	}
+	ctx, span := startTimeout(ctx, tracer, s, c)
+	defer func() { endSpan(span, err) }()
 	snap := c.snap
 	if err := json.Unmarshal(c.state, &snap.State); err != nil {
 		return false, fmt.Errorf("saga %q: decode state of %q: %w", s.name, snap.Key, err)

@@ -208,12 +208,16 @@ func (p *Projection) apply(ctx context.Context, tx pgx.Tx, b projection.Batch) e
 		return nil
 	}
 	backend := p.cfg.Backend
-	if id, ok := projection.ShadowRebuild(ctx); ok {
+	id, shadow := projection.ShadowRebuild(ctx)
+	if shadow {
 		if rs, ok := backend.(RebuildSwapper); ok {
 			backend = rs.RebuildShadow(id) // a blue/green rebuild's shadow pass
 		}
 	}
-	if err := backend.Apply(ctx, tx, p.cfg.Index, w.ops); err != nil {
+	sctx, span := startIndexSpan(ctx, p.cfg.Backend.Kind(), p.cfg.Index.Name, w.ops, shadow)
+	err := backend.Apply(sctx, tx, p.cfg.Index, w.ops)
+	endIndexSpan(span, err)
+	if err != nil {
 		return fmt.Errorf("%s index %q: %w", p.cfg.Backend.Kind(), p.cfg.Index.Name, err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -35,6 +36,9 @@ type CatchUpConfig struct {
 	// BatchSize is the events per transaction on both sides; default
 	// [projection.DefaultBatchSize].
 	BatchSize int
+	// TracerProvider is the dispatcher's (nil: the global one), to measure
+	// what tracing costs a catch-up.
+	TracerProvider trace.TracerProvider
 }
 
 func (c CatchUpConfig) withDefaults() CatchUpConfig {
@@ -322,11 +326,23 @@ func (c *CatchUp) checkApplied(ctx context.Context) error {
 	return nil
 }
 
+// WithTracerProvider returns c measuring with the dispatcher traced by tp:
+// the same backlog and tables.
+func (c *CatchUp) WithTracerProvider(tp trace.TracerProvider) *CatchUp {
+	cp := *c
+	cp.cfg.TracerProvider = tp
+	return &cp
+}
+
 // dispatch runs a dispatcher with one pass at a time until it has caught
 // up, then stops it.
 func (c *CatchUp) dispatch(ctx context.Context, p *projection.Async) error {
-	d, err := startDispatcher(ctx, c.store, p, 1)
+	d, err := projection.New(projection.Config{Store: c.store, Projections: []*projection.Async{p}, Concurrency: 1, Logger: quiet,
+		TracerProvider: c.cfg.TracerProvider})
 	if err != nil {
+		return err
+	}
+	if err := d.Start(ctx); err != nil {
 		return err
 	}
 	return errors.Join(d.CatchUp(ctx), stopDispatcher(ctx, d))

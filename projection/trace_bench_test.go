@@ -1,0 +1,76 @@
+package projection_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/projectorhq/projector/internal/benchmark"
+	"github.com/projectorhq/projector/internal/pgtest"
+)
+
+// BenchmarkCatchUpTracing measures catching up a backlog in batches of 500
+// with the batch form, each round beside the raw loop of the same round
+// (%-of-raw), with tracing off (the no-op provider), with an SDK that
+// records nothing (a never-sampling sampler), and with every batch
+// sampled. For the sampled mode every event carries a traceparent, as a
+// traced application's would, so each batch span links 128 producers and
+// counts the rest: that is the cost being measured. Spans are recorded,
+// exported nowhere.
+//
+//	go test -run '^$' -bench BenchmarkCatchUpTracing -benchtime 3x ./projection
+func BenchmarkCatchUpTracing(b *testing.B) {
+	n := benchEvents()
+	ctx := context.Background()
+	store := pgtest.Store(b, benchmark.NewRegistry())
+	modes := []struct {
+		name   string
+		tp     trace.TracerProvider
+		traced bool // the backlog carries traceparents
+	}{
+		{"off", noop.NewTracerProvider(), false},
+		{"never-sampled", sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())), false},
+		{"never-sampled-traced-events", sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())), true},
+		{"sampled", sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample())), true},
+	}
+	var c *benchmark.CatchUp
+	traced := false
+	for _, m := range modes {
+		if sdk, ok := m.tp.(*sdktrace.TracerProvider); ok {
+			b.Cleanup(func() { _ = sdk.Shutdown(context.Background()) })
+		}
+		cfg := benchmark.CatchUpConfig{Events: n, BatchSize: 500, TracerProvider: m.tp}
+		if c == nil {
+			var err error
+			if c, err = benchmark.NewCatchUp(ctx, store, cfg); err != nil {
+				b.Fatal(err)
+			}
+		} else {
+			c = c.WithTracerProvider(m.tp)
+		}
+		if m.traced && !traced {
+			// What a traced application's events carry: a distinct
+			// sampled traceparent each.
+			if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_events")+
+				` SET headers = jsonb_build_object('traceparent', '00-' || md5(id::text) || '-' || left(md5(id::text || 's'), 16) || '-01')`); err != nil {
+				b.Fatal(err)
+			}
+			traced = true
+		}
+		b.Run(fmt.Sprintf("events=%d/batch=500/tracing=%s", n, m.name), func(b *testing.B) {
+			var t benchmark.Throughput
+			for b.Loop() {
+				r, err := c.Measure(ctx, benchmark.Batched)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t.Add(r.Throughput)
+			}
+			t.Report(b)
+		})
+	}
+}
