@@ -154,6 +154,7 @@ is not allowed in the current state; nothing changed).`,
 	root.AddCommand(app.searchCmd())
 	root.AddCommand(app.relayCmd())
 	root.AddCommand(app.deadLettersCmd(), app.horizonCmd())
+	root.AddCommand(app.streamsCmd()) // streams.go
 	root.AddCommand(cfg.Commands...)
 	root.AddCommand(app.benchCmd())
 	return root
