@@ -2,6 +2,7 @@ package cli
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -144,4 +145,22 @@ archived. --dry-run counts what would move.`
 	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "count what would move; move nothing")
 	cmd.Flags().IntVar(&f.batch, "batch-size", 100, fmt.Sprintf("streams moved per transaction (1 to %d)", postgres.MaxArchiveBatchSize))
 	return cmd
+}
+
+// writeLogSizes is status's line on the log: the estimated events in the
+// hot table and in the archive (`streams archive`), from the planner's
+// statistics, so it costs nothing on a large log.
+func (a *App) writeLogSizes(ctx context.Context, store *postgres.Store) error {
+	hot, archived, err := store.ArchiveSizes(ctx)
+	if err != nil {
+		return err
+	}
+	estimate := func(n int64) string {
+		if n < 0 {
+			return "unknown (not analyzed yet)"
+		}
+		return fmt.Sprintf("about %d", n)
+	}
+	fmt.Fprintf(a.out, "\nlog: %s events hot, %s archived (estimates from table statistics)\n", estimate(hot), estimate(archived))
+	return nil
 }

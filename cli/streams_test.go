@@ -63,6 +63,13 @@ func TestStreamsArchiveCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "archived 1 stream (2 events)") || hot() != 0 {
 		t.Fatalf("archive: exit %d\n%s", code, out)
 	}
+	if _, err := store.Pool().Exec(ctx, `ANALYZE `+store.Table("projector_events_archive")); err != nil {
+		t.Fatal(err)
+	}
+	out, code = runIn(t, store.Schema(), types.Registry, "status")
+	if code != 0 || !strings.Contains(out, "about 2 archived (estimates from table statistics)") {
+		t.Fatalf("status: exit %d\n%s", code, out)
+	}
 	out, code = runIn(t, store.Schema(), types.Registry, "streams", "unarchive", "--stream-type", "ticket")
 	if code != 0 || !strings.Contains(out, "unarchived 1 stream (2 events)") || hot() != 2 {
 		t.Fatalf("unarchive: exit %d\n%s", code, out)
