@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/jackc/pgx/v5"
 
@@ -250,5 +253,53 @@ func TestArchiveRefusesBadOptions(t *testing.T) {
 		if _, err := f.store.Archive(f.ctx, o); !errors.Is(err, postgres.ErrInvalidArchive) {
 			t.Errorf("archive %+v: %v, want ErrInvalidArchive", o, err)
 		}
+	}
+}
+
+// A repair renumbers archived positions too: after a forced repair, the
+// archived events sit at the repair's transaction id with negative seqs
+// (before every renumbered event, in their old order), and unarchiving
+// puts them back into a log that reads in the same order as before.
+func TestRepairRenumbersArchivedEvents(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	old := projector.Stream("ticket", "old")
+	f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "b"})
+	f.appendTx(t, projector.Stream("ticket", "live"), projector.NoStream, testevents.TicketOpened{Title: "c"})
+	// The log reads only below the horizon, which other tests' open
+	// transactions hold back: poll for all three events, with a deadline.
+	readAll := func() []uuid.UUID {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			batch, err := f.store.ReadLog(f.ctx, postgres.LogQuery{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(batch.Events) == 3 {
+				return eventIDs(batch.Events)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the log still reads %d of 3 events", len(batch.Events))
+			}
+			time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+		}
+	}
+	before := readAll()
+	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || res.Events != 2 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	if _, err := f.repair(t, postgres.RepairOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, f.store.Pool(), `SELECT count(*) FROM `+f.store.Table("projector_events_archive")+` WHERE tx_id = $1::xid8 AND seq < 0`,
+		postgres.RepairTxID); n != 2 {
+		t.Fatalf("%d archived events renumbered, want 2", n)
+	}
+	if _, err := f.store.Unarchive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := readAll(), before; !reflect.DeepEqual(got, want) {
+		t.Fatalf("log after repair and unarchive: %v, want %v", got, want)
 	}
 }

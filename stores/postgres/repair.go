@@ -494,10 +494,11 @@ func newRepairSQL(schema string) repairSQL {
 		resetStreams: `UPDATE ` + s + ` SET last_tx_id = $1::xid8 WHERE last_tx_id <> $1::xid8`,
 		// Archived events keep their order among themselves and sort
 		// before every renumbered event (they are older than any event
-		// still hot in their stream): seq -rank. The archive's key is the
+		// still hot in their stream): seq -rank, ranked newest first so the
+		// oldest gets the lowest seq. The archive's key is the
 		// stream version, so the update cannot collide with itself.
 		remapArchive: `UPDATE ` + a + ` a SET tx_id = $1::xid8, seq = -m.rank
-			FROM (SELECT tenant_id, stream_type, stream_id, version, row_number() OVER (ORDER BY tx_id, seq) AS rank FROM ` + a + `) m
+			FROM (SELECT tenant_id, stream_type, stream_id, version, row_number() OVER (ORDER BY tx_id DESC, seq DESC) AS rank FROM ` + a + `) m
 			WHERE (a.tenant_id, a.stream_type, a.stream_id, a.version) = (m.tenant_id, m.stream_type, m.stream_id, m.version)`,
 		verifyLog: `SELECT count(*), coalesce(min(seq), 0), coalesce(max(seq), 0), coalesce(bool_and(tx_id = $1::xid8), true)
 			FROM ` + e,
