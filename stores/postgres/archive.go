@@ -202,9 +202,18 @@ func (s *Store) checkArchiveOptions(opts ArchiveOptions, archiving bool) error {
 func (s *Store) eachBatch(ctx context.Context, opts ArchiveOptions, archived bool, cutoff *time.Time, fn func(streamKeys) error) error {
 	batch := cmp.Or(opts.BatchSize, 100)
 	if len(opts.Streams) > 0 {
-		for start := 0; start < len(opts.Streams); start += batch {
+		// A stream named twice is moved, and counted, once.
+		seen := make(map[projector.StreamRef]bool, len(opts.Streams))
+		streams := make([]projector.StreamRef, 0, len(opts.Streams))
+		for _, st := range opts.Streams {
+			if !seen[st] {
+				seen[st] = true
+				streams = append(streams, st)
+			}
+		}
+		for start := 0; start < len(streams); start += batch {
 			var k streamKeys
-			for _, st := range opts.Streams[start:min(start+batch, len(opts.Streams))] {
+			for _, st := range streams[start:min(start+batch, len(streams))] {
 				k.add(st.Tenant, st.Type, st.ID)
 			}
 			if err := fn(k); err != nil {
