@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
@@ -163,4 +164,32 @@ func (a *App) writeLogSizes(ctx context.Context, store *postgres.Store) error {
 	}
 	fmt.Fprintf(a.out, "\nlog: %s events hot, %s archived (estimates from table statistics)\n", estimate(hot), estimate(archived))
 	return nil
+}
+
+// logSizeCollector exports the estimated hot and archived log sizes
+// (postgres.Store.ArchiveSizes) as projector_log_events_estimate{table},
+// read at each scrape: one catalogue lookup, whatever the log's size.
+type logSizeCollector struct {
+	store *postgres.Store
+	desc  *prometheus.Desc
+}
+
+func newLogSizeCollector(store *postgres.Store) *logSizeCollector {
+	return &logSizeCollector{store: store, desc: prometheus.NewDesc("projector_log_events_estimate",
+		"Estimated events in the hot log (table=hot) and in the archive (table=archive), from table statistics; -1 before the first ANALYZE.",
+		[]string{"table"}, nil)}
+}
+
+func (c *logSizeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *logSizeCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	hot, archived, err := c.store.ArchiveSizes(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(hot), "hot")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(archived), "archive")
 }

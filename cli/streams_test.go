@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -69,6 +70,24 @@ func TestStreamsArchiveCommand(t *testing.T) {
 	out, code = runIn(t, store.Schema(), types.Registry, "status")
 	if code != 0 || !strings.Contains(out, "about 2 archived (estimates from table statistics)") {
 		t.Fatalf("status: exit %d\n%s", code, out)
+	}
+	if _, err := store.Pool().Exec(ctx, `ANALYZE `+store.Table("projector_events")); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newLogSizeCollector(store))
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string]float64{}
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			sizes[mf.GetName()+"/"+m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	if sizes["projector_log_events_estimate/archive"] != 2 || sizes["projector_log_events_estimate/hot"] != 0 {
+		t.Fatalf("log size metric: %v, want archive 2, hot 0", sizes)
 	}
 	out, code = runIn(t, store.Schema(), types.Registry, "streams", "unarchive", "--stream-type", "ticket")
 	if code != 0 || !strings.Contains(out, "unarchived 1 stream (2 events)") || hot() != 2 {
