@@ -20,6 +20,11 @@ type Query struct {
 	// Until, when set, loads the state as of that instant: the fold of the
 	// events recorded (by the database clock, at insert) at or before it.
 	Until time.Time
+	// IncludeArchived folds an archived stream (`projector streams
+	// archive`) from the archive. Without it, loading an archived stream
+	// fails with an error matching [postgres.ErrStreamArchived], unless a
+	// snapshot already holds its last version.
+	IncludeArchived bool
 }
 
 // Load returns the current state and version of stream, read through the
@@ -102,7 +107,7 @@ func (r *Repository[S]) fold(ctx context.Context, db postgres.DBTX, stream proje
 			return l, nil
 		}
 	}
-	events, err := r.store.ReadStreamTx(ctx, db, stream, postgres.StreamQuery{FromVersion: l.Version + 1, ToVersion: q.Version, Until: q.Until})
+	events, err := r.store.ReadStreamTx(ctx, db, stream, postgres.StreamQuery{FromVersion: l.Version + 1, ToVersion: q.Version, Until: q.Until, IncludeArchived: q.IncludeArchived})
 	if err != nil {
 		return Loaded[S]{}, err
 	}

@@ -153,7 +153,7 @@ is not allowed in the current state; nothing changed).`,
 	root.AddCommand(app.sagaCmd())
 	root.AddCommand(app.searchCmd())
 	root.AddCommand(app.relayCmd())
-	root.AddCommand(app.deadLettersCmd(), app.parkedCmd(), app.horizonCmd(), app.subjectsCmd())
+	root.AddCommand(app.deadLettersCmd(), app.parkedCmd(), app.horizonCmd(), app.subjectsCmd(), app.streamsCmd())
 	root.AddCommand(cfg.Commands...)
 	root.AddCommand(app.benchCmd())
 	return root

@@ -265,6 +265,9 @@ until interrupted.` + statusJSONHelp(use),
 						if err == nil && use == "status" && !asJSON { // who holds the horizon: cli/horizon.go
 							err = a.writeStatusHorizon(ctx, store)
 						}
+						if err == nil && use == "status" && !asJSON { // hot and archived log sizes: streams.go
+							err = a.writeLogSizes(ctx, store)
+						}
 					}
 					if err != nil {
 						if watch > 0 && ctx.Err() != nil {

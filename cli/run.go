@@ -162,6 +162,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 	defer pool.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(newLogSizeCollector(store))             // streams.go
 	async, sagas, err := a.sagaConsumers(store, w, log, reg) // run_saga.go
 	if err != nil {
 		return err

@@ -367,7 +367,7 @@ func checkPruned(ctx context.Context, tx pgx.Tx, store *postgres.Store, name str
 	if len(pruned) > 0 {
 		return fmt.Errorf("%w: %s reads event types that `events prune` deleted events of: %s; a replay would build a model without them", ErrPruned, name, strings.Join(pruned, ", "))
 	}
-	return nil
+	return checkArchived(ctx, tx, store, name, types) // archived.go
 }
 
 // recheckPruned is checkPruned made exact against a concurrent `events

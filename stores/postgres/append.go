@@ -219,12 +219,16 @@ func (s *Store) refusal(ctx context.Context, tx pgx.Tx, stream projector.StreamR
 	var version int64
 	var last uint64
 	var mine *uint64
-	err := tx.QueryRow(ctx, s.sql.streamHead, stream.Tenant, stream.Type, stream.ID).Scan(&version, &last, &mine)
+	var archived bool
+	err := tx.QueryRow(ctx, s.sql.streamHead, stream.Tenant, stream.Type, stream.ID).Scan(&version, &last, &mine, &archived)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: 0, Reason: "stream does not exist"}
 	}
 	if err != nil {
 		return &projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: -1, Reason: "reading the stream head failed: " + err.Error()}
+	}
+	if archived {
+		return archivedError(stream)
 	}
 	ce := &projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: version}
 	if (expected == projector.AnyVersion || int64(expected) == version) && mine != nil && last > *mine {

@@ -25,10 +25,15 @@ type StreamQuery struct {
 	ToVersion int64
 	// Until, when set, stops at the last event recorded at or before it.
 	Until time.Time
+	// IncludeArchived reads an archived stream's events from the archive
+	// (`projector streams archive`). Without it, a read of an archived
+	// stream fails with [ErrStreamArchived] rather than reading as empty.
+	IncludeArchived bool
 }
 
 // ReadStream reads a stream's events in version order through the pool. A
-// stream that does not exist reads as no events.
+// stream that does not exist reads as no events; a read from version 1 of
+// an archived one fails with [ErrStreamArchived] unless q.IncludeArchived.
 func (s *Store) ReadStream(ctx context.Context, stream projector.StreamRef, q StreamQuery) ([]projector.Event, error) {
 	return s.ReadStreamTx(ctx, s.pool, stream, q)
 }
@@ -48,13 +53,26 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 	if !q.Until.IsZero() {
 		until = &q.Until
 	}
-	rows, err := db.Query(ctx, s.sql.readStream, stream.Tenant, stream.Type, stream.ID, from, to, until)
+	sql := s.sql.readStream
+	if q.IncludeArchived {
+		sql = s.readStreamArchivedSQL()
+	}
+	rows, err := db.Query(ctx, sql, stream.Tenant, stream.Type, stream.ID, from, to, until)
 	if err != nil {
 		return nil, fmt.Errorf("read stream %s: %w", stream, err)
 	}
 	events, err := s.collect(ctx, db, rows, false)
 	if err != nil {
 		return nil, fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	if len(events) == 0 && from == 1 && !q.IncludeArchived {
+		// Only an empty read from the start pays for the look at the
+		// head (an archived stream has no events left in the hot table);
+		// a read after a snapshot's version may come back empty on any
+		// stream, and the snapshot is exact.
+		if err := s.checkNotArchived(ctx, db, stream); err != nil {
+			return nil, fmt.Errorf("read stream %s: %w", stream, err)
+		}
 	}
 	return events, nil
 }
@@ -69,7 +87,8 @@ func (s *Store) StreamVersion(ctx context.Context, db DBTX, stream projector.Str
 	var version int64
 	var last uint64
 	var mine *uint64
-	err := db.QueryRow(ctx, s.sql.streamHead, stream.Tenant, stream.Type, stream.ID).Scan(&version, &last, &mine)
+	var archived bool
+	err := db.QueryRow(ctx, s.sql.streamHead, stream.Tenant, stream.Type, stream.ID).Scan(&version, &last, &mine, &archived)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("stream %s: %w", stream, projector.ErrNotFound)
 	}

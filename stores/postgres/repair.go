@@ -215,7 +215,7 @@ func (r *repair) run(ctx context.Context) error {
 	if err := r.remapConsumers(ctx); err != nil {
 		return err
 	}
-	for _, q := range []string{r.q.remapReplays, r.q.remapRebuilds} {
+	for _, q := range []string{r.q.remapReplays, r.q.remapRebuilds, r.q.remapArchive} {
 		if _, err := r.tx.Exec(ctx, q, RepairTxID); err != nil {
 			return fmt.Errorf("remap rebuild positions: %w", err)
 		}
@@ -412,6 +412,7 @@ var positionColumns = []string{
 	"projector_dead_letters.event_tx_id",
 	"projector_consumers.replay_until_tx_id",
 	"projector_rebuilds.target_tx_id",
+	"projector_events_archive.tx_id",
 }
 
 type repairSQL struct {
@@ -421,7 +422,7 @@ type repairSQL struct {
 	countMap, anyAtTarget                                           string
 	generatedByDefault, renumber, renumberNegative, flipNegative    string
 	generatedAlways, remapConsumers, remapDeadLetters, resetStreams string
-	remapReplays, remapRebuilds                                     string
+	remapReplays, remapRebuilds, remapArchive                       string
 	verifyLog, verifyCursor, raiseSequence                          string
 }
 
@@ -438,14 +439,16 @@ func atOrBefore(tx, seq string) string { return fmt.Sprintf(newSeqAtOrBefore, tx
 func newRepairSQL(schema string) repairSQL {
 	e, s := schema+".projector_events", schema+".projector_streams"
 	c, d := schema+".projector_consumers", schema+".projector_dead_letters"
+	a := schema + ".projector_events_archive"
 	return repairSQL{
 		events: e,
-		lock:   `LOCK TABLE ` + c + `, ` + s + `, ` + e + `, ` + d + ` IN ACCESS EXCLUSIVE MODE`,
+		lock:   `LOCK TABLE ` + c + `, ` + s + `, ` + e + `, ` + d + `, ` + a + ` IN ACCESS EXCLUSIVE MODE`,
 		check: `SELECT pg_snapshot_xmin(pg_current_snapshot()), pg_snapshot_xmax(pg_current_snapshot()),
 			(SELECT max(tx_id) FROM ` + e + `), (SELECT max(last_tx_id) FROM ` + s + `),
 			(SELECT max(cursor_tx_id) FROM ` + c + `), (SELECT max(failed_tx_id) FROM ` + c + `),
 			(SELECT max(event_tx_id) FROM ` + d + `), (SELECT max(replay_until_tx_id) FROM ` + c + `),
-			(SELECT max(target_tx_id) FROM ` + schema + `.projector_rebuilds)`,
+			(SELECT max(target_tx_id) FROM ` + schema + `.projector_rebuilds),
+			(SELECT max(tx_id) FROM ` + a + `)`,
 		buildMap: []string{
 			`CREATE TEMP TABLE projector_repair_map ON COMMIT DROP AS
 				SELECT id, tx_id AS old_tx_id, seq AS old_seq, row_number() OVER (ORDER BY tx_id, seq) AS new_seq
@@ -489,6 +492,14 @@ func newRepairSQL(schema string) repairSQL {
 				(SELECT m.new_seq FROM ` + repairMapTable + ` m WHERE m.id = d.event_id),
 				` + atOrBefore("d.event_tx_id", "d.event_seq") + `, 0)`,
 		resetStreams: `UPDATE ` + s + ` SET last_tx_id = $1::xid8 WHERE last_tx_id <> $1::xid8`,
+		// Archived events keep their order among themselves and sort
+		// before every renumbered event (they are older than any event
+		// still hot in their stream): seq -rank, ranked newest first so the
+		// oldest gets the lowest seq. The archive's key is the
+		// stream version, so the update cannot collide with itself.
+		remapArchive: `UPDATE ` + a + ` a SET tx_id = $1::xid8, seq = -m.rank
+			FROM (SELECT tenant_id, stream_type, stream_id, version, row_number() OVER (ORDER BY tx_id DESC, seq DESC) AS rank FROM ` + a + `) m
+			WHERE (a.tenant_id, a.stream_type, a.stream_id, a.version) = (m.tenant_id, m.stream_type, m.stream_id, m.version)`,
 		verifyLog: `SELECT count(*), coalesce(min(seq), 0), coalesce(max(seq), 0), coalesce(bool_and(tx_id = $1::xid8), true)
 			FROM ` + e,
 		verifyCursor: `SELECT

@@ -40,7 +40,11 @@ const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream
 // (ON CONFLICT and UPDATE both re-check the row they waited for), and a
 // transaction older than the one that last appended is refused
 // (last_tx_id <= ours), so a stream's versions always sort the same way as
-// its transaction ids (promise 4). A refused head returns no row, the event
+// its transaction ids (promise 4). A stream archived by `streams archive`
+// (archived_at set) is refused the same way, and the refusal says so
+// (ErrStreamArchived): the archive locks the head row, so an append either
+// commits before the archive reads the stream's events or waits and is
+// refused. A refused head returns no row, the event
 // insert then inserts nothing, and the caller reads the head to report why.
 //
 // Parameters, the same in all six: $1, $2, $3 the stream (tenant, type, id),
@@ -55,7 +59,7 @@ const appendAnyHead = `
 	VALUES ($1, $2, $3, $4, pg_current_xact_id())
 	ON CONFLICT (tenant_id, stream_type, stream_id) DO UPDATE
 		SET version = s.version + $4, last_tx_id = pg_current_xact_id(), updated_at = now()
-		WHERE s.last_tx_id <= pg_current_xact_id()
+		WHERE s.last_tx_id <= pg_current_xact_id() AND s.archived_at IS NULL
 	RETURNING s.version`
 
 // appendNoStreamHead creates the stream, or nothing when it exists. DO
@@ -73,7 +77,7 @@ const appendExactHead = `
 	UPDATE {{s}}.projector_streams AS s
 	SET version = s.version + $4, last_tx_id = pg_current_xact_id(), updated_at = now()
 	WHERE s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3
-	  AND s.version = $13::bigint AND s.last_tx_id <= pg_current_xact_id()
+	  AND s.version = $13::bigint AND s.last_tx_id <= pg_current_xact_id() AND s.archived_at IS NULL
 	RETURNING s.version`
 
 // appendOneEvents inserts a single event, at the head's new version.
@@ -131,7 +135,7 @@ func (a *appendStatements) statement(expected projector.ExpectedVersion, n int) 
 }
 
 const streamHeadSQL = `
-SELECT version, last_tx_id, pg_current_xact_id_if_assigned()
+SELECT version, last_tx_id, pg_current_xact_id_if_assigned(), archived_at IS NOT NULL
 FROM {{s}}.projector_streams
 WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3`
 

@@ -1,0 +1,195 @@
+package cli
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+func (a *App) streamsCmd() *cobra.Command {
+	root := group("streams", "Work on whole streams: archive closed ones out of the hot log, bring them back")
+	root.AddCommand(a.archiveCmd(false), a.archiveCmd(true))
+	return root
+}
+
+// archiveFlags are the selectors `streams archive` and `streams unarchive`
+// share.
+type archiveFlags struct {
+	streams         []string
+	streamType, age string
+	tenant          string
+	dryRun          bool
+	batch           int
+}
+
+// options turns the flags into the store's options, range-checked.
+func (f archiveFlags) options(unarchive bool) (postgres.ArchiveOptions, error) {
+	opts := postgres.ArchiveOptions{DryRun: f.dryRun, BatchSize: f.batch}
+	if f.batch < 1 || f.batch > postgres.MaxArchiveBatchSize {
+		return opts, fmt.Errorf("--batch-size %d: want 1 to %d", f.batch, postgres.MaxArchiveBatchSize)
+	}
+	switch {
+	case len(f.streams) > 0 && f.streamType != "":
+		return opts, errors.New("name streams with --stream, or a stream type with --stream-type, not both")
+	case len(f.streams) == 0 && f.streamType == "":
+		return opts, errors.New("name streams with --stream TYPE/ID, or a stream type with --stream-type")
+	case len(f.streams) > 0 && f.age != "":
+		return opts, errors.New("--older-than goes with --stream-type; named streams are archived whatever their age")
+	case unarchive && f.age != "":
+		return opts, errors.New("--older-than: unarchive restores every archived stream it selects, whatever its age")
+	}
+	for _, s := range f.streams {
+		typ, id, ok := strings.Cut(s, "/")
+		if !ok || typ == "" || id == "" {
+			return opts, fmt.Errorf("--stream %s: want TYPE/ID", projector.Printable(s))
+		}
+		opts.Streams = append(opts.Streams, projector.StreamRef{Tenant: cmp.Or(f.tenant, projector.SystemTenant), Type: typ, ID: id})
+	}
+	if f.streamType != "" {
+		opts.StreamType, opts.Tenant = f.streamType, f.tenant
+		if !unarchive {
+			if f.age == "" {
+				return opts, errors.New("--stream-type needs --older-than: the age of a stream's last event")
+			}
+			d, err := parseAge(f.age)
+			if err != nil {
+				return opts, fmt.Errorf("--older-than: %w", err)
+			}
+			opts.OlderThan = d
+		}
+	}
+	return opts, nil
+}
+
+func (a *App) archiveCmd(unarchive bool) *cobra.Command {
+	f := archiveFlags{}
+	use, short, long := "archive", "Move closed streams' events out of the hot log into the archive",
+		`archive moves whole streams' events from projector_events into projector_events_archive,
+so the hot table and its indexes hold only live streams. Name streams with --stream TYPE/ID
+(repeatable; --tenant gives their tenant), or select a stream type with --stream-type and
+--older-than DURATION (the age of each stream's last append, by the database clock),
+optionally of one --tenant.
+
+A stream moves only when every consumer shard that is not disabled has passed all its events
+and none of them has an open dead letter; others are counted as held back (promise 9; a stale
+per-instance shard holds archiving back too: remove it with consumer remove). A stream being
+appended to at that moment is skipped. Appending to an archived stream fails (ErrStreamArchived),
+reading it needs IncludeArchived, and a rebuild of a projection reading its event types is
+refused until it is unarchived. --dry-run counts what would move.
+
+DURATION is a Go duration (90m, 12h) or a number of days (30d).`
+	if unarchive {
+		use, short, long = "unarchive", "Move archived streams' events back into the hot log",
+			`unarchive moves archived streams' events back into projector_events, at the log positions
+they had, and makes the streams writable again. Name streams with --stream TYPE/ID (repeatable;
+--tenant gives their tenant), or every archived stream of --stream-type (optionally of one
+--tenant). Consumers do not apply the events again: they had passed them before they were
+archived. --dry-run counts what would move.`
+	}
+	cmd := &cobra.Command{
+		Use:   use + " (--stream TYPE/ID ... | --stream-type T [--older-than DURATION]) [--tenant T] [--dry-run]",
+		Short: short,
+		Long:  long,
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts, err := f.options(unarchive)
+			if err != nil {
+				return usageError{err}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				run, verb := store.Archive, "archived"
+				if unarchive {
+					run, verb = store.Unarchive, "unarchived"
+				}
+				res, err := run(cmd.Context(), opts)
+				if errors.Is(err, postgres.ErrInvalidArchive) {
+					return usageError{err}
+				}
+				if err != nil {
+					return err
+				}
+				if opts.DryRun {
+					verb = "would move"
+				}
+				fmt.Fprintf(a.out, "%s %d %s (%d events)", verb, res.Streams, plural(res.Streams, "stream"), res.Events)
+				if !res.Cutoff.IsZero() {
+					fmt.Fprintf(a.out, " last appended to before %s", res.Cutoff.Local().Format(time.RFC3339))
+				}
+				fmt.Fprintln(a.out)
+				if res.HeldBack > 0 {
+					fmt.Fprintf(a.out, "held back %d %s: a consumer shard has not passed all their events, or one has an open dead letter (see status, dead-letters list)\n",
+						res.HeldBack, plural(res.HeldBack, "stream"))
+				}
+				if res.Skipped > 0 {
+					fmt.Fprintf(a.out, "skipped %d %s: being appended to, appended to since chosen, or not in a state to move\n",
+						res.Skipped, plural(res.Skipped, "stream"))
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringSliceVar(&f.streams, "stream", nil, "a stream to move, as TYPE/ID (repeatable)")
+	cmd.Flags().StringVar(&f.streamType, "stream-type", "", "move the streams of this type")
+	if !unarchive {
+		cmd.Flags().StringVar(&f.age, "older-than", "", "with --stream-type: minimum age of a stream's last event, e.g. 720h or 30d")
+	}
+	cmd.Flags().StringVar(&f.tenant, "tenant", "", "the tenant of the streams (default: "+projector.SystemTenant+" for --stream, every tenant for --stream-type)")
+	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "count what would move; move nothing")
+	cmd.Flags().IntVar(&f.batch, "batch-size", 100, fmt.Sprintf("streams moved per transaction (1 to %d)", postgres.MaxArchiveBatchSize))
+	return cmd
+}
+
+// writeLogSizes is status's line on the log: the estimated events in the
+// hot table and in the archive (`streams archive`), from the planner's
+// statistics, so it costs nothing on a large log.
+func (a *App) writeLogSizes(ctx context.Context, store *postgres.Store) error {
+	hot, archived, err := store.ArchiveSizes(ctx)
+	if err != nil {
+		return err
+	}
+	estimate := func(n int64) string {
+		if n < 0 {
+			return "unknown (not analyzed yet)"
+		}
+		return fmt.Sprintf("about %d", n)
+	}
+	fmt.Fprintf(a.out, "\nlog: %s events hot, %s archived (estimates from table statistics)\n", estimate(hot), estimate(archived))
+	return nil
+}
+
+// logSizeCollector exports the estimated hot and archived log sizes
+// (postgres.Store.ArchiveSizes) as projector_log_events_estimate{table},
+// read at each scrape: one catalogue lookup, whatever the log's size.
+type logSizeCollector struct {
+	store *postgres.Store
+	desc  *prometheus.Desc
+}
+
+func newLogSizeCollector(store *postgres.Store) *logSizeCollector {
+	return &logSizeCollector{store: store, desc: prometheus.NewDesc("projector_log_events_estimate",
+		"Estimated events in the hot log (table=hot) and in the archive (table=archive), from table statistics; -1 before the first ANALYZE.",
+		[]string{"table"}, nil)}
+}
+
+func (c *logSizeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *logSizeCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	hot, archived, err := c.store.ArchiveSizes(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(hot), "hot")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(archived), "archive")
+}

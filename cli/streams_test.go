@@ -1,0 +1,96 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+)
+
+// `streams archive` and `unarchive` end to end: bad selectors and numbers
+// are exit 2 with nothing moved; a dry run moves nothing; archive and
+// unarchive move the stream's events and say so.
+func TestStreamsArchiveCommand(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(ctx, tx, projector.Stream("ticket", "1"), projector.NoStream, testevents.TicketOpened{Title: "x"}, testevents.TicketCommented{Body: "b"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	hot := func() int {
+		var n int
+		if err := store.Pool().QueryRow(ctx, `SELECT count(*) FROM `+store.Table("projector_events")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, args := range [][]string{
+		{"streams", "archive"},
+		{"streams", "archive", "--stream-type", "ticket"},
+		{"streams", "archive", "--stream-type", "ticket", "--older-than", "-1h"},
+		{"streams", "archive", "--stream-type", "ticket", "--older-than", "99999999d"},
+		{"streams", "archive", "--stream", "ticket"},
+		{"streams", "archive", "--stream", "ticket/1", "--stream-type", "ticket"},
+		{"streams", "archive", "--stream", "ticket/1", "--older-than", "1h"},
+		{"streams", "archive", "--stream", "ticket/1", "--batch-size", "0"},
+		{"streams", "archive", "--stream", "ticket/1", "--batch-size", "10001"},
+		{"streams", "archive", "--stream", "ticket/x\x00y"},
+		{"streams", "archive", "--stream-type", "t\xff", "--older-than", "1h"},
+		{"streams", "unarchive"},
+	} {
+		out, code := runIn(t, store.Schema(), types.Registry, args...)
+		if code != ExitUsage || strings.Contains(out, "SQLSTATE") {
+			t.Errorf("%q: exit %d, want %d\n%s", args, code, ExitUsage, out)
+		}
+	}
+	if n := hot(); n != 2 {
+		t.Fatalf("refused commands moved events: %d hot", n)
+	}
+	out, code := runIn(t, store.Schema(), types.Registry, "streams", "archive", "--stream", "ticket/1", "--dry-run")
+	if code != 0 || !strings.Contains(out, "would move 1 stream (2 events)") || hot() != 2 {
+		t.Fatalf("dry run: exit %d\n%s", code, out)
+	}
+	out, code = runIn(t, store.Schema(), types.Registry, "streams", "archive", "--stream", "ticket/1", "--stream", "ticket/1")
+	if code != 0 || !strings.Contains(out, "archived 1 stream (2 events)") || strings.Contains(out, "held back") || hot() != 0 {
+		t.Fatalf("archive: exit %d\n%s", code, out)
+	}
+	if _, err := store.Pool().Exec(ctx, `ANALYZE `+store.Table("projector_events_archive")); err != nil {
+		t.Fatal(err)
+	}
+	out, code = runIn(t, store.Schema(), types.Registry, "status")
+	if code != 0 || !strings.Contains(out, "about 2 archived (estimates from table statistics)") {
+		t.Fatalf("status: exit %d\n%s", code, out)
+	}
+	if _, err := store.Pool().Exec(ctx, `ANALYZE `+store.Table("projector_events")); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newLogSizeCollector(store))
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string]float64{}
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			sizes[mf.GetName()+"/"+m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	if sizes["projector_log_events_estimate/archive"] != 2 || sizes["projector_log_events_estimate/hot"] != 0 {
+		t.Fatalf("log size metric: %v, want archive 2, hot 0", sizes)
+	}
+	out, code = runIn(t, store.Schema(), types.Registry, "streams", "unarchive", "--stream-type", "ticket")
+	if code != 0 || !strings.Contains(out, "unarchived 1 stream (2 events)") || hot() != 2 {
+		t.Fatalf("unarchive: exit %d\n%s", code, out)
+	}
+}

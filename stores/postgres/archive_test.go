@@ -1,0 +1,304 @@
+package postgres_test
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+func (f fixture) archived(t *testing.T, streamType string) int {
+	t.Helper()
+	return countRows(t, f.store.Pool(), `SELECT count(*) FROM `+f.store.Table("projector_events_archive")+` WHERE stream_type = $1`, streamType)
+}
+
+func (f fixture) tryAppend(stream projector.StreamRef, payloads ...any) error {
+	return pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
+		_, err := f.store.Append(f.ctx, tx, stream, projector.AnyVersion, payloads...)
+		return err
+	})
+}
+
+// Promise 9 for archiving: only streams every consumer shard that is not
+// disabled has wholly passed move; a dry run counts the same; an archived
+// stream refuses appends and plain reads, reads exactly with
+// IncludeArchived, and unarchive puts every event back at its position.
+func TestPromise9_ArchiveNeverOutrunsAConsumer(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var firsts []projector.Event
+	for i := range 6 {
+		res := f.appendTx(t, projector.Stream("ticket", fmt.Sprint(i)), projector.NoStream,
+			testevents.TicketOpened{Title: "x"}, testevents.TicketCommented{Body: "b"})
+		firsts = append(firsts, res.Events[1])
+	}
+	// A consumer that passed the first four streams wholly; a disabled one
+	// that passed nothing does not hold archiving back.
+	f.consumer(t, "slow", firsts[3].Position, "idle")
+	f.consumer(t, "off", projector.Start, "disabled")
+	before, err := f.store.ReadStream(f.ctx, projector.Stream("ticket", "0"), postgres.StreamQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	opts := postgres.ArchiveOptions{StreamType: "ticket", OlderThan: tiny, BatchSize: 4}
+	dry := opts
+	dry.DryRun = true
+	d, err := f.store.Archive(f.ctx, dry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Streams != 4 || d.Events != 8 || d.HeldBack != 2 {
+		t.Fatalf("dry run: %+v, want 4 streams, 8 events, 2 held back", d)
+	}
+	if n := f.archived(t, "ticket"); n != 0 {
+		t.Fatalf("a dry run archived %d events", n)
+	}
+	res, err := f.store.Archive(f.ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Streams != 4 || res.Events != 8 || res.HeldBack != 2 {
+		t.Fatalf("archive: %+v, want 4 streams, 8 events, 2 held back", res)
+	}
+	if hot, arch := f.remaining(t, "ticket"), f.archived(t, "ticket"); hot != 4 || arch != 8 {
+		t.Fatalf("hot %d, archived %d; want 4 and 8", hot, arch)
+	}
+
+	closed := projector.Stream("ticket", "0")
+	if err := f.tryAppend(closed, testevents.TicketCommented{Body: "late"}); !errors.Is(err, postgres.ErrStreamArchived) {
+		t.Fatalf("append to an archived stream: %v, want ErrStreamArchived", err)
+	}
+	if err := pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
+		_, err := f.store.Append(f.ctx, tx, closed, projector.ExactVersion(2), testevents.TicketCommented{Body: "late"})
+		return err
+	}); !errors.Is(err, postgres.ErrStreamArchived) {
+		t.Fatalf("append at the exact version to an archived stream: %v, want ErrStreamArchived", err)
+	}
+	if _, err := f.store.ReadStream(f.ctx, closed, postgres.StreamQuery{}); !errors.Is(err, postgres.ErrStreamArchived) {
+		t.Fatalf("plain read of an archived stream: %v, want ErrStreamArchived", err)
+	}
+	got, err := f.store.ReadStream(f.ctx, closed, postgres.StreamQuery{IncludeArchived: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, before) {
+		t.Fatalf("archived read differs:\n got %+v\nwant %+v", got, before)
+	}
+	// The stream the consumer has not passed stays hot and writable.
+	f.appendTx(t, projector.Stream("ticket", "5"), projector.AnyVersion, testevents.TicketCommented{Body: "more"})
+
+	un, err := f.store.Unarchive(f.ctx, postgres.ArchiveOptions{StreamType: "ticket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if un.Streams != 4 || un.Events != 8 {
+		t.Fatalf("unarchive: %+v, want 4 streams, 8 events", un)
+	}
+	again, err := f.store.ReadStream(f.ctx, closed, postgres.StreamQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(again, before) {
+		t.Fatalf("unarchived stream differs (positions must be kept):\n got %+v\nwant %+v", again, before)
+	}
+	f.appendTx(t, closed, projector.ExactVersion(2), testevents.TicketCommented{Body: "reopened"})
+}
+
+// Promise 9 with the other actor in the gap between the choice of streams
+// and the lock: the consumer that had passed them is rewound (as an
+// in-place rebuild does) while the archive waits for the consumers table.
+// The guard is read under the lock, so nothing moves.
+func TestPromise9_ArchiveConsumerRewoundBetweenChoiceAndLock(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var last projector.Position
+	for i := range 3 {
+		last = f.appendTx(t, projector.Stream("ticket", fmt.Sprint(i)), projector.NoStream, testevents.TicketOpened{Title: "x"}).Events[0].Position
+	}
+	f.consumer(t, "live", last, "idle")
+	rewind, err := f.store.Pool().Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rewind.Rollback(f.ctx) }()
+	if _, err := rewind.Exec(f.ctx, `UPDATE `+f.store.Table("projector_consumers")+` SET cursor_tx_id = '0', cursor_seq = 0 WHERE name = 'live'`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		res postgres.ArchiveResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{StreamType: "ticket", OlderThan: tiny})
+		done <- result{res, err}
+	}()
+	pgtest.WaitForLockOn(t, f.store.Pool(), f.store.Table("projector_consumers"))
+	if err := rewind.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.res.Streams != 0 || r.res.HeldBack != 3 {
+		t.Fatalf("archive with a consumer rewound in its gap: %+v, want nothing moved, 3 held back", r.res)
+	}
+	if n := f.remaining(t, "ticket"); n != 3 {
+		t.Fatalf("%d events hot; the rewound consumer needs all 3", n)
+	}
+}
+
+// An append racing an archive of the same stream: exactly one outcome,
+// nothing lost. An append in flight (its head locked) makes the archive
+// skip the stream; an append that comes while the archive holds the head
+// waits for it and is refused with ErrStreamArchived.
+func TestArchiveRacesAppend(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	stream := projector.Stream("ticket", "race")
+	f.appendTx(t, stream, projector.NoStream, testevents.TicketOpened{Title: "x"})
+
+	// 1. The append first: its transaction holds the head.
+	tx, err := f.store.Pool().Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Append(f.ctx, tx, stream, projector.AnyVersion, testevents.TicketCommented{Body: "in flight"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{stream}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Streams != 0 || res.Skipped != 1 {
+		t.Fatalf("archive of a stream being appended to: %+v, want it skipped", res)
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.remaining(t, "ticket"); n != 2 {
+		t.Fatalf("%d events hot, want 2", n)
+	}
+
+	// 2. The archive first: it holds the head while it moves the events
+	// (held here by a lock on the archive table), and the append waits.
+	hold, err := f.store.Pool().Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hold.Rollback(f.ctx) }()
+	if _, err := hold.Exec(f.ctx, `LOCK TABLE `+f.store.Table("projector_events_archive")+` IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	archived := make(chan error, 1)
+	go func() {
+		res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{stream}})
+		if err == nil && (res.Streams != 1 || res.Events != 2) {
+			err = fmt.Errorf("archive: %+v, want 1 stream, 2 events", res)
+		}
+		archived <- err
+	}()
+	pgtest.WaitForLockOn(t, f.store.Pool(), f.store.Table("projector_events_archive"))
+	conn, err := f.store.Pool().Acquire(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	appended := make(chan error, 1)
+	go func() {
+		appended <- pgx.BeginFunc(f.ctx, conn, func(tx pgx.Tx) error {
+			_, err := f.store.Append(f.ctx, tx, stream, projector.AnyVersion, testevents.TicketCommented{Body: "late"})
+			return err
+		})
+	}()
+	pgtest.WaitUntilBlocked(t, f.store.Pool(), conn.Conn().PgConn().PID())
+	if err := hold.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-archived; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-appended; !errors.Is(err, postgres.ErrStreamArchived) {
+		t.Fatalf("append that waited for the archive: %v, want ErrStreamArchived", err)
+	}
+	if hot, arch := f.remaining(t, "ticket"), f.archived(t, "ticket"); hot != 0 || arch != 2 {
+		t.Fatalf("hot %d, archived %d; want 0 and 2", hot, arch)
+	}
+}
+
+// Bad options are refused before anything is read.
+func TestArchiveRefusesBadOptions(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for _, o := range []postgres.ArchiveOptions{
+		{},
+		{StreamType: "ticket"},
+		{StreamType: "ticket", OlderThan: -tiny},
+		{StreamType: "ticket", OlderThan: tiny, BatchSize: postgres.MaxArchiveBatchSize + 1},
+		{StreamType: "bad\x00type", OlderThan: tiny},
+		{Streams: []projector.StreamRef{projector.Stream("ticket", "1")}, StreamType: "ticket"},
+	} {
+		if _, err := f.store.Archive(f.ctx, o); !errors.Is(err, postgres.ErrInvalidArchive) {
+			t.Errorf("archive %+v: %v, want ErrInvalidArchive", o, err)
+		}
+	}
+}
+
+// A repair renumbers archived positions too: after a forced repair, the
+// archived events sit at the repair's transaction id with negative seqs
+// (before every renumbered event, in their old order), and unarchiving
+// puts them back into a log that reads in the same order as before.
+func TestRepairRenumbersArchivedEvents(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	old := projector.Stream("ticket", "old")
+	f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "b"})
+	f.appendTx(t, projector.Stream("ticket", "live"), projector.NoStream, testevents.TicketOpened{Title: "c"})
+	// The log reads only below the horizon, which other tests' open
+	// transactions hold back: poll for all three events, with a deadline.
+	readAll := func() []uuid.UUID {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			batch, err := f.store.ReadLog(f.ctx, postgres.LogQuery{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(batch.Events) == 3 {
+				return eventIDs(batch.Events)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the log still reads %d of 3 events", len(batch.Events))
+			}
+			time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+		}
+	}
+	before := readAll()
+	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || res.Events != 2 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	if _, err := f.repair(t, postgres.RepairOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, f.store.Pool(), `SELECT count(*) FROM `+f.store.Table("projector_events_archive")+` WHERE tx_id = $1::xid8 AND seq < 0`,
+		postgres.RepairTxID); n != 2 {
+		t.Fatalf("%d archived events renumbered, want 2", n)
+	}
+	if _, err := f.store.Unarchive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := readAll(), before; !reflect.DeepEqual(got, want) {
+		t.Fatalf("log after repair and unarchive: %v, want %v", got, want)
+	}
+}
