@@ -400,3 +400,37 @@ func TestParkStream_RetryWaitsForThePassInTheGap(t *testing.T) {
 		t.Fatalf("applied %v (%d bad); want p's 3 events once, in order", got, bad)
 	}
 }
+
+// Archiving passes over a parked stream: its retry reads the parked events
+// from the hot log, so the archive holds the stream back until the park is
+// resolved, and archives it after.
+func TestParkStream_ArchiveKeepsParkedStreams(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.traceTable()
+	var failing atomic.Bool
+	failing.Store(true)
+	p := poisoned(e, "parking", parkCfg, &failing)
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+
+	e.appendOne("ok", projector.NoStream, testevents.TicketOpened{Title: "fine"})
+	e.appendOne("p", projector.NoStream, testevents.TicketOpened{Title: "poison"}, testevents.TicketCommented{Body: "after"})
+	e.catchUp(d)
+	parks := e.openParks("parking")
+	if len(parks) != 1 || parks[0].StreamID != "p" {
+		t.Fatalf("parks: %+v; want stream p parked", parks)
+	}
+	both := postgres.ArchiveOptions{Streams: []projector.StreamRef{projector.Stream("ticket", "ok"), projector.Stream("ticket", "p")}}
+	res, err := e.store.Archive(e.ctx, both)
+	if err != nil || res.Streams != 1 || res.HeldBack != 1 {
+		t.Fatalf("archive: %+v, %v; want ok archived and the parked p held back", res, err)
+	}
+	failing.Store(false)
+	if r, err := projection.RetryPark(e.ctx, e.store, p, parks[0].ID, "tester", nil); err != nil || !r.Resolved || r.Events != 2 {
+		t.Fatalf("retry after the archive: %+v, %v", r, err)
+	}
+	res, err = e.store.Archive(e.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{projector.Stream("ticket", "p")}})
+	if err != nil || res.Streams != 1 {
+		t.Fatalf("archive after the retry: %+v, %v; want p archived", res, err)
+	}
+}

@@ -62,7 +62,8 @@ type ArchiveResult struct {
 	Streams, Events int64
 	// HeldBack counts streams kept in the hot log because a consumer
 	// shard that is not disabled has not passed all their events yet, or
-	// an event of theirs has an open dead letter (promise 9). In a dry
+	// an event of theirs has an open dead letter, or a consumer parked
+	// them (ParkStream) (promise 9). In a dry
 	// run, they are counted without the lock, so the figure is advisory.
 	HeldBack int64
 	// Skipped counts chosen streams that were being appended to at that
@@ -386,7 +387,8 @@ func (s *Store) ArchiveSizes(ctx context.Context) (hot, archived int64, err erro
 
 func (s *Store) archiveSQL(q string) string {
 	return strings.NewReplacer("{{e}}", s.Table("projector_events"), "{{a}}", s.Table("projector_events_archive"),
-		"{{s}}", s.Table("projector_streams"), "{{d}}", s.Table("projector_dead_letters")).Replace(q)
+		"{{s}}", s.Table("projector_streams"), "{{d}}", s.Table("projector_dead_letters"),
+		"{{p}}", s.Table("projector_parks")).Replace(q)
 }
 
 // archiveChooseSQL picks the next batch of streams of type $1 (tenant $2
@@ -410,11 +412,16 @@ ORDER BY s.tenant_id, s.stream_type, s.stream_id
 FOR UPDATE OF s SKIP LOCKED`
 
 // archiveOK keeps, of the streams $1–$3, those every event of which the
-// guard ($4/$5, or none when $6) has passed and none of which has an open
-// dead letter.
+// guard ($4/$5, or none when $6) has passed, none of which has an open
+// dead letter, and that no consumer has parked (ParkStream): a park's retry
+// reads its events from the hot log. A pass that parks a stream moves its
+// cursor, which waits for the guard's SHARE lock, so a park committed after
+// the guard was read holds only events the guard had not passed.
 const archiveOK = `WITH ok AS (
 	SELECT k.t, k.st, k.id FROM unnest($1::text[], $2::text[], $3::text[]) AS k(t, st, id)
-	WHERE NOT EXISTS (SELECT 1 FROM {{e}} e WHERE e.tenant_id = k.t AND e.stream_type = k.st AND e.stream_id = k.id
+	WHERE NOT EXISTS (SELECT 1 FROM {{p}} p WHERE p.status = 'parked'
+		AND p.tenant_id = k.t AND p.stream_type = k.st AND p.stream_id = k.id)
+	AND NOT EXISTS (SELECT 1 FROM {{e}} e WHERE e.tenant_id = k.t AND e.stream_type = k.st AND e.stream_id = k.id
 		AND ((NOT $6::bool AND (e.tx_id, e.seq) > ($4::xid8, $5::bigint))
 		  OR EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id AND d.status = 'open')))
 )`
