@@ -13,10 +13,7 @@ import (
 // subjectsCmd is `subjects`: the data subjects of personal fields
 // (docs/privacy.md).
 func (a *App) subjectsCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "subjects",
-		Short: "Data subjects of personal fields: forget one (crypto-shredding)",
-	}
+	cmd := group("subjects", "Data subjects of personal fields: forget one (crypto-shredding)")
 	cmd.AddCommand(a.subjectsForgetCmd())
 	return cmd
 }
