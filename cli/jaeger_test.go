@@ -64,6 +64,8 @@ const jaegerConfig = `service:
   telemetry:
     metrics:
       level: none
+    traces:
+      level: none
     logs:
       level: warn
 extensions:
@@ -188,7 +190,13 @@ func TestTracingJaegerEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := tp.Shutdown(ctx); err != nil { // flushes the batcher
