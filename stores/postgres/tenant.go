@@ -101,9 +101,11 @@ FROM outer_role`
 // GrantTenantRole grants role what it needs on Projector's own tables for
 // handlers that append events while scoped to a tenant — usage of the
 // schema, reading and writing the log and the stream heads, reading,
-// writing and pruning aggregate snapshots, and reading and creating data
-// subjects' keys (personal fields) — and puts row-level security on those
-// four tables so that role only ever reaches the rows of the tenant
+// writing and pruning aggregate snapshots, reading and creating data
+// subjects' keys (personal fields), and reading archived events (loads
+// with IncludeArchived; archiving itself is an operator's job) — and puts
+// row-level security on those five tables so that role only ever reaches
+// the rows of the tenant
 // its transaction is scoped to: without it, tenant a's handler could read
 // tenant b's events and append to b's streams.
 //
@@ -132,6 +134,7 @@ func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 GRANT SELECT, INSERT, UPDATE ON ` + q + `.projector_events, ` + q + `.projector_streams TO ` + r + `;
 GRANT SELECT, INSERT, DELETE ON ` + q + `.projector_snapshots TO ` + r + `;
 GRANT SELECT, INSERT ON ` + q + `.projector_subject_keys TO ` + r + `;
+GRANT SELECT ON ` + q + `.projector_events_archive TO ` + r + `;
 `)
 	tenantPolicy := quoteIdent(tenantPolicyName(role))
 	match := `tenant_id = current_setting('` + TenantSetting + `', true)`
@@ -155,7 +158,8 @@ CREATE POLICY ` + tenantPolicy + ` ON ` + t + ` AS RESTRICTIVE TO ` + r + ` USIN
 
 // tenantTables are Projector's tables that hold tenant rows, each keyed by
 // a tenant_id column, that a tenant role is granted.
-var tenantTables = []string{"projector_events", "projector_streams", "projector_snapshots", "projector_subject_keys"}
+var tenantTables = []string{"projector_events", "projector_streams", "projector_snapshots", "projector_subject_keys",
+	"projector_events_archive"}
 
 // tenantPolicyName names the restrictive policy of one tenant role, so
 // granting a second role never replaces the first one's filter. A name that

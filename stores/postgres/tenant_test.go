@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -424,5 +425,59 @@ func TestScopeTxRefusesUnstorableTenant(t *testing.T) {
 		if err != nil {
 			t.Errorf("tenant %q: the caller's transaction is unusable after the refusal: %v", tenant, err)
 		}
+	}
+}
+
+// A tenant role reads its own archived events (a load with
+// IncludeArchived) and never another tenant's: GrantTenantRole covers the
+// archive with the same row-level security as the hot log.
+func TestTenantRoleFiltersArchivedEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	store, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamA, streamB := projector.TenantStream("a", "ticket", "t1"), projector.TenantStream("b", "ticket", "t1")
+	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		for _, s := range []projector.StreamRef{streamA, streamB} {
+			if _, err := store.Append(ctx, tx, s, projector.NoStream, testevents.TicketOpened{Title: s.Tenant}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := store.Archive(ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{streamA, streamB}})
+	if err != nil || res.Streams != 2 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	err = store.InTenantTx(ctx, "a", func(ctx context.Context, tx pgx.Tx) error {
+		if n := countRows(t, tx, `SELECT count(*) FROM `+store.Table("projector_events_archive")); n != 1 {
+			t.Errorf("scoped to tenant a: the archive shows %d rows, want a's 1", n)
+		}
+		got, err := store.ReadStreamTx(ctx, tx, streamA, postgres.StreamQuery{IncludeArchived: true})
+		if err != nil {
+			return fmt.Errorf("read a's archived stream: %w", err)
+		}
+		if len(got) != 1 {
+			t.Errorf("scoped to tenant a: read %d of a's archived events, want 1", len(got))
+		}
+		got, err = store.ReadStreamTx(ctx, tx, streamB, postgres.StreamQuery{IncludeArchived: true})
+		if err != nil {
+			return fmt.Errorf("read b's archived stream: %w", err)
+		}
+		if len(got) != 0 {
+			t.Errorf("scoped to tenant a: read %d of tenant b's archived events", len(got))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
