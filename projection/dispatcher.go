@@ -8,13 +8,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -503,115 +501,6 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 
 // Stopped is closed once the dispatcher has stopped.
 func (d *Dispatcher) Stopped() <-chan struct{} { return d.stopped }
-
-// instanceSQL is what a dispatcher writes about its instance in
-// projector_instances (migration 0005).
-type instanceSQL struct {
-	heartbeat, stopped, forget string
-}
-
-func buildInstanceSQL(store *postgres.Store) instanceSQL {
-	i := store.Table("projector_instances")
-	return instanceSQL{
-		// One statement for the first heartbeat and every later one:
-		// started_at is kept on conflict, everything else is this process's.
-		heartbeat: `INSERT INTO ` + i + ` AS i (instance_id, random_id, consumers, heartbeat_every, expire_after)
-			VALUES ($1, $2, $3, make_interval(secs => $4), make_interval(secs => $5))
-			ON CONFLICT (instance_id) DO UPDATE SET random_id = EXCLUDED.random_id, consumers = EXCLUDED.consumers,
-				heartbeat_every = EXCLUDED.heartbeat_every, expire_after = EXCLUDED.expire_after,
-				last_seen_at = now(), stopped_at = NULL,
-				started_at = CASE WHEN $6 THEN now() ELSE i.started_at END`,
-		stopped: `UPDATE ` + i + ` SET stopped_at = now(), last_seen_at = now() WHERE instance_id = $1`,
-		forget:  `DELETE FROM ` + i + ` WHERE instance_id = $1`,
-	}
-}
-
-// heartbeat records that this instance is alive and which consumers it
-// runs; start says it is the first of this process.
-func (d *Dispatcher) heartbeat(ctx context.Context, db postgres.DBTX, start bool) error {
-	names := make([]string, 0, len(d.shards))
-	for _, sh := range d.shards {
-		if !slices.Contains(names, sh.id.Consumer) {
-			names = append(names, sh.id.Consumer)
-		}
-	}
-	for _, b := range d.balancers {
-		names = append(names, b.member())
-	}
-	_, err := db.Exec(ctx, d.isql.heartbeat, d.instance, d.randomID, names, d.cfg.HeartbeatEvery.Seconds(), d.cfg.InstanceExpiry.Seconds(), start)
-	if err != nil {
-		return fmt.Errorf("heartbeat: %w", err)
-	}
-	return nil
-}
-
-// register creates the state rows of this dispatcher's shards that do not
-// exist yet, with the cursor where each projection says to start, and
-// writes the instance's first heartbeat, in one transaction. The inserts
-// lock the consumers table against a concurrent prune (which holds it in
-// SHARE mode), so a prune either sees this instance as alive or has
-// committed, and marked what it pruned past, before the first pass.
-func (d *Dispatcher) register(ctx context.Context) error {
-	horizon, err := d.store.Horizon(ctx)
-	if err != nil {
-		return fmt.Errorf("projection dispatcher: %w", err)
-	}
-	err = pgx.BeginFunc(ctx, d.store.Pool(), func(tx pgx.Tx) error {
-		for _, sh := range d.shards {
-			start := projector.Start
-			if sh.proj.cfg.StartFrom == FromNow {
-				start = horizon
-			}
-			if sh.balancer != nil {
-				if sh.partition == 0 {
-					if err := d.registerPartitioned(ctx, tx, sh.proj, start); err != nil {
-						return fmt.Errorf("register consumer %s: %w", sh.id.Consumer, err)
-					}
-				}
-				continue
-			}
-			if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq, sh.proj.cfg.Version); err != nil {
-				return fmt.Errorf("register consumer %s: %w", sh.id, err)
-			}
-		}
-		return d.heartbeat(ctx, tx, true)
-	})
-	if errors.Is(err, ErrPartitionsChanged) {
-		return err
-	}
-	if err != nil {
-		return fmt.Errorf("projection dispatcher: %w", err)
-	}
-	return nil
-}
-
-// cleanup runs once the loops have ended. It removes the per-instance shards
-// of a random instance id, and its instance row: no later process can ever
-// resume them, and left behind they would hold retention back until they
-// expire. A fixed id's instance is marked stopped, so status shows its
-// shards unattended at once rather than after missed heartbeats.
-func (d *Dispatcher) cleanup() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	d.releasePartitions(ctx)
-	if !d.randomID {
-		if _, err := d.store.Pool().Exec(ctx, d.isql.stopped, d.instance); err != nil {
-			d.logger.WarnContext(ctx, "projection dispatcher: mark instance stopped", slog.String("instance_id", d.instance), slog.Any("error", err))
-		}
-		return
-	}
-	for _, sh := range d.shards {
-		if sh.id.Instance != d.instance {
-			continue
-		}
-		if _, err := d.store.Pool().Exec(ctx, d.sql.unregister, sh.id.Consumer, sh.id.Instance); err != nil {
-			d.logger.WarnContext(ctx, "projection dispatcher: remove per-instance shard", slog.String("consumer", sh.id.String()), slog.Any("error", err))
-		}
-	}
-	if _, err := d.store.Pool().Exec(ctx, d.isql.forget, d.instance); err != nil {
-		d.logger.WarnContext(ctx, "projection dispatcher: remove instance", slog.String("instance_id", d.instance), slog.Any("error", err))
-	}
-}
 
 // runShard is one shard's loop: pass after pass while there is work, then
 // wait for a wake-up, a retry time or a recheck.
