@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -269,20 +268,7 @@ func TestRepairRenumbersArchivedEvents(t *testing.T) {
 	// transactions hold back: poll for all three events, with a deadline.
 	readAll := func() []uuid.UUID {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			batch, err := f.store.ReadLog(f.ctx, postgres.LogQuery{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(batch.Events) == 3 {
-				return eventIDs(batch.Events)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the log still reads %d of 3 events", len(batch.Events))
-			}
-			time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
-		}
+		return eventIDs(readLogN(t, f.ctx, f.store, postgres.LogQuery{}, 3))
 	}
 	before := readAll()
 	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || res.Events != 2 {

@@ -112,12 +112,9 @@ func TestPersonalFieldsNeverInClear(t *testing.T) {
 		t.Fatalf("read %+v", evs)
 	}
 	for _, raw := range []bool{false, true} {
-		b, err := f.store.ReadLog(f.ctx, postgres.LogQuery{Raw: raw})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(b.Events) != 1 || !strings.Contains(string(b.Events[0].Data), "ada@example.com") {
-			t.Fatalf("raw=%v: log read %s", raw, b.Events[0].Data)
+		evs := readLogN(t, f.ctx, f.store, postgres.LogQuery{Raw: raw}, 1)
+		if len(evs) != 1 || !strings.Contains(string(evs[0].Data), "ada@example.com") {
+			t.Fatalf("raw=%v: log read %d events, the first %s", raw, len(evs), evs[0].Data)
 		}
 	}
 	if n := f.count(t, "projector_subject_keys"); n != 1 {
@@ -238,11 +235,7 @@ func TestForgetSubject(t *testing.T) {
 	if evs := readCustomer(t, f.store, "globex", "c-1"); evs[0].Payload != twin || evs[0].Forgotten {
 		t.Fatalf("the same id in another tenant: %+v", evs[0])
 	}
-	b, err := f.store.ReadLog(f.ctx, postgres.LogQuery{Raw: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ev := range b.Events {
+	for _, ev := range readLogN(t, f.ctx, f.store, postgres.LogQuery{Raw: true}, len(after)) {
 		if strings.Contains(string(ev.Data), "ada@") {
 			t.Fatalf("log read after forget: %s", ev.Data)
 		}
