@@ -140,7 +140,12 @@ func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size, w
 // (the format, the type, the payload) and encodes each good one as a COPY
 // row, returning the rows' chunk; errs[i] is line i's problem.
 func (b *importBatch) decodeRange(reg *projector.Registry, lo, hi int, errs []error) []byte {
-	var chunk []byte
+	if lo == hi {
+		return nil
+	}
+	// A row is about as long as its line, plus the field lengths; sized
+	// once, the chunk is not copied over and over as it grows.
+	chunk := make([]byte, 0, b.spans[hi-1][1]-b.spans[lo][0]+64*(hi-lo))
 	starts := make([]int, 0, hi-lo)
 	for i := lo; i < hi; i++ {
 		starts = append(starts, len(chunk))
