@@ -196,8 +196,8 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 		}
 		return
 	}
-	mine := make(map[ShardID]bool, len(d.shards))
-	for _, sh := range d.shards {
+	mine := make(map[ShardID]bool)
+	for _, sh := range d.allShards() {
 		mine[sh.id] = true
 	}
 	for _, st := range all {
@@ -234,7 +234,7 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 // index.
 func (d *Dispatcher) refreshOpenDeadLetters(ctx context.Context) {
 	counts := map[string]float64{}
-	for _, sh := range d.shards {
+	for _, sh := range d.allShards() {
 		counts[sh.id.Consumer] = 0
 	}
 	names := make([]string, 0, len(counts))

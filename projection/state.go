@@ -168,11 +168,12 @@ func (e *TransitionError) Is(target error) bool { return target == projector.Err
 type Admin struct {
 	store *postgres.Store
 	sql   adminSQL
+	split splitSQL
 }
 
 // NewAdmin returns the ops functions for the consumers of store's schema.
 func NewAdmin(store *postgres.Store) *Admin {
-	return &Admin{store: store, sql: buildAdminSQL(store)}
+	return &Admin{store: store, sql: buildAdminSQL(store), split: buildSplitSQL(store)}
 }
 
 type adminSQL struct {
@@ -549,8 +550,9 @@ func validInstance(id string) error {
 	return nil
 }
 
-// sortPartitions orders each consumer's partitions by number, after its
-// other shards, keeping the query's order otherwise (a consumer's rows
+// sortPartitions orders each consumer's partitions by where their streams
+// lie in the hash space (so 1/4 sits between 1/8 and 4/8 when sizes are
+// mixed, after a live split), after its other shards, keeping the query's order otherwise (a consumer's rows
 // are contiguous there).
 func sortPartitions(shards []ShardState) {
 	type key struct{ group, part, at int }
@@ -562,7 +564,7 @@ func sortPartitions(shards []ShardState) {
 		}
 		part := -1
 		if s.Partitions > 0 {
-			part = s.Partition
+			part = s.Partition * (postgres.MaxPartitions / s.Partitions)
 		}
 		keys[i] = key{group, part, i}
 	}
