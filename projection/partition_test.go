@@ -180,8 +180,33 @@ func TestPartitionCountChangeRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = d8.Start(e.ctx)
-	if !errors.Is(err, projection.ErrPartitionsChanged) || !strings.Contains(err.Error(), "has 4 partitions") {
-		t.Fatalf("start with another count: %v, want ErrPartitionsChanged", err)
+	if !errors.Is(err, projection.ErrPartitionsChanged) || !strings.Contains(err.Error(), "has 4 partitions") ||
+		!strings.Contains(err.Error(), "`projector consumer split four`") {
+		t.Fatalf("start with another count: %v, want ErrPartitionsChanged naming the split to run", err)
+	}
+	// Split live to 8, the code declaring 4 still runs (the layout is the
+	// consumer's); the code declaring 8 now starts, and from then on code
+	// declaring 4 is a change, refused with the merge to run.
+	if _, err := projection.NewAdmin(e.store).Split(e.ctx, "four"); err != nil {
+		t.Fatal(err)
+	}
+	d4 := e.dispatcher(projection.Config{Projections: []*projection.Async{counting(e.schema, e.types, "four", projection.AsyncConfig{Partitions: 4})}})
+	if n := len(d4.Shards()); n != 8 {
+		t.Errorf("code declaring 4 runs %d partitions after a live split to 8", n)
+	}
+	if err := d4.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	d8 = e.dispatcher(projection.Config{Projections: []*projection.Async{p8}})
+	if err := d8.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	d4, err = projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{counting(e.schema, e.types, "four", projection.AsyncConfig{Partitions: 4})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d4.Start(e.ctx); !errors.Is(err, projection.ErrPartitionsChanged) || !strings.Contains(err.Error(), "`projector consumer merge four`") {
+		t.Fatalf("start declaring 4 after code declared 8: %v, want ErrPartitionsChanged naming the merge to run", err)
 	}
 	for _, bad := range []int{-1, 3, 6, 128} {
 		bp := counting(e.schema, e.types, "bad"+strconv.Itoa(bad+1), projection.AsyncConfig{Partitions: bad})
