@@ -432,6 +432,11 @@ func (d *Dispatcher) replaceShards(added, removed []*shard) {
 	defer d.shardsMu.Unlock()
 	d.shards = slices.DeleteFunc(d.shards, func(sh *shard) bool { return slices.Contains(removed, sh) })
 	d.shards = append(d.shards, added...)
+	if d.metrics != nil && d.soft != nil {
+		for _, sh := range removed {
+			d.metrics.forget(sh.id)
+		}
+	}
 	if d.soft == nil || d.soft.Err() != nil {
 		return // Start spawns them, or the dispatcher is stopping
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -330,4 +331,67 @@ func TestPromise16_SplitMergeLive(t *testing.T) {
 	f.check(versions)
 	t.Logf("split in %v, merge in %v; %d events over %d streams, %d processes; work per process %v",
 		took.Round(time.Millisecond), r.took.Round(time.Millisecond), total(versions), len(versions), f.started, e.workers())
+}
+
+// A running dispatcher follows a live split and merge on its next balancing
+// round: the halves' loops start and apply what follows, the parent's loop
+// ends, and the metrics show the partitions the consumer has, not the ones
+// it had.
+func TestPartitionSplitFollowedLive(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	reg := prometheus.NewRegistry()
+	p := counting(e.schema, e.types, "live", projection.AsyncConfig{Partitions: 2})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Registerer: reg, MetricsEvery: 20 * time.Millisecond})
+	versions := e.appendMany(2, 300, 40)
+	e.catchUp(d)
+	series := func() []string {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, f := range families {
+			if f.GetName() != "projector_consumer_lag_events" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "instance_id" {
+						out = append(out, strings.TrimPrefix(l.GetValue(), projection.PartitionPrefix))
+					}
+				}
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	admin := projection.NewAdmin(e.store)
+	if _, err := admin.Split(e.ctx, "live", segment(t, 0, 2)); err != nil {
+		t.Fatal(err)
+	}
+	for id, v := range appendWith(t, e.ctx, e.store, 2, 300, 40, "t") {
+		versions[id] = v
+	}
+	eventually(t, 30*time.Second, "the dispatcher runs 0/4 1/4 1/2", func() bool {
+		ids := d.Shards()
+		got := make([]string, len(ids))
+		for i, id := range ids {
+			got[i] = strings.TrimPrefix(id.Instance, projection.PartitionPrefix)
+		}
+		slices.Sort(got)
+		return slices.Equal(got, []string{"0/4", "1/2", "1/4"})
+	})
+	e.catchUp(d)
+	eventually(t, 30*time.Second, "the lag series are the partitions'", func() bool {
+		return slices.Equal(series(), []string{"0/4", "1/2", "1/4"})
+	})
+	if _, err := admin.Merge(e.ctx, "live", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the lag series follow the merge", func() bool {
+		return slices.Equal(series(), []string{"0/2", "1/2"})
+	})
+	e.catchUp(d)
+	e.checkCounts("live", versions)
 }
