@@ -50,6 +50,9 @@ type ShardJSON struct {
 	Partition  *int   `json:"partition,omitempty"`
 	Partitions int    `json:"partitions,omitempty"`
 	Owner      string `json:"owner,omitempty"`
+	// Hold is where a partition waits for its sibling to merge
+	// (`consumer merge`), absent when no merge is under way.
+	Hold string `json:"hold,omitempty"`
 	// ParkedStreams counts the shard's open parks (`parked list`).
 	ParkedStreams int64 `json:"parked_streams"`
 }
@@ -67,6 +70,9 @@ func toJSON(s projection.ShardState) ShardJSON {
 	if s.Partitions > 0 {
 		p := s.Partition
 		j.Partition, j.Partitions, j.Owner = &p, s.Partitions, s.Owner
+		if s.Held {
+			j.Hold = cursor(s.Hold)
+		}
 	}
 	if !s.LastErrorAt.IsZero() {
 		j.LastErrorAt = &s.LastErrorAt
@@ -564,6 +570,9 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 		if s.Partitions > 0 {
 			row("partition", fmt.Sprintf("%d of %d", s.Partition, s.Partitions))
 			row("owner", cmpOr(projector.Printable(s.Owner), "none yet"))
+			if s.Held {
+				row("held", "at "+cursor(s.Hold)+" for a merge with its sibling: `consumer merge` finishes it")
+			}
 		}
 		if s.Fence() {
 			row("role", "fence of a partitioned consumer: keeps binaries that do not know partitions from running it (see its partitions with --partition)")

@@ -142,6 +142,19 @@ func TestConsumerSplitMerge(t *testing.T) {
 	run(0, "consumer", "disable", "parts", "--partition", "0/2")
 	run(3, "consumer", "merge", "parts", "--partition", "0/2") // no sibling 1/2
 	run(0, "consumer", "enable", "parts", "--partition", "0/2")
+	// A merge killed after it set its holds: status shows them, a split of
+	// a held partition is refused, and merging again finishes it.
+	if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET hold_tx_id = cursor_tx_id, hold_seq = cursor_seq
+		WHERE name = 'parts' AND instance_id = ANY($1)`, []string{projection.PartitionInstance(2, 4), projection.PartitionInstance(3, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(0, "status"); !strings.Contains(out, "partition 2/4 (owner none, held at") {
+		t.Errorf("status does not show the hold:\n%s", out)
+	}
+	if out := run(0, "consumer", "status", "parts", "--partition", "3/4", "-o", "json"); !strings.Contains(out, `"hold":`) {
+		t.Errorf("consumer status -o json does not show the hold:\n%s", out)
+	}
+	run(3, "consumer", "split", "parts", "--partition", "2/4")
 	if out := run(0, "consumer", "merge", "parts"); !strings.Contains(out, "2/4 3/4 -> 1/2") {
 		t.Errorf("merge:\n%s", out)
 	}

@@ -60,7 +60,7 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch'),
 				version, coalesce(replay_until_tx_id, '0'), coalesce(replay_until_seq, 0), coalesce(shadow_schema, ''),
-				coalesce(owner, ''), coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0)
+				coalesce(owner, ''), hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0)
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		waitLock: waitShardLockSQL,
 		cursor:   `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
@@ -129,7 +129,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	exists := true
 	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt,
-			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.hold.TxID, &st.hold.Seq)
+			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.held, &st.hold.TxID, &st.hold.Seq)
 		if errors.Is(err, pgx.ErrNoRows) {
 			exists = false
 			return nil
@@ -243,7 +243,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 	}
 	next := batch.Next(st.cursor)
-	if st.hold != projector.Start {
+	if st.held {
 		next = holdBatch(&batch, next, st.hold)
 	}
 	if batch.Full {
@@ -537,8 +537,9 @@ type shardRow struct {
 	shadowSchema string
 	// owner is the process that works a partition (balance.go).
 	owner string
-	// hold is where a partition waits for its sibling before they merge
-	// (split.go): its cursor never passes it. Start when not held.
+	// held says a partition waits at hold for its sibling before they
+	// merge (split.go): its cursor never passes it.
+	held bool
 	hold projector.Position
 }
 

@@ -82,7 +82,7 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 		fence:  `SELECT version FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `'`,
 		layout: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
 		row: `SELECT cursor_tx_id, cursor_seq, status, attempts, coalesce(failed_tx_id, '0'), coalesce(failed_seq, 0),
-				coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0), version, processed, coalesce(owner, '')
+				hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0), version, processed, coalesce(owner, '')
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2 FOR UPDATE`,
 		failedHash: `SELECT ` + hash + ` FROM ` + store.Table("projector_events") + ` WHERE tx_id = $1 AND seq = $2`,
 		// $3 the child; $4 whether it carries the parent's failure (the
@@ -100,7 +100,7 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 		remove:          `DELETE FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
 		hold:            `UPDATE ` + c + ` SET hold_tx_id = $3, hold_seq = $4 WHERE name = $1 AND instance_id = $2`,
 		unhold:          `UPDATE ` + c + ` SET hold_tx_id = NULL, hold_seq = NULL WHERE name = $1 AND instance_id = $2 AND hold_tx_id = $3 AND hold_seq = $4`,
-		poll: `SELECT instance_id, cursor_tx_id, cursor_seq, status, attempts, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0)
+		poll: `SELECT instance_id, cursor_tx_id, cursor_seq, status, attempts, hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0)
 			FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
 		insertParent: `INSERT INTO ` + c + ` (name, instance_id, cursor_tx_id, cursor_seq, status, processed, version, owner)
 			VALUES ($1, $2, $3, $4, 'idle', $5, $6, NULLIF($7, ''))`,
@@ -112,6 +112,7 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 // partRow is a partition's row as a split or merge reads it, locked.
 type partRow struct {
 	cursor, failedAt, hold projector.Position
+	held                   bool
 	status                 Status
 	attempts, version      int
 	processed              int64
@@ -162,7 +163,7 @@ func (a *Admin) lockPartition(ctx context.Context, tx pgx.Tx, consumer string, s
 	}
 	var r partRow
 	err := tx.QueryRow(ctx, a.split.row, consumer, id.Instance).Scan(&r.cursor.TxID, &r.cursor.Seq, &r.status, &r.attempts,
-		&r.failedAt.TxID, &r.failedAt.Seq, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner)
+		&r.failedAt.TxID, &r.failedAt.Seq, &r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return partRow{}, false, nil
 	}
@@ -217,8 +218,8 @@ func (a *Admin) splitOne(ctx context.Context, tx pgx.Tx, consumer string, s, lo,
 		return PartitionChange{}, err
 	case !ok:
 		return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" was split or merged meanwhile")
-	case r.hold != projector.Start:
-		return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" is held for a merge under way")
+	case r.held:
+		return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" is held for a merge under way (`consumer merge` finishes it)")
 	}
 	// A failure being retried (or dead) goes with the failing event's
 	// stream; the other child starts clean at the same cursor.
@@ -371,12 +372,17 @@ func (a *Admin) holdPair(ctx context.Context, tx pgx.Tx, consumer string, p *mer
 		rows[i] = r
 	}
 	switch {
-	case rows[0].hold != projector.Start && rows[0].hold == rows[1].hold:
+	case rows[0].held && rows[1].held && rows[0].hold == rows[1].hold:
 		p.hold = rows[0].hold // another merge of the same pair is waiting
 	case rows[0].version != rows[1].version:
 		return fmt.Errorf("%w: partitions %s and %s are at model versions %d and %d", projector.ErrInvalidTransition, p.lo, p.hi, rows[0].version, rows[1].version)
 	default:
-		p.hold = latest(rows[0].cursor, rows[1].cursor, rows[0].hold, rows[1].hold)
+		p.hold = latest(rows[0].cursor, rows[1].cursor)
+		for _, r := range rows {
+			if r.held {
+				p.hold = latest(p.hold, r.hold)
+			}
+		}
 	}
 	for _, id := range p.ids() {
 		if _, err := tx.Exec(ctx, a.split.hold, consumer, id, p.hold.TxID, p.hold.Seq); err != nil {
@@ -429,14 +435,15 @@ func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePa
 		}
 		var id string
 		var cursor, hold projector.Position
+		var held bool
 		var status Status
 		var attempts int
 		seen, at := 0, 0
 		behind := ""
-		_, err = pgx.ForEachRow(rows, []any{&id, &cursor.TxID, &cursor.Seq, &status, &attempts, &hold.TxID, &hold.Seq}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&id, &cursor.TxID, &cursor.Seq, &status, &attempts, &held, &hold.TxID, &hold.Seq}, func() error {
 			seen++
 			s, _ := partitionSegment(id)
-			if hold != holds[id] {
+			if !held || hold != holds[id] {
 				return layoutChanged(consumer, "the hold of partition "+s.String()+" was lifted (another merge gave up)")
 			}
 			if err := mergeable(consumer, s, partRow{status: status, attempts: attempts}); err != nil {
@@ -493,7 +500,7 @@ func (a *Admin) mergeOne(ctx context.Context, tx pgx.Tx, consumer string, p merg
 			return PartitionChange{}, err
 		case !ok:
 			return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" was merged or split meanwhile")
-		case r.hold != p.hold || r.cursor != p.hold:
+		case !r.held || r.hold != p.hold || r.cursor != p.hold:
 			return PartitionChange{}, layoutChanged(consumer, fmt.Sprintf("partition %s left its hold %s (at %s)", s, p.hold, r.cursor))
 		}
 		if err := mergeable(consumer, s, r); err != nil {

@@ -97,6 +97,11 @@ type ShardState struct {
 	// instance that works the partition, "" for none yet.
 	Partition, Partitions int
 	Owner                 string
+	// Held says a partition waits at Hold for its sibling to merge
+	// ([Admin.Merge]): its cursor does not pass Hold. A merge that was
+	// killed leaves it held; running the merge again finishes it.
+	Held bool
+	Hold projector.Position
 	// Parked counts the shard's open parks ([ParkStream]): streams whose
 	// events wait for an operator's retry or discard.
 	Parked int64
@@ -183,7 +188,7 @@ type adminSQL struct {
 const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status, c.attempts,
 	coalesce(c.last_error, ''), coalesce(c.last_error_at, 'epoch'), coalesce(c.failed_tx_id, '0'), coalesce(c.failed_seq, 0),
 	coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'), coalesce(c.next_retry_at, 'epoch'), c.processed, c.updated_at,
-	c.version, coalesce(c.owner, '')`
+	c.version, coalesce(c.owner, ''), c.hold_tx_id IS NOT NULL, coalesce(c.hold_tx_id, '0'), coalesce(c.hold_seq, 0)`
 
 // dispatcherColumns are a shard's DispatcherState and LastSeen, from the
 // heartbeats of the instances that run it: any instance listing the
@@ -251,7 +256,7 @@ func scanShard(row pgx.Row) (ShardState, error) {
 	var s ShardState
 	err := row.Scan(&s.Consumer, &s.Instance, &s.Cursor.TxID, &s.Cursor.Seq, &s.Status, &s.Attempts,
 		&s.LastError, &s.LastErrorAt, &s.FailedAt.TxID, &s.FailedAt.Seq, &s.FailedEventID, &s.NextRetryAt,
-		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds, &s.Parked)
+		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Held, &s.Hold.TxID, &s.Hold.Seq, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds, &s.Parked)
 	if p, n, ok := ParsePartition(s.Instance); ok {
 		s.Partition, s.Partitions = p, n
 	}
