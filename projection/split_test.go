@@ -169,7 +169,8 @@ func TestPartitionSplitCarriesFailures(t *testing.T) {
 		return p
 	}
 	skip, stop := failing("skipper", projection.SkipApplyErrors), failing("stopper", projection.HaltOnError)
-	d := e.dispatcher(projection.Config{Projections: []*projection.Async{skip, stop}})
+	park := failing("parker", projection.ParkStream)
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{skip, stop, park}})
 	eventually(t, 30*time.Second, "the stopper's partitions are dead and the skipper caught up", func() bool {
 		dead := 0
 		for _, s := range e.partitionShards("stopper") {
@@ -177,9 +178,11 @@ func TestPartitionSplitCarriesFailures(t *testing.T) {
 				dead++
 			}
 		}
-		for _, s := range e.partitionShards("skipper") {
-			if s.LagEvents > 0 {
-				return false
+		for _, name := range []string{"skipper", "parker"} {
+			for _, s := range e.partitionShards(name) {
+				if s.LagEvents > 0 {
+					return false
+				}
 			}
 		}
 		return dead == 2
@@ -213,7 +216,10 @@ func TestPartitionSplitCarriesFailures(t *testing.T) {
 		t.Fatal("no dead letters to carry")
 	}
 	before := e.partitionShards("stopper")
-	for _, name := range []string{"skipper", "stopper"} {
+	if len(e.openParks("parker")) == 0 {
+		t.Fatal("no parks to carry")
+	}
+	for _, name := range []string{"skipper", "stopper", "parker"} {
 		if _, err := admin.Split(e.ctx, name); err != nil {
 			t.Fatal(err)
 		}
@@ -221,6 +227,11 @@ func TestPartitionSplitCarriesFailures(t *testing.T) {
 	for stream, inst := range deadLetters("skipper") {
 		if want := owner(stream, 4); inst != want {
 			t.Errorf("dead letter of stream %s is on %s after the split, want %s", stream, inst, want)
+		}
+	}
+	for _, p := range e.openParks("parker") {
+		if want := owner(p.StreamID, 4); p.Instance != want {
+			t.Errorf("park of stream %s is on %s after the split, want %s", p.StreamID, p.Instance, want)
 		}
 	}
 	after := e.partitionShards("stopper")
@@ -255,6 +266,14 @@ func TestPartitionSplitCarriesFailures(t *testing.T) {
 	for stream, inst := range deadLetters("skipper") {
 		if want := owner(stream, 2); inst != want {
 			t.Errorf("dead letter of stream %s is on %s after the merge, want %s", stream, inst, want)
+		}
+	}
+	if _, err := admin.Merge(e.ctx, "parker", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range e.openParks("parker") {
+		if want := owner(p.StreamID, 2); p.Instance != want {
+			t.Errorf("park of stream %s is on %s after the merge, want %s", p.StreamID, p.Instance, want)
 		}
 	}
 }
