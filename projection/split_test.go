@@ -137,6 +137,27 @@ func TestPartitionSplitMergeRaceOneWinner(t *testing.T) {
 		t.Fatalf("after the split race the partitions are %v, want %v", got, want)
 	}
 
+	// A split waits for a running batch of its own partition only: with
+	// another partition's batch running (its lock held), it completes.
+	release := e.holdShardLock("race", projection.PartitionInstance(0, 4))
+	done := make(chan error, 1)
+	go func() {
+		_, err := admin.Split(e.ctx, "race", segment(t, 3, 4))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a split of 3/4 waited for a batch of 0/4")
+	}
+	release()
+	if _, err := admin.Merge(e.ctx, "race", 10*time.Second, segment(t, 6, 8)); err != nil {
+		t.Fatal(err)
+	}
+
 	errs = e.race("race", projection.PartitionInstance(2, 8), func() error {
 		_, err := admin.Merge(e.ctx, "race", 10*time.Second, segment(t, 3, 8))
 		return err
