@@ -307,7 +307,7 @@ func TestPartitionSplitCarriesFailures(t *testing.T) {
 func TestPromise16_SplitMergeLive(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	events, streams := 4000, 300
+	events, streams := 3000, 300
 	if *promise16Full {
 		events, streams = 50000, 1000
 	}
@@ -341,7 +341,6 @@ func TestPromise16_SplitMergeLive(t *testing.T) {
 		}
 		return true
 	})
-	f.killOne(rng)
 	f.killOne(rng)
 
 	type result struct {
