@@ -187,9 +187,9 @@ type AsyncConfig struct {
 	// two up to postgres.MaxPartitions, for a shared consumer without an
 	// external model. It is the count a new consumer starts with; after
 	// that the consumer's partitions are what operators make them live
-	// ([Admin.Split], [Admin.Merge]), and changing it is refused at start
-	// (ErrPartitionsChanged, naming the split or merge to run) unless the
-	// partitions already have the new count.
+	// ([Admin.Split], [Admin.Merge]). Raising it splits the partitions at
+	// start; lowering it is refused at start (ErrPartitionsChanged, naming
+	// the merge to run) unless the partitions already have the new count.
 	Partitions int
 	// External, when set, is where the projection's model lives outside
 	// PostgreSQL (a Meilisearch index: search.Projection sets it). It makes

@@ -48,10 +48,11 @@ const PartitionPrefix = "__partition__"
 const PartitionedVersion = math.MaxInt32
 
 // ErrPartitionsChanged is returned by [Dispatcher.Start] when a consumer's
-// declared partition count changed and its partitions do not have that count
-// yet: changing the count is a live split or merge (`projector consumer
-// split`/`merge`, [Admin.Split], [Admin.Merge]), never a silent reshuffle;
-// the error names the command to run.
+// declared partition count went down (or its partitions are of mixed sizes)
+// and its partitions do not have that count yet: lowering the count is a
+// live merge (`projector consumer merge`, [Admin.Merge]), which waits for
+// the halves to meet, never a silent reshuffle; the error names the command
+// to run. A raised count is carried out at start as splits.
 var ErrPartitionsChanged = errors.New("projection dispatcher: partition count changed")
 
 // PartitionInstance returns the instance id of partition p of n.
@@ -167,8 +168,9 @@ func uncovered(declared, layout []postgres.Segment) []postgres.Segment {
 }
 
 // checkDeclared refuses a change of the declared partition count that the
-// consumer's partitions do not already have: a change of count is a live
-// split or merge (split.go), never a silent reshuffle. recorded is the
+// consumer's partitions do not already have (splitToDeclared carried out a
+// raised one already): a change of count is a live split or merge
+// (split.go), never a silent reshuffle. recorded is the
 // count the code last declared (0: not recorded).
 func checkDeclared(name string, n, recorded int, layout []postgres.Segment) error {
 	if len(layout) == 0 {
@@ -201,6 +203,47 @@ func checkDeclared(name string, n, recorded int, layout []postgres.Segment) erro
 	}
 	return fmt.Errorf("%w: consumer %s has %s and its code declared %d; this projection declares %d. Changing the count is a live split or merge, with no rebuild: run `%s` (each split doubles the partitions, each merge halves them), then start this version; or declare %d again",
 		ErrPartitionsChanged, name, have, recorded, n, strings.TrimSuffix(todo, "; "), recorded)
+}
+
+// splitToDeclared carries out the splits a raised declared count asks for:
+// when the code declares more partitions than it last did, and the
+// partitions all have one size below it, each is split (in tx, under the
+// fence lock registration holds, as `consumer split` would) until they are
+// of the declared size. It returns the layout and ids after. A lowered
+// count is not carried out: a merge waits for the halves to meet, which a
+// start cannot, so checkDeclared refuses it with the command to run.
+func (d *Dispatcher) splitToDeclared(ctx context.Context, tx pgx.Tx, name string, n, recorded int, layout []postgres.Segment, ids []string) ([]postgres.Segment, []string, error) {
+	if len(layout) == 0 || recorded == n {
+		return layout, ids, nil // new, or the code did not change: the layout is what operators made it
+	}
+	size := layout[0].Count()
+	for _, s := range layout {
+		if s.Count() != size {
+			return layout, ids, nil // a split or merge is half done: checkDeclared says what to do
+		}
+	}
+	if size >= n {
+		return layout, ids, nil
+	}
+	from := size
+	for size < n {
+		var next []postgres.Segment
+		for _, s := range layout {
+			lo, hi, _ := s.Children() // size < n <= MaxPartitions
+			if _, err := d.admin.splitOne(ctx, tx, name, s, lo, hi); err != nil {
+				return nil, nil, err
+			}
+			next = append(next, lo, hi)
+		}
+		layout, size = next, size*2
+	}
+	ids = make([]string, len(layout))
+	for i, s := range layout {
+		ids[i] = segmentInstance(s)
+	}
+	d.logger.InfoContext(ctx, "projection dispatcher: the declared partition count went up; partitions split, each half at its parent's cursor",
+		slog.String("consumer", name), slog.Int("from", from), slog.Int("to", n))
+	return layout, ids, nil
 }
 
 // registerPartitioned registers the shards of partitioned projection p in
@@ -256,6 +299,9 @@ func (d *Dispatcher) registerPartitioned(ctx context.Context, tx pgx.Tx, p *Asyn
 			}
 			return !ok
 		})
+		if layout, ids, err = d.splitToDeclared(ctx, tx, p.name, n, recorded, layout, ids); err != nil {
+			return nil, err
+		}
 		if err := checkDeclared(p.name, n, recorded, layout); err != nil {
 			return nil, err
 		}
