@@ -114,7 +114,15 @@ func (d *Dispatcher) syncLayout(b *balancer, ids []string) {
 	b.mu.Lock()
 	var added, removed []*shard
 	for id, seg := range want {
-		if b.shards[id] == nil {
+		cur := b.shards[id]
+		if cur != nil && cur.removed.Load() {
+			// Its pass found the row gone and its loop ended; the row is
+			// back (split, then merged again before this round): a new
+			// shard runs it.
+			removed = append(removed, cur)
+			cur = nil
+		}
+		if cur == nil {
 			sh := newPartitionShard(d.store.Schema(), b.proj, b, seg)
 			b.shards[id] = sh
 			added = append(added, sh)

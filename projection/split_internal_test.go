@@ -1,10 +1,15 @@
 package projection
 
 import (
+	"context"
 	"slices"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -73,5 +78,36 @@ func TestHoldBatch(t *testing.T) {
 		if len(b.Events) != c.wantEvents || b.Full != c.wantFull || next != c.wantNext {
 			t.Errorf("%s: %d events, full %v, next %s; want %d, %v, %s", c.name, len(b.Events), b.Full, next, c.wantEvents, c.wantFull, c.wantNext)
 		}
+	}
+}
+
+// A partition split and merged back between two balancing rounds: its
+// shard's pass found the row gone and its loop ended, so the round that
+// finds the row again runs it with a new shard rather than keeping the
+// ended one.
+func TestSyncLayoutRevivesEndedPartition(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	p := NewAsync("revive", AsyncConfig{Partitions: 2})
+	if err := OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Store: store, Projections: []*Async{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := d.balancers[0]
+	first := b.shards[PartitionInstance(0, 2)]
+	first.removed.Store(true) // what its pass does on finding the row gone
+	d.syncLayout(b, []string{PartitionInstance(0, 2), PartitionInstance(1, 2)})
+	var live []*shard
+	for _, sh := range d.allShards() {
+		if sh.id.Instance == PartitionInstance(0, 2) {
+			live = append(live, sh)
+		}
+	}
+	if len(live) != 1 || live[0] == first || live[0].removed.Load() {
+		t.Fatalf("partition 0/2 after its row came back: %d shards, the ended one kept: %v", len(live), len(live) == 1 && live[0] == first)
 	}
 }
