@@ -184,9 +184,9 @@ type AsyncConfig struct {
 	// projection. A stream belongs to one partition, so its events keep
 	// their order; events of different streams may be applied in any
 	// order. 0 or 1: unpartitioned, exactly as before. Otherwise a power of
-	// two up to postgres.MaxPartitions, for a shared consumer without an
-	// external model. Changing it on a partitioned consumer is refused at
-	// start (splitting and merging are not built yet).
+	// two up to postgres.MaxPartitions, for a shared consumer (search
+	// projections included). Changing it on a partitioned consumer is
+	// refused at start (splitting and merging are not built yet).
 	Partitions int
 	// External, when set, is where the projection's model lives outside
 	// PostgreSQL (a Meilisearch index: search.Projection sets it). It makes

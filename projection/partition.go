@@ -84,8 +84,6 @@ func validPartitions(cfg AsyncConfig) error {
 		return fmt.Errorf("partitions %d: want 0 or 1 (unpartitioned) or a power of two up to %d", n, postgres.MaxPartitions)
 	case n > 1 && cfg.Delivery == PerInstance:
 		return errors.New("partitions with per-instance delivery: every process applies every event of a per-instance consumer; partition a shared one")
-	case n > 1 && cfg.External != nil:
-		return errors.New("partitions for a projection with an external model (search) are not built yet")
 	}
 	return nil
 }

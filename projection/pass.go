@@ -173,6 +173,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		// live target is still the old one, so stand aside until the swap
 		// is done, doing it here under the live lock.
 		found, err := d.swapping(ctx, tx, sh)
+		if errors.Is(err, errSwapElsewhere) {
+			return passResult{kind: passLocked}, nil
+		}
 		if err != nil {
 			return passResult{}, err
 		}
