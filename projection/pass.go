@@ -216,7 +216,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			}
 		}
 	}
-	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.segment}
+	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.readSegment()}
 	batch, err := d.readBatch(ctx, tx, sh, q)
 	if err != nil {
 		return passResult{}, err
@@ -239,6 +239,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	next := batch.Next(st.cursor)
 	if batch.Full {
 		d.startPrefetch(ctx, sh, q, next)
+	}
+	if sh.keyed() {
+		batch.Events = d.ownEvents(sh, batch.Events) // the cursor still passes the others' (partitionkey.go)
 	}
 	parked := 0 // events of parked streams held back (park.go)
 	if sh.parking() {

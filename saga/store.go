@@ -97,7 +97,18 @@ func (s *Saga[S]) Projection(store *postgres.Store) (*projection.Async, error) {
 	if err := s.Validate(store.Registry()); err != nil {
 		return nil, err
 	}
-	p := projection.NewAsync(s.name, s.cfg.Async)
+	cfg := s.cfg.Async
+	// Partitioned, a saga is partitioned by its correlation key, not by
+	// stream: an instance hears from many streams, and all of its events
+	// must reach the one partition that takes its steps in order.
+	cfg.PartitionKey = func(ev projector.Event) (string, error) {
+		key, _, handled, err := s.Route(ev)
+		if err == nil && !handled {
+			err = fmt.Errorf("%w: saga %q does not handle %q", ErrInvalidStep, s.name, ev.Type)
+		}
+		return key, err
+	}
+	p := projection.NewAsync(s.name, cfg)
 	q := newQueries(store)
 	types := make([]projection.TypeName, len(s.types))
 	for i, typ := range s.types {

@@ -1,0 +1,172 @@
+package saga_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/saga"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// TestSagaPartitionsStepsInOrderOnce: the "sla" saga with four partitions
+// run by two dispatchers (each its own pool and instance id) and two
+// timeout runners, over a backlog in which each ticket's instance hears
+// from its ticket stream and from an agent's stream (the assignment, keyed
+// by the ticket it names). Partitions follow the correlation key, not the
+// stream, so every instance's steps are taken once each and in log order
+// (none ignored because the assignment overtook the opening in another
+// partition, none late because it came after the close), both dispatchers
+// took partitions, and each unassigned ticket's reminder fires once.
+func TestSagaPartitionsStepsInOrderOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const tickets = 120
+	want := map[string]int{} // event steps per ticket
+	for i := range tickets {
+		id := fmt.Sprintf("t-%03d", i)
+		e.append(projector.Stream("ticket", id), testevents.TicketOpened{Title: id}, testevents.TicketCommented{Body: "hello"})
+		want[id] = 2
+		if i%3 != 0 {
+			e.append(projector.Stream("agent", fmt.Sprintf("a-%d", i%5)), Assigned{Ticket: id, Agent: "ann"})
+			want[id]++
+		}
+		if i%3 == 1 {
+			e.append(projector.Stream("ticket", id), testevents.TicketClosed{})
+			want[id]++
+		}
+	}
+	clk := newClock()
+	opts := slaOptions{now: clk.Now, remindAfter: time.Hour, async: projection.AsyncConfig{BatchSize: 10, Partitions: 4}}
+	sagas := []*saga.Saga[slaState]{newSLA(e.types, opts), newSLA(e.types, opts)}
+	var ds []*projection.Dispatcher
+	for i, s := range sagas {
+		store, err := postgres.New(e.ctx, pgtest.NewPool(t, 3), postgres.Config{Schema: e.store.Schema(), Registry: e.types.Registry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, e.dispatcher(s, projection.Config{Store: store, InstanceID: fmt.Sprintf("saga-%d", i+1)}))
+	}
+	for _, d := range ds {
+		e.catchUp(d)
+	}
+
+	rows, err := e.store.Pool().Query(e.ctx, `SELECT i.key, s.step, ev.tx_id::text::numeric, ev.seq
+		FROM `+e.store.Table("projector_saga_steps")+` s
+		JOIN `+e.store.Table("projector_saga_instances")+` i ON i.id = s.instance_id
+		JOIN `+e.store.Table("projector_events")+` ev ON ev.id = s.cause_id
+		WHERE s.cause = 'event' ORDER BY i.key, s.step`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	type pos struct{ tx, seq int64 }
+	last := map[string]pos{}
+	for rows.Next() {
+		var key string
+		var step int64
+		var p pos
+		if err := rows.Scan(&key, &step, &p.tx, &p.seq); err != nil {
+			t.Fatal(err)
+		}
+		if l, ok := last[key]; ok && (p.tx < l.tx || p.tx == l.tx && p.seq <= l.seq) {
+			t.Errorf("instance %s: step %d handled event (%d, %d) after (%d, %d): out of log order", key, step, p.tx, p.seq, l.tx, l.seq)
+		}
+		last[key] = p
+		got[key]++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for id, n := range want {
+		if got[id] != n {
+			t.Errorf("instance %s took %d event steps, want %d", id, got[id], n)
+		}
+	}
+	var ignored, late int64
+	for _, s := range sagas {
+		ignored, late = ignored+s.Ignored(), late+s.Late()
+	}
+	if ignored != 0 || late != 0 {
+		t.Errorf("%d events ignored and %d late: an instance's events were taken out of order", ignored, late)
+	}
+	owners := map[string]int{}
+	states, err := projection.NewAdmin(e.store).List(e.ctx, "sla")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range states {
+		if s.Partitions > 0 {
+			owners[s.Owner]++
+			if s.Processed == 0 {
+				t.Errorf("partition %d handled nothing", s.Partition)
+			}
+		}
+	}
+	if owners["saga-1"] == 0 || owners["saga-2"] == 0 {
+		t.Errorf("partitions owned %v: want both dispatchers to own some", owners)
+	}
+
+	// The placement docs/sagas.md gives SQL: the stream hash over the
+	// instance's (tenant, saga, key), as projection.KeyHash computes it.
+	hashes, err := e.store.Pool().Query(e.ctx, `SELECT tenant_id, key, `+e.store.Schema()+`.projector_stream_hash(tenant_id, saga, key)
+		FROM `+e.store.Table("projector_saga_instances"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for hashes.Next() {
+		var tenant, key string
+		var h int64
+		if err := hashes.Scan(&tenant, &key, &h); err != nil {
+			t.Fatal(err)
+		}
+		if uint32(h) != projection.KeyHash(tenant, "sla", key) {
+			t.Errorf("instance %s: SQL hash %08x, Go %08x", key, uint32(h), projection.KeyHash(tenant, "sla", key))
+		}
+	}
+	if err := hashes.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Timeouts: each unassigned ticket's reminder fires once, whichever
+	// runner claims it.
+	if n := e.pendingTimeouts(); n != tickets/3 {
+		t.Fatalf("%d pending reminders, want %d (the unassigned tickets')", n, tickets/3)
+	}
+	clk.Advance(2 * time.Hour)
+	for _, s := range sagas {
+		r := e.runner(s)
+		if err := r.Start(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Stop(e.ctx) })
+	}
+	e.waitFor("every reminder fired", 30*time.Second, func() bool { return e.pendingTimeouts() == 0 })
+	if n := e.events("sla.reminded"); n != tickets/3 {
+		t.Errorf("%d reminders appended, want %d: one per unassigned ticket", n, tickets/3)
+	}
+}
+
+// An event whose correlation key fails (here: empty) cannot be placed by
+// its key: it belongs to its stream's partition, so exactly one partition
+// meets the failure and, in continuous mode, dead-letters it once — not
+// every partition, and not none.
+func TestSagaPartitionsKeylessEventDeadLetteredOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.append(projector.Stream("ticket", "t-1"), testevents.TicketOpened{Title: "a"})
+	e.append(projector.Stream("agent", "alice"), Assigned{Ticket: "", Agent: "alice"})
+	e.append(projector.Stream("ticket", "t-2"), testevents.TicketOpened{Title: "b"})
+	s := newSLA(e.types, slaOptions{remindAfter: time.Hour, async: projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, Partitions: 4}})
+	e.catchUp(e.dispatcher(s, projection.Config{}))
+	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_dead_letters") + ` WHERE consumer = 'sla'`); n != 1 {
+		t.Fatalf("%d dead letters for the keyless event, want 1", n)
+	}
+	if n := e.instances(); n != 2 {
+		t.Fatalf("%d instances, want 2", n)
+	}
+}
