@@ -55,7 +55,7 @@ func newRun(d *Dispatcher, tx pgx.Tx, sh *shard, scope string, handlerCtx contex
 	return &run{
 		d: d, tx: tx, sh: sh, scope: scope, queue: q,
 		htx:        &handlerTx{Tx: tx, q: q},
-		handlerCtx: withStore(context.WithValue(handlerCtx, queueKey{}, q), d.store),
+		handlerCtx: withStore(context.WithValue(context.WithValue(handlerCtx, queueKey{}, q), shardKey{}, sh.id), d.store),
 	}
 }
 
