@@ -166,6 +166,12 @@ func TestSagaPartitionsKeylessEventDeadLetteredOnce(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_dead_letters") + ` WHERE consumer = 'sla'`); n != 1 {
 		t.Fatalf("%d dead letters for the keyless event, want 1", n)
 	}
+	// Under the partition that dead-lettered it, whose dispatcher retries
+	// it (`consumer dead-letters retry`), not under the fence no dispatcher
+	// runs.
+	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_dead_letters") + ` WHERE consumer = 'sla' AND instance_id LIKE '` + projection.PartitionPrefix + `%'`); n != 1 {
+		t.Fatalf("the dead letter is not under a partition's instance id")
+	}
 	if n := e.instances(); n != 2 {
 		t.Fatalf("%d instances, want 2", n)
 	}

@@ -643,7 +643,13 @@ func (s *Saga[S]) deadLetter(ctx context.Context, store *postgres.Store, q queri
 	if err := scopeTo(ctx, store, tx, &scope, projector.SystemTenant); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, q.deadLetter, s.name, projection.SharedInstance, ev.ID, ev.Position.TxID, ev.Position.Seq, ev.Type,
+	// Under the shard that handled ev (a partition, when the saga is
+	// partitioned), whose dispatcher carries out a retry of it.
+	shard := projection.ShardID{Consumer: s.name, Instance: projection.SharedInstance}
+	if id, ok := projection.ShardFrom(ctx); ok {
+		shard = id
+	}
+	if _, err := tx.Exec(ctx, q.deadLetter, s.name, shard.Instance, ev.ID, ev.Position.TxID, ev.Position.Seq, ev.Type,
 		ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID, ev.Version, cause.Error()); err != nil {
 		return fmt.Errorf("saga %q: dead-letter %s %s: %w", s.name, ev.Type, ev.ID, err)
 	}
