@@ -1,11 +1,16 @@
 package jetstream_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/projectorhq/projector/cli"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	pjs "github.com/projectorhq/projector/stores/jetstream"
@@ -61,6 +66,36 @@ func TestRelayPartitionsPublishOnceInOrder(t *testing.T) {
 	}
 	if owners["relay-1"] == 0 || owners["relay-2"] == 0 {
 		t.Errorf("partitions that published, by owner: %v; want both dispatchers", owners)
+	}
+
+	// relay status shows the partitions (cursor, lag, owner), not only
+	// the unpartitioned row, which is their fence.
+	run := func(args ...string) string {
+		root := cli.New(cli.Config{Registry: e.types.Registry})
+		var out bytes.Buffer
+		root.SetArgs(append([]string{"relay", "status", "--nats-url", e.url, "--stream", e.stream,
+			"--database-url", pgtest.URL(t), "--schema", e.store.Schema()}, args...))
+		root.SetOut(&out)
+		root.SetErr(&out)
+		if err := root.ExecuteContext(e.ctx); err != nil {
+			t.Fatalf("relay status %v: %v\n%s", args, err, out.String())
+		}
+		return out.String()
+	}
+	var st pjs.Status
+	if out := run("-o", "json"); json.Unmarshal([]byte(out), &st) != nil || len(st.Partitions) != 4 {
+		t.Fatalf("relay status -o json: %d partitions, want 4:\n%s", len(st.Partitions), out)
+	}
+	for _, p := range st.Partitions {
+		if p.LagEvents != 0 || p.Owner == "" {
+			t.Errorf("partition %d: lag %d, owner %q", p.Partition, p.LagEvents, p.Owner)
+		}
+	}
+	out := run()
+	for _, want := range []string{"partition 0/4", "partition 3/4", "owner relay-"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("relay status lacks %q:\n%s", want, out)
+		}
 	}
 }
 
