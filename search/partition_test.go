@@ -2,10 +2,12 @@ package search_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/meilisearch"
+	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
 	"github.com/projectorhq/projector/stores/pgsearch"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -239,4 +242,56 @@ func opsIndexed(t *testing.T, e *env, c opCounter) int {
 	var n int
 	must(t, e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(sum(n), 0) FROM `+c.table).Scan(&n))
 	return n
+}
+
+// A Meilisearch swap left pending (a rebuild 'swapping') when the
+// projection runs partitioned: every partition finds it at its first pass,
+// and two swaps at once would swap the indexes back. The first swap request
+// is held until another look at the swap tasks arrives (or 3 s pass): that
+// look is a second partition deciding whether to swap, in the gap between
+// the first's check and its swap. Only the partition holding the
+// unpartitioned row's lock swaps; the others stand aside, so there is one
+// swap request and the rebuilt documents are live.
+func TestSearchPartitionsSwapPendingRebuildOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	must(t, e.store.CreatePartitionIndex(e.ctx))
+	fake := meilisearchtest.New(t)
+	b := meiliBackend(e, fake.URL(), "")
+	p := e.ticketProjection("ticket_search", b, projection.AsyncConfig{Partitions: 4})
+	var id int64
+	must(t, e.store.Pool().QueryRow(e.ctx, `INSERT INTO `+e.store.Table("projector_rebuilds")+` (name, version, mode, status, tables)
+		VALUES ('ticket_search', 1, 'blue-green', 'swapping', '{}') RETURNING id`).Scan(&id))
+	shadow := b.RebuildShadow(id)
+	must(t, shadow.Ensure(e.ctx, ticketIndex))
+	must(t, shadow.Apply(e.ctx, nil, ticketIndex, []search.Op{{Kind: search.OpUpsert, Tenant: "acme", ID: "rebuilt",
+		Doc: map[string]json.RawMessage{"id": json.RawMessage(`"rebuilt"`), "title": json.RawMessage(`"rebuilt"`)}}}))
+
+	var held atomic.Bool
+	fake.Refuse("POST /swap-indexes", func() bool {
+		if held.Swap(true) {
+			return false
+		}
+		looks := fake.Requests("GET /tasks")
+		deadline := time.Now().Add(3 * time.Second)
+		for fake.Requests("GET /tasks") == looks && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond) // holding the request open: the gap another partition may run in
+		}
+		return false
+	})
+	d1 := e.dispatcherOn(e.store, "swap-1", p)
+	eventually(t, 30*time.Second, "the swap recorded", func() bool {
+		var status string
+		must(t, e.store.Pool().QueryRow(e.ctx, `SELECT status FROM `+e.store.Table("projector_rebuilds")+` WHERE id = $1`, id).Scan(&status))
+		return status == "switched"
+	})
+	e.append("acme", "T-1", testevents.TicketOpened{Title: "after"})
+	e.catchUp(d1)
+	if n := fake.Requests("POST /swap-indexes"); n != 1 {
+		t.Errorf("%d swap requests, want 1", n)
+	}
+	sameIndex(t, "after the swap", []string{
+		`acme/T-1 {"id":"T-1","status":"open","title":"after"}`,
+		`acme/rebuilt {"id":"rebuilt","title":"rebuilt"}`,
+	}, indexed(t, e.ctx, b))
 }
