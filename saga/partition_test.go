@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -175,4 +176,124 @@ func TestSagaPartitionsKeylessEventDeadLetteredOnce(t *testing.T) {
 	if n := e.instances(); n != 2 {
 		t.Fatalf("%d instances, want 2", n)
 	}
+}
+
+// TestSagaPartitionsCrashExactlyOnce is TestPromise12_CrashExactlyOnce
+// with the saga in four partitions over two processes at a time: one of
+// them is SIGKILLed at a random moment or from inside a step (transaction
+// open) and a new one started, while events and timeouts flow. Afterwards
+// every event took exactly one step, in its instance's order, and every
+// reminder fired exactly once.
+func TestSagaPartitionsCrashExactlyOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills child processes")
+	}
+	t.Parallel()
+	e := newEnv(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 16))
+	comments := map[string]int{}
+	assigned := map[string]bool{}
+	next := 0
+	appendSome := func() {
+		for range 3 {
+			id := fmt.Sprintf("t-%d", next)
+			next++
+			e.append(projector.Stream("ticket", id), testevents.TicketOpened{Title: id})
+		}
+		for range 4 {
+			id := fmt.Sprintf("t-%d", rng.IntN(next))
+			e.append(projector.Stream("ticket", id), testevents.TicketCommented{Body: "c"})
+			comments[id]++
+		}
+		if id := fmt.Sprintf("t-%d", rng.IntN(next)); !assigned[id] {
+			e.append(projector.Stream("agent", fmt.Sprintf("a-%d", rng.IntN(3))), Assigned{Ticket: id, Agent: "ann"})
+			assigned[id] = true
+		}
+	}
+	running := []*pgtest.Child{e.startPartitionedChild(0, 4)}
+	kills := 0
+	for round := 0; kills < 6; round++ {
+		if round > 30 {
+			t.Fatalf("only %d of 6 kills in %d rounds", kills, round)
+		}
+		killStep := 0
+		if round%2 == 1 {
+			killStep = 1 + rng.IntN(6)
+		}
+		c := e.startPartitionedChild(killStep, 4)
+		running = append(running, c)
+		appendSome()
+		victim := running[rng.IntN(len(running))]
+		select {
+		case <-victim.Done():
+		case <-time.After(time.Duration(50+rng.IntN(200)) * time.Millisecond):
+			victim.Kill(t)
+		}
+		var alive []*pgtest.Child
+		for _, c := range running {
+			select {
+			case <-c.Done():
+				if !c.Killed() {
+					t.Fatalf("child exited without being killed:\n%s", c.Output())
+				}
+				kills++
+			default:
+				alive = append(alive, c)
+			}
+		}
+		running = alive
+	}
+	// The survivors may kill themselves mid-step (killStep): kill them
+	// too, and let two children that do not converge the run.
+	for _, c := range running {
+		c.Kill(t)
+	}
+	running = []*pgtest.Child{e.startPartitionedChild(0, 4), e.startPartitionedChild(0, 4)}
+	sla := e.store.Table("projector_saga_instances")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		rows, _ := e.store.Pool().Query(e.ctx, `SELECT instance_id, status, coalesce(owner, ''), cursor_tx_id::text, cursor_seq, attempts, coalesce(last_error, '') FROM `+e.store.Table("projector_consumers"))
+		for rows.Next() {
+			var inst, st, owner, tx, lastErr string
+			var seq int64
+			var att int
+			_ = rows.Scan(&inst, &st, &owner, &tx, &seq, &att, &lastErr)
+			t.Logf("shard %s %s owner %s cursor %s/%d attempts %d %s", inst, st, owner, tx, seq, att, lastErr)
+		}
+		rows.Close()
+		t.Logf("instances %d pending timeouts %d", e.instances(), e.pendingTimeouts())
+	})
+	e.waitFor("every step and reminder", 60*time.Second, func() bool {
+		var steps int
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(sum(version), 0) FROM `+sla).Scan(&steps); err != nil {
+			t.Fatal(err)
+		}
+		want := next + len(assigned)
+		for _, n := range comments {
+			want += n
+		}
+		reminders := 0
+		for i := range next {
+			if !assigned[fmt.Sprintf("t-%d", i)] {
+				reminders++
+			}
+		}
+		return steps >= want+reminders && e.pendingTimeouts() == 0 && e.instances() == next
+	})
+	for _, c := range running {
+		c.Terminate(t)
+	}
+	checkExactlyOnce(t, e, next, comments, assigned)
+	// An assignment never overtook its ticket's opening: none was ignored.
+	var ignoredAssignments int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.store.Table("projector_events")+` a
+		WHERE a.type = 'agent.assigned' AND NOT EXISTS (SELECT 1 FROM `+e.store.Table("projector_saga_steps")+` s WHERE s.cause_id = a.id)`).Scan(&ignoredAssignments); err != nil {
+		t.Fatal(err)
+	}
+	if ignoredAssignments != 0 {
+		t.Errorf("%d assignments took no step (ignored: taken before their ticket's opening)", ignoredAssignments)
+	}
+	t.Logf("%d SIGKILLs, %d tickets", kills, next)
 }
