@@ -130,7 +130,7 @@ func (d *Dispatcher) registerPartitioned(ctx context.Context, tx pgx.Tx, p *Asyn
 	var cursor projector.Position
 	err := tx.QueryRow(ctx, d.psql.fenceRow, p.name).Scan(&version, &cursor.TxID, &cursor.Seq)
 	if errors.Is(err, pgx.ErrNoRows) {
-		tag, ierr := tx.Exec(ctx, d.psql.insertFence, p.name, start.TxID, start.Seq, fenceNote(n))
+		tag, ierr := tx.Exec(ctx, d.psql.insertFence, p.name, start.TxID, start.Seq, keyedNote(p, fenceNote(n)))
 		if ierr != nil {
 			return ierr
 		}
@@ -168,7 +168,7 @@ func (d *Dispatcher) registerPartitioned(ctx context.Context, tx pgx.Tx, p *Asyn
 	default:
 		// An unpartitioned consumer becomes partitioned: its partitions
 		// inherit its cursor, and its row becomes the fence.
-		if _, err := tx.Exec(ctx, d.psql.fence, p.name, fenceNote(n)); err != nil {
+		if _, err := tx.Exec(ctx, d.psql.fence, p.name, keyedNote(p, fenceNote(n))); err != nil {
 			return err
 		}
 		d.logger.InfoContext(ctx, "projection dispatcher: consumer partitioned; its partitions start at its cursor",

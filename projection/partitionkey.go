@@ -23,6 +23,21 @@ func KeyHash(tenant, consumer, key string) uint32 {
 	return postgres.StreamHash(tenant, consumer, key)
 }
 
+// keyedFence starts the fence note of a consumer partitioned by key: the
+// admin (which runs without the projection's code) reads it to count a
+// keyed partition's lag over every event after its cursor, which is what
+// it reads, rather than over its streams' buckets.
+const keyedFence = "by key: "
+
+// keyedNote is the fence note of p: note, marked when p is partitioned by
+// key.
+func keyedNote(p *Async, note string) string {
+	if p.cfg.PartitionKey != nil {
+		return keyedFence + note
+	}
+	return note
+}
+
 // keyed reports whether sh is a partition of a consumer partitioned by key.
 func (sh *shard) keyed() bool { return sh.balancer != nil && sh.proj.cfg.PartitionKey != nil }
 

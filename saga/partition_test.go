@@ -297,3 +297,37 @@ func TestSagaPartitionsCrashExactlyOnce(t *testing.T) {
 	}
 	t.Logf("%d SIGKILLs, %d tickets", kills, next)
 }
+
+// A keyed partition reads every event after its cursor, whatever stream
+// it is in, so that is its lag in status: not its own streams' buckets,
+// which for a saga say nothing of where its instances' events are.
+func TestSagaPartitionsLagCountsEveryEvent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := newSLA(e.types, slaOptions{remindAfter: time.Hour, async: projection.AsyncConfig{Partitions: 4}})
+	d := e.dispatcher(s, projection.Config{})
+	e.catchUp(d)
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		e.append(projector.Stream("ticket", fmt.Sprintf("t-%d", i)), testevents.TicketOpened{Title: "x"})
+	}
+	states, err := projection.NewAdmin(e.store).List(e.ctx, "sla")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := 0
+	for _, st := range states {
+		if st.Partitions == 0 {
+			continue
+		}
+		parts++
+		if st.LagEvents != 40 {
+			t.Errorf("partition %d: lag %d events, want 40 (every event after its cursor)", st.Partition, st.LagEvents)
+		}
+	}
+	if parts != 4 {
+		t.Fatalf("%d partitions", parts)
+	}
+}
