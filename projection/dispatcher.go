@@ -253,8 +253,8 @@ type shard struct {
 // for a partition, its segment.
 func (sh *shard) readKey() string {
 	k := filterKey(sh.proj.t.types)
-	if sh.segment.Bits > 0 {
-		k += "\x01" + sh.segment.String()
+	if seg := sh.readSegment(); seg.Bits > 0 {
+		k += "\x01" + seg.String()
 	}
 	return k
 }
@@ -475,7 +475,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		}
 		return nil
 	}
-	if len(d.balancers) > 0 {
+	if d.needsPartitionIndex() {
 		// Without the index every partition's read would walk the log.
 		if err := d.store.CheckPartitionIndex(ctx); err != nil {
 			return fmt.Errorf("projection dispatcher: %w", err)

@@ -89,8 +89,6 @@ func validPartitions(cfg AsyncConfig) error {
 		return fmt.Errorf("partitions %d: want 0 or 1 (unpartitioned) or a power of two up to %d", n, postgres.MaxPartitions)
 	case n > 1 && cfg.Delivery == PerInstance:
 		return errors.New("partitions with per-instance delivery: every process applies every event of a per-instance consumer; partition a shared one")
-	case n > 1 && cfg.External != nil:
-		return errors.New("partitions for a projection with an external model (search) are not built yet")
 	}
 	return nil
 }
@@ -265,7 +263,7 @@ func (d *Dispatcher) registerPartitioned(ctx context.Context, tx pgx.Tx, p *Asyn
 	var cursor projector.Position
 	err := tx.QueryRow(ctx, d.psql.fenceRow, p.name).Scan(&version, &cursor.TxID, &cursor.Seq, &recorded)
 	if errors.Is(err, pgx.ErrNoRows) {
-		tag, ierr := tx.Exec(ctx, d.psql.insertFence, p.name, start.TxID, start.Seq, fenceNote(n))
+		tag, ierr := tx.Exec(ctx, d.psql.insertFence, p.name, start.TxID, start.Seq, keyedNote(p, fenceNote(n)))
 		if ierr != nil {
 			return nil, ierr
 		}
@@ -299,6 +297,9 @@ func (d *Dispatcher) registerPartitioned(ctx context.Context, tx pgx.Tx, p *Asyn
 			}
 			return !ok
 		})
+		if p.cfg.PartitionKey != nil && len(layout) > 0 && len(layout) != n {
+			return nil, fmt.Errorf("%w: consumer %s has %d partitions and this version declares %d: %w", ErrPartitionsChanged, projector.Printable(p.name), len(layout), n, keyedLayoutFixed(p.name))
+		}
 		if layout, ids, err = d.splitToDeclared(ctx, tx, p.name, n, recorded, layout, ids); err != nil {
 			return nil, err
 		}
@@ -311,7 +312,7 @@ func (d *Dispatcher) registerPartitioned(ctx context.Context, tx pgx.Tx, p *Asyn
 	default:
 		// An unpartitioned consumer becomes partitioned: its partitions
 		// inherit its cursor, and its row becomes the fence.
-		if _, err := tx.Exec(ctx, d.psql.fence, p.name, fenceNote(n)); err != nil {
+		if _, err := tx.Exec(ctx, d.psql.fence, p.name, keyedNote(p, fenceNote(n))); err != nil {
 			return nil, err
 		}
 		d.logger.InfoContext(ctx, "projection dispatcher: consumer partitioned; its partitions start at its cursor",

@@ -340,3 +340,39 @@ func TestPartitionRegistrationRacingUnpartitionedInsert(t *testing.T) {
 		t.Fatalf("%d partitions registered, want 2", n)
 	}
 }
+
+// A consumer partitioned by key (as sagas are) keeps the layout it started
+// with: a live split or merge would carry its dead letters and parks by
+// stream, not by their events' keys, so both are refused, and so is a
+// start declaring another count.
+func TestKeyedPartitionsKeepTheirLayout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.appendMany(2, 100, 20)
+	declare := func(n int) *projection.Async {
+		return counting(e.schema, e.types, "keyed", projection.AsyncConfig{Partitions: n,
+			PartitionKey: func(ev projector.Event) (string, error) { return ev.Stream.ID, nil }})
+	}
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{declare(4)}})
+	e.catchUp(d)
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := projection.NewAdmin(e.store)
+	if _, err := admin.Split(e.ctx, "keyed"); !errors.Is(err, projector.ErrInvalidTransition) || !strings.Contains(err.Error(), "partitioned by key") {
+		t.Fatalf("split of a keyed consumer: %v, want a refusal", err)
+	}
+	if _, err := admin.Merge(e.ctx, "keyed", time.Second); !errors.Is(err, projector.ErrInvalidTransition) || !strings.Contains(err.Error(), "partitioned by key") {
+		t.Fatalf("merge of a keyed consumer: %v, want a refusal", err)
+	}
+	d8, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{declare(8)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d8.Start(e.ctx); !errors.Is(err, projection.ErrPartitionsChanged) || !strings.Contains(err.Error(), "partitioned by key") {
+		t.Fatalf("start declaring 8 for a keyed consumer of 4: %v, want ErrPartitionsChanged", err)
+	}
+	if n := len(e.partitionShards("keyed")); n != 4 {
+		t.Fatalf("the keyed consumer has %d partitions after the refusals, want 4", n)
+	}
+}

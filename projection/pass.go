@@ -182,6 +182,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		// live target is still the old one, so stand aside until the swap
 		// is done, doing it here under the live lock.
 		found, err := d.swapping(ctx, tx, sh)
+		if errors.Is(err, errSwapElsewhere) {
+			return passResult{kind: passLocked}, nil
+		}
 		if err != nil {
 			return passResult{}, err
 		}
@@ -222,7 +225,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			}
 		}
 	}
-	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.segment}
+	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.readSegment()}
 	batch, err := d.readBatch(ctx, tx, sh, q)
 	if err != nil {
 		return passResult{}, err
@@ -248,6 +251,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 	if batch.Full {
 		d.startPrefetch(ctx, sh, q, next)
+	}
+	if sh.keyed() {
+		batch.Events = d.ownEvents(sh, batch.Events) // the cursor still passes the others' (partitionkey.go)
 	}
 	parked := 0 // events of parked streams held back (park.go)
 	if sh.parking() {

@@ -79,7 +79,7 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 	// $2 the parent, $3 the child bits' shift (32 - bits), $4 the count.
 	child := `'` + PartitionPrefix + `' || (` + hash + ` >> $3::int)::text || '/' || $4::int::text`
 	return splitSQL{
-		fence:  `SELECT version FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `'`,
+		fence:  `SELECT version, coalesce(last_error, '') FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `'`,
 		layout: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
 		row: `SELECT cursor_tx_id, cursor_seq, status, attempts, coalesce(failed_tx_id, '0'), coalesce(failed_seq, 0),
 				hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0), version, processed, coalesce(owner, '')
@@ -119,6 +119,15 @@ type partRow struct {
 	owner                  string
 }
 
+// keyedLayoutFixed is the refusal of a split or merge of a consumer
+// partitioned by key (a saga): its dead letters and parks belong to
+// partitions by their events' keys, which SQL cannot compute to carry them
+// to the right half, so its layout stays the one it started with.
+func keyedLayoutFixed(consumer string) error {
+	return fmt.Errorf("%w: consumer %s is partitioned by key (AsyncConfig.PartitionKey, as sagas are): its partitions are not split or merged live; its partition count stays the one it was first started with",
+		projector.ErrInvalidTransition, projector.Printable(consumer))
+}
+
 // lockLayout takes consumer's fence lock in tx and returns its partitions.
 func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]postgres.Segment, error) {
 	if validName(consumer) != nil {
@@ -128,7 +137,8 @@ func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]p
 		return nil, err
 	}
 	var version int
-	err := tx.QueryRow(ctx, a.split.fence, consumer).Scan(&version)
+	var note string
+	err := tx.QueryRow(ctx, a.split.fence, consumer).Scan(&version, &note)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("consumer %s: %w", projector.Printable(consumer), projector.ErrNotFound)
@@ -136,6 +146,8 @@ func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]p
 		return nil, err
 	case version != PartitionedVersion:
 		return nil, fmt.Errorf("%w: consumer %s is not partitioned: declare AsyncConfig.Partitions to partition it", projector.ErrInvalidTransition, projector.Printable(consumer))
+	case strings.HasPrefix(note, keyedFence):
+		return nil, keyedLayoutFixed(consumer)
 	}
 	rows, err := tx.Query(ctx, a.split.layout, consumer)
 	if err != nil {

@@ -215,9 +215,12 @@ func dispatcherColumns(instances string) string {
 func buildAdminSQL(store *postgres.Store) adminSQL {
 	c, e := store.Table("projector_consumers"), store.Table("projector_events")
 	// A partition's lag counts its own streams' events only: the buckets
-	// [p·64/n, (p+1)·64/n) of its instance id __partition__p/n.
+	// [p·64/n, (p+1)·64/n) of its instance id __partition__p/n. A
+	// partition by key (its fence note says so) reads every event after
+	// its cursor: that is its lag (partitionkey.go).
 	part := `substr(c.instance_id, ` + fmt.Sprint(len(PartitionPrefix)+1) + `)`
-	inPartition := `(c.instance_id NOT LIKE '` + PartitionPrefix + `%' OR ` + store.Schema() + `.projector_stream_bucket(e.tenant_id, e.stream_type, e.stream_id)
+	keyed := `EXISTS (SELECT 1 FROM ` + c + ` f WHERE f.name = c.name AND f.instance_id = '` + SharedInstance + `' AND f.last_error LIKE '` + keyedFence + `%')`
+	inPartition := `(c.instance_id NOT LIKE '` + PartitionPrefix + `%' OR ` + keyed + ` OR ` + store.Schema() + `.projector_stream_bucket(e.tenant_id, e.stream_type, e.stream_id)
 		BETWEEN split_part(` + part + `, '/', 1)::int * ` + fmt.Sprint(postgres.MaxPartitions) + ` / split_part(` + part + `, '/', 2)::int
 		AND (split_part(` + part + `, '/', 1)::int + 1) * ` + fmt.Sprint(postgres.MaxPartitions) + ` / split_part(` + part + `, '/', 2)::int - 1)`
 	disp := dispatcherColumns(store.Table("projector_instances"))

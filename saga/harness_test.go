@@ -211,7 +211,9 @@ func (e *env) dispatcher(s *saga.Saga[slaState], cfg projection.Config) *project
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cfg.Store = e.store
+	if cfg.Store == nil {
+		cfg.Store = e.store
+	}
 	cfg.Projections = append(cfg.Projections, p)
 	cfg.PollMax = 20 * time.Millisecond
 	cfg.Recheck = 20 * time.Millisecond

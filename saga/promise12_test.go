@@ -33,6 +33,8 @@ const (
 	childURLEnv   = "PROJECTOR_TEST_SAGA_URL"
 	childSchema   = "PROJECTOR_TEST_SAGA_SCHEMA"
 	childKillStep = "PROJECTOR_TEST_SAGA_KILL_STEP"
+	// childPartitions is the saga's Async.Partitions in the child.
+	childPartitions = "PROJECTOR_TEST_SAGA_PARTITIONS"
 	// childRemind is the reminder delay the child's saga schedules.
 	childRemind = 40 * time.Millisecond
 )
@@ -57,7 +59,8 @@ func runChild() int {
 	// handler decided, inside the step's open transaction.
 	killStep, _ := strconv.ParseInt(os.Getenv(childKillStep), 10, 64)
 	var steps atomic.Int64
-	s := newSLA(ty, slaOptions{remindAfter: childRemind, async: projection.AsyncConfig{BatchSize: 7}, afterDecide: func() {
+	partitions, _ := strconv.Atoi(os.Getenv(childPartitions))
+	s := newSLA(ty, slaOptions{remindAfter: childRemind, async: projection.AsyncConfig{BatchSize: 7, Partitions: partitions}, afterDecide: func() {
 		if killStep > 0 && steps.Add(1) == killStep {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
@@ -104,8 +107,14 @@ func runChild() int {
 // startChild runs this test binary as the saga's process on e's schema.
 func (e *env) startChild(killStep int) *pgtest.Child {
 	e.t.Helper()
+	return e.startPartitionedChild(killStep, 0)
+}
+
+// startPartitionedChild is startChild with the saga in partitions.
+func (e *env) startPartitionedChild(killStep, partitions int) *pgtest.Child {
+	e.t.Helper()
 	return pgtest.StartChild(e.t, childEnv+"=1", childURLEnv+"="+pgtest.URL(e.t), childSchema+"="+e.store.Schema(),
-		childKillStep+"="+strconv.Itoa(killStep))
+		childKillStep+"="+strconv.Itoa(killStep), childPartitions+"="+strconv.Itoa(partitions))
 }
 
 // TestPromise12_CrashExactlyOnce SIGKILLs the process running the saga

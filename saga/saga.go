@@ -144,6 +144,8 @@ func New[S any](name string, cfg Config) *Saga[S] {
 		s.fail(errors.New("delivery must be shared: one instance is never handled by two processes"))
 	case s.cfg.Async.ErrorMode != projection.HaltOnError:
 		s.fail(fmt.Errorf("error mode %v: want halt-on-error or skip-apply-errors", cfg.Async.ErrorMode))
+	case cfg.Async.PartitionKey != nil:
+		s.fail(errors.New("Async.PartitionKey: a partitioned saga is partitioned by its correlation key; set only Async.Partitions"))
 	case cfg.Async.RawPayloads:
 		s.fail(errors.New("RawPayloads: saga handlers are typed and need decoded payloads"))
 	case cfg.TimeoutAttempts < 1:

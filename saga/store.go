@@ -97,7 +97,18 @@ func (s *Saga[S]) Projection(store *postgres.Store) (*projection.Async, error) {
 	if err := s.Validate(store.Registry()); err != nil {
 		return nil, err
 	}
-	p := projection.NewAsync(s.name, s.cfg.Async)
+	cfg := s.cfg.Async
+	// Partitioned, a saga is partitioned by its correlation key, not by
+	// stream: an instance hears from many streams, and all of its events
+	// must reach the one partition that takes its steps in order.
+	cfg.PartitionKey = func(ev projector.Event) (string, error) {
+		key, _, handled, err := s.Route(ev)
+		if err == nil && !handled {
+			err = fmt.Errorf("%w: saga %q does not handle %q", ErrInvalidStep, s.name, ev.Type)
+		}
+		return key, err
+	}
+	p := projection.NewAsync(s.name, cfg)
 	q := newQueries(store)
 	types := make([]projection.TypeName, len(s.types))
 	for i, typ := range s.types {
@@ -632,7 +643,13 @@ func (s *Saga[S]) deadLetter(ctx context.Context, store *postgres.Store, q queri
 	if err := scopeTo(ctx, store, tx, &scope, projector.SystemTenant); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, q.deadLetter, s.name, projection.SharedInstance, ev.ID, ev.Position.TxID, ev.Position.Seq, ev.Type,
+	// Under the shard that handled ev (a partition, when the saga is
+	// partitioned), whose dispatcher carries out a retry of it.
+	shard := projection.ShardID{Consumer: s.name, Instance: projection.SharedInstance}
+	if id, ok := projection.ShardFrom(ctx); ok {
+		shard = id
+	}
+	if _, err := tx.Exec(ctx, q.deadLetter, s.name, shard.Instance, ev.ID, ev.Position.TxID, ev.Position.Seq, ev.Type,
 		ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID, ev.Version, cause.Error()); err != nil {
 		return fmt.Errorf("saga %q: dead-letter %s %s: %w", s.name, ev.Type, ev.ID, err)
 	}
