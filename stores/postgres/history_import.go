@@ -82,6 +82,11 @@ var importColumns = []string{"id", "tenant_id", "stream_type", "stream_id", "ver
 // as appends apply them, unless opts.WithoutInline; a failing one fails the
 // batch, with the line of the run's first event.
 func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (ImportResult, error) {
+	return s.importWith(ctx, r, opts, importWorkers())
+}
+
+// importWith is Import with workers goroutines decoding each batch.
+func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions, workers int) (ImportResult, error) {
 	size := cmp.Or(opts.BatchSize, DefaultImportBatchSize)
 	if size < 1 || size > MaxImportBatchSize {
 		return ImportResult{}, fmt.Errorf("import: batch size %d: want 1 to %d", size, MaxImportBatchSize)
@@ -93,7 +98,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 		return ImportResult{}, fmt.Errorf("import: %w", err)
 	}
 	var res ImportResult
-	batches := s.readBatches(ctx, dec, size, importWorkers())
+	batches := s.readBatches(ctx, dec, size, workers)
 	for rb := range batches {
 		b := rb.batch
 		res.Lines += int64(len(b.events))
