@@ -97,3 +97,30 @@ func TestHistory_ImportWorkersKeepFileOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestHistory_ImportSignalsWatches: each committed batch tells the Store's
+// append watches its transaction, as an append does, so a dispatcher in
+// the process looks at the log at once; the id is the one the batch's
+// rows carry.
+func TestHistory_ImportSignalsWatches(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	w := f.store.WatchAppends()
+	defer w.Close()
+	file, _ := parallelFile(10, nil)
+	if _, err := f.store.Import(f.ctx, strings.NewReader(file), postgres.ImportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	default:
+		t.Fatal("the import signalled no watch")
+	}
+	var want uint64
+	if err := f.store.Pool().QueryRow(f.ctx, `SELECT max(tx_id::text::bigint) FROM `+f.store.Table("projector_events")).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Take(); got != want {
+		t.Fatalf("watch got transaction %d, the imported rows carry %d", got, want)
+	}
+}
