@@ -34,6 +34,22 @@ func importBenchEvents(b *testing.B) int {
 	return n
 }
 
+// importBenchBatch is the import's batch size in BenchmarkImport:
+// PROJECTOR_BENCH_IMPORT_BATCH, default the import's own default; set to
+// the event count, the import is one transaction like the raw COPY, which
+// tells the cost of the batches apart from the rest.
+func importBenchBatch(b *testing.B) int {
+	v := os.Getenv("PROJECTOR_BENCH_IMPORT_BATCH")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > postgres.MaxImportBatchSize {
+		b.Fatalf("PROJECTOR_BENCH_IMPORT_BATCH=%q: want 1 to %d", v, postgres.MaxImportBatchSize)
+	}
+	return n
+}
+
 // BenchmarkImport compares Store.Import of a history file with a raw COPY
 // of rows of the same shape into the same events table, in the same run:
 // each round imports n events (100 per stream, batches of the default
@@ -44,7 +60,7 @@ func importBenchEvents(b *testing.B) int {
 // payloads, ids, versions) and keeps stream heads. Reported: both rates and
 // the ratio (issue 22's target is ≥ 90 %-of-raw).
 func BenchmarkImport(b *testing.B) {
-	n := importBenchEvents(b)
+	n, batch := importBenchEvents(b), importBenchBatch(b)
 	types := testevents.New()
 	store := pgtest.Store(b, types.Registry)
 	ctx := context.Background()
@@ -56,7 +72,7 @@ func BenchmarkImport(b *testing.B) {
 		rows := benchRawRows(n, fmt.Sprintf("raw-%d", round))
 		importFile := func() time.Duration {
 			start := time.Now()
-			res, err := store.Import(ctx, bytes.NewReader(file), postgres.ImportOptions{})
+			res, err := store.Import(ctx, bytes.NewReader(file), postgres.ImportOptions{BatchSize: batch})
 			if err != nil || res.Imported != int64(n) {
 				b.Fatalf("import: %+v, %v", res, err)
 			}

@@ -82,6 +82,11 @@ var importColumns = []string{"id", "tenant_id", "stream_type", "stream_id", "ver
 // as appends apply them, unless opts.WithoutInline; a failing one fails the
 // batch, with the line of the run's first event.
 func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (ImportResult, error) {
+	return s.importWith(ctx, r, opts, importWorkers())
+}
+
+// importWith is Import with workers goroutines decoding each batch.
+func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions, workers int) (ImportResult, error) {
 	size := cmp.Or(opts.BatchSize, DefaultImportBatchSize)
 	if size < 1 || size > MaxImportBatchSize {
 		return ImportResult{}, fmt.Errorf("import: batch size %d: want 1 to %d", size, MaxImportBatchSize)
@@ -93,7 +98,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 		return ImportResult{}, fmt.Errorf("import: %w", err)
 	}
 	var res ImportResult
-	batches := s.readBatches(ctx, dec, size, importWorkers())
+	batches := s.readBatches(ctx, dec, size, workers)
 	for rb := range batches {
 		b := rb.batch
 		res.Lines += int64(len(b.events))
@@ -243,17 +248,14 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 			heads = append(heads, streamAdvance{stream: r, from: current[r], to: last})
 		}
 	}
-	if err := s.advanceImportedHeads(ctx, tx, heads); err != nil {
+	txID, err := s.advanceImportedHeads(ctx, tx, heads)
+	if err != nil {
 		return 0, 0, err
 	}
 	if inline && len(s.inline) > 0 {
 		if err := s.applyInlineImported(ctx, tx, b, keep); err != nil {
 			return 0, 0, err
 		}
-	}
-	var txID uint64
-	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()`).Scan(&txID); err != nil {
-		return 0, 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, 0, fmt.Errorf("commit: %w", err)
@@ -387,8 +389,9 @@ type streamAdvance struct {
 // is created (from version 0) or advanced only from the version the import
 // found it at, and only by a transaction no older than the one that last
 // appended to it (promise 4), so imported and appended events keep version
-// order equal to log order. It returns the number of heads written; fewer
-// than asked means another writer got there first.
+// order equal to log order. It returns the number of heads written (fewer
+// than asked means another writer got there first) and the transaction's
+// id, which the import would otherwise ask for in a statement of its own.
 const advanceImportedHeadsSQL = `
 WITH t AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
@@ -408,12 +411,13 @@ WITH t AS (
 	ON CONFLICT (tenant_id, stream_type, stream_id) DO NOTHING
 	RETURNING 1
 )
-SELECT (SELECT count(*) FROM advanced) + (SELECT count(*) FROM created)`
+SELECT (SELECT count(*) FROM advanced) + (SELECT count(*) FROM created), pg_current_xact_id()`
 
 // advanceImportedHeads moves the stream heads of one import batch: the one
 // place the import knows how stream heads are kept. A head the append's
-// rules refuse fails the batch with a concurrency error.
-func (s *Store) advanceImportedHeads(ctx context.Context, tx pgx.Tx, heads []streamAdvance) error {
+// rules refuse fails the batch with a concurrency error. It returns the
+// transaction's id.
+func (s *Store) advanceImportedHeads(ctx context.Context, tx pgx.Tx, heads []streamAdvance) (txID uint64, err error) {
 	n := len(heads)
 	tenants, types, ids := make([]string, n), make([]string, n), make([]string, n)
 	from, to := make([]int64, n), make([]int64, n)
@@ -421,15 +425,15 @@ func (s *Store) advanceImportedHeads(ctx context.Context, tx pgx.Tx, heads []str
 		tenants[i], types[i], ids[i], from[i], to[i] = h.stream.Tenant, h.stream.Type, h.stream.ID, h.from, h.to
 	}
 	var written int64
-	err := tx.QueryRow(ctx, s.sqlFor(advanceImportedHeadsSQL), tenants, types, ids, from, to).Scan(&written)
+	err = tx.QueryRow(ctx, s.sqlFor(advanceImportedHeadsSQL), tenants, types, ids, from, to).Scan(&written, &txID)
 	if err != nil {
-		return fmt.Errorf("advance stream heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
+		return 0, fmt.Errorf("advance stream heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
 	}
 	if written != int64(n) {
-		return &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
+		return 0, &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
 			Reason: fmt.Sprintf("%d of %d streams were appended to during the import, or by a younger transaction; run the import again", int64(n)-written, n)}
 	}
-	return nil
+	return txID, nil
 }
 
 // sqlFor fills the schema into an import or export statement.
