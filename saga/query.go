@@ -18,10 +18,10 @@ import (
 // ParseStatus reads a status as the CLI and the tables spell it.
 func ParseStatus(s string) (Status, error) {
 	switch st := Status(s); st {
-	case Active, Completed, Failed:
+	case Active, Completed, Failed, Parked:
 		return st, nil
 	}
-	return "", fmt.Errorf("%w: status %q: want active, completed or failed", ErrInvalidArgument, s)
+	return "", fmt.Errorf("%w: status %q: want active, completed, failed or parked", ErrInvalidArgument, s)
 }
 
 // InstanceInfo is an instance as listed.
