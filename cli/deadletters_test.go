@@ -68,6 +68,9 @@ type dlEnv struct {
 	ctx   context.Context
 	store *postgres.Store
 	url   string
+	// childEnv is what makes the ops binary the application's; the
+	// dead-letter tests' when nil.
+	childEnv []string
 }
 
 // cli runs the ops binary and returns its standard output, standard error
@@ -81,6 +84,9 @@ func (e *dlEnv) cliSchema(schema string, args ...string) (string, string, int) {
 	e.t.Helper()
 	cmd := exec.CommandContext(e.ctx, os.Args[0], append([]string{"--database-url", e.url, "--schema", schema}, args...)...)
 	cmd.Env = append(os.Environ(), dlChildEnv+"=1")
+	if e.childEnv != nil {
+		cmd.Env = append(os.Environ(), e.childEnv...)
+	}
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
