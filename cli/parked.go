@@ -314,7 +314,7 @@ func operatorName(by string) (string, error) {
 
 func parkStream(p projection.Park) string {
 	if p.Kind == projection.ParkKindSagaInstance {
-		return "saga instance " + projector.Printable(p.SagaKey()) + " (tenant " + projector.Printable(p.Tenant) + ")"
+		return p.What()
 	}
 	return projector.Printable(p.StreamType) + "/" + projector.Printable(p.StreamID) + " (tenant " + projector.Printable(p.Tenant) + ")"
 }

@@ -518,7 +518,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		return ParkRetryResult{ID: id}, false, err
 	}
 	logger.InfoContext(ctx, "projection: park retried", slog.Int64("id", id), slog.String("consumer", pk.Consumer),
-		slog.String("stream", pk.Stream().String()), slog.Int("events", res.Events), slog.Bool("resolved", res.Resolved),
+		slog.String("parked", pk.What()), slog.Int("events", res.Events), slog.Bool("resolved", res.Resolved),
 		slog.String("error", res.Error))
 	return res, true, nil
 }
@@ -545,7 +545,8 @@ func checkParkVersion(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *
 // DiscardPark gives up on park id: its sequence is dropped (the events stay
 // in the log; the consumer never applies them) and the park is marked
 // discarded with who (by), when and how many events, kept for the record.
-// The stream is live again from its next event. It takes the consumer
+// The stream (a saga instance: the instance, active again) is live again
+// from its next event. It takes the consumer
 // shard's lock, so no pass adds to the sequence meanwhile; a park that is
 // not open is refused with [projector.ErrInvalidTransition], so of racing
 // retries and discards exactly one wins. It returns the park as discarded.

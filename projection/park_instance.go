@@ -39,6 +39,15 @@ func (p Park) SagaKey() string {
 	return p.StreamID
 }
 
+// What names what is parked, printable: a stream (tenant/type/id), or a
+// saga instance by its key and tenant.
+func (p Park) What() string {
+	if p.Kind == ParkKindSagaInstance {
+		return "saga instance " + projector.Printable(p.StreamID) + " (tenant " + projector.Printable(p.Tenant) + ")"
+	}
+	return p.Stream().String()
+}
+
 // retryingKey carries the park a retry is applying to the handlers.
 type retryingKey struct{}
 

@@ -110,6 +110,9 @@ func TestSagaParkStreamParksInstance(t *testing.T) {
 		t.Fatalf("parks %+v: want one of instance a holding poison, a3 and the assignment, after 2 attempts", parks)
 	}
 	id := parks[0].ID
+	if sums, err := saga.Summaries(e.ctx, e.store, "sla"); err != nil || len(sums) != 1 || sums[0].Parked != 1 || sums[0].Active != 1 {
+		t.Fatalf("summaries %+v, %v: want a parked and b active", sums, err)
+	}
 
 	// While parked: a's new events join the park, b goes on, a's timeout
 	// stays pending through a runner round after its due time.
