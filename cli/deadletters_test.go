@@ -138,24 +138,7 @@ func TestDeadLettersCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{tolerant(store.Schema(), types)},
-		PollMax: 50 * time.Millisecond, Recheck: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = d.Stop(ctx)
-	})
-	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
-	defer cancel()
-	if err := d.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d := caughtUpDispatcher(t, store, tolerant(store.Schema(), types))
 
 	out, stderr, code := e.cli("dead-letters", "list", "-o", "json")
 	var listed []projection.DeadLetter
@@ -252,6 +235,8 @@ func TestDeadLettersCommand(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
 	if err := d.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -60,17 +60,7 @@ id shown as --after for the next page.`,
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					if parks == nil {
-						parks = []projection.Park{}
-					}
-					return writeJSON(a.out, parks)
-				}
-				if len(parks) == 0 {
-					fmt.Fprintln(a.out, "no parks match")
-					return nil
-				}
-				return writeTable(a.out, func(tw io.Writer) {
+				return writeList(a.out, asJSON, parks, "no parks match", func(tw io.Writer) {
 					fmt.Fprintln(tw, "ID\tCONSUMER\tINSTANCE\tSTREAM\tFROM\tEVENTS\tSTATUS\tATTEMPTS\tPARKED\tERROR")
 					for _, p := range parks {
 						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\tv%d\t%d\t%s\t%d\t%s\t%s\n", p.ID, projector.Printable(p.Consumer),

@@ -58,6 +58,30 @@ func parkingSaga(types testevents.Types, poison bool) *saga.Saga[[]string] {
 	return s
 }
 
+// caughtUpDispatcher starts a dispatcher of projections on store, stopped
+// when the test ends, and waits until it has caught up.
+func caughtUpDispatcher(t *testing.T, store *postgres.Store, projections ...*projection.Async) *projection.Dispatcher {
+	t.Helper()
+	d, err := projection.New(projection.Config{Store: store, Projections: projections, PollMax: 50 * time.Millisecond, Recheck: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = d.Stop(ctx)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // `saga retry` end to end, in a separate process: a parked instance is
 // retried through its park (--here: fails while the poison fails, exit 1,
 // then applies the sequence; again is refused, exit 3); a failed instance
@@ -83,23 +107,7 @@ func TestSagaRetryCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, PollMax: 50 * time.Millisecond, Recheck: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = d.Stop(ctx)
-	})
-	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
-	defer cancel()
-	if err := d.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	caughtUpDispatcher(t, store, p)
 	// f is made failed as a timeout that kept failing would leave it.
 	if _, err := saga.Show(e.ctx, store, "parking-sla", projector.SystemTenant, "f"); err != nil {
 		t.Fatal(err)

@@ -472,7 +472,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if pk.Status != ParkOpen {
 			return fmt.Errorf("retry park %d: it is %s already (nothing applied again): %w", id, pk.Status, projector.ErrInvalidTransition)
 		}
-		if err := checkParkVersion(ctx, tx, store, p, pk); err != nil {
+		if err := checkVersion(ctx, tx, store, p, fmt.Sprintf("park %d", id), shardID); err != nil {
 			return err
 		}
 		events, err := parkedEvents(ctx, tx, store, pk)
@@ -521,25 +521,6 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		slog.String("parked", pk.What()), slog.Int("events", res.Events), slog.Bool("resolved", res.Resolved),
 		slog.String("error", res.Error))
 	return res, true, nil
-}
-
-// checkParkVersion refuses, with [ErrWrongVersion], to run p's handlers on
-// a consumer whose live model is of another version.
-func checkParkVersion(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, pk Park) error {
-	var live int
-	err := tx.QueryRow(ctx, `SELECT version FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
-		pk.Consumer, pk.Instance).Scan(&live)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("retry park %d: read the consumer's version: %w", pk.ID, err)
-	}
-	if live != p.cfg.Version {
-		return fmt.Errorf("retry park %d: %w: the live model of %s is version %d and this binary's projection is version %d",
-			pk.ID, ErrWrongVersion, projector.Printable(pk.Consumer), live, p.cfg.Version)
-	}
-	return nil
 }
 
 // DiscardPark gives up on park id: its sequence is dropped (the events stay

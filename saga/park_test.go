@@ -29,9 +29,11 @@ type seenState struct {
 // newParking defines the ParkStream saga "sla", keyed by ticket: an
 // opening schedules "remind" an hour on; every comment and assignment adds
 // its body (or agent) to the state, and a comment "poison" fails while
-// poison is set (a bug a deploy fixes); the reminder counts itself and
-// appends sla.reminded.
-func newParking(e *env, c *clock, poison *atomic.Bool) *saga.Saga[seenState] {
+// poison is set, as it is at first (a bug a deploy fixes); the reminder
+// counts itself and appends sla.reminded.
+func newParking(e *env, c *clock) (*saga.Saga[seenState], *atomic.Bool) {
+	poison := &atomic.Bool{}
+	poison.Store(true)
 	s := saga.New[seenState]("sla", saga.Config{Now: c.Now, Async: projection.AsyncConfig{
 		ErrorMode: projection.ParkStream, MaxAttempts: 2, RetryBackoff: time.Millisecond, MaxBackoff: time.Millisecond}})
 	must(saga.StartOn(s, e.types.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[seenState], _ projector.Event, o testevents.TicketOpened) error {
@@ -56,8 +58,10 @@ func newParking(e *env, c *clock, poison *atomic.Bool) *saga.Saga[seenState] {
 		in.Append(projector.Stream("sla", in.Key()), projector.AnyVersion, Reminded{Ticket: in.Key()})
 		return nil
 	}))
-	return s
+	return s, poison
 }
+
+func ticket(id string) projector.StreamRef { return projector.Stream("ticket", id) }
 
 func seenOf(t *testing.T, e *env, key string) (saga.InstanceDetail, seenState) {
 	t.Helper()
@@ -83,10 +87,7 @@ func TestSagaParkStreamParksInstance(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := newClock()
-	var poison atomic.Bool
-	poison.Store(true)
-	s := newParking(e, c, &poison)
-	ticket := func(id string) projector.StreamRef { return projector.Stream("ticket", id) }
+	s, poison := newParking(e, c)
 	e.append(ticket("a"), testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "a1"},
 		testevents.TicketCommented{Body: "poison"}, testevents.TicketCommented{Body: "a3"})
 	e.append(ticket("b"), testevents.TicketOpened{Title: "b"}, testevents.TicketCommented{Body: "b1"})
@@ -224,10 +225,7 @@ func TestSagaRetryRaceOneWinner(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := newClock()
-	var poison atomic.Bool
-	poison.Store(true)
-	s := newParking(e, c, &poison)
-	ticket := func(id string) projector.StreamRef { return projector.Stream("ticket", id) }
+	s, poison := newParking(e, c)
 	e.append(ticket("p"), testevents.TicketOpened{Title: "p"}, testevents.TicketCommented{Body: "poison"}, testevents.TicketCommented{Body: "p2"})
 	e.append(ticket("f"), testevents.TicketOpened{Title: "f"})
 	d := e.dispatcher(s, projection.Config{})
