@@ -18,6 +18,7 @@ import (
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // seenState records, per instance, what its steps saw, in order.
@@ -312,5 +313,39 @@ func TestSagaRetryRaceOneWinner(t *testing.T) {
 	}
 	if pi, sp := seenOf(t, e, "p"); pi.Status != saga.Active || !slices.Equal(sp.Seen, []string{"opened", "poison", "p2"}) {
 		t.Fatalf("p is %s and saw %v: the parked sequence must be applied once", pi.Status, sp.Seen)
+	}
+}
+
+// Archiving a stream one of whose events a parked instance holds is held
+// back (the retry reads its events from the hot log), as for a parked
+// stream; once the park is retried, the stream archives.
+func TestSagaParkedInstanceKeepsItsEventsFromArchive(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s, poison := newParking(e, newClock())
+	e.append(ticket("a"), testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "poison"})
+	e.append(projector.Stream("agent", "al"), Assigned{Ticket: "a", Agent: "al"}) // parked behind the poison
+	e.append(projector.Stream("agent", "bo"), Assigned{Ticket: "none", Agent: "bo"})
+	d := e.dispatcher(s, projection.Config{})
+	e.catchUp(d)
+	id, err := saga.InstancePark(e.ctx, e.store, "sla", projector.SystemTenant, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := postgres.ArchiveOptions{Streams: []projector.StreamRef{ticket("a"), projector.Stream("agent", "al"), projector.Stream("agent", "bo")}}
+	res, err := e.store.Archive(e.ctx, all)
+	if err != nil || res.Streams != 1 || res.HeldBack != 2 {
+		t.Fatalf("archive: %+v, %v; want agent/bo archived, the two streams with parked events held back", res, err)
+	}
+	poison.Store(false)
+	p, err := s.Projection(e.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := projection.RetryPark(e.ctx, e.store, p, id, "op", nil); err != nil || !r.Resolved || r.Events != 2 {
+		t.Fatalf("retry after the archive: %+v, %v", r, err)
+	}
+	if res, err = e.store.Archive(e.ctx, all); err != nil || res.Streams != 2 {
+		t.Fatalf("archive after the retry: %+v, %v; want both archived", res, err)
 	}
 }
