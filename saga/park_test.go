@@ -33,10 +33,15 @@ type seenState struct {
 // poison is set, as it is at first (a bug a deploy fixes); the reminder
 // counts itself and appends sla.reminded.
 func newParking(e *env, c *clock) (*saga.Saga[seenState], *atomic.Bool) {
+	return newSeen(e, c, projection.ParkStream)
+}
+
+// newSeen is newParking's saga in error mode mode.
+func newSeen(e *env, c *clock, mode projection.ErrorMode) (*saga.Saga[seenState], *atomic.Bool) {
 	poison := &atomic.Bool{}
 	poison.Store(true)
 	s := saga.New[seenState]("sla", saga.Config{Now: c.Now, Async: projection.AsyncConfig{
-		ErrorMode: projection.ParkStream, MaxAttempts: 2, RetryBackoff: time.Millisecond, MaxBackoff: time.Millisecond}})
+		ErrorMode: mode, MaxAttempts: 2, RetryBackoff: time.Millisecond, MaxBackoff: time.Millisecond}})
 	must(saga.StartOn(s, e.types.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[seenState], _ projector.Event, o testevents.TicketOpened) error {
 		in.State.Seen = append(in.State.Seen, "opened")
 		in.After("remind", time.Hour)
@@ -318,7 +323,8 @@ func TestSagaRetryRaceOneWinner(t *testing.T) {
 
 // Archiving a stream one of whose events a parked instance holds is held
 // back (the retry reads its events from the hot log), as for a parked
-// stream; once the park is retried, the stream archives.
+// stream; once the park is retried (by request, which the dispatcher
+// running the saga carries out), the stream archives.
 func TestSagaParkedInstanceKeepsItsEventsFromArchive(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -337,15 +343,57 @@ func TestSagaParkedInstanceKeepsItsEventsFromArchive(t *testing.T) {
 	if err != nil || res.Streams != 1 || res.HeldBack != 2 {
 		t.Fatalf("archive: %+v, %v; want agent/bo archived, the two streams with parked events held back", res, err)
 	}
+	// Retried by request (`parked retry` without --here): the dispatcher
+	// running the saga carries it out.
 	poison.Store(false)
-	p, err := s.Projection(e.store)
+	if err := projection.RequestParkRetry(e.ctx, e.store, id, "op"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("the dispatcher to retry the park", 30*time.Second, func() bool {
+		pk, _, err := projection.GetPark(e.ctx, e.store, id)
+		return err == nil && pk.Status == projection.ParkResolved && pk.Events == 2
+	})
+	if res, err = e.store.Archive(e.ctx, all); err != nil || res.Streams != 2 {
+		t.Fatalf("archive after the retry: %+v, %v; want both archived", res, err)
+	}
+}
+
+// A park left open when the saga moves to another error mode is still held
+// and retried as a whole: a retry that fails under continuous mode keeps
+// the park (nothing dead-lettered, the instance not failed), and the
+// instance's new events still wait behind it.
+func TestSagaParkOutlivesAModeChange(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	parking, _ := newParking(e, newClock())
+	e.append(ticket("a"), testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "poison"})
+	d := e.dispatcher(parking, projection.Config{})
+	e.catchUp(d)
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	id, err := saga.InstancePark(e.ctx, e.store, "sla", projector.SystemTenant, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, err := projection.RetryPark(e.ctx, e.store, p, id, "op", nil); err != nil || !r.Resolved || r.Events != 2 {
-		t.Fatalf("retry after the archive: %+v, %v", r, err)
+	continuous, poison := newSeen(e, newClock(), projection.SkipApplyErrors)
+	e.append(ticket("a"), testevents.TicketCommented{Body: "a3"})
+	e.catchUp(e.dispatcher(continuous, projection.Config{}))
+	p, err := continuous.Projection(e.store)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if res, err = e.store.Archive(e.ctx, all); err != nil || res.Streams != 2 {
-		t.Fatalf("archive after the retry: %+v, %v; want both archived", res, err)
+	if r, err := projection.RetryPark(e.ctx, e.store, p, id, "op", nil); err != nil || r.Resolved || r.Events != 2 {
+		t.Fatalf("failing retry under continuous mode: %+v, %v; want the park kept with its 2 events", r, err)
+	}
+	if in, _ := seenOf(t, e, "a"); in.Status != saga.Parked || e.count(`SELECT count(*) FROM `+e.store.Table("projector_dead_letters")) != 0 {
+		t.Fatalf("a is %s: want parked, nothing dead-lettered", in.Status)
+	}
+	poison.Store(false)
+	if r, err := projection.RetryPark(e.ctx, e.store, p, id, "op", nil); err != nil || !r.Resolved {
+		t.Fatalf("retry: %+v, %v", r, err)
+	}
+	if _, sa := seenOf(t, e, "a"); !slices.Equal(sa.Seen, []string{"opened", "poison", "a3"}) {
+		t.Fatalf("a saw %v", sa.Seen)
 	}
 }

@@ -251,7 +251,7 @@ func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx
 	// Instead of failing the batch: continuous mode dead-letters, parking
 	// mode parks (or fails the batch, to be retried, before MaxAttempts).
 	// A retry of the instance's park fails as a whole instead.
-	handled := s.continuous || (s.parking && !parks.retrying(s.name, tenant, in))
+	handled := (s.continuous || s.parking) && !parks.retrying(s.name, tenant, in)
 	fault := func(err error) error {
 		if s.continuous {
 			return s.failStep(ctx, store, q, tx, tenant, in, ev, err)
