@@ -1,6 +1,7 @@
 package saga_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,28 +34,30 @@ type seenState struct {
 // poison is set, as it is at first (a bug a deploy fixes); the reminder
 // counts itself and appends sla.reminded.
 func newParking(e *env, c *clock) (*saga.Saga[seenState], *atomic.Bool) {
-	return newSeen(e, c, projection.ParkStream)
+	return newSeen(e.types, c.Now, projection.AsyncConfig{ErrorMode: projection.ParkStream})
 }
 
-// newSeen is newParking's saga in error mode mode.
-func newSeen(e *env, c *clock, mode projection.ErrorMode) (*saga.Saga[seenState], *atomic.Bool) {
+// newSeen is newParking's saga on ty with clock now and async (error
+// mode; MaxAttempts 2 and a backoff of 1 ms unless set).
+func newSeen(ty types, now func() time.Time, async projection.AsyncConfig) (*saga.Saga[seenState], *atomic.Bool) {
 	poison := &atomic.Bool{}
 	poison.Store(true)
-	s := saga.New[seenState]("sla", saga.Config{Now: c.Now, Async: projection.AsyncConfig{
-		ErrorMode: mode, MaxAttempts: 2, RetryBackoff: time.Millisecond, MaxBackoff: time.Millisecond}})
-	must(saga.StartOn(s, e.types.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[seenState], _ projector.Event, o testevents.TicketOpened) error {
+	async.MaxAttempts = cmp.Or(async.MaxAttempts, 2)
+	async.RetryBackoff, async.MaxBackoff = cmp.Or(async.RetryBackoff, time.Millisecond), cmp.Or(async.MaxBackoff, time.Millisecond)
+	s := saga.New[seenState]("sla", saga.Config{Now: now, Async: async})
+	must(saga.StartOn(s, ty.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[seenState], _ projector.Event, o testevents.TicketOpened) error {
 		in.State.Seen = append(in.State.Seen, "opened")
 		in.After("remind", time.Hour)
 		return nil
 	}))
-	must(saga.On(s, e.types.Commented, saga.ByStream, func(_ context.Context, in *saga.Instance[seenState], _ projector.Event, c testevents.TicketCommented) error {
+	must(saga.On(s, ty.Commented, saga.ByStream, func(_ context.Context, in *saga.Instance[seenState], _ projector.Event, c testevents.TicketCommented) error {
 		if c.Body == "poison" && poison.Load() {
 			return errors.New("cannot digest poison")
 		}
 		in.State.Seen = append(in.State.Seen, c.Body)
 		return nil
 	}))
-	must(saga.On(s, e.types.Assigned, func(_ projector.Event, a Assigned) string { return a.Ticket },
+	must(saga.On(s, ty.Assigned, func(_ projector.Event, a Assigned) string { return a.Ticket },
 		func(_ context.Context, in *saga.Instance[seenState], _ projector.Event, a Assigned) error {
 			in.State.Seen = append(in.State.Seen, "agent "+a.Agent)
 			return nil
@@ -376,7 +379,7 @@ func TestSagaParkOutlivesAModeChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	continuous, poison := newSeen(e, newClock(), projection.SkipApplyErrors)
+	continuous, poison := newSeen(e.types, newClock().Now, projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors})
 	e.append(ticket("a"), testevents.TicketCommented{Body: "a3"})
 	e.catchUp(e.dispatcher(continuous, projection.Config{}))
 	p, err := continuous.Projection(e.store)
