@@ -7,9 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 	"time"
-	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -290,14 +288,8 @@ func operatorName(by string) (string, error) {
 		host, _ := os.Hostname()
 		by = cmp.Or(os.Getenv("USER"), "unknown") + "@" + cmp.Or(host, "unknown")
 	}
-	if len(by) > projector.MaxNameLength {
-		return "", usageError{fmt.Errorf("--by: longer than %d bytes", projector.MaxNameLength)}
-	}
-	if err := projector.ValidText(by); err != nil {
-		return "", usageError{fmt.Errorf("--by %s: %w", projector.Printable(by), err)}
-	}
-	if strings.IndexFunc(by, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return "", usageError{fmt.Errorf("--by %s: want printable characters only", projector.Printable(by))}
+	if err := projection.ValidateOperator(by); err != nil {
+		return "", usageError{fmt.Errorf("--by: %w", err)}
 	}
 	return by, nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -126,6 +127,14 @@ func TestSagaRetryCommand(t *testing.T) {
 	}
 	if out, stderr, code := e.cli("parked", "list"); code != ExitOK || !strings.Contains(out, "saga instance k (tenant") {
 		t.Fatalf("parked list: exit %d: %s %s", code, out, stderr)
+	}
+	kid, err := saga.InstancePark(e.ctx, store, "parking-sla", projector.SystemTenant, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, stderr, code := e.cli("parked", "show", fmt.Sprint(kid)); code != ExitOK || !strings.Contains(out, "saga instance k (tenant") ||
+		!strings.Contains(out, "sequence:   2 events") || !strings.Contains(out, "__system__/ticket/k v2 ticket.commented") {
+		t.Fatalf("parked show: exit %d:\n%s%s", code, out, stderr)
 	}
 	if _, stderr, code := e.cli("saga", "retry", "parking-sla", "k", "--here"); code != ExitError || !strings.Contains(stderr, "still parked") {
 		t.Fatalf("failing retry: exit %d: %s", code, stderr)

@@ -415,6 +415,12 @@ func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 	return res, err
 }
 
+// ValidateOperator checks who acts on a park, as its record keeps it:
+// not empty, at most [projector.MaxNameLength] bytes, text PostgreSQL can
+// hold, printable (it is shown on operators' terminals and pages). Errors
+// match [projector.ErrInvalidTransition].
+func ValidateOperator(by string) error { return validBy(by) }
+
 func validBy(by string) error {
 	if by == "" {
 		return fmt.Errorf("%w: say who is acting on the park", projector.ErrInvalidTransition)
