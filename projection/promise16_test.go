@@ -4,7 +4,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -36,6 +38,25 @@ func (e *env) workers() map[string]int64 {
 		e.t.Fatal(err)
 	}
 	return out
+}
+
+// dumpRows logs every row of query, one line each, for a failure report.
+func (e *env) dumpRows(query string) {
+	e.t.Helper()
+	rows, err := e.store.Pool().Query(e.ctx, query)
+	if err != nil {
+		e.t.Logf("dump: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			e.t.Logf("dump: %v", err)
+			return
+		}
+		e.t.Logf("  %v", vals)
+	}
 }
 
 // TestPromise16_PartitionsExactlyOnceAcrossKills: four OS processes work an
@@ -134,6 +155,25 @@ func TestPromise16_PartitionsExactlyOnceAcrossKills(t *testing.T) {
 		}
 		return true
 	}
+	// waitAllWorked waits for allWorked; on a timeout it prints what the
+	// balancing saw (owners, cursors, heartbeats) and any writer error, so
+	// a stall under a loaded CI machine can be told from a stopped writer.
+	waitAllWorked := func() {
+		t.Helper()
+		deadline := time.Now().Add(90 * time.Second)
+		for !allWorked() {
+			if time.Now().After(deadline) {
+				t.Logf("writer errors pending: %d; events left to write: %d; applied: %d", len(errs), left.Load(), e.applied("parted"))
+				t.Logf("running: %v; work per process: %v", slices.Sorted(maps.Keys(running)), e.workers())
+				e.dumpRows(`SELECT instance_id, coalesce(owner, '-'), cursor_tx_id::text, cursor_seq, status, attempts, coalesce(last_error, '')
+					FROM ` + e.store.Table("projector_consumers") + ` WHERE name = 'parted' ORDER BY instance_id`)
+				e.dumpRows(`SELECT instance_id, consumers::text, round(extract(epoch FROM now() - last_seen_at)::numeric, 2), heartbeat_every::text, stopped_at IS NOT NULL
+					FROM ` + e.store.Table("projector_instances") + ` ORDER BY instance_id`)
+				t.Fatalf("timed out after 90s waiting for every running process to apply events")
+			}
+			time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+		}
+	}
 	rng := rand.New(rand.NewPCG(16, 16))
 	kills, wantKills := 0, 6
 	if *promise16Full {
@@ -141,7 +181,7 @@ func TestPromise16_PartitionsExactlyOnceAcrossKills(t *testing.T) {
 	}
 	began := time.Now()
 	for kills < wantKills {
-		eventually(t, time.Minute, "every running process applied events", allWorked)
+		waitAllWorked()
 		time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond) // a random moment, not a synchronisation
 		ids := make([]string, 0, len(running))
 		for id := range running {
@@ -154,7 +194,7 @@ func TestPromise16_PartitionsExactlyOnceAcrossKills(t *testing.T) {
 		c, id := start()
 		running[id] = c
 	}
-	eventually(t, time.Minute, "every running process applied events", allWorked)
+	waitAllWorked()
 	stop.Store(true)
 	wg.Wait()
 	t.Logf("kills done in %v", time.Since(began).Round(time.Millisecond))
