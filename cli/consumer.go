@@ -400,6 +400,22 @@ func (a *App) withAdmin(cmd *cobra.Command, fn func(*projection.Admin) error) er
 	return a.withStore(cmd, func(store *postgres.Store) error { return fn(projection.NewAdmin(store)) })
 }
 
+// writeList writes a listing: as a JSON array (empty, never null), or as a
+// table filled by table, or the line none when there is nothing.
+func writeList[T any](w io.Writer, asJSON bool, items []T, none string, table func(tw io.Writer)) error {
+	if asJSON {
+		if items == nil {
+			items = []T{}
+		}
+		return writeJSON(w, items)
+	}
+	if len(items) == 0 {
+		_, err := fmt.Fprintln(w, none)
+		return err
+	}
+	return writeTable(w, table)
+}
+
 // writeJSON writes v as indented JSON, the form every `-o json` takes.
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

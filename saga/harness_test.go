@@ -205,7 +205,7 @@ func (e *env) append(stream projector.StreamRef, payloads ...any) postgres.Appen
 
 // dispatcher starts a dispatcher running s (and extra projections) and
 // stops it when the test ends.
-func (e *env) dispatcher(s *saga.Saga[slaState], cfg projection.Config) *projection.Dispatcher {
+func (e *env) dispatcher(s saga.Definition, cfg projection.Config) *projection.Dispatcher {
 	e.t.Helper()
 	p, err := s.Projection(e.store)
 	if err != nil {
