@@ -574,7 +574,12 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 		return
 	}
 	q := `SELECT id, consumer FROM ` + d.store.Table("projector_dead_letters") + `
-		WHERE retry_requested_at IS NOT NULL AND status = 'open' AND consumer = ANY($1) AND instance_id = ANY($2) ORDER BY id LIMIT 100`
+		WHERE retry_requested_at IS NOT NULL AND status = 'open' AND consumer = ANY($1)
+		  AND (instance_id = ANY($2) OR instance_id LIKE '` + PartitionPrefix + `%') ORDER BY id LIMIT 100`
+	// The shared shard's, this instance's and any partition's: a
+	// partition's dead letters and parks are filed under its instance id,
+	// and the retry takes that partition's lock, so any process running
+	// the consumer may carry it out.
 	instances := []string{SharedInstance, d.instance}
 	ticker := time.NewTicker(d.cfg.Recheck)
 	defer ticker.Stop()
