@@ -137,6 +137,16 @@ func (r *Registry) HasPersonal() bool {
 	return r.personal
 }
 
+// PersonalSubjects returns the types with personal fields and, at the same
+// index, the JSON name of each one's subject field: what a store needs to
+// find the subjects' keys in the statement that reads the events. The
+// slices are shared: do not modify them.
+func (r *Registry) PersonalSubjects() (types, subjects []string) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.personalTypes, r.personalSubjects
+}
+
 // SubjectOf returns the data subject's id in an encoded payload of a type
 // with personal fields: the value of its Subject field, which must be a
 // non-empty JSON string.

@@ -116,7 +116,7 @@ func (s *Store) Export(ctx context.Context, w io.Writer, opts ExportOptions) (Ex
 		n := 0
 		var r row
 		var werr error
-		_, err = pgx.ForEachRow(rows, r.dest(), func() error {
+		_, err = pgx.ForEachRow(rows, r.dest(false), func() error {
 			n++
 			ev, err := DecodeEnvelope(r.txID, r.seq, r.id, projector.StreamRef{Tenant: r.intern(r.tenant), Type: r.intern(r.streamType), ID: r.streamID},
 				r.version, r.intern(r.typ), int(r.schemaVersion), r.data, r.correlation, nil, r.intern(r.actor), r.headers, r.recordedAt)
