@@ -12,7 +12,10 @@ import (
 // reports false when data is not an object it can follow (the callers then
 // fall back to encoding/json, which gives the error). Member names with
 // escapes are unescaped with encoding/json.
-func scanMembers(data []byte, fn func(name string, v []byte, start, end int) bool) bool {
+//
+// name is only valid during the call (it may point into data): compare it,
+// or copy it.
+func scanMembers(data []byte, fn func(name []byte, v []byte, start, end int) bool) bool {
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return false
@@ -29,13 +32,13 @@ func scanMembers(data []byte, fn func(name string, v []byte, start, end int) boo
 		if kEnd < 0 {
 			return false
 		}
-		var name string
+		name := data[i+1 : kEnd-1]
 		if escaped {
-			if json.Unmarshal(data[i:kEnd], &name) != nil {
+			var n string
+			if json.Unmarshal(data[i:kEnd], &n) != nil {
 				return false
 			}
-		} else {
-			name = string(data[i+1 : kEnd-1])
+			name = []byte(n)
 		}
 		i = skipSpace(data, kEnd)
 		if i >= len(data) || data[i] != ':' {

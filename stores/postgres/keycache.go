@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"container/list"
 	"sync"
+
+	"github.com/projectorhq/projector"
 )
 
 // DefaultKeyCacheSize is how many unwrapped data keys a [KeyTable] keeps
@@ -38,6 +40,7 @@ type cachedKey struct {
 	keyID   string // the master key's id
 	wrapped []byte
 	key     []byte
+	cipher  *projector.KeyCipher // key's, set up once
 }
 
 // newKeyCache returns a cache of at most size keys, or nil (no caching)
@@ -64,13 +67,13 @@ func (c *keyCache) get(ref SubjectRef) (cachedKey, bool) {
 	return el.Value.(cachedKey), true
 }
 
-// lookup returns the key cached for exactly this wrapped key row.
-func (c *keyCache) lookup(ref SubjectRef, keyID string, wrapped []byte) ([]byte, bool) {
+// lookup returns the entry cached for exactly this wrapped key row.
+func (c *keyCache) lookup(ref SubjectRef, keyID string, wrapped []byte) (cachedKey, bool) {
 	e, ok := c.get(ref)
 	if !ok || e.keyID != keyID || !bytes.Equal(e.wrapped, wrapped) {
-		return nil, false
+		return cachedKey{}, false
 	}
-	return e.key, true
+	return e, true
 }
 
 // put remembers e, evicting the least recently used entry when full.

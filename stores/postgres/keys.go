@@ -223,7 +223,8 @@ func (k *KeyTable) DataKey(ctx context.Context, tx pgx.Tx, subject SubjectRef) (
 			k.cache.drop(subject)
 			return nil, nil // forgotten
 		}
-		return k.unwrap(subject, keyID, stored)
+		e, err := k.unwrap(subject, keyID, stored)
+		return e.key, err
 	}
 	return nil, fmt.Errorf("data key of subject %s: no key found or created after three tries", subject)
 }
@@ -249,11 +250,11 @@ func (k *KeyTable) DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 	var keyID string
 	var wrapped []byte
 	_, err = pgx.ForEachRow(rows, []any{&ref.Tenant, &ref.ID, &keyID, &wrapped}, func() error {
-		key, err := k.unwrap(ref, keyID, wrapped)
+		e, err := k.unwrap(ref, keyID, wrapped)
 		if err != nil {
 			return err
 		}
-		out[ref] = key
+		out[ref] = e.key
 		return nil
 	})
 	if err != nil {
@@ -263,21 +264,26 @@ func (k *KeyTable) DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 }
 
 // unwrap returns the data key of subject's key row (master key keyID,
-// wrapped bytes wrapped): from the cache when it holds that very row,
-// unwrapped by the master key otherwise, and then cached.
-func (k *KeyTable) unwrap(subject SubjectRef, keyID string, wrapped []byte) ([]byte, error) {
-	if key, ok := k.cache.lookup(subject, keyID, wrapped); ok {
-		return key, nil
+// wrapped bytes wrapped) and its cipher: from the cache when it holds that
+// very row, unwrapped by the master key otherwise, and then cached.
+func (k *KeyTable) unwrap(subject SubjectRef, keyID string, wrapped []byte) (cachedKey, error) {
+	if e, ok := k.cache.lookup(subject, keyID, wrapped); ok {
+		return e, nil
 	}
 	if k.master == nil {
-		return nil, ErrNoMasterKey
+		return cachedKey{}, ErrNoMasterKey
 	}
 	key, err := k.master.unwrap(subject, keyID, wrapped)
 	if err != nil {
-		return nil, err
+		return cachedKey{}, err
 	}
-	k.cache.put(cachedKey{ref: subject, keyID: keyID, wrapped: wrapped, key: key})
-	return key, nil
+	c, err := projector.NewKeyCipher(key)
+	if err != nil {
+		return cachedKey{}, err
+	}
+	e := cachedKey{ref: subject, keyID: keyID, wrapped: wrapped, key: key, cipher: c}
+	k.cache.put(e)
+	return e, nil
 }
 
 // Destroy implements [KeyStore]. Two forgets racing for one subject meet on

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,8 +49,8 @@ func (s *Store) Keys() KeyStore { return s.keys }
 // sealing is what one append knows of its subjects' keys: those it
 // fetched or took from the cache, and the guard for the cached ones.
 type sealing struct {
-	keys  map[SubjectRef][]byte
-	cache *keyCache // nil: fetch every key in the transaction
+	keys  map[SubjectRef]*projector.KeyCipher // nil: forgotten
+	cache *keyCache                           // nil: fetch every key in the transaction
 	// guardSubjects and guardWrapped are the subjects whose keys came from
 	// the cache, and the wrapped key each was cached from: the insert
 	// writes nothing unless every one still holds it (appendGuardSQL).
@@ -58,7 +59,7 @@ type sealing struct {
 }
 
 func (s *Store) newSealing(cached bool) *sealing {
-	st := &sealing{keys: map[SubjectRef][]byte{}}
+	st := &sealing{keys: map[SubjectRef]*projector.KeyCipher{}}
 	if kt, ok := s.keys.(*KeyTable); ok && cached {
 		st.cache = kt.cache
 	}
@@ -101,24 +102,40 @@ func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projecto
 		return nil, fmt.Errorf("%s: %w", enc.Type, err)
 	}
 	ref := SubjectRef{Tenant: tenant, ID: id}
-	key, ok := st.keys[ref]
+	c, ok := st.keys[ref]
 	if !ok {
 		if e, hit := st.cache.get(ref); hit {
-			key = e.key
+			c = e.cipher
 			st.guardSubjects = append(st.guardSubjects, id)
 			st.guardWrapped = append(st.guardWrapped, e.wrapped)
-		} else if key, err = s.keys.DataKey(ctx, tx, ref); err != nil {
+		} else if c, err = s.dataKeyCipher(ctx, tx, ref); err != nil {
 			return nil, err
 		}
-		st.keys[ref] = key
+		st.keys[ref] = c
 	}
-	return p.Seal(enc.Data, id, key)
+	return p.SealWith(enc.Data, id, c)
+}
+
+// dataKeyCipher reads or creates ref's key in tx: the key table's cached
+// cipher, or one made from the key store's key; nil when forgotten.
+func (s *Store) dataKeyCipher(ctx context.Context, tx pgx.Tx, ref SubjectRef) (*projector.KeyCipher, error) {
+	key, err := s.keys.DataKey(ctx, tx, ref)
+	if err != nil || key == nil {
+		return nil, err
+	}
+	if kt, ok := s.keys.(*KeyTable); ok {
+		if e, hit := kt.cache.get(ref); hit && bytes.Equal(e.key, key) {
+			return e.cipher, nil
+		}
+	}
+	return projector.NewKeyCipher(key)
 }
 
 // rowKey is the key row a keyed read brought with an event (keyJoinSQL):
-// keyID nil when the subject has no key row, wrapped nil when it was
-// forgotten.
+// subject and keyID nil when the subject has no key row, wrapped nil when
+// it was forgotten.
 type rowKey struct {
+	subject *string
 	keyID   *string
 	wrapped []byte
 }
@@ -131,10 +148,10 @@ type rowKey struct {
 // alone.
 func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, rowKeys []rowKey) error {
 	type sealed struct {
-		i     int
-		ref   SubjectRef
-		key   []byte
-		fetch bool // the key is read by DataKeys
+		i      int
+		ref    SubjectRef
+		cipher *projector.KeyCipher // nil: forgotten
+		fetch  bool                 // the key is read by DataKeys
 	}
 	var todo []sealed
 	var refs []SubjectRef
@@ -146,20 +163,24 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		if !ok || !projector.IsSealed(ev.Data) {
 			continue
 		}
-		id, err := p.SubjectOf(ev.Data)
-		if err != nil {
-			return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
-		}
-		t := sealed{i: i, ref: SubjectRef{Tenant: ev.Stream.Tenant, ID: id}}
+		t := sealed{i: i, ref: SubjectRef{Tenant: ev.Stream.Tenant}}
 		switch {
 		case rowKeys != nil && kt != nil && rowKeys[i].keyID != nil:
+			// The read found the key row of the subject the payload names.
+			t.ref.ID = *rowKeys[i].subject
 			if rk := rowKeys[i]; rk.wrapped != nil {
-				if t.key, err = kt.unwrap(t.ref, *rk.keyID, rk.wrapped); err != nil {
+				e, err := kt.unwrap(t.ref, *rk.keyID, rk.wrapped)
+				if err != nil {
 					return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 				}
+				t.cipher = e.cipher
 			} // else forgotten: no key
 		default:
-			t.fetch = true
+			id, err := p.SubjectOf(ev.Data)
+			if err != nil {
+				return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+			}
+			t.ref.ID, t.fetch = id, true
 			if !seen[t.ref] {
 				seen[t.ref] = true
 				refs = append(refs, t.ref)
@@ -170,19 +191,24 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 	if len(todo) == 0 {
 		return nil
 	}
-	var keys map[SubjectRef][]byte
+	ciphers := map[SubjectRef]*projector.KeyCipher{}
 	if len(refs) > 0 {
-		var err error
-		if keys, err = s.keys.DataKeys(ctx, db, refs); err != nil {
+		keys, err := s.keys.DataKeys(ctx, db, refs)
+		if err != nil {
 			return err
+		}
+		for ref, key := range keys {
+			if ciphers[ref], err = projector.NewKeyCipher(key); err != nil {
+				return fmt.Errorf("data key of subject %s: %w", ref, err)
+			}
 		}
 	}
 	for _, t := range todo {
 		ev := &events[t.i]
 		if t.fetch {
-			t.key = keys[t.ref]
+			t.cipher = ciphers[t.ref]
 		}
-		data, forgotten, err := projector.Open(ev.Data, t.ref.ID, t.key)
+		data, forgotten, err := projector.OpenStored(ev.Data, t.ref.ID, t.cipher)
 		if err != nil {
 			return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 		}

@@ -266,14 +266,14 @@ type row struct {
 }
 
 // rowColumns is the number of an event row's columns; a keyed read's rows
-// have the two key columns after them.
+// have the three key columns after them.
 const rowColumns = 15
 
 func (r *row) dest(keyed bool) []any {
 	d := []any{&r.txID, &r.seq, &r.id, &r.tenant, &r.streamType, &r.streamID, &r.version, &r.typ,
 		&r.schemaVersion, &r.data, &r.correlation, &r.causation, &r.actor, &r.headers, &r.recordedAt}
 	if keyed {
-		d = append(d, &r.key.keyID, &r.key.wrapped)
+		d = append(d, &r.key.subject, &r.key.keyID, &r.key.wrapped)
 	}
 	return d
 }
@@ -296,7 +296,7 @@ func (s *Store) collect(ctx context.Context, db DBTX, rows pgx.Rows, raw bool) (
 	var keys []rowKey
 	var r row
 	sealed := s.registry.HasPersonal()
-	keyed := len(rows.FieldDescriptions()) == rowColumns+2
+	keyed := len(rows.FieldDescriptions()) == rowColumns+3
 	_, err := pgx.ForEachRow(rows, r.dest(keyed), func() error {
 		ev, err := s.decodeRow(&r, raw, sealed)
 		if err != nil {
@@ -335,7 +335,7 @@ func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.E
 func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
 	defer rows.Close()
 	sealed := s.registry.HasPersonal()
-	keyed := len(rows.FieldDescriptions()) == 1+rowColumns+2
+	keyed := len(rows.FieldDescriptions()) == 1+rowColumns+3
 	out := make([]projector.Event, 0, 64)
 	var keys []rowKey
 	var r row

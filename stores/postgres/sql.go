@@ -253,18 +253,27 @@ const readLogPartitionSQL = readLogTypesSQL
 // sealed event's key row with it: the read and its keys are one statement,
 // one round trip, and one snapshot. For an event of a personal type
 // ($%[1]d[i], its subject field $%[2]d[i]) the join finds the key row of
-// the subject the event names; master_key_id is NULL when there is no key
-// row at all, wrapped NULL as well when the subject was forgotten. Events of
+// the subject the event names, and returns that subject (sparing the
+// client a scan of the payload for it); subject and master_key_id are NULL
+// when there is no key row at all, wrapped NULL when the subject was
+// forgotten. Events of
 // other types find nothing (array_position is NULL). The wrapped bytes are
 // unwrapped in Go, or taken from the cache when it holds that very row
 // (keyCache): a key forgotten before the read's snapshot is never used.
-const keyColumns = `, k.master_key_id, k.wrapped`
+//
+// LIMIT 1 (the key is unique anyway) keeps PostgreSQL from flattening the
+// lateral subquery into a join: flattened, it probed the key table by
+// tenant alone and filtered every key of the tenant against the subject,
+// extracted from each event's jsonb again for each key — 4.6 ms for 100
+// events of 100 subjects, where the probe by primary key takes 0.2 ms.
+const keyColumns = `, k.subject, k.master_key_id, k.wrapped`
 
 const keyJoinSQL = `
 LEFT JOIN LATERAL (
-	SELECT k.master_key_id, k.wrapped FROM {{s}}.projector_subject_keys k
+	SELECT k.subject, k.master_key_id, k.wrapped FROM {{s}}.projector_subject_keys k
 	WHERE k.tenant_id = e.tenant_id
 	  AND k.subject = e.data ->> (($%[2]d::text[])[array_position($%[1]d::text[], e.type)])
+	LIMIT 1
 ) k ON true`
 
 // withKeys fills in a read's key columns and join, its parameters first
