@@ -342,24 +342,6 @@ func (s *Store) archiveGuard(ctx context.Context, tx pgx.Tx) (projector.Position
 	return p, false, nil
 }
 
-// checkNotArchived fails with ErrStreamArchived when stream's head is
-// marked archived.
-func (s *Store) checkNotArchived(ctx context.Context, db DBTX, stream projector.StreamRef) error {
-	var archived bool
-	err := db.QueryRow(ctx, `SELECT archived_at IS NOT NULL FROM `+s.Table("projector_streams")+`
-		WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3`, stream.Tenant, stream.Type, stream.ID).Scan(&archived)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("read stream head: %w", err)
-	}
-	if archived {
-		return ErrStreamArchived
-	}
-	return nil
-}
-
 // readStreamArchivedSQL is readStreamSQL over the hot table and the
 // archive together, with the key rows when keyed is 1. Not a hot path: the
 // schema is filled in per call.

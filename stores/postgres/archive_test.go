@@ -288,3 +288,46 @@ func TestRepairRenumbersArchivedEvents(t *testing.T) {
 		t.Fatalf("log after repair and unarchive: %v, want %v", got, want)
 	}
 }
+
+// TestEmptyStreamReadOneStatement: a read from version 1 that finds no
+// events learns in the same statement whether the stream was archived — an
+// archived stream fails with ErrStreamArchived, a stream that does not exist
+// reads as empty — without a second look at the stream's head.
+func TestEmptyStreamReadOneStatement(t *testing.T) {
+	t.Parallel()
+	cfg := pgtest.PoolConfig(t)
+	var count statementCounter
+	cfg.ConnConfig.Tracer = &count
+	f := setup(t)
+	store, err := postgres.New(f.ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: f.store.Schema(), Registry: f.types.Registry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := projector.Stream("ticket", "old")
+	f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"})
+	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || res.Events != 1 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	conn, err := store.Pool().Acquire(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, c := range []struct {
+		stream projector.StreamRef
+		want   error
+	}{{projector.Stream("ticket", "none"), nil}, {old, postgres.ErrStreamArchived}} {
+		start := count.n.Load()
+		evs, err := store.ReadStreamTx(f.ctx, conn, c.stream, postgres.StreamQuery{})
+		if !errors.Is(err, c.want) || len(evs) != 0 {
+			t.Fatalf("read %s: %d events, %v; want %v", c.stream, len(evs), err, c.want)
+		}
+		if n := count.n.Load() - start; n != 1 {
+			t.Errorf("an empty read of %s sent %d statements, want 1", c.stream, n)
+		}
+	}
+	evs, err := store.ReadStreamTx(f.ctx, conn, old, postgres.StreamQuery{IncludeArchived: true})
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("read with the archive: %d events, %v", len(evs), err)
+	}
+}

@@ -54,26 +54,32 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 		until = &q.Until
 	}
 	keyed, keyArgs := s.readKeys()
-	sql := s.sql.read[keyed].stream
+	args := append([]any{stream.Tenant, stream.Type, stream.ID, from, to, until}, keyArgs...)
 	if q.IncludeArchived {
-		sql = s.readStreamArchivedSQL(keyed)
-	}
-	rows, err := db.Query(ctx, sql, append([]any{stream.Tenant, stream.Type, stream.ID, from, to, until}, keyArgs...)...)
-	if err != nil {
-		return nil, fmt.Errorf("read stream %s: %w", stream, err)
-	}
-	events, err := s.collect(ctx, db, rows, false)
-	if err != nil {
-		return nil, fmt.Errorf("read stream %s: %w", stream, err)
-	}
-	if len(events) == 0 && from == 1 && !q.IncludeArchived {
-		// Only an empty read from the start pays for the look at the
-		// head (an archived stream has no events left in the hot table);
-		// a read after a snapshot's version may come back empty on any
-		// stream, and the snapshot is exact.
-		if err := s.checkNotArchived(ctx, db, stream); err != nil {
+		rows, err := db.Query(ctx, s.readStreamArchivedSQL(keyed), args...)
+		if err != nil {
 			return nil, fmt.Errorf("read stream %s: %w", stream, err)
 		}
+		events, err := s.collect(ctx, db, rows, false)
+		if err != nil {
+			return nil, fmt.Errorf("read stream %s: %w", stream, err)
+		}
+		return events, nil
+	}
+	rows, err := db.Query(ctx, s.sql.read[keyed].stream, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	// A read after a snapshot's version may come back empty on any
+	// stream, and the snapshot is exact; only one from the start of an
+	// archived stream (no events left in the hot table) is refused.
+	var archived bool
+	events, err := s.collectMarked(ctx, db, rows, false, &archived)
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	if archived && len(events) == 0 {
+		return nil, fmt.Errorf("read stream %s: %w", stream, ErrStreamArchived)
 	}
 	return events, nil
 }
@@ -292,23 +298,38 @@ func (r *row) intern(b []byte) string {
 }
 
 func (s *Store) collect(ctx context.Context, db DBTX, rows pgx.Rows, raw bool) ([]projector.Event, error) {
+	return s.collectMarked(ctx, db, rows, raw, nil)
+}
+
+// collectMarked is collect for a read that may return readStreamSQL's
+// archive marker, a row of NULLs: it sets *archived rather than being
+// decoded.
+func (s *Store) collectMarked(ctx context.Context, db DBTX, rows pgx.Rows, raw bool, archived *bool) ([]projector.Event, error) {
+	defer rows.Close()
 	var out []projector.Event
 	var keys []rowKey
 	var r row
 	sealed := s.registry.HasPersonal()
 	keyed := len(rows.FieldDescriptions()) == rowColumns+3
-	_, err := pgx.ForEachRow(rows, r.dest(keyed), func() error {
+	dest := r.dest(keyed)
+	for rows.Next() {
+		if archived != nil && rows.RawValues()[0] == nil {
+			*archived = true
+			continue
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
 		ev, err := s.decodeRow(&r, raw, sealed)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		out = append(out, ev)
 		if keyed {
 			keys = append(keys, r.key)
 		}
-		return nil
-	})
-	if err != nil || !sealed {
+	}
+	if err := rows.Err(); err != nil || !sealed {
 		return out, err
 	}
 	return s.openAndDecode(ctx, db, out, keys, raw)

@@ -176,13 +176,22 @@ SELECT version, last_tx_id, pg_current_xact_id_if_assigned(), archived_at IS NOT
 FROM {{s}}.projector_streams
 WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3`
 
+// readStreamSQL reads a stream's events in version order. A read from
+// version 1 ($4) of an archived stream (`streams archive`: no events left in
+// this table) returns instead one row of NULLs, the archive marker, from the
+// stream's head in the same statement: an empty read from the start needs
+// no second look at the head, and no event row carries an extra column.
 const readStreamSQL = `
-SELECT ` + eventColumns + `{{kc}}
+(SELECT ` + eventColumns + `{{kc}}
 FROM {{s}}.projector_events e{{kj}}
 WHERE e.tenant_id = $1 AND e.stream_type = $2 AND e.stream_id = $3
   AND e.version >= $4 AND e.version <= $5
   AND ($6::timestamptz IS NULL OR e.recorded_at <= $6::timestamptz)
-ORDER BY e.version`
+ORDER BY e.version)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL{{kn}}
+FROM {{s}}.projector_streams s
+WHERE $4::bigint = 1 AND s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3 AND s.archived_at IS NOT NULL`
 
 // readLogSQL is the gap-safe read. The horizon is the oldest transaction
 // still running (or this one, if it has an id: a dispatcher reading inside
@@ -280,9 +289,9 @@ LEFT JOIN LATERAL (
 // and first+1, or leaves them out when first is 0.
 func withKeys(sql string, first int) string {
 	if first == 0 {
-		return strings.NewReplacer("{{kc}}", "", "{{kj}}", "").Replace(sql)
+		return strings.NewReplacer("{{kc}}", "", "{{kj}}", "", "{{kn}}", "").Replace(sql)
 	}
-	return strings.NewReplacer("{{kc}}", keyColumns, "{{kj}}", fmt.Sprintf(keyJoinSQL, first, first+1)).Replace(sql)
+	return strings.NewReplacer("{{kc}}", keyColumns, "{{kj}}", fmt.Sprintf(keyJoinSQL, first, first+1), "{{kn}}", ", NULL, NULL, NULL").Replace(sql)
 }
 
 // readLogPartitionBranch is one bucket's ordered read in readLogPartitionSQL.
