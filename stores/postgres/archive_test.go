@@ -1,8 +1,10 @@
 package postgres_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"testing"
 
@@ -329,5 +331,49 @@ func TestEmptyStreamReadOneStatement(t *testing.T) {
 	evs, err := store.ReadStreamTx(f.ctx, conn, old, postgres.StreamQuery{IncludeArchived: true})
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("read with the archive: %d events, %v", len(evs), err)
+	}
+}
+
+// TestExportIncludesArchive: an export reads the hot log only, unless
+// IncludeArchived: then archived streams' events are in the file too, each
+// at its place in log order, filters applied alike.
+func TestExportIncludesArchive(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	old, live := projector.Stream("ticket", "old"), projector.Stream("ticket", "live")
+	f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"})
+	f.appendTx(t, live, projector.NoStream, testevents.TicketOpened{Title: "b"})
+	f.appendTx(t, old, projector.ExactVersion(1), testevents.TicketCommented{Body: "c"})
+	f.appendTx(t, projector.Stream("user", "u"), projector.NoStream, testevents.TicketClosed{})
+	want := eventIDs(readLogN(t, f.ctx, f.store, postgres.LogQuery{}, 4))
+	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || res.Events != 2 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	export := func(o postgres.ExportOptions) []uuid.UUID {
+		t.Helper()
+		var out bytes.Buffer
+		if _, err := f.store.Export(f.ctx, &out, o); err != nil {
+			t.Fatal(err)
+		}
+		dec := postgres.NewHistoryDecoder(&out)
+		var ids []uuid.UUID
+		for {
+			var h postgres.HistoryEvent
+			if err := dec.Next(&h); errors.Is(err, io.EOF) {
+				return ids
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, h.ID)
+		}
+	}
+	if got := export(postgres.ExportOptions{}); !reflect.DeepEqual(got, []uuid.UUID{want[1], want[3]}) {
+		t.Fatalf("export of the hot log: %v, want %v", got, []uuid.UUID{want[1], want[3]})
+	}
+	if got := export(postgres.ExportOptions{IncludeArchived: true}); !reflect.DeepEqual(got, want) {
+		t.Fatalf("export with the archive: %v, want %v", got, want)
+	}
+	if got := export(postgres.ExportOptions{IncludeArchived: true, StreamTypes: []string{"ticket"}, PageSize: 1}); !reflect.DeepEqual(got, want[:3]) {
+		t.Fatalf("export of tickets with the archive, a page per event: %v, want %v", got, want[:3])
 	}
 }
