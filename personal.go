@@ -30,6 +30,17 @@ type Personal struct {
 // declared reports whether p declares anything.
 func (p Personal) declared() bool { return p.Subject != "" || len(p.Fields) > 0 }
 
+// Check reports whether p fits the Go type t of a JSON object that is not
+// an event payload — an aggregate's snapshot state, a saga's state — by the
+// rules Define applies to payloads (below); the zero Personal fits any
+// type.
+func (p Personal) Check(t reflect.Type) error {
+	if !p.declared() {
+		return nil
+	}
+	return p.check(t)
+}
+
 // check resolves p against the payload type: every name must be a
 // top-level JSON field of t, the subject a string, and no field named
 // twice or both subject and personal.

@@ -236,6 +236,56 @@ func (s *Store) OpenEvents(ctx context.Context, db DBTX, events []projector.Even
 	return s.open(ctx, db, events, nil)
 }
 
+// SealTx seals the fields p declares personal in data, a JSON object of
+// tenant, under the key of the subject its p.Subject field names, inside tx
+// (creating the key with tx, as an append does): what a copy of personal
+// data outside the events — an aggregate's snapshot, a saga's state —
+// stores instead of the clear values, so forgetting the subject reaches it
+// too. A forgotten subject's fields are written as null. [Store.OpenData]
+// opens the result.
+func (s *Store) SealTx(ctx context.Context, tx pgx.Tx, tenant string, p projector.Personal, data json.RawMessage) (json.RawMessage, error) {
+	id, err := p.SubjectOf(data)
+	if err != nil {
+		return nil, fmt.Errorf("seal: %w", err)
+	}
+	c, err := s.dataKeyCipher(ctx, tx, SubjectRef{Tenant: tenant, ID: id})
+	if err != nil {
+		return nil, fmt.Errorf("seal: %w", err)
+	}
+	return p.SealWith(data, id, c)
+}
+
+// OpenData opens what [Store.SealTx] sealed, reading the subject's key
+// through db: forgotten reports that the subject was forgotten and its
+// fields are null. Data with nothing sealed comes back as it is.
+func (s *Store) OpenData(ctx context.Context, db DBTX, tenant string, p projector.Personal, data json.RawMessage) (out json.RawMessage, forgotten bool, err error) {
+	if !projector.IsSealed(data) {
+		return data, false, nil
+	}
+	id, err := p.SubjectOf(data)
+	if err != nil {
+		return nil, false, fmt.Errorf("open: %w", err)
+	}
+	ref := SubjectRef{Tenant: tenant, ID: id}
+	keys, err := s.keys.DataKeys(ctx, db, []SubjectRef{ref})
+	if err != nil {
+		return nil, false, fmt.Errorf("open: %w", err)
+	}
+	c, err := cipherFor(keys[ref])
+	if err != nil {
+		return nil, false, fmt.Errorf("open: %w", err)
+	}
+	return projector.OpenWith(data, id, c)
+}
+
+// cipherFor returns a key's cipher, nil for no key (forgotten).
+func cipherFor(key []byte) (*projector.KeyCipher, error) {
+	if key == nil {
+		return nil, nil
+	}
+	return projector.NewKeyCipher(key)
+}
+
 // ForgetResult is what [Store.Forget] did.
 type ForgetResult struct {
 	// Subject is the forgotten subject.
