@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/projectorhq/projector/internal/jsonscan"
 )
 
 // Personal declares which fields of an event type's payload are personal
@@ -163,7 +165,7 @@ func (r *Registry) PersonalSubjects() (types, subjects []string) {
 // non-empty JSON string.
 func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
 	var raw json.RawMessage
-	if !scanMembers(data, func(name []byte, v []byte, _, _ int) bool {
+	if !jsonscan.MembersBytes(data, func(name []byte, v []byte, _, _ int) bool {
 		if string(name) == p.Subject {
 			raw = v
 		}
@@ -340,7 +342,7 @@ func rewriteMembers(data json.RawMessage, fn func(name []byte, v json.RawMessage
 	var out []byte
 	last := 0
 	var ferr error
-	ok := scanMembers(data, func(name []byte, v []byte, start, end int) bool {
+	ok := jsonscan.MembersBytes(data, func(name []byte, v []byte, start, end int) bool {
 		repl, changed, err := fn(name, v)
 		if err != nil {
 			ferr = err

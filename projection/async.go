@@ -185,8 +185,11 @@ type AsyncConfig struct {
 	// their order; events of different streams may be applied in any
 	// order. 0 or 1: unpartitioned, exactly as before. Otherwise a power of
 	// two up to postgres.MaxPartitions, for a shared consumer without an
-	// external model. Changing it on a partitioned consumer is refused at
-	// start (splitting and merging are not built yet).
+	// external model. It is the count a new consumer starts with; after
+	// that the consumer's partitions are what operators make them live
+	// ([Admin.Split], [Admin.Merge]). Raising it splits the partitions at
+	// start; lowering it is refused at start (ErrPartitionsChanged, naming
+	// the merge to run) unless the partitions already have the new count.
 	Partitions int
 	// External, when set, is where the projection's model lives outside
 	// PostgreSQL (a Meilisearch index: search.Projection sets it). It makes

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -45,42 +44,96 @@ import (
 const PartitionHeartbeatEvery = time.Second
 
 // balancer balances one partitioned consumer's partitions for this process.
+// The partitions are the consumer's layout as last read (register, then
+// every balancing round): a live split or merge (split.go) changes it, and
+// the round that sees the change starts the new partitions' loops and ends
+// the old ones'.
 type balancer struct {
+	proj     *Async
 	consumer string
-	shards   []*shard // the partitions, by partition number
 
-	mu    sync.Mutex
-	owned []bool
+	mu     sync.Mutex
+	shards map[string]*shard // by instance id
+	owned  map[string]bool
 }
 
-func newBalancer(consumer string, shards []*shard) *balancer {
-	return &balancer{consumer: consumer, shards: shards, owned: make([]bool, len(shards))}
+func newBalancer(p *Async) *balancer {
+	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}}
 }
 
 // member is what the instances row lists for a process that balances the
-// consumer's partitions: NAME/N, which no consumer name can be. A process
-// that runs the consumer unpartitioned (an older binary, fenced) lists only
-// NAME and is not counted in the share.
-func (b *balancer) member() string { return b.consumer + "/" + strconv.Itoa(len(b.shards)) }
+// consumer's partitions: NAME/partitions, which no consumer name can be
+// (a name has no slash). A process that runs the consumer unpartitioned
+// (an older binary, fenced) lists only NAME and is not counted in the
+// share.
+func (b *balancer) member() string { return b.consumer + "/partitions" }
 
-// owns reports whether this process works partition p, as the last round
+// owns reports whether this process works the partition, as the last round
 // decided.
-func (b *balancer) owns(p int) bool {
+func (b *balancer) owns(instance string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.owned[p]
+	return b.owned[instance]
 }
 
-func (b *balancer) set(p int, own bool) {
+func (b *balancer) set(instance string, own bool) {
 	b.mu.Lock()
-	was := b.owned[p]
-	b.owned[p] = own
+	was := b.owned[instance]
+	b.owned[instance] = own
+	sh := b.shards[instance]
 	b.mu.Unlock()
-	if own && !was {
-		select {
-		case b.shards[p].kick <- struct{}{}:
-		default:
+	if own && !was && sh != nil {
+		sh.wake()
+	}
+}
+
+// wake wakes the shard's loop now rather than after its wait.
+func (sh *shard) wake() {
+	select {
+	case sh.kick <- struct{}{}:
+	default:
+	}
+}
+
+// newPartitionShard is the shard of one partition of p.
+func newPartitionShard(schema string, p *Async, b *balancer, seg postgres.Segment) *shard {
+	id := ShardID{Consumer: p.name, Instance: PartitionInstance(int(seg.Value), seg.Count())}
+	return &shard{id: id, proj: p, lockKey: shardLockKey(schema, id), segment: seg, balancer: b, kick: make(chan struct{}, 1)}
+}
+
+// syncLayout makes b's partitions those of ids (every partition row of the
+// consumer): new ones get a shard, started at once when the dispatcher's
+// loops run; those split or merged away are told to stop.
+func (d *Dispatcher) syncLayout(b *balancer, ids []string) {
+	want := map[string]postgres.Segment{}
+	for _, id := range ids {
+		if seg, ok := partitionSegment(id); ok {
+			want[id] = seg
 		}
+	}
+	b.mu.Lock()
+	var added, removed []*shard
+	for id, seg := range want {
+		if b.shards[id] == nil {
+			sh := newPartitionShard(d.store.Schema(), b.proj, b, seg)
+			b.shards[id] = sh
+			added = append(added, sh)
+		}
+	}
+	for id, sh := range b.shards {
+		if _, ok := want[id]; !ok {
+			delete(b.shards, id)
+			delete(b.owned, id)
+			removed = append(removed, sh)
+		}
+	}
+	b.mu.Unlock()
+	for _, sh := range removed {
+		sh.removed.Store(true)
+		sh.wake()
+	}
+	if len(added)+len(removed) > 0 {
+		d.replaceShards(added, removed)
 	}
 }
 
@@ -91,7 +144,7 @@ type balanceSQL struct {
 func buildBalanceSQL(store *postgres.Store) balanceSQL {
 	c, i := store.Table("projector_consumers"), store.Table("projector_instances")
 	return balanceSQL{
-		owners: `SELECT instance_id, coalesce(owner, '') FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%'`,
+		owners: `SELECT instance_id, coalesce(owner, '') FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
 		live: `SELECT instance_id FROM ` + i + ` WHERE $1 = ANY(consumers) AND stopped_at IS NULL
 			AND last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * heartbeat_every`,
 		claim:      `UPDATE ` + c + ` SET owner = $3 WHERE name = $1 AND instance_id = $2 AND coalesce(owner, '') = $4`,
@@ -125,22 +178,21 @@ func (d *Dispatcher) balanceLoop(ctx context.Context) {
 	}
 }
 
-// balance runs one round for b: read who owns what and who is alive,
-// release what is over this process's share, claim what is free and
-// within it.
+// balance runs one round for b: read the layout, who owns what and who is
+// alive; follow a split or merge; release what is over this process's
+// share, claim what is free and within it.
 func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
-	var owners []string
+	var ids, owners []string
 	var live []string
 	batch := &pgx.Batch{}
 	batch.Queue(d.bsql.owners, b.consumer).Query(func(rows pgx.Rows) error {
-		owners = make([]string, len(b.shards))
 		for rows.Next() {
 			var id, owner string
 			if err := rows.Scan(&id, &owner); err != nil {
 				return err
 			}
-			if p, n, ok := ParsePartition(id); ok && n == len(b.shards) {
-				owners[p] = owner
+			if _, ok := partitionSegment(id); ok {
+				ids, owners = append(ids, id), append(owners, owner)
 			}
 		}
 		return rows.Err()
@@ -153,31 +205,32 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 	if err := d.store.Pool().SendBatch(ctx, batch).Close(); err != nil {
 		return err
 	}
+	d.syncLayout(b, ids)
 	if !slices.Contains(live, d.instance) {
 		live = append(live, d.instance) // this process runs, whatever its last heartbeat says
 	}
 	plan := planBalance(d.instance, owners, live)
 	for _, p := range plan.release {
-		if _, err := d.store.Pool().Exec(ctx, d.bsql.release, b.consumer, b.shards[p].id.Instance, d.instance); err != nil {
+		if _, err := d.store.Pool().Exec(ctx, d.bsql.release, b.consumer, ids[p], d.instance); err != nil {
 			return err
 		}
-		b.set(p, false)
-		d.logger.DebugContext(ctx, "projection dispatcher: partition released", slog.String("consumer", b.shards[p].id.String()))
+		b.set(ids[p], false)
+		d.logger.DebugContext(ctx, "projection dispatcher: partition released", slog.String("consumer", b.consumer+"@"+ids[p]))
 	}
 	for _, p := range plan.claim {
-		tag, err := d.store.Pool().Exec(ctx, d.bsql.claim, b.consumer, b.shards[p].id.Instance, d.instance, owners[p])
+		tag, err := d.store.Pool().Exec(ctx, d.bsql.claim, b.consumer, ids[p], d.instance, owners[p])
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() == 1 {
-			b.set(p, true)
+			b.set(ids[p], true)
 		}
 	}
 	for p, owner := range owners {
 		if owner == d.instance && !slices.Contains(plan.release, p) {
-			b.set(p, true)
+			b.set(ids[p], true)
 		} else if owner != d.instance && owner != "" && !slices.Contains(plan.claim, p) {
-			b.set(p, false)
+			b.set(ids[p], false)
 		}
 	}
 	return nil

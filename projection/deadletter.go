@@ -564,7 +564,7 @@ func applyLive(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, 
 func (d *Dispatcher) retryLoop(ctx context.Context) {
 	byName := map[string]*Async{}
 	var names []string
-	for _, sh := range d.shards {
+	for _, sh := range d.allShards() {
 		if sh.shadow == nil && byName[sh.id.Consumer] == nil {
 			byName[sh.id.Consumer] = sh.proj
 			names = append(names, sh.id.Consumer)

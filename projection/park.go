@@ -642,7 +642,7 @@ func (d *Dispatcher) refreshParks(ctx context.Context) {
 	type gauge struct{ n, age float64 }
 	by := map[string]gauge{}
 	names := []string{}
-	for _, sh := range d.shards {
+	for _, sh := range d.allShards() {
 		if _, ok := by[sh.id.Consumer]; !ok {
 			by[sh.id.Consumer] = gauge{}
 			names = append(names, sh.id.Consumer)

@@ -97,6 +97,11 @@ type ShardState struct {
 	// instance that works the partition, "" for none yet.
 	Partition, Partitions int
 	Owner                 string
+	// Held says a partition waits at Hold for its sibling to merge
+	// ([Admin.Merge]): its cursor does not pass Hold. A merge that was
+	// killed leaves it held; running the merge again finishes it.
+	Held bool
+	Hold projector.Position
 	// Parked counts the shard's open parks ([ParkStream]): streams whose
 	// events wait for an operator's retry or discard.
 	Parked int64
@@ -168,11 +173,12 @@ func (e *TransitionError) Is(target error) bool { return target == projector.Err
 type Admin struct {
 	store *postgres.Store
 	sql   adminSQL
+	split splitSQL
 }
 
 // NewAdmin returns the ops functions for the consumers of store's schema.
 func NewAdmin(store *postgres.Store) *Admin {
-	return &Admin{store: store, sql: buildAdminSQL(store)}
+	return &Admin{store: store, sql: buildAdminSQL(store), split: buildSplitSQL(store)}
 }
 
 type adminSQL struct {
@@ -182,7 +188,7 @@ type adminSQL struct {
 const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status, c.attempts,
 	coalesce(c.last_error, ''), coalesce(c.last_error_at, 'epoch'), coalesce(c.failed_tx_id, '0'), coalesce(c.failed_seq, 0),
 	coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'), coalesce(c.next_retry_at, 'epoch'), c.processed, c.updated_at,
-	c.version, coalesce(c.owner, '')`
+	c.version, coalesce(c.owner, ''), c.hold_tx_id IS NOT NULL, coalesce(c.hold_tx_id, '0'), coalesce(c.hold_seq, 0)`
 
 // dispatcherColumns are a shard's DispatcherState and LastSeen, from the
 // heartbeats of the instances that run it: any instance listing the
@@ -250,7 +256,7 @@ func scanShard(row pgx.Row) (ShardState, error) {
 	var s ShardState
 	err := row.Scan(&s.Consumer, &s.Instance, &s.Cursor.TxID, &s.Cursor.Seq, &s.Status, &s.Attempts,
 		&s.LastError, &s.LastErrorAt, &s.FailedAt.TxID, &s.FailedAt.Seq, &s.FailedEventID, &s.NextRetryAt,
-		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds, &s.Parked)
+		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Held, &s.Hold.TxID, &s.Hold.Seq, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds, &s.Parked)
 	if p, n, ok := ParsePartition(s.Instance); ok {
 		s.Partition, s.Partitions = p, n
 	}
@@ -549,8 +555,9 @@ func validInstance(id string) error {
 	return nil
 }
 
-// sortPartitions orders each consumer's partitions by number, after its
-// other shards, keeping the query's order otherwise (a consumer's rows
+// sortPartitions orders each consumer's partitions by where their streams
+// lie in the hash space (so 1/4 sits between 1/8 and 4/8 when sizes are
+// mixed, after a live split), after its other shards, keeping the query's order otherwise (a consumer's rows
 // are contiguous there).
 func sortPartitions(shards []ShardState) {
 	type key struct{ group, part, at int }
@@ -562,7 +569,7 @@ func sortPartitions(shards []ShardState) {
 		}
 		part := -1
 		if s.Partitions > 0 {
-			part = s.Partition
+			part = s.Partition * (postgres.MaxPartitions / s.Partitions)
 		}
 		keys[i] = key{group, part, i}
 	}

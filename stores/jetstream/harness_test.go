@@ -28,7 +28,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
+	switch os.Getenv(childEnv) {
+	case "":
+	case "claims":
+		os.Exit(runClaimsChild())
+	default:
 		os.Exit(runChild())
 	}
 	pgtest.Main(m)

@@ -33,7 +33,7 @@ type ExportOptions struct {
 	Redact Redactor
 	// IncludeArchived also exports the events of archived streams
 	// (`projector streams archive`), each at its place in log order, read
-	// from the archive through its position index (migration 21).
+	// from the archive through its position index (migration 22).
 	IncludeArchived bool
 	// PageSize is the number of events read per query; default
 	// [DefaultExportPageSize]. Memory stays within one page whatever the

@@ -93,7 +93,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 		return ImportResult{}, fmt.Errorf("import: %w", err)
 	}
 	var res ImportResult
-	batches := s.readBatches(ctx, dec, size)
+	batches := s.readBatches(ctx, dec, size, importWorkers())
 	for rb := range batches {
 		b := rb.batch
 		res.Lines += int64(len(b.events))
@@ -122,99 +122,6 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 		}
 	}
 	return res, ctx.Err()
-}
-
-// readBatch is one batch as read and checked, or the error that stopped
-// the reading.
-type readBatch struct {
-	batch *importBatch
-	err   error
-}
-
-// readBatches reads and checks batches in a goroutine of its own, one
-// ahead of the batch being written: decoding JSON and payloads takes about
-// as long as copying them, and the two overlap instead of adding up. The
-// channel closes after the last batch, after an error, or once ctx ends
-// (the caller's deferred cancel on return); a read blocked on r returns
-// when r does.
-func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size int) <-chan readBatch {
-	out := make(chan readBatch, 1)
-	go func() {
-		defer close(out)
-		for {
-			b := &importBatch{}
-			done, err := b.read(dec, s.registry, size)
-			select {
-			case out <- readBatch{batch: b, err: err}:
-			case <-ctx.Done():
-				return
-			}
-			if done || err != nil {
-				return
-			}
-		}
-	}()
-	return out
-}
-
-// importBatch is one batch of a history file, checked on its own.
-type importBatch struct {
-	events []HistoryEvent
-	lines  []int
-	// payloads and data are the events' payloads decoded and upcast by
-	// the registry, for inline projections.
-	payloads []any
-	data     [][]byte
-	ids      map[uuid.UUID]int // id → line
-	// last is each stream's last version in the batch so far.
-	last map[projector.StreamRef]int64
-}
-
-// read fills the batch with up to size events and checks what can be
-// checked without the database; done reports the end of the file.
-func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size int) (done bool, err error) {
-	b.events, b.lines, b.payloads, b.data = b.events[:0], b.lines[:0], b.payloads[:0], b.data[:0]
-	clear(b.ids)
-	clear(b.last)
-	if b.ids == nil {
-		b.ids, b.last = map[uuid.UUID]int{}, map[projector.StreamRef]int64{}
-	}
-	for len(b.events) < size {
-		var h HistoryEvent
-		err := dec.Next(&h)
-		if errors.Is(err, io.EOF) {
-			return true, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		line := dec.Line()
-		fail := func(err error) (bool, error) { return false, &HistoryLineError{Line: line, Err: err} }
-		payload, data, err := reg.Decode(h.Type, h.SchemaVersion, h.Payload)
-		if err == nil {
-			err = validatePayload(payload)
-		}
-		if err != nil {
-			return fail(fmt.Errorf("event %s: %w", h.ID, err))
-		}
-		if prev, dup := b.ids[h.ID]; dup {
-			return fail(fmt.Errorf("%w: event id %s repeats line %d", ErrInvalidHistory, h.ID, prev))
-		}
-		b.ids[h.ID] = line
-		ref := h.Stream.Ref()
-		if last, seen := b.last[ref]; seen && h.Version != last+1 {
-			return fail(fmt.Errorf("%w: stream %s version %d follows version %d (want %d)", ErrInvalidHistory, ref, h.Version, last, last+1))
-		}
-		b.last[ref] = h.Version
-		if h.Metadata.CorrelationID == uuid.Nil {
-			h.Metadata.CorrelationID = h.ID
-		}
-		b.events = append(b.events, h)
-		b.lines = append(b.lines, line)
-		b.payloads = append(b.payloads, payload)
-		b.data = append(b.data, data)
-	}
-	return false, nil
 }
 
 // validatePayload runs a decoded payload's Validate, as an append runs it
@@ -338,11 +245,11 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 	if err := s.checkArchivedIDs(ctx, tx, b, keep); err != nil {
 		return 0, 0, err
 	}
-	n, err := tx.CopyFrom(ctx, pgx.Identifier{s.schema, "projector_events"}, importColumns, pgx.CopyFromFunc(s.importRows(b, keep)))
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, b.copyData(keep), s.importCopySQL())
 	if err != nil {
 		return 0, 0, s.importCopyError(ctx, b, keep, err)
 	}
-	if n != int64(len(keep)) {
+	if n := tag.RowsAffected(); n != int64(len(keep)) {
 		return 0, 0, fmt.Errorf("copied %d of %d events", n, len(keep))
 	}
 	var heads []streamAdvance
@@ -418,32 +325,6 @@ func (s *Store) applyInlineImported(ctx context.Context, tx pgx.Tx, b *importBat
 		start = end
 	}
 	return s.ScopeTx(ctx, tx, projector.SystemTenant)
-}
-
-// importRows feeds COPY the kept events of the batch, in file order.
-func (s *Store) importRows(b *importBatch, keep []int) func() ([]any, error) {
-	i := 0
-	row := make([]any, len(importColumns))
-	return func() ([]any, error) {
-		if i == len(keep) {
-			return nil, nil
-		}
-		h := &b.events[keep[i]]
-		i++
-		var causation *[16]byte
-		if h.Metadata.CausationID != uuid.Nil {
-			c := [16]byte(h.Metadata.CausationID)
-			causation = &c
-		}
-		var headers any // nil: NULL, as an append stores no headers
-		if len(h.Metadata.Headers) > 0 {
-			headers = h.Metadata.Headers
-		}
-		row[0], row[1], row[2], row[3] = [16]byte(h.ID), h.Stream.Tenant, h.Stream.Type, h.Stream.ID
-		row[4], row[5], row[6], row[7] = h.Version, h.Type, int32(h.SchemaVersion), h.Payload
-		row[8], row[9], row[10], row[11], row[12] = [16]byte(h.Metadata.CorrelationID), causation, h.Metadata.Actor, headers, h.RecordedAt
-		return row, nil
-	}
 }
 
 // checkImported checks that events at versions their streams already have
