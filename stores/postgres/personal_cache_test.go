@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,5 +165,72 @@ func TestPersonalRoundTrips(t *testing.T) {
 	}
 	if n := count.n.Load() - start; n != 1 {
 		t.Errorf("a log read of sealed events sent %d statements, want 1", n)
+	}
+}
+
+// gapTracer runs hook once, synchronously, just before the first statement
+// whose SQL contains match is sent once armed: an actor run in the gap
+// between a check made in Go and the statement that acts on it.
+type gapTracer struct {
+	match string
+	armed atomic.Bool
+	once  sync.Once
+	hook  func()
+}
+
+func (g *gapTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if g.armed.Load() && strings.Contains(d.SQL, g.match) {
+		g.once.Do(g.hook)
+	}
+	return ctx
+}
+
+func (g *gapTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestKeyCacheForgetInTheGap: the forget commits in another store after
+// this store sealed an event under its cached key and before the insert
+// that carries the guard is sent. The guard sees the forget: the append
+// writes the fields as null, nothing sealed under the forgotten key.
+func TestKeyCacheForgetInTheGap(t *testing.T) {
+	t.Parallel()
+	f := personalSetup(t)
+	other := f.storeOn(t, masterKey(t, "k1", "one"))
+	ref := postgres.SubjectRef{Tenant: "acme", ID: "c-4"}
+	// The events insert, guarded or not: the append has sealed by then.
+	gap := &gapTracer{match: ".projector_events\n\t(id, tenant_id"}
+	forgot := false
+	var forgetErr error
+	gap.hook = func() { _, forgetErr = other.Forget(f.ctx, ref); forgot = true }
+	cfg := pgtest.PoolConfig(t)
+	cfg.ConnConfig.Tracer = gap
+	store, err := postgres.New(f.ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: f.store.Schema(), Registry: f.types.Registry,
+		MasterKey: masterKey(t, "k1", "one")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ada := testevents.CustomerRegistered{Customer: "c-4", Name: "Ada", Email: "ada@x", Plan: "pro"}
+	if err := f.register(t, store, "acme", ada); err != nil { // creates and caches the key
+		t.Fatal(err)
+	}
+	before := f.rawData(t)
+	gap.armed.Store(true)
+	if err := f.register(t, store, "acme", ada); err != nil { // sealed under the cached key; the forget runs before its insert
+		t.Fatal(err)
+	}
+	if !forgot || forgetErr != nil {
+		t.Fatalf("the forget in the gap: ran %v, %v", forgot, forgetErr)
+	}
+	n := 0
+	for id, data := range f.rawData(t) {
+		if _, ok := before[id]; ok || !strings.Contains(data, `"c-4"`) || strings.Contains(data, "subject") {
+			continue
+		}
+		n++
+		if strings.Contains(data, "pjx1.") || !strings.Contains(data, `"name": null`) {
+			t.Fatalf("an append whose insert ran after the forget stored %s", data)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d new customer events, want 1", n)
 	}
 }
