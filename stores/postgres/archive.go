@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
 )
@@ -23,6 +24,12 @@ var ErrStreamArchived = errors.New("projector: stream is archived; `projector st
 // ErrInvalidArchive: an archive or unarchive's options are out of range or
 // contradict each other.
 var ErrInvalidArchive = errors.New("projector: invalid archive options")
+
+// ErrUnarchiveConflict: an archived event's id is also in the hot log, in
+// another stream (a row written around Projector: its appends and imports
+// check the archive), so the stream cannot move back; nothing was moved.
+// The error names the id.
+var ErrUnarchiveConflict = errors.New("projector: an archived event's id is already in the hot log")
 
 // MaxArchiveBatchSize bounds [ArchiveOptions.BatchSize]: each batch's
 // transaction holds the consumers table in SHARE mode, as a prune does.
@@ -154,6 +161,10 @@ func (s *Store) Unarchive(ctx context.Context, opts ArchiveOptions) (ArchiveResu
 			}
 			var streams, events int64
 			if err := tx.QueryRow(ctx, q, locked.tenants, locked.types, locked.ids).Scan(&streams, &events); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "23505" && strings.HasSuffix(pgErr.ConstraintName, "_id_key") {
+					return fmt.Errorf("%w: %s", ErrUnarchiveConflict, projector.Printable(pgErr.Detail))
+				}
 				return fmt.Errorf("move back: %w", err)
 			}
 			res.Streams += streams

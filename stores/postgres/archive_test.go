@@ -426,3 +426,31 @@ func TestImportSeesTheArchive(t *testing.T) {
 		t.Fatalf("import of an archived event's id in another stream: %v", err)
 	}
 }
+
+// TestUnarchiveIDConflict: an event id both in the archive and in the hot
+// log (written around Projector: its appends and imports check the
+// archive) makes unarchive fail with ErrUnarchiveConflict naming the id,
+// and move nothing.
+func TestUnarchiveIDConflict(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	old := projector.Stream("ticket", "old")
+	res := f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"})
+	if r, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || r.Events != 1 {
+		t.Fatalf("archive: %+v, %v", r, err)
+	}
+	// A copy of the archived event in another stream of the hot log.
+	if _, err := f.store.Pool().Exec(f.ctx, `INSERT INTO `+f.store.Table("projector_events")+`
+		(id, tenant_id, stream_type, stream_id, version, type, schema_version, data, correlation_id)
+		SELECT id, tenant_id, stream_type, 'copy', version, type, schema_version, data, correlation_id
+		FROM `+f.store.Table("projector_events_archive")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.store.Unarchive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}})
+	if !errors.Is(err, postgres.ErrUnarchiveConflict) || !strings.Contains(err.Error(), res.Events[0].ID.String()) {
+		t.Fatalf("unarchive with an id in both tables: %v", err)
+	}
+	if n := f.archived(t, "ticket"); n != 1 {
+		t.Fatalf("%d events left in the archive, want 1", n)
+	}
+}
