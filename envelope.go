@@ -1,6 +1,7 @@
 package projector
 
 import (
+	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
@@ -37,18 +38,38 @@ func NewDataKey() ([]byte, error) {
 	return k, nil
 }
 
+// KeyCipher is a data key set up to seal and open fields: the AES key
+// schedule and GCM are made once, where [SealValue] and [OpenValue] make
+// them per call. A store keeps one beside each key it caches. It is safe
+// for concurrent use.
+type KeyCipher struct{ aead cipher.AEAD }
+
+// NewKeyCipher returns the cipher of a 32-byte data key.
+func NewKeyCipher(key []byte) (*KeyCipher, error) {
+	aead, err := newGCM(key)
+	if err != nil {
+		return nil, err
+	}
+	return &KeyCipher{aead: aead}, nil
+}
+
 // SealValue encrypts the JSON value plain of field under key for subject
 // and returns the envelope string stored in its place.
 func SealValue(key []byte, subject, field string, plain []byte) (string, error) {
-	aead, err := newGCM(key)
+	c, err := NewKeyCipher(key)
 	if err != nil {
 		return "", err
 	}
-	buf := make([]byte, aead.NonceSize(), aead.NonceSize()+len(plain)+aead.Overhead())
+	return c.SealValue(subject, field, plain)
+}
+
+// SealValue is [SealValue] under c's key.
+func (c *KeyCipher) SealValue(subject, field string, plain []byte) (string, error) {
+	buf := make([]byte, c.aead.NonceSize(), c.aead.NonceSize()+len(plain)+c.aead.Overhead())
 	if _, err := rand.Read(buf); err != nil {
 		return "", fmt.Errorf("seal: nonce: %w", err)
 	}
-	buf = aead.Seal(buf, buf, plain, additional(subject, field))
+	buf = c.aead.Seal(buf, buf, plain, additional(subject, field))
 	return sealedPrefix + base64.RawURLEncoding.EncodeToString(buf), nil
 }
 
@@ -57,26 +78,48 @@ func SealValue(key []byte, subject, field string, plain []byte) (string, error) 
 // returns an error matching [ErrSealed] rather than panicking or returning
 // unauthenticated bytes.
 func OpenValue(key []byte, subject, field, envelope string) ([]byte, error) {
-	if len(envelope) < len(sealedPrefix) || envelope[:len(sealedPrefix)] != sealedPrefix {
-		return nil, fmt.Errorf("%w: not an envelope", ErrSealed)
-	}
-	raw, err := base64.RawURLEncoding.Strict().DecodeString(envelope[len(sealedPrefix):])
-	if err != nil {
-		return nil, fmt.Errorf("%w: envelope encoding: %w", ErrSealed, err)
-	}
-	aead, err := newGCM(key)
+	c, err := NewKeyCipher(key)
 	if err != nil {
 		return nil, err
 	}
-	if len(raw) < aead.NonceSize()+aead.Overhead() {
-		return nil, fmt.Errorf("%w: envelope of %d bytes is too short", ErrSealed, len(raw))
+	return c.OpenValue(subject, field, envelope)
+}
+
+// OpenValue is [OpenValue] under c's key.
+func (c *KeyCipher) OpenValue(subject, field, envelope string) ([]byte, error) {
+	plain, _, err := c.open(subject, []byte(field), []byte(envelope), nil)
+	return plain, err
+}
+
+// open opens envelope in buf (grown as needed, and returned for the next
+// field): the envelope is decoded into it, the additional data written
+// after, and the plaintext decrypted in place. The plaintext is valid
+// until buf is used again.
+func (c *KeyCipher) open(subject string, field, envelope, buf []byte) (plain, scratch []byte, err error) {
+	if !bytes.HasPrefix(envelope, []byte(sealedPrefix)) {
+		return nil, buf, fmt.Errorf("%w: not an envelope", ErrSealed)
 	}
-	nonce, ct := raw[:aead.NonceSize()], raw[aead.NonceSize():]
-	plain, err := aead.Open(nil, nonce, ct, additional(subject, field))
+	enc := envelope[len(sealedPrefix):]
+	size := base64.RawURLEncoding.DecodedLen(len(enc))
+	if need := size + len(sealedPrefix) + len(subject) + len(field) + 2; cap(buf) < need {
+		buf = make([]byte, need+64)
+	}
+	raw := buf[:size]
+	n, err := base64.RawURLEncoding.Strict().Decode(raw, enc)
 	if err != nil {
-		return nil, fmt.Errorf("%w: the key does not open it (a changed key or a tampered row)", ErrSealed)
+		return nil, buf, fmt.Errorf("%w: envelope encoding: %w", ErrSealed, err)
 	}
-	return plain, nil
+	raw = raw[:n]
+	if len(raw) < c.aead.NonceSize()+c.aead.Overhead() {
+		return nil, buf, fmt.Errorf("%w: envelope of %d bytes is too short", ErrSealed, len(raw))
+	}
+	ad := appendAdditional(buf[size:size], subject, field)
+	nonce, ct := raw[:c.aead.NonceSize()], raw[c.aead.NonceSize():]
+	plain, err = c.aead.Open(ct[:0], nonce, ct, ad)
+	if err != nil {
+		return nil, buf, fmt.Errorf("%w: the key does not open it (a changed key or a tampered row)", ErrSealed)
+	}
+	return plain, buf, nil
 }
 
 func newGCM(key []byte) (cipher.AEAD, error) {
@@ -93,7 +136,10 @@ func newGCM(key []byte) (cipher.AEAD, error) {
 // additional is the GCM additional data: the envelope version, subject and
 // field, NUL-separated (neither can hold a NUL).
 func additional(subject, field string) []byte {
-	b := make([]byte, 0, len(sealedPrefix)+len(subject)+len(field)+2)
+	return appendAdditional(make([]byte, 0, len(sealedPrefix)+len(subject)+len(field)+2), subject, []byte(field))
+}
+
+func appendAdditional(b []byte, subject string, field []byte) []byte {
 	b = append(b, sealedPrefix...)
 	b = append(b, 0)
 	b = append(b, subject...)

@@ -32,6 +32,17 @@ type Personal struct {
 // declared reports whether p declares anything.
 func (p Personal) declared() bool { return p.Subject != "" || len(p.Fields) > 0 }
 
+// Check reports whether p fits the Go type t of a JSON object that is not
+// an event payload — an aggregate's snapshot state, a saga's state — by the
+// rules Define applies to payloads (below); the zero Personal fits any
+// type.
+func (p Personal) Check(t reflect.Type) error {
+	if !p.declared() {
+		return nil
+	}
+	return p.check(t)
+}
+
 // check resolves p against the payload type: every name must be a
 // top-level JSON field of t, the subject a string, and no field named
 // twice or both subject and personal.
@@ -139,13 +150,23 @@ func (r *Registry) HasPersonal() bool {
 	return r.personal
 }
 
+// PersonalSubjects returns the types with personal fields and, at the same
+// index, the JSON name of each one's subject field: what a store needs to
+// find the subjects' keys in the statement that reads the events. The
+// slices are shared: do not modify them.
+func (r *Registry) PersonalSubjects() (types, subjects []string) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.personalTypes, r.personalSubjects
+}
+
 // SubjectOf returns the data subject's id in an encoded payload of a type
 // with personal fields: the value of its Subject field, which must be a
 // non-empty JSON string.
 func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
 	var raw json.RawMessage
-	if !jsonscan.Members(data, func(name string, v []byte, _, _ int) bool {
-		if name == p.Subject {
+	if !jsonscan.MembersBytes(data, func(name []byte, v []byte, _, _ int) bool {
+		if string(name) == p.Subject {
 			raw = v
 		}
 		return true
@@ -178,9 +199,19 @@ func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
 // nothing and writes the fields as null instead: the subject was
 // forgotten before the event was written.
 func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.RawMessage, error) {
-	return rewriteFields(data, func(name string, v json.RawMessage) (json.RawMessage, bool, error) {
-		if !slices.Contains(p.Fields, name) {
-			if _, ok := sealedString(v); ok {
+	c, err := cipherOf(key)
+	if err != nil {
+		return nil, err
+	}
+	return p.SealWith(data, subject, c)
+}
+
+// SealWith is [Personal.Seal] under a key's cipher; a nil c writes the
+// fields as null.
+func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (json.RawMessage, error) {
+	return rewriteFields(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+		if !hasName(p.Fields, name) {
+			if _, ok := sealedBytes(v); ok {
 				// Reads open any top-level envelope, so a field that is
 				// not personal may not look like one.
 				return nil, false, fmt.Errorf("%w: field %q starts with %q, which marks a sealed personal field", ErrInvalidPayload, name, sealedPrefix)
@@ -190,16 +221,24 @@ func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.R
 		if isNull(v) {
 			return nil, false, nil
 		}
-		if key == nil {
+		if c == nil {
 			return jsonNull, true, nil
 		}
-		env, err := SealValue(key, subject, name, v)
+		env, err := c.SealValue(subject, string(name), v)
 		if err != nil {
 			return nil, false, err
 		}
 		out, err := json.Marshal(env)
 		return out, true, err
 	})
+}
+
+// cipherOf returns key's cipher, nil for a nil key (forgotten).
+func cipherOf(key []byte) (*KeyCipher, error) {
+	if key == nil {
+		return nil, nil
+	}
+	return NewKeyCipher(key)
 }
 
 // Open returns data with every sealed field opened with key, or set to
@@ -209,16 +248,40 @@ func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.R
 // some field was set to null for want of a key. A field whose envelope
 // does not open under key is an error, never garbage.
 func Open(data json.RawMessage, subject string, key []byte) (out json.RawMessage, forgotten bool, err error) {
-	out, err = rewriteFields(data, func(name string, v json.RawMessage) (json.RawMessage, bool, error) {
-		env, ok := sealedString(v)
+	c, err := cipherOf(key)
+	if err != nil {
+		return nil, false, err
+	}
+	return OpenWith(data, subject, c)
+}
+
+// OpenWith is [Open] under a key's cipher; a nil c sets the sealed fields
+// to null.
+func OpenWith(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
+	return openWith(data, subject, c, rewriteFields)
+}
+
+// OpenStored is [OpenWith] for data read from a PostgreSQL jsonb column,
+// which is valid JSON by construction: it does not validate data again
+// (what it does with invalid JSON is unspecified, but it never panics).
+func OpenStored(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
+	return openWith(data, subject, c, rewriteValidFields)
+}
+
+func openWith(data json.RawMessage, subject string, c *KeyCipher, rewrite func(json.RawMessage, func([]byte, json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error)) (out json.RawMessage, forgotten bool, err error) {
+	var buf []byte // one buffer for every field: rewrite copies each result at once
+	out, err = rewrite(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+		env, ok := sealedBytes(v)
 		if !ok {
 			return nil, false, nil
 		}
-		if key == nil {
+		if c == nil {
 			forgotten = true
 			return jsonNull, true, nil
 		}
-		plain, err := OpenValue(key, subject, name, env)
+		var plain []byte
+		var err error
+		plain, buf, err = c.open(subject, name, env, buf)
 		if err != nil {
 			return nil, false, fmt.Errorf("field %q: %w", name, err)
 		}
@@ -236,28 +299,50 @@ var jsonNull = json.RawMessage("null")
 
 func isNull(v json.RawMessage) bool { return string(bytes.TrimSpace(v)) == "null" }
 
-// sealedString returns the envelope a JSON value holds, if it is a string
-// that starts like one.
-func sealedString(v json.RawMessage) (string, bool) {
+// sealedBytes returns the envelope a JSON value holds, if it is a string
+// that starts like one: v's own bytes when the string has no escapes.
+func sealedBytes(v json.RawMessage) ([]byte, bool) {
 	v = bytes.TrimSpace(v)
 	if len(v) < len(sealedPrefix)+2 || v[0] != '"' || !bytes.HasPrefix(v[1:], []byte(sealedPrefix)) {
-		return "", false
+		return nil, false
+	}
+	if inner := v[1 : len(v)-1]; v[len(v)-1] == '"' && bytes.IndexByte(inner, '\\') < 0 && bytes.IndexByte(inner, '"') < 0 {
+		return inner, true // no escapes: the bytes are the string
 	}
 	var s string
 	if json.Unmarshal(v, &s) != nil {
-		return "", false
+		return nil, false
 	}
-	return s, true
+	return []byte(s), true
+}
+
+// hasName reports whether names holds name, without allocating.
+func hasName(names []string, name []byte) bool {
+	for _, n := range names {
+		if n == string(name) {
+			return true
+		}
+	}
+	return false
 }
 
 // rewriteFields calls fn on every top-level member of the JSON object data
 // and replaces the values fn asks to, keeping the members' order; it
 // returns data itself when nothing changed.
-func rewriteFields(data json.RawMessage, fn func(name string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
+func rewriteFields(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
+	return rewriteMembers(data, fn, false)
+}
+
+// rewriteValidFields is rewriteFields for data known to be valid JSON.
+func rewriteValidFields(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
+	return rewriteMembers(data, fn, true)
+}
+
+func rewriteMembers(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error), valid bool) (json.RawMessage, error) {
 	var out []byte
 	last := 0
 	var ferr error
-	ok := jsonscan.Members(data, func(name string, v []byte, start, end int) bool {
+	ok := jsonscan.MembersBytes(data, func(name []byte, v []byte, start, end int) bool {
 		repl, changed, err := fn(name, v)
 		if err != nil {
 			ferr = err
@@ -276,7 +361,7 @@ func rewriteFields(data json.RawMessage, fn func(name string, v json.RawMessage)
 	if ferr != nil {
 		return nil, ferr
 	}
-	if ok && json.Valid(data) {
+	if ok && (valid || json.Valid(data)) {
 		if out == nil {
 			return data, nil
 		}
@@ -287,7 +372,7 @@ func rewriteFields(data json.RawMessage, fn func(name string, v json.RawMessage)
 
 // rewriteFieldsSlow is rewriteFields through encoding/json's tokenizer,
 // for what the scanner does not follow; it gives the precise error.
-func rewriteFieldsSlow(data json.RawMessage, fn func(name string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
+func rewriteFieldsSlow(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	tok, err := dec.Token()
 	if err != nil {
@@ -309,7 +394,7 @@ func rewriteFieldsSlow(data json.RawMessage, fn func(name string, v json.RawMess
 			return nil, fmt.Errorf("%w: payload: %w", ErrInvalidPayload, err)
 		}
 		end := int(dec.InputOffset())
-		repl, ok, err := fn(name, v)
+		repl, ok, err := fn([]byte(name), v)
 		if err != nil {
 			return nil, err
 		}
@@ -334,8 +419,8 @@ func rewriteFieldsSlow(data json.RawMessage, fn func(name string, v json.RawMess
 // Projector for a system that holds no keys (the JetStream relay sends
 // nothing of a personal field, clear or sealed).
 func (p Personal) Redact(data json.RawMessage) (json.RawMessage, error) {
-	return rewriteFields(data, func(name string, v json.RawMessage) (json.RawMessage, bool, error) {
-		if !slices.Contains(p.Fields, name) || isNull(v) {
+	return rewriteFields(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+		if !hasName(p.Fields, name) || isNull(v) {
 			return nil, false, nil
 		}
 		return jsonNull, true, nil

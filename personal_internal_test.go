@@ -17,9 +17,9 @@ func FuzzRewriteFields(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var seenFast, seenSlow []string
-		repl := func(seen *[]string) func(string, json.RawMessage) (json.RawMessage, bool, error) {
-			return func(name string, v json.RawMessage) (json.RawMessage, bool, error) {
-				*seen = append(*seen, name+"="+string(v))
+		repl := func(seen *[]string) func([]byte, json.RawMessage) (json.RawMessage, bool, error) {
+			return func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+				*seen = append(*seen, string(name)+"="+string(v))
 				return json.RawMessage(`0`), true, nil
 			}
 		}

@@ -81,6 +81,10 @@ type Registry struct {
 	// personal: some type declares personal fields (and subject.forgotten
 	// is defined).
 	personal bool
+	// personalTypes and personalSubjects list, in definition order, the
+	// types with personal fields and their subject fields: appended to,
+	// never changed, so a reader may keep a slice it was given.
+	personalTypes, personalSubjects []string
 }
 
 // NewRegistry returns an empty registry.
@@ -180,6 +184,10 @@ func Define[T any](r *Registry, name string, cfg ...TypeConfig) (EventType[T], e
 	}
 	r.byName[name] = entry
 	r.byType[goType] = entry
+	if entry.Personal.declared() {
+		r.personalTypes = append(r.personalTypes, name)
+		r.personalSubjects = append(r.personalSubjects, entry.Personal.Subject)
+	}
 	return EventType[T]{name: name, version: version}, nil
 }
 

@@ -100,6 +100,14 @@ type Snapshots struct {
 	// every snapshot, so loads as of any version or time start near their
 	// target.
 	Keep int
+	// Personal declares the state's personal fields and its data subject's
+	// id field, by top-level JSON name, as an event type's TypeConfig does
+	// for a payload: snapshots store those fields sealed under the
+	// subject's key, never in the clear, so forgetting the subject reaches
+	// them too; after a forget they load as zero values. Checked by New
+	// against S. A state that copies personal fields from events and is
+	// snapshotted must declare them (docs/privacy.md).
+	Personal projector.Personal
 }
 
 // Repository loads and writes one aggregate type on one store. It is safe
@@ -133,6 +141,9 @@ func New[S any](store *postgres.Store, cfg Config[S]) (*Repository[S], error) {
 	snap := cfg.Snapshots
 	if snap.Every < 0 || snap.Version < 0 || snap.Keep < 0 {
 		return nil, fmt.Errorf("aggregate %q: snapshot settings must not be negative (Every %d, Version %d, Keep %d)", cfg.Name, snap.Every, snap.Version, snap.Keep)
+	}
+	if err := snap.Personal.Check(reflect.TypeFor[S]()); err != nil {
+		return nil, fmt.Errorf("aggregate %q: snapshot Personal: %w", cfg.Name, err)
 	}
 	snap.Version = cmp.Or(snap.Version, 1)
 	r := &Repository[S]{

@@ -85,6 +85,11 @@ func (r *Repository[S]) readSnapshot(ctx context.Context, db postgres.DBTX, stre
 	if err != nil {
 		return l, fmt.Errorf("read snapshot: %w", err)
 	}
+	if r.sealed() {
+		if data, _, err = r.store.OpenData(ctx, db, stream.Tenant, r.snap.Personal, data); err != nil {
+			return l, fmt.Errorf("read snapshot: %w", err)
+		}
+	}
 	if err := json.Unmarshal(data, &l.State); err != nil {
 		r.logger.WarnContext(ctx, "aggregate: ignoring a snapshot that does not decode; bump Snapshots.Version when the state's shape changes",
 			slog.String("aggregate", r.name), slog.String("stream", stream.String()), slog.Int64("version", version),
@@ -94,6 +99,9 @@ func (r *Repository[S]) readSnapshot(ctx context.Context, db postgres.DBTX, stre
 	l.Version, l.FromSnapshot = version, version
 	return l, nil
 }
+
+// sealed reports whether snapshots seal personal state fields.
+func (r *Repository[S]) sealed() bool { return r.snap.Personal.Subject != "" }
 
 // writeSnapshot stores l's state inside tx behind a savepoint, so that
 // whatever goes wrong (a state that does not encode, a missing grant, a
@@ -120,6 +128,14 @@ func (r *Repository[S]) writeSnapshot(ctx context.Context, tx pgx.Tx, l Loaded[S
 		return false
 	}
 	s := l.Stream
+	if r.sealed() {
+		// After the savepoint: sealing may create the subject's key.
+		if data, err = r.store.SealTx(ctx, tx, s.Tenant, r.snap.Personal, data); err != nil {
+			warn("personal fields of the state could not be sealed, no snapshot written", err)
+			undoSnapshot(ctx, tx)
+			return false
+		}
+	}
 	b := &pgx.Batch{}
 	b.Queue(r.sql.insert, s.Tenant, s.Type, s.ID, r.name, r.snap.Version, l.Version, data, recordedAt)
 	if r.snap.Keep > 0 {
@@ -131,9 +147,15 @@ func (r *Repository[S]) writeSnapshot(ctx context.Context, tx pgx.Tx, l Loaded[S
 		return true
 	}
 	warn("snapshot write failed and was rolled back to its savepoint", err)
+	undoSnapshot(ctx, tx)
+	return false
+}
+
+// undoSnapshot rolls tx back to the snapshot's savepoint, even when ctx is
+// done, leaving the append before it untouched.
+func undoSnapshot(ctx context.Context, tx pgx.Tx) {
 	undo := context.WithoutCancel(ctx)
-	if _, uerr := tx.Exec(undo, "ROLLBACK TO SAVEPOINT "+snapshotSavepoint); uerr == nil {
+	if _, err := tx.Exec(undo, "ROLLBACK TO SAVEPOINT "+snapshotSavepoint); err == nil {
 		_, _ = tx.Exec(undo, "RELEASE SAVEPOINT "+snapshotSavepoint)
 	}
-	return false
 }

@@ -18,7 +18,7 @@ func (a *App) exportCmd() *cobra.Command {
 	var from, to, after, output string
 	var redact []string
 	cmd := &cobra.Command{
-		Use:   "export [--stream-type T ...] [--tenant T] [--from TIME] [--to TIME] [--after POSITION] [--redact FIELD.PATH ...] [-o FILE]",
+		Use:   "export [--stream-type T ...] [--tenant T] [--from TIME] [--to TIME] [--after POSITION] [--include-archived] [--redact FIELD.PATH ...] [-o FILE]",
 		Short: "Write the event log, or part of it, as a history file (JSON Lines)",
 		Long: `export writes events in log order as a history file: a header line, then one
 JSON object per event with its stream, version, type, schema version, id, recording
@@ -32,7 +32,8 @@ newest event is still open, it waits for it to end first.
 --stream-type and --tenant keep the events of those stream types and that tenant;
 --from and --to (RFC 3339 times) keep events recorded at or after --from and before
 --to. --after starts after a log position: the one an earlier export printed, so a
-series of exports holds every event once. --redact replaces a payload field, in every event that has it, with an empty
+series of exports holds every event once. --include-archived also writes the events of
+archived streams (` + "`streams archive`" + `), each at its place in log order. --redact replaces a payload field, in every event that has it, with an empty
 value of its kind ("" for a string, 0 for a number): dot-separated field names, such
 as customer.email, applied to each element of an array on the way. Without -o (or
 with -o -) the file goes to standard output and the summary to standard error.`,
@@ -94,6 +95,7 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 	cmd.Flags().StringVar(&from, "from", "", "only events recorded at or after this time (RFC 3339)")
 	cmd.Flags().StringVar(&to, "to", "", "only events recorded before this time (RFC 3339)")
 	cmd.Flags().StringVar(&after, "after", "", "only events after this log position (txid/seq), the one an earlier export printed")
+	cmd.Flags().BoolVar(&opts.IncludeArchived, "include-archived", false, "also export the events of archived streams, in log order")
 	cmd.Flags().StringArrayVar(&redact, "redact", nil, "replace this payload field (dot path, e.g. customer.email) with an empty value (repeatable)")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the file here (default, or -: standard output)")
 	return cmd

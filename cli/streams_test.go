@@ -64,6 +64,13 @@ func TestStreamsArchiveCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "archived 1 stream (2 events)") || strings.Contains(out, "held back") || hot() != 0 {
 		t.Fatalf("archive: exit %d\n%s", code, out)
 	}
+	// An export reads the hot log unless told to read the archive too.
+	for flag, want := range map[string]string{"--stream-type=ticket": "exported 0 events", "--include-archived": "exported 2 events"} {
+		out, code = runIn(t, store.Schema(), types.Registry, "events", "export", flag)
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("events export %s: exit %d, want %q\n%s", flag, code, want, out)
+		}
+	}
 	if _, err := store.Pool().Exec(ctx, `ANALYZE `+store.Table("projector_events_archive")); err != nil {
 		t.Fatal(err)
 	}

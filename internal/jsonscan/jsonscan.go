@@ -29,6 +29,24 @@ func Members(data []byte, fn func(name string, v []byte, start, end int) bool) b
 	})
 }
 
+// MembersBytes is Members with each name as bytes, valid only during the
+// call: the bytes between the quotes, or the unescaped name when it holds an
+// escape. For callers that compare names: it allocates nothing for a name
+// without escapes, where Members allocates a string per member.
+func MembersBytes(data []byte, fn func(name, v []byte, start, end int) bool) bool {
+	return walk(data, func(raw []byte, escaped bool, v []byte, start, end int) bool {
+		name := raw[1 : len(raw)-1]
+		if escaped {
+			var s string
+			if json.Unmarshal(raw, &s) != nil {
+				return false
+			}
+			name = []byte(s)
+		}
+		return fn(name, v, start, end)
+	})
+}
+
 // RawMembers is Members for callers that compare names and keep few: fn
 // gets each name's bytes between the quotes, allocating nothing, and a
 // name with an escape stops the walk (false), as for an object it cannot

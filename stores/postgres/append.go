@@ -78,8 +78,20 @@ func (s *Store) Append(ctx context.Context, tx pgx.Tx, stream projector.StreamRe
 }
 
 // appendEvents writes the events; traced writes the span context of ctx
-// into their headers.
+// into their headers. Personal fields are sealed under keys from the
+// process's cache when it has them, guarded by the insert itself; when the
+// guard fails (a cached key was forgotten, or never committed), nothing
+// was written and the append runs again without the cache.
 func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads []any, traced bool) (AppendResult, error) {
+	res, err := s.appendOnce(ctx, tx, stream, expected, payloads, traced, true)
+	if errors.Is(err, errStaleKey) {
+		return s.appendOnce(ctx, tx, stream, expected, payloads, traced, false)
+	}
+	return res, err
+}
+
+// appendOnce is appendEvents, with or without the key cache.
+func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads []any, traced, cached bool) (AppendResult, error) {
 	if tx == nil {
 		return AppendResult{}, errors.New("nil transaction: append runs inside the caller's transaction")
 	}
@@ -111,7 +123,7 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 	if md.CorrelationID == uuid.Nil {
 		md.CorrelationID = newID()
 	}
-	var keys map[SubjectRef][]byte // the subjects' keys, when a payload has personal fields
+	var keys *sealing // the subjects' keys, when a payload has personal fields
 	for i, p := range payloads {
 		enc, err := s.registry.Encode(p)
 		if err != nil {
@@ -122,7 +134,7 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 			// Sealed in Go before the insert: the events table never sees
 			// a personal field in the clear (docs/privacy.md).
 			if keys == nil {
-				keys = map[SubjectRef][]byte{}
+				keys = s.newSealing(cached)
 			}
 			if stored, err = s.seal(ctx, tx, stream.Tenant, enc, keys); err != nil {
 				return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
@@ -154,8 +166,9 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 		}
 	}
 
-	sql, takesVersion := s.sql.append.statement(expected, n)
-	args := make([]any, 0, 13)
+	guarded := keys != nil && len(keys.guardSubjects) > 0
+	sql, takesVersion := s.sql.append.statement(expected, n, guarded)
+	args := make([]any, 0, 15)
 	args = append(args, stream.Tenant, stream.Type, stream.ID, int64(n))
 	if n == 1 {
 		// Scalars: the one-event statement inserts a row of parameters,
@@ -167,6 +180,9 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 	args = append(args, [16]byte(md.CorrelationID), causation, md.Actor, headers)
 	if takesVersion {
 		args = append(args, int64(expected))
+	}
+	if guarded {
+		args = append(args, keys.guardSubjects, keys.guardWrapped)
 	}
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
@@ -187,6 +203,11 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, stream projector.St
 		return AppendResult{}, mapError(stream, expected, err)
 	}
 	if len(got) == 0 {
+		if guarded {
+			if err := s.checkGuard(ctx, tx, stream.Tenant, keys); err != nil {
+				return AppendResult{}, err
+			}
+		}
 		return AppendResult{}, s.refusal(ctx, tx, stream, expected)
 	}
 	if len(got) != n {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
 )
@@ -23,6 +24,12 @@ var ErrStreamArchived = errors.New("projector: stream is archived; `projector st
 // ErrInvalidArchive: an archive or unarchive's options are out of range or
 // contradict each other.
 var ErrInvalidArchive = errors.New("projector: invalid archive options")
+
+// ErrUnarchiveConflict: an archived event's id is also in the hot log, in
+// another stream (a row written around Projector: its appends and imports
+// check the archive), so the stream cannot move back; nothing was moved.
+// The error names the id.
+var ErrUnarchiveConflict = errors.New("projector: an archived event's id is already in the hot log")
 
 // MaxArchiveBatchSize bounds [ArchiveOptions.BatchSize]: each batch's
 // transaction holds the consumers table in SHARE mode, as a prune does.
@@ -154,6 +161,10 @@ func (s *Store) Unarchive(ctx context.Context, opts ArchiveOptions) (ArchiveResu
 			}
 			var streams, events int64
 			if err := tx.QueryRow(ctx, q, locked.tenants, locked.types, locked.ids).Scan(&streams, &events); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "23505" && strings.HasSuffix(pgErr.ConstraintName, "_id_key") {
+					return fmt.Errorf("%w: %s", ErrUnarchiveConflict, projector.Printable(pgErr.Detail))
+				}
 				return fmt.Errorf("move back: %w", err)
 			}
 			res.Streams += streams
@@ -342,32 +353,16 @@ func (s *Store) archiveGuard(ctx context.Context, tx pgx.Tx) (projector.Position
 	return p, false, nil
 }
 
-// checkNotArchived fails with ErrStreamArchived when stream's head is
-// marked archived.
-func (s *Store) checkNotArchived(ctx context.Context, db DBTX, stream projector.StreamRef) error {
-	var archived bool
-	err := db.QueryRow(ctx, `SELECT archived_at IS NOT NULL FROM `+s.Table("projector_streams")+`
-		WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3`, stream.Tenant, stream.Type, stream.ID).Scan(&archived)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("read stream head: %w", err)
-	}
-	if archived {
-		return ErrStreamArchived
-	}
-	return nil
-}
-
 // readStreamArchivedSQL is readStreamSQL over the hot table and the
-// archive together. Not a hot path: the schema is filled in per call.
-func (s *Store) readStreamArchivedSQL() string {
+// archive together, with the key rows when keyed is 1. Not a hot path: the
+// schema is filled in per call.
+func (s *Store) readStreamArchivedSQL(keyed int) string {
 	where := ` e WHERE e.tenant_id = $1 AND e.stream_type = $2 AND e.stream_id = $3
 	  AND e.version >= $4 AND e.version <= $5
 	  AND ($6::timestamptz IS NULL OR e.recorded_at <= $6::timestamptz)`
-	return `SELECT e.* FROM (SELECT ` + eventColumns + ` FROM ` + s.Table("projector_events") + where +
-		` UNION ALL SELECT ` + eventColumns + ` FROM ` + s.Table("projector_events_archive") + where + `) e ORDER BY e.version`
+	sql := `SELECT e.*{{kc}} FROM (SELECT ` + eventColumns + ` FROM ` + s.Table("projector_events") + where +
+		` UNION ALL SELECT ` + eventColumns + ` FROM ` + s.Table("projector_events_archive") + where + `) e{{kj}} ORDER BY e.version`
+	return strings.ReplaceAll(withKeys(sql, keyed*7), "{{s}}", quoteIdent(s.schema))
 }
 
 // ArchiveSizes estimates the rows of the hot log and of the archive from

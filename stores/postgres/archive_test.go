@@ -1,9 +1,12 @@
 package postgres_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -286,5 +289,168 @@ func TestRepairRenumbersArchivedEvents(t *testing.T) {
 	}
 	if got, want := readAll(), before; !reflect.DeepEqual(got, want) {
 		t.Fatalf("log after repair and unarchive: %v, want %v", got, want)
+	}
+}
+
+// TestEmptyStreamReadOneStatement: a read from version 1 that finds no
+// events learns in the same statement whether the stream was archived — an
+// archived stream fails with ErrStreamArchived, a stream that does not exist
+// reads as empty — without a second look at the stream's head.
+func TestEmptyStreamReadOneStatement(t *testing.T) {
+	t.Parallel()
+	cfg := pgtest.PoolConfig(t)
+	var count statementCounter
+	cfg.ConnConfig.Tracer = &count
+	f := setup(t)
+	store, err := postgres.New(f.ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: f.store.Schema(), Registry: f.types.Registry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := projector.Stream("ticket", "old")
+	f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"})
+	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || res.Events != 1 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	conn, err := store.Pool().Acquire(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, c := range []struct {
+		stream projector.StreamRef
+		want   error
+	}{{projector.Stream("ticket", "none"), nil}, {old, postgres.ErrStreamArchived}} {
+		start := count.n.Load()
+		evs, err := store.ReadStreamTx(f.ctx, conn, c.stream, postgres.StreamQuery{})
+		if !errors.Is(err, c.want) || len(evs) != 0 {
+			t.Fatalf("read %s: %d events, %v; want %v", c.stream, len(evs), err, c.want)
+		}
+		if n := count.n.Load() - start; n != 1 {
+			t.Errorf("an empty read of %s sent %d statements, want 1", c.stream, n)
+		}
+	}
+	evs, err := store.ReadStreamTx(f.ctx, conn, old, postgres.StreamQuery{IncludeArchived: true})
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("read with the archive: %d events, %v", len(evs), err)
+	}
+}
+
+// TestExportIncludesArchive: an export reads the hot log only, unless
+// IncludeArchived: then archived streams' events are in the file too, each
+// at its place in log order, filters applied alike.
+func TestExportIncludesArchive(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	old, live := projector.Stream("ticket", "old"), projector.Stream("ticket", "live")
+	f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"})
+	f.appendTx(t, live, projector.NoStream, testevents.TicketOpened{Title: "b"})
+	f.appendTx(t, old, projector.ExactVersion(1), testevents.TicketCommented{Body: "c"})
+	f.appendTx(t, projector.Stream("user", "u"), projector.NoStream, testevents.TicketClosed{})
+	want := eventIDs(readLogN(t, f.ctx, f.store, postgres.LogQuery{}, 4))
+	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || res.Events != 2 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	export := func(o postgres.ExportOptions) []uuid.UUID {
+		t.Helper()
+		var out bytes.Buffer
+		if _, err := f.store.Export(f.ctx, &out, o); err != nil {
+			t.Fatal(err)
+		}
+		dec := postgres.NewHistoryDecoder(&out)
+		var ids []uuid.UUID
+		for {
+			var h postgres.HistoryEvent
+			if err := dec.Next(&h); errors.Is(err, io.EOF) {
+				return ids
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, h.ID)
+		}
+	}
+	if got := export(postgres.ExportOptions{}); !reflect.DeepEqual(got, []uuid.UUID{want[1], want[3]}) {
+		t.Fatalf("export of the hot log: %v, want %v", got, []uuid.UUID{want[1], want[3]})
+	}
+	if got := export(postgres.ExportOptions{IncludeArchived: true}); !reflect.DeepEqual(got, want) {
+		t.Fatalf("export with the archive: %v, want %v", got, want)
+	}
+	if got := export(postgres.ExportOptions{IncludeArchived: true, StreamTypes: []string{"ticket"}, PageSize: 1}); !reflect.DeepEqual(got, want[:3]) {
+		t.Fatalf("export of tickets with the archive, a page per event: %v, want %v", got, want[:3])
+	}
+}
+
+// TestImportSeesTheArchive: an import checks its events against the
+// archive as against the hot log. A file exported with the archive and
+// imported back into the same schema is skipped whole (no archived event
+// copied into the hot log, where unarchiving would then collide); an event
+// whose id an archived event holds, in another stream, is refused at its
+// line.
+func TestImportSeesTheArchive(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	old := projector.Stream("ticket", "old")
+	f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "c"})
+	f.appendTx(t, projector.Stream("ticket", "live"), projector.NoStream, testevents.TicketOpened{Title: "b"})
+	readLogN(t, f.ctx, f.store, postgres.LogQuery{}, 3)
+	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || res.Events != 2 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	var file bytes.Buffer
+	if res, err := f.store.Export(f.ctx, &file, postgres.ExportOptions{IncludeArchived: true}); err != nil || res.Events != 3 {
+		t.Fatalf("export: %+v, %v", res, err)
+	}
+	exported := file.String()
+	res, err := f.store.Import(f.ctx, strings.NewReader(exported), postgres.ImportOptions{})
+	if err != nil || res.Imported != 0 || res.Skipped != 3 {
+		t.Fatalf("import of the schema's own export: %+v, %v", res, err)
+	}
+	if n := countRows(t, f.store.Pool(), `SELECT count(*) FROM `+f.store.Table("projector_events")); n != 1 {
+		t.Fatalf("%d hot events after the import, want 1", n)
+	}
+	if _, err := f.store.Unarchive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil {
+		t.Fatalf("unarchive after the import: %v", err)
+	}
+	if _, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil {
+		t.Fatal(err)
+	}
+	// The archived opening event's id, moved to a stream of its own.
+	line := strings.Split(strings.TrimSpace(exported), "\n")[1]
+	moved := strings.Replace(line, `"old"`, `"elsewhere"`, 1)
+	if moved == line {
+		t.Fatalf("no stream id to replace in %s", line)
+	}
+	header := strings.Split(exported, "\n")[0]
+	_, err = f.store.Import(f.ctx, strings.NewReader(header+"\n"+moved+"\n"), postgres.ImportOptions{})
+	var lineErr *postgres.HistoryLineError
+	if !errors.As(err, &lineErr) || lineErr.Line != 2 || !errors.Is(err, postgres.ErrInvalidHistory) {
+		t.Fatalf("import of an archived event's id in another stream: %v", err)
+	}
+}
+
+// TestUnarchiveIDConflict: an event id both in the archive and in the hot
+// log (written around Projector: its appends and imports check the
+// archive) makes unarchive fail with ErrUnarchiveConflict naming the id,
+// and move nothing.
+func TestUnarchiveIDConflict(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	old := projector.Stream("ticket", "old")
+	res := f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"})
+	if r, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || r.Events != 1 {
+		t.Fatalf("archive: %+v, %v", r, err)
+	}
+	// A copy of the archived event in another stream of the hot log.
+	if _, err := f.store.Pool().Exec(f.ctx, `INSERT INTO `+f.store.Table("projector_events")+`
+		(id, tenant_id, stream_type, stream_id, version, type, schema_version, data, correlation_id)
+		SELECT id, tenant_id, stream_type, 'copy', version, type, schema_version, data, correlation_id
+		FROM `+f.store.Table("projector_events_archive")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.store.Unarchive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}})
+	if !errors.Is(err, postgres.ErrUnarchiveConflict) || !strings.Contains(err.Error(), res.Events[0].ID.String()) {
+		t.Fatalf("unarchive with an id in both tables: %v", err)
+	}
+	if n := f.archived(t, "ticket"); n != 1 {
+		t.Fatalf("%d events left in the archive, want 1", n)
 	}
 }

@@ -31,6 +31,10 @@ type ExportOptions struct {
 	// Redact, when set, rewrites each event before it is written: the
 	// anonymisation hook ([RedactFields] builds one from field paths).
 	Redact Redactor
+	// IncludeArchived also exports the events of archived streams
+	// (`projector streams archive`), each at its place in log order, read
+	// from the archive through its position index (migration 23).
+	IncludeArchived bool
 	// PageSize is the number of events read per query; default
 	// [DefaultExportPageSize]. Memory stays within one page whatever the
 	// size of the log.
@@ -58,13 +62,22 @@ type ExportResult struct {
 const exportSQL = `
 SELECT e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
 	e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at
-FROM {{s}}.projector_events e
+FROM {{e}} e
 WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < $3::xid8
   AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
   AND ($6::text IS NULL OR e.tenant_id = $6::text)
   AND ($7::timestamptz IS NULL OR e.recorded_at >= $7::timestamptz)
   AND ($8::timestamptz IS NULL OR e.recorded_at < $8::timestamptz)
 ORDER BY e.tx_id, e.seq
+LIMIT $4`
+
+// exportArchivedSQL is exportSQL over the hot log and the archive: each
+// table read in log order through its position index, up to a page, and
+// the two merged (archived streams are whole streams, so no stream is in
+// both).
+var exportArchivedSQL = `SELECT * FROM ((` + strings.ReplaceAll(exportSQL, "{{e}}", "{{s}}.projector_events") + `)
+UNION ALL (` + strings.ReplaceAll(exportSQL, "{{e}}", "{{s}}.projector_events_archive") + `)) u
+ORDER BY u.tx_id, u.seq
 LIMIT $4`
 
 // Export writes the log, or the part opts selects, to w as a history file
@@ -106,7 +119,10 @@ func (s *Store) Export(ctx context.Context, w io.Writer, opts ExportOptions) (Ex
 	}
 	res := ExportResult{Horizon: projector.Horizon(xmin)}
 	enc := NewHistoryEncoder(w)
-	sql := strings.ReplaceAll(exportSQL, "{{s}}", quoteIdent(s.schema))
+	sql := strings.ReplaceAll(strings.ReplaceAll(exportSQL, "{{e}}", "{{s}}.projector_events"), "{{s}}", quoteIdent(s.schema))
+	if opts.IncludeArchived {
+		sql = strings.ReplaceAll(exportArchivedSQL, "{{s}}", quoteIdent(s.schema))
+	}
 	after := opts.After
 	for {
 		rows, err := s.pool.Query(ctx, sql, after.TxID, after.Seq, xmin, page, nilIfEmpty(opts.StreamTypes), tenant, from, to)
@@ -116,7 +132,7 @@ func (s *Store) Export(ctx context.Context, w io.Writer, opts ExportOptions) (Ex
 		n := 0
 		var r row
 		var werr error
-		_, err = pgx.ForEachRow(rows, r.dest(), func() error {
+		_, err = pgx.ForEachRow(rows, r.dest(false), func() error {
 			n++
 			ev, err := DecodeEnvelope(r.txID, r.seq, r.id, projector.StreamRef{Tenant: r.intern(r.tenant), Type: r.intern(r.streamType), ID: r.streamID},
 				r.version, r.intern(r.typ), int(r.schemaVersion), r.data, r.correlation, nil, r.intern(r.actor), r.headers, r.recordedAt)

@@ -174,19 +174,31 @@ func (b *importBatch) streams() ([]projector.StreamRef, map[projector.StreamRef]
 }
 
 // importStreamVersionsSQL reads each stream's version from the log itself,
-// through the (stream, version) unique index: the log is the truth the
-// import continues, whatever keeps stream heads.
+// hot and archived, through the (stream, version) unique indexes: the log
+// is the truth the import continues, whatever keeps stream heads. An
+// archived stream's events are all in the archive.
 const importStreamVersionsSQL = `
-SELECT coalesce((SELECT max(e.version) FROM {{s}}.projector_events e
-	WHERE e.tenant_id = t.tenant AND e.stream_type = t.stream_type AND e.stream_id = t.stream_id), 0)
+SELECT GREATEST(
+	(SELECT max(e.version) FROM {{s}}.projector_events e
+		WHERE e.tenant_id = t.tenant AND e.stream_type = t.stream_type AND e.stream_id = t.stream_id),
+	(SELECT max(a.version) FROM {{s}}.projector_events_archive a
+		WHERE a.tenant_id = t.tenant AND a.stream_type = t.stream_type AND a.stream_id = t.stream_id), 0)
 FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(tenant, stream_type, stream_id, ord)
 ORDER BY t.ord`
 
-// importExistingSQL looks up events by id, to tell an event imported
-// before (a resumed import) from a different one, and to name the line of
-// an id the log already holds.
+// importExistingSQL looks up events by id, in the hot log and the archive,
+// to tell an event imported before (a resumed import) from a different one,
+// and to name the line of an id the log already holds.
 const importExistingSQL = `
-SELECT id, tenant_id, stream_type, stream_id, version FROM {{s}}.projector_events WHERE id = ANY($1::uuid[])`
+SELECT id, tenant_id, stream_type, stream_id, version FROM {{s}}.projector_events WHERE id = ANY($1::uuid[])
+UNION ALL
+SELECT id, tenant_id, stream_type, stream_id, version FROM {{s}}.projector_events_archive WHERE id = ANY($1::uuid[])`
+
+// importArchivedIDSQL finds an id of the batch's new events that an
+// archived event holds: the events table's unique id index does not see the
+// archive, and unarchiving such a stream would collide.
+const importArchivedIDSQL = `
+SELECT id FROM {{s}}.projector_events_archive WHERE id = ANY($1::uuid[]) LIMIT 1`
 
 // writeBatch writes one batch in one transaction: versions checked
 // against the log, the new events copied, the stream heads advanced.
@@ -234,6 +246,9 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 	}
 	if len(keep) == 0 {
 		return 0, int64(len(seen)), nil
+	}
+	if err := s.checkArchivedIDs(ctx, tx, b, keep); err != nil {
+		return 0, 0, err
 	}
 	tag, err := tx.Conn().PgConn().CopyFrom(ctx, b.copyData(keep), s.importCopySQL())
 	if err != nil {
@@ -346,6 +361,29 @@ func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, seen []HistoryEven
 		}
 	}
 	return nil
+}
+
+// checkArchivedIDs refuses, at its line, a new event whose id an archived
+// event holds.
+func (s *Store) checkArchivedIDs(ctx context.Context, tx pgx.Tx, b *importBatch, keep []int) error {
+	ids := make([][16]byte, len(keep))
+	for i, k := range keep {
+		ids[i] = b.events[k].ID
+	}
+	var found [16]byte
+	err := tx.QueryRow(ctx, s.sqlFor(importArchivedIDSQL), ids).Scan(&found)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up archived ids: %w", err)
+	}
+	for _, k := range keep {
+		if b.events[k].ID == found {
+			return &HistoryLineError{Line: b.lines[k], Err: fmt.Errorf("%w: event id %s is already in the log's archive, in another stream or version", ErrInvalidHistory, uuid.UUID(found))}
+		}
+	}
+	return fmt.Errorf("%w: event id %s is already in the log's archive", ErrInvalidHistory, uuid.UUID(found))
 }
 
 // importCopyError says which line a failed COPY tripped on where it can:

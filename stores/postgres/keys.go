@@ -168,6 +168,7 @@ func wrapAD(s SubjectRef) []byte {
 type KeyTable struct {
 	table  string // quoted, schema-qualified
 	master *MasterKey
+	cache  *keyCache // nil: none
 }
 
 // NewKeyTable returns the key table of schema; master may be nil, in which
@@ -178,7 +179,7 @@ func NewKeyTable(schema string, master *MasterKey) (*KeyTable, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	return &KeyTable{table: quoteIdent(schema) + ".projector_subject_keys", master: master}, nil
+	return &KeyTable{table: quoteIdent(schema) + ".projector_subject_keys", master: master, cache: newKeyCache(DefaultKeyCacheSize)}, nil
 }
 
 // DataKey implements [KeyStore]. The common case — the subject has a key —
@@ -219,9 +220,11 @@ func (k *KeyTable) DataKey(ctx context.Context, tx pgx.Tx, subject SubjectRef) (
 			return nil, fmt.Errorf("data key of subject %s: %w", subject, err)
 		}
 		if stored == nil {
+			k.cache.drop(subject)
 			return nil, nil // forgotten
 		}
-		return k.master.unwrap(subject, keyID, stored)
+		e, err := k.unwrap(subject, keyID, stored)
+		return e.key, err
 	}
 	return nil, fmt.Errorf("data key of subject %s: no key found or created after three tries", subject)
 }
@@ -247,14 +250,11 @@ func (k *KeyTable) DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 	var keyID string
 	var wrapped []byte
 	_, err = pgx.ForEachRow(rows, []any{&ref.Tenant, &ref.ID, &keyID, &wrapped}, func() error {
-		if k.master == nil {
-			return ErrNoMasterKey
-		}
-		key, err := k.master.unwrap(ref, keyID, wrapped)
+		e, err := k.unwrap(ref, keyID, wrapped)
 		if err != nil {
 			return err
 		}
-		out[ref] = key
+		out[ref] = e.key
 		return nil
 	})
 	if err != nil {
@@ -263,11 +263,35 @@ func (k *KeyTable) DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 	return out, nil
 }
 
+// unwrap returns the data key of subject's key row (master key keyID,
+// wrapped bytes wrapped) and its cipher: from the cache when it holds that
+// very row, unwrapped by the master key otherwise, and then cached.
+func (k *KeyTable) unwrap(subject SubjectRef, keyID string, wrapped []byte) (cachedKey, error) {
+	if e, ok := k.cache.lookup(subject, keyID, wrapped); ok {
+		return e, nil
+	}
+	if k.master == nil {
+		return cachedKey{}, ErrNoMasterKey
+	}
+	key, err := k.master.unwrap(subject, keyID, wrapped)
+	if err != nil {
+		return cachedKey{}, err
+	}
+	c, err := projector.NewKeyCipher(key)
+	if err != nil {
+		return cachedKey{}, err
+	}
+	e := cachedKey{ref: subject, keyID: keyID, wrapped: wrapped, key: key, cipher: c}
+	k.cache.put(e)
+	return e, nil
+}
+
 // Destroy implements [KeyStore]. Two forgets racing for one subject meet on
 // the row's lock: the second re-reads the row after the first commits and
 // is told the subject is already forgotten.
 func (k *KeyTable) Destroy(ctx context.Context, tx pgx.Tx, subject SubjectRef) (time.Time, error) {
 	var at time.Time
+	k.cache.drop(subject) // not needed for safety (see keyCache), but kept tidy
 	err := tx.QueryRow(ctx, `UPDATE `+k.table+` SET wrapped = NULL, forgotten_at = now()
 		WHERE tenant_id = $1 AND subject = $2 AND wrapped IS NOT NULL RETURNING forgotten_at`, subject.Tenant, subject.ID).Scan(&at)
 	if err == nil {

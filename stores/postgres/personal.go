@@ -1,8 +1,10 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -34,6 +36,9 @@ func (s *Store) setupKeys(cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.KeyCacheSize != 0 {
+		kt.cache = newKeyCache(cfg.KeyCacheSize)
+	}
 	s.keys = kt
 	return nil
 }
@@ -41,11 +46,53 @@ func (s *Store) setupKeys(cfg Config) error {
 // Keys returns the store's key store.
 func (s *Store) Keys() KeyStore { return s.keys }
 
+// sealing is what one append knows of its subjects' keys: those it
+// fetched or took from the cache, and the guard for the cached ones.
+type sealing struct {
+	keys  map[SubjectRef]*projector.KeyCipher // nil: forgotten
+	cache *keyCache                           // nil: fetch every key in the transaction
+	// guardSubjects and guardWrapped are the subjects whose keys came from
+	// the cache, and the wrapped key each was cached from: the insert
+	// writes nothing unless every one still holds it (appendGuardSQL).
+	guardSubjects []string
+	guardWrapped  [][]byte
+}
+
+func (s *Store) newSealing(cached bool) *sealing {
+	st := &sealing{keys: map[SubjectRef]*projector.KeyCipher{}}
+	if kt, ok := s.keys.(*KeyTable); ok && cached {
+		st.cache = kt.cache
+	}
+	return st
+}
+
+// errStaleKey: the append's key guard failed and nothing was written; the
+// append runs again without the cache.
+var errStaleKey = errors.New("a cached data key is no longer the subject's")
+
+// checkGuard tells why a guarded append inserted nothing: errStaleKey,
+// after dropping the append's cached keys, when the guard fails now (a
+// forget is final, and a key that was not committed stays so in this
+// transaction); nil when the guard holds and the head refused the append.
+func (s *Store) checkGuard(ctx context.Context, tx pgx.Tx, tenant string, st *sealing) error {
+	var ok bool
+	if err := tx.QueryRow(ctx, s.sql.appendGuard, tenant, st.guardSubjects, st.guardWrapped).Scan(&ok); err != nil {
+		return fmt.Errorf("check the data keys: %w", err)
+	}
+	if ok {
+		return nil
+	}
+	for _, id := range st.guardSubjects {
+		st.cache.drop(SubjectRef{Tenant: tenant, ID: id})
+	}
+	return errStaleKey
+}
+
 // seal encrypts the personal fields of an encoded payload under its
-// subject's key, creating the key in tx if needed; keys caches the keys
-// this append already fetched. The payload is left as it is when its type
-// declares no personal fields.
-func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projector.Encoded, keys map[SubjectRef][]byte) (json.RawMessage, error) {
+// subject's key: one this append already has, one from the process's
+// cache (guarded, see sealing), or one read or created in tx. The payload
+// is left as it is when its type declares no personal fields.
+func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projector.Encoded, st *sealing) (json.RawMessage, error) {
 	p, ok := s.registry.PersonalOf(enc.Type)
 	if !ok {
 		return enc.Data, nil
@@ -55,55 +102,113 @@ func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projecto
 		return nil, fmt.Errorf("%s: %w", enc.Type, err)
 	}
 	ref := SubjectRef{Tenant: tenant, ID: id}
-	key, ok := keys[ref]
+	c, ok := st.keys[ref]
 	if !ok {
-		if key, err = s.keys.DataKey(ctx, tx, ref); err != nil {
+		if e, hit := st.cache.get(ref); hit {
+			c = e.cipher
+			st.guardSubjects = append(st.guardSubjects, id)
+			st.guardWrapped = append(st.guardWrapped, e.wrapped)
+		} else if c, err = s.dataKeyCipher(ctx, tx, ref); err != nil {
 			return nil, err
 		}
-		keys[ref] = key
+		st.keys[ref] = c
 	}
-	return p.Seal(enc.Data, id, key)
+	return p.SealWith(enc.Data, id, c)
 }
 
-// open opens the sealed personal fields of events in place, reading their
-// subjects' keys through db in one statement. A forgotten subject's fields
-// become null and the event is marked Forgotten. Events of types without
-// personal fields, and those with nothing sealed, are left alone.
-func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event) error {
+// dataKeyCipher reads or creates ref's key in tx: the key table's cached
+// cipher, or one made from the key store's key; nil when forgotten.
+func (s *Store) dataKeyCipher(ctx context.Context, tx pgx.Tx, ref SubjectRef) (*projector.KeyCipher, error) {
+	key, err := s.keys.DataKey(ctx, tx, ref)
+	if err != nil || key == nil {
+		return nil, err
+	}
+	if kt, ok := s.keys.(*KeyTable); ok {
+		if e, hit := kt.cache.get(ref); hit && bytes.Equal(e.key, key) {
+			return e.cipher, nil
+		}
+	}
+	return projector.NewKeyCipher(key)
+}
+
+// rowKey is the key row a keyed read brought with an event (keyJoinSQL):
+// subject and keyID nil when the subject has no key row, wrapped nil when
+// it was forgotten.
+type rowKey struct {
+	subject *string
+	keyID   *string
+	wrapped []byte
+}
+
+// open opens the sealed personal fields of events in place. rowKeys, when
+// not nil, are the key rows a keyed read brought with each event; the keys
+// not found there are read through db in one statement. A forgotten
+// subject's fields become null and the event is marked Forgotten. Events of
+// types without personal fields, and those with nothing sealed, are left
+// alone.
+func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, rowKeys []rowKey) error {
 	type sealed struct {
-		i   int
-		ref SubjectRef
+		i      int
+		ref    SubjectRef
+		cipher *projector.KeyCipher // nil: forgotten
+		fetch  bool                 // the key is read by DataKeys
 	}
 	var todo []sealed
 	var refs []SubjectRef
 	seen := map[SubjectRef]bool{}
+	kt, _ := s.keys.(*KeyTable)
 	for i := range events {
 		ev := &events[i]
 		p, ok := s.registry.PersonalOf(ev.Type)
 		if !ok || !projector.IsSealed(ev.Data) {
 			continue
 		}
-		id, err := p.SubjectOf(ev.Data)
-		if err != nil {
-			return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+		t := sealed{i: i, ref: SubjectRef{Tenant: ev.Stream.Tenant}}
+		switch {
+		case rowKeys != nil && kt != nil && rowKeys[i].keyID != nil:
+			// The read found the key row of the subject the payload names.
+			t.ref.ID = *rowKeys[i].subject
+			if rk := rowKeys[i]; rk.wrapped != nil {
+				e, err := kt.unwrap(t.ref, *rk.keyID, rk.wrapped)
+				if err != nil {
+					return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
+				}
+				t.cipher = e.cipher
+			} // else forgotten: no key
+		default:
+			id, err := p.SubjectOf(ev.Data)
+			if err != nil {
+				return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+			}
+			t.ref.ID, t.fetch = id, true
+			if !seen[t.ref] {
+				seen[t.ref] = true
+				refs = append(refs, t.ref)
+			}
 		}
-		ref := SubjectRef{Tenant: ev.Stream.Tenant, ID: id}
-		todo = append(todo, sealed{i, ref})
-		if !seen[ref] {
-			seen[ref] = true
-			refs = append(refs, ref)
-		}
+		todo = append(todo, t)
 	}
 	if len(todo) == 0 {
 		return nil
 	}
-	keys, err := s.keys.DataKeys(ctx, db, refs)
-	if err != nil {
-		return err
+	ciphers := map[SubjectRef]*projector.KeyCipher{}
+	if len(refs) > 0 {
+		keys, err := s.keys.DataKeys(ctx, db, refs)
+		if err != nil {
+			return err
+		}
+		for ref, key := range keys {
+			if ciphers[ref], err = projector.NewKeyCipher(key); err != nil {
+				return fmt.Errorf("data key of subject %s: %w", ref, err)
+			}
+		}
 	}
 	for _, t := range todo {
 		ev := &events[t.i]
-		data, forgotten, err := projector.Open(ev.Data, t.ref.ID, keys[t.ref])
+		if t.fetch {
+			t.cipher = ciphers[t.ref]
+		}
+		data, forgotten, err := projector.OpenStored(ev.Data, t.ref.ID, t.cipher)
 		if err != nil {
 			return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 		}
@@ -112,12 +217,73 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event) err
 	return nil
 }
 
+// readKeys returns which reads to use (1: those that bring the key rows,
+// keyJoinSQL) and their key parameters: keyed when the registry has
+// personal fields and the keys are the store's own key table.
+func (s *Store) readKeys() (int, []any) {
+	if _, ok := s.keys.(*KeyTable); !ok || !s.registry.HasPersonal() {
+		return 0, nil
+	}
+	types, subjects := s.registry.PersonalSubjects()
+	return 1, []any{types, subjects}
+}
+
 // OpenEvents opens the sealed personal fields of events read from the
 // events table by a package's own query (the store's reads do it
 // themselves), reading keys through db. A forgotten subject's fields
 // become null and the event is marked Forgotten; see docs/privacy.md.
 func (s *Store) OpenEvents(ctx context.Context, db DBTX, events []projector.Event) error {
-	return s.open(ctx, db, events)
+	return s.open(ctx, db, events, nil)
+}
+
+// SealTx seals the fields p declares personal in data, a JSON object of
+// tenant, under the key of the subject its p.Subject field names, inside tx
+// (creating the key with tx, as an append does): what a copy of personal
+// data outside the events — an aggregate's snapshot, a saga's state —
+// stores instead of the clear values, so forgetting the subject reaches it
+// too. A forgotten subject's fields are written as null. [Store.OpenData]
+// opens the result.
+func (s *Store) SealTx(ctx context.Context, tx pgx.Tx, tenant string, p projector.Personal, data json.RawMessage) (json.RawMessage, error) {
+	id, err := p.SubjectOf(data)
+	if err != nil {
+		return nil, fmt.Errorf("seal: %w", err)
+	}
+	c, err := s.dataKeyCipher(ctx, tx, SubjectRef{Tenant: tenant, ID: id})
+	if err != nil {
+		return nil, fmt.Errorf("seal: %w", err)
+	}
+	return p.SealWith(data, id, c)
+}
+
+// OpenData opens what [Store.SealTx] sealed, reading the subject's key
+// through db: forgotten reports that the subject was forgotten and its
+// fields are null. Data with nothing sealed comes back as it is.
+func (s *Store) OpenData(ctx context.Context, db DBTX, tenant string, p projector.Personal, data json.RawMessage) (out json.RawMessage, forgotten bool, err error) {
+	if !projector.IsSealed(data) {
+		return data, false, nil
+	}
+	id, err := p.SubjectOf(data)
+	if err != nil {
+		return nil, false, fmt.Errorf("open: %w", err)
+	}
+	ref := SubjectRef{Tenant: tenant, ID: id}
+	keys, err := s.keys.DataKeys(ctx, db, []SubjectRef{ref})
+	if err != nil {
+		return nil, false, fmt.Errorf("open: %w", err)
+	}
+	c, err := cipherFor(keys[ref])
+	if err != nil {
+		return nil, false, fmt.Errorf("open: %w", err)
+	}
+	return projector.OpenWith(data, id, c)
+}
+
+// cipherFor returns a key's cipher, nil for no key (forgotten).
+func cipherFor(key []byte) (*projector.KeyCipher, error) {
+	if key == nil {
+		return nil, nil
+	}
+	return projector.NewKeyCipher(key)
 }
 
 // ForgetResult is what [Store.Forget] did.

@@ -53,26 +53,33 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 	if !q.Until.IsZero() {
 		until = &q.Until
 	}
-	sql := s.sql.readStream
+	keyed, keyArgs := s.readKeys()
+	args := append([]any{stream.Tenant, stream.Type, stream.ID, from, to, until}, keyArgs...)
 	if q.IncludeArchived {
-		sql = s.readStreamArchivedSQL()
-	}
-	rows, err := db.Query(ctx, sql, stream.Tenant, stream.Type, stream.ID, from, to, until)
-	if err != nil {
-		return nil, fmt.Errorf("read stream %s: %w", stream, err)
-	}
-	events, err := s.collect(ctx, db, rows, false)
-	if err != nil {
-		return nil, fmt.Errorf("read stream %s: %w", stream, err)
-	}
-	if len(events) == 0 && from == 1 && !q.IncludeArchived {
-		// Only an empty read from the start pays for the look at the
-		// head (an archived stream has no events left in the hot table);
-		// a read after a snapshot's version may come back empty on any
-		// stream, and the snapshot is exact.
-		if err := s.checkNotArchived(ctx, db, stream); err != nil {
+		rows, err := db.Query(ctx, s.readStreamArchivedSQL(keyed), args...)
+		if err != nil {
 			return nil, fmt.Errorf("read stream %s: %w", stream, err)
 		}
+		events, err := s.collect(ctx, db, rows, false)
+		if err != nil {
+			return nil, fmt.Errorf("read stream %s: %w", stream, err)
+		}
+		return events, nil
+	}
+	rows, err := db.Query(ctx, s.sql.read[keyed].stream, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	// A read after a snapshot's version may come back empty on any
+	// stream, and the snapshot is exact; only one from the start of an
+	// archived stream (no events left in the hot table) is refused.
+	var archived bool
+	events, err := s.collectMarked(ctx, db, rows, false, &archived)
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	if archived && len(events) == 0 {
+		return nil, fmt.Errorf("read stream %s: %w", stream, ErrStreamArchived)
 	}
 	return events, nil
 }
@@ -208,15 +215,17 @@ func checkFilter(names []string, what string, sentinel error) error {
 // readLogQuery is the statement and arguments of a log read: the per-type
 // merge for a consumer of a few types, the filtered scan otherwise.
 func (s *Store) readLogQuery(q LogQuery, limit int) (string, []any) {
-	sql, types := s.sql.readLog, q.EventTypes
+	keyed, keyArgs := s.readKeys()
+	reads := &s.sql.read[keyed]
+	sql, types := reads.log, q.EventTypes
 	if q.Partition.Bits > 0 {
-		return s.sql.readLogPartition[q.Partition.Bits], []any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}
+		return reads.logPartition[q.Partition.Bits], append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}, keyArgs...)
 	}
 	if k := len(types); k > 0 && k <= maxMergedTypes {
 		types = distinct(types)
-		sql = s.sql.readLogTypes[len(types)-1]
+		sql = reads.logTypes[len(types)-1]
 	}
-	return sql, []any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(types), nilIfEmpty(q.StreamTypes)}
+	return sql, append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(types), nilIfEmpty(q.StreamTypes)}, keyArgs...)
 }
 
 // distinct returns names without repeats (a repeated type would be read
@@ -256,14 +265,23 @@ type row struct {
 	actor         pgtype.DriverBytes
 	headers       []byte
 	recordedAt    time.Time
+	key           rowKey // a keyed read's key columns
 	// names interns the few distinct tenants, stream types, event types and
 	// actors of a read: one string each instead of one per row.
 	names map[string]string
 }
 
-func (r *row) dest() []any {
-	return []any{&r.txID, &r.seq, &r.id, &r.tenant, &r.streamType, &r.streamID, &r.version, &r.typ,
+// rowColumns is the number of an event row's columns; a keyed read's rows
+// have the three key columns after them.
+const rowColumns = 15
+
+func (r *row) dest(keyed bool) []any {
+	d := []any{&r.txID, &r.seq, &r.id, &r.tenant, &r.streamType, &r.streamID, &r.version, &r.typ,
 		&r.schemaVersion, &r.data, &r.correlation, &r.causation, &r.actor, &r.headers, &r.recordedAt}
+	if keyed {
+		d = append(d, &r.key.subject, &r.key.keyID, &r.key.wrapped)
+	}
+	return d
 }
 
 // intern returns b as a string, the same string for equal bytes.
@@ -280,28 +298,49 @@ func (r *row) intern(b []byte) string {
 }
 
 func (s *Store) collect(ctx context.Context, db DBTX, rows pgx.Rows, raw bool) ([]projector.Event, error) {
+	return s.collectMarked(ctx, db, rows, raw, nil)
+}
+
+// collectMarked is collect for a read that may return readStreamSQL's
+// archive marker, a row of NULLs: it sets *archived rather than being
+// decoded.
+func (s *Store) collectMarked(ctx context.Context, db DBTX, rows pgx.Rows, raw bool, archived *bool) ([]projector.Event, error) {
+	defer rows.Close()
 	var out []projector.Event
+	var keys []rowKey
 	var r row
 	sealed := s.registry.HasPersonal()
-	_, err := pgx.ForEachRow(rows, r.dest(), func() error {
+	keyed := len(rows.FieldDescriptions()) == rowColumns+3
+	dest := r.dest(keyed)
+	for rows.Next() {
+		if archived != nil && rows.RawValues()[0] == nil {
+			*archived = true
+			continue
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
 		ev, err := s.decodeRow(&r, raw, sealed)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		out = append(out, ev)
-		return nil
-	})
-	if err != nil || !sealed {
+		if keyed {
+			keys = append(keys, r.key)
+		}
+	}
+	if err := rows.Err(); err != nil || !sealed {
 		return out, err
 	}
-	return s.openAndDecode(ctx, db, out, raw)
+	return s.openAndDecode(ctx, db, out, keys, raw)
 }
 
 // openAndDecode opens the personal fields of events read without
-// decoding, then decodes them: the keys are read once the rows are, in a
+// decoding, then decodes them. keys are the key rows a keyed read brought
+// with the events (nil for other reads): the keys not there are read in a
 // statement of their own on the same connection.
-func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.Event, raw bool) ([]projector.Event, error) {
-	if err := s.open(ctx, db, events); err != nil {
+func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.Event, keys []rowKey, raw bool) ([]projector.Event, error) {
+	if err := s.open(ctx, db, events, keys); err != nil {
 		return nil, err
 	}
 	for i := range events {
@@ -317,9 +356,11 @@ func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.E
 func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
 	defer rows.Close()
 	sealed := s.registry.HasPersonal()
+	keyed := len(rows.FieldDescriptions()) == 1+rowColumns+3
 	out := make([]projector.Event, 0, 64)
+	var keys []rowKey
 	var r row
-	dest := append([]any{horizon}, r.dest()...)
+	dest := append([]any{horizon}, r.dest(keyed)...)
 	onlyHorizon := make([]any, len(dest))
 	onlyHorizon[0] = horizon
 	for rows.Next() {
@@ -337,11 +378,14 @@ func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, 
 			return nil, err
 		}
 		out = append(out, ev)
+		if keyed {
+			keys = append(keys, r.key)
+		}
 	}
 	if err := rows.Err(); err != nil || !sealed {
 		return out, err
 	}
-	return s.openAndDecode(ctx, db, out, raw)
+	return s.openAndDecode(ctx, db, out, keys, raw)
 }
 
 // decodeRow assembles the row's event and decodes it, unless deferred: then

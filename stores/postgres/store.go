@@ -133,6 +133,13 @@ type Config struct {
 	// [ErrNoMasterKey] and nothing is written; forgetting still works.
 	// Ignored when Keys is set.
 	MasterKey *MasterKey
+	// KeyCacheSize bounds the unwrapped data keys the default key table
+	// keeps in the process (a least-recently-used cache), which spares an
+	// append a round trip for the key; 0 means [DefaultKeyCacheSize], a
+	// negative size turns the cache off. A cached key is only ever used
+	// after a check in the same statement that its subject was not
+	// forgotten (docs/privacy.md, "Keys"). Ignored when Keys is set.
+	KeyCacheSize int
 }
 
 // Store is the event store: appends, stream reads and the gap-safe global
