@@ -606,7 +606,7 @@ func (d *Dispatcher) parkRetryRequests(ctx context.Context, byName map[string]*A
 	}
 	rows, err := d.store.Pool().Query(ctx, `SELECT id, consumer, coalesce(resolved_by, '') FROM `+d.store.Table("projector_parks")+`
 		WHERE retry_requested_at IS NOT NULL AND status = 'parked' AND consumer = ANY($1)
-		  AND (instance_id = ANY($2) OR instance_id LIKE '` + PartitionPrefix + `%') ORDER BY id LIMIT 100`,
+		  AND (instance_id = ANY($2) OR instance_id LIKE '`+PartitionPrefix+`%') ORDER BY id LIMIT 100`,
 		names, instances)
 	var reqs []req
 	if err == nil {
