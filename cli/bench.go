@@ -52,9 +52,11 @@ the raw-PostgreSQL baseline of the same work, measured in the same run:
 
 With --tracing it also measures what tracing costs: appends (each size of
 --events-per-tx, one writer, each transaction under an application span) and the
-batch catch-up with every span sampled and recorded by the OpenTelemetry SDK
-(batch span processor, an exporter that discards), each beside the same work with
-tracing off, in turn in the same run ("% of untraced").
+batch catch-up, each three ways beside the same work with tracing off, all four in
+turn in the same run ("% of untraced"): "tracing no-op" with the OpenTelemetry
+API's default no-op provider (no SDK), "tracing sampled-out" with the SDK sampling
+nothing, "tracing on" with every span sampled and recorded by the SDK (batch span
+processor, an exporter that discards).
 
 It works in schemas of its own (projector_bench_<random>, one for the rebuild),
 created and migrated at the start and dropped at the end, also on failure or Ctrl-C; --schema is not
@@ -113,7 +115,7 @@ primary. See docs/performance.md for what each line means.`,
 	f.DurationVar(&cfg.LatencyDuration, "latency-duration", benchmark.DefaultLatencyDuration, "latency figures: how long each side appends")
 	f.IntVar(&cfg.RebuildEvents, "rebuild-events", benchmark.DefaultRebuildEvents, "rebuild figures: events in the replayed log")
 	f.IntVar(&cfg.RebuildBatchSize, "rebuild-batch-size", 0, "rebuild figures: events per shadow transaction (0: the projection's default, 10× --batch-size)")
-	f.BoolVar(&cfg.Tracing, "tracing", false, "also measure appends and a catch-up with every span recorded (SDK, discarding exporter) beside the same work untraced")
+	f.BoolVar(&cfg.Tracing, "tracing", false, "also measure appends and a catch-up with the no-op provider, an SDK sampling nothing and every span recorded, each beside the same work untraced")
 	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	return cmd
 }

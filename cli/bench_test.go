@@ -29,7 +29,7 @@ func TestBenchTracing(t *testing.T) {
 		}
 		var figs []BenchFigureJSON
 		for _, f := range rep.Figures {
-			if strings.HasPrefix(f.Figure, "tracing on, ") {
+			if strings.HasPrefix(f.Figure, "tracing ") {
 				figs = append(figs, f)
 			}
 		}
@@ -39,12 +39,23 @@ func TestBenchTracing(t *testing.T) {
 			}
 			continue
 		}
-		if !rep.Config.Tracing || len(figs) != 2 {
-			t.Fatalf("--tracing: tracing %v, figures %+v", rep.Config.Tracing, figs)
+		// Each work with the no-op provider, an SDK that samples nothing
+		// and every span sampled, all three beside the same untraced side.
+		var want []string
+		for _, work := range []string{"append, 1 event/tx, 1 writer", "catch-up, batch handler, batches of 100"} {
+			for _, mode := range []string{"no-op", "sampled-out", "on"} {
+				want = append(want, "tracing "+mode+", "+work)
+			}
 		}
-		for _, f := range figs {
-			if f.Baseline != "untraced" || f.Projector <= 0 || f.Raw <= 0 || f.Ratio <= 0 {
-				t.Errorf("tracing figure %+v", f)
+		if !rep.Config.Tracing || len(figs) != len(want) {
+			t.Fatalf("--tracing: tracing %v, figures %+v, want %q", rep.Config.Tracing, figs, want)
+		}
+		for i, f := range figs {
+			if f.Figure != want[i] || f.Unit != "events/s" || f.Baseline != "untraced" || f.Projector <= 0 || f.Raw <= 0 || f.Ratio <= 0 {
+				t.Errorf("tracing figure %+v, want %q beside its untraced baseline", f, want[i])
+			}
+			if f.Raw != figs[i/3*3].Raw {
+				t.Errorf("%s: untraced %v events/s, the work's no-op line %v: want one untraced side per work", f.Figure, f.Raw, figs[i/3*3].Raw)
 			}
 		}
 	}

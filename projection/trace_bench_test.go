@@ -15,7 +15,8 @@ import (
 
 // BenchmarkCatchUpTracing measures catching up a backlog in batches of 500
 // with the batch form, each round beside the raw loop of the same round
-// (%-of-raw), with tracing off (the no-op provider), with an SDK that
+// (%-of-raw), with tracing off (the no-op provider), with the library's
+// default (the API's global provider, no SDK installed), with an SDK that
 // records nothing (a never-sampling sampler), and with every batch
 // sampled. For the sampled mode every event carries a traceparent, as a
 // traced application's would, so each batch span links 128 producers and
@@ -29,10 +30,11 @@ func BenchmarkCatchUpTracing(b *testing.B) {
 	store := pgtest.Store(b, benchmark.NewRegistry())
 	modes := []struct {
 		name   string
-		tp     trace.TracerProvider
-		traced bool // the backlog carries traceparents
+		tp     trace.TracerProvider // nil: the global one
+		traced bool                 // the backlog carries traceparents
 	}{
 		{"off", noop.NewTracerProvider(), false},
+		{"global-no-op", nil, false},
 		{"never-sampled", sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())), false},
 		{"never-sampled-traced-events", sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())), true},
 		{"sampled", sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample())), true},

@@ -270,7 +270,7 @@ func (r Report) Figures() []Figure {
 		)
 	}
 	for _, t := range r.Tracing {
-		out = append(out, Figure{Name: "tracing on, " + t.Name, Unit: "events/s", Projector: t.ProjectorRate(), Raw: t.RawRate(), Baseline: "untraced"})
+		out = append(out, t.Figure())
 	}
 	return out
 }

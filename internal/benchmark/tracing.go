@@ -1,6 +1,7 @@
 package benchmark
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,27 +9,57 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
+// TracingMode is what the traced side of a tracing figure runs.
+type TracingMode string
+
+// The tracing modes, each measured beside the same untraced side.
+const (
+	// TracingNoop is the no-op provider an application has when it uses
+	// the OpenTelemetry API and installs no SDK: the global default,
+	// which the library takes when given none, with each append under an
+	// application span of the same provider.
+	TracingNoop TracingMode = "no-op"
+	// TracingSampledOut is the SDK with a sampler that samples nothing
+	// (batch span processor, an exporter that discards): every span is
+	// started and none recorded.
+	TracingSampledOut TracingMode = "sampled-out"
+	// TracingSampled is the SDK sampling and recording every span.
+	TracingSampled TracingMode = "on"
+)
+
 // TracingResult is one figure of the tracing mode: the same work with
-// tracing off and with every span recorded, measured in turn in the same
-// run.
+// tracing off and traced as Mode says, measured in turn in the same run.
 type TracingResult struct {
 	// Name says what was measured ("append, 1 event/tx, 1 writer").
 	Name string
-	// Throughput's raw side is the work untraced (no span anywhere, the
-	// library's no-op tracer), its Projector side the same work traced.
+	// Mode is what the traced side ran.
+	Mode TracingMode
+	// Throughput's raw side is the work untraced (no span anywhere, an
+	// explicit no-op provider), its Projector side the same work traced
+	// as Mode says. The modes of one work share its untraced side.
 	Throughput
-	// Spans counts the spans the traced side ended: proof it traced.
+	// Spans counts the spans the traced side ended: proof it traced, and
+	// zero unless Mode is [TracingSampled].
 	Spans int64
 }
 
+// Figure returns r as a line of the report.
+func (r TracingResult) Figure() Figure {
+	return Figure{Name: "tracing " + string(r.Mode) + ", " + r.Name, Unit: "events/s",
+		Projector: r.ProjectorRate(), Raw: r.RawRate(), Baseline: "untraced"}
+}
+
 // tracingRounds is how many times each side of a tracing figure runs, in
-// turn (untraced, traced, untraced, …), so drift hits both alike.
+// turn (untraced, no-op, sampled out, sampled, untraced, …), so drift
+// hits every side alike.
 const tracingRounds = 3
 
 // discardExporter is a span exporter that counts what it is given and
@@ -36,131 +67,178 @@ const tracingRounds = 3
 // batching), the network none.
 type discardExporter struct{ spans atomic.Int64 }
 
-func (e *discardExporter) ExportSpans(_ context.Context, spans []trace.ReadOnlySpan) error {
+func (e *discardExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
 	e.spans.Add(int64(len(spans)))
 	return nil
 }
 
 func (e *discardExporter) Shutdown(context.Context) error { return nil }
 
-// newTracedProvider is an SDK provider sampling every span, exporting
-// through a batch processor to e: what an application with tracing on
-// runs, minus the collector.
-func newTracedProvider(e *discardExporter) *trace.TracerProvider {
-	return trace.NewTracerProvider(trace.WithSampler(trace.AlwaysSample()), trace.WithBatcher(e))
+var _ sdktrace.SpanExporter = (*discardExporter)(nil)
+
+// tracingSide is one side of the tracing figures: the provider the store
+// and the dispatcher are given, and the application's.
+type tracingSide struct {
+	mode TracingMode // "" for the untraced side
+	// tp goes into the configs; nil leaves the library's default (the
+	// global provider).
+	tp trace.TracerProvider
+	// request starts the application span each append runs under; nil
+	// for none.
+	request trace.Tracer
+	// sdk and exp are set on the SDK sides, to flush and count.
+	sdk *sdktrace.TracerProvider
+	exp *discardExporter
 }
 
-var _ trace.SpanExporter = (*discardExporter)(nil)
-
-// MeasureTracing measures what tracing costs, each figure its work with
-// tracing off beside the same work with every span sampled and recorded
-// (an SDK provider, a batch span processor, an exporter that discards):
-// appends of each of cfg.EventsPerTx events by one writer, each
-// transaction under an application span as a traced request's would be,
-// and a catch-up of cfg.Backlog events in batches of cfg.BatchSize with
-// the batch form, every event carrying a traceparent (one link per event
-// to the batch span, up to the cap). store's schema must be fresh (the
-// catch-up's backlog goes into it).
-func MeasureTracing(ctx context.Context, store *postgres.Store, cfg Config) (res []TracingResult, err error) {
-	cfg = cfg.WithDefaults()
+// newSDKSide is an SDK provider with sampler, exporting through a batch
+// processor to an exporter that discards: what an application with
+// tracing on runs, minus the collector.
+func newSDKSide(mode TracingMode, sampler sdktrace.Sampler) tracingSide {
 	exp := &discardExporter{}
-	tp := newTracedProvider(exp)
-	defer func() { err = errors.Join(err, tp.Shutdown(context.WithoutCancel(ctx))) }()
-	counted := func() (int64, error) {
-		err := tp.ForceFlush(ctx)
-		return exp.spans.Swap(0), err
-	}
+	sdk := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithBatcher(exp))
+	return tracingSide{mode: mode, tp: sdk, request: sdk.Tracer(requestScope), sdk: sdk, exp: exp}
+}
 
-	for _, n := range cfg.EventsPerTx {
-		cfg.Progress(fmt.Sprintf("tracing: append, %d event%s per transaction, 1 writer, off and on, %v", n, plural(n), cfg.AppendDuration))
-		r, err := measureAppendTracing(ctx, store, cfg.appendConfig(n, 1), tp)
-		if err != nil {
-			return res, err
-		}
-		if r.Spans, err = counted(); err != nil {
+// requestScope names the tracer of the application spans.
+const requestScope = "projector-bench"
+
+// spans flushes the side's spans and returns how many it ended since the
+// last call; zero for a side without an SDK.
+func (s tracingSide) spans(ctx context.Context) (int64, error) {
+	if s.sdk == nil {
+		return 0, nil
+	}
+	err := s.sdk.ForceFlush(ctx)
+	return s.exp.spans.Swap(0), err
+}
+
+// tracingResults turns one work's per-side totals (sides[0] the
+// untraced) into its figures, one per traced side.
+func tracingResults(ctx context.Context, name string, sides []tracingSide, totals []Throughput) ([]TracingResult, error) {
+	var res []TracingResult
+	for i, s := range sides[1:] {
+		r := TracingResult{Name: name, Mode: s.mode, Throughput: Throughput{
+			RawEvents: totals[0].ProjectorEvents, RawTime: totals[0].ProjectorTime,
+			ProjectorEvents: totals[i+1].ProjectorEvents, ProjectorTime: totals[i+1].ProjectorTime,
+		}}
+		var err error
+		if r.Spans, err = s.spans(ctx); err != nil {
 			return res, err
 		}
 		res = append(res, r)
 	}
+	return res, nil
+}
 
-	cfg.Progress(fmt.Sprintf("tracing: catch-up of %d events, batches of %d, off and on", cfg.Backlog, cfg.BatchSize))
+// MeasureTracing measures what tracing costs, each work with tracing off
+// beside the same work with the no-op provider ([TracingNoop]), with an
+// SDK that samples nothing ([TracingSampledOut]) and with every span
+// sampled and recorded ([TracingSampled]: an SDK provider, a batch span
+// processor, an exporter that discards), the four sides in turn: appends
+// of each of cfg.EventsPerTx events by one writer, each transaction of a
+// traced side under an application span as a request's would be, and a
+// catch-up of cfg.Backlog events in batches of cfg.BatchSize with the
+// batch form, every event carrying a sampled traceparent (one link per
+// event to a sampled batch span, up to the cap). store's schema must be
+// fresh (the catch-up's backlog goes into it).
+func MeasureTracing(ctx context.Context, store *postgres.Store, cfg Config) (res []TracingResult, err error) {
+	cfg = cfg.WithDefaults()
+	sides := []tracingSide{
+		{tp: noop.NewTracerProvider()},
+		{mode: TracingNoop, request: otel.Tracer(requestScope)},
+		newSDKSide(TracingSampledOut, sdktrace.NeverSample()),
+		newSDKSide(TracingSampled, sdktrace.AlwaysSample()),
+	}
+	defer func() {
+		for _, s := range sides {
+			if s.sdk != nil {
+				err = errors.Join(err, s.sdk.Shutdown(context.WithoutCancel(ctx)))
+			}
+		}
+	}()
+
+	for _, n := range cfg.EventsPerTx {
+		cfg.Progress(fmt.Sprintf("tracing: append, %d event%s per transaction, 1 writer, off, no-op, sampled out and on, %v", n, plural(n), cfg.AppendDuration))
+		r, err := measureAppendTracing(ctx, store, cfg.appendConfig(n, 1), sides)
+		if err != nil {
+			return res, err
+		}
+		res = append(res, r...)
+	}
+
+	cfg.Progress(fmt.Sprintf("tracing: catch-up of %d events, batches of %d, off, no-op, sampled out and on", cfg.Backlog, cfg.BatchSize))
 	c, err := NewCatchUp(ctx, store, cfg.catchUpConfig())
 	if err != nil {
 		return res, err
 	}
 	defer func() { err = errors.Join(err, c.Close(ctx)) }()
 	// What a traced application's events carry: a sampled traceparent
-	// each, so every batch span links its producers.
+	// each, so every sampled batch span links its producers.
 	if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_events")+
 		` SET headers = jsonb_build_object('traceparent', '00-' || md5(id::text) || '-' || left(md5(id::text || 's'), 16) || '-01')`); err != nil {
 		return res, fmt.Errorf("tracing: traceparents for the backlog: %w", err)
 	}
-	off, on := c.WithTracerProvider(noop.NewTracerProvider()), c.WithTracerProvider(tp)
-	r := TracingResult{Name: fmt.Sprintf("catch-up, batch handler, batches of %d", cfg.BatchSize)}
+	totals := make([]Throughput, len(sides))
 	for range tracingRounds {
-		for _, side := range []*CatchUp{off, on} {
-			took, err := side.timeDispatcher(ctx, Batched)
+		for i, s := range sides {
+			took, err := c.WithTracerProvider(s.tp).timeDispatcher(ctx, Batched)
 			if err != nil {
-				return res, fmt.Errorf("tracing: %w", err)
+				return res, fmt.Errorf("tracing %s: %w", cmp.Or(s.mode, "off"), err)
 			}
-			if side == off {
-				r.RawEvents, r.RawTime = r.RawEvents+int64(cfg.Backlog), r.RawTime+took
-			} else {
-				r.ProjectorEvents, r.ProjectorTime = r.ProjectorEvents+int64(cfg.Backlog), r.ProjectorTime+took
-			}
+			totals[i].ProjectorEvents, totals[i].ProjectorTime = totals[i].ProjectorEvents+int64(cfg.Backlog), totals[i].ProjectorTime+took
 		}
 	}
-	if r.Spans, err = counted(); err != nil {
-		return res, err
-	}
-	return append(res, r), nil
+	r, err := tracingResults(ctx, fmt.Sprintf("catch-up, batch handler, batches of %d", cfg.BatchSize), sides, totals)
+	return append(res, r...), err
 }
 
-// measureAppendTracing runs one writer's appends in slices, untraced and
-// traced in turn: the untraced side through a store with the no-op
-// provider and no span in its context, the traced one through a store
-// with tp, each transaction under an application span of tp's.
-func measureAppendTracing(ctx context.Context, store *postgres.Store, cfg AppendConfig, tp *trace.TracerProvider) (TracingResult, error) {
-	r := TracingResult{Name: fmt.Sprintf("append, %d event%s/tx, 1 writer", cfg.EventsPerTx, plural(cfg.EventsPerTx))}
-	untraced, err := postgres.New(ctx, store.Pool(), postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet,
-		TracerProvider: noop.NewTracerProvider()})
-	if err != nil {
-		return r, err
+// measureAppendTracing runs one writer's appends in slices, each side in
+// turn through a store of its own given the side's provider; the
+// untraced side with no span in its context, the others with each
+// transaction under an application span of the side's.
+func measureAppendTracing(ctx context.Context, store *postgres.Store, cfg AppendConfig, sides []tracingSide) ([]TracingResult, error) {
+	name := fmt.Sprintf("append, %d event%s/tx, 1 writer", cfg.EventsPerTx, plural(cfg.EventsPerTx))
+	writers := make([]*AppendWriter, len(sides))
+	var a *Appender
+	for i, s := range sides {
+		st, err := postgres.New(ctx, store.Pool(), postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet,
+			TracerProvider: s.tp})
+		if err != nil {
+			return nil, err
+		}
+		if a == nil {
+			if a, err = NewAppender(ctx, st, cfg.EventsPerTx); err != nil {
+				return nil, err
+			}
+			defer func() { _ = a.Close(ctx) }()
+			writers[i] = a.Writer(0)
+			continue
+		}
+		writers[i] = a.withStore(st, fmt.Sprintf("t%d", i)).Writer(0)
 	}
-	traced, err := postgres.New(ctx, store.Pool(), postgres.Config{Schema: store.Schema(), Registry: store.Registry(), Logger: quiet,
-		TracerProvider: tp})
-	if err != nil {
-		return r, err
-	}
-	a, err := NewAppender(ctx, untraced, cfg.EventsPerTx)
-	if err != nil {
-		return r, err
-	}
-	defer func() { _ = a.Close(ctx) }()
-	off, on := a.Writer(0), a.withStore(traced, "t").Writer(0)
-	request := tp.Tracer("projector-bench")
-	tracedOp := func(w *AppendWriter, ctx context.Context) error {
-		ctx, span := request.Start(ctx, "request")
-		defer span.End()
-		return w.Projector(ctx)
-	}
-	rounds := max(1, int(cfg.Duration/(2*appendSlice)))
-	slice := cfg.Duration / time.Duration(2*rounds)
+	rounds := max(1, int(cfg.Duration/(time.Duration(len(sides))*appendSlice)))
+	slice := cfg.Duration / time.Duration(len(sides)*rounds)
+	totals := make([]Throughput, len(sides))
 	for range rounds {
-		runtime.GC()
-		ops, took, err := appendPhase(ctx, []*AppendWriter{off}, (*AppendWriter).Projector, slice)
-		if err != nil {
-			return r, fmt.Errorf("tracing: untraced append: %w", err)
+		for i, s := range sides {
+			op := (*AppendWriter).Projector
+			if s.request != nil {
+				op = func(w *AppendWriter, ctx context.Context) error {
+					ctx, span := s.request.Start(ctx, "request")
+					defer span.End()
+					return w.Projector(ctx)
+				}
+			}
+			runtime.GC()
+			ops, took, err := appendPhase(ctx, writers[i:i+1], op, slice)
+			if err != nil {
+				return nil, fmt.Errorf("tracing %s: append: %w", cmp.Or(s.mode, "off"), err)
+			}
+			totals[i].ProjectorEvents, totals[i].ProjectorTime = totals[i].ProjectorEvents+ops*int64(cfg.EventsPerTx), totals[i].ProjectorTime+took
 		}
-		r.RawEvents, r.RawTime = r.RawEvents+ops*int64(cfg.EventsPerTx), r.RawTime+took
-		runtime.GC()
-		ops, took, err = appendPhase(ctx, []*AppendWriter{on}, tracedOp, slice)
-		if err != nil {
-			return r, fmt.Errorf("tracing: traced append: %w", err)
-		}
-		r.ProjectorEvents, r.ProjectorTime = r.ProjectorEvents+ops*int64(cfg.EventsPerTx), r.ProjectorTime+took
 	}
-	return r, nil
+	return tracingResults(ctx, name, sides, totals)
 }
 
 // withStore returns a copy of a appending through store, its streams named

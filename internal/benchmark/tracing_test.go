@@ -2,6 +2,7 @@ package benchmark_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,33 +12,48 @@ import (
 )
 
 // TestMeasureTracing: the tracing mode measures each append size and a
-// catch-up both ways, and its traced side really traced (spans ended:
-// an append span and a request span per transaction, batch spans for the
-// catch-up) while the untraced side ran as many events.
+// catch-up with the no-op provider, with an SDK that samples nothing and
+// with every span sampled, each beside the same untraced side of the
+// same rounds. Only the sampled side records (spans ended: an append span
+// and a request span per transaction, batch spans for the catch-up); the
+// SDK that samples nothing ends none.
 func TestMeasureTracing(t *testing.T) {
 	t.Parallel()
 	ctx, store := setup(t)
-	cfg := benchmark.Config{EventsPerTx: []int{1, 10}, AppendDuration: 400 * time.Millisecond, Backlog: 1000, BatchSize: 100}
+	cfg := benchmark.Config{EventsPerTx: []int{1, 10}, AppendDuration: 800 * time.Millisecond, Backlog: 1000, BatchSize: 100}
 	res, err := benchmark.MeasureTracing(ctx, store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"append, 1 event/tx, 1 writer", "append, 10 events/tx, 1 writer", "catch-up, batch handler, batches of 100"}
-	if len(res) != len(want) {
-		t.Fatalf("%d figures, want %d: %+v", len(res), len(want), res)
+	works := []string{"append, 1 event/tx, 1 writer", "append, 10 events/tx, 1 writer", "catch-up, batch handler, batches of 100"}
+	modes := []benchmark.TracingMode{benchmark.TracingNoop, benchmark.TracingSampledOut, benchmark.TracingSampled}
+	if len(res) != len(works)*len(modes) {
+		t.Fatalf("%d figures, want %d: %+v", len(res), len(works)*len(modes), res)
 	}
-	for i, r := range res {
-		if r.Name != want[i] || r.RawRate() <= 0 || r.ProjectorRate() <= 0 {
-			t.Errorf("figure %d: %+v, want %q with both sides measured", i, r, want[i])
+	for w, name := range works {
+		first := res[w*len(modes)]
+		for m, mode := range modes {
+			r := res[w*len(modes)+m]
+			if r.Name != name || r.Mode != mode || r.RawRate() <= 0 || r.ProjectorRate() <= 0 {
+				t.Errorf("figure %d: %+v, want %q %s with both sides measured", w*len(modes)+m, r, name, mode)
+			}
+			// One untraced side per work, shared by its three modes.
+			if r.RawEvents != first.RawEvents || r.RawTime != first.RawTime {
+				t.Errorf("%s %s: untraced side %d events in %v, the no-op figure's %d in %v", name, mode, r.RawEvents, r.RawTime, first.RawEvents, first.RawTime)
+			}
+			if mode != benchmark.TracingSampled && r.Spans != 0 {
+				t.Errorf("%s %s: %d spans recorded, want none", name, mode, r.Spans)
+			}
 		}
 	}
-	for i, r := range res[:2] {
-		// Every traced transaction ended its request span and its append span.
-		if tx := r.ProjectorEvents / int64(cfg.EventsPerTx[i]); r.Spans < 2*tx {
+	for i, n := range cfg.EventsPerTx {
+		// Every sampled transaction ended its request span and its append span.
+		r := res[i*len(modes)+2]
+		if tx := r.ProjectorEvents / int64(n); r.Spans < 2*tx {
 			t.Errorf("%s: %d spans for %d traced transactions", r.Name, r.Spans, tx)
 		}
 	}
-	if c := res[2]; c.Spans < 3*int64(cfg.Backlog/cfg.BatchSize) || c.RawEvents != 3*int64(cfg.Backlog) {
+	if c := res[len(res)-1]; c.Spans < 3*int64(cfg.Backlog/cfg.BatchSize) || c.RawEvents != 3*int64(cfg.Backlog) {
 		t.Errorf("catch-up: %d spans, %d untraced events; want a span per batch of 3 rounds of %d events", c.Spans, c.RawEvents, cfg.Backlog)
 	}
 }
@@ -57,12 +73,22 @@ func TestRunTracing(t *testing.T) {
 	}
 	var traced []benchmark.Figure
 	for _, f := range rep.Figures() {
-		if strings.HasPrefix(f.Name, "tracing on, ") {
+		if strings.HasPrefix(f.Name, "tracing ") {
 			traced = append(traced, f)
 		}
 	}
-	if len(traced) != 2 || traced[0].Baseline != "untraced" || traced[0].Ratio() <= 0 || traced[1].Ratio() <= 0 {
-		t.Fatalf("tracing figures %+v", traced)
+	want := []string{"tracing no-op, append, 1 event/tx, 1 writer", "tracing sampled-out, append, 1 event/tx, 1 writer",
+		"tracing on, append, 1 event/tx, 1 writer"}
+	for _, mode := range []string{"no-op", "sampled-out", "on"} {
+		want = append(want, fmt.Sprintf("tracing %s, catch-up, batch handler, batches of %d", mode, cfg.BatchSize))
+	}
+	if len(traced) != len(want) {
+		t.Fatalf("tracing figures %+v, want %q", traced, want)
+	}
+	for i, f := range traced {
+		if f.Name != want[i] || f.Baseline != "untraced" || f.Ratio() <= 0 {
+			t.Errorf("tracing figure %+v, want %q beside its untraced baseline", f, want[i])
+		}
 	}
 	var schemas []string
 	for _, p := range progress {
