@@ -160,13 +160,13 @@ func TestDispatcherSurvivesConnectionLoss(t *testing.T) {
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
 	cfg.MaxConns = 4
 	pool := pgtest.PoolFromConfig(t, cfg)
-	versions := e.appendMany(8, 8000, 200)
+	versions := e.appendMany(8, 4000, 200)
 	p := counting(e.schema, e.types, "counting", projection.AsyncConfig{BatchSize: 50})
 	d := e.dispatcher(projection.Config{Store: e.storeOn(pool), Projections: []*projection.Async{p}})
 
 	terminated := 0
 	for i := 0; i < 5 && e.applied("counting") < total(versions); i++ {
-		eventually(t, time.Minute, "progress before the next termination", func() bool { return e.applied("counting") > int64(i*1000) })
+		eventually(t, time.Minute, "progress before the next termination", func() bool { return e.applied("counting") > int64(i*600) })
 		var n int
 		err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) x`, app).Scan(&n)
 		if err != nil {

@@ -53,7 +53,7 @@ func runInlineChild() int {
 }
 
 // TestInlineRebuildSIGKILL kills a real process rebuilding an inline
-// projection six times, at random points of its replay, while 8 writers
+// projection three times, at random points of its replay, while 8 writers
 // append: the live model stays live and exact throughout (the writers'
 // appends keep landing in it, the corrupted row stays as it was: nothing of
 // a killed rebuild is ever live), each child resumes from the cursor the
@@ -112,7 +112,7 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 		return n
 	}
 	var rebuildID int64
-	for kill := range 6 {
+	for kill := range 3 {
 		from := processed()
 		child := pgtest.StartChild(t, inlineChildEnv+"=1", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+e.schema)
 		// Kill it once it has replayed a random number of events more.
