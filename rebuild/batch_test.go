@@ -12,9 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // A shadow pass reads RebuildBatchSize events at a time, the live shard
@@ -192,6 +194,15 @@ func TestQuietLogRebuildSwitchesBeforeRecheck(t *testing.T) {
 func TestShadowPassesCommitAsynchronouslyAndPipelineQueuedWrites(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	// The test sessions run with synchronous_commit off (pgtest); live
+	// passes here run on sessions with it on, to tell them from shadow ones.
+	cfg := pgtest.PoolConfig(t)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	store, err := postgres.New(e.ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: e.schema, Registry: e.types.Registry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.store = store
 	const streams = 40
 	for i := range streams {
 		e.appendBatch(t, i, 1)

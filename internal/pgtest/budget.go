@@ -7,9 +7,11 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -155,12 +157,45 @@ func acquireSlot(ctx context.Context, url string) (*pgx.Conn, error) {
 // pgxpool's pool_max_conns set to n, so a process that opens a pool on it
 // (the projector binary) keeps to the budget.
 func withPoolMaxConns(conn string, n int) string {
+	return withParam(conn, "pool_max_conns", strconv.Itoa(n))
+}
+
+// withParam returns conn (a URL or a keyword/value string) with the
+// connection parameter key set to value.
+func withParam(conn, key, value string) string {
 	u, err := url.Parse(conn)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return conn + " pool_max_conns=" + strconv.Itoa(n)
+		if value != "" && !strings.ContainsAny(value, ` '\`) {
+			return conn + " " + key + "=" + value
+		}
+		return conn + " " + key + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(value) + "'"
 	}
 	q := u.Query()
-	q.Set("pool_max_conns", strconv.Itoa(n))
-	u.RawQuery = q.Encode()
+	q.Set(key, value)
+	// Spaces as %20: pgx reads a query's "+" as a plus sign.
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	return u.String()
+}
+
+// withoutFlushWait returns conn with synchronous_commit off for its
+// sessions (appended to any options it has): a commit returns before its WAL
+// reaches the disk. The tests kill clients, never the server, and a commit
+// is visible to every other session at once either way, so nothing they
+// check changes; the suite stops waiting for an fsync per commit (a third
+// of the time of the tests that append most, on a shared disk). A test
+// that needs the server's own setting sets it on its pool.
+func withoutFlushWait(conn string) string {
+	opt := "-c synchronous_commit=off"
+	if u, err := url.Parse(conn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		if o := u.Query().Get("options"); o != "" {
+			opt = o + " " + opt
+		}
+		return withParam(conn, "options", opt)
+	}
+	if cfg, err := pgconn.ParseConfig(conn); err == nil {
+		if o := cfg.RuntimeParams["options"]; o != "" {
+			opt = o + " " + opt
+		}
+	}
+	return withParam(conn, "options", opt)
 }

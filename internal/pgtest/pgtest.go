@@ -146,6 +146,7 @@ func setup() {
 			return
 		}
 	}
+	shared.url = withoutFlushWait(shared.url)
 	cfg, err := pgxpool.ParseConfig(shared.url)
 	if err != nil {
 		shared.err = fmt.Errorf("parse %s: %w", EnvURL, err)

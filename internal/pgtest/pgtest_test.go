@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -219,5 +220,31 @@ func TestSharedPoolHasTheParentsSize(t *testing.T) {
 	t.Parallel()
 	if got := Pool(t).Config().MaxConns; got != sharedPoolConns {
 		t.Fatalf("shared pool MaxConns = %d, want %d", got, sharedPoolConns)
+	}
+}
+
+// Test sessions run with synchronous_commit off, whatever form the URL has
+// and whatever options it carries already.
+func TestWithoutFlushWait(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		"postgres://postgres@127.0.0.1:5432/db?sslmode=disable",
+		"postgres://postgres@127.0.0.1:5432/db?options=-c%20statement_timeout%3D5s",
+		"host=/tmp dbname=db",
+		"host=/tmp dbname=db options='-c statement_timeout=5s'",
+	} {
+		got := withoutFlushWait(in)
+		cfg, err := pgxpool.ParseConfig(got)
+		if err != nil {
+			t.Fatalf("pgxpool.ParseConfig(%q): %v", got, err)
+		}
+		opts := cfg.ConnConfig.RuntimeParams["options"]
+		if !strings.HasSuffix(opts, "-c synchronous_commit=off") || (strings.Contains(in, "statement_timeout") && !strings.Contains(opts, "-c statement_timeout=5s")) {
+			t.Errorf("withoutFlushWait(%q) = %q: options %q", in, got, opts)
+		}
+	}
+	var sc string
+	if err := Pool(t).QueryRow(context.Background(), `SELECT current_setting('synchronous_commit')`).Scan(&sc); err != nil || sc != "off" {
+		t.Fatalf("a test session's synchronous_commit: %q, %v; want off", sc, err)
 	}
 }
