@@ -58,10 +58,17 @@ func newBalancer(consumer string, shards []*shard) *balancer {
 }
 
 // member is what the instances row lists for a process that balances the
-// consumer's partitions: NAME/N, which no consumer name can be. A process
-// that runs the consumer unpartitioned (an older binary, fenced) lists only
-// NAME and is not counted in the share.
-func (b *balancer) member() string { return b.consumer + "/" + strconv.Itoa(len(b.shards)) }
+// consumer's partitions: NAME/N@vV (V its model version), which no consumer
+// name can be. A process that runs the consumer unpartitioned (an older
+// binary, fenced) lists only NAME and is not counted in the share; nor is
+// one of another model version (a blue/green rebuild's old or new
+// binary), which balances only the partitions at its own version.
+func (b *balancer) member() string {
+	return b.consumer + "/" + strconv.Itoa(len(b.shards)) + "@v" + strconv.Itoa(b.version())
+}
+
+// version is the model version of the balanced projection.
+func (b *balancer) version() int { return b.shards[0].proj.cfg.Version }
 
 // owns reports whether this process works partition p, as the last round
 // decided.
@@ -91,7 +98,7 @@ type balanceSQL struct {
 func buildBalanceSQL(store *postgres.Store) balanceSQL {
 	c, i := store.Table("projector_consumers"), store.Table("projector_instances")
 	return balanceSQL{
-		owners: `SELECT instance_id, coalesce(owner, '') FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%'`,
+		owners: `SELECT instance_id, coalesce(owner, ''), version FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%'`,
 		live: `SELECT instance_id FROM ` + i + ` WHERE $1 = ANY(consumers) AND stopped_at IS NULL
 			AND last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * heartbeat_every`,
 		claim:      `UPDATE ` + c + ` SET owner = $3 WHERE name = $1 AND instance_id = $2 AND coalesce(owner, '') = $4`,
@@ -136,11 +143,15 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 		owners = make([]string, len(b.shards))
 		for rows.Next() {
 			var id, owner string
-			if err := rows.Scan(&id, &owner); err != nil {
+			var version int
+			if err := rows.Scan(&id, &owner, &version); err != nil {
 				return err
 			}
 			if p, n, ok := ParsePartition(id); ok && n == len(b.shards) {
 				owners[p] = owner
+				if version != b.version() {
+					owners[p] = otherVersion
+				}
 			}
 		}
 		return rows.Err()
@@ -156,7 +167,39 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 	if !slices.Contains(live, d.instance) {
 		live = append(live, d.instance) // this process runs, whatever its last heartbeat says
 	}
-	plan := planBalance(d.instance, owners, live)
+	// Partitions at another model version (a blue/green rebuild has not
+	// switched them to this one yet, or switched them past it) are not
+	// this process's to work: it balances the others among the processes
+	// of its version.
+	var at []int
+	for p, o := range owners {
+		if o == otherVersion {
+			b.set(p, false)
+		} else {
+			at = append(at, p)
+		}
+	}
+	sub := make([]string, len(at))
+	for i, p := range at {
+		sub[i] = owners[p]
+	}
+	plan := planBalance(d.instance, sub, live)
+	for i := range plan.release {
+		plan.release[i] = at[plan.release[i]]
+	}
+	for i := range plan.claim {
+		plan.claim[i] = at[plan.claim[i]]
+	}
+	return d.carryOut(ctx, b, owners, plan)
+}
+
+// otherVersion stands in the owners a balancing round reads for a
+// partition at another model version than the process's.
+const otherVersion = "\x00other version"
+
+// carryOut releases and claims partitions as plan says, and records what
+// this process owns.
+func (d *Dispatcher) carryOut(ctx context.Context, b *balancer, owners []string, plan balancePlan) error {
 	for _, p := range plan.release {
 		if _, err := d.store.Pool().Exec(ctx, d.bsql.release, b.consumer, b.shards[p].id.Instance, d.instance); err != nil {
 			return err
@@ -174,6 +217,9 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 		}
 	}
 	for p, owner := range owners {
+		if owner == otherVersion {
+			continue
+		}
 		if owner == d.instance && !slices.Contains(plan.release, p) {
 			b.set(p, true)
 		} else if owner != d.instance && owner != "" && !slices.Contains(plan.claim, p) {

@@ -210,8 +210,8 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		if err != nil {
 			return fmt.Errorf("rebuild %s: %w", name, err)
 		}
-		if version == projection.PartitionedVersion {
-			return fmt.Errorf("%w: %s is partitioned, and rebuilds of partitioned consumers are not built yet (docs/scaling.md)", ErrNotRebuildable, name)
+		if version == projection.PartitionedVersion && opts.Mode == InPlace {
+			return fmt.Errorf("%w: %s is partitioned, and in-place rebuilds of partitioned consumers are not built yet; rebuild it blue/green (the default): the shadow builds unpartitioned and every partition switches in at its cursor", ErrNotRebuildable, name)
 		}
 		if opts.Mode == InPlace && status == string(projection.StatusDisabled) {
 			return fmt.Errorf("%w: an in-place rebuild of %s would clear its tables for a replay no dispatcher runs; enable it first (`projector consumer enable %s`), or rebuild it blue/green", ErrDisabled, name, name)

@@ -1,0 +1,145 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+)
+
+// Blue/green rebuilds of a partitioned consumer (docs/rebuilds.md,
+// "Partitioned consumers").
+//
+// The shadow shard builds unpartitioned: one cursor over the whole log, as
+// for any consumer. It switches in under every live partition's lock, in
+// the transaction that has just applied everything below the horizon: each
+// partition's cursor is at or behind the shadow's (none can move while its
+// lock is held), and the shadow has applied every event of every
+// partition up to its cursor, so every partition takes the shadow's cursor
+// and the new version. The fence row (version PartitionedVersion) stays.
+// The partition count is the live one: a version that declares another
+// count does not start (ErrPartitionsChanged), and one that declares none
+// never switches a partitioned consumer (nor a partitioned version an
+// unpartitioned one).
+
+// liveShards are the shards a shadow shard of sh's projection switches in
+// for: the unpartitioned shard, or every partition.
+func (sh *shard) liveShards() []ShardID {
+	n := sh.proj.cfg.Partitions
+	if n <= 1 {
+		return []ShardID{{Consumer: sh.id.Consumer, Instance: SharedInstance}}
+	}
+	ids := make([]ShardID, n)
+	for p := range n {
+		ids[p] = ShardID{Consumer: sh.id.Consumer, Instance: PartitionInstance(p, n)}
+	}
+	return ids
+}
+
+// instances returns the instance ids of ids.
+func instances(ids []ShardID) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = id.Instance
+	}
+	return out
+}
+
+// tryLockLive tries, in tx, the locks of every live shard sh's shadow
+// switches in for, without waiting; it reports whether it holds them all
+// (those it took are held to the end of tx either way).
+func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (bool, error) {
+	ids := sh.liveShards()
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = shardLockKey(d.store.Schema(), id)
+	}
+	var locked bool
+	// bool_and evaluates every row: each lock is tried.
+	if err := tx.QueryRow(ctx, `SELECT bool_and(pg_try_advisory_xact_lock(hashtextextended(k, 0))) FROM unnest($1::text[]) k`, keys).Scan(&locked); err != nil {
+		return false, fmt.Errorf("shadow pass: lock the live shards: %w", err)
+	}
+	return locked, nil
+}
+
+// liveBehind reports whether the live shards sh's shadow switches in for
+// are what its projection expects (partitioned into as many partitions, or
+// not partitioned) and stand at or behind next, read under their locks.
+func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position) (bool, error) {
+	rows, err := tx.Query(ctx, `SELECT instance_id, version, cursor_tx_id, cursor_seq FROM `+d.store.Table("projector_consumers")+`
+		WHERE name = $1 AND (instance_id = '`+SharedInstance+`' OR instance_id LIKE '`+PartitionPrefix+`%')`, sh.id.Consumer)
+	if err != nil {
+		return false, fmt.Errorf("switch: read the live cursors: %w", err)
+	}
+	defer rows.Close()
+	want := map[string]bool{}
+	for _, id := range sh.liveShards() {
+		want[id.Instance] = true
+	}
+	n := sh.proj.cfg.Partitions
+	fenced, found := false, 0
+	for rows.Next() {
+		var id string
+		var version int
+		var cursor projector.Position
+		if err := rows.Scan(&id, &version, &cursor.TxID, &cursor.Seq); err != nil {
+			return false, fmt.Errorf("switch: read the live cursors: %w", err)
+		}
+		if id == SharedInstance && version == PartitionedVersion {
+			fenced = true
+			if n > 1 {
+				continue
+			}
+		}
+		if !want[id] {
+			continue // an unpartitioned consumer's leftover partition rows, or the fence
+		}
+		found++
+		if next.Less(cursor) {
+			return false, nil // cannot happen with the live locks held; never switch backwards
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("switch: read the live cursors: %w", err)
+	}
+	if fenced != (n > 1) || found != len(want) {
+		d.logger.ErrorContext(ctx, "projection dispatcher: rebuild cannot switch: the live consumer is partitioned differently from this version; declare the live partition count (AsyncConfig.Partitions) in this version, or cancel the rebuild",
+			slog.String("consumer", sh.id.Consumer), slog.Int("this_version_partitions", n), slog.Bool("live_partitioned", fenced))
+		return false, nil
+	}
+	return true, nil
+}
+
+// handOverDeadLetters gives the shadow shard's dead letters to the live
+// shard their stream belongs to, whose lock a retry of them takes.
+func (d *Dispatcher) handOverDeadLetters(ctx context.Context, tx pgx.Tx, sh *shard) error {
+	dl := d.store.Table("projector_dead_letters")
+	var err error
+	if n := sh.proj.cfg.Partitions; n > 1 {
+		shift := 32 - bitsOf(n)
+		_, err = tx.Exec(ctx, `UPDATE `+dl+` SET instance_id = '`+PartitionPrefix+`' ||
+				(`+d.store.Table("projector_stream_hash")+`(tenant_id, stream_type, stream_id) >> `+strconv.Itoa(shift)+`)::text || '/`+strconv.Itoa(n)+`'
+			WHERE consumer = $1 AND instance_id = $2 AND model_rebuild_id = $3`, sh.id.Consumer, RebuildInstance, sh.shadow.rebuildID)
+	} else {
+		_, err = tx.Exec(ctx, `UPDATE `+dl+` SET instance_id = $4
+			WHERE consumer = $1 AND instance_id = $2 AND model_rebuild_id = $3`, sh.id.Consumer, RebuildInstance, sh.shadow.rebuildID, SharedInstance)
+	}
+	if err != nil {
+		return fmt.Errorf("switch: hand the shadow shard's dead letters to the live shards: %w", err)
+	}
+	return nil
+}
+
+// bitsOf returns log2 n for a power of two n.
+func bitsOf(n int) int {
+	b := 0
+	for n > 1 {
+		n >>= 1
+		b++
+	}
+	return b
+}

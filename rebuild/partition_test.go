@@ -1,0 +1,122 @@
+package rebuild_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
+)
+
+// partitionedEnv is newEnv with the log's partition index, which
+// partitioned consumers need.
+func partitionedEnv(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t)
+	if err := e.store.CreatePartitionIndex(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// freshDiff compares the live counts table with what a fresh build of the
+// whole log gives (every opened and commented event counted per stream),
+// in one statement: the rows that differ, and the versions the rows carry.
+func (e *env) freshDiff() (diff int64, versions []int32, err error) {
+	counts := pgx.Identifier{e.schema, "counts"}.Sanitize()
+	err = e.store.Pool().QueryRow(e.ctx, `WITH fresh AS (
+			SELECT stream_id, count(*)::int AS n FROM `+e.store.Table("projector_events")+`
+			WHERE type IN ('ticket.opened', 'ticket.commented') GROUP BY stream_id)
+		SELECT (SELECT count(*) FROM fresh f FULL JOIN `+counts+` c USING (stream_id) WHERE f.n IS DISTINCT FROM c.n),
+			(SELECT coalesce(array_agg(DISTINCT v ORDER BY v), '{}') FROM `+counts+`)`).Scan(&diff, &versions)
+	return diff, versions, err
+}
+
+// A blue/green rebuild of a partitioned consumer, under concurrent writers,
+// with two processes of version 1 serving and two of version 2 building:
+// the shadow builds unpartitioned, switches in with every partition at its
+// cursor, and the model version 2 serves once the writers stop equals a
+// fresh build of the log. The processes of version 1 keep running after
+// the switch, so version 2's must get every partition from them (the
+// balancing is per model version).
+func TestBlueGreenRebuildOfPartitionedConsumer(t *testing.T) {
+	t.Parallel()
+	e := partitionedEnv(t)
+	cfg := func(id string) projection.Config { return projection.Config{InstanceID: id} }
+	startDispatcher(t, e.store, cfg("old-a"), e.counter(1, projection.AsyncConfig{BatchSize: 50, Partitions: 4}))
+	startDispatcher(t, e.store, cfg("old-b"), e.counter(1, projection.AsyncConfig{BatchSize: 50, Partitions: 4}))
+	stop := make(chan struct{})
+	writers := e.write(4, stop)
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		writers.Wait()
+	}()
+	eventually(t, time.Minute, "version 1 to serve", func() bool {
+		_, versions, err := e.freshDiff()
+		return err == nil && len(versions) == 1 && versions[0] == 1
+	})
+	startDispatcher(t, e.store, cfg("new-a"), e.counter(2, projection.AsyncConfig{BatchSize: 200, Partitions: 4}))
+	startDispatcher(t, e.store, cfg("new-b"), e.counter(2, projection.AsyncConfig{BatchSize: 200, Partitions: 4}))
+
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: rebuild.InPlace}); !errors.Is(err, rebuild.ErrNotRebuildable) {
+		t.Fatalf("an in-place rebuild of a partitioned consumer: %v, want ErrNotRebuildable", err)
+	}
+	rb, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rb.Version != 2 || rb.Mode != rebuild.BlueGreen {
+		t.Fatalf("requested %+v", rb)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Minute)
+	defer cancel()
+	final, err := rebuild.Wait(ctx, e.store, "counter", 20*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Status != rebuild.Switched {
+		t.Fatalf("rebuild ended %+v", final)
+	}
+	close(stop)
+	writers.Wait()
+
+	var diff int64
+	var versions []int32
+	eventually(t, 2*time.Minute, "version 2 to serve a model equal to a fresh build", func() bool {
+		diff, versions, err = e.freshDiff()
+		return err == nil && diff == 0 && len(versions) == 1 && versions[0] == 2
+	})
+	// Every partition switched to version 2; the fence stays.
+	rows, err := e.store.Pool().Query(e.ctx, `SELECT instance_id, version FROM `+e.store.Table("projector_consumers")+` WHERE name = 'counter'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for rows.Next() {
+		var id string
+		var v int
+		if err := rows.Scan(&id, &v); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = v
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	if len(got) != 5 || got[projection.SharedInstance] != projection.PartitionedVersion {
+		t.Fatalf("consumer rows after the switch: %v, want the fence and 4 partitions", got)
+	}
+	for p := range 4 {
+		if v := got[projection.PartitionInstance(p, 4)]; v != 2 {
+			t.Fatalf("partition %d at version %d after the switch, want 2 (%v)", p, v, got)
+		}
+	}
+}
