@@ -3,11 +3,14 @@ package rebuild_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 )
@@ -87,6 +90,20 @@ func TestBlueGreenRebuildOfPartitionedConsumer(t *testing.T) {
 	}
 	close(stop)
 	writers.Wait()
+	// Events after the switch (the writers may have finished before it):
+	// streams enough that every partition gets some, which version 2's
+	// processes apply while version 1's still run.
+	if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		for i := range 64 {
+			if _, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprintf("after-%d", i)), projector.NoStream,
+				testevents.TicketOpened{Title: "after"}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 
 	var diff int64
 	var versions []int32
