@@ -50,13 +50,13 @@ type ShardJSON struct {
 	Partition  *int   `json:"partition,omitempty"`
 	Partitions int    `json:"partitions,omitempty"`
 	Owner      string `json:"owner,omitempty"`
-	// RatePerSecond, Skew and Hot are a partition's load: events per
+	// InPerSecond, Skew and Hot are a partition's load: events per
 	// second appended to its streams over the log's latest events, its
 	// share of them over an even share (0: too few to tell), and whether
 	// that is projection.HotSkew or more.
-	RatePerSecond *float64 `json:"rate_per_second,omitempty"`
-	Skew          *float64 `json:"skew,omitempty"`
-	Hot           *bool    `json:"hot,omitempty"`
+	InPerSecond *float64 `json:"in_per_second,omitempty"`
+	Skew        *float64 `json:"skew,omitempty"`
+	Hot         *bool    `json:"hot,omitempty"`
 	// ParkedStreams counts the shard's open parks (`parked list`).
 	ParkedStreams int64 `json:"parked_streams"`
 }
@@ -73,9 +73,9 @@ func toJSON(s projection.ShardState) ShardJSON {
 	}
 	if s.Partitions > 0 {
 		p := s.Partition
-		rate, skew, hot := s.Rate, s.Skew, s.Hot()
+		in, skew, hot := s.InRate, s.Skew, s.Hot()
 		j.Partition, j.Partitions, j.Owner = &p, s.Partitions, s.Owner
-		j.RatePerSecond, j.Skew, j.Hot = &rate, &skew, &hot
+		j.InPerSecond, j.Skew, j.Hot = &in, &skew, &hot
 	}
 	if !s.LastErrorAt.IsZero() {
 		j.LastErrorAt = &s.LastErrorAt

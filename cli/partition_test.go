@@ -138,8 +138,8 @@ func TestStatusShowsHotPartition(t *testing.T) {
 	for _, s := range shards {
 		switch {
 		case s.Partitions == 0:
-		case s.Partition == hotPart && (s.Skew < projection.HotSkew || s.Rate <= 0 || !s.Hot()):
-			t.Errorf("hot partition %d: rate %.1f, skew %.2f, hot %v; want skew ≥ %v", s.Partition, s.Rate, s.Skew, s.Hot(), projection.HotSkew)
+		case s.Partition == hotPart && (s.Skew < projection.HotSkew || s.InRate <= 0 || !s.Hot()):
+			t.Errorf("hot partition %d: in %.1f/s, skew %.2f, hot %v; want skew ≥ %v", s.Partition, s.InRate, s.Skew, s.Hot(), projection.HotSkew)
 		case s.Partition != hotPart && (s.Skew >= 1 || s.Hot()):
 			t.Errorf("calm partition %d: skew %.2f, hot %v", s.Partition, s.Skew, s.Hot())
 		}
@@ -162,7 +162,7 @@ func TestStatusShowsHotPartition(t *testing.T) {
 	if out := run("consumer", "status", "skewed", "--partition", strconv.Itoa(hotPart)); !strings.Contains(out, "HOT") || !strings.Contains(out, "/s") {
 		t.Errorf("consumer status of the hot partition:\n%s", out)
 	}
-	if out := run("status", "-o", "json"); !strings.Contains(out, `"skew"`) || !strings.Contains(out, `"hot": true`) || !strings.Contains(out, `"rate_per_second"`) {
+	if out := run("status", "-o", "json"); !strings.Contains(out, `"skew"`) || !strings.Contains(out, `"hot": true`) || !strings.Contains(out, `"in_per_second"`) {
 		t.Errorf("status -o json lacks rate, skew and hot:\n%s", out)
 	}
 }

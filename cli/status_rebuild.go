@@ -94,7 +94,7 @@ func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
 // events at, and its skew when there is one to tell ("in 12.5/s, skew
 // 3.10 HOT").
 func loadCell(s projection.ShardState) string {
-	out := fmt.Sprintf("in %.1f/s", s.Rate)
+	out := fmt.Sprintf("in %.1f/s", s.InRate)
 	if s.Skew > 0 {
 		out += fmt.Sprintf(", skew %.2f", s.Skew)
 	}

@@ -13,7 +13,7 @@ import (
 // which adding processes cannot spread since a stream lives in one
 // partition).
 
-// LoadWindow is how many of the log's latest events a partition's Rate and
+// LoadWindow is how many of the log's latest events a partition's InRate and
 // Skew are measured over: read newest first through the log's primary key,
 // one hash each, so a status costs the same on any log.
 const LoadWindow = 10_000
@@ -30,7 +30,7 @@ const HotSkew = 2.0
 // log's recent events or more.
 func (s ShardState) Hot() bool { return s.Partitions > 0 && s.Skew >= HotSkew }
 
-// partitionLoad fills Rate and Skew of the partitions among shards from the
+// partitionLoad fills InRate and Skew of the partitions among shards from the
 // log's last LoadWindow events, counted per bucket of the partition index
 // (a partition p of n holds buckets [p·64/n, (p+1)·64/n)), in one
 // statement, run only if there are partitions.
@@ -80,7 +80,7 @@ func (a *Admin) partitionLoad(ctx context.Context, shards []ShardState) error {
 		for _, c := range buckets[s.Partition*width : (s.Partition+1)*width] {
 			n += c
 		}
-		s.Rate = float64(n) / span
+		s.InRate = float64(n) / span
 		if total >= MinLoadSample {
 			s.Skew = float64(n) * float64(s.Partitions) / float64(total)
 		}

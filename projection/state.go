@@ -97,13 +97,13 @@ type ShardState struct {
 	// instance that works the partition, "" for none yet.
 	Partition, Partitions int
 	Owner                 string
-	// Rate and Skew measure a partition's load (zero on other shards): Rate
+	// InRate and Skew measure a partition's load (zero on other shards): InRate
 	// is the events per second appended to its streams over the log's last
 	// [LoadWindow] events, and Skew its share of those events over an even
 	// share (1: even; [HotSkew] or more: a hot partition, see
 	// [ShardState.Hot]). Skew is zero while the window holds fewer than
 	// [MinLoadSample] events.
-	Rate, Skew float64
+	InRate, Skew float64
 	// Parked counts the shard's open parks ([ParkStream]): streams whose
 	// events wait for an operator's retry or discard.
 	Parked int64
