@@ -143,3 +143,19 @@ func bitsOf(n int) int {
 	}
 	return b
 }
+
+// RebuildShardSQL joins, to a row r of projector_rebuilds, the shard s the
+// rebuild runs on (consumers is the qualified projector_consumers): the
+// shadow shard blue/green; in place, the shared shard, or the partitions
+// of a partitioned consumer, the furthest behind standing for them. s has
+// name, cursor_tx_id, cursor_seq and replayed: no shard of it is still
+// replaying in place (every partition has passed its replay mark). Used by
+// rebuild.List and the rebuild gauges, so both measure the same.
+func RebuildShardSQL(consumers string) string {
+	return `LEFT JOIN LATERAL (
+			SELECT s.name, s.cursor_tx_id, s.cursor_seq, bool_and(s.replay_until_tx_id IS NULL) OVER () AS replayed
+			FROM ` + consumers + ` s WHERE s.name = r.name AND CASE WHEN r.mode = 'blue-green' THEN s.instance_id = '` + RebuildInstance + `'
+				ELSE (s.instance_id = '` + SharedInstance + `' AND s.version <> ` + strconv.Itoa(PartitionedVersion) + `)
+					OR starts_with(s.instance_id, '` + PartitionPrefix + `') END
+			ORDER BY s.cursor_tx_id, s.cursor_seq LIMIT 1) s ON true`
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,9 +70,6 @@ func TestBlueGreenRebuildOfPartitionedConsumer(t *testing.T) {
 	startDispatcher(t, e.store, cfg("new-a"), e.counter(2, projection.AsyncConfig{BatchSize: 200, Partitions: 4}))
 	startDispatcher(t, e.store, cfg("new-b"), e.counter(2, projection.AsyncConfig{BatchSize: 200, Partitions: 4}))
 
-	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: rebuild.InPlace}); !errors.Is(err, rebuild.ErrNotRebuildable) {
-		t.Fatalf("an in-place rebuild of a partitioned consumer: %v, want ErrNotRebuildable", err)
-	}
 	rb, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -135,5 +133,76 @@ func TestBlueGreenRebuildOfPartitionedConsumer(t *testing.T) {
 		if v := got[projection.PartitionInstance(p, 4)]; v != 2 {
 			t.Fatalf("partition %d at version %d after the switch, want 2 (%v)", p, v, got)
 		}
+	}
+}
+
+// An in-place rebuild of a partitioned consumer, under concurrent writers,
+// with two processes running it: the tables are cleared and every
+// partition rewound under every partition's lock, each replays its own
+// streams, the rebuild is done once every partition has replayed up to
+// where it stood, and the model equals a fresh build of the log. A
+// disabled partition refuses it (its streams would stay empty).
+func TestInPlaceRebuildOfPartitionedConsumer(t *testing.T) {
+	t.Parallel()
+	e := partitionedEnv(t)
+	startDispatcher(t, e.store, projection.Config{InstanceID: "one"}, e.counter(1, projection.AsyncConfig{BatchSize: 50, Partitions: 4}))
+	startDispatcher(t, e.store, projection.Config{InstanceID: "two"}, e.counter(1, projection.AsyncConfig{BatchSize: 50, Partitions: 4}))
+	stop := make(chan struct{})
+	writers := e.write(4, stop)
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		writers.Wait()
+	}()
+	eventually(t, time.Minute, "the model to fill", func() bool {
+		_, versions, err := e.freshDiff()
+		return err == nil && len(versions) == 1
+	})
+	admin := projection.NewAdmin(e.store)
+	p2 := projection.ShardID{Consumer: "counter", Instance: projection.PartitionInstance(2, 4)}
+	if err := admin.Disable(e.ctx, p2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: rebuild.InPlace}); !errors.Is(err, rebuild.ErrDisabled) {
+		t.Fatalf("in place with a disabled partition: %v, want ErrDisabled", err)
+	}
+	if err := admin.Enable(e.ctx, p2); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: rebuild.InPlace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rb.Mode != rebuild.InPlace || rb.Status != rebuild.Building {
+		t.Fatalf("requested %+v", rb)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Minute)
+	defer cancel()
+	final, err := rebuild.Wait(ctx, e.store, "counter", 20*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Status != rebuild.Done {
+		t.Fatalf("rebuild ended %+v", final)
+	}
+	close(stop)
+	writers.Wait()
+	var diff int64
+	eventually(t, 2*time.Minute, "a model equal to a fresh build", func() bool {
+		diff, _, err = e.freshDiff()
+		return err == nil && diff == 0
+	})
+	var fence int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT version FROM `+e.store.Table("projector_consumers")+` WHERE name = 'counter' AND instance_id = $1`,
+		projection.SharedInstance).Scan(&fence); err != nil || fence != projection.PartitionedVersion {
+		t.Fatalf("the fence after an in-place rebuild: version %d, %v", fence, err)
+	}
+	// A partial rebuild is not built for partitions: refused, saying so.
+	scoped := e.counter(1, projection.AsyncConfig{Partitions: 4, ResetScope: func(context.Context, pgx.Tx, projection.Scope) error { return nil }})
+	if _, err := rebuild.Partial(e.ctx, e.store, scoped, projection.TenantScope("a"), rebuild.PartialOptions{}); !errors.Is(err, rebuild.ErrNotRebuildable) || !strings.Contains(err.Error(), "partitioned") {
+		t.Fatalf("a partial rebuild of a partitioned consumer: %v, want ErrNotRebuildable saying it is partitioned", err)
 	}
 }
