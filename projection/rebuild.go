@@ -38,6 +38,9 @@ type shadow struct {
 	final bool
 	// retrySoon is set when a pass wanted to switch and could not.
 	retrySoon bool
+	// misfit is set once a switch was refused because the live consumer
+	// is partitioned otherwise than this version (said once).
+	misfit bool
 }
 
 // replayState returns what handlers of sh see while replaying.

@@ -107,6 +107,10 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 		return false, fmt.Errorf("switch: read the live cursors: %w", err)
 	}
 	if fenced != (n > 1) || found != len(want) {
+		if sh.shadow.misfit {
+			return false, nil
+		}
+		sh.shadow.misfit = true
 		d.logger.ErrorContext(ctx, "projection dispatcher: rebuild cannot switch: the live consumer is partitioned differently from this version; declare the live partition count (AsyncConfig.Partitions) in this version, or cancel the rebuild",
 			slog.String("consumer", sh.id.Consumer), slog.Int("this_version_partitions", n), slog.Bool("live_partitioned", fenced))
 		return false, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
@@ -204,5 +206,45 @@ func TestInPlaceRebuildOfPartitionedConsumer(t *testing.T) {
 	scoped := e.counter(1, projection.AsyncConfig{Partitions: 4, ResetScope: func(context.Context, pgx.Tx, projection.Scope) error { return nil }})
 	if _, err := rebuild.Partial(e.ctx, e.store, scoped, projection.TenantScope("a"), rebuild.PartialOptions{}); !errors.Is(err, rebuild.ErrNotRebuildable) || !strings.Contains(err.Error(), "partitioned") {
 		t.Fatalf("a partial rebuild of a partitioned consumer: %v, want ErrNotRebuildable saying it is partitioned", err)
+	}
+}
+
+// A version that declares no partitions never switches in for a
+// partitioned consumer: its shadow builds and catches up, the switch is
+// refused with an error saying why, and the partitions and their
+// fence stay as they were, so the processes of the live version are not
+// left writing the tables the new version would serve.
+func TestRebuildOfPartitionedConsumerByUnpartitionedVersionRefused(t *testing.T) {
+	t.Parallel()
+	e := partitionedEnv(t)
+	startDispatcher(t, e.store, projection.Config{InstanceID: "parted"}, e.counter(1, projection.AsyncConfig{Partitions: 4}))
+	for i := range 20 {
+		if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+			_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprintf("s%d", i)), projector.NoStream, testevents.TicketOpened{Title: "t"})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs := &pgtest.SyncBuffer{}
+	startDispatcher(t, e.store, projection.Config{InstanceID: "flat", Logger: slog.New(slog.NewTextHandler(logs, nil))}, e.counter(2, projection.AsyncConfig{}))
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the switch refused, or done", func() bool {
+		rb, err := rebuild.Current(e.ctx, e.store, "counter")
+		return strings.Contains(logs.String(), "rebuild cannot switch: the live consumer is partitioned differently") || (err == nil && !rb.Active())
+	})
+	rb, err := rebuild.Current(e.ctx, e.store, "counter")
+	if err != nil || rb.Status != rebuild.Building {
+		t.Fatalf("rebuild after the refused switch: %+v, %v", rb, err)
+	}
+	var fence, parts int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT max(version) FILTER (WHERE instance_id = $1), count(*) FILTER (WHERE starts_with(instance_id, $2) AND version = 1)
+		FROM `+e.store.Table("projector_consumers")+` WHERE name = 'counter'`, projection.SharedInstance, projection.PartitionPrefix).Scan(&fence, &parts); err != nil {
+		t.Fatal(err)
+	}
+	if fence != projection.PartitionedVersion || parts != 4 {
+		t.Fatalf("after the refused switch: fence at version %d, %d partitions at version 1; want the fence and 4", fence, parts)
 	}
 }
