@@ -16,6 +16,7 @@ import (
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // partitionedEnv is newEnv with the log's partition index, which
@@ -246,5 +247,57 @@ func TestRebuildOfPartitionedConsumerByUnpartitionedVersionRefused(t *testing.T)
 	}
 	if fence != projection.PartitionedVersion || parts != 4 {
 		t.Fatalf("after the refused switch: fence at version %d, %d partitions at version 1; want the fence and 4", fence, parts)
+	}
+}
+
+// The shadow's dead letters go, at the switch of a partitioned consumer, to
+// the partition their stream belongs to: the live shard whose lock a retry
+// of them takes.
+func TestPartitionedSwitchHandsDeadLettersToTheirPartition(t *testing.T) {
+	t.Parallel()
+	e := partitionedEnv(t)
+	startDispatcher(t, e.store, projection.Config{InstanceID: "v1"}, e.counter(1, projection.AsyncConfig{Partitions: 4}))
+	streams := []string{"poison-a", "poison-b", "poison-c", "poison-d", "poison-e", "poison-f"}
+	for _, id := range streams {
+		if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+			_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", id), projector.NoStream,
+				testevents.TicketOpened{Title: "t"}, testevents.TicketClosed{Reason: "r"})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Version 2 also reads closed events, and fails on every one of them.
+	v2 := e.counter(2, projection.AsyncConfig{Partitions: 4, ErrorMode: projection.SkipApplyErrors})
+	must(projection.OnEvent(v2, e.types.Closed, func(context.Context, pgx.Tx, projector.Event) error {
+		return errors.New("closing refused")
+	}))
+	startDispatcher(t, e.store, projection.Config{InstanceID: "v2"}, v2)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+	defer cancel()
+	if final, err := rebuild.Wait(ctx, e.store, "counter", 20*time.Millisecond, nil); err != nil || final.Status != rebuild.Switched {
+		t.Fatalf("rebuild ended %+v, %v", final, err)
+	}
+	dls, err := projection.ListDeadLetters(e.ctx, e.store, projection.DeadLetterFilter{Consumer: "counter"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != len(streams) {
+		t.Fatalf("%d dead letters after the switch, want %d: %+v", len(dls), len(streams), dls)
+	}
+	parts := map[string]bool{}
+	for _, dl := range dls {
+		h := postgres.StreamHash(dl.Tenant, dl.StreamType, dl.StreamID)
+		want := projection.PartitionInstance(int(h>>30), 4)
+		if dl.Instance != want {
+			t.Errorf("dead letter of stream %s on %s, want its partition %s", dl.StreamID, dl.Instance, want)
+		}
+		parts[dl.Instance] = true
+	}
+	if len(parts) < 2 {
+		t.Logf("the streams fell in %d partition(s) only", len(parts))
 	}
 }
