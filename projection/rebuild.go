@@ -128,9 +128,10 @@ func (sh *shard) shadowResult(res passResult) passResult {
 
 // switchShadow makes the shadow tables live, in the pass's transaction,
 // which holds the shadow's and the live shards' locks (every partition's,
-// for a partitioned consumer: rebuild_partition.go) and has just applied everything below the
-// horizon: the shadow's cursor next is at or past the live one (which cannot
-// move while its lock is held), so readers never go back in time. The live
+// for a partitioned consumer: rebuild_partition.go) and has just applied
+// everything below the horizon: the shadow's cursor next is at or past the
+// live one (which cannot move while its lock is held), so readers never go
+// back in time. The live
 // tables move to an "_old" schema, kept for `projector rebuild drop-old`.
 // If readers hold the live tables past SwitchLockTimeout, the switch is
 // rolled back to a savepoint and tried again by a later pass.
