@@ -2,11 +2,14 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
 )
@@ -49,21 +52,60 @@ func instances(ids []ShardID) []string {
 	return out
 }
 
-// tryLockLive tries, in tx, the locks of every live shard sh's shadow
-// switches in for, without waiting; it reports whether it holds them all
-// (those it took are held to the end of tx either way).
+// liveLockWait bounds how long a switching shadow pass waits for each
+// partition's lock: about one batch of a partition's pass.
+const liveLockWait = 200 * time.Millisecond
+
+// tryLockLive takes, in tx, the locks of every live shard sh's shadow
+// switches in for, and reports whether it holds them all. The unpartitioned
+// shard's is tried without waiting (its passes are what the switch waits
+// on, retried shortly). A partitioned consumer's are taken in partition
+// order, waiting up to liveLockWait for each, inside a savepoint: a
+// partition this pass holds cannot be taken again by its own passes, so
+// the switch does not need every partition idle at one instant (which
+// writers keeping each busy could deny it for long); if one wait times
+// out, the rollback to the savepoint releases those taken and the switch
+// is retried shortly. Passes take one partition's lock each and an
+// in-place rebuild takes them in the same order, so the waits cannot
+// deadlock.
 func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (bool, error) {
 	ids := sh.liveShards()
-	keys := make([]string, len(ids))
-	for i, id := range ids {
-		keys[i] = shardLockKey(d.store.Schema(), id)
+	if len(ids) == 1 {
+		var locked bool
+		if err := tx.QueryRow(ctx, d.sql.tryLock, shardLockKey(d.store.Schema(), ids[0])).Scan(&locked); err != nil {
+			return false, fmt.Errorf("shadow pass: lock live shard: %w", err)
+		}
+		return locked, nil
 	}
-	var locked bool
-	// bool_and evaluates every row: each lock is tried.
-	if err := tx.QueryRow(ctx, `SELECT bool_and(pg_try_advisory_xact_lock(hashtextextended(k, 0))) FROM unnest($1::text[]) k`, keys).Scan(&locked); err != nil {
-		return false, fmt.Errorf("shadow pass: lock the live shards: %w", err)
+	var prev string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&prev); err != nil {
+		return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
 	}
-	return locked, nil
+	if _, err := tx.Exec(ctx, `SAVEPOINT projector_live_locks`); err != nil {
+		return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, liveLockWait.Milliseconds())); err != nil {
+		return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
+	}
+	for _, id := range ids {
+		if _, err := tx.Exec(ctx, waitShardLockSQL, shardLockKey(d.store.Schema(), id)); err != nil {
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+				return false, fmt.Errorf("shadow pass: lock partition %s: %w", id, err)
+			}
+			if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT projector_live_locks`); err != nil {
+				return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
+			}
+			return false, nil
+		}
+	}
+	if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT projector_live_locks`); err != nil {
+		return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, prev); err != nil {
+		return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
+	}
+	return true, nil
 }
 
 // liveBehind reports whether the live shards sh's shadow switches in for

@@ -1,8 +1,10 @@
 package rebuild
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,14 +20,14 @@ import (
 // stood. Partial rebuilds are refused (partial.go).
 
 // lockPartitions waits, in tx, for the lock of every partition of the
-// partitioned consumer name, in one order, by instance id (a pass holds
-// one partition's lock at a time, a shadow's switch only tries them, and
-// another request waits in the same order, so the waits cannot deadlock), and then reads their statuses: "disabled" if
+// partitioned consumer name, in partition order (a pass holds one
+// partition's lock at a time, and a switching shadow pass and another
+// request wait in the same order, so the waits cannot deadlock), and then reads their statuses: "disabled" if
 // any partition is, since an in-place rebuild would clear its streams'
 // rows for a replay no dispatcher runs.
 func lockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string) (string, error) {
 	c := store.Table("projector_consumers")
-	rows, err := tx.Query(ctx, `SELECT instance_id FROM `+c+` WHERE name = $1 AND starts_with(instance_id, $2) ORDER BY instance_id`,
+	rows, err := tx.Query(ctx, `SELECT instance_id FROM `+c+` WHERE name = $1 AND starts_with(instance_id, $2)`,
 		name, projection.PartitionPrefix)
 	if err != nil {
 		return "", fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
@@ -34,6 +36,12 @@ func lockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, name 
 	if err != nil {
 		return "", fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
 	}
+	// In partition order, as a switching shadow pass waits for them.
+	slices.SortFunc(ids, func(a, b string) int {
+		pa, _, _ := projection.ParsePartition(a)
+		pb, _, _ := projection.ParsePartition(b)
+		return cmp.Compare(pa, pb)
+	})
 	for _, id := range ids {
 		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: name, Instance: id}); err != nil {
 			return "", err
