@@ -305,3 +305,20 @@ func TestPartitionedSwitchHandsDeadLettersToTheirPartition(t *testing.T) {
 		t.Logf("the streams fell in %d partition(s) only", len(parts))
 	}
 }
+
+// An in-place rebuild runs on a partitioned consumer's partitions: status
+// and the console show it beside each of them (and the consumer's row);
+// a blue/green one beside the shadow alone.
+func TestForShardFindsInPlaceRebuildOnPartitions(t *testing.T) {
+	t.Parallel()
+	rbs := []rebuild.Rebuild{{ID: 1, Name: "c", Mode: rebuild.InPlace, Status: rebuild.Building}}
+	for _, inst := range []string{projection.PartitionInstance(0, 4), projection.PartitionInstance(3, 4), projection.SharedInstance} {
+		if rebuild.ForShard(rbs, projection.ShardID{Consumer: "c", Instance: inst}) == nil {
+			t.Errorf("in place: no rebuild beside %s", inst)
+		}
+	}
+	rbs[0].Mode = rebuild.BlueGreen
+	if rebuild.ForShard(rbs, projection.ShardID{Consumer: "c", Instance: projection.PartitionInstance(1, 4)}) != nil {
+		t.Error("blue/green: a rebuild beside a partition")
+	}
+}
