@@ -38,6 +38,9 @@ type shadow struct {
 	final bool
 	// retrySoon is set when a pass wanted to switch and could not.
 	retrySoon bool
+	// live are the live shards the last switching pass locked
+	// (rebuild_partition.go).
+	live []ShardID
 	// misfit is set once a switch was refused because the live consumer
 	// is partitioned otherwise than this version (said once).
 	misfit bool
@@ -141,7 +144,7 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 	if ok, err := d.liveBehind(ctx, tx, sh, next); !ok || err != nil {
 		return false, err
 	}
-	live := instances(sh.liveShards())
+	live := instances(sw.live)
 	if _, err := tx.Exec(ctx, `SAVEPOINT projector_switch`); err != nil {
 		return false, fmt.Errorf("switch: %w", err)
 	}

@@ -1,10 +1,12 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // Blue/green rebuilds of a partitioned consumer (docs/rebuilds.md,
@@ -24,23 +27,42 @@ import (
 // lock is held), and the shadow has applied every event of every
 // partition up to its cursor, so every partition takes the shadow's cursor
 // and the new version. The fence row (version PartitionedVersion) stays.
-// The partition count is the live one: a version that declares another
-// count does not start (ErrPartitionsChanged), and one that declares none
-// never switches a partitioned consumer (nor a partitioned version an
+// The partitions are the rows the consumer has when the switch locks them,
+// whatever segments they are; a version that declares no partitions never
+// switches a partitioned consumer (nor a partitioned version an
 // unpartitioned one).
 
-// liveShards are the shards a shadow shard of sh's projection switches in
-// for: the unpartitioned shard, or every partition.
-func (sh *shard) liveShards() []ShardID {
-	n := sh.proj.cfg.Partitions
-	if n <= 1 {
-		return []ShardID{{Consumer: sh.id.Consumer, Instance: SharedInstance}}
+// liveShards returns, read in tx, the shards a shadow shard of sh's
+// projection switches in for: the unpartitioned shard, or every partition
+// row the consumer has now, in PartitionOrder — the rows, not the declared
+// count, so whatever segments the partitions are, all of them switch.
+func (d *Dispatcher) liveShards(ctx context.Context, tx pgx.Tx, sh *shard) ([]ShardID, error) {
+	if sh.proj.cfg.Partitions <= 1 {
+		return []ShardID{{Consumer: sh.id.Consumer, Instance: SharedInstance}}, nil
 	}
-	ids := make([]ShardID, n)
-	for p := range n {
-		ids[p] = ShardID{Consumer: sh.id.Consumer, Instance: PartitionInstance(p, n)}
+	rows, err := tx.Query(ctx, d.psql.partitions, sh.id.Consumer)
+	if err != nil {
+		return nil, fmt.Errorf("shadow pass: read the partitions: %w", err)
 	}
-	return ids
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("shadow pass: read the partitions: %w", err)
+	}
+	slices.SortFunc(names, PartitionOrder)
+	ids := make([]ShardID, len(names))
+	for i, n := range names {
+		ids[i] = ShardID{Consumer: sh.id.Consumer, Instance: n}
+	}
+	return ids, nil
+}
+
+// PartitionOrder orders partition instance ids by where their hash segment
+// starts (then by size): the one order in which whatever waits for several
+// partitions' locks takes them, so two such waits never deadlock.
+func PartitionOrder(a, b string) int {
+	pa, na, _ := ParsePartition(a)
+	pb, nb, _ := ParsePartition(b)
+	return cmp.Or(cmp.Compare(pa*postgres.MaxPartitions/max(na, 1), pb*postgres.MaxPartitions/max(nb, 1)), cmp.Compare(na, nb), cmp.Compare(a, b))
 }
 
 // instances returns the instance ids of ids.
@@ -69,8 +91,12 @@ const liveLockWait = 200 * time.Millisecond
 // in-place rebuild takes them in the same order, so the waits cannot
 // deadlock.
 func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (bool, error) {
-	ids := sh.liveShards()
-	if len(ids) == 1 {
+	ids, err := d.liveShards(ctx, tx, sh)
+	if err != nil {
+		return false, err
+	}
+	sh.shadow.live = ids
+	if sh.proj.cfg.Partitions <= 1 {
 		var locked bool
 		if err := tx.QueryRow(ctx, d.sql.tryLock, shardLockKey(d.store.Schema(), ids[0])).Scan(&locked); err != nil {
 			return false, fmt.Errorf("shadow pass: lock live shard: %w", err)
@@ -99,6 +125,19 @@ func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (boo
 			return false, nil
 		}
 	}
+	// The partitions read before the locks may have changed meanwhile (a
+	// split or merge committed): read them again, now that nothing can
+	// change them, and start over if they did.
+	again, err := d.liveShards(ctx, tx, sh)
+	if err != nil {
+		return false, err
+	}
+	if !slices.Equal(again, ids) {
+		if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT projector_live_locks`); err != nil {
+			return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
+		}
+		return false, nil
+	}
 	if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT projector_live_locks`); err != nil {
 		return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
 	}
@@ -119,7 +158,7 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 	}
 	defer rows.Close()
 	want := map[string]bool{}
-	for _, id := range sh.liveShards() {
+	for _, id := range sh.shadow.live {
 		want[id.Instance] = true
 	}
 	n := sh.proj.cfg.Partitions
@@ -148,7 +187,7 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 	if err := rows.Err(); err != nil {
 		return false, fmt.Errorf("switch: read the live cursors: %w", err)
 	}
-	if fenced != (n > 1) || found != len(want) {
+	if fenced != (n > 1) || found != len(want) || found == 0 {
 		if sh.shadow.misfit {
 			return false, nil
 		}
@@ -165,11 +204,16 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 func (d *Dispatcher) handOverDeadLetters(ctx context.Context, tx pgx.Tx, sh *shard) error {
 	dl := d.store.Table("projector_dead_letters")
 	var err error
-	if n := sh.proj.cfg.Partitions; n > 1 {
-		shift := 32 - bitsOf(n)
-		_, err = tx.Exec(ctx, `UPDATE `+dl+` SET instance_id = '`+PartitionPrefix+`' ||
-				(`+d.store.Table("projector_stream_hash")+`(tenant_id, stream_type, stream_id) >> `+strconv.Itoa(shift)+`)::text || '/`+strconv.Itoa(n)+`'
-			WHERE consumer = $1 AND instance_id = $2 AND model_rebuild_id = $3`, sh.id.Consumer, RebuildInstance, sh.shadow.rebuildID)
+	if sh.proj.cfg.Partitions > 1 {
+		// To the partition whose segment holds the stream: partition v of
+		// n holds the hashes h with h·n >> 32 = v (n a power of two).
+		part := `substr(p.instance_id, ` + strconv.Itoa(len(PartitionPrefix)+1) + `)`
+		_, err = tx.Exec(ctx, `UPDATE `+dl+` dl SET instance_id = p.instance_id
+			FROM (SELECT p.instance_id, split_part(`+part+`, '/', 1)::bigint AS v, split_part(`+part+`, '/', 2)::bigint AS n
+				FROM `+d.store.Table("projector_consumers")+` p WHERE p.name = $1 AND p.instance_id = ANY($4)) p
+			WHERE dl.consumer = $1 AND dl.instance_id = $2 AND dl.model_rebuild_id = $3
+				AND (`+d.store.Table("projector_stream_hash")+`(dl.tenant_id, dl.stream_type, dl.stream_id) * p.n) >> 32 = p.v`,
+			sh.id.Consumer, RebuildInstance, sh.shadow.rebuildID, instances(sh.shadow.live))
 	} else {
 		_, err = tx.Exec(ctx, `UPDATE `+dl+` SET instance_id = $4
 			WHERE consumer = $1 AND instance_id = $2 AND model_rebuild_id = $3`, sh.id.Consumer, RebuildInstance, sh.shadow.rebuildID, SharedInstance)
@@ -178,16 +222,6 @@ func (d *Dispatcher) handOverDeadLetters(ctx context.Context, tx pgx.Tx, sh *sha
 		return fmt.Errorf("switch: hand the shadow shard's dead letters to the live shards: %w", err)
 	}
 	return nil
-}
-
-// bitsOf returns log2 n for a power of two n.
-func bitsOf(n int) int {
-	b := 0
-	for n > 1 {
-		n >>= 1
-		b++
-	}
-	return b
 }
 
 // RebuildShardSQL joins, to a row r of projector_rebuilds, the shard s the

@@ -1,7 +1,6 @@
 package rebuild
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -36,12 +35,8 @@ func lockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, name 
 	if err != nil {
 		return "", fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
 	}
-	// In partition order, as a switching shadow pass waits for them.
-	slices.SortFunc(ids, func(a, b string) int {
-		pa, _, _ := projection.ParsePartition(a)
-		pb, _, _ := projection.ParsePartition(b)
-		return cmp.Compare(pa, pb)
-	})
+	// In the order a switching shadow pass waits for them.
+	slices.SortFunc(ids, projection.PartitionOrder)
 	for _, id := range ids {
 		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: name, Instance: id}); err != nil {
 			return "", err
