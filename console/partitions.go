@@ -3,11 +3,14 @@ package console
 import (
 	"cmp"
 	"slices"
+
+	"github.com/projectorhq/projector/projection"
 )
 
 // groupPartitions orders shards so that a partitioned consumer's row (its
-// fence shard) comes first and its partitions follow it in partition order
-// (the store lists them by instance id, where 10/16 sorts before 2/16),
+// fence shard) comes first and its partitions follow it in the order of their segments
+// (projection.PartitionOrder; the store lists them by instance id, where
+// 10/16 sorts before 2/16),
 // and turns the fence into the consumer's row: state "partitioned" rather
 // than the fence's stored "disabled" (which would count as a disabled
 // shard), with the partitions' totals of lag, rate and processed events,
@@ -30,7 +33,7 @@ func groupPartitions(shards []Shard) []Shard {
 		if c := cmp.Compare(rank(a), rank(b)); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.Partition, b.Partition)
+		return projection.PartitionOrder(a.Instance, b.Instance) // by segment, whatever their sizes
 	})
 	fence := -1
 	for i := range shards {
