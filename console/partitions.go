@@ -8,10 +8,10 @@ import (
 )
 
 // groupPartitions orders shards so that a partitioned consumer's row (its
-// fence shard) comes first and its partitions follow it in the order of their segments
-// (projection.PartitionOrder; the store lists them by instance id, where
-// 10/16 sorts before 2/16),
-// and turns the fence into the consumer's row: state "partitioned" rather
+// fence shard) comes first and its partitions follow it in the order of
+// their segments (projection.PartitionOrder; the store lists them by
+// instance id, where 10/16 sorts before 2/16), and turns the fence into
+// the consumer's row: state "partitioned" rather
 // than the fence's stored "disabled" (which would count as a disabled
 // shard), with the partitions' totals of lag, rate and processed events,
 // how many partitions it has and how many are hot, and its slowest
