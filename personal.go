@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/projectorhq/projector/internal/jsonscan"
 )
 
 // Personal declares which fields of an event type's payload are personal
@@ -142,7 +144,7 @@ func (r *Registry) HasPersonal() bool {
 // non-empty JSON string.
 func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
 	var raw json.RawMessage
-	if !scanMembers(data, func(name string, v []byte, _, _ int) bool {
+	if !jsonscan.Members(data, func(name string, v []byte, _, _ int) bool {
 		if name == p.Subject {
 			raw = v
 		}
@@ -255,7 +257,7 @@ func rewriteFields(data json.RawMessage, fn func(name string, v json.RawMessage)
 	var out []byte
 	last := 0
 	var ferr error
-	ok := scanMembers(data, func(name string, v []byte, start, end int) bool {
+	ok := jsonscan.Members(data, func(name string, v []byte, start, end int) bool {
 		repl, changed, err := fn(name, v)
 		if err != nil {
 			ferr = err

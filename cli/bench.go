@@ -50,6 +50,12 @@ the raw-PostgreSQL baseline of the same work, measured in the same run:
                 switch's lock time; shadow batches of --rebuild-batch-size
                 (default 10× --batch-size)
 
+With --tracing it also measures what tracing costs: appends (each size of
+--events-per-tx, one writer, each transaction under an application span) and the
+batch catch-up with every span sampled and recorded by the OpenTelemetry SDK
+(batch span processor, an exporter that discards), each beside the same work with
+tracing off, in turn in the same run ("% of untraced").
+
 It works in schemas of its own (projector_bench_<random>, one for the rebuild),
 created and migrated at the start and dropped at the end, also on failure or Ctrl-C; --schema is not
 used. It loads the database while it runs: do not point it at a busy production
@@ -107,6 +113,7 @@ primary. See docs/performance.md for what each line means.`,
 	f.DurationVar(&cfg.LatencyDuration, "latency-duration", benchmark.DefaultLatencyDuration, "latency figures: how long each side appends")
 	f.IntVar(&cfg.RebuildEvents, "rebuild-events", benchmark.DefaultRebuildEvents, "rebuild figures: events in the replayed log")
 	f.IntVar(&cfg.RebuildBatchSize, "rebuild-batch-size", 0, "rebuild figures: events per shadow transaction (0: the projection's default, 10× --batch-size)")
+	f.BoolVar(&cfg.Tracing, "tracing", false, "also measure appends and a catch-up with every span recorded (SDK, discarding exporter) beside the same work untraced")
 	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	return cmd
 }
@@ -150,6 +157,8 @@ type BenchConfigJSON struct {
 	// RebuildBatchSize is 0 when the projection's default was used; the
 	// batch used is in BenchRebuildJSON.
 	RebuildBatchSize int `json:"rebuild_batch_size"`
+	// Tracing is set when the run measured the tracing figures.
+	Tracing bool `json:"tracing,omitempty"`
 }
 
 // BenchFigureJSON is one figure: Projector beside its raw baseline, in
@@ -163,8 +172,9 @@ type BenchFigureJSON struct {
 	Unit      string  `json:"unit"`
 	Projector float64 `json:"projector"`
 	Raw       float64 `json:"raw"`
-	// Baseline is what Raw measured: "raw" (the same work in plain SQL)
-	// or "floor" (the append's outbox floor).
+	// Baseline is what Raw measured: "raw" (the same work in plain SQL),
+	// "floor" (the append's outbox floor) or "untraced" (the same work
+	// with tracing off, for the --tracing figures).
 	Baseline      string  `json:"baseline"`
 	Ratio         float64 `json:"ratio"`
 	RawDecoding   float64 `json:"raw_decoding,omitempty"`
@@ -183,7 +193,7 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 			Config: BenchConfigJSON{
 				EventsPerTx: c.EventsPerTx, Writers: c.Writers, AppendSeconds: c.AppendDuration.Seconds(),
 				Backlog: c.Backlog, BatchSize: c.BatchSize, Rate: c.Rate, LatencySeconds: c.LatencyDuration.Seconds(),
-				RebuildEvents: c.RebuildEvents, RebuildBatchSize: c.RebuildBatchSize,
+				RebuildEvents: c.RebuildEvents, RebuildBatchSize: c.RebuildBatchSize, Tracing: c.Tracing,
 			},
 			Rebuild: BenchRebuildJSON{
 				Events: rb.Events, BatchSize: rb.BatchSize, RebuildBatchSize: rb.RebuildBatchSize,

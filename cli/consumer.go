@@ -57,6 +57,9 @@ type ShardJSON struct {
 	InPerSecond *float64 `json:"in_per_second,omitempty"`
 	Skew        *float64 `json:"skew,omitempty"`
 	Hot         *bool    `json:"hot,omitempty"`
+	// Hold is where a partition waits for its sibling to merge
+	// (`consumer merge`), absent when no merge is under way.
+	Hold string `json:"hold,omitempty"`
 	// ParkedStreams counts the shard's open parks (`parked list`).
 	ParkedStreams int64 `json:"parked_streams"`
 }
@@ -76,6 +79,9 @@ func toJSON(s projection.ShardState) ShardJSON {
 		in, skew, hot := s.InRate, s.Skew, s.Hot()
 		j.Partition, j.Partitions, j.Owner = &p, s.Partitions, s.Owner
 		j.InPerSecond, j.Skew, j.Hot = &in, &skew, &hot
+		if s.Held {
+			j.Hold = cursor(s.Hold)
+		}
 	}
 	if !s.LastErrorAt.IsZero() {
 		j.LastErrorAt = &s.LastErrorAt
@@ -403,6 +409,22 @@ func (a *App) withAdmin(cmd *cobra.Command, fn func(*projection.Admin) error) er
 	return a.withStore(cmd, func(store *postgres.Store) error { return fn(projection.NewAdmin(store)) })
 }
 
+// writeList writes a listing: as a JSON array (empty, never null), or as a
+// table filled by table, or the line none when there is nothing.
+func writeList[T any](w io.Writer, asJSON bool, items []T, none string, table func(tw io.Writer)) error {
+	if asJSON {
+		if items == nil {
+			items = []T{}
+		}
+		return writeJSON(w, items)
+	}
+	if len(items) == 0 {
+		_, err := fmt.Fprintln(w, none)
+		return err
+	}
+	return writeTable(w, table)
+}
+
 // writeJSON writes v as indented JSON, the form every `-o json` takes.
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
@@ -411,9 +433,8 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func (a *App) consumerCmd() *cobra.Command {
-	var instance, format string
-	partition := -1
-	root := group("consumer", "Inspect and steer consumer shards (list, status, restart, skip, disable, enable, remove)")
+	var instance, format, partition string
+	root := group("consumer", "Inspect and steer consumer shards (list, status, restart, skip, disable, enable, split, merge, remove)")
 	root.Long = `Each async projection is a consumer with one shard (shared delivery) or one per
 instance (per-instance delivery). These commands act on one shard: the shared one
 unless --instance names another. A transition the shard's state does not allow is
@@ -424,6 +445,9 @@ refused with exit code 3 and changes nothing:
             event, which is recorded in projector_dead_letters
   disable   idle, processing or dead → disabled (retention stops waiting for it)
   enable    disabled → idle
+  split     a partition (or every one) into two, each at its cursor, live
+  merge     two sibling partitions (or every pair) into one, live, once their
+            cursors meet
   remove    unregister: delete the consumer's shards (all of them, or the one
             --instance names), keeping its dead letters; refused (exit code 3)
             while a dispatcher runs it
@@ -431,7 +455,7 @@ refused with exit code 3 and changes nothing:
 A consumer name that is not registered is a usage error (exit code 2) that lists
 the registered ones.`
 	root.PersistentFlags().StringVar(&instance, "instance", projection.SharedInstance, "instance id of the shard (per-instance consumers)")
-	root.PersistentFlags().IntVar(&partition, "partition", -1, "partition of a partitioned consumer (0 to its partition count - 1)")
+	root.PersistentFlags().StringVar(&partition, "partition", "", "partition of a partitioned consumer: P/N (P of N), or P when its partitions are all one of N")
 	// shardOf resolves NAME with --instance or --partition to a shard id;
 	// partitioned reports a partitioned consumer named without --partition.
 	shardOf := func(cmd *cobra.Command, admin *projection.Admin, name string) (id projection.ShardID, partitioned []projection.ShardState, err error) {
@@ -439,9 +463,6 @@ the registered ones.`
 		set := cmd.Flags().Changed("partition")
 		if set && cmd.Flags().Changed("instance") {
 			return id, nil, usageError{errors.New("--partition and --instance name a shard each: give one")}
-		}
-		if set && partition < 0 {
-			return id, nil, usageError{fmt.Errorf("--partition %d: want 0 or more", partition)}
 		}
 		if cmd.Flags().Changed("instance") {
 			return id, nil, nil
@@ -456,13 +477,12 @@ the registered ones.`
 				parts = append(parts, s)
 			}
 		}
-		switch {
-		case set && len(parts) == 0:
-			return id, nil, usageError{fmt.Errorf("--partition: consumer %s is not partitioned", projector.Printable(name))}
-		case set && partition >= parts[0].Partitions:
-			return id, nil, usageError{fmt.Errorf("--partition %d: consumer %s has partitions 0 to %d", partition, projector.Printable(name), parts[0].Partitions-1)}
-		case set:
-			id.Instance = projection.PartitionInstance(partition, parts[0].Partitions)
+		if set {
+			seg, err := partitionFlag(name, partition, parts)
+			if err != nil {
+				return id, nil, err
+			}
+			id.Instance = projection.PartitionInstance(int(seg.Value), seg.Count())
 			return id, nil, nil
 		}
 		return id, parts, nil
@@ -535,6 +555,8 @@ the registered ones.`
 		})
 	}
 
+	root.AddCommand(a.splitCmd(&partition), a.mergeCmd(&partition))
+
 	root.AddCommand(&cobra.Command{
 		Use:   "remove NAME",
 		Short: "Unregister a consumer no dispatcher runs: delete its shards (every one, or --instance's), keep its dead letters",
@@ -574,6 +596,9 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 			row("partition", fmt.Sprintf("%d of %d", s.Partition, s.Partitions))
 			row("owner", cmpOr(projector.Printable(s.Owner), "none yet"))
 			row("load", loadCell(s)+fmt.Sprintf(" (events appended to its streams, over the log's last %d; skew: its share over an even share, HOT from %.0f)", projection.LoadWindow, projection.HotSkew))
+			if s.Held {
+				row("held", "at "+cursor(s.Hold)+" for a merge with its sibling: `consumer merge` finishes it")
+			}
 		}
 		if s.Fence() {
 			row("role", "fence of a partitioned consumer: keeps binaries that do not know partitions from running it (see its partitions with --partition)")

@@ -74,17 +74,7 @@ only be discarded; --model live those a retry may apply.`,
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					if dls == nil {
-						dls = []projection.DeadLetter{}
-					}
-					return writeJSON(a.out, dls)
-				}
-				if len(dls) == 0 {
-					fmt.Fprintln(a.out, "no dead letters match")
-					return nil
-				}
-				return writeTable(a.out, func(tw io.Writer) {
+				return writeList(a.out, asJSON, dls, "no dead letters match", func(tw io.Writer) {
 					fmt.Fprintln(tw, "ID\tCONSUMER\tINSTANCE\tEVENT TYPE\tSTREAM\tVERSION\tSTATUS\tATTEMPTS\tRECORDED\tERROR")
 					for _, dl := range dls {
 						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", dl.ID, projector.Printable(dl.Consumer),

@@ -68,6 +68,9 @@ type dlEnv struct {
 	ctx   context.Context
 	store *postgres.Store
 	url   string
+	// childEnv is what makes the ops binary the application's; the
+	// dead-letter tests' when nil.
+	childEnv []string
 }
 
 // cli runs the ops binary and returns its standard output, standard error
@@ -81,6 +84,9 @@ func (e *dlEnv) cliSchema(schema string, args ...string) (string, string, int) {
 	e.t.Helper()
 	cmd := exec.CommandContext(e.ctx, os.Args[0], append([]string{"--database-url", e.url, "--schema", schema}, args...)...)
 	cmd.Env = append(os.Environ(), dlChildEnv+"=1")
+	if e.childEnv != nil {
+		cmd.Env = append(os.Environ(), e.childEnv...)
+	}
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -132,24 +138,7 @@ func TestDeadLettersCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{tolerant(store.Schema(), types)},
-		PollMax: 50 * time.Millisecond, Recheck: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = d.Stop(ctx)
-	})
-	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
-	defer cancel()
-	if err := d.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d := caughtUpDispatcher(t, store, tolerant(store.Schema(), types))
 
 	out, stderr, code := e.cli("dead-letters", "list", "-o", "json")
 	var listed []projection.DeadLetter
@@ -246,6 +235,8 @@ func TestDeadLettersCommand(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
 	if err := d.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 	"time"
-	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -60,17 +58,7 @@ id shown as --after for the next page.`,
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					if parks == nil {
-						parks = []projection.Park{}
-					}
-					return writeJSON(a.out, parks)
-				}
-				if len(parks) == 0 {
-					fmt.Fprintln(a.out, "no parks match")
-					return nil
-				}
-				return writeTable(a.out, func(tw io.Writer) {
+				return writeList(a.out, asJSON, parks, "no parks match", func(tw io.Writer) {
 					fmt.Fprintln(tw, "ID\tCONSUMER\tINSTANCE\tSTREAM\tFROM\tEVENTS\tSTATUS\tATTEMPTS\tPARKED\tERROR")
 					for _, p := range parks {
 						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\tv%d\t%d\t%s\t%d\t%s\t%s\n", p.ID, projector.Printable(p.Consumer),
@@ -136,6 +124,10 @@ func (a *App) parkedShowCmd() *cobra.Command {
 				if len(events) > 0 {
 					fmt.Fprintf(w, "sequence:   %d events, applied in this order by a retry\n", len(events))
 					for _, ev := range events {
+						if p.Kind == projection.ParkKindSagaInstance {
+							fmt.Fprintf(w, "  %s v%d %s %s %s\n", ev.Stream, ev.Version, projector.Printable(ev.Type), ev.ID, text(string(ev.Data), cellText*2))
+							continue
+						}
 						fmt.Fprintf(w, "  v%d %s %s %s\n", ev.Version, projector.Printable(ev.Type), ev.ID, text(string(ev.Data), cellText*2))
 					}
 				}
@@ -172,39 +164,8 @@ recorded and a running dispatcher that has the projection carries it out (check 
 			if by, err = operatorName(by); err != nil {
 				return err
 			}
-			var projections map[string]*projection.Async
-			if here {
-				if projections, err = a.asyncByName(); err != nil {
-					return err
-				}
-			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				ctx := cmd.Context()
-				if !here {
-					if err := projection.RequestParkRetry(ctx, store, id, by); err != nil {
-						return err
-					}
-					fmt.Fprintf(a.out, "retry of park %d requested; a running dispatcher with the projection carries it out (or run with --here in your application's binary)\n", id)
-					return nil
-				}
-				p, _, err := projection.GetPark(ctx, store, id)
-				if err != nil {
-					return err
-				}
-				proj := projections[p.Consumer]
-				if proj == nil {
-					return usageError{fmt.Errorf("park %d belongs to %s, and this binary has no async projection of that name: run it with your application's binary (cli.Config.Wire), or without --here for a running dispatcher",
-						id, projector.Printable(p.Consumer))}
-				}
-				res, err := projection.RetryPark(ctx, store, proj, id, by, a.logger())
-				if err != nil {
-					return err
-				}
-				if !res.Resolved {
-					return fmt.Errorf("park %d: retry failed (attempt %d), nothing applied, still parked: %s", id, res.Attempts, text(res.Error, lineText))
-				}
-				fmt.Fprintf(a.out, "park %d: applied its %d events in order and resolved; %s is live again\n", id, res.Events, parkStream(p))
-				return nil
+				return a.retryPark(cmd, store, id, by, here)
 			})
 		},
 	}
@@ -242,6 +203,68 @@ func (a *App) parkedDiscardCmd() *cobra.Command {
 	return cmd
 }
 
+// retryPark retries park id on behalf of by: here, through the wired
+// consumer's handlers (an async projection or a saga); otherwise by a
+// request a running dispatcher carries out.
+func (a *App) retryPark(cmd *cobra.Command, store *postgres.Store, id int64, by string, here bool) error {
+	ctx := cmd.Context()
+	if !here {
+		if err := projection.RequestParkRetry(ctx, store, id, by); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.out, "retry of park %d requested; a running dispatcher with the consumer carries it out (or run with --here in your application's binary)\n", id)
+		return nil
+	}
+	p, _, err := projection.GetPark(ctx, store, id)
+	if err != nil {
+		return err
+	}
+	proj, err := a.consumerByName(store, p.Consumer)
+	if err != nil {
+		return err
+	}
+	if proj == nil {
+		return usageError{fmt.Errorf("park %d belongs to %s, and this binary has no async projection or saga of that name: run it with your application's binary (cli.Config.Wire), or without --here for a running dispatcher",
+			id, projector.Printable(p.Consumer))}
+	}
+	res, err := projection.RetryPark(ctx, store, proj, id, by, a.logger())
+	if err != nil {
+		return err
+	}
+	if !res.Resolved {
+		return fmt.Errorf("park %d: retry failed (attempt %d), nothing applied, still parked: %s", id, res.Attempts, text(res.Error, lineText))
+	}
+	fmt.Fprintf(a.out, "park %d: applied its %d events in order and resolved; %s is live again\n", id, res.Events, parkStream(p))
+	return nil
+}
+
+// consumerByName returns the wired consumer name: an async projection, or
+// a saga's consumer built on store; nil when the binary has neither.
+func (a *App) consumerByName(store *postgres.Store, name string) (*projection.Async, error) {
+	w, err := a.wiring()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range w.Async {
+		if p.Name() == name {
+			return p, nil
+		}
+	}
+	if w.Sagas == nil {
+		return nil, nil
+	}
+	defs, err := w.Sagas(store)
+	if err != nil {
+		return nil, fmt.Errorf("wire sagas: %w", err)
+	}
+	for _, s := range defs {
+		if s != nil && s.Name() == name {
+			return s.Projection(store)
+		}
+	}
+	return nil, nil
+}
+
 // oneParkID accepts exactly one argument, with the usage exit code.
 func oneParkID(_ *cobra.Command, args []string) error {
 	if len(args) != 1 {
@@ -265,19 +288,16 @@ func operatorName(by string) (string, error) {
 		host, _ := os.Hostname()
 		by = cmp.Or(os.Getenv("USER"), "unknown") + "@" + cmp.Or(host, "unknown")
 	}
-	if len(by) > projector.MaxNameLength {
-		return "", usageError{fmt.Errorf("--by: longer than %d bytes", projector.MaxNameLength)}
-	}
-	if err := projector.ValidText(by); err != nil {
-		return "", usageError{fmt.Errorf("--by %s: %w", projector.Printable(by), err)}
-	}
-	if strings.IndexFunc(by, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return "", usageError{fmt.Errorf("--by %s: want printable characters only", projector.Printable(by))}
+	if err := projection.ValidateOperator(by); err != nil {
+		return "", usageError{fmt.Errorf("--by: %w", err)}
 	}
 	return by, nil
 }
 
 func parkStream(p projection.Park) string {
+	if p.Kind == projection.ParkKindSagaInstance {
+		return p.What()
+	}
 	return projector.Printable(p.StreamType) + "/" + projector.Printable(p.StreamID) + " (tenant " + projector.Printable(p.Tenant) + ")"
 }
 

@@ -99,24 +99,7 @@ func TestParkedCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{parking(store.Schema(), types)},
-		PollMax: 50 * time.Millisecond, Recheck: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = d.Stop(ctx)
-	})
-	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
-	defer cancel()
-	if err := d.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	caughtUpDispatcher(t, store, parking(store.Schema(), types))
 
 	out, stderr, code := cli("parked", "list", "-o", "json")
 	var listed []projection.Park

@@ -81,6 +81,89 @@ func TestConsumerPartitions(t *testing.T) {
 	run(0, "consumer", "enable", "parts", "--partition", "0")
 }
 
+// `consumer split` and `merge`: live layout changes from the command line,
+// with --partition as P/N once sizes are mixed, range-checked numbers
+// (exit 2), and a refusal (exit 3) for what cannot change.
+func TestConsumerSplitMerge(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	ctx := context.Background()
+	if err := store.CreatePartitionIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := projection.NewAsync("parts", projection.AsyncConfig{Partitions: 2})
+	if err := projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	u := projection.NewAsync("plain", projection.AsyncConfig{})
+	if err := projection.OnEvent(u, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p, u}, InstanceID: "cli-split"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	run := func(want int, args ...string) string {
+		t.Helper()
+		out, code := runIn(t, store.Schema(), types.Registry, args...)
+		if code != want {
+			t.Fatalf("%v: exit %d, want %d:\n%s", args, code, want, out)
+		}
+		return out
+	}
+	if out := run(0, "consumer", "split", "parts", "--partition", "1"); !strings.Contains(out, "1/2 -> 2/4 3/4") {
+		t.Errorf("split --partition 1:\n%s", out)
+	}
+	run(2, "consumer", "split", "parts", "--partition", "0")   // sizes are mixed now: P/N
+	run(2, "consumer", "split", "parts", "--partition", "1/2") // split already
+	run(2, "consumer", "split", "parts", "--partition", "0/3")
+	run(2, "consumer", "split", "parts", "--partition", "0/128")
+	run(2, "consumer", "split", "parts", "--partition", "9/4")
+	run(2, "consumer", "split", "parts", "--instance", "a")
+	run(2, "consumer", "split", "plain")
+	run(2, "consumer", "split", "nosuch")
+	run(2, "consumer", "merge", "parts", "--wait", "0s")
+	run(2, "consumer", "merge", "parts", "--wait", "2h")
+	out := run(0, "status")
+	for _, want := range []string{"partition 0/2", "partition 2/4", "partition 3/4"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if out := run(0, "consumer", "status", "parts", "--partition", "3/4"); !strings.Contains(out, "3 of 4") {
+		t.Errorf("consumer status --partition 3/4:\n%s", out)
+	}
+	run(0, "consumer", "disable", "parts", "--partition", "0/2")
+	run(3, "consumer", "merge", "parts", "--partition", "0/2") // no sibling 1/2
+	run(0, "consumer", "enable", "parts", "--partition", "0/2")
+	// A merge killed after it set its holds: status shows them, a split of
+	// a held partition is refused, and merging again finishes it.
+	if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET hold_tx_id = cursor_tx_id, hold_seq = cursor_seq
+		WHERE name = 'parts' AND instance_id = ANY($1)`, []string{projection.PartitionInstance(2, 4), projection.PartitionInstance(3, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(0, "status"); !strings.Contains(out, "partition 2/4 (owner none, held at") {
+		t.Errorf("status does not show the hold:\n%s", out)
+	}
+	if out := run(0, "consumer", "status", "parts", "--partition", "3/4", "-o", "json"); !strings.Contains(out, `"hold":`) {
+		t.Errorf("consumer status -o json does not show the hold:\n%s", out)
+	}
+	run(3, "consumer", "split", "parts", "--partition", "2/4")
+	if out := run(0, "consumer", "merge", "parts"); !strings.Contains(out, "2/4 3/4 -> 1/2") {
+		t.Errorf("merge:\n%s", out)
+	}
+	if out := run(0, "consumer", "split", "parts"); !strings.Contains(out, "0/2 -> 0/4 1/4") || !strings.Contains(out, "1/2 -> 2/4 3/4") {
+		t.Errorf("split of every partition:\n%s", out)
+	}
+}
+
 // A hot partition (one stream far busier than the rest) shows as skew: its
 // rate and its share of the recent events over an even share, marked HOT
 // in `status` and `consumer status`, and in -o json; the others are not.

@@ -96,6 +96,9 @@ docs/jetstream.md.`,
 				if err := a.writeRelayShard(st.Relay, consumer, store.Schema()); err != nil {
 					return err
 				}
+				if err := a.writeRelayPartitions(st.Partitions); err != nil {
+					return err
+				}
 				return a.writeOpenDeadLetters(st.OpenDeadLetters)
 			})
 		},
@@ -145,6 +148,20 @@ func (a *App) writeRelayShard(r *projection.ShardState, consumer, schema string)
 `, projector.Printable(r.Consumer), r.Status, r.Dispatcher, cursor(r.Cursor), r.LagEvents, r.LagSeconds, r.Attempts,
 		cmp.Or(text(r.LastError, 300), "-"))
 	return err
+}
+
+// writeRelayPartitions lists a partitioned relay's partitions under its
+// fence row: each one's status, owner, cursor and lag.
+func (a *App) writeRelayPartitions(parts []projection.ShardState) error {
+	if len(parts) == 0 {
+		return nil
+	}
+	w := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
+	for _, p := range parts {
+		fmt.Fprintf(w, "  partition %d/%d\t%s\towner %s\tcursor %s\tlag %d events, oldest %.1fs\t%s\n", p.Partition, p.Partitions, p.Status,
+			cmp.Or(projector.Printable(p.Owner), "-"), cursor(p.Cursor), p.LagEvents, p.LagSeconds, cmp.Or(text(p.LastError, 200), "-"))
+	}
+	return w.Flush()
 }
 
 // writeOpenDeadLetters ends the text of `relay status`: the claims

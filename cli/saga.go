@@ -18,11 +18,12 @@ import (
 const maxSagaList = 10_000
 
 func (a *App) sagaCmd() *cobra.Command {
-	root := group("saga", "Inspect saga (process manager) instances (list, show, prune)")
+	root := group("saga", "Inspect saga (process manager) instances (list, show, retry, prune)")
 	root.Long = `Sagas keep one instance per correlation key, with a state, a status (active,
-completed, failed), pending timeouts and the steps that drove it. These commands
-read them; prune deletes completed instances past a retention age.`
-	root.AddCommand(a.sagaListCmd(), a.sagaShowCmd(), a.sagaPruneCmd())
+completed, failed, parked), pending timeouts and the steps that drove it. These
+commands read them; retry reactivates a failed or parked instance; prune deletes
+completed instances past a retention age.`
+	root.AddCommand(a.sagaListCmd(), a.sagaShowCmd(), a.sagaRetryCmd(), a.sagaPruneCmd())
 	return root
 }
 
@@ -70,7 +71,7 @@ func (a *App) sagaListCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only instances in these statuses: active, completed, failed (repeat or comma-separate)")
+	cmd.Flags().StringSliceVar(&statuses, "status", nil, "only instances in these statuses: active, completed, failed, parked (repeat or comma-separate)")
 	cmd.Flags().StringVar(&tenant, "tenant", "", "only one tenant's instances")
 	cmd.Flags().IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many instances (1..%d)", maxSagaList))
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")

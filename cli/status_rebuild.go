@@ -82,6 +82,8 @@ func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
 		return s.Instance + " (rebuild shadow)"
 	case r != nil:
 		return fmt.Sprintf("%s (rebuild %d: in place, v%d)", projector.Printable(s.Instance), r.ID, r.Version)
+	case s.Partitions > 0 && s.Held:
+		return fmt.Sprintf("  partition %d/%d (owner %s, held at %s for a merge)", s.Partition, s.Partitions, cmpOr(projector.Printable(s.Owner), "none"), cursor(s.Hold))
 	case s.Partitions > 0:
 		return fmt.Sprintf("  partition %d/%d (owner %s, %s)", s.Partition, s.Partitions, cmpOr(projector.Printable(s.Owner), "none"), loadCell(s))
 	case s.Fence():

@@ -157,7 +157,7 @@ func (c *Console) plan(r *http.Request, kind, op string) (target string, run fun
 				if err != nil {
 					return "", err
 				}
-				return fmt.Sprintf("park %d discarded: %d events of %s dropped, kept for the record", id, p.Events, p.Stream()), nil
+				return fmt.Sprintf("park %d discarded: %d events of %s dropped, kept for the record", id, p.Events, p.What()), nil
 			}
 			// A request, as `parked retry` without --here: the handlers are
 			// a dispatcher's code.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -151,27 +152,11 @@ func (c *Console) stateJSON(w http.ResponseWriter, r *http.Request) {
 // resolved, discarded, all), oldest first, a page of DeadLetterLimit at a
 // time: ?status=…&after=ID.
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	f := projection.DeadLetterFilter{Status: q.Get("status"), Limit: c.cfg.DeadLetterLimit}
-	switch f.Status {
-	case "":
-		f.Status = projection.DeadLetterOpen
-	case "all", projection.DeadLetterOpen, projection.DeadLetterResolved, projection.DeadLetterDiscarded:
-	default:
-		c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: status %q: want open, resolved, discarded or all", ErrInvalidInput, f.Status))
+	f := projection.DeadLetterFilter{Limit: c.cfg.DeadLetterLimit}
+	filter, ok := c.listParams(w, r, "dead-letter", &f.Status, &f.AfterID,
+		projection.DeadLetterOpen, projection.DeadLetterResolved, projection.DeadLetterDiscarded)
+	if !ok {
 		return
-	}
-	filter := f.Status
-	if f.Status == "all" {
-		f.Status = ""
-	}
-	if a := q.Get("after"); a != "" {
-		n, err := strconv.ParseInt(a, 10, 64)
-		if err != nil || n < 0 {
-			c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: after %q: want a dead-letter id", ErrInvalidInput, a))
-			return
-		}
-		f.AfterID = n
 	}
 	dls, err := projection.ListDeadLetters(r.Context(), c.cfg.Store, f)
 	if err != nil {
@@ -326,30 +311,42 @@ func human(d time.Duration) string {
 	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
 }
 
-// parked is the list of parked streams (ParkStream consumers), open ones by
-// default, with retry and discard for a signed-in operator.
-func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
+// listParams reads the parameters of a page of records (dead letters,
+// parks): ?status=, one of statuses (the first when empty) or all (status
+// "" then), and ?after=ID, the last id of the previous page. It returns
+// the filter the page shows, or replies 400 and false when one is bad.
+func (c *Console) listParams(w http.ResponseWriter, r *http.Request, what string, status *string, after *int64, statuses ...string) (string, bool) {
 	q := r.URL.Query()
-	f := projection.ParkFilter{Status: q.Get("status"), Limit: c.cfg.DeadLetterLimit}
-	switch f.Status {
-	case "":
-		f.Status = projection.ParkOpen
-	case "all", projection.ParkOpen, projection.ParkResolved, projection.ParkDiscarded:
-	default:
-		c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: status %q: want parked, resolved, discarded or all", ErrInvalidInput, f.Status))
-		return
+	*status = q.Get("status")
+	switch {
+	case *status == "":
+		*status = statuses[0]
+	case *status != "all" && !slices.Contains(statuses, *status):
+		c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: status %q: want %s or all", ErrInvalidInput, *status, strings.Join(statuses, ", ")))
+		return "", false
 	}
-	filter := f.Status
-	if f.Status == "all" {
-		f.Status = ""
+	filter := *status
+	if *status == "all" {
+		*status = ""
 	}
 	if a := q.Get("after"); a != "" {
 		n, err := strconv.ParseInt(a, 10, 64)
 		if err != nil || n < 0 {
-			c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: after %q: want a park id", ErrInvalidInput, a))
-			return
+			c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: after %q: want a %s id", ErrInvalidInput, a, what))
+			return "", false
 		}
-		f.AfterID = n
+		*after = n
+	}
+	return filter, true
+}
+
+// parked is the list of parked streams (ParkStream consumers), open ones by
+// default, with retry and discard for a signed-in operator.
+func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
+	f := projection.ParkFilter{Limit: c.cfg.DeadLetterLimit}
+	filter, ok := c.listParams(w, r, "park", &f.Status, &f.AfterID, projection.ParkOpen, projection.ParkResolved, projection.ParkDiscarded)
+	if !ok {
+		return
 	}
 	parks, err := projection.ListParks(r.Context(), c.cfg.Store, f)
 	if err != nil {

@@ -37,7 +37,7 @@ func (c *Console) sagas(w http.ResponseWriter, r *http.Request) {
 }
 
 // sagaInstances lists one saga's instances, most recently updated first,
-// as `projector saga list` does: ?status=active|completed|failed|all,
+// as `projector saga list` does: ?status=active|completed|failed|parked|all,
 // ?tenant=T, ?limit=N (1 to MaxListLimit, default Config.SagaLimit). A
 // saga neither configured nor with any instance is 404.
 func (c *Console) sagaInstances(w http.ResponseWriter, r *http.Request) {
@@ -55,7 +55,7 @@ func (c *Console) sagaInstances(w http.ResponseWriter, r *http.Request) {
 	default:
 		st, err := saga.ParseStatus(filter)
 		if err != nil {
-			c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: status %q: want active, completed, failed or all", ErrInvalidInput, filter))
+			c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: status %q: want active, completed, failed, parked or all", ErrInvalidInput, filter))
 			return
 		}
 		lq.Statuses = []saga.Status{st}

@@ -288,7 +288,7 @@ func TestSagaPagesBadInput(t *testing.T) {
 		{"/sagas/sla?limit=1001", 400, "want a number from 1 to 1000"},
 		{"/sagas/sla?limit=ten", 400, "want a number from 1 to 1000"},
 		{"/sagas/sla?limit=-5", 400, "want a number from 1 to 1000"},
-		{"/sagas/sla?status=done", 400, "want active, completed, failed or all"},
+		{"/sagas/sla?status=done", 400, "want active, completed, failed, parked or all"},
 		{"/sagas/sla?tenant=" + strings.Repeat("x", 300), 400, "tenant"},
 		{"/sagas/sla?tenant=a%00b", 400, "NUL"},
 		{"/sagas/%01sla", 400, "control character"},

@@ -184,10 +184,26 @@ type AsyncConfig struct {
 	// projection. A stream belongs to one partition, so its events keep
 	// their order; events of different streams may be applied in any
 	// order. 0 or 1: unpartitioned, exactly as before. Otherwise a power of
-	// two up to postgres.MaxPartitions, for a shared consumer without an
-	// external model. Changing it on a partitioned consumer is refused at
-	// start (splitting and merging are not built yet).
+	// two up to postgres.MaxPartitions, for a shared consumer (search
+	// projections included). It is the count a new consumer starts with; after
+	// that the consumer's partitions are what operators make them live
+	// ([Admin.Split], [Admin.Merge]). Raising it splits the partitions at
+	// start; lowering it is refused at start (ErrPartitionsChanged, naming
+	// the merge to run) unless the partitions already have the new count.
 	Partitions int
+	// PartitionKey, on a partitioned consumer, places each event by a key
+	// of its own instead of by its stream: the event belongs to the
+	// partition of KeyHash(tenant, consumer name, key), so the events of
+	// many streams that share a key are applied by one partition, in log
+	// order. Sagas set it to their correlation key. SQL cannot filter by a
+	// key derived in Go, so each partition reads every event of the
+	// consumer's types and keeps its own: with N partitions, N log rows
+	// read and N payload decodes per event applied (docs/scaling.md). The
+	// payload is decoded before the call (unless RawPayloads). An event
+	// whose payload does not decode, or whose key fails, belongs to its
+	// stream's partition, where its handler meets the failure. Such a
+	// consumer needs no partition index.
+	PartitionKey func(ev projector.Event) (string, error)
 	// External, when set, is where the projection's model lives outside
 	// PostgreSQL (a Meilisearch index: search.Projection sets it). It makes
 	// the projection rebuildable blue/green without declared tables: the

@@ -45,49 +45,111 @@ import (
 const PartitionHeartbeatEvery = time.Second
 
 // balancer balances one partitioned consumer's partitions for this process.
+// The partitions are the consumer's layout as last read (register, then
+// every balancing round): a live split or merge (split.go) changes it, and
+// the round that sees the change starts the new partitions' loops and ends
+// the old ones'.
 type balancer struct {
+	proj     *Async
 	consumer string
-	shards   []*shard // the partitions, by partition number
 
-	mu    sync.Mutex
-	owned []bool
+	mu     sync.Mutex
+	shards map[string]*shard // by instance id
+	owned  map[string]bool
 }
 
-func newBalancer(consumer string, shards []*shard) *balancer {
-	return &balancer{consumer: consumer, shards: shards, owned: make([]bool, len(shards))}
+func newBalancer(p *Async) *balancer {
+	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}}
 }
 
 // member is what the instances row lists for a process that balances the
-// consumer's partitions: NAME/N@vV (V its model version), which no consumer
-// name can be. A process that runs the consumer unpartitioned (an older
-// binary, fenced) lists only NAME and is not counted in the share; nor is
-// one of another model version (a blue/green rebuild's old or new
-// binary), which balances only the partitions at its own version.
+// consumer's partitions: NAME/partitions@vV (V its model version), which
+// no consumer name can be (a name has no slash). A process that runs the
+// consumer unpartitioned (an older binary, fenced) lists only NAME and is
+// not counted in the share; nor is one of another model version (a
+// blue/green rebuild's old or new binary), which balances only the
+// partitions at its own version.
 func (b *balancer) member() string {
-	return b.consumer + "/" + strconv.Itoa(len(b.shards)) + "@v" + strconv.Itoa(b.version())
+	return b.consumer + "/partitions@v" + strconv.Itoa(b.version())
 }
 
 // version is the model version of the balanced projection.
-func (b *balancer) version() int { return b.shards[0].proj.cfg.Version }
+func (b *balancer) version() int { return b.proj.cfg.Version }
 
-// owns reports whether this process works partition p, as the last round
+// owns reports whether this process works the partition, as the last round
 // decided.
-func (b *balancer) owns(p int) bool {
+func (b *balancer) owns(instance string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.owned[p]
+	return b.owned[instance]
 }
 
-func (b *balancer) set(p int, own bool) {
+func (b *balancer) set(instance string, own bool) {
 	b.mu.Lock()
-	was := b.owned[p]
-	b.owned[p] = own
+	was := b.owned[instance]
+	b.owned[instance] = own
+	sh := b.shards[instance]
 	b.mu.Unlock()
-	if own && !was {
-		select {
-		case b.shards[p].kick <- struct{}{}:
-		default:
+	if own && !was && sh != nil {
+		sh.wake()
+	}
+}
+
+// wake wakes the shard's loop now rather than after its wait.
+func (sh *shard) wake() {
+	select {
+	case sh.kick <- struct{}{}:
+	default:
+	}
+}
+
+// newPartitionShard is the shard of one partition of p.
+func newPartitionShard(schema string, p *Async, b *balancer, seg postgres.Segment) *shard {
+	id := ShardID{Consumer: p.name, Instance: PartitionInstance(int(seg.Value), seg.Count())}
+	return &shard{id: id, proj: p, lockKey: shardLockKey(schema, id), segment: seg, balancer: b, kick: make(chan struct{}, 1)}
+}
+
+// syncLayout makes b's partitions those of ids (every partition row of the
+// consumer): new ones get a shard, started at once when the dispatcher's
+// loops run; those split or merged away are told to stop.
+func (d *Dispatcher) syncLayout(b *balancer, ids []string) {
+	want := map[string]postgres.Segment{}
+	for _, id := range ids {
+		if seg, ok := partitionSegment(id); ok {
+			want[id] = seg
 		}
+	}
+	b.mu.Lock()
+	var added, removed []*shard
+	for id, seg := range want {
+		cur := b.shards[id]
+		if cur != nil && cur.removed.Load() {
+			// Its pass found the row gone and its loop ended; the row is
+			// back (split, then merged again before this round): a new
+			// shard runs it.
+			removed = append(removed, cur)
+			cur = nil
+		}
+		if cur == nil {
+			sh := newPartitionShard(d.store.Schema(), b.proj, b, seg)
+			b.shards[id] = sh
+			added = append(added, sh)
+		}
+	}
+	for id, sh := range b.shards {
+		if _, ok := want[id]; !ok {
+			delete(b.shards, id)
+			delete(b.owned, id)
+			removed = append(removed, sh)
+		}
+	}
+	b.mu.Unlock()
+	for _, sh := range removed {
+		sh.removed.Store(true)
+		sh.wake()
+	}
+	if len(added)+len(removed) > 0 {
+		d.replaceShards(added, removed)
 	}
 }
 
@@ -98,7 +160,7 @@ type balanceSQL struct {
 func buildBalanceSQL(store *postgres.Store) balanceSQL {
 	c, i := store.Table("projector_consumers"), store.Table("projector_instances")
 	return balanceSQL{
-		owners: `SELECT instance_id, coalesce(owner, ''), version FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%'`,
+		owners: `SELECT instance_id, coalesce(owner, ''), version FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
 		live: `SELECT instance_id FROM ` + i + ` WHERE $1 = ANY(consumers) AND stopped_at IS NULL
 			AND last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * heartbeat_every`,
 		claim:      `UPDATE ` + c + ` SET owner = $3 WHERE name = $1 AND instance_id = $2 AND coalesce(owner, '') = $4`,
@@ -132,25 +194,25 @@ func (d *Dispatcher) balanceLoop(ctx context.Context) {
 	}
 }
 
-// balance runs one round for b: read who owns what and who is alive,
-// release what is over this process's share, claim what is free and
-// within it.
+// balance runs one round for b: read the layout, who owns what and who is
+// alive; follow a split or merge; release what is over this process's
+// share, claim what is free and within it.
 func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
-	var owners []string
+	var all, ids, owners []string
+	var versions []int
 	var live []string
 	batch := &pgx.Batch{}
 	batch.Queue(d.bsql.owners, b.consumer).Query(func(rows pgx.Rows) error {
-		owners = make([]string, len(b.shards))
 		for rows.Next() {
 			var id, owner string
 			var version int
 			if err := rows.Scan(&id, &owner, &version); err != nil {
 				return err
 			}
-			if p, n, ok := ParsePartition(id); ok && n == len(b.shards) {
-				owners[p] = owner
-				if version != b.version() {
-					owners[p] = otherVersion
+			if _, ok := partitionSegment(id); ok {
+				all, versions = append(all, id), append(versions, version)
+				if version == b.version() {
+					ids, owners = append(ids, id), append(owners, owner)
 				}
 			}
 		}
@@ -164,66 +226,41 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 	if err := d.store.Pool().SendBatch(ctx, batch).Close(); err != nil {
 		return err
 	}
-	if !slices.Contains(live, d.instance) {
-		live = append(live, d.instance) // this process runs, whatever its last heartbeat says
-	}
+	d.syncLayout(b, all)
 	// Partitions at another model version (a blue/green rebuild has not
 	// switched them to this one yet, or switched them past it) are not
 	// this process's to work: it balances the others among the processes
 	// of its version.
-	var at []int
-	for p, o := range owners {
-		if o == otherVersion {
-			b.set(p, false)
-		} else {
-			at = append(at, p)
+	for i, id := range all {
+		if versions[i] != b.version() {
+			b.set(id, false)
 		}
 	}
-	sub := make([]string, len(at))
-	for i, p := range at {
-		sub[i] = owners[p]
+	if !slices.Contains(live, d.instance) {
+		live = append(live, d.instance) // this process runs, whatever its last heartbeat says
 	}
-	plan := planBalance(d.instance, sub, live)
-	for i := range plan.release {
-		plan.release[i] = at[plan.release[i]]
-	}
-	for i := range plan.claim {
-		plan.claim[i] = at[plan.claim[i]]
-	}
-	return d.carryOut(ctx, b, owners, plan)
-}
-
-// otherVersion stands in the owners a balancing round reads for a
-// partition at another model version than the process's.
-const otherVersion = "\x00other version"
-
-// carryOut releases and claims partitions as plan says, and records what
-// this process owns.
-func (d *Dispatcher) carryOut(ctx context.Context, b *balancer, owners []string, plan balancePlan) error {
+	plan := planBalance(d.instance, owners, live)
 	for _, p := range plan.release {
-		if _, err := d.store.Pool().Exec(ctx, d.bsql.release, b.consumer, b.shards[p].id.Instance, d.instance); err != nil {
+		if _, err := d.store.Pool().Exec(ctx, d.bsql.release, b.consumer, ids[p], d.instance); err != nil {
 			return err
 		}
-		b.set(p, false)
-		d.logger.DebugContext(ctx, "projection dispatcher: partition released", slog.String("consumer", b.shards[p].id.String()))
+		b.set(ids[p], false)
+		d.logger.DebugContext(ctx, "projection dispatcher: partition released", slog.String("consumer", b.consumer+"@"+ids[p]))
 	}
 	for _, p := range plan.claim {
-		tag, err := d.store.Pool().Exec(ctx, d.bsql.claim, b.consumer, b.shards[p].id.Instance, d.instance, owners[p])
+		tag, err := d.store.Pool().Exec(ctx, d.bsql.claim, b.consumer, ids[p], d.instance, owners[p])
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() == 1 {
-			b.set(p, true)
+			b.set(ids[p], true)
 		}
 	}
 	for p, owner := range owners {
-		if owner == otherVersion {
-			continue
-		}
 		if owner == d.instance && !slices.Contains(plan.release, p) {
-			b.set(p, true)
+			b.set(ids[p], true)
 		} else if owner != d.instance && owner != "" && !slices.Contains(plan.claim, p) {
-			b.set(p, false)
+			b.set(ids[p], false)
 		}
 	}
 	return nil

@@ -69,9 +69,10 @@ func (d *Dispatcher) CatchUp(ctx context.Context) error {
 func (d *Dispatcher) behind(ctx context.Context, target projector.Position) (int, []string, error) {
 	// Cursors and statuses only, every shard in one query: the lag count
 	// Admin.List adds would read the whole backlog on every poll.
-	names := make([]string, len(d.shards))
-	instances := make([]string, len(d.shards))
-	for i, sh := range d.shards {
+	shards := d.allShards()
+	names := make([]string, len(shards))
+	instances := make([]string, len(shards))
+	for i, sh := range shards {
 		names[i], instances[i] = sh.id.Consumer, sh.id.Instance
 	}
 	rows, err := d.store.Pool().Query(ctx, d.sql.cursors, names, instances)
@@ -81,9 +82,12 @@ func (d *Dispatcher) behind(ctx context.Context, target projector.Position) (int
 	var id ShardID
 	var cursor projector.Position
 	var status Status
-	behind, dead, seen := 0, []string{}, 0
+	behind, dead, seen, seenParts := 0, []string{}, 0, 0
 	_, err = pgx.ForEachRow(rows, []any{&id.Consumer, &id.Instance, &cursor.TxID, &cursor.Seq, &status}, func() error {
 		seen++
+		if _, ok := partitionSegment(id.Instance); ok {
+			seenParts++
+		}
 		switch {
 		case status == StatusDead:
 			dead = append(dead, id.String())
@@ -96,9 +100,18 @@ func (d *Dispatcher) behind(ctx context.Context, target projector.Position) (int
 	if err != nil {
 		return -1, nil, fmt.Errorf("read shards: %w", err)
 	}
-	if seen != len(d.shards) {
-		return -1, nil, fmt.Errorf("read shards: %d of %d state rows exist", seen, len(d.shards))
+	parts := 0
+	for _, sh := range shards {
+		if sh.balancer != nil {
+			parts++
+		}
 	}
+	if seen-seenParts != len(shards)-parts {
+		return -1, nil, fmt.Errorf("read shards: %d of %d state rows exist", seen, len(shards))
+	}
+	// A partition split or merged away since the list was taken counts as
+	// behind: the next poll reads the new layout.
+	behind += parts - seenParts
 	return behind, dead, nil
 }
 

@@ -417,7 +417,7 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		if err := checkModel(ctx, tx, store, dl); err != nil {
 			return err
 		}
-		if err := checkVersion(ctx, tx, store, p, dl); err != nil {
+		if err := checkVersion(ctx, tx, store, p, fmt.Sprintf("dead letter %d", dl.ID), shardID); err != nil {
 			return err
 		}
 		ev, err := deadLetterEvent(ctx, tx, store, dl)
@@ -505,23 +505,23 @@ func checkModel(ctx context.Context, tx pgx.Tx, store *postgres.Store, dl DeadLe
 		dl.ID, ErrDeadLetterSuperseded, name, live, mode, version, name)
 }
 
-// checkVersion refuses, with [ErrWrongVersion], to run p's handlers on a
-// consumer whose live model is of another version: the dispatcher stands
-// such a shard aside for the same reason.
-func checkVersion(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, dl DeadLetter) error {
+// checkVersion refuses, with [ErrWrongVersion], to run p's handlers for
+// what (a dead letter, a park) of consumer shard id when its live model is
+// of another version.
+func checkVersion(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, what string, id ShardID) error {
 	var live int
 	err := tx.QueryRow(ctx, `SELECT version FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
-		dl.Consumer, dl.Instance).Scan(&live)
+		id.Consumer, id.Instance).Scan(&live)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // the shard was removed: there is no live model to differ from
 	}
 	if err != nil {
-		return fmt.Errorf("retry dead letter %d: read the consumer's version: %w", dl.ID, err)
+		return fmt.Errorf("retry %s: read the consumer's version: %w", what, err)
 	}
 	if live != p.cfg.Version {
-		return fmt.Errorf("retry dead letter %d: %w: the live model of %s is version %d and this binary's projection is version %d; "+
+		return fmt.Errorf("retry %s: %w: the live model of %s is version %d and this binary's projection is version %d; "+
 			"retry it with a binary of version %d (or, after a rebuild to version %d switches in, with this one)",
-			dl.ID, ErrWrongVersion, projector.Printable(dl.Consumer), live, p.cfg.Version, live, p.cfg.Version)
+			what, ErrWrongVersion, projector.Printable(id.Consumer), live, p.cfg.Version, live, p.cfg.Version)
 	}
 	return nil
 }
@@ -564,7 +564,7 @@ func applyLive(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, 
 func (d *Dispatcher) retryLoop(ctx context.Context) {
 	byName := map[string]*Async{}
 	var names []string
-	for _, sh := range d.shards {
+	for _, sh := range d.allShards() {
 		if sh.shadow == nil && byName[sh.id.Consumer] == nil {
 			byName[sh.id.Consumer] = sh.proj
 			names = append(names, sh.id.Consumer)
@@ -574,7 +574,12 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 		return
 	}
 	q := `SELECT id, consumer FROM ` + d.store.Table("projector_dead_letters") + `
-		WHERE retry_requested_at IS NOT NULL AND status = 'open' AND consumer = ANY($1) AND instance_id = ANY($2) ORDER BY id LIMIT 100`
+		WHERE retry_requested_at IS NOT NULL AND status = 'open' AND consumer = ANY($1)
+		  AND (instance_id = ANY($2) OR instance_id LIKE '` + PartitionPrefix + `%') ORDER BY id LIMIT 100`
+	// The shared shard's, this instance's and any partition's: a
+	// partition's dead letters and parks are filed under its instance id,
+	// and the retry takes that partition's lock, so any process running
+	// the consumer may carry it out.
 	instances := []string{SharedInstance, d.instance}
 	ticker := time.NewTicker(d.cfg.Recheck)
 	defer ticker.Stop()

@@ -3,6 +3,7 @@ package projection_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,11 +20,20 @@ import (
 // deadLetterEnv runs a continuous-mode consumer over planted poison events
 // and returns it with the ids of their dead letters, in log order.
 func deadLetterEnv(t *testing.T) (*env, *projection.Async, *atomic.Bool, []int64) {
+	return deadLetterEnvIn(t, 0)
+}
+
+// deadLetterEnvIn is deadLetterEnv with the consumer in partitions (0: not
+// partitioned).
+func deadLetterEnvIn(t *testing.T, partitions int) (*env, *projection.Async, *atomic.Bool, []int64) {
 	e := newEnv(t)
+	if partitions > 1 {
+		e = partitioned(t)
+	}
 	e.traceTable()
 	failing := &atomic.Bool{}
 	failing.Store(true)
-	p := poisoned(e, "tolerant", projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, MaxAttempts: 1}, failing)
+	p := poisoned(e, "tolerant", projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, MaxAttempts: 1, Partitions: partitions}, failing)
 	// The dispatcher of this test catches up once; retries run in-process.
 	for i := range 3 {
 		e.appendOne("p"+string(rune('a'+i)), projector.NoStream, testevents.TicketOpened{Title: "poison"}, testevents.TicketCommented{Body: "later"})
@@ -189,10 +199,20 @@ func TestDeadLetterPrunedEvent(t *testing.T) {
 }
 
 // A retry request recorded in the database is carried out by a running
-// dispatcher that has the projection.
+// dispatcher that has the projection, partitioned or not (a partition's
+// dead letters are filed under the partition's instance id).
 func TestDeadLetterRetryRequestRunsInDispatcher(t *testing.T) {
 	t.Parallel()
-	e, _, failing, ids := deadLetterEnv(t)
+	for _, partitions := range []int{0, 4} {
+		t.Run(fmt.Sprintf("partitions=%d", partitions), func(t *testing.T) {
+			t.Parallel()
+			retryRequestRunsInDispatcher(t, partitions)
+		})
+	}
+}
+
+func retryRequestRunsInDispatcher(t *testing.T, partitions int) {
+	e, _, failing, ids := deadLetterEnvIn(t, partitions)
 	failing.Store(false)
 	if err := projection.RequestDeadLetterRetry(e.ctx, e.store, ids[:2]); err != nil {
 		t.Fatal(err)

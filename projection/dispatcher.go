@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -176,15 +178,22 @@ type Dispatcher struct {
 	cfg      Config
 	instance string
 	randomID bool
+	// shards are the shards this dispatcher runs; a partitioned
+	// consumer's change with its layout (syncLayout), so they are read
+	// through allShards.
 	shards   []*shard
-	logger   *slog.Logger
-	metrics  *metrics
-	tracer   trace.Tracer
-	sql      dispatchSQL
-	park     parkSQL
-	isql     instanceSQL
-	psql     partitionSQL
-	bsql     balanceSQL
+	shardsMu sync.Mutex
+	// soft and hard are the loops' contexts once Start ran (see Start),
+	// for the loops of partitions a split or merge creates.
+	soft, hard context.Context
+	logger     *slog.Logger
+	metrics    *metrics
+	tracer     trace.Tracer
+	sql        dispatchSQL
+	park       parkSQL
+	isql       instanceSQL
+	psql       partitionSQL
+	bsql       balanceSQL
 	// balancers balance each partitioned consumer's partitions over the
 	// processes that run it (balance.go).
 	balancers  []*balancer
@@ -229,20 +238,23 @@ type shard struct {
 	// prefetched counts the batches a pass took from a prefetch.
 	prefetched int
 	// segment is a partition's hash segment; zero for an unpartitioned
-	// shard. balancer and partition say whether this process works it.
-	segment   postgres.Segment
-	balancer  *balancer
-	partition int
-	// kick wakes the shard's loop when this process takes the partition.
+	// shard. balancer says whether this process works it.
+	segment  postgres.Segment
+	balancer *balancer
+	// kick wakes the shard's loop when this process takes the partition,
+	// or when the partition is split or merged away.
 	kick chan struct{}
+	// removed is set once the partition was split or merged away: its
+	// loop ends.
+	removed atomic.Bool
 }
 
 // readKey is the shard's log filter for shared reads: its event types and,
 // for a partition, its segment.
 func (sh *shard) readKey() string {
 	k := filterKey(sh.proj.t.types)
-	if sh.segment.Bits > 0 {
-		k += "\x01" + sh.segment.String()
+	if seg := sh.readSegment(); seg.Bits > 0 {
+		k += "\x01" + seg.String()
 	}
 	return k
 }
@@ -366,18 +378,15 @@ func New(cfg Config) (*Dispatcher, error) {
 			return nil, err
 		}
 		if n := p.cfg.Partitions; n > 1 {
-			parts := make([]*shard, n)
+			// The declared partitions, until Start reads the layout the
+			// consumer has (register): live splits and merges change it.
+			b := newBalancer(p)
+			ids := make([]string, n)
 			for i := range n {
-				id := ShardID{Consumer: p.name, Instance: PartitionInstance(i, n)}
-				seg, _ := postgres.SegmentOf(i, n) // validated by NewAsync
-				parts[i] = &shard{id: id, proj: p, lockKey: shardLockKey(cfg.Store.Schema(), id), segment: seg, partition: i, kick: make(chan struct{}, 1)}
+				ids[i] = PartitionInstance(i, n)
 			}
-			b := newBalancer(p.name, parts)
-			for _, sh := range parts {
-				sh.balancer = b
-			}
+			d.syncLayout(b, ids)
 			d.balancers = append(d.balancers, b)
-			d.shards = append(d.shards, parts...)
 			continue
 		}
 		id := ShardID{Consumer: p.name, Instance: SharedInstance}
@@ -408,13 +417,46 @@ func New(cfg Config) (*Dispatcher, error) {
 	return d, nil
 }
 
+// allShards returns the shards this dispatcher runs now.
+func (d *Dispatcher) allShards() []*shard {
+	d.shardsMu.Lock()
+	defer d.shardsMu.Unlock()
+	return slices.Clone(d.shards)
+}
+
+// replaceShards adds and removes shards (a partitioned consumer's layout
+// changed), starting the loops of those added once the dispatcher runs.
+// The removed ones end their loops themselves (shard.removed).
+func (d *Dispatcher) replaceShards(added, removed []*shard) {
+	d.shardsMu.Lock()
+	defer d.shardsMu.Unlock()
+	d.shards = slices.DeleteFunc(d.shards, func(sh *shard) bool { return slices.Contains(removed, sh) })
+	d.shards = append(d.shards, added...)
+	if d.metrics != nil && d.soft != nil {
+		for _, sh := range removed {
+			d.metrics.forget(sh.id)
+		}
+	}
+	if d.soft == nil || d.soft.Err() != nil {
+		return // Start spawns them, or the dispatcher is stopping
+	}
+	for _, sh := range added {
+		if d.metrics != nil {
+			d.metrics.start(sh.id)
+		}
+		soft, hard := d.soft, d.hard
+		d.wg.Go(func() { d.runShard(soft, hard, sh) })
+	}
+}
+
 // InstanceID returns this dispatcher's instance id.
 func (d *Dispatcher) InstanceID() string { return d.instance }
 
 // Shards returns the shards this dispatcher runs.
 func (d *Dispatcher) Shards() []ShardID {
-	out := make([]ShardID, len(d.shards))
-	for i, s := range d.shards {
+	shards := d.allShards()
+	out := make([]ShardID, len(shards))
+	for i, s := range shards {
 		out[i] = s.id
 	}
 	return out
@@ -433,7 +475,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		}
 		return nil
 	}
-	if len(d.balancers) > 0 {
+	if d.needsPartitionIndex() {
 		// Without the index every partition's read would walk the log.
 		if err := d.store.CheckPartitionIndex(ctx); err != nil {
 			return fmt.Errorf("projection dispatcher: %w", err)
@@ -462,16 +504,19 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if d.metrics != nil {
 		d.wg.Go(func() { d.metricsLoop(soft) })
 	}
+	d.shardsMu.Lock()
+	d.soft, d.hard = soft, hard
 	for _, sh := range d.shards {
 		d.wg.Go(func() { d.runShard(soft, hard, sh) })
 	}
+	d.shardsMu.Unlock()
 	go func() {
 		d.wg.Wait()
 		d.cleanup()
 		hardCancel()
 		close(d.stopped)
 	}()
-	d.logger.InfoContext(ctx, "projection dispatcher: started", slog.String("instance_id", d.instance), slog.Int("shards", len(d.shards)))
+	d.logger.InfoContext(ctx, "projection dispatcher: started", slog.String("instance_id", d.instance), slog.Int("shards", len(d.allShards())))
 	return nil
 }
 

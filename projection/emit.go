@@ -30,6 +30,17 @@ func StoreFrom(ctx context.Context) (*postgres.Store, bool) {
 	return s, ok
 }
 
+type shardKey struct{}
+
+// ShardFrom returns the shard whose pass runs the handler whose context
+// ctx is, and false outside a dispatcher's handler. A handler that keeps
+// state per shard finds its partition there (the JetStream relay keeps
+// what it knows of the stream per partition: each has its own cursor).
+func ShardFrom(ctx context.Context) (ShardID, bool) {
+	id, ok := ctx.Value(shardKey{}).(ShardID)
+	return id, ok
+}
+
 // Emit appends events from inside an async handler, through the
 // dispatcher's store and the handler's transaction: they commit with the
 // consumer's cursor, so each exists exactly once even across crashes, and

@@ -50,6 +50,9 @@ func ShadowRebuild(ctx context.Context) (int64, bool) {
 	return st.rebuildID, true
 }
 
+// errSwapElsewhere: another partition of the consumer is swapping.
+var errSwapElsewhere = errors.New("another partition is swapping the rebuilt target in")
+
 // swapping finishes a rebuild of sh's projection that is 'swapping', in
 // tx, which holds the live shard's lock: one process at a time swaps, and
 // no live pass writes the target meanwhile (a live pass would write the
@@ -65,6 +68,21 @@ func (d *Dispatcher) swapping(ctx context.Context, tx pgx.Tx, sh *shard) (bool, 
 	}
 	if err != nil {
 		return false, fmt.Errorf("read a swapping rebuild: %w", err)
+	}
+	if sh.balancer != nil {
+		// A partition: the other partitions may find the rebuild swapping
+		// at the same moment, and two swaps at once could swap the target
+		// back. The one holding the unpartitioned row's lock swaps; the
+		// others stand aside (writing nothing to the old target) until it
+		// is recorded.
+		var locked bool
+		unpartitioned := ShardID{Consumer: sh.id.Consumer, Instance: SharedInstance}
+		if err := tx.QueryRow(ctx, d.sql.tryLock, shardLockKey(d.store.Schema(), unpartitioned)).Scan(&locked); err != nil {
+			return true, fmt.Errorf("lock the unpartitioned row for the swap: %w", err)
+		}
+		if !locked {
+			return true, errSwapElsewhere
+		}
 	}
 	if err := ext.Swap(ctx, id); err != nil {
 		return true, fmt.Errorf("rebuild %d of %s: swap the new %s target in (the live shard stands aside until it succeeds): %w",

@@ -43,8 +43,8 @@ func buildInstanceSQL(store *postgres.Store) instanceSQL {
 // heartbeat records that this instance is alive and which consumers it
 // runs; start says it is the first of this process.
 func (d *Dispatcher) heartbeat(ctx context.Context, db postgres.DBTX, start bool) error {
-	names := make([]string, 0, len(d.shards))
-	for _, sh := range d.shards {
+	names := make([]string, 0)
+	for _, sh := range d.allShards() {
 		if !slices.Contains(names, sh.id.Consumer) {
 			names = append(names, sh.id.Consumer)
 		}
@@ -70,18 +70,24 @@ func (d *Dispatcher) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("projection dispatcher: %w", err)
 	}
+	startOf := func(p *Async) projector.Position {
+		if p.cfg.StartFrom == FromNow {
+			return horizon
+		}
+		return projector.Start
+	}
+	layouts := make([][]string, len(d.balancers))
 	err = pgx.BeginFunc(ctx, d.store.Pool(), func(tx pgx.Tx) error {
-		for _, sh := range d.shards {
-			start := projector.Start
-			if sh.proj.cfg.StartFrom == FromNow {
-				start = horizon
+		for i, b := range d.balancers {
+			ids, err := d.registerPartitioned(ctx, tx, b.proj, startOf(b.proj))
+			if err != nil {
+				return fmt.Errorf("register consumer %s: %w", b.consumer, err)
 			}
+			layouts[i] = ids
+		}
+		for _, sh := range d.allShards() {
+			start := startOf(sh.proj)
 			if sh.balancer != nil {
-				if sh.partition == 0 {
-					if err := d.registerPartitioned(ctx, tx, sh.proj, start); err != nil {
-						return fmt.Errorf("register consumer %s: %w", sh.id.Consumer, err)
-					}
-				}
 				continue
 			}
 			if _, err := tx.Exec(ctx, d.sql.register, sh.id.Consumer, sh.id.Instance, start.TxID, start.Seq, sh.proj.cfg.Version); err != nil {
@@ -95,6 +101,9 @@ func (d *Dispatcher) register(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("projection dispatcher: %w", err)
+	}
+	for i, b := range d.balancers {
+		d.syncLayout(b, layouts[i]) // the layout the consumer has, live splits and merges included
 	}
 	return nil
 }
@@ -114,7 +123,7 @@ func (d *Dispatcher) cleanup() {
 		}
 		return
 	}
-	for _, sh := range d.shards {
+	for _, sh := range d.allShards() {
 		if sh.id.Instance != d.instance {
 			continue
 		}

@@ -147,6 +147,25 @@ func (m *metrics) start(id ShardID) {
 	m.applyDelay.With(l)
 }
 
+// forget deletes the series of a shard that no longer exists (a partition
+// split or merged away), so its last lag and status are not shown for ever
+// beside its halves' or parent's.
+func (m *metrics) forget(id ShardID) {
+	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
+	for _, v := range []*prometheus.GaugeVec{m.lagEvents, m.lagSeconds} {
+		v.Delete(l)
+	}
+	m.status.DeletePartialMatch(l)
+	for _, v := range []*prometheus.CounterVec{m.processed, m.failed, m.deadLetters, m.sharedReads} {
+		v.Delete(l)
+	}
+	m.batchApply.Delete(l)
+	m.applyDelay.Delete(l)
+	m.mu.Lock()
+	delete(m.lagged, id)
+	m.mu.Unlock()
+}
+
 func (m *metrics) batch(id ShardID, applied, failed, deadLetters int, started time.Time) {
 	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
 	m.processed.With(l).Add(float64(applied))
@@ -206,8 +225,8 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 		}
 		return
 	}
-	mine := make(map[ShardID]bool, len(d.shards))
-	for _, sh := range d.shards {
+	mine := make(map[ShardID]bool)
+	for _, sh := range d.allShards() {
 		mine[sh.id] = true
 	}
 	for _, st := range all {
@@ -248,7 +267,7 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 // index.
 func (d *Dispatcher) refreshOpenDeadLetters(ctx context.Context) {
 	counts := map[string]float64{}
-	for _, sh := range d.shards {
+	for _, sh := range d.allShards() {
 		counts[sh.id.Consumer] = 0
 	}
 	names := make([]string, 0, len(counts))

@@ -66,6 +66,9 @@ type Park struct {
 	ResolvedAt       *time.Time `json:"resolved_at,omitempty"`
 	// ResolvedBy is who resolved (retried) or discarded it.
 	ResolvedBy string `json:"resolved_by,omitempty"`
+	// Kind is [ParkKindStream] or [ParkKindSagaInstance] (whose StreamID is
+	// the instance's correlation key).
+	Kind string `json:"kind"`
 }
 
 // Stream returns the parked stream.
@@ -227,7 +230,7 @@ type ParkFilter struct {
 const parkColumns = `p.id, p.consumer, p.instance_id, p.tenant_id, p.stream_type, p.stream_id, p.status, p.event_id, p.event_type,
 	p.version, p.error, p.attempts, p.parked_at,
 	CASE WHEN p.status = 'parked' THEN (SELECT count(*) FROM {{e}} e WHERE e.park_id = p.id)::int ELSE coalesce(p.events, 0) END,
-	p.last_retried_at, p.retry_requested_at, p.resolved_at, coalesce(p.resolved_by, '')`
+	p.last_retried_at, p.retry_requested_at, p.resolved_at, coalesce(p.resolved_by, ''), p.kind`
 
 func parkColumnsOf(store *postgres.Store) string {
 	return strings.ReplaceAll(parkColumns, "{{e}}", store.Table("projector_parked_events"))
@@ -240,7 +243,7 @@ func parkSelect(store *postgres.Store) string {
 func scanPark(row pgx.CollectableRow) (Park, error) {
 	var p Park
 	err := row.Scan(&p.ID, &p.Consumer, &p.Instance, &p.Tenant, &p.StreamType, &p.StreamID, &p.Status, &p.EventID, &p.EventType,
-		&p.Version, &p.Error, &p.Attempts, &p.ParkedAt, &p.Events, &p.LastRetriedAt, &p.RetryRequestedAt, &p.ResolvedAt, &p.ResolvedBy)
+		&p.Version, &p.Error, &p.Attempts, &p.ParkedAt, &p.Events, &p.LastRetriedAt, &p.RetryRequestedAt, &p.ResolvedAt, &p.ResolvedBy, &p.Kind)
 	return p, err
 }
 
@@ -341,6 +344,9 @@ var ErrParkedEventMissing = fmt.Errorf("%w: a parked event is missing from the l
 
 // parkedEvents reads park p's sequence from the log in version order.
 func parkedEvents(ctx context.Context, db postgres.DBTX, store *postgres.Store, p Park) ([]projector.Event, error) {
+	if p.Kind == ParkKindSagaInstance {
+		return instanceParkedEvents(ctx, db, store, p)
+	}
 	rows, err := db.Query(ctx, `SELECT version, event_id FROM `+store.Table("projector_parked_events")+` WHERE park_id = $1 ORDER BY version`, p.ID)
 	if err != nil {
 		return nil, fmt.Errorf("park %d: read its events: %w", p.ID, err)
@@ -409,6 +415,12 @@ func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 	return res, err
 }
 
+// ValidateOperator checks who acts on a park, as its record keeps it:
+// not empty, at most [projector.MaxNameLength] bytes, text PostgreSQL can
+// hold, printable (it is shown on operators' terminals and pages). Errors
+// match [projector.ErrInvalidTransition].
+func ValidateOperator(by string) error { return validBy(by) }
+
 func validBy(by string) error {
 	if by == "" {
 		return fmt.Errorf("%w: say who is acting on the park", projector.ErrInvalidTransition)
@@ -466,7 +478,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if pk.Status != ParkOpen {
 			return fmt.Errorf("retry park %d: it is %s already (nothing applied again): %w", id, pk.Status, projector.ErrInvalidTransition)
 		}
-		if err := checkParkVersion(ctx, tx, store, p, pk); err != nil {
+		if err := checkVersion(ctx, tx, store, p, fmt.Sprintf("park %d", id), shardID); err != nil {
 			return err
 		}
 		events, err := parkedEvents(ctx, tx, store, pk)
@@ -479,7 +491,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if _, err := tx.Exec(ctx, `SAVEPOINT projector_park_retry`); err != nil {
 			return fmt.Errorf("retry park %d: %w", id, err)
 		}
-		herr, err := applyLive(ctx, tx, store, p, shardID, events, logger)
+		herr, err := applyLive(context.WithValue(ctx, retryingKey{}, pk), tx, store, p, shardID, events, logger)
 		if err != nil {
 			return err
 		}
@@ -512,34 +524,16 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		return ParkRetryResult{ID: id}, false, err
 	}
 	logger.InfoContext(ctx, "projection: park retried", slog.Int64("id", id), slog.String("consumer", pk.Consumer),
-		slog.String("stream", pk.Stream().String()), slog.Int("events", res.Events), slog.Bool("resolved", res.Resolved),
+		slog.String("parked", pk.What()), slog.Int("events", res.Events), slog.Bool("resolved", res.Resolved),
 		slog.String("error", res.Error))
 	return res, true, nil
-}
-
-// checkParkVersion refuses, with [ErrWrongVersion], to run p's handlers on
-// a consumer whose live model is of another version.
-func checkParkVersion(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, pk Park) error {
-	var live int
-	err := tx.QueryRow(ctx, `SELECT version FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
-		pk.Consumer, pk.Instance).Scan(&live)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("retry park %d: read the consumer's version: %w", pk.ID, err)
-	}
-	if live != p.cfg.Version {
-		return fmt.Errorf("retry park %d: %w: the live model of %s is version %d and this binary's projection is version %d",
-			pk.ID, ErrWrongVersion, projector.Printable(pk.Consumer), live, p.cfg.Version)
-	}
-	return nil
 }
 
 // DiscardPark gives up on park id: its sequence is dropped (the events stay
 // in the log; the consumer never applies them) and the park is marked
 // discarded with who (by), when and how many events, kept for the record.
-// The stream is live again from its next event. It takes the consumer
+// The stream (a saga instance: the instance, active again) is live again
+// from its next event. It takes the consumer
 // shard's lock, so no pass adds to the sequence meanwhile; a park that is
 // not open is refused with [projector.ErrInvalidTransition], so of racing
 // retries and discards exactly one wins. It returns the park as discarded.
@@ -563,6 +557,9 @@ func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM `+store.Table("projector_parked_events")+` WHERE park_id = $1`, id); err != nil {
 			return fmt.Errorf("discard park %d: %w", id, err)
+		}
+		if err := reactivateInstance(ctx, tx, store, pk); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_parks")+` SET status = 'discarded', resolved_at = now(),
 				resolved_by = $2, events = $3, retry_requested_at = NULL WHERE id = $1`, id, by, pk.Events); err != nil {
@@ -608,7 +605,8 @@ func (d *Dispatcher) parkRetryRequests(ctx context.Context, byName map[string]*A
 		name, by string
 	}
 	rows, err := d.store.Pool().Query(ctx, `SELECT id, consumer, coalesce(resolved_by, '') FROM `+d.store.Table("projector_parks")+`
-		WHERE retry_requested_at IS NOT NULL AND status = 'parked' AND consumer = ANY($1) AND instance_id = ANY($2) ORDER BY id LIMIT 100`,
+		WHERE retry_requested_at IS NOT NULL AND status = 'parked' AND consumer = ANY($1)
+		  AND (instance_id = ANY($2) OR instance_id LIKE '`+PartitionPrefix+`%') ORDER BY id LIMIT 100`,
 		names, instances)
 	var reqs []req
 	if err == nil {
@@ -642,7 +640,7 @@ func (d *Dispatcher) refreshParks(ctx context.Context) {
 	type gauge struct{ n, age float64 }
 	by := map[string]gauge{}
 	names := []string{}
-	for _, sh := range d.shards {
+	for _, sh := range d.allShards() {
 		if _, ok := by[sh.id.Consumer]; !ok {
 			by[sh.id.Consumer] = gauge{}
 			names = append(names, sh.id.Consumer)

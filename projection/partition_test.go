@@ -164,24 +164,66 @@ func TestPromise16_UnpartitionedBinaryFenced(t *testing.T) {
 	}
 }
 
-// Changing the declared partition count is refused at start with what to
-// do, not carried out as a silent reshuffle.
-func TestPartitionCountChangeRefused(t *testing.T) {
+// Changing the declared partition count is never a silent reshuffle: a
+// raised count is carried out at start as splits (each half at its
+// parent's cursor), a lowered one is refused with the merge to run, and a
+// layout operators changed live is run as it is while the code's count
+// stays the same.
+func TestPartitionCountChange(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	p := counting(e.schema, e.types, "four", projection.AsyncConfig{Partitions: 4})
-	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	e.appendMany(2, 200, 40)
+	declare := func(n int) *projection.Async {
+		return counting(e.schema, e.types, "four", projection.AsyncConfig{Partitions: n})
+	}
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{declare(4)}})
+	e.catchUp(d)
 	if err := d.Stop(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	p8 := counting(e.schema, e.types, "four", projection.AsyncConfig{Partitions: 8})
-	d8, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{p8}})
+	before := e.partitionShards("four")
+	d8 := e.dispatcher(projection.Config{Projections: []*projection.Async{declare(8)}})
+	if err := d8.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := e.partitionShards("four")
+	if len(after) != 8 {
+		t.Fatalf("code raised to 8 partitions: the consumer has %d", len(after))
+	}
+	for p, s := range after {
+		if parent := before[p/2]; s.Partitions != 8 || s.Cursor != parent.Cursor {
+			t.Errorf("partition %d/%d starts at %s, its parent %d/4 stood at %s", p, s.Partitions, s.Cursor, p/2, parent.Cursor)
+		}
+	}
+	d4, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{declare(4)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = d8.Start(e.ctx)
-	if !errors.Is(err, projection.ErrPartitionsChanged) || !strings.Contains(err.Error(), "has 4 partitions") {
-		t.Fatalf("start with another count: %v, want ErrPartitionsChanged", err)
+	err = d4.Start(e.ctx)
+	if !errors.Is(err, projection.ErrPartitionsChanged) || !strings.Contains(err.Error(), "has 8 partitions") ||
+		!strings.Contains(err.Error(), "`projector consumer merge four`") {
+		t.Fatalf("start declaring 4 after code declared 8: %v, want ErrPartitionsChanged naming the merge to run", err)
+	}
+	// Merged live to 4, the code declaring 4 starts (the partitions have
+	// its count); split live to 8 again, the code still declaring 4 runs
+	// the 8 (operators changed the layout, not the code).
+	admin := projection.NewAdmin(e.store)
+	if _, err := admin.Merge(e.ctx, "four", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	d4 = e.dispatcher(projection.Config{Projections: []*projection.Async{declare(4)}})
+	if err := d4.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Split(e.ctx, "four"); err != nil {
+		t.Fatal(err)
+	}
+	d4 = e.dispatcher(projection.Config{Projections: []*projection.Async{declare(4)}})
+	if n := len(d4.Shards()); n != 8 {
+		t.Errorf("code declaring 4 runs %d partitions after a live split to 8", n)
+	}
+	if err := d4.Stop(e.ctx); err != nil {
+		t.Fatal(err)
 	}
 	for _, bad := range []int{-1, 3, 6, 128} {
 		bp := counting(e.schema, e.types, "bad"+strconv.Itoa(bad+1), projection.AsyncConfig{Partitions: bad})
@@ -296,5 +338,41 @@ func TestPartitionRegistrationRacingUnpartitionedInsert(t *testing.T) {
 	}
 	if n := len(e.partitionShards("gap")); n != 2 {
 		t.Fatalf("%d partitions registered, want 2", n)
+	}
+}
+
+// A consumer partitioned by key (as sagas are) keeps the layout it started
+// with: a live split or merge would carry its dead letters and parks by
+// stream, not by their events' keys, so both are refused, and so is a
+// start declaring another count.
+func TestKeyedPartitionsKeepTheirLayout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.appendMany(2, 100, 20)
+	declare := func(n int) *projection.Async {
+		return counting(e.schema, e.types, "keyed", projection.AsyncConfig{Partitions: n,
+			PartitionKey: func(ev projector.Event) (string, error) { return ev.Stream.ID, nil }})
+	}
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{declare(4)}})
+	e.catchUp(d)
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := projection.NewAdmin(e.store)
+	if _, err := admin.Split(e.ctx, "keyed"); !errors.Is(err, projector.ErrInvalidTransition) || !strings.Contains(err.Error(), "partitioned by key") {
+		t.Fatalf("split of a keyed consumer: %v, want a refusal", err)
+	}
+	if _, err := admin.Merge(e.ctx, "keyed", time.Second); !errors.Is(err, projector.ErrInvalidTransition) || !strings.Contains(err.Error(), "partitioned by key") {
+		t.Fatalf("merge of a keyed consumer: %v, want a refusal", err)
+	}
+	d8, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{declare(8)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d8.Start(e.ctx); !errors.Is(err, projection.ErrPartitionsChanged) || !strings.Contains(err.Error(), "partitioned by key") {
+		t.Fatalf("start declaring 8 for a keyed consumer of 4: %v, want ErrPartitionsChanged", err)
+	}
+	if n := len(e.partitionShards("keyed")); n != 4 {
+		t.Fatalf("the keyed consumer has %d partitions after the refusals, want 4", n)
 	}
 }

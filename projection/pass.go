@@ -60,7 +60,7 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				coalesce(failed_event_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(next_retry_at > now(), false), coalesce(next_retry_at, 'epoch'),
 				version, coalesce(replay_until_tx_id, '0'), coalesce(replay_until_seq, 0), coalesce(shadow_schema, ''),
-				coalesce(owner, '')
+				coalesce(owner, ''), hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0)
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		waitLock: waitShardLockSQL,
 		cursor:   `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
@@ -94,7 +94,10 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 // pass (it is recorded on the shard); an error means the database failed
 // and the transaction rolled back.
 func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
-	if sh.balancer != nil && !sh.balancer.owns(sh.partition) {
+	if sh.removed.Load() {
+		return passResult{kind: passGone}, nil // a partition split or merged away (balance.go)
+	}
+	if sh.balancer != nil && !sh.balancer.owns(sh.id.Instance) {
 		return passResult{kind: passNotMine}, nil
 	}
 	// The connection is held apart from the transaction so that the cursor
@@ -126,7 +129,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	exists := true
 	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt,
-			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner)
+			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.held, &st.hold.TxID, &st.hold.Seq)
 		if errors.Is(err, pgx.ErrNoRows) {
 			exists = false
 			return nil
@@ -155,6 +158,12 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		return passResult{kind: passLocked}, nil // another process has it
 	case !exists && sh.shadow != nil:
 		return passResult{kind: passGone}, nil // the rebuild switched or was cancelled
+	case !exists && sh.balancer != nil:
+		// Split or merged away under this partition's lock (split.go): its
+		// children or parent carry on. Never registered again, which would
+		// apply its streams' events a second time.
+		sh.removed.Store(true)
+		return passResult{kind: passGone}, nil
 	case !exists:
 		return d.registerAgain(ctx, tx, sh)
 	case sh.shadow != nil && st.shadowSchema != sh.shadow.schema:
@@ -165,7 +174,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		// Another process took the partition since this one's last
 		// balancing round: stand aside at once (the lock kept this pass
 		// from overlapping with its passes).
-		sh.balancer.set(sh.partition, false)
+		sh.balancer.set(sh.id.Instance, false)
 		return passResult{kind: passNotMine}, nil
 	}
 	if sh.shadow == nil && sh.proj.cfg.External != nil {
@@ -173,6 +182,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		// live target is still the old one, so stand aside until the swap
 		// is done, doing it here under the live lock.
 		found, err := d.swapping(ctx, tx, sh)
+		if errors.Is(err, errSwapElsewhere) {
+			return passResult{kind: passLocked}, nil
+		}
 		if err != nil {
 			return passResult{}, err
 		}
@@ -213,7 +225,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			}
 		}
 	}
-	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.segment}
+	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.readSegment()}
 	batch, err := d.readBatch(ctx, tx, sh, q)
 	if err != nil {
 		return passResult{}, err
@@ -234,8 +246,14 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 	}
 	next := batch.Next(st.cursor)
+	if st.held {
+		next = holdBatch(&batch, next, st.hold)
+	}
 	if batch.Full {
 		d.startPrefetch(ctx, sh, q, next)
+	}
+	if sh.keyed() {
+		batch.Events = d.ownEvents(sh, batch.Events) // the cursor still passes the others' (partitionkey.go)
 	}
 	parked := 0 // events of parked streams held back (park.go)
 	if sh.parking() {
@@ -525,6 +543,30 @@ type shardRow struct {
 	shadowSchema string
 	// owner is the process that works a partition (balance.go).
 	owner string
+	// held says a partition waits at hold for its sibling before they
+	// merge (split.go): its cursor never passes it.
+	held bool
+	hold projector.Position
+}
+
+// holdBatch cuts a held partition's batch at its hold and returns where its
+// cursor may move: not past the hold. Events after the hold are left for the
+// merged partition. An event after the hold in the batch means every event
+// up to the hold was read (log order), so the cursor may stand at the hold
+// exactly.
+func holdBatch(batch *postgres.LogBatch, next, hold projector.Position) projector.Position {
+	k := len(batch.Events)
+	for k > 0 && hold.Less(batch.Events[k-1].Position) {
+		k--
+	}
+	if k < len(batch.Events) {
+		batch.Events, batch.Full = batch.Events[:k], false
+		return hold
+	}
+	if hold.Less(next) {
+		return hold
+	}
+	return next
 }
 
 // registerAgain restores a shard row an operator deleted, from the

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,6 +40,88 @@ func (e *env) workers() map[string]int64 {
 	return out
 }
 
+// writers append to e's log until told to finish: each owns its streams
+// (versions known without reading back); a tenth of the transactions
+// commit late (holding their transaction open past others' commits), a
+// tenth roll back. They write at least events events over about streams
+// streams, and go on until finish.
+type writers struct {
+	t        testing.TB
+	mu       sync.Mutex
+	versions map[string]int64
+	left     atomic.Int64
+	stop     atomic.Bool
+	wg       sync.WaitGroup
+	errs     chan error
+}
+
+func startWriters(e *env, events, streams int) *writers {
+	const n = 6
+	w := &writers{t: e.t, versions: map[string]int64{}, errs: make(chan error, n)}
+	w.left.Store(int64(events))
+	for i := range n {
+		w.wg.Go(func() { w.write(e, i, n, streams) })
+	}
+	return w
+}
+
+func (w *writers) write(e *env, i, n, streams int) {
+	rng := rand.New(rand.NewPCG(uint64(i), 16))
+	errRollback := errors.New("rolled back on purpose")
+	for w.left.Load() > 0 || !w.stop.Load() {
+		id := fmt.Sprintf("p-%d", i+n*rng.IntN(max(streams/n, 1)))
+		k := 1 + rng.IntN(4)
+		w.mu.Lock()
+		v := w.versions[id]
+		w.mu.Unlock()
+		payloads := make([]any, k)
+		for j := range payloads {
+			if v == 0 && j == 0 {
+				payloads[j] = testevents.TicketOpened{Title: id}
+			} else {
+				payloads[j] = testevents.TicketCommented{Body: "c", N: j}
+			}
+		}
+		roll := rng.IntN(10)
+		err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+			if _, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", id), projector.ExactVersion(v), payloads...); err != nil {
+				return err
+			}
+			switch roll {
+			case 0: // a late commit: others commit after this one took its id
+				time.Sleep(time.Duration(20+rng.IntN(60)) * time.Millisecond)
+			case 1:
+				return errRollback
+			}
+			return nil
+		})
+		if errors.Is(err, projector.ErrConcurrency) || errors.Is(err, errRollback) {
+			continue
+		}
+		if err != nil {
+			w.errs <- err
+			return
+		}
+		w.mu.Lock()
+		w.versions[id] = v + int64(k)
+		w.mu.Unlock()
+		w.left.Add(-int64(k))
+	}
+}
+
+// finish stops the writers once they wrote their events and returns each
+// stream's committed version.
+func (w *writers) finish() map[string]int64 {
+	w.t.Helper()
+	w.stop.Store(true)
+	w.wg.Wait()
+	close(w.errs)
+	for err := range w.errs {
+		w.t.Fatalf("append: %v", err)
+	}
+	return w.versions
+}
+
 // TestPromise16_PartitionsExactlyOnceAcrossKills: four OS processes work an
 // eight-partition consumer while writers commit concurrently, some late
 // (holding their transaction open past others' commits) and some rolled
@@ -47,128 +131,133 @@ func (e *env) workers() map[string]int64 {
 func TestPromise16_PartitionsExactlyOnceAcrossKills(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	e.exec(`CREATE TABLE ` + e.table("workers") + ` (instance text PRIMARY KEY, n bigint NOT NULL)`)
-	url := pgtest.URL(t)
 	events, streams := 6000, 300
 	if *promise16Full {
 		events, streams = 50000, 1000
 	}
-	const partitions, procs, batch = 8, 4, 25
-	nextID := 0
-	start := func() (*pgtest.Child, string) {
-		nextID++
-		id := "proc-" + strconv.Itoa(nextID)
-		return e.startChild(url, batch, childPartitions+"="+strconv.Itoa(partitions), projection.EnvInstanceID+"="+id), id
-	}
-	running := map[string]*pgtest.Child{}
-	for range procs {
-		c, id := start()
-		running[id] = c
-	}
-
-	// Writers: each owns its streams (versions known without reading
-	// back); a tenth of the transactions commit late, a tenth roll back.
-	var mu sync.Mutex
-	versions := map[string]int64{}
-	var left atomic.Int64
-	left.Store(int64(events))
-	var stop atomic.Bool // set once the kills are done
-	var wg sync.WaitGroup
-	const writers = 6
-	errs := make(chan error, writers)
-	for w := range writers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 16))
-			for left.Load() > 0 || !stop.Load() {
-				id := fmt.Sprintf("p-%d", w+writers*rng.IntN(max(streams/writers, 1)))
-				n := 1 + rng.IntN(4)
-				mu.Lock()
-				v := versions[id]
-				mu.Unlock()
-				payloads := make([]any, n)
-				for i := range payloads {
-					if v == 0 && i == 0 {
-						payloads[i] = testevents.TicketOpened{Title: id}
-					} else {
-						payloads[i] = testevents.TicketCommented{Body: "c", N: i}
-					}
-				}
-				roll := rng.IntN(10)
-				errRollback := errors.New("rolled back on purpose")
-				err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
-					if _, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", id), projector.ExactVersion(v), payloads...); err != nil {
-						return err
-					}
-					switch roll {
-					case 0: // a late commit: others commit after this one took its id
-						time.Sleep(time.Duration(20+rng.IntN(60)) * time.Millisecond)
-					case 1:
-						return errRollback
-					}
-					return nil
-				})
-				if errors.Is(err, projector.ErrConcurrency) || errors.Is(err, errRollback) {
-					continue
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				versions[id] = v + int64(n)
-				mu.Unlock()
-				left.Add(-int64(n))
-			}
-		})
-	}
-
-	// Every process works before the next kill: the first four, then each
-	// one started in a killed one's place. The victim is chosen at random
-	// and killed at a random moment, mid-batch more often than not.
-	allWorked := func() bool {
-		w := e.workers()
-		for id := range running {
-			if w[id] == 0 {
-				return false
-			}
-		}
-		return true
-	}
+	f := newFleet(e, 8, 4)
+	w := startWriters(e, events, streams)
 	rng := rand.New(rand.NewPCG(16, 16))
 	kills, wantKills := 0, 6
 	if *promise16Full {
 		wantKills = 20
 	}
 	began := time.Now()
-	for kills < wantKills {
-		eventually(t, time.Minute, "every running process applied events", allWorked)
-		time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond) // a random moment, not a synchronisation
-		ids := make([]string, 0, len(running))
-		for id := range running {
-			ids = append(ids, id)
-		}
-		victim := ids[rng.IntN(len(ids))]
-		running[victim].Kill(t)
-		delete(running, victim)
-		kills++
-		c, id := start()
-		running[id] = c
+	for ; kills < wantKills; kills++ {
+		f.killOne(rng)
 	}
-	eventually(t, time.Minute, "every running process applied events", allWorked)
-	stop.Store(true)
-	wg.Wait()
+	f.waitAllWorked()
+	versions := w.finish()
 	t.Logf("kills done in %v", time.Since(began).Round(time.Millisecond))
-	close(errs)
-	for err := range errs {
-		t.Fatalf("append: %v", err)
+	f.check(versions)
+	t.Logf("%d events over %d streams, %d SIGKILLs, %d processes; work per process %v", total(versions), len(versions), kills, f.started, e.workers())
+}
+
+// fleet is a set of child processes running "parted", the partitioned
+// consumer of the promise 16 tests, each under its own instance id.
+type fleet struct {
+	e                 *env
+	url               string
+	partitions, batch int
+	started           int
+	running           map[string]*pgtest.Child
+}
+
+// newFleet starts procs processes declaring partitions.
+func newFleet(e *env, partitions, procs int) *fleet {
+	e.exec(`CREATE TABLE ` + e.table("workers") + ` (instance text PRIMARY KEY, n bigint NOT NULL)`)
+	f := &fleet{e: e, url: pgtest.URL(e.t), partitions: partitions, batch: 25, running: map[string]*pgtest.Child{}}
+	for range procs {
+		f.start()
 	}
-	if kills == 0 {
-		t.Fatal("no process was killed while the writers ran: the test exercised nothing")
+	return f
+}
+
+func (f *fleet) start() {
+	f.started++
+	id := "proc-" + strconv.Itoa(f.started)
+	f.running[id] = f.e.startChild(f.url, f.batch, childPartitions+"="+strconv.Itoa(f.partitions), projection.EnvInstanceID+"="+id)
+}
+
+// allWorked reports whether every running process applied events.
+func (f *fleet) allWorked() bool {
+	w := f.e.workers()
+	for id := range f.running {
+		if w[id] == 0 {
+			return false
+		}
 	}
+	return true
+}
+
+// waitAllWorked waits for allWorked; on a timeout it prints what the
+// balancing saw (owners, cursors, heartbeats), so a stall under a loaded CI
+// machine can be told from slowness (CI once timed out here after a minute
+// with nothing to go on).
+func (f *fleet) waitAllWorked() {
+	e := f.e
+	e.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for !f.allWorked() {
+		if time.Now().After(deadline) {
+			e.t.Logf("running: %v; applied: %d; work per process: %v", slices.Sorted(maps.Keys(f.running)), e.applied("parted"), e.workers())
+			e.dumpRows(`SELECT instance_id, coalesce(owner, '-'), cursor_tx_id::text, cursor_seq, status, attempts, coalesce(last_error, '')
+				FROM ` + e.store.Table("projector_consumers") + ` WHERE name = 'parted' ORDER BY instance_id`)
+			e.dumpRows(`SELECT instance_id, consumers::text, round(extract(epoch FROM now() - last_seen_at)::numeric, 2), heartbeat_every::text, stopped_at IS NOT NULL
+				FROM ` + e.store.Table("projector_instances") + ` ORDER BY instance_id`)
+			e.t.Fatalf("timed out after 90s waiting for every running process to apply events")
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// dumpRows logs every row of query, one line each, for a failure report.
+func (e *env) dumpRows(query string) {
+	e.t.Helper()
+	rows, err := e.store.Pool().Query(e.ctx, query)
+	if err != nil {
+		e.t.Logf("dump: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			e.t.Logf("dump: %v", err)
+			return
+		}
+		e.t.Logf("  %v", vals)
+	}
+}
+
+// killOne waits until every running process worked (the first ones, then
+// each started in a killed one's place), SIGKILLs one chosen at random at a
+// random moment, mid-batch more often than not, and starts another.
+func (f *fleet) killOne(rng *rand.Rand) {
+	f.e.t.Helper()
+	f.waitAllWorked()
+	time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond) // a random moment, not a synchronisation
+	ids := make([]string, 0, len(f.running))
+	for id := range f.running {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	victim := ids[rng.IntN(len(ids))]
+	f.running[victim].Kill(f.e.t)
+	delete(f.running, victim)
+	f.start()
+}
+
+// check waits for every committed event to be applied, stops the
+// processes, and checks promise 16: each event applied exactly once, each
+// stream in order, and the work the processes recorded adds up.
+func (f *fleet) check(versions map[string]int64) {
+	e := f.e
+	e.t.Helper()
 	want := total(versions)
-	eventually(t, 2*time.Minute, "every event applied", func() bool { return e.applied("parted") >= want })
-	for _, c := range running {
-		c.Terminate(t)
+	eventually(e.t, 2*time.Minute, "every event applied", func() bool { return e.applied("parted") >= want })
+	for _, c := range f.running {
+		c.Terminate(e.t)
 	}
 	e.checkCounts("parted", versions)
 	var sum int64
@@ -176,7 +265,6 @@ func TestPromise16_PartitionsExactlyOnceAcrossKills(t *testing.T) {
 		sum += n
 	}
 	if sum != want {
-		t.Errorf("processes applied %d events in all (committed), want %d", sum, want)
+		e.t.Errorf("processes applied %d events in all (committed), want %d", sum, want)
 	}
-	t.Logf("%d events over %d streams, %d SIGKILLs, %d processes; work per process %v", want, len(versions), kills, nextID, e.workers())
 }

@@ -234,7 +234,7 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 // ops binary without the code can request its rebuild. Declared tables are
 // resolved here, in a session like the handlers', to schema-qualified names.
 func (d *Dispatcher) registerProjections(ctx context.Context) error {
-	for _, sh := range d.shards {
+	for _, sh := range d.allShards() {
 		p := sh.proj
 		tables := make([]string, 0, len(p.cfg.Tables))
 		for _, t := range p.cfg.Tables {
@@ -271,8 +271,8 @@ func (d *Dispatcher) rebuildLoop(soft, hard context.Context) {
 	var mu sync.Mutex
 	running := map[int64]bool{}
 	byName := map[string]*shard{}
-	names := make([]string, 0, len(d.shards))
-	for _, sh := range d.shards {
+	names := make([]string, 0)
+	for _, sh := range d.allShards() {
 		if sh.proj.cfg.Delivery == Shared {
 			byName[sh.id.Consumer] = sh
 			names = append(names, sh.id.Consumer)

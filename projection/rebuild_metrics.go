@@ -80,8 +80,8 @@ func rebuildShare(total, remaining int64) float64 {
 // the series of rebuilds that ended.
 func (d *Dispatcher) refreshRebuildGauges(ctx context.Context) {
 	g := d.metrics.rebuilds
-	names := make([]string, 0, len(d.shards))
-	for _, sh := range d.shards {
+	names := make([]string, 0)
+	for _, sh := range d.allShards() {
 		names = append(names, sh.id.Consumer)
 	}
 	// Inline projections' rebuilds (recorded as blue/green, cursor on the

@@ -55,7 +55,7 @@ func newRun(d *Dispatcher, tx pgx.Tx, sh *shard, scope string, handlerCtx contex
 	return &run{
 		d: d, tx: tx, sh: sh, scope: scope, queue: q,
 		htx:        &handlerTx{Tx: tx, q: q},
-		handlerCtx: withStore(context.WithValue(handlerCtx, queueKey{}, q), d.store),
+		handlerCtx: withStore(context.WithValue(context.WithValue(handlerCtx, queueKey{}, q), shardKey{}, sh.id), d.store),
 	}
 }
 
@@ -151,15 +151,7 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 // decode decodes ev's payload into its Go type, unless the projection
 // takes raw payloads.
 func (r *run) decode(ev *projector.Event) error {
-	if ev.Payload != nil || r.sh.proj.cfg.RawPayloads {
-		return nil
-	}
-	payload, data, err := r.d.store.Registry().Decode(ev.Type, ev.SchemaVersion, ev.Data)
-	if err != nil {
-		return err
-	}
-	ev.Payload, ev.Data = payload, data
-	return nil
+	return decodeEvent(r.d.store.Registry(), r.sh.proj.cfg.RawPayloads, ev)
 }
 
 // applyEach runs per-event handlers over events in order. The writes they

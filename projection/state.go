@@ -104,6 +104,11 @@ type ShardState struct {
 	// [ShardState.Hot]). Skew is zero while the window holds fewer than
 	// [MinLoadSample] events.
 	InRate, Skew float64
+	// Held says a partition waits at Hold for its sibling to merge
+	// ([Admin.Merge]): its cursor does not pass Hold. A merge that was
+	// killed leaves it held; running the merge again finishes it.
+	Held bool
+	Hold projector.Position
 	// Parked counts the shard's open parks ([ParkStream]): streams whose
 	// events wait for an operator's retry or discard.
 	Parked int64
@@ -175,11 +180,12 @@ func (e *TransitionError) Is(target error) bool { return target == projector.Err
 type Admin struct {
 	store *postgres.Store
 	sql   adminSQL
+	split splitSQL
 }
 
 // NewAdmin returns the ops functions for the consumers of store's schema.
 func NewAdmin(store *postgres.Store) *Admin {
-	return &Admin{store: store, sql: buildAdminSQL(store)}
+	return &Admin{store: store, sql: buildAdminSQL(store), split: buildSplitSQL(store)}
 }
 
 type adminSQL struct {
@@ -189,7 +195,7 @@ type adminSQL struct {
 const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.status, c.attempts,
 	coalesce(c.last_error, ''), coalesce(c.last_error_at, 'epoch'), coalesce(c.failed_tx_id, '0'), coalesce(c.failed_seq, 0),
 	coalesce(c.failed_event_id, '00000000-0000-0000-0000-000000000000'), coalesce(c.next_retry_at, 'epoch'), c.processed, c.updated_at,
-	c.version, coalesce(c.owner, '')`
+	c.version, coalesce(c.owner, ''), c.hold_tx_id IS NOT NULL, coalesce(c.hold_tx_id, '0'), coalesce(c.hold_seq, 0)`
 
 // dispatcherColumns are a shard's DispatcherState and LastSeen, from the
 // heartbeats of the instances that run it: any instance listing the
@@ -216,9 +222,12 @@ func dispatcherColumns(instances string) string {
 func buildAdminSQL(store *postgres.Store) adminSQL {
 	c, e := store.Table("projector_consumers"), store.Table("projector_events")
 	// A partition's lag counts its own streams' events only: the buckets
-	// [p·64/n, (p+1)·64/n) of its instance id __partition__p/n.
+	// [p·64/n, (p+1)·64/n) of its instance id __partition__p/n. A
+	// partition by key (its fence note says so) reads every event after
+	// its cursor: that is its lag (partitionkey.go).
 	part := `substr(c.instance_id, ` + fmt.Sprint(len(PartitionPrefix)+1) + `)`
-	inPartition := `(c.instance_id NOT LIKE '` + PartitionPrefix + `%' OR ` + store.Schema() + `.projector_stream_bucket(e.tenant_id, e.stream_type, e.stream_id)
+	keyed := `EXISTS (SELECT 1 FROM ` + c + ` f WHERE f.name = c.name AND f.instance_id = '` + SharedInstance + `' AND f.last_error LIKE '` + keyedFence + `%')`
+	inPartition := `(c.instance_id NOT LIKE '` + PartitionPrefix + `%' OR ` + keyed + ` OR ` + store.Schema() + `.projector_stream_bucket(e.tenant_id, e.stream_type, e.stream_id)
 		BETWEEN split_part(` + part + `, '/', 1)::int * ` + fmt.Sprint(postgres.MaxPartitions) + ` / split_part(` + part + `, '/', 2)::int
 		AND (split_part(` + part + `, '/', 1)::int + 1) * ` + fmt.Sprint(postgres.MaxPartitions) + ` / split_part(` + part + `, '/', 2)::int - 1)`
 	disp := dispatcherColumns(store.Table("projector_instances"))
@@ -257,7 +266,7 @@ func scanShard(row pgx.Row) (ShardState, error) {
 	var s ShardState
 	err := row.Scan(&s.Consumer, &s.Instance, &s.Cursor.TxID, &s.Cursor.Seq, &s.Status, &s.Attempts,
 		&s.LastError, &s.LastErrorAt, &s.FailedAt.TxID, &s.FailedAt.Seq, &s.FailedEventID, &s.NextRetryAt,
-		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds, &s.Parked)
+		&s.Processed, &s.UpdatedAt, &s.Version, &s.Owner, &s.Held, &s.Hold.TxID, &s.Hold.Seq, &s.Dispatcher, &s.LastSeen, &s.LagEvents, &s.LagSeconds, &s.Parked)
 	if p, n, ok := ParsePartition(s.Instance); ok {
 		s.Partition, s.Partitions = p, n
 	}
@@ -559,8 +568,9 @@ func validInstance(id string) error {
 	return nil
 }
 
-// sortPartitions orders each consumer's partitions by number, after its
-// other shards, keeping the query's order otherwise (a consumer's rows
+// sortPartitions orders each consumer's partitions by where their streams
+// lie in the hash space (so 1/4 sits between 1/8 and 4/8 when sizes are
+// mixed, after a live split), after its other shards, keeping the query's order otherwise (a consumer's rows
 // are contiguous there).
 func sortPartitions(shards []ShardState) {
 	type key struct{ group, part, at int }
@@ -572,7 +582,7 @@ func sortPartitions(shards []ShardState) {
 		}
 		part := -1
 		if s.Partitions > 0 {
-			part = s.Partition
+			part = s.Partition * (postgres.MaxPartitions / s.Partitions)
 		}
 		keys[i] = key{group, part, i}
 	}

@@ -488,7 +488,7 @@ func TestPartialRebuildHandlerFailure(t *testing.T) {
 // round trip per event, which a loaded machine running the whole suite
 // made take over two minutes at four times the size.
 func TestPartialRebuildHoldsTheLiveShard(t *testing.T) {
-	const partialHoldStreams = 50 // of 100 events each, per tenant
+	const partialHoldStreams = 20 // of 100 events each, per tenant
 	t.Parallel()
 	e := newPartialEnv(t)
 	var payloads []any

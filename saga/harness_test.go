@@ -205,13 +205,15 @@ func (e *env) append(stream projector.StreamRef, payloads ...any) postgres.Appen
 
 // dispatcher starts a dispatcher running s (and extra projections) and
 // stops it when the test ends.
-func (e *env) dispatcher(s *saga.Saga[slaState], cfg projection.Config) *projection.Dispatcher {
+func (e *env) dispatcher(s saga.Definition, cfg projection.Config) *projection.Dispatcher {
 	e.t.Helper()
 	p, err := s.Projection(e.store)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cfg.Store = e.store
+	if cfg.Store == nil {
+		cfg.Store = e.store
+	}
 	cfg.Projections = append(cfg.Projections, p)
 	cfg.PollMax = 20 * time.Millisecond
 	cfg.Recheck = 20 * time.Millisecond

@@ -47,6 +47,10 @@ func newRunnerMetrics(reg prometheus.Registerer, sagas []Definition) (*runnerMet
 				Name: "projector_saga_dead_letters_total", ConstLabels: labels,
 				Help: "Events whose step failed in continuous mode: dead-lettered, their instance marked failed. Counted by this process.",
 			}, func() float64 { return float64(s.DeadLettered()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "projector_saga_parked_total", ConstLabels: labels,
+				Help: "Saga instances parked (ParkStream) after a step failed MaxAttempts times. Counted by this process; projector_parked_streams{consumer} is how many are parked now.",
+			}, func() float64 { return float64(s.Parked()) }),
 		)
 	}
 	for _, c := range cs {

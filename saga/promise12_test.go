@@ -33,6 +33,10 @@ const (
 	childURLEnv   = "PROJECTOR_TEST_SAGA_URL"
 	childSchema   = "PROJECTOR_TEST_SAGA_SCHEMA"
 	childKillStep = "PROJECTOR_TEST_SAGA_KILL_STEP"
+	// childPartitions is the saga's Async.Partitions in the child.
+	childPartitions = "PROJECTOR_TEST_SAGA_PARTITIONS"
+	// childPark makes the child run the parking saga of park_test.go.
+	childPark = "PROJECTOR_TEST_SAGA_PARK"
 	// childRemind is the reminder delay the child's saga schedules.
 	childRemind = 40 * time.Millisecond
 )
@@ -57,12 +61,17 @@ func runChild() int {
 	// handler decided, inside the step's open transaction.
 	killStep, _ := strconv.ParseInt(os.Getenv(childKillStep), 10, 64)
 	var steps atomic.Int64
-	s := newSLA(ty, slaOptions{remindAfter: childRemind, async: projection.AsyncConfig{BatchSize: 7}, afterDecide: func() {
+	partitions, _ := strconv.Atoi(os.Getenv(childPartitions))
+	var s saga.Definition = newSLA(ty, slaOptions{remindAfter: childRemind, async: projection.AsyncConfig{BatchSize: 7, Partitions: partitions}, afterDecide: func() {
 		if killStep > 0 && steps.Add(1) == killStep {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}
 	}})
+	if os.Getenv(childPark) != "" {
+		// The parking saga, its poison failing (the binary before the fix).
+		s, _ = newSeen(ty, time.Now, projection.AsyncConfig{ErrorMode: projection.ParkStream, BatchSize: 7})
+	}
 	p, err := s.Projection(store)
 	if err != nil {
 		logger.Error("child: saga", "error", err)
@@ -101,11 +110,18 @@ func runChild() int {
 	return 0
 }
 
-// startChild runs this test binary as the saga's process on e's schema.
-func (e *env) startChild(killStep int) *pgtest.Child {
+// startChild runs this test binary as the saga's process on e's schema;
+// extra is more of its environment.
+func (e *env) startChild(killStep int, extra ...string) *pgtest.Child {
 	e.t.Helper()
-	return pgtest.StartChild(e.t, childEnv+"=1", childURLEnv+"="+pgtest.URL(e.t), childSchema+"="+e.store.Schema(),
-		childKillStep+"="+strconv.Itoa(killStep))
+	return pgtest.StartChild(e.t, append([]string{childEnv + "=1", childURLEnv + "=" + pgtest.URL(e.t), childSchema + "=" + e.store.Schema(),
+		childKillStep + "=" + strconv.Itoa(killStep)}, extra...)...)
+}
+
+// startPartitionedChild is startChild with the saga in partitions.
+func (e *env) startPartitionedChild(killStep, partitions int) *pgtest.Child {
+	e.t.Helper()
+	return e.startChild(killStep, childPartitions+"="+strconv.Itoa(partitions))
 }
 
 // TestPromise12_CrashExactlyOnce SIGKILLs the process running the saga

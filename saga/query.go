@@ -18,10 +18,10 @@ import (
 // ParseStatus reads a status as the CLI and the tables spell it.
 func ParseStatus(s string) (Status, error) {
 	switch st := Status(s); st {
-	case Active, Completed, Failed:
+	case Active, Completed, Failed, Parked:
 		return st, nil
 	}
-	return "", fmt.Errorf("%w: status %q: want active, completed or failed", ErrInvalidArgument, s)
+	return "", fmt.Errorf("%w: status %q: want active, completed, failed or parked", ErrInvalidArgument, s)
 }
 
 // InstanceInfo is an instance as listed.
@@ -298,6 +298,9 @@ type Summary struct {
 	Active    int64  `json:"active"`
 	Completed int64  `json:"completed"`
 	Failed    int64  `json:"failed"`
+	// Parked instances wait for a retry of their park (ParkStream); their
+	// timeouts stay pending, and may be overdue, meanwhile.
+	Parked int64 `json:"parked"`
 	// PendingTimeouts are scheduled and neither fired nor cancelled.
 	PendingTimeouts int64 `json:"pending_timeouts"`
 	// OverdueTimeouts are the pending timeouts already due.
@@ -308,7 +311,7 @@ type Summary struct {
 }
 
 // Instances is how many instances the saga has, in any status.
-func (s Summary) Instances() int64 { return s.Active + s.Completed + s.Failed }
+func (s Summary) Instances() int64 { return s.Active + s.Completed + s.Failed + s.Parked }
 
 // Summaries counts, per saga with any instance, its instances by status
 // and its pending and overdue timeouts, ordered by saga name; with names,
@@ -321,7 +324,8 @@ func Summaries(ctx context.Context, store *postgres.Store, names ...string) ([]S
 	rows, err := store.Pool().Query(ctx, `WITH i AS (
 			SELECT saga, count(*) FILTER (WHERE status = 'active') AS active,
 				count(*) FILTER (WHERE status = 'completed') AS completed,
-				count(*) FILTER (WHERE status = 'failed') AS failed
+				count(*) FILTER (WHERE status = 'failed') AS failed,
+				count(*) FILTER (WHERE status = 'parked') AS parked
 			FROM `+store.Table("projector_saga_instances")+`
 			WHERE cardinality($1::text[]) = 0 OR saga = ANY($1) GROUP BY saga
 		), t AS (
@@ -330,14 +334,14 @@ func Summaries(ctx context.Context, store *postgres.Store, names ...string) ([]S
 			FROM `+store.Table("projector_saga_timeouts")+`
 			WHERE cardinality($1::text[]) = 0 OR saga = ANY($1) GROUP BY saga
 		)
-		SELECT i.saga, i.active, i.completed, i.failed, coalesce(t.pending, 0), coalesce(t.overdue, 0), coalesce(t.oldest, 'epoch')
+		SELECT i.saga, i.active, i.completed, i.failed, i.parked, coalesce(t.pending, 0), coalesce(t.overdue, 0), coalesce(t.oldest, 'epoch')
 		FROM i LEFT JOIN t USING (saga) ORDER BY i.saga`, names)
 	if err != nil {
 		return nil, fmt.Errorf("summarise sagas: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Summary, error) {
 		var s Summary
-		err := r.Scan(&s.Saga, &s.Active, &s.Completed, &s.Failed, &s.PendingTimeouts, &s.OverdueTimeouts, &s.OldestOverdueAt)
+		err := r.Scan(&s.Saga, &s.Active, &s.Completed, &s.Failed, &s.Parked, &s.PendingTimeouts, &s.OverdueTimeouts, &s.OldestOverdueAt)
 		if s.OldestOverdueAt.Equal(time.Unix(0, 0)) {
 			s.OldestOverdueAt = time.Time{}
 		}

@@ -26,12 +26,14 @@ type Definition interface {
 	// Projection is the consumer that takes the saga's event steps, for
 	// the dispatcher the runner is started beside.
 	Projection(store *postgres.Store) (*projection.Async, error)
-	// Ignored, Late and DeadLettered are the saga's counters of events it
+	// Ignored, Late, DeadLettered and Parked are the saga's counters of events it
 	// did not take a step for, exported as metrics by a runner with a
 	// Registerer.
 	Ignored() int64
 	Late() int64
 	DeadLettered() int64
+	// Parked counts the instances ParkStream parked.
+	Parked() int64
 	fireDue(ctx context.Context, store *postgres.Store, q queries, tracer trace.Tracer, limit int, fired func(lateness time.Duration)) (n, claimed int, err error)
 	nextDue(ctx context.Context, store *postgres.Store, q queries) (time.Time, error)
 }

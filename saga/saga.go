@@ -46,9 +46,15 @@ const (
 	// Completed instances ignore (and count) the events that still reach
 	// them; their timeouts were cancelled when they completed.
 	Completed Status = "completed"
-	// Failed instances were stopped by a timeout handler that kept failing;
-	// like completed ones they ignore and count later events.
+	// Failed instances were stopped by a timeout handler that kept failing,
+	// or by a failing step in continuous mode; like completed ones they
+	// ignore and count later events. [Reactivate] makes one active again.
 	Failed Status = "failed"
+	// Parked instances (ParkStream) had a step fail MaxAttempts times: the
+	// event and every later event of the instance wait in its park, in log
+	// order; the instance keeps its state and its pending timeouts, which
+	// do not fire until a retry of the park makes it active again.
+	Parked Status = "parked"
 )
 
 // Defaults of [Config].
@@ -72,6 +78,14 @@ type Config struct {
 	//
 	//   - projection.HaltOnError (the default): it stops the saga's
 	//     consumer until it is fixed, as a failing projection does.
+	//   - projection.ParkStream: after MaxAttempts the instance is parked
+	//     (keyed by its correlation key: [Parked]) and the consumer goes on;
+	//     the instance's later events wait behind the failed one, in order,
+	//     until `projector parked retry` (or `projector saga retry`) applies
+	//     them all, or `parked discard` drops them. As in continuous mode,
+	//     only a step's own failure parks; contention and database failures
+	//     are retried, and an event whose correlation key cannot be taken
+	//     (no instance to park) halts the consumer.
 	//   - projection.SkipApplyErrors (continuous mode): the step is rolled
 	//     back, the event goes to the dead-letter table under the saga's
 	//     consumer, its instance is marked failed (its timeouts cancelled,
@@ -99,14 +113,19 @@ type Saga[S any] struct {
 	// continuous: the saga dead-letters failing steps itself
 	// (SkipApplyErrors), its consumer running halt-on-error.
 	continuous bool
-	routes     map[string]route[S]
-	types      []string
-	timeouts   map[string]TimeoutHandler[S]
-	err        error
-	ignored    atomic.Int64
-	late       atomic.Int64
+	// parking: the saga parks the instances of failing steps itself
+	// (ParkStream), its consumer running halt-on-error.
+	parking  bool
+	routes   map[string]route[S]
+	types    []string
+	timeouts map[string]TimeoutHandler[S]
+	err      error
+	ignored  atomic.Int64
+	late     atomic.Int64
 	// deadLettered counts continuous mode's dead letters.
 	deadLettered atomic.Int64
+	// parked counts the instances ParkStream parked.
+	parked atomic.Int64
 }
 
 // route is how one event type reaches an instance.
@@ -131,11 +150,16 @@ func New[S any](name string, cfg Config) *Saga[S] {
 	cfg.Async.RetryBackoff = cmp.Or(cfg.Async.RetryBackoff, DefaultRetryBackoff)
 	cfg.Async.MaxBackoff = cmp.Or(cfg.Async.MaxBackoff, max(projection.DefaultMaxBackoff, cfg.Async.RetryBackoff))
 	cfg.TimeoutAttempts = cmp.Or(cfg.TimeoutAttempts, DefaultTimeoutAttempts)
+	cfg.Async.MaxAttempts = cmp.Or(cfg.Async.MaxAttempts, projection.DefaultMaxAttempts)
 	s := &Saga[S]{name: name, cfg: cfg, routes: map[string]route[S]{}, timeouts: map[string]TimeoutHandler[S]{}}
 	if cfg.Async.ErrorMode == projection.SkipApplyErrors {
 		// The dispatcher's continuous mode would dead-letter contention
 		// too; the saga tells a step's own failure from a retryable one.
 		s.continuous, s.cfg.Async.ErrorMode = true, projection.HaltOnError
+	}
+	if cfg.Async.ErrorMode == projection.ParkStream {
+		// The same: the saga parks its instance, not the event's stream.
+		s.parking, s.cfg.Async.ErrorMode = true, projection.HaltOnError
 	}
 	switch {
 	case !namePattern.MatchString(name):
@@ -143,7 +167,9 @@ func New[S any](name string, cfg Config) *Saga[S] {
 	case cfg.Async.Delivery != projection.Shared:
 		s.fail(errors.New("delivery must be shared: one instance is never handled by two processes"))
 	case s.cfg.Async.ErrorMode != projection.HaltOnError:
-		s.fail(fmt.Errorf("error mode %v: want halt-on-error or skip-apply-errors", cfg.Async.ErrorMode))
+		s.fail(fmt.Errorf("error mode %v: want halt-on-error, skip-apply-errors or park-stream", cfg.Async.ErrorMode))
+	case cfg.Async.PartitionKey != nil:
+		s.fail(errors.New("Async.PartitionKey: a partitioned saga is partitioned by its correlation key; set only Async.Partitions"))
 	case cfg.Async.RawPayloads:
 		s.fail(errors.New("RawPayloads: saga handlers are typed and need decoded payloads"))
 	case cfg.TimeoutAttempts < 1:
@@ -179,6 +205,11 @@ func (s *Saga[S]) Late() int64 { return s.late.Load() }
 // a batch rolled back and handled again counts twice; the dead-letter table
 // is the record.
 func (s *Saga[S]) DeadLettered() int64 { return s.deadLettered.Load() }
+
+// Parked returns how many instances this process parked (ParkStream).
+// Counted when handled, so a batch rolled back and handled again counts
+// twice; the park table is the record (`projector parked list`).
+func (s *Saga[S]) Parked() int64 { return s.parked.Load() }
 
 func (s *Saga[S]) fail(err error) error {
 	err = fmt.Errorf("%w: saga %q: %w", ErrInvalidDefinition, s.name, err)

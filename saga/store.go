@@ -67,10 +67,12 @@ func newQueries(store *postgres.Store) queries {
 		// an event's step holds is left for the next round instead of
 		// waiting, and runners in several processes share the work. A row
 		// changed by a step that committed meanwhile is re-checked against
-		// the WHERE clause, so a cancelled or moved timeout is not claimed.
+		// the WHERE clause, so a cancelled or moved timeout is not claimed,
+		// nor one of an instance parked meanwhile: a parked instance's
+		// timeouts wait, due or not, until a retry makes it active.
 		claim: `SELECT t.id, t.name, t.due_at, t.attempts, coalesce(t.trace_parent, ''), coalesce(t.trace_state, ''), i.id, i.tenant_id, i.key, i.correlation_id, i.status, i.version, i.state
 			FROM ` + t + ` t JOIN ` + i + ` i ON i.id = t.instance_id
-			WHERE t.saga = $1 AND t.due_at <= $2 AND (t.retry_at IS NULL OR t.retry_at <= $2)
+			WHERE t.saga = $1 AND t.due_at <= $2 AND (t.retry_at IS NULL OR t.retry_at <= $2) AND i.status <> 'parked'
 			ORDER BY t.due_at LIMIT $3 FOR UPDATE OF t, i SKIP LOCKED`,
 		fired: `DELETE FROM ` + t + ` WHERE id = $1`,
 		failTimeout: `UPDATE ` + t + ` SET attempts = attempts + 1, last_error = $2, retry_at = $3
@@ -97,7 +99,18 @@ func (s *Saga[S]) Projection(store *postgres.Store) (*projection.Async, error) {
 	if err := s.Validate(store.Registry()); err != nil {
 		return nil, err
 	}
-	p := projection.NewAsync(s.name, s.cfg.Async)
+	cfg := s.cfg.Async
+	// Partitioned, a saga is partitioned by its correlation key, not by
+	// stream: an instance hears from many streams, and all of its events
+	// must reach the one partition that takes its steps in order.
+	cfg.PartitionKey = func(ev projector.Event) (string, error) {
+		key, _, handled, err := s.Route(ev)
+		if err == nil && !handled {
+			err = fmt.Errorf("%w: saga %q does not handle %q", ErrInvalidStep, s.name, ev.Type)
+		}
+		return key, err
+	}
+	p := projection.NewAsync(s.name, cfg)
 	q := newQueries(store)
 	types := make([]projection.TypeName, len(s.types))
 	for i, typ := range s.types {
@@ -174,6 +187,10 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 	if err != nil {
 		return err
 	}
+	parks, err := s.parksOf(ctx, store, tx, b.Tenant, instances)
+	if err != nil {
+		return err
+	}
 	wb := &pgx.Batch{}
 	now := s.cfg.Now()
 	var order []*live[S] // touched instances, in first-touch order
@@ -197,6 +214,9 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 			}
 			instances[keys[i]] = in
 		}
+		if in.snap.Status == Parked && parks.hold(s.name, b.Tenant, in, ev) {
+			continue
+		}
 		if !in.touched {
 			in.touched = true
 			order = append(order, in)
@@ -207,11 +227,14 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 			continue
 		}
 		sctx, span := startStep(ctx, s, in, ev)
-		err := s.step(sctx, store, q, tx, wb, b.Tenant, in, isNew, ev, now)
+		err := s.step(sctx, store, q, tx, wb, b.Tenant, parks, in, isNew, ev, now)
 		endSpan(span, err)
 		if err != nil {
 			return err
 		}
+	}
+	if err := parks.write(ctx, s, store, tx, b.Tenant); err != nil {
+		return err
 	}
 	for _, in := range order {
 		if err := s.queueSave(q, wb, in); err != nil {
@@ -230,13 +253,26 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 
 // step decides and applies the step of event ev on instance in, queuing its
 // writes on wb; in continuous mode a step's own failure dead-letters ev and
-// fails the instance instead of failing the batch. ctx carries the step's
+// fails the instance instead of failing the batch, and under ParkStream its
+// last allowed failure parks the instance (parks). ctx carries the step's
 // span, under which its appends run.
-func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, wb *pgx.Batch, tenant string, in *live[S], isNew bool, ev projector.Event, now time.Time) error {
+func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, wb *pgx.Batch, tenant string, parks *batchParks[S],
+	in *live[S], isNew bool, ev projector.Event, now time.Time,
+) error {
+	// Instead of failing the batch: continuous mode dead-letters, parking
+	// mode parks (or fails the batch, to be retried, before MaxAttempts).
+	// A retry of the instance's park fails as a whole instead.
+	handled := (s.continuous || s.parking) && !parks.retrying(s.name, tenant, in)
+	fault := func(err error) error {
+		if s.continuous {
+			return s.failStep(ctx, store, q, tx, tenant, in, ev, err)
+		}
+		return s.parkStep(ctx, store, tx, tenant, parks, in, ev, err)
+	}
 	d, err := s.Decide(ctx, store.Registry(), in.snap, isNew, ev, now)
-	if err != nil && s.continuous && ctx.Err() == nil && stepFault(err) {
+	if err != nil && handled && ctx.Err() == nil && stepFault(err) {
 		// Nothing of the step was written: the handler only decides.
-		return s.failStep(ctx, store, q, tx, tenant, in, ev, err)
+		return fault(err)
 	}
 	if err != nil {
 		return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
@@ -245,7 +281,7 @@ func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx
 	// In continuous mode a step that writes at once (appends, commands)
 	// does so under a savepoint, so a failure takes back its writes
 	// alone; its queued writes are taken off the batch.
-	guarded, queued := s.continuous && (len(d.Appends) > 0 || len(d.Commands) > 0), len(wb.QueuedQueries)
+	guarded, queued := handled && (len(d.Appends) > 0 || len(d.Commands) > 0), len(wb.QueuedQueries)
 	if guarded {
 		if _, err := tx.Exec(ctx, "SAVEPOINT projector_saga_step"); err != nil {
 			return fmt.Errorf("saga %q: savepoint: %w", s.name, err)
@@ -260,7 +296,7 @@ func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx
 			return fmt.Errorf("%s v%d of %s: %w (and the step could not be rolled back: %v)", ev.Type, ev.Version, ev.Stream, err, rerr)
 		}
 		wb.QueuedQueries = wb.QueuedQueries[:queued]
-		return s.failStep(ctx, store, q, tx, tenant, in, ev, err)
+		return fault(err)
 	}
 	if guarded {
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT projector_saga_step"); err != nil {
@@ -628,14 +664,18 @@ func (s *Saga[S]) failStep(ctx context.Context, store *postgres.Store, q queries
 // the dispatcher's, which a tenant role has no rights on: the write is made
 // unscoped, and the transaction scoped back to the batch's tenant after.
 func (s *Saga[S]) deadLetter(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, tenant string, ev projector.Event, cause error) error {
-	scope := tenant
-	if err := scopeTo(ctx, store, tx, &scope, projector.SystemTenant); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, q.deadLetter, s.name, projection.SharedInstance, ev.ID, ev.Position.TxID, ev.Position.Seq, ev.Type,
-		ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID, ev.Version, cause.Error()); err != nil {
-		return fmt.Errorf("saga %q: dead-letter %s %s: %w", s.name, ev.Type, ev.ID, err)
-	}
-	s.deadLettered.Add(1)
-	return scopeTo(ctx, store, tx, &scope, tenant)
+	return s.unscoped(ctx, store, tx, tenant, func() error {
+		// Under the shard that handled ev (a partition, when the saga is
+		// partitioned), whose dispatcher carries out a retry of it.
+		shard := projection.ShardID{Consumer: s.name, Instance: projection.SharedInstance}
+		if id, ok := projection.ShardFrom(ctx); ok {
+			shard = id
+		}
+		if _, err := tx.Exec(ctx, q.deadLetter, s.name, shard.Instance, ev.ID, ev.Position.TxID, ev.Position.Seq, ev.Type,
+			ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID, ev.Version, cause.Error()); err != nil {
+			return fmt.Errorf("saga %q: dead-letter %s %s: %w", s.name, ev.Type, ev.ID, err)
+		}
+		s.deadLettered.Add(1)
+		return nil
+	})
 }

@@ -86,3 +86,48 @@ func TestSagaTenantScoped(t *testing.T) {
 		t.Fatalf("the session role sees %d instances, want all 3", got)
 	}
 }
+
+// Under a TenantRole, parking runs in the step's tenant-scoped
+// transaction: the instance of one tenant is parked (the park written
+// unscoped, in the dispatcher's table), the same key in another tenant goes
+// on, and the retry, scoped back to the tenant, applies the sequence.
+func TestSagaTenantScopedParking(t *testing.T) {
+	t.Parallel()
+	ty := newTypes()
+	schema := pgtest.Schema(t)
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	if err := saga.GrantTenantRole(ctx, pool, schema, role); err != nil {
+		t.Fatal(err)
+	}
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: ty.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ctx: ctx, types: ty, store: store}
+	s, poison := newSeen(ty, newClock().Now, projection.AsyncConfig{ErrorMode: projection.ParkStream, MaxAttempts: 1})
+	e.append(projector.TenantStream("a", "ticket", "t"), testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "poison"},
+		testevents.TicketCommented{Body: "after"})
+	e.append(projector.TenantStream("b", "ticket", "t"), testevents.TicketOpened{Title: "b"}, testevents.TicketCommented{Body: "fine"})
+	d := e.dispatcher(s, projection.Config{})
+	e.catchUp(d)
+	id, err := saga.InstancePark(ctx, store, "sla", "a", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := saga.Show(ctx, store, "sla", "b", "t"); err != nil || b.Status != saga.Active || b.Version != 2 {
+		t.Fatalf("tenant b's instance: %+v, %v; want active after 2 steps", b, err)
+	}
+	poison.Store(false)
+	p, err := s.Projection(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := projection.RetryPark(ctx, store, p, id, "op", nil); err != nil || !r.Resolved || r.Events != 2 {
+		t.Fatalf("retry: %+v, %v", r, err)
+	}
+	if a, err := saga.Show(ctx, store, "sla", "a", "t"); err != nil || a.Status != saga.Active || a.Version != 3 {
+		t.Fatalf("tenant a's instance after the retry: %+v, %v; want active after 3 steps", a, err)
+	}
+}

@@ -115,6 +115,13 @@ func newTicketProjection(types testevents.Types, name string, b search.Backend, 
 // dispatcher starts a dispatcher running the search projections.
 func (e *env) dispatcher(ps ...*search.Projection) *projection.Dispatcher {
 	e.t.Helper()
+	return e.dispatcherOn(e.store, "", ps...)
+}
+
+// dispatcherOn starts a dispatcher on store (its own pool, for a second
+// "process") with instance id instance ("" for a random one).
+func (e *env) dispatcherOn(store *postgres.Store, instance string, ps ...*search.Projection) *projection.Dispatcher {
+	e.t.Helper()
 	var asyncs []*projection.Async
 	for _, p := range ps {
 		a, err := p.Async()
@@ -123,7 +130,7 @@ func (e *env) dispatcher(ps ...*search.Projection) *projection.Dispatcher {
 		}
 		asyncs = append(asyncs, a)
 	}
-	d, err := projection.New(projection.Config{Store: e.store, Projections: asyncs, PollMax: 50 * time.Millisecond,
+	d, err := projection.New(projection.Config{Store: store, InstanceID: instance, Projections: asyncs, PollMax: 50 * time.Millisecond,
 		Recheck: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(tWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	if err != nil {
 		e.t.Fatal(err)

@@ -15,6 +15,12 @@ import (
 // a blue/green rebuild of its consumer instead (`projector rebuild NAME`).
 var ErrNotReindexable = errors.New("search: the backend cannot reindex by swapping (for PostgreSQL use projector rebuild)")
 
+// ErrPartitioned: [Reindex] and [Verify] work from the consumer's one
+// cursor, and a partitioned search projection (AsyncConfig.Partitions) has
+// one per partition. Rebuild it with `projector rebuild` once rebuilds of
+// partitioned consumers exist, or run it unpartitioned to reindex.
+var ErrPartitioned = errors.New("search: not built for a partitioned projection yet")
+
 // Swapper is implemented by backends that reindex by building a new index
 // beside the live one and swapping the two atomically (Meilisearch's
 // swap-indexes).
@@ -116,7 +122,7 @@ func Reindex(ctx context.Context, store *postgres.Store, p *Projection, batch in
 	}
 	admin := projection.NewAdmin(store)
 	id := projection.ShardID{Consumer: p.name, Instance: projection.SharedInstance}
-	st, err := admin.Status(ctx, id)
+	st, err := unpartitioned(ctx, admin, id)
 	if err != nil {
 		return ReindexReport{}, fmt.Errorf("reindex %q: %w", p.name, err)
 	}
@@ -194,4 +200,15 @@ func (p *Projection) replayInto(ctx context.Context, store *postgres.Store, b Ba
 		return n, err
 	}
 	return n, flush()
+}
+
+// unpartitioned returns the state of the consumer's one shard id, or
+// ErrPartitioned when it is partitioned: its unpartitioned row is then only
+// the fence, whose cursor never moves.
+func unpartitioned(ctx context.Context, admin *projection.Admin, id projection.ShardID) (projection.ShardState, error) {
+	st, err := admin.Status(ctx, id)
+	if err == nil && st.Fence() {
+		err = fmt.Errorf("%w (consumer %s is partitioned)", ErrPartitioned, id.Consumer)
+	}
+	return st, err
 }

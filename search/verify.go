@@ -150,6 +150,9 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 	pages := min(maxVerifyPages, max(1, (indexed+pageSize-1)/pageSize))
 	admin := projection.NewAdmin(store)
 	id := projection.ShardID{Consumer: p.name, Instance: projection.SharedInstance}
+	if _, err := unpartitioned(ctx, admin, id); err != nil {
+		return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+	}
 	var report VerifyReport
 	for page := range pages {
 		inPage := func(tenant, docID string) bool { return pages == 1 || pageOf(tenant, docID, pages) == page }

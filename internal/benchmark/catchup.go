@@ -326,6 +326,29 @@ func (c *CatchUp) checkApplied(ctx context.Context) error {
 	return nil
 }
 
+// timeDispatcher catches the whole backlog up once from an empty read
+// model with a dispatcher running the projection in form (Batched or
+// BatchedRawPayloads), without the raw loops, and returns how long it
+// took: what [MeasureTracing] compares, traced and not.
+func (c *CatchUp) timeDispatcher(ctx context.Context, form Form) (time.Duration, error) {
+	if form != Batched && form != BatchedRawPayloads {
+		return 0, fmt.Errorf("catch-up: timeDispatcher takes the batch forms, not %q", form)
+	}
+	if err := c.reset(ctx); err != nil {
+		return 0, err
+	}
+	runtime.GC()
+	start := time.Now()
+	if err := c.dispatch(ctx, c.batched(form == BatchedRawPayloads)); err != nil {
+		return 0, fmt.Errorf("catch-up %s, dispatcher: %w", form, err)
+	}
+	took := time.Since(start)
+	if err := c.checkApplied(ctx); err != nil {
+		return 0, fmt.Errorf("catch-up %s, dispatcher: %w", form, err)
+	}
+	return took, nil
+}
+
 // WithTracerProvider returns c measuring with the dispatcher traced by tp:
 // the same backlog and tables.
 func (c *CatchUp) WithTracerProvider(tp trace.TracerProvider) *CatchUp {

@@ -158,6 +158,24 @@ func IndexShapes() []RowShape {
 		shapes = append(shapes, RowShape{Name: "events-without-" + ix.name, Doc: "today's events table without its " + ix.name + " index",
 			DDL: ddl, Insert: asIs.Insert, Args: asIs.Args})
 	}
+	// The event-id index as a hash (issue 22's index decision): a hash
+	// index cannot be unique, so the one that keeps the promise is an
+	// exclusion constraint over a hash index; the bare hash index is what
+	// the constraint adds to.
+	for _, id := range []struct{ name, doc, ddl string }{
+		{"event-id-hash-exclusion", "today's events table with the event id unique through an exclusion constraint over a hash index",
+			`ALTER TABLE {{t}} ADD EXCLUDE USING hash (id WITH =)`},
+		{"event-id-hash", "today's events table with the event id in a hash index, not unique",
+			`CREATE INDEX ON {{t}} USING hash (id)`},
+	} {
+		ddl := append([]string(nil), base...)
+		for k, other := range indexes {
+			if k != 1 {
+				ddl = append(ddl, other.ddl)
+			}
+		}
+		shapes = append(shapes, RowShape{Name: "events-" + id.name, Doc: id.doc, DDL: append(ddl, id.ddl), Insert: asIs.Insert, Args: asIs.Args})
+	}
 	return append(shapes, RowShape{Name: "events-primary-key-only", Doc: "today's events table with its primary key alone",
 		DDL: base, Insert: asIs.Insert, Args: asIs.Args})
 }

@@ -41,6 +41,10 @@ type Config struct {
 	// RebuildBatchSize is the shadow shard's batch; zero leaves the
 	// projection's default ([projection.AsyncConfig.RebuildBatchSize]).
 	RebuildBatchSize int
+	// Tracing adds the tracing figures ([MeasureTracing]): appends and a
+	// catch-up with every span recorded, each beside the same work
+	// untraced, in a schema of their own.
+	Tracing bool
 	// Progress, when set, is told what is about to be measured, so a
 	// person watching a long run knows where it is.
 	Progress func(msg string)
@@ -110,13 +114,16 @@ type Report struct {
 	CatchUp []CatchUpResult
 	Latency LatencyResult
 	Rebuild RebuildResult
+	// Tracing is empty unless Config.Tracing.
+	Tracing []TracingResult
 }
 
 // Run measures everything, in a schema of its own made with [NewSchema]
 // and dropped afterwards whether the run succeeded, failed or was
 // cancelled: append throughput for each size, catch-up for each [Form],
 // then latency, then a blue/green rebuild beside the live catch-up of the
-// same projection (in a second schema of its own, also dropped).
+// same projection (in a second schema of its own, also dropped), then,
+// with cfg.Tracing, the tracing figures (in a third).
 func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (rep Report, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -163,6 +170,16 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (rep Report, err e
 		cfg.RebuildEvents, rstore.Schema()))
 	if rep.Rebuild, err = MeasureRebuild(ctx, rstore, cfg.rebuildConfig()); err != nil {
 		return rep, err
+	}
+	if cfg.Tracing {
+		tstore, err := NewSchema(ctx, pool)
+		if err != nil {
+			return rep, err
+		}
+		defer func() { err = errors.Join(err, DropSchema(ctx, tstore)) }()
+		if rep.Tracing, err = MeasureTracing(ctx, tstore, cfg); err != nil {
+			return rep, err
+		}
 	}
 	return rep, nil
 }
@@ -251,6 +268,9 @@ func (r Report) Figures() []Figure {
 			Figure{Name: fmt.Sprintf("rebuild log, blue/green rebuild (batches of %d)", b.RebuildBatchSize), Unit: "events/s",
 				Projector: b.RebuildRate(), Raw: b.RawRate(), PeakHeapMiB: float64(b.RebuildPeakHeap) / (1 << 20)},
 		)
+	}
+	for _, t := range r.Tracing {
+		out = append(out, Figure{Name: "tracing on, " + t.Name, Unit: "events/s", Projector: t.ProjectorRate(), Raw: t.RawRate(), Baseline: "untraced"})
 	}
 	return out
 }

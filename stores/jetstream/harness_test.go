@@ -28,7 +28,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
+	switch os.Getenv(childEnv) {
+	case "":
+	case "claims":
+		os.Exit(runClaimsChild())
+	default:
 		os.Exit(runChild())
 	}
 	pgtest.Main(m)
@@ -121,7 +125,14 @@ func (e *env) relay(cfg pjs.RelayConfig) *pjs.Relay {
 
 func (e *env) dispatcher(asyncs ...*projection.Async) *projection.Dispatcher {
 	e.t.Helper()
-	d, err := projection.New(projection.Config{Store: e.store, Projections: asyncs, PollMax: 50 * time.Millisecond,
+	return e.dispatcherAs("", asyncs...)
+}
+
+// dispatcherAs is dispatcher with instance id instance ("" for a random
+// one).
+func (e *env) dispatcherAs(instance string, asyncs ...*projection.Async) *projection.Dispatcher {
+	e.t.Helper()
+	d, err := projection.New(projection.Config{Store: e.store, InstanceID: instance, Projections: asyncs, PollMax: 50 * time.Millisecond,
 		Recheck: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		e.t.Fatal(err)

@@ -2,13 +2,19 @@ package jetstream_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -46,10 +52,12 @@ func (s *spanCtxs) get(name string) trace.SpanContext {
 // projection inside it) → the saga consumer's batch (linked to the append)
 // → the saga step (a child of the append) → the event the step emits (a
 // child of the step) → a second consumer's batch (linked to that append) →
-// the relay's publish → the claims consumer in the subscribing service,
-// whose process span is a child of the emitted event's append. One trace id
-// reaches the end.
+// the relay's publish → the claims consumer in the subscribing service, a
+// process of its own, whose process span is a child of the emitted event's
+// append (the context crosses in the NATS message's traceparent header).
+// One trace id reaches the end.
 func TestPromise17_OneTraceEndToEnd(t *testing.T) {
+	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
@@ -92,19 +100,13 @@ func TestPromise17_OneTraceEndToEnd(t *testing.T) {
 		_ = d.Stop(ctx)
 	})
 
-	// The subscribing service: a claims consumer on its own store.
-	sink := pgtest.Store(t, e.types.Registry, postgres.Config{TracerProvider: tp})
-	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: sink, Subscription: "p17", TracerProvider: tp,
-		Handler: func(ctx context.Context, _ pgx.Tx, ev projector.Event) error {
-			if ev.Stream.Type == "followup" {
-				seen.put("claims", ctx)
-			}
-			return nil
-		}})
-	must(t, err)
-	cc, err := c.Consume(e.ctx, e.jsConsumer("p17"))
-	must(t, err)
-	defer cc.Stop()
+	// The subscribing service: a claims consumer on its own store, in a
+	// process of its own (this test binary again, runClaimsChild), which
+	// says on its output which trace and span its handler ran under.
+	sink := pgtest.Store(t, e.types.Registry)
+	e.jsConsumer("p17")
+	child := pgtest.StartChild(t, childEnv+"=claims", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+sink.Schema(),
+		childStreamEnv+"="+e.stream, childNATSEnv+"="+e.url, childConsumerEnv+"=p17")
 
 	// The application: an HTTP handler continuing its caller's trace
 	// appends the ticket.
@@ -136,7 +138,21 @@ func TestPromise17_OneTraceEndToEnd(t *testing.T) {
 	}
 	traceID := client.SpanContext().TraceID()
 
-	waitFor(t, "the claims consumer to handle the emitted event", time.Minute, func() bool { return seen.get("claims").IsValid() })
+	var claims []string // trace id, span id, parent span id, as the child printed them
+	waitFor(t, "the claims consumer's process to handle the emitted event", time.Minute, func() bool {
+		for line := range strings.Lines(child.Output()) {
+			if f := strings.Fields(line); len(f) == 4 && f[0] == "claims" {
+				claims = f[1:]
+				return true
+			}
+		}
+		select {
+		case <-child.Done():
+			t.Fatalf("the claims consumer's process ended:\n%s", child.Output())
+		default:
+		}
+		return false
+	})
 	_ = d.Stop(e.ctx) // stopped again by the cleanup; here so every batch span has ended
 
 	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
@@ -206,12 +222,12 @@ func TestPromise17_OneTraceEndToEnd(t *testing.T) {
 	if !publish {
 		t.Errorf("no publish span under the relay batch that carried the emitted event")
 	}
-	claims := seen.get("claims")
-	if claims.TraceID() != traceID {
-		t.Fatalf("the claims consumer's handler ran in trace %s, want the request's %s", claims.TraceID(), traceID)
+	if claims[0] != traceID.String() {
+		t.Fatalf("the claims consumer's handler, in its own process, ran in trace %s, want the request's %s", claims[0], traceID)
 	}
-	if p := byID[claims.SpanID()]; p == nil || p.Parent().SpanID() != emitted.SpanContext().SpanID() {
-		t.Errorf("claims consumer's process span is not a child of the emitted event's append span")
+	if claims[2] != emitted.SpanContext().SpanID().String() || claims[1] == claims[2] {
+		t.Errorf("claims consumer's process span %s has parent %s, want a child of the emitted event's append span %s",
+			claims[1], claims[2], emitted.SpanContext().SpanID())
 	}
 }
 
@@ -220,4 +236,67 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// childConsumerEnv names the durable JetStream consumer a claims child
+// consumes.
+const childConsumerEnv = "PROJECTOR_TEST_JS_CHILD_CONSUMER"
+
+// runClaimsChild is the subscribing service of TestPromise17_OneTraceEndToEnd:
+// a claims consumer on its own store, with a tracer provider of its own
+// (nothing shared with the parent but the database and NATS), consuming
+// the parent's durable consumer. When its handler gets the followup event
+// it prints "claims <trace id> <span id> <parent span id>" of the span it
+// runs under, and keeps consuming until it is killed.
+func runClaimsChild() int {
+	ctx := context.Background()
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(ctx) }()
+	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Close()
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: os.Getenv(childSchemaEnv), Registry: testevents.New().Registry, TracerProvider: tp})
+	if err != nil {
+		return fail(err)
+	}
+	nc, err := nats.Connect(os.Getenv(childNATSEnv))
+	if err != nil {
+		return fail(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fail(err)
+	}
+	jc, err := js.Consumer(ctx, os.Getenv(childStreamEnv), os.Getenv(childConsumerEnv))
+	if err != nil {
+		return fail(err)
+	}
+	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: store, Subscription: "p17", TracerProvider: tp,
+		Handler: func(ctx context.Context, _ pgx.Tx, ev projector.Event) error {
+			if ev.Stream.Type != "followup" {
+				return nil
+			}
+			sc, parent := trace.SpanContextFromContext(ctx), trace.SpanID{}
+			if ro, ok := trace.SpanFromContext(ctx).(sdktrace.ReadOnlySpan); ok {
+				parent = ro.Parent().SpanID()
+			}
+			fmt.Printf("claims %s %s %s\n", sc.TraceID(), sc.SpanID(), parent)
+			return nil
+		}})
+	if err != nil {
+		return fail(err)
+	}
+	cc, err := c.Consume(ctx, jc)
+	if err != nil {
+		return fail(err)
+	}
+	defer cc.Stop()
+	select {} // the parent kills us at the test's end
 }

@@ -116,15 +116,14 @@ type Relay struct {
 	metrics relayMetrics
 	logger  *slog.Logger
 	tracer  trace.Tracer
-	tail    tail
+	// shards holds, per shard of the relay's consumer, the events known
+	// stored past its cursor and its pass's NATS failure (relay_shard.go).
+	shards relayShards
 	// noTailCheck, set by tests only, relies on the duplicate window alone.
 	noTailCheck bool
 	// afterAcks, set by tests only, runs between the last acknowledgement
 	// and the cursor commit.
 	afterAcks func()
-	// failed is the pass whose publish failed on NATS, so that the
-	// dispatcher's bisection of that batch fails at once (see publish).
-	failed failedPass
 }
 
 // failedPass remembers the transaction of the pass whose publish failed on
@@ -265,24 +264,25 @@ func (r *Relay) Ensure(ctx context.Context) (jetstream.Stream, error) {
 // once with the same error, and the outage shows in the shard's state
 // (attempts, last error) within one publish timeout.
 func (r *Relay) publish(ctx context.Context, tx pgx.Tx, b projection.Batch) (err error) {
-	if prev := r.failed.in(tx); prev != nil {
+	rs := r.shardOf(ctx)
+	if prev := rs.failed.in(tx); prev != nil {
 		return prev
 	}
 	defer func() {
 		if err != nil && !errors.Is(err, ErrMessageTooLarge) {
-			r.failed.set(tx, err)
+			rs.failed.set(tx, err)
 		}
 	}()
 	ctx, span := r.startPublishSpan(ctx, b)
 	defer func() { endSpan(span, err) }()
 	start := time.Now()
-	stored, err := r.skipSet(ctx, b)
+	stored, err := r.skipSet(ctx, rs, b)
 	if err != nil {
 		r.metrics.failures.Inc()
 		return fmt.Errorf("publish batch: find the events already stored past the cursor: %w", err)
 	}
 	acked := make(map[uuid.UUID]projector.Position, b.Len())
-	defer func() { r.published(acked, err != nil) }()
+	defer func() { rs.published(acked, err != nil) }()
 	maxPayload := r.cfg.Conn.MaxPayload()
 	futures := make([]jetstream.PubAckFuture, 0, b.Len())
 	positions := make([]projector.Position, 0, b.Len())

@@ -30,6 +30,10 @@ type Status struct {
 	// last error), as `projector status` shows it; nil when the schema
 	// read holds no relay of that name (a claims consumer's schema).
 	Relay *projection.ShardState `json:"relay"`
+	// Partitions are the partitions of a partitioned relay
+	// (RelayConfig.Async.Partitions), in order, each with its cursor, lag
+	// and owner; Relay is then the fence row, whose cursor does not move.
+	Partitions []projection.ShardState `json:"partitions,omitempty"`
 	// OpenDeadLetters counts, per schema and subscription with any, the
 	// open dead letters of the claims consumers whose tables are in the
 	// database read, whichever schema of it they use
@@ -46,12 +50,25 @@ type Status struct {
 // ErrStreamNotFound.
 func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.Store, stream, consumer string) (Status, error) {
 	var relay *projection.ShardState
-	shard, err := projection.NewAdmin(store).Status(ctx, projection.ShardID{Consumer: consumer})
+	var partitions []projection.ShardState
+	admin := projection.NewAdmin(store)
+	shard, err := admin.Status(ctx, projection.ShardID{Consumer: consumer})
 	switch {
 	case err == nil:
 		relay = &shard
 	case !errors.Is(err, projector.ErrNotFound):
 		return Status{}, fmt.Errorf("relay %s: %w", consumer, err)
+	}
+	if relay != nil && relay.Fence() {
+		shards, err := admin.List(ctx, consumer)
+		if err != nil {
+			return Status{}, fmt.Errorf("relay %s: %w", consumer, err)
+		}
+		for _, s := range shards {
+			if s.Partitions > 0 {
+				partitions = append(partitions, s) // in partition order (Admin.List)
+			}
+		}
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -69,6 +86,6 @@ func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.St
 		Stream: stream, Subjects: info.Config.Subjects, Storage: info.Config.Storage.String(),
 		DuplicateWindow: info.Config.Duplicates, Messages: info.State.Msgs, Bytes: info.State.Bytes,
 		FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, LastTime: info.State.LastTime,
-		Relay: relay, OpenDeadLetters: open,
+		Relay: relay, Partitions: partitions, OpenDeadLetters: open,
 	}, nil
 }

@@ -19,7 +19,8 @@ import (
 // MaxTailWalk bounds how many messages the relay reads back from the
 // stream's end when it looks for events already stored past its cursor
 // (see [Relay] on downtime longer than the duplicate window). Messages of
-// other publishers in the stream count against it; past it the relay logs a
+// other publishers in the stream, and of the relay's other partitions,
+// count against it; past it the relay logs a
 // warning and relies on the duplicate window alone for that batch.
 const MaxTailWalk = 10_000
 
@@ -32,7 +33,8 @@ const MaxTailWalk = 10_000
 // stored, so the window is a second line, not the only one.
 //
 // The knowledge is exact under the relay's single owner (the dispatcher's
-// shard lock): every message of an event at or before the cursor was
+// shard lock; a partitioned relay keeps one tail per partition and counts
+// only its own streams' messages, relay_shard.go): every message of an event at or before the cursor was
 // stored before the cursor committed, every message past it after, so the
 // messages past the cursor are a suffix of the stream. The relay reads that
 // suffix back (a walk) when it has no knowledge of its own: on its first
@@ -59,7 +61,7 @@ type tail struct {
 // tenant's events) it may drop events of the pass; were the pass then
 // retried, they would be published again within half a window of this
 // call (else the next call walks), which the duplicate window absorbs.
-func (r *Relay) skipSet(ctx context.Context, b projection.Batch) (map[uuid.UUID]projector.Position, error) {
+func (r *Relay) skipSet(ctx context.Context, rs *relayShard, b projection.Batch) (map[uuid.UUID]projector.Position, error) {
 	store, ok := projection.StoreFrom(ctx)
 	if !ok || r.noTailCheck || b.Len() == 0 {
 		return nil, nil
@@ -70,7 +72,7 @@ func (r *Relay) skipSet(ctx context.Context, b projection.Batch) (map[uuid.UUID]
 			first = s.Events[0].Position
 		}
 	}
-	t := &r.tail
+	t := &rs.tail
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.stored == nil {
@@ -79,12 +81,12 @@ func (r *Relay) skipSet(ctx context.Context, b projection.Batch) (map[uuid.UUID]
 	stale := time.Since(t.lastUsed) > r.cfg.DuplicateWindow/2
 	t.lastUsed = time.Now()
 	if !t.known || stale {
-		cursor, err := r.committedCursor(ctx, store)
+		cursor, err := r.committedCursor(ctx, store, rs.instance)
 		if err != nil {
 			return nil, err
 		}
 		clear(t.stored)
-		n, err := r.walk(ctx, cursor, t.stored)
+		n, err := r.walk(ctx, rs, cursor, t.stored)
 		if err != nil {
 			return nil, err
 		}
@@ -103,8 +105,8 @@ func (r *Relay) skipSet(ctx context.Context, b projection.Batch) (map[uuid.UUID]
 
 // published records events JetStream acknowledged; lost says a publish
 // failed, so the stream may hold events the relay does not know of.
-func (r *Relay) published(ids map[uuid.UUID]projector.Position, lost bool) {
-	t := &r.tail
+func (rs *relayShard) published(ids map[uuid.UUID]projector.Position, lost bool) {
+	t := &rs.tail
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if lost {
@@ -119,13 +121,13 @@ func (r *Relay) published(ids map[uuid.UUID]projector.Position, lost bool) {
 	}
 }
 
-// committedCursor reads the relay consumer's committed cursor (not the
-// pass's own transaction: what a crash would leave). The relay is a shared
-// consumer: its one shard row has instance id [projection.SharedInstance].
-func (r *Relay) committedCursor(ctx context.Context, store *postgres.Store) (projector.Position, error) {
+// committedCursor reads the committed cursor of the relay consumer's shard
+// instance (not the pass's own transaction: what a crash would leave): its
+// one shard, [projection.SharedInstance], or one of its partitions.
+func (r *Relay) committedCursor(ctx context.Context, store *postgres.Store, instance string) (projector.Position, error) {
 	var p projector.Position
 	err := store.Pool().QueryRow(ctx, `SELECT cursor_tx_id::text::bigint, cursor_seq FROM `+store.Table("projector_consumers")+
-		` WHERE name = $1 AND instance_id = $2`, r.cfg.Name, projection.SharedInstance).Scan(&p.TxID, &p.Seq)
+		` WHERE name = $1 AND instance_id = $2`, r.cfg.Name, instance).Scan(&p.TxID, &p.Seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The consumer's first pass, its row not committed yet: nothing
 		// of it is past a cursor it does not have, so every relayed
@@ -139,9 +141,15 @@ func (r *Relay) committedCursor(ctx context.Context, store *postgres.Store) (pro
 }
 
 // walk reads the stream back from its last message and records in stored
-// every event whose position is past cursor, stopping at the first relayed
-// message at or before it. It returns how many messages it read.
-func (r *Relay) walk(ctx context.Context, cursor projector.Position, stored map[uuid.UUID]projector.Position) (int, error) {
+// every event of rs's streams whose position is past cursor, stopping at
+// the first of rs's messages at or before it. It returns how many messages
+// it read, other partitions' included.
+//
+// A partition publishes its own streams one pass at a time, in its log
+// order, so its messages past its cursor are a suffix of its messages in
+// the stream, interleaved with the other partitions' (which may be ahead of
+// or behind it: their positions say nothing of its cursor).
+func (r *Relay) walk(ctx context.Context, rs *relayShard, cursor projector.Position, stored map[uuid.UUID]projector.Position) (int, error) {
 	// Each request is bounded like a publish: NATS down must fail the
 	// batch (and show in the consumer's state) as quickly as a publish
 	// would, not wait out the batch timeout.
@@ -176,6 +184,9 @@ func (r *Relay) walk(ctx context.Context, cursor projector.Position, stored map[
 		id, ierr := uuid.Parse(m.Header.Get(HeaderEventID))
 		if perr != nil || ierr != nil {
 			continue // another publisher's message
+		}
+		if !rs.holds(m) {
+			continue // another partition's
 		}
 		if !cursor.Less(pos) {
 			return read, nil

@@ -388,7 +388,7 @@ func (s *Store) ArchiveSizes(ctx context.Context) (hot, archived int64, err erro
 func (s *Store) archiveSQL(q string) string {
 	return strings.NewReplacer("{{e}}", s.Table("projector_events"), "{{a}}", s.Table("projector_events_archive"),
 		"{{s}}", s.Table("projector_streams"), "{{d}}", s.Table("projector_dead_letters"),
-		"{{p}}", s.Table("projector_parks")).Replace(q)
+		"{{p}}", s.Table("projector_parks"), "{{pe}}", s.Table("projector_parked_events")).Replace(q)
 }
 
 // archiveChooseSQL picks the next batch of streams of type $1 (tenant $2
@@ -413,8 +413,9 @@ FOR UPDATE OF s SKIP LOCKED`
 
 // archiveOK keeps, of the streams $1–$3, those every event of which the
 // guard ($4/$5, or none when $6) has passed, none of which has an open
-// dead letter, and that no consumer has parked (ParkStream): a park's retry
-// reads its events from the hot log. A pass that parks a stream moves its
+// dead letter, and that no consumer has parked (ParkStream) nor holds an
+// event of in a park (a parked saga instance's events come from several
+// streams): a park's retry reads its events from the hot log. A pass that parks a stream moves its
 // cursor, which waits for the guard's SHARE lock, so a park committed after
 // the guard was read holds only events the guard had not passed.
 const archiveOK = `WITH ok AS (
@@ -423,7 +424,8 @@ const archiveOK = `WITH ok AS (
 		AND p.tenant_id = k.t AND p.stream_type = k.st AND p.stream_id = k.id)
 	AND NOT EXISTS (SELECT 1 FROM {{e}} e WHERE e.tenant_id = k.t AND e.stream_type = k.st AND e.stream_id = k.id
 		AND ((NOT $6::bool AND (e.tx_id, e.seq) > ($4::xid8, $5::bigint))
-		  OR EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id AND d.status = 'open')))
+		  OR EXISTS (SELECT 1 FROM {{d}} d WHERE d.event_id = e.id AND d.status = 'open')
+		  OR EXISTS (SELECT 1 FROM {{pe}} pk WHERE pk.event_id = e.id)))
 )`
 
 const archiveColumns = `tx_id, seq, id, tenant_id, stream_type, stream_id, version, type, schema_version, data,

@@ -3,12 +3,19 @@ package postgres
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
+
+// ImportWorkers is Import with workers goroutines decoding each batch,
+// whatever GOMAXPROCS is: the tests of the parallel decoding's error order.
+func (s *Store) ImportWorkers(ctx context.Context, r io.Reader, opts ImportOptions, workers int) (ImportResult, error) {
+	return s.importWith(ctx, r, opts, workers)
+}
 
 // PositionColumns lets the external tests compare the repair's list of
 // stored transaction ids with the schema's xid8 columns.

@@ -274,17 +274,45 @@ func (d *HistoryDecoder) Next(h *HistoryEvent) error {
 	if err != nil {
 		return d.fail(err)
 	}
-	*h = HistoryEvent{}
-	// Unmarshal, not a Decoder per line: a third less work a line, which
-	// the import pays for every event. It also refuses a second value
-	// after the first.
-	if err := json.Unmarshal(b, h); err != nil {
-		return d.fail(&HistoryLineError{Line: d.line, Err: fmt.Errorf("%w: %w", ErrInvalidHistory, err)})
-	}
-	if err := h.validate(false); err != nil {
-		return d.fail(&HistoryLineError{Line: d.line, Err: fmt.Errorf("%w: %w", ErrInvalidHistory, err)})
+	if err := decodeHistoryEvent(b, h); err != nil {
+		return d.fail(&HistoryLineError{Line: d.line, Err: err})
 	}
 	return nil
+}
+
+// decodeHistoryEvent decodes and checks one event line into h; an error
+// wraps ErrInvalidHistory.
+func decodeHistoryEvent(b []byte, h *HistoryEvent) error {
+	*h = HistoryEvent{}
+	if !decodeHistoryLine(b, h) {
+		// An unusual line: encoding/json decodes it or says what is wrong
+		// (Unmarshal, not a Decoder, refuses a second value after the
+		// first).
+		*h = HistoryEvent{}
+		if err := json.Unmarshal(b, h); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidHistory, err)
+		}
+	}
+	if err := h.validate(false); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidHistory, err)
+	}
+	return nil
+}
+
+// nextLine returns the next event line, unparsed and valid until the next
+// read, and its number: the import decodes lines in parallel, elsewhere.
+func (d *HistoryDecoder) nextLine() ([]byte, int, error) {
+	if _, err := d.Header(); err != nil {
+		return nil, 0, err
+	}
+	if d.err != nil {
+		return nil, 0, d.err
+	}
+	b, err := d.next()
+	if err != nil {
+		return nil, 0, d.fail(err)
+	}
+	return b, d.line, nil
 }
 
 func (d *HistoryDecoder) fail(err error) error {

@@ -34,16 +34,33 @@ func importBenchEvents(b *testing.B) int {
 	return n
 }
 
+// importBenchBatch is the import's batch size in BenchmarkImport:
+// PROJECTOR_BENCH_IMPORT_BATCH, default the import's own default; set to
+// the event count, the import is one transaction like the raw COPY, which
+// tells the cost of the batches apart from the rest.
+func importBenchBatch(b *testing.B) int {
+	v := os.Getenv("PROJECTOR_BENCH_IMPORT_BATCH")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > postgres.MaxImportBatchSize {
+		b.Fatalf("PROJECTOR_BENCH_IMPORT_BATCH=%q: want 1 to %d", v, postgres.MaxImportBatchSize)
+	}
+	return n
+}
+
 // BenchmarkImport compares Store.Import of a history file with a raw COPY
 // of rows of the same shape into the same events table, in the same run:
 // each round imports n events (100 per stream, batches of the default
-// size) and copies n other events raw in one COPY, back to back, so drift
-// on a shared machine hits both alike. The raw side gets its rows ready
+// size) and copies n other events raw in one COPY, back to back, the
+// import first in odd rounds and second in even ones, so drift on a shared
+// machine hits both alike. The raw side gets its rows ready
 // made; the import reads them from JSON Lines, checks them (types,
 // payloads, ids, versions) and keeps stream heads. Reported: both rates and
 // the ratio (issue 22's target is ≥ 90 %-of-raw).
 func BenchmarkImport(b *testing.B) {
-	n := importBenchEvents(b)
+	n, batch := importBenchEvents(b), importBenchBatch(b)
 	types := testevents.New()
 	store := pgtest.Store(b, types.Registry)
 	ctx := context.Background()
@@ -53,20 +70,30 @@ func BenchmarkImport(b *testing.B) {
 		round++
 		file := benchHistory(b, n, fmt.Sprintf("imp-%d", round))
 		rows := benchRawRows(n, fmt.Sprintf("raw-%d", round))
-		start := time.Now()
-		res, err := store.Import(ctx, bytes.NewReader(file), postgres.ImportOptions{})
-		imp := time.Since(start)
-		if err != nil || res.Imported != int64(n) {
-			b.Fatalf("import: %+v, %v", res, err)
+		importFile := func() time.Duration {
+			start := time.Now()
+			res, err := store.Import(ctx, bytes.NewReader(file), postgres.ImportOptions{BatchSize: batch})
+			if err != nil || res.Imported != int64(n) {
+				b.Fatalf("import: %+v, %v", res, err)
+			}
+			return time.Since(start)
 		}
-		start = time.Now()
-		err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-			_, err := tx.CopyFrom(ctx, pgx.Identifier{store.Schema(), "projector_events"}, rawImportColumns, pgx.CopyFromRows(rows))
-			return err
-		})
-		raw := time.Since(start)
-		if err != nil {
-			b.Fatal(err)
+		copyRaw := func() time.Duration {
+			start := time.Now()
+			err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+				_, err := tx.CopyFrom(ctx, pgx.Identifier{store.Schema(), "projector_events"}, rawImportColumns, pgx.CopyFromRows(rows))
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return time.Since(start)
+		}
+		var imp, raw time.Duration
+		if round%2 == 1 {
+			imp, raw = importFile(), copyRaw()
+		} else {
+			raw, imp = copyRaw(), importFile()
 		}
 		t.Add(benchmark.Throughput{RawEvents: int64(n), ProjectorEvents: int64(n), RawTime: raw, ProjectorTime: imp})
 	}

@@ -82,6 +82,11 @@ var importColumns = []string{"id", "tenant_id", "stream_type", "stream_id", "ver
 // as appends apply them, unless opts.WithoutInline; a failing one fails the
 // batch, with the line of the run's first event.
 func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (ImportResult, error) {
+	return s.importWith(ctx, r, opts, importWorkers())
+}
+
+// importWith is Import with workers goroutines decoding each batch.
+func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions, workers int) (ImportResult, error) {
 	size := cmp.Or(opts.BatchSize, DefaultImportBatchSize)
 	if size < 1 || size > MaxImportBatchSize {
 		return ImportResult{}, fmt.Errorf("import: batch size %d: want 1 to %d", size, MaxImportBatchSize)
@@ -93,7 +98,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 		return ImportResult{}, fmt.Errorf("import: %w", err)
 	}
 	var res ImportResult
-	batches := s.readBatches(ctx, dec, size)
+	batches := s.readBatches(ctx, dec, size, workers)
 	for rb := range batches {
 		b := rb.batch
 		res.Lines += int64(len(b.events))
@@ -122,99 +127,6 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 		}
 	}
 	return res, ctx.Err()
-}
-
-// readBatch is one batch as read and checked, or the error that stopped
-// the reading.
-type readBatch struct {
-	batch *importBatch
-	err   error
-}
-
-// readBatches reads and checks batches in a goroutine of its own, one
-// ahead of the batch being written: decoding JSON and payloads takes about
-// as long as copying them, and the two overlap instead of adding up. The
-// channel closes after the last batch, after an error, or once ctx ends
-// (the caller's deferred cancel on return); a read blocked on r returns
-// when r does.
-func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size int) <-chan readBatch {
-	out := make(chan readBatch, 1)
-	go func() {
-		defer close(out)
-		for {
-			b := &importBatch{}
-			done, err := b.read(dec, s.registry, size)
-			select {
-			case out <- readBatch{batch: b, err: err}:
-			case <-ctx.Done():
-				return
-			}
-			if done || err != nil {
-				return
-			}
-		}
-	}()
-	return out
-}
-
-// importBatch is one batch of a history file, checked on its own.
-type importBatch struct {
-	events []HistoryEvent
-	lines  []int
-	// payloads and data are the events' payloads decoded and upcast by
-	// the registry, for inline projections.
-	payloads []any
-	data     [][]byte
-	ids      map[uuid.UUID]int // id → line
-	// last is each stream's last version in the batch so far.
-	last map[projector.StreamRef]int64
-}
-
-// read fills the batch with up to size events and checks what can be
-// checked without the database; done reports the end of the file.
-func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size int) (done bool, err error) {
-	b.events, b.lines, b.payloads, b.data = b.events[:0], b.lines[:0], b.payloads[:0], b.data[:0]
-	clear(b.ids)
-	clear(b.last)
-	if b.ids == nil {
-		b.ids, b.last = map[uuid.UUID]int{}, map[projector.StreamRef]int64{}
-	}
-	for len(b.events) < size {
-		var h HistoryEvent
-		err := dec.Next(&h)
-		if errors.Is(err, io.EOF) {
-			return true, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		line := dec.Line()
-		fail := func(err error) (bool, error) { return false, &HistoryLineError{Line: line, Err: err} }
-		payload, data, err := reg.Decode(h.Type, h.SchemaVersion, h.Payload)
-		if err == nil {
-			err = validatePayload(payload)
-		}
-		if err != nil {
-			return fail(fmt.Errorf("event %s: %w", h.ID, err))
-		}
-		if prev, dup := b.ids[h.ID]; dup {
-			return fail(fmt.Errorf("%w: event id %s repeats line %d", ErrInvalidHistory, h.ID, prev))
-		}
-		b.ids[h.ID] = line
-		ref := h.Stream.Ref()
-		if last, seen := b.last[ref]; seen && h.Version != last+1 {
-			return fail(fmt.Errorf("%w: stream %s version %d follows version %d (want %d)", ErrInvalidHistory, ref, h.Version, last, last+1))
-		}
-		b.last[ref] = h.Version
-		if h.Metadata.CorrelationID == uuid.Nil {
-			h.Metadata.CorrelationID = h.ID
-		}
-		b.events = append(b.events, h)
-		b.lines = append(b.lines, line)
-		b.payloads = append(b.payloads, payload)
-		b.data = append(b.data, data)
-	}
-	return false, nil
 }
 
 // validatePayload runs a decoded payload's Validate, as an append runs it
@@ -323,11 +235,11 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 	if len(keep) == 0 {
 		return 0, int64(len(seen)), nil
 	}
-	n, err := tx.CopyFrom(ctx, pgx.Identifier{s.schema, "projector_events"}, importColumns, pgx.CopyFromFunc(s.importRows(b, keep)))
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, b.copyData(keep), s.importCopySQL())
 	if err != nil {
 		return 0, 0, s.importCopyError(ctx, b, keep, err)
 	}
-	if n != int64(len(keep)) {
+	if n := tag.RowsAffected(); n != int64(len(keep)) {
 		return 0, 0, fmt.Errorf("copied %d of %d events", n, len(keep))
 	}
 	var heads []streamAdvance
@@ -336,17 +248,14 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 			heads = append(heads, streamAdvance{stream: r, from: current[r], to: last})
 		}
 	}
-	if err := s.advanceImportedHeads(ctx, tx, heads); err != nil {
+	txID, err := s.advanceImportedHeads(ctx, tx, heads)
+	if err != nil {
 		return 0, 0, err
 	}
 	if inline && len(s.inline) > 0 {
 		if err := s.applyInlineImported(ctx, tx, b, keep); err != nil {
 			return 0, 0, err
 		}
-	}
-	var txID uint64
-	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()`).Scan(&txID); err != nil {
-		return 0, 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, 0, fmt.Errorf("commit: %w", err)
@@ -403,32 +312,6 @@ func (s *Store) applyInlineImported(ctx context.Context, tx pgx.Tx, b *importBat
 		start = end
 	}
 	return s.ScopeTx(ctx, tx, projector.SystemTenant)
-}
-
-// importRows feeds COPY the kept events of the batch, in file order.
-func (s *Store) importRows(b *importBatch, keep []int) func() ([]any, error) {
-	i := 0
-	row := make([]any, len(importColumns))
-	return func() ([]any, error) {
-		if i == len(keep) {
-			return nil, nil
-		}
-		h := &b.events[keep[i]]
-		i++
-		var causation *[16]byte
-		if h.Metadata.CausationID != uuid.Nil {
-			c := [16]byte(h.Metadata.CausationID)
-			causation = &c
-		}
-		var headers any // nil: NULL, as an append stores no headers
-		if len(h.Metadata.Headers) > 0 {
-			headers = h.Metadata.Headers
-		}
-		row[0], row[1], row[2], row[3] = [16]byte(h.ID), h.Stream.Tenant, h.Stream.Type, h.Stream.ID
-		row[4], row[5], row[6], row[7] = h.Version, h.Type, int32(h.SchemaVersion), h.Payload
-		row[8], row[9], row[10], row[11], row[12] = [16]byte(h.Metadata.CorrelationID), causation, h.Metadata.Actor, headers, h.RecordedAt
-		return row, nil
-	}
 }
 
 // checkImported checks that events at versions their streams already have
@@ -506,8 +389,9 @@ type streamAdvance struct {
 // is created (from version 0) or advanced only from the version the import
 // found it at, and only by a transaction no older than the one that last
 // appended to it (promise 4), so imported and appended events keep version
-// order equal to log order. It returns the number of heads written; fewer
-// than asked means another writer got there first.
+// order equal to log order. It returns the number of heads written (fewer
+// than asked means another writer got there first) and the transaction's
+// id, which the import would otherwise ask for in a statement of its own.
 const advanceImportedHeadsSQL = `
 WITH t AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
@@ -527,12 +411,13 @@ WITH t AS (
 	ON CONFLICT (tenant_id, stream_type, stream_id) DO NOTHING
 	RETURNING 1
 )
-SELECT (SELECT count(*) FROM advanced) + (SELECT count(*) FROM created)`
+SELECT (SELECT count(*) FROM advanced) + (SELECT count(*) FROM created), pg_current_xact_id()`
 
 // advanceImportedHeads moves the stream heads of one import batch: the one
 // place the import knows how stream heads are kept. A head the append's
-// rules refuse fails the batch with a concurrency error.
-func (s *Store) advanceImportedHeads(ctx context.Context, tx pgx.Tx, heads []streamAdvance) error {
+// rules refuse fails the batch with a concurrency error. It returns the
+// transaction's id.
+func (s *Store) advanceImportedHeads(ctx context.Context, tx pgx.Tx, heads []streamAdvance) (txID uint64, err error) {
 	n := len(heads)
 	tenants, types, ids := make([]string, n), make([]string, n), make([]string, n)
 	from, to := make([]int64, n), make([]int64, n)
@@ -540,15 +425,15 @@ func (s *Store) advanceImportedHeads(ctx context.Context, tx pgx.Tx, heads []str
 		tenants[i], types[i], ids[i], from[i], to[i] = h.stream.Tenant, h.stream.Type, h.stream.ID, h.from, h.to
 	}
 	var written int64
-	err := tx.QueryRow(ctx, s.sqlFor(advanceImportedHeadsSQL), tenants, types, ids, from, to).Scan(&written)
+	err = tx.QueryRow(ctx, s.sqlFor(advanceImportedHeadsSQL), tenants, types, ids, from, to).Scan(&written, &txID)
 	if err != nil {
-		return fmt.Errorf("advance stream heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
+		return 0, fmt.Errorf("advance stream heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
 	}
 	if written != int64(n) {
-		return &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
+		return 0, &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
 			Reason: fmt.Sprintf("%d of %d streams were appended to during the import, or by a younger transaction; run the import again", int64(n)-written, n)}
 	}
-	return nil
+	return txID, nil
 }
 
 // sqlFor fills the schema into an import or export statement.

@@ -147,3 +147,28 @@ func (s *Store) CreatePartitionIndex(ctx context.Context) error {
 	}
 	return s.CheckPartitionIndex(ctx)
 }
+
+// Children returns the two segments s splits into: the streams of s whose
+// next hash bit is 0, and those whose next bit is 1. ok is false when s
+// cannot split (it has [BucketBits] bits: one bucket of the partition
+// index).
+func (s Segment) Children() (lo, hi Segment, ok bool) {
+	if s.Bits >= BucketBits {
+		return Segment{}, Segment{}, false
+	}
+	return Segment{Bits: s.Bits + 1, Value: 2 * s.Value}, Segment{Bits: s.Bits + 1, Value: 2*s.Value + 1}, true
+}
+
+// Parent returns the segment s and its sibling merge into; ok is false for
+// the zero Segment (every stream), which has none.
+func (s Segment) Parent() (Segment, bool) {
+	if s.Bits == 0 {
+		return Segment{}, false
+	}
+	return Segment{Bits: s.Bits - 1, Value: s.Value / 2}, true
+}
+
+// Covers reports whether every stream of t is in s (t is s or lies inside it).
+func (s Segment) Covers(t Segment) bool {
+	return t.Bits >= s.Bits && t.Value>>(t.Bits-s.Bits) == s.Value
+}

@@ -215,7 +215,7 @@ func (r *repair) run(ctx context.Context) error {
 	if err := r.remapConsumers(ctx); err != nil {
 		return err
 	}
-	for _, q := range []string{r.q.remapReplays, r.q.remapRebuilds, r.q.remapArchive} {
+	for _, q := range []string{r.q.remapReplays, r.q.remapRebuilds, r.q.remapArchive, r.q.remapHolds} {
 		if _, err := r.tx.Exec(ctx, q, RepairTxID); err != nil {
 			return fmt.Errorf("remap rebuild positions: %w", err)
 		}
@@ -413,6 +413,7 @@ var positionColumns = []string{
 	"projector_consumers.replay_until_tx_id",
 	"projector_rebuilds.target_tx_id",
 	"projector_events_archive.tx_id",
+	"projector_consumers.hold_tx_id",
 }
 
 type repairSQL struct {
@@ -422,7 +423,7 @@ type repairSQL struct {
 	countMap, anyAtTarget                                           string
 	generatedByDefault, renumber, renumberNegative, flipNegative    string
 	generatedAlways, remapConsumers, remapDeadLetters, resetStreams string
-	remapReplays, remapRebuilds, remapArchive                       string
+	remapReplays, remapRebuilds, remapArchive, remapHolds           string
 	verifyLog, verifyCursor, raiseSequence                          string
 }
 
@@ -448,7 +449,7 @@ func newRepairSQL(schema string) repairSQL {
 			(SELECT max(cursor_tx_id) FROM ` + c + `), (SELECT max(failed_tx_id) FROM ` + c + `),
 			(SELECT max(event_tx_id) FROM ` + d + `), (SELECT max(replay_until_tx_id) FROM ` + c + `),
 			(SELECT max(target_tx_id) FROM ` + schema + `.projector_rebuilds),
-			(SELECT max(tx_id) FROM ` + a + `)`,
+			(SELECT max(tx_id) FROM ` + a + `), (SELECT max(hold_tx_id) FROM ` + c + `)`,
 		buildMap: []string{
 			`CREATE TEMP TABLE projector_repair_map ON COMMIT DROP AS
 				SELECT id, tx_id AS old_tx_id, seq AS old_seq, row_number() OVER (ORDER BY tx_id, seq) AS new_seq
@@ -485,6 +486,14 @@ func newRepairSQL(schema string) repairSQL {
 				replay_until_tx_id = $1::xid8,
 				replay_until_seq = coalesce(` + atOrBefore("c.replay_until_tx_id", "c.replay_until_seq") + `, 0)
 			WHERE c.replay_until_tx_id IS NOT NULL`,
+		// A merge's hold is a position like the cursor it was taken from,
+		// mapped the same way, so a partition standing at its hold still
+		// does after the repair.
+		remapHolds: `UPDATE ` + c + ` c SET
+				hold_tx_id = CASE WHEN (c.hold_tx_id, c.hold_seq) = ('0'::xid8, 0) THEN '0'::xid8 ELSE $1::xid8 END,
+				hold_seq = CASE WHEN (c.hold_tx_id, c.hold_seq) = ('0'::xid8, 0) THEN 0
+					ELSE coalesce(` + atOrBefore("c.hold_tx_id", "c.hold_seq") + `, 0) END
+			WHERE c.hold_tx_id IS NOT NULL`,
 		remapRebuilds: `UPDATE ` + schema + `.projector_rebuilds r SET target_tx_id = $1::xid8,
 				target_seq = coalesce(` + atOrBefore("r.target_tx_id", "r.target_seq") + `, 0)
 			WHERE r.target_tx_id <> '0'::xid8`,

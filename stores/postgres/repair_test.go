@@ -101,7 +101,8 @@ func (f fixture) restoreIntoYoungerCluster(t *testing.T) {
 		`UPDATE ` + f.store.Table("projector_events") + ` SET tx_id = ` + add("tx_id"),
 		`UPDATE ` + f.store.Table("projector_streams") + ` SET last_tx_id = ` + add("last_tx_id"),
 		`UPDATE ` + f.store.Table("projector_consumers") + ` SET failed_tx_id = ` + add("failed_tx_id") + `,
-			cursor_tx_id = CASE WHEN cursor_tx_id = '0' THEN cursor_tx_id ELSE ` + add("cursor_tx_id") + ` END`,
+			cursor_tx_id = CASE WHEN cursor_tx_id = '0' THEN cursor_tx_id ELSE ` + add("cursor_tx_id") + ` END,
+			hold_tx_id = CASE WHEN hold_tx_id = '0' THEN hold_tx_id ELSE ` + add("hold_tx_id") + ` END`,
 		`UPDATE ` + f.store.Table("projector_dead_letters") + ` SET event_tx_id = ` + add("event_tx_id"),
 	} {
 		if _, err := f.store.Pool().Exec(f.ctx, sql); err != nil {
@@ -172,6 +173,11 @@ func TestRepairRestoredCluster(t *testing.T) {
 	}
 	// A pruned event: the "gone" shard's cursor now points at nothing.
 	if _, err := f.store.Pool().Exec(f.ctx, `DELETE FROM `+f.store.Table("projector_events")+` WHERE id = $1`, session.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Every shard held at its cursor, as the halves of a merge under way
+	// stand: the repair must keep them standing there.
+	if _, err := f.store.Pool().Exec(f.ctx, `UPDATE `+f.store.Table("projector_consumers")+` SET hold_tx_id = cursor_tx_id, hold_seq = cursor_seq`); err != nil {
 		t.Fatal(err)
 	}
 	oldLog := f.idsAfter(t, projector.Start)
@@ -248,13 +254,16 @@ func TestRepairRestoredCluster(t *testing.T) {
 		if cr.SeesAgain != 0 || cr.Behind != int64(len(want[key])) {
 			t.Errorf("%s: sees again %d, behind %d; want 0 and %d", key, cr.SeesAgain, cr.Behind, len(want[key]))
 		}
-		var stored projector.Position
-		if err := store.Pool().QueryRow(f.ctx, `SELECT cursor_tx_id, cursor_seq FROM `+store.Table("projector_consumers")+
-			` WHERE name = $1 AND instance_id = $2`, cr.Consumer, cr.Instance).Scan(&stored.TxID, &stored.Seq); err != nil {
+		var stored, hold projector.Position
+		if err := store.Pool().QueryRow(f.ctx, `SELECT cursor_tx_id, cursor_seq, hold_tx_id, hold_seq FROM `+store.Table("projector_consumers")+
+			` WHERE name = $1 AND instance_id = $2`, cr.Consumer, cr.Instance).Scan(&stored.TxID, &stored.Seq, &hold.TxID, &hold.Seq); err != nil {
 			t.Fatal(err)
 		}
 		if stored != cr.NewCursor {
 			t.Errorf("%s: stored cursor %s, reported %s", key, stored, cr.NewCursor)
+		}
+		if hold != stored {
+			t.Errorf("%s: held at its cursor %s before the repair, at %s after it (cursor %s)", key, cr.OldCursor, hold, stored)
 		}
 		if key == "failing@__shared__" {
 			if id := f.eventAt(t, cr.NewFailedAt); id != tx5[1].ID {

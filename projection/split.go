@@ -1,0 +1,537 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// Splitting and merging partitions live (docs/scaling.md, "Splitting and
+// merging").
+//
+// A partition is a hash segment (postgres.Segment). A split replaces it by
+// its two children, each starting at the parent's cursor: the parent had
+// applied every event of both up to there, and none after. A merge replaces
+// two siblings by their parent, which is only right when their cursors are
+// equal; so a merge first holds both at the cursor of the one ahead (the
+// hold columns: a pass never moves a cursor past its hold, holdBatch), waits
+// for the one behind to get there, and then swaps the rows. Nothing is
+// applied by the command and nothing is applied twice: the alternative, a
+// merged cursor at the lower of the two with the events the one ahead had
+// applied skipped by segment, would put a second filter on every read.
+//
+// Every layout change runs under the consumer's fence lock (the advisory
+// lock of its unpartitioned row, which registration takes too), so two
+// operators, or an operator and a starting dispatcher, never interleave:
+// the second re-reads the layout and finds its partitions gone
+// (ErrLayoutChanged). Each partition it replaces is locked with its shard
+// lock, waiting for a running pass of that partition only; no other
+// partition pauses. Dead letters and parks move with their stream (by its
+// hash) to the child that holds it, and so does a failure being retried.
+
+// ErrLayoutChanged is returned by [Admin.Split] and [Admin.Merge] when a
+// partition they were to change no longer exists or another merge holds
+// it: another operator's split or merge won. It also matches
+// [projector.ErrInvalidTransition]; nothing was changed.
+var ErrLayoutChanged = errors.New("projection: the consumer's partitions changed meanwhile")
+
+// PartitionChange is one split or merge carried out: From replaced by To,
+// which start at Cursor.
+type PartitionChange struct {
+	From, To []postgres.Segment
+	Cursor   projector.Position
+}
+
+// String renders the change as status shows partitions: "1/4 -> 2/8 3/8".
+func (c PartitionChange) String() string {
+	seg := func(ss []postgres.Segment) string {
+		out := make([]string, len(ss))
+		for i, s := range ss {
+			out[i] = s.String()
+		}
+		return strings.Join(out, " ")
+	}
+	return seg(c.From) + " -> " + seg(c.To)
+}
+
+// layoutChanged is the loser's error of a race between two layout changes.
+func layoutChanged(consumer, what string) error {
+	return fmt.Errorf("%w (%w): consumer %s: %s; list them with `projector consumer status %s`",
+		ErrLayoutChanged, projector.ErrInvalidTransition, projector.Printable(consumer), what, projector.Printable(consumer))
+}
+
+type splitSQL struct {
+	fence, layout, row, failedHash, insertChild, moveDeadLetters, moveParks, remove,
+	hold, unhold, poll, insertParent, joinDeadLetters, joinParks string
+}
+
+func buildSplitSQL(store *postgres.Store) splitSQL {
+	c, s := store.Table("projector_consumers"), store.Schema()
+	hash := s + `.projector_stream_hash(tenant_id, stream_type, stream_id)`
+	// $2 the parent, $3 the child bits' shift (32 - bits), $4 the count.
+	child := `'` + PartitionPrefix + `' || (` + hash + ` >> $3::int)::text || '/' || $4::int::text`
+	return splitSQL{
+		fence:  `SELECT version, coalesce(last_error, '') FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `'`,
+		layout: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
+		row: `SELECT cursor_tx_id, cursor_seq, status, attempts, coalesce(failed_tx_id, '0'), coalesce(failed_seq, 0),
+				hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0), version, processed, coalesce(owner, '')
+			FROM ` + c + ` WHERE name = $1 AND instance_id = $2 FOR UPDATE`,
+		failedHash: `SELECT ` + hash + ` FROM ` + store.Table("projector_events") + ` WHERE tx_id = $1 AND seq = $2`,
+		// $3 the child; $4 whether it carries the parent's failure (the
+		// failing event's stream is its), else it starts clean.
+		insertChild: `INSERT INTO ` + c + ` (name, instance_id, cursor_tx_id, cursor_seq, status, attempts, last_error, last_error_at,
+				failed_tx_id, failed_seq, failed_event_id, next_retry_at, version, owner)
+			SELECT name, $3, cursor_tx_id, cursor_seq,
+				CASE WHEN $4 OR status = 'disabled' THEN status ELSE 'idle' END, CASE WHEN $4 THEN attempts ELSE 0 END,
+				CASE WHEN $4 THEN last_error END, CASE WHEN $4 THEN last_error_at END, CASE WHEN $4 THEN failed_tx_id END,
+				CASE WHEN $4 THEN failed_seq END, CASE WHEN $4 THEN failed_event_id END, CASE WHEN $4 THEN next_retry_at END,
+				version, owner
+			FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
+		moveDeadLetters: `UPDATE ` + store.Table("projector_dead_letters") + ` SET instance_id = ` + child + ` WHERE consumer = $1 AND instance_id = $2`,
+		moveParks:       `UPDATE ` + store.Table("projector_parks") + ` SET instance_id = ` + child + ` WHERE consumer = $1 AND instance_id = $2`,
+		remove:          `DELETE FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
+		hold:            `UPDATE ` + c + ` SET hold_tx_id = $3, hold_seq = $4 WHERE name = $1 AND instance_id = $2`,
+		unhold:          `UPDATE ` + c + ` SET hold_tx_id = NULL, hold_seq = NULL WHERE name = $1 AND instance_id = $2 AND hold_tx_id = $3 AND hold_seq = $4`,
+		poll: `SELECT instance_id, cursor_tx_id, cursor_seq, status, attempts, hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0)
+			FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
+		insertParent: `INSERT INTO ` + c + ` (name, instance_id, cursor_tx_id, cursor_seq, status, processed, version, owner)
+			VALUES ($1, $2, $3, $4, 'idle', $5, $6, NULLIF($7, ''))`,
+		joinDeadLetters: `UPDATE ` + store.Table("projector_dead_letters") + ` SET instance_id = $2 WHERE consumer = $1 AND instance_id = ANY($3)`,
+		joinParks:       `UPDATE ` + store.Table("projector_parks") + ` SET instance_id = $2 WHERE consumer = $1 AND instance_id = ANY($3)`,
+	}
+}
+
+// partRow is a partition's row as a split or merge reads it, locked.
+type partRow struct {
+	cursor, failedAt, hold projector.Position
+	held                   bool
+	status                 Status
+	attempts, version      int
+	processed              int64
+	owner                  string
+}
+
+// keyedLayoutFixed is the refusal of a split or merge of a consumer
+// partitioned by key (a saga): its dead letters and parks belong to
+// partitions by their events' keys, which SQL cannot compute to carry them
+// to the right half, so its layout stays the one it started with.
+func keyedLayoutFixed(consumer string) error {
+	return fmt.Errorf("%w: consumer %s is partitioned by key (AsyncConfig.PartitionKey, as sagas are): its partitions are not split or merged live; its partition count stays the one it was first started with",
+		projector.ErrInvalidTransition, projector.Printable(consumer))
+}
+
+// lockLayout takes consumer's fence lock in tx and returns its partitions.
+func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]postgres.Segment, error) {
+	if validName(consumer) != nil {
+		return nil, fmt.Errorf("consumer %s: %w", projector.Printable(consumer), projector.ErrNotFound)
+	}
+	if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: SharedInstance})); err != nil {
+		return nil, err
+	}
+	var version int
+	var note string
+	err := tx.QueryRow(ctx, a.split.fence, consumer).Scan(&version, &note)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("consumer %s: %w", projector.Printable(consumer), projector.ErrNotFound)
+	case err != nil:
+		return nil, err
+	case version != PartitionedVersion:
+		return nil, fmt.Errorf("%w: consumer %s is not partitioned: declare AsyncConfig.Partitions to partition it", projector.ErrInvalidTransition, projector.Printable(consumer))
+	case strings.HasPrefix(note, keyedFence):
+		return nil, keyedLayoutFixed(consumer)
+	}
+	rows, err := tx.Query(ctx, a.split.layout, consumer)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	var layout []postgres.Segment
+	for _, id := range ids {
+		if s, ok := partitionSegment(id); ok {
+			layout = append(layout, s)
+		}
+	}
+	return layout, nil
+}
+
+// lockPartition waits for a running pass of the partition and reads its
+// row; ok is false when the row is gone.
+func (a *Admin) lockPartition(ctx context.Context, tx pgx.Tx, consumer string, s postgres.Segment) (partRow, bool, error) {
+	id := ShardID{Consumer: consumer, Instance: segmentInstance(s)}
+	if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), id)); err != nil {
+		return partRow{}, false, err
+	}
+	var r partRow
+	err := tx.QueryRow(ctx, a.split.row, consumer, id.Instance).Scan(&r.cursor.TxID, &r.cursor.Seq, &r.status, &r.attempts,
+		&r.failedAt.TxID, &r.failedAt.Seq, &r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return partRow{}, false, nil
+	}
+	return r, err == nil, err
+}
+
+// Split splits partitions of consumer in two, each child starting at its
+// parent's cursor: the partitions only names (each must exist), or every
+// partition when none is named, all in one transaction. A partition of
+// 1/[postgres.MaxPartitions] of the streams cannot split. It returns the
+// splits done; an error changes nothing.
+func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Segment) ([]PartitionChange, error) {
+	var out []PartitionChange
+	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		out = nil
+		layout, err := a.lockLayout(ctx, tx, consumer)
+		if err != nil {
+			return err
+		}
+		targets := layout
+		if len(only) > 0 {
+			targets = only
+		}
+		for _, s := range targets {
+			if !slices.Contains(layout, s) {
+				return layoutChanged(consumer, "it has no partition "+s.String())
+			}
+			lo, hi, ok := s.Children()
+			if !ok {
+				return fmt.Errorf("%w: consumer %s partition %s holds one bucket of the partition index (1/%d of the streams): it cannot split further",
+					projector.ErrInvalidTransition, projector.Printable(consumer), s, postgres.MaxPartitions)
+			}
+			c, err := a.splitOne(ctx, tx, consumer, s, lo, hi)
+			if err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("split consumer %s: %w", projector.Printable(consumer), err)
+	}
+	return out, nil
+}
+
+// splitOne replaces partition s by lo and hi in tx.
+func (a *Admin) splitOne(ctx context.Context, tx pgx.Tx, consumer string, s, lo, hi postgres.Segment) (PartitionChange, error) {
+	r, ok, err := a.lockPartition(ctx, tx, consumer, s)
+	switch {
+	case err != nil:
+		return PartitionChange{}, err
+	case !ok:
+		return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" was split or merged meanwhile")
+	case r.held:
+		return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" is held for a merge under way (`consumer merge` finishes it)")
+	}
+	// A failure being retried (or dead) goes with the failing event's
+	// stream; the other child starts clean at the same cursor.
+	carryLo, carryHi := true, true
+	if r.failedAt != projector.Start {
+		var h int64
+		err := tx.QueryRow(ctx, a.split.failedHash, r.failedAt.TxID, r.failedAt.Seq).Scan(&h)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows): // not found (archived): both keep it, to be retried
+		case err != nil:
+			return PartitionChange{}, err
+		default:
+			carryLo, carryHi = lo.Contains(uint32(h)), hi.Contains(uint32(h))
+		}
+	} else {
+		carryLo, carryHi = false, false
+	}
+	parent := segmentInstance(s)
+	for _, c := range []struct {
+		s     postgres.Segment
+		carry bool
+	}{{lo, carryLo}, {hi, carryHi}} {
+		if _, err := tx.Exec(ctx, a.split.insertChild, consumer, parent, segmentInstance(c.s), c.carry); err != nil {
+			return PartitionChange{}, err
+		}
+	}
+	shift, count := 32-int(lo.Bits), lo.Count()
+	if _, err := tx.Exec(ctx, a.split.moveDeadLetters, consumer, parent, shift, count); err != nil {
+		return PartitionChange{}, err
+	}
+	if _, err := tx.Exec(ctx, a.split.moveParks, consumer, parent, shift, count); err != nil {
+		return PartitionChange{}, err
+	}
+	if _, err := tx.Exec(ctx, a.split.remove, consumer, []string{parent}); err != nil {
+		return PartitionChange{}, err
+	}
+	return PartitionChange{From: []postgres.Segment{s}, To: []postgres.Segment{lo, hi}, Cursor: r.cursor}, nil
+}
+
+// mergePair is two siblings to merge and the hold they wait at.
+type mergePair struct {
+	parent, lo, hi postgres.Segment
+	hold           projector.Position
+}
+
+func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segmentInstance(p.hi)} }
+
+// Merge merges pairs of sibling partitions of consumer into their parents:
+// the pair of each partition only names (with its sibling, which must
+// exist), or every pair whose two halves exist when none is named. It holds
+// each pair at the cursor of the one ahead, waits up to wait for the one
+// behind to catch up there (a dispatcher running the consumer does that:
+// nothing is applied by Merge), and then swaps each pair for its parent in
+// one transaction. On timeout or cancellation it lifts the holds it set and
+// changes nothing. It returns the merges done.
+func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, only ...postgres.Segment) ([]PartitionChange, error) {
+	pairs, err := a.holdPairs(ctx, consumer, only)
+	if err != nil {
+		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
+	}
+	if err := a.awaitHolds(ctx, consumer, pairs, wait); err != nil {
+		a.unhold(context.WithoutCancel(ctx), consumer, pairs)
+		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
+	}
+	var out []PartitionChange
+	err = pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		out = nil
+		if _, err := a.lockLayout(ctx, tx, consumer); err != nil {
+			return err
+		}
+		for _, p := range pairs {
+			c, err := a.mergeOne(ctx, tx, consumer, p)
+			if err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, ErrLayoutChanged) {
+			a.unhold(context.WithoutCancel(ctx), consumer, pairs)
+		}
+		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
+	}
+	return out, nil
+}
+
+// holdPairs picks the pairs to merge and holds each at the cursor of the
+// one ahead, in one transaction. A pair another merge holds already keeps
+// its hold, so two operators merging at once wait for the same thing and
+// one of them swaps the rows.
+func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.Segment) ([]mergePair, error) {
+	var pairs []mergePair
+	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		pairs = nil
+		layout, err := a.lockLayout(ctx, tx, consumer)
+		if err != nil {
+			return err
+		}
+		if len(only) > 0 {
+			for _, s := range only {
+				parent, ok := s.Parent()
+				if !ok {
+					return fmt.Errorf("%w: partition %s holds every stream: nothing to merge", projector.ErrInvalidTransition, s)
+				}
+				lo, hi, _ := parent.Children()
+				if !slices.Contains(layout, lo) || !slices.Contains(layout, hi) {
+					return layoutChanged(consumer, fmt.Sprintf("it has no partitions %s and %s to merge into %s", lo, hi, parent))
+				}
+				if !slices.ContainsFunc(pairs, func(p mergePair) bool { return p.parent == parent }) {
+					pairs = append(pairs, mergePair{parent: parent, lo: lo, hi: hi})
+				}
+			}
+		} else {
+			for _, lo := range layout {
+				parent, ok := lo.Parent()
+				if _, hi, _ := parent.Children(); ok && lo.Value%2 == 0 && slices.Contains(layout, hi) {
+					pairs = append(pairs, mergePair{parent: parent, lo: lo, hi: hi})
+				}
+			}
+			if len(pairs) == 0 {
+				return fmt.Errorf("%w: consumer %s has no two sibling partitions to merge", projector.ErrInvalidTransition, projector.Printable(consumer))
+			}
+		}
+		for i := range pairs {
+			if err := a.holdPair(ctx, tx, consumer, &pairs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return pairs, err
+}
+
+// holdPair locks both halves of p and sets their hold.
+func (a *Admin) holdPair(ctx context.Context, tx pgx.Tx, consumer string, p *mergePair) error {
+	var rows [2]partRow
+	for i, s := range []postgres.Segment{p.lo, p.hi} {
+		r, ok, err := a.lockPartition(ctx, tx, consumer, s)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return layoutChanged(consumer, "partition "+s.String()+" was split or merged meanwhile")
+		}
+		if err := mergeable(consumer, s, r); err != nil {
+			return err
+		}
+		rows[i] = r
+	}
+	switch {
+	case rows[0].held && rows[1].held && rows[0].hold == rows[1].hold:
+		p.hold = rows[0].hold // another merge of the same pair is waiting
+	case rows[0].version != rows[1].version:
+		return fmt.Errorf("%w: partitions %s and %s are at model versions %d and %d", projector.ErrInvalidTransition, p.lo, p.hi, rows[0].version, rows[1].version)
+	default:
+		p.hold = latest(rows[0].cursor, rows[1].cursor)
+		for _, r := range rows {
+			if r.held {
+				p.hold = latest(p.hold, r.hold)
+			}
+		}
+	}
+	for _, id := range p.ids() {
+		if _, err := tx.Exec(ctx, a.split.hold, consumer, id, p.hold.TxID, p.hold.Seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// latest returns the latest of positions.
+func latest(ps ...projector.Position) projector.Position {
+	var out projector.Position
+	for _, p := range ps {
+		if out.Less(p) {
+			out = p
+		}
+	}
+	return out
+}
+
+// mergeable refuses to merge a partition that is failing, dead or disabled:
+// it would not catch up, and its failure has no single place in the parent.
+func mergeable(consumer string, s postgres.Segment, r partRow) error {
+	if (r.status != StatusIdle && r.status != StatusProcessing) || r.attempts > 0 {
+		return &TransitionError{Shard: ShardID{Consumer: consumer, Instance: segmentInstance(s)}, Op: "merge", From: r.status,
+			Allowed: []Status{StatusIdle, StatusProcessing},
+			Detail:  "a failing, dead or disabled partition cannot merge: restart, skip or enable it first"}
+	}
+	return nil
+}
+
+// awaitHolds polls until both halves of every pair stand at its hold.
+func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePair, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var ids []string
+	holds := map[string]projector.Position{}
+	for _, p := range pairs {
+		for _, id := range p.ids() {
+			ids = append(ids, id)
+			holds[id] = p.hold
+		}
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rows, err := a.store.Pool().Query(ctx, a.split.poll, consumer, ids)
+		if err != nil {
+			return waitErr(ctx, err, "")
+		}
+		var id string
+		var cursor, hold projector.Position
+		var held bool
+		var status Status
+		var attempts int
+		seen, at := 0, 0
+		behind := ""
+		_, err = pgx.ForEachRow(rows, []any{&id, &cursor.TxID, &cursor.Seq, &status, &attempts, &held, &hold.TxID, &hold.Seq}, func() error {
+			seen++
+			s, _ := partitionSegment(id)
+			if !held || hold != holds[id] {
+				return layoutChanged(consumer, "the hold of partition "+s.String()+" was lifted (another merge gave up)")
+			}
+			if err := mergeable(consumer, s, partRow{status: status, attempts: attempts}); err != nil {
+				return err
+			}
+			if cursor == hold {
+				at++
+			} else {
+				behind = fmt.Sprintf("partition %s stands at %s, behind %s", s, cursor, hold)
+			}
+			return nil
+		})
+		switch {
+		case err != nil:
+			return waitErr(ctx, err, behind)
+		case seen < len(ids):
+			return layoutChanged(consumer, "its partitions were merged or split meanwhile")
+		case at == len(ids):
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return waitErr(ctx, ctx.Err(), behind)
+		case <-tick.C:
+		}
+	}
+}
+
+// waitErr says what a merge was waiting for when its wait ended.
+func waitErr(ctx context.Context, err error, behind string) error {
+	if ctx.Err() == nil || behind == "" {
+		return err
+	}
+	return fmt.Errorf("%w: %s (does a dispatcher run the consumer? the holds were lifted; nothing changed)", err, behind)
+}
+
+// unhold lifts the holds a merge set, where they are still its own.
+func (a *Admin) unhold(ctx context.Context, consumer string, pairs []mergePair) {
+	for _, p := range pairs {
+		for _, id := range p.ids() {
+			_, _ = a.store.Pool().Exec(ctx, a.split.unhold, consumer, id, p.hold.TxID, p.hold.Seq)
+		}
+	}
+}
+
+// mergeOne swaps pair p for its parent in tx, both halves standing at the
+// hold.
+func (a *Admin) mergeOne(ctx context.Context, tx pgx.Tx, consumer string, p mergePair) (PartitionChange, error) {
+	var rows [2]partRow
+	for i, s := range []postgres.Segment{p.lo, p.hi} {
+		r, ok, err := a.lockPartition(ctx, tx, consumer, s)
+		switch {
+		case err != nil:
+			return PartitionChange{}, err
+		case !ok:
+			return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" was merged or split meanwhile")
+		case !r.held || r.hold != p.hold || r.cursor != p.hold:
+			return PartitionChange{}, layoutChanged(consumer, fmt.Sprintf("partition %s left its hold %s (at %s)", s, p.hold, r.cursor))
+		}
+		if err := mergeable(consumer, s, r); err != nil {
+			return PartitionChange{}, err
+		}
+		rows[i] = r
+	}
+	parent := segmentInstance(p.parent)
+	if _, err := tx.Exec(ctx, a.split.insertParent, consumer, parent, p.hold.TxID, p.hold.Seq,
+		rows[0].processed+rows[1].processed, rows[0].version, rows[0].owner); err != nil {
+		return PartitionChange{}, err
+	}
+	for _, q := range []string{a.split.joinDeadLetters, a.split.joinParks} {
+		if _, err := tx.Exec(ctx, q, consumer, parent, p.ids()); err != nil {
+			return PartitionChange{}, err
+		}
+	}
+	if _, err := tx.Exec(ctx, a.split.remove, consumer, p.ids()); err != nil {
+		return PartitionChange{}, err
+	}
+	return PartitionChange{From: []postgres.Segment{p.lo, p.hi}, To: []postgres.Segment{p.parent}, Cursor: p.hold}, nil
+}

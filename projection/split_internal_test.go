@@ -1,0 +1,113 @@
+package projection
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+func segs(t *testing.T, pn ...[2]int) []postgres.Segment {
+	t.Helper()
+	out := make([]postgres.Segment, len(pn))
+	for i, x := range pn {
+		s, err := postgres.SegmentOf(x[0], x[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// uncovered finds the partitions a consumer is missing, at the size its
+// layout has there, and nothing a coarser or finer partition covers.
+func TestUncovered(t *testing.T) {
+	four := segs(t, [2]int{0, 4}, [2]int{1, 4}, [2]int{2, 4}, [2]int{3, 4})
+	for _, c := range []struct {
+		name   string
+		layout []postgres.Segment
+		want   []postgres.Segment
+	}{
+		{"new consumer", nil, four},
+		{"complete", four, nil},
+		{"one removed", segs(t, [2]int{0, 4}, [2]int{2, 4}, [2]int{3, 4}), segs(t, [2]int{1, 4})},
+		{"split live to 8", segs(t, [2]int{0, 8}, [2]int{1, 8}, [2]int{2, 8}, [2]int{3, 8}, [2]int{4, 8}, [2]int{5, 8}, [2]int{6, 8}, [2]int{7, 8}), nil},
+		{"merged live to 2", segs(t, [2]int{0, 2}, [2]int{1, 2}), nil},
+		{"mixed, a half removed", segs(t, [2]int{0, 4}, [2]int{2, 8}, [2]int{2, 4}, [2]int{3, 4}), segs(t, [2]int{3, 8})},
+	} {
+		if got := uncovered(four, c.layout); !slices.Equal(got, c.want) {
+			t.Errorf("%s: uncovered %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A held partition's batch stops at its hold, and its cursor never passes
+// it; below the hold nothing changes.
+func TestHoldBatch(t *testing.T) {
+	pos := func(tx uint64) projector.Position { return projector.Position{TxID: tx, Seq: 0} }
+	events := func(txs ...uint64) []projector.Event {
+		out := make([]projector.Event, len(txs))
+		for i, tx := range txs {
+			out[i].Position = pos(tx)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name       string
+		batch      postgres.LogBatch
+		hold       projector.Position
+		wantEvents int
+		wantFull   bool
+		wantNext   projector.Position
+	}{
+		{"events past the hold are cut", postgres.LogBatch{Events: events(10, 20, 30), Full: true, Horizon: 40}, pos(20), 2, false, pos(20)},
+		{"all past the hold", postgres.LogBatch{Events: events(30), Horizon: 40}, pos(20), 0, false, pos(20)},
+		{"horizon past the hold", postgres.LogBatch{Events: events(10), Horizon: 40}, pos(20), 1, false, pos(20)},
+		{"full below the hold", postgres.LogBatch{Events: events(10, 15), Full: true, Horizon: 40}, pos(20), 2, true, pos(15)},
+		{"horizon below the hold", postgres.LogBatch{Events: events(10), Horizon: 12}, pos(20), 1, false, projector.Horizon(12)},
+	} {
+		b := c.batch
+		next := holdBatch(&b, b.Next(projector.Start), c.hold)
+		if len(b.Events) != c.wantEvents || b.Full != c.wantFull || next != c.wantNext {
+			t.Errorf("%s: %d events, full %v, next %s; want %d, %v, %s", c.name, len(b.Events), b.Full, next, c.wantEvents, c.wantFull, c.wantNext)
+		}
+	}
+}
+
+// A partition split and merged back between two balancing rounds: its
+// shard's pass found the row gone and its loop ended, so the round that
+// finds the row again runs it with a new shard rather than keeping the
+// ended one.
+func TestSyncLayoutRevivesEndedPartition(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	p := NewAsync("revive", AsyncConfig{Partitions: 2})
+	if err := OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Store: store, Projections: []*Async{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := d.balancers[0]
+	first := b.shards[PartitionInstance(0, 2)]
+	first.removed.Store(true) // what its pass does on finding the row gone
+	d.syncLayout(b, []string{PartitionInstance(0, 2), PartitionInstance(1, 2)})
+	var live []*shard
+	for _, sh := range d.allShards() {
+		if sh.id.Instance == PartitionInstance(0, 2) {
+			live = append(live, sh)
+		}
+	}
+	if len(live) != 1 || live[0] == first || live[0].removed.Load() {
+		t.Fatalf("partition 0/2 after its row came back: %d shards, the ended one kept: %v", len(live), len(live) == 1 && live[0] == first)
+	}
+}
