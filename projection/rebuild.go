@@ -44,6 +44,9 @@ type shadow struct {
 	// misfit is set once a switch was refused because the live consumer
 	// is partitioned otherwise than this version (said once).
 	misfit bool
+	// heldSaid is set once a switch was postponed for a merge's hold
+	// (said once until it switches or the hold is gone).
+	heldSaid bool
 }
 
 // replayState returns what handlers of sh see while replaying.

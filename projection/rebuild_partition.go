@@ -149,9 +149,18 @@ func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (boo
 
 // liveBehind reports whether the live shards sh's shadow switches in for
 // are what its projection expects (partitioned into as many partitions, or
-// not partitioned) and stand at or behind next, read under their locks.
+// not partitioned), none held for a merge, and stand at or behind next,
+// read under their locks.
+//
+// A partition held for a merge (split.go) postpones the switch: the merge
+// waits for both halves to stand at their hold, which a switch moving
+// their cursors to the shadow's would spoil (the halves would stand past
+// it, and the merge would never swap them). Holds are set under the
+// partitions' locks, which the switch holds, so none can be set between
+// this read and the switch; the merge finishes (or gives up, lifting its
+// holds) and a later pass switches.
 func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position) (bool, error) {
-	rows, err := tx.Query(ctx, `SELECT instance_id, version, cursor_tx_id, cursor_seq FROM `+d.store.Table("projector_consumers")+`
+	rows, err := tx.Query(ctx, `SELECT instance_id, version, cursor_tx_id, cursor_seq, hold_tx_id IS NOT NULL FROM `+d.store.Table("projector_consumers")+`
 		WHERE name = $1 AND (instance_id = '`+SharedInstance+`' OR instance_id LIKE '`+PartitionPrefix+`%')`, sh.id.Consumer)
 	if err != nil {
 		return false, fmt.Errorf("switch: read the live cursors: %w", err)
@@ -162,12 +171,13 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 		want[id.Instance] = true
 	}
 	n := sh.proj.cfg.Partitions
-	fenced, found := false, 0
+	fenced, found, held := false, 0, ""
 	for rows.Next() {
 		var id string
 		var version int
 		var cursor projector.Position
-		if err := rows.Scan(&id, &version, &cursor.TxID, &cursor.Seq); err != nil {
+		var isHeld bool
+		if err := rows.Scan(&id, &version, &cursor.TxID, &cursor.Seq, &isHeld); err != nil {
 			return false, fmt.Errorf("switch: read the live cursors: %w", err)
 		}
 		if id == SharedInstance && version == PartitionedVersion {
@@ -180,6 +190,9 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 			continue // an unpartitioned consumer's leftover partition rows, or the fence
 		}
 		found++
+		if isHeld {
+			held = id
+		}
 		if next.Less(cursor) {
 			return false, nil // cannot happen with the live locks held; never switch backwards
 		}
@@ -196,6 +209,15 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 			slog.String("consumer", sh.id.Consumer), slog.Int("this_version_partitions", n), slog.Bool("live_partitioned", fenced))
 		return false, nil
 	}
+	if held != "" {
+		if !sh.shadow.heldSaid {
+			sh.shadow.heldSaid = true
+			d.logger.WarnContext(ctx, "projection dispatcher: rebuild waits to switch: a partition is held for a merge under way; the switch follows once the merge finishes (`projector consumer merge` finishes a merge that was interrupted)",
+				slog.String("consumer", sh.id.Consumer), slog.String("partition", held))
+		}
+		return false, nil
+	}
+	sh.shadow.heldSaid = false
 	return true, nil
 }
 

@@ -2,6 +2,7 @@ package rebuild
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -17,6 +18,11 @@ import (
 // rebuild_partition.go). In place: lockPartitions, then every partition is
 // rewound at once (startInPlace) and replays its own streams up to where it
 // stood. Partial rebuilds are refused (partial.go).
+
+// ErrMergeUnderWay: an in-place rebuild of a partitioned consumer was
+// requested while a merge holds some of its partitions (docs/scaling.md,
+// "Splitting and merging live").
+var ErrMergeUnderWay = errors.New("rebuild: a merge of the consumer's partitions is under way")
 
 // lockPartitions waits, in tx, for the lock of every partition of the
 // partitioned consumer name, in partition order (a pass holds one
@@ -43,9 +49,20 @@ func lockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, name 
 		}
 	}
 	var disabled bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+c+` WHERE name = $1 AND starts_with(instance_id, $2) AND status = 'disabled')`,
-		name, projection.PartitionPrefix).Scan(&disabled); err != nil {
+	var held string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(bool_or(status = 'disabled'), false),
+			coalesce(min(instance_id) FILTER (WHERE hold_tx_id IS NOT NULL), '')
+		FROM `+c+` WHERE name = $1 AND starts_with(instance_id, $2)`,
+		name, projection.PartitionPrefix).Scan(&disabled, &held); err != nil {
 		return "", fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
+	}
+	if held != "" {
+		// A merge holds the partition and its sibling at one position
+		// until both stand there; rewinding them would spoil that (and the
+		// merged partition would not know where to replay to). Holds are
+		// set under the partitions' locks, held here.
+		return "", fmt.Errorf("%w: partition %s of %s is held for a merge under way; let it finish (`projector consumer merge %s` finishes one that was interrupted), then rebuild",
+			ErrMergeUnderWay, held[len(projection.PartitionPrefix):], name, name)
 	}
 	if disabled {
 		return string(projection.StatusDisabled), nil

@@ -200,10 +200,10 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		if err := projection.LockShard(ctx, tx, store, live); err != nil {
 			return err
 		}
-		var status string
+		var status, note string
 		var version int
-		err = tx.QueryRow(ctx, `SELECT status, version FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
-			name, projection.SharedInstance).Scan(&status, &version)
+		err = tx.QueryRow(ctx, `SELECT status, version, coalesce(last_error, '') FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
+			name, projection.SharedInstance).Scan(&status, &version, &note)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, name)
 		}
@@ -211,6 +211,11 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 			return fmt.Errorf("rebuild %s: %w", name, err)
 		}
 		partitioned := version == projection.PartitionedVersion
+		if partitioned && projection.KeyedFenceNote(note) {
+			// Its partitions hold keys, not streams: the hand-over of the
+			// shadow's dead letters places them by stream (partition.go).
+			return fmt.Errorf("%w: %s is partitioned by key (a saga): its state is not read-model tables a rebuild replays", ErrNotRebuildable, name)
+		}
 		if partitioned && opts.Mode == InPlace {
 			// The fence is disabled by design; the partitions are what
 			// replays (partition.go).
