@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -75,10 +77,14 @@ func (a *Admin) partitionLoad(ctx context.Context, shards []ShardState) error {
 		return err
 	}
 	span = max(span, 1) // a window younger than a second: per second, as if it were one
+	keyed, err := a.keyedConsumers(ctx)
+	if err != nil {
+		return err
+	}
 	for i := range shards {
 		s := &shards[i]
-		if s.Partitions == 0 {
-			continue
+		if s.Partitions == 0 || keyed[s.Consumer] {
+			continue // a partition by key (a saga) holds keys, not these streams: not measured
 		}
 		width := postgres.MaxPartitions / s.Partitions
 		var n int64
@@ -91,4 +97,24 @@ func (a *Admin) partitionLoad(ctx context.Context, shards []ShardState) error {
 		}
 	}
 	return nil
+}
+
+// keyedConsumers returns the consumers partitioned by key (their fence note
+// says so, see KeyedFenceNote), whose partitions' load the streams' hashes
+// do not tell.
+func (a *Admin) keyedConsumers(ctx context.Context) (map[string]bool, error) {
+	rows, err := a.store.Pool().Query(ctx, `SELECT name FROM `+a.store.Table("projector_consumers")+`
+		WHERE instance_id = '`+SharedInstance+`' AND version = `+strconv.Itoa(PartitionedVersion)+` AND starts_with(last_error, '`+keyedFence+`')`)
+	if err != nil {
+		return nil, err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
 }

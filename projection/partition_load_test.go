@@ -73,3 +73,42 @@ func TestPartitionLoadGauges(t *testing.T) {
 		}
 	}
 }
+
+// A consumer partitioned by key (as sagas are) places events by their key,
+// not their stream: the load by stream hash says nothing of its
+// partitions, so none is measured (no rate, no skew, never HOT), however
+// hot a stream is.
+func TestKeyedPartitionsShowNoStreamLoad(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+		hot := make([]any, 300)
+		for i := range hot {
+			hot[i] = testevents.TicketCommented{Body: "busy"}
+		}
+		_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", "hot"), projector.NoStream, hot...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := counting(e.schema, e.types, "bykey", projection.AsyncConfig{Partitions: 4,
+		PartitionKey: func(ev projector.Event) (string, error) { return ev.Stream.ID, nil }})
+	e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	shards, err := projection.NewAdmin(e.store).List(e.ctx, "bykey")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := 0
+	for _, s := range shards {
+		if s.Partitions == 0 {
+			continue
+		}
+		parts++
+		if s.InRate != 0 || s.Skew != 0 || s.Hot() {
+			t.Errorf("keyed partition %d/%d: in %.1f/s, skew %.2f, hot %v; want none measured", s.Partition, s.Partitions, s.InRate, s.Skew, s.Hot())
+		}
+	}
+	if parts != 4 {
+		t.Fatalf("%d partitions listed, want 4", parts)
+	}
+}
