@@ -152,7 +152,7 @@ func (m *metrics) start(id ShardID) {
 // beside its halves' or parent's.
 func (m *metrics) forget(id ShardID) {
 	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
-	for _, v := range []*prometheus.GaugeVec{m.lagEvents, m.lagSeconds} {
+	for _, v := range []*prometheus.GaugeVec{m.lagEvents, m.lagSeconds, m.inRate, m.skew} {
 		v.Delete(l)
 	}
 	m.status.DeletePartialMatch(l)
