@@ -50,6 +50,13 @@ type ShardJSON struct {
 	Partition  *int   `json:"partition,omitempty"`
 	Partitions int    `json:"partitions,omitempty"`
 	Owner      string `json:"owner,omitempty"`
+	// InPerSecond, Skew and Hot are a partition's load: events per
+	// second appended to its streams over the log's latest events, its
+	// share of them over an even share (0: too few to tell), and whether
+	// that is projection.HotSkew or more.
+	InPerSecond *float64 `json:"in_per_second,omitempty"`
+	Skew        *float64 `json:"skew,omitempty"`
+	Hot         *bool    `json:"hot,omitempty"`
 	// Hold is where a partition waits for its sibling to merge
 	// (`consumer merge`), absent when no merge is under way.
 	Hold string `json:"hold,omitempty"`
@@ -69,7 +76,9 @@ func toJSON(s projection.ShardState) ShardJSON {
 	}
 	if s.Partitions > 0 {
 		p := s.Partition
+		in, skew, hot := s.InRate, s.Skew, s.Hot()
 		j.Partition, j.Partitions, j.Owner = &p, s.Partitions, s.Owner
+		j.InPerSecond, j.Skew, j.Hot = &in, &skew, &hot
 		if s.Held {
 			j.Hold = cursor(s.Hold)
 		}
@@ -586,6 +595,7 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 		if s.Partitions > 0 {
 			row("partition", fmt.Sprintf("%d of %d", s.Partition, s.Partitions))
 			row("owner", cmpOr(projector.Printable(s.Owner), "none yet"))
+			row("load", loadCell(s)+fmt.Sprintf(" (events appended to its streams, over the log's last %d; skew: its share over an even share, HOT from %.0f)", projection.LoadWindow, projection.HotSkew))
 			if s.Held {
 				row("held", "at "+cursor(s.Hold)+" for a merge with its sibling: `consumer merge` finishes it")
 			}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -160,5 +161,91 @@ func TestConsumerSplitMerge(t *testing.T) {
 	}
 	if out := run(0, "consumer", "split", "parts"); !strings.Contains(out, "0/2 -> 0/4 1/4") || !strings.Contains(out, "1/2 -> 2/4 3/4") {
 		t.Errorf("split of every partition:\n%s", out)
+	}
+}
+
+// A hot partition (one stream far busier than the rest) shows as skew: its
+// rate and its share of the recent events over an even share, marked HOT
+// in `status` and `consumer status`, and in -o json; the others are not.
+func TestStatusShowsHotPartition(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	ctx := context.Background()
+	if err := store.CreatePartitionIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := projection.NewAsync("skewed", projection.AsyncConfig{Partitions: 4})
+	if err := projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, InstanceID: "skew-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hot := make([]any, 300)
+	for i := range hot {
+		hot[i] = testevents.TicketCommented{Body: "busy"}
+	}
+	if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		if _, err := store.Append(ctx, tx, projector.Stream("ticket", "hot"), projector.NoStream, hot...); err != nil {
+			return err
+		}
+		for i := range 40 {
+			if _, err := store.Append(ctx, tx, projector.Stream("ticket", "calm-"+strconv.Itoa(i)), projector.NoStream,
+				testevents.TicketOpened{Title: "t"}, testevents.TicketCommented{Body: "c"}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var bucket int
+	if err := store.Pool().QueryRow(ctx, `SELECT `+store.Schema()+`.projector_stream_bucket(tenant_id, stream_type, stream_id) FROM `+
+		store.Table("projector_events")+` WHERE stream_id = 'hot' LIMIT 1`).Scan(&bucket); err != nil {
+		t.Fatal(err)
+	}
+	hotPart := bucket / 16
+
+	shards, err := projection.NewAdmin(store).List(ctx, "skewed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range shards {
+		switch {
+		case s.Partitions == 0:
+		case s.Partition == hotPart && (s.Skew < projection.HotSkew || s.InRate <= 0 || !s.Hot()):
+			t.Errorf("hot partition %d: in %.1f/s, skew %.2f, hot %v; want skew ≥ %v", s.Partition, s.InRate, s.Skew, s.Hot(), projection.HotSkew)
+		case s.Partition != hotPart && (s.Skew >= 1 || s.Hot()):
+			t.Errorf("calm partition %d: skew %.2f, hot %v", s.Partition, s.Skew, s.Hot())
+		}
+	}
+
+	run := func(args ...string) string {
+		t.Helper()
+		out, code := runIn(t, store.Schema(), types.Registry, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d:\n%s", args, code, out)
+		}
+		return out
+	}
+	label := "partition " + strconv.Itoa(hotPart) + "/4"
+	for line := range strings.Lines(run("status")) {
+		if strings.Contains(line, "partition ") && strings.Contains(line, "HOT") != strings.Contains(line, label) {
+			t.Errorf("status line %q: HOT on the hot partition (%s) only", line, label)
+		}
+	}
+	if out := run("consumer", "status", "skewed", "--partition", strconv.Itoa(hotPart)); !strings.Contains(out, "HOT") || !strings.Contains(out, "/s") {
+		t.Errorf("consumer status of the hot partition:\n%s", out)
+	}
+	if out := run("status", "-o", "json"); !strings.Contains(out, `"skew"`) || !strings.Contains(out, `"hot": true`) || !strings.Contains(out, `"in_per_second"`) {
+		t.Errorf("status -o json lacks rate, skew and hot:\n%s", out)
 	}
 }

@@ -139,7 +139,8 @@ func rebuildError(err error) error {
 		return usageError{err}
 	case errors.Is(err, rebuild.ErrActive), errors.Is(err, rebuild.ErrNotActive), errors.Is(err, rebuild.ErrNoTables),
 		errors.Is(err, rebuild.ErrNotRebuildable), errors.Is(err, rebuild.ErrPruned), errors.Is(err, rebuild.ErrNotReady),
-		errors.Is(err, rebuild.ErrNoPrimaryKey), errors.Is(err, rebuild.ErrInlineVersion), errors.Is(err, rebuild.ErrHorizonHeld):
+		errors.Is(err, rebuild.ErrNoPrimaryKey), errors.Is(err, rebuild.ErrInlineVersion), errors.Is(err, rebuild.ErrHorizonHeld),
+		errors.Is(err, rebuild.ErrMergeUnderWay):
 		return refusedError{err}
 	}
 	return err

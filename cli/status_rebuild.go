@@ -85,11 +85,25 @@ func instanceCell(s projection.ShardState, r *rebuild.Rebuild) string {
 	case s.Partitions > 0 && s.Held:
 		return fmt.Sprintf("  partition %d/%d (owner %s, held at %s for a merge)", s.Partition, s.Partitions, cmpOr(projector.Printable(s.Owner), "none"), cursor(s.Hold))
 	case s.Partitions > 0:
-		return fmt.Sprintf("  partition %d/%d (owner %s)", s.Partition, s.Partitions, cmpOr(projector.Printable(s.Owner), "none"))
+		return fmt.Sprintf("  partition %d/%d (owner %s, %s)", s.Partition, s.Partitions, cmpOr(projector.Printable(s.Owner), "none"), loadCell(s))
 	case s.Fence():
 		return s.Instance + " (partitioned: fence)"
 	}
 	return projector.Printable(s.Instance)
+}
+
+// loadCell renders a partition's load: the rate its streams receive
+// events at, and its skew when there is one to tell ("in 12.5/s, skew
+// 3.10 HOT").
+func loadCell(s projection.ShardState) string {
+	out := fmt.Sprintf("in %.1f/s", s.InRate)
+	if s.Skew > 0 {
+		out += fmt.Sprintf(", skew %.2f", s.Skew)
+	}
+	if s.Hot() {
+		out += " HOT"
+	}
+	return out
 }
 
 // shardStatusCell renders the STATUS column: the shard's status, or for a

@@ -67,7 +67,9 @@ type options struct {
 	tail    bool
 	tailSpy func(*http.Request)
 	prefix  string // mount the console under this prefix
-	extra   func(cfg *console.Config)
+	// partitions partitions the consumer (with the log's partition index).
+	partitions int
+	extra      func(cfg *console.Config)
 }
 
 func newEnv(t testing.TB, o options) *env {
@@ -83,6 +85,12 @@ func newEnv(t testing.TB, o options) *env {
 		Tables: []string{e.store.Schema() + ".counts"}, BatchSize: o.batchSize}
 	if o.continuous {
 		cfg.ErrorMode = projection.SkipApplyErrors
+	}
+	if o.partitions > 0 {
+		cfg.Partitions = o.partitions
+		if err := e.store.CreatePartitionIndex(e.ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if o.park {
 		cfg.ErrorMode = projection.ParkStream

@@ -237,7 +237,16 @@ var funcs = template.FuncMap{
 		}
 		return strconv.FormatFloat(r, 'f', 0, 64) + "/s"
 	},
-	"pct": func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) },
+	// skew renders a partition's skew, "-" while there are too few events
+	// to tell.
+	"skew": func(f float64) string {
+		if f <= 0 {
+			return "-"
+		}
+		return strconv.FormatFloat(f, 'f', 2, 64)
+	},
+	"skewMark": func() string { return strconv.FormatFloat(projection.HotSkew, 'f', -1, 64) },
+	"pct":      func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) },
 	"clip": func(n int, s string) string {
 		s = strings.Join(strings.Fields(s), " ")
 		if len(s) <= n {

@@ -25,6 +25,10 @@ const (
 	StateDead       = "dead"
 	StateDisabled   = "disabled"
 	StateRebuilding = "rebuilding"
+	// StatePartitioned is the row of a partitioned consumer (its fence
+	// shard, stored disabled): its partitions follow it, each in a state
+	// of its own.
+	StatePartitioned = "partitioned"
 )
 
 // Shard is one consumer shard as the console shows it: what `projector
@@ -37,6 +41,11 @@ type Shard struct {
 	// negative until the console has read the shard twice.
 	Rate    float64          `json:"rate"`
 	Rebuild *rebuild.Rebuild `json:"rebuild,omitempty"`
+	// PartitionCount and HotPartitions are set on a partitioned consumer's
+	// row, whose lag, rate and processed count are its partitions' totals
+	// (partitions.go).
+	PartitionCount int `json:"partition_count,omitempty"`
+	HotPartitions  int `json:"hot_partitions,omitempty"`
 	// rebuilding: a rebuild of the consumer is in progress, on this shard
 	// or its shadow.
 	rebuilding bool
@@ -149,6 +158,7 @@ func (c *Console) readNow(ctx context.Context) (State, error) {
 		}
 		st.Shards[i] = sh
 	}
+	st.Shards = groupPartitions(st.Shards)
 	failed, err := saga.FailedCounts(ctx, store)
 	if err != nil {
 		return st, fmt.Errorf("console: %w", err)
@@ -271,6 +281,10 @@ func shardActions(sh Shard, rebuildable bool) []actionView {
 	}
 	id := sh.ShardID.String()
 	var out []actionView
+	if sh.Fence() {
+		// The fence refuses every transition: its partitions have theirs.
+		return rebuildAction(sh, rebuildable)
+	}
 	switch sh.Status {
 	case projection.StatusDead:
 		out = append(out, op("restart", "primary", "Retry the failing event of "+id+"?"),
@@ -283,9 +297,15 @@ func shardActions(sh Shard, rebuildable bool) []actionView {
 		return append(out, op("enable", "primary", ""))
 	}
 	out = append(out, op("disable", "", "Stop "+id+"? Retention no longer waits for it."))
-	if rebuildable && sh.Instance == projection.SharedInstance && !sh.rebuilding && sh.Status != projection.StatusDead {
-		out = append(out, actionView{Kind: "rebuild", Op: "request", Label: "rebuild", Class: "",
-			Confirm: "Rebuild " + sh.Consumer + " blue/green from the start of the log?", Fields: map[string]string{"name": sh.Consumer, "mode": "blue-green"}})
+	return append(out, rebuildAction(sh, rebuildable)...)
+}
+
+// rebuildAction is the blue/green rebuild button of a consumer's row, if
+// it declares tables and no rebuild runs.
+func rebuildAction(sh Shard, rebuildable bool) []actionView {
+	if !rebuildable || sh.Instance != projection.SharedInstance || sh.rebuilding || sh.Status == projection.StatusDead {
+		return nil
 	}
-	return out
+	return []actionView{{Kind: "rebuild", Op: "request", Label: "rebuild", Class: "",
+		Confirm: "Rebuild " + sh.Consumer + " blue/green from the start of the log?", Fields: map[string]string{"name": sh.Consumer, "mode": "blue-green"}}}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -62,11 +63,18 @@ func newBalancer(p *Async) *balancer {
 }
 
 // member is what the instances row lists for a process that balances the
-// consumer's partitions: NAME/partitions, which no consumer name can be
-// (a name has no slash). A process that runs the consumer unpartitioned
-// (an older binary, fenced) lists only NAME and is not counted in the
-// share.
-func (b *balancer) member() string { return b.consumer + "/partitions" }
+// consumer's partitions: NAME/partitions@vV (V its model version), which
+// no consumer name can be (a name has no slash). A process that runs the
+// consumer unpartitioned (an older binary, fenced) lists only NAME and is
+// not counted in the share; nor is one of another model version (a
+// blue/green rebuild's old or new binary), which balances only the
+// partitions at its own version.
+func (b *balancer) member() string {
+	return b.consumer + "/partitions@v" + strconv.Itoa(b.version())
+}
+
+// version is the model version of the balanced projection.
+func (b *balancer) version() int { return b.proj.cfg.Version }
 
 // owns reports whether this process works the partition, as the last round
 // decided.
@@ -152,7 +160,7 @@ type balanceSQL struct {
 func buildBalanceSQL(store *postgres.Store) balanceSQL {
 	c, i := store.Table("projector_consumers"), store.Table("projector_instances")
 	return balanceSQL{
-		owners: `SELECT instance_id, coalesce(owner, '') FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
+		owners: `SELECT instance_id, coalesce(owner, ''), version FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
 		live: `SELECT instance_id FROM ` + i + ` WHERE $1 = ANY(consumers) AND stopped_at IS NULL
 			AND last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * heartbeat_every`,
 		claim:      `UPDATE ` + c + ` SET owner = $3 WHERE name = $1 AND instance_id = $2 AND coalesce(owner, '') = $4`,
@@ -190,17 +198,22 @@ func (d *Dispatcher) balanceLoop(ctx context.Context) {
 // alive; follow a split or merge; release what is over this process's
 // share, claim what is free and within it.
 func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
-	var ids, owners []string
+	var all, ids, owners []string
+	var versions []int
 	var live []string
 	batch := &pgx.Batch{}
 	batch.Queue(d.bsql.owners, b.consumer).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var id, owner string
-			if err := rows.Scan(&id, &owner); err != nil {
+			var version int
+			if err := rows.Scan(&id, &owner, &version); err != nil {
 				return err
 			}
 			if _, ok := partitionSegment(id); ok {
-				ids, owners = append(ids, id), append(owners, owner)
+				all, versions = append(all, id), append(versions, version)
+				if version == b.version() {
+					ids, owners = append(ids, id), append(owners, owner)
+				}
 			}
 		}
 		return rows.Err()
@@ -213,7 +226,16 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 	if err := d.store.Pool().SendBatch(ctx, batch).Close(); err != nil {
 		return err
 	}
-	d.syncLayout(b, ids)
+	d.syncLayout(b, all)
+	// Partitions at another model version (a blue/green rebuild has not
+	// switched them to this one yet, or switched them past it) are not
+	// this process's to work: it balances the others among the processes
+	// of its version.
+	for i, id := range all {
+		if versions[i] != b.version() {
+			b.set(id, false)
+		}
+	}
 	if !slices.Contains(live, d.instance) {
 		live = append(live, d.instance) // this process runs, whatever its last heartbeat says
 	}

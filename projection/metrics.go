@@ -15,14 +15,16 @@ import (
 // metrics are the dispatcher's Prometheus series, all labelled by consumer
 // and instance_id except the horizon age, which is the database's.
 type metrics struct {
-	lagEvents   *prometheus.GaugeVec
-	lagSeconds  *prometheus.GaugeVec
-	status      *prometheus.GaugeVec
-	processed   *prometheus.CounterVec
-	failed      *prometheus.CounterVec
-	deadLetters *prometheus.CounterVec
-	sharedReads *prometheus.CounterVec
-	batchApply  *prometheus.HistogramVec
+	lagEvents  *prometheus.GaugeVec
+	lagSeconds *prometheus.GaugeVec
+	// inRate and skew are a partition's load (partition_load.go).
+	inRate, skew *prometheus.GaugeVec
+	status       *prometheus.GaugeVec
+	processed    *prometheus.CounterVec
+	failed       *prometheus.CounterVec
+	deadLetters  *prometheus.CounterVec
+	sharedReads  *prometheus.CounterVec
+	batchApply   *prometheus.HistogramVec
 	// applyDelay is append-to-applied per event, with trace exemplars
 	// (exemplar.go).
 	applyDelay *prometheus.HistogramVec
@@ -60,6 +62,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "projector_consumer_lag_seconds",
 			Help: "Age of the oldest event after the consumer shard's cursor; 0 when caught up.",
+		}, labels),
+		inRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_partition_in_events_per_second",
+			Help: "Events per second appended to a partition's streams over the log's latest events (projection.LoadWindow), refreshed with the lag.",
+		}, labels),
+		skew: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "projector_partition_skew",
+			Help: "A partition's share of the log's latest events over an even share: 1 even, 2 or more hot (one stream far busier than the rest); 0 below 100 events.",
 		}, labels),
 		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "projector_consumer_status",
@@ -110,7 +120,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lagged:   map[ShardID]bool{},
 		rebuilds: newRebuildGauges(),
 	}
-	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.status, m.processed, m.failed, m.deadLetters, m.sharedReads, m.batchApply, m.applyDelay, m.horizonAge, m.horizonHolder, m.openDeadLetters, m.parkedStreams, m.parkedAge}, m.rebuilds.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.inRate, m.skew, m.status, m.processed, m.failed, m.deadLetters, m.sharedReads, m.batchApply, m.applyDelay, m.horizonAge, m.horizonHolder, m.openDeadLetters, m.parkedStreams, m.parkedAge}, m.rebuilds.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if errors.As(err, &already) {
@@ -142,7 +152,7 @@ func (m *metrics) start(id ShardID) {
 // beside its halves' or parent's.
 func (m *metrics) forget(id ShardID) {
 	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
-	for _, v := range []*prometheus.GaugeVec{m.lagEvents, m.lagSeconds} {
+	for _, v := range []*prometheus.GaugeVec{m.lagEvents, m.lagSeconds, m.inRate, m.skew} {
 		v.Delete(l)
 	}
 	m.status.DeletePartialMatch(l)
@@ -229,6 +239,10 @@ func (d *Dispatcher) refreshGauges(ctx context.Context) {
 		d.metrics.lagged[st.ShardID] = st.LagEvents > 0
 		d.metrics.mu.Unlock()
 		d.metrics.lagSeconds.With(l).Set(st.LagSeconds)
+		if st.Partitions > 0 {
+			d.metrics.inRate.With(l).Set(st.InRate)
+			d.metrics.skew.With(l).Set(st.Skew)
+		}
 		for _, s := range []Status{StatusIdle, StatusProcessing, StatusDead, StatusDisabled} {
 			v := 0.0
 			if s == st.Status {

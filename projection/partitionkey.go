@@ -1,6 +1,8 @@
 package projection
 
 import (
+	"strings"
+
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -28,6 +30,12 @@ func KeyHash(tenant, consumer, key string) uint32 {
 // keyed partition's lag over every event after its cursor, which is what
 // it reads, rather than over its streams' buckets.
 const keyedFence = "by key: "
+
+// KeyedFenceNote reports whether note, a fence row's note (its
+// last_error), marks a consumer partitioned by key: its partitions do not
+// hold streams, so what places work by stream hash (a split, a rebuild's
+// hand-over of dead letters) does not apply to it.
+func KeyedFenceNote(note string) bool { return strings.HasPrefix(note, keyedFence) }
 
 // keyedNote is the fence note of p: note, marked when p is partitioned by
 // key.

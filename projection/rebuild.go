@@ -38,6 +38,15 @@ type shadow struct {
 	final bool
 	// retrySoon is set when a pass wanted to switch and could not.
 	retrySoon bool
+	// live are the live shards the last switching pass locked
+	// (rebuild_partition.go).
+	live []ShardID
+	// misfit is set once a switch was refused because the live consumer
+	// is partitioned otherwise than this version (said once).
+	misfit bool
+	// heldSaid is set once a switch was postponed for a merge's hold
+	// (said once until it switches or the hold is gone).
+	heldSaid bool
 }
 
 // replayState returns what handlers of sh see while replaying.
@@ -101,9 +110,8 @@ func (d *Dispatcher) shadowPass(ctx context.Context, tx pgx.Tx, sh *shard) (bool
 		}
 		return false, nil
 	}
-	live := ShardID{Consumer: sh.id.Consumer, Instance: SharedInstance}
-	if err := tx.QueryRow(ctx, d.sql.tryLock, shardLockKey(d.store.Schema(), live)).Scan(&locked); err != nil {
-		return false, fmt.Errorf("shadow pass: lock live shard: %w", err)
+	if locked, err = d.tryLockLive(ctx, tx, sh); err != nil {
+		return false, err
 	}
 	// A live pass holds the lock for now: try again shortly, not after
 	// Recheck (a quiet log would not wake the shadow shard sooner).
@@ -125,23 +133,21 @@ func (sh *shard) shadowResult(res passResult) passResult {
 }
 
 // switchShadow makes the shadow tables live, in the pass's transaction,
-// which holds both shards' locks and has just applied everything below the
-// horizon: the shadow's cursor next is at or past the live one (which cannot
-// move while its lock is held), so readers never go back in time. The live
+// which holds the shadow's and the live shards' locks (every partition's,
+// for a partitioned consumer: rebuild_partition.go) and has just applied
+// everything below the horizon: the shadow's cursor next is at or past the
+// live one (which cannot move while its lock is held), so readers never go
+// back in time. The live
 // tables move to an "_old" schema, kept for `projector rebuild drop-old`.
 // If readers hold the live tables past SwitchLockTimeout, the switch is
 // rolled back to a savepoint and tried again by a later pass.
 func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position) (bool, error) {
 	sw := sh.shadow
-	var liveCursor projector.Position
 	c := d.store.Table("projector_consumers")
-	if err := tx.QueryRow(ctx, `SELECT cursor_tx_id, cursor_seq FROM `+c+` WHERE name = $1 AND instance_id = $2`,
-		sh.id.Consumer, SharedInstance).Scan(&liveCursor.TxID, &liveCursor.Seq); err != nil {
-		return false, fmt.Errorf("switch: read live cursor: %w", err)
+	if ok, err := d.liveBehind(ctx, tx, sh, next); !ok || err != nil {
+		return false, err
 	}
-	if next.Less(liveCursor) {
-		return false, nil // cannot happen with the live lock held; never switch backwards
-	}
+	live := instances(sw.live)
 	if _, err := tx.Exec(ctx, `SAVEPOINT projector_switch`); err != nil {
 		return false, fmt.Errorf("switch: %w", err)
 	}
@@ -183,17 +189,15 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 			status = CASE WHEN status = 'disabled' THEN 'disabled' ELSE 'idle' END, attempts = 0,
 			last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL, failed_event_id = NULL,
 			next_retry_at = NULL, replay_until_tx_id = NULL, replay_until_seq = NULL, updated_at = now()
-		WHERE name = $1 AND instance_id = $2`, sh.id.Consumer, SharedInstance, next.TxID, next.Seq, sh.proj.cfg.Version); err != nil {
-		return false, fmt.Errorf("switch: move the live cursor: %w", err)
+		WHERE name = $1 AND instance_id = ANY($2)`, sh.id.Consumer, live, next.TxID, next.Seq, sh.proj.cfg.Version); err != nil {
+		return false, fmt.Errorf("switch: move the live cursors: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM `+c+` WHERE name = $1 AND instance_id = $2`, sh.id.Consumer, RebuildInstance); err != nil {
 		return false, fmt.Errorf("switch: remove the shadow shard: %w", err)
 	}
-	// The shadow shard's dead letters are now the live model's: they move
-	// to the live shard, whose lock a retry of them takes.
-	if _, err := tx.Exec(ctx, `UPDATE `+d.store.Table("projector_dead_letters")+` SET instance_id = $2
-		WHERE consumer = $1 AND instance_id = $3 AND model_rebuild_id = $4`, sh.id.Consumer, SharedInstance, RebuildInstance, sw.rebuildID); err != nil {
-		return false, fmt.Errorf("switch: hand the shadow shard's dead letters to the live shard: %w", err)
+	// The shadow shard's dead letters are now the live model's.
+	if err := d.handOverDeadLetters(ctx, tx, sh); err != nil {
+		return false, err
 	}
 	// The live shard's open parks (ParkStream) are resolved: the shadow
 	// replayed their events through the new model's handlers, and a shadow
@@ -202,9 +206,9 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 	if _, err := tx.Exec(ctx, `WITH resolved AS (
 			UPDATE `+d.store.Table("projector_parks")+` p SET status = 'resolved', resolved_at = now(), resolved_by = $3, retry_requested_at = NULL,
 				events = (SELECT count(*) FROM `+d.store.Table("projector_parked_events")+` e WHERE e.park_id = p.id)
-			WHERE p.consumer = $1 AND p.instance_id = $2 AND p.status = 'parked' RETURNING p.id)
+			WHERE p.consumer = $1 AND p.instance_id = ANY($2) AND p.status = 'parked' RETURNING p.id)
 		DELETE FROM `+d.store.Table("projector_parked_events")+` WHERE park_id IN (SELECT id FROM resolved)`,
-		sh.id.Consumer, SharedInstance, fmt.Sprintf("rebuild %d (replayed by the switch)", sw.rebuildID)); err != nil {
+		sh.id.Consumer, live, fmt.Sprintf("rebuild %d (replayed by the switch)", sw.rebuildID)); err != nil {
 		return false, fmt.Errorf("switch: resolve the live shard's parks: %w", err)
 	}
 	// A projection with an External target is not switched until its

@@ -57,12 +57,11 @@ func (g *rebuildGauges) collectors() []prometheus.Collector {
 func rebuildProgressSQL(c, e, r string) string {
 	return `SELECT r.name, r.version, r.total_events,
 			CASE WHEN s.name IS NULL AND r.mode = 'blue-green' THEN r.total_events
-			WHEN s.name IS NULL OR (r.mode = 'in-place' AND s.replay_until_tx_id IS NULL) THEN 0
+			WHEN s.name IS NULL OR (r.mode = 'in-place' AND s.replayed) THEN 0
 			ELSE (SELECT count(*) FROM ` + e + ` e WHERE (e.tx_id, e.seq) > (s.cursor_tx_id, s.cursor_seq)
 				AND (e.tx_id, e.seq) <= (r.target_tx_id, r.target_seq)) END
 		FROM ` + r + ` r
-		LEFT JOIN ` + c + ` s ON s.name = r.name
-			AND s.instance_id = CASE WHEN r.mode = 'blue-green' THEN '` + RebuildInstance + `' ELSE '` + SharedInstance + `' END
+		` + RebuildShardSQL(c) + `
 		WHERE r.status IN ('building', 'ready') AND r.name = ANY($1)`
 }
 

@@ -82,18 +82,21 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 		fence:  `SELECT version, coalesce(last_error, '') FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `'`,
 		layout: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
 		row: `SELECT cursor_tx_id, cursor_seq, status, attempts, coalesce(failed_tx_id, '0'), coalesce(failed_seq, 0),
-				hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0), version, processed, coalesce(owner, '')
+				hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0), version, processed, coalesce(owner, ''),
+				replay_until_tx_id IS NOT NULL
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2 FOR UPDATE`,
 		failedHash: `SELECT ` + hash + ` FROM ` + store.Table("projector_events") + ` WHERE tx_id = $1 AND seq = $2`,
 		// $3 the child; $4 whether it carries the parent's failure (the
-		// failing event's stream is its), else it starts clean.
+		// failing event's stream is its), else it starts clean. Both
+		// carry the parent's replay mark (an in-place rebuild under way):
+		// the parent had handled every event of both up to it.
 		insertChild: `INSERT INTO ` + c + ` (name, instance_id, cursor_tx_id, cursor_seq, status, attempts, last_error, last_error_at,
-				failed_tx_id, failed_seq, failed_event_id, next_retry_at, version, owner)
+				failed_tx_id, failed_seq, failed_event_id, next_retry_at, version, owner, replay_until_tx_id, replay_until_seq)
 			SELECT name, $3, cursor_tx_id, cursor_seq,
 				CASE WHEN $4 OR status = 'disabled' THEN status ELSE 'idle' END, CASE WHEN $4 THEN attempts ELSE 0 END,
 				CASE WHEN $4 THEN last_error END, CASE WHEN $4 THEN last_error_at END, CASE WHEN $4 THEN failed_tx_id END,
 				CASE WHEN $4 THEN failed_seq END, CASE WHEN $4 THEN failed_event_id END, CASE WHEN $4 THEN next_retry_at END,
-				version, owner
+				version, owner, replay_until_tx_id, replay_until_seq
 			FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
 		moveDeadLetters: `UPDATE ` + store.Table("projector_dead_letters") + ` SET instance_id = ` + child + ` WHERE consumer = $1 AND instance_id = $2`,
 		moveParks:       `UPDATE ` + store.Table("projector_parks") + ` SET instance_id = ` + child + ` WHERE consumer = $1 AND instance_id = $2`,
@@ -112,7 +115,7 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 // partRow is a partition's row as a split or merge reads it, locked.
 type partRow struct {
 	cursor, failedAt, hold projector.Position
-	held                   bool
+	held, replaying        bool
 	status                 Status
 	attempts, version      int
 	processed              int64
@@ -146,7 +149,7 @@ func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]p
 		return nil, err
 	case version != PartitionedVersion:
 		return nil, fmt.Errorf("%w: consumer %s is not partitioned: declare AsyncConfig.Partitions to partition it", projector.ErrInvalidTransition, projector.Printable(consumer))
-	case strings.HasPrefix(note, keyedFence):
+	case KeyedFenceNote(note):
 		return nil, keyedLayoutFixed(consumer)
 	}
 	rows, err := tx.Query(ctx, a.split.layout, consumer)
@@ -175,7 +178,7 @@ func (a *Admin) lockPartition(ctx context.Context, tx pgx.Tx, consumer string, s
 	}
 	var r partRow
 	err := tx.QueryRow(ctx, a.split.row, consumer, id.Instance).Scan(&r.cursor.TxID, &r.cursor.Seq, &r.status, &r.attempts,
-		&r.failedAt.TxID, &r.failedAt.Seq, &r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner)
+		&r.failedAt.TxID, &r.failedAt.Seq, &r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner, &r.replaying)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return partRow{}, false, nil
 	}
@@ -380,6 +383,13 @@ func (a *Admin) holdPair(ctx context.Context, tx pgx.Tx, consumer string, p *mer
 		}
 		if err := mergeable(consumer, s, r); err != nil {
 			return err
+		}
+		if r.replaying {
+			// Each half replays its own streams up to its own mark; the
+			// parent has one cursor and one mark for both, which would
+			// count some of one half's events as replays they are not.
+			return fmt.Errorf("%w: consumer %s partition %s replays an in-place rebuild: merge once the rebuild is done (`projector rebuild list`)",
+				projector.ErrInvalidTransition, projector.Printable(consumer), s)
 		}
 		rows[i] = r
 	}

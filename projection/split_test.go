@@ -384,14 +384,15 @@ func TestPartitionSplitFollowedLive(t *testing.T) {
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Registerer: reg, MetricsEvery: 20 * time.Millisecond})
 	versions := e.appendMany(2, 300, 40)
 	e.catchUp(d)
-	series := func() []string {
+	// The lag series and the load's (partition_load.go) follow the layout.
+	series := func(name string) []string {
 		families, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}
 		var out []string
 		for _, f := range families {
-			if f.GetName() != "projector_consumer_lag_events" {
+			if f.GetName() != name {
 				continue
 			}
 			for _, m := range f.GetMetric() {
@@ -422,14 +423,16 @@ func TestPartitionSplitFollowedLive(t *testing.T) {
 		return slices.Equal(got, []string{"0/4", "1/2", "1/4"})
 	})
 	e.catchUp(d)
-	eventually(t, 30*time.Second, "the lag series are the partitions'", func() bool {
-		return slices.Equal(series(), []string{"0/4", "1/2", "1/4"})
+	eventually(t, 30*time.Second, "the lag and load series are the partitions'", func() bool {
+		return slices.Equal(series("projector_consumer_lag_events"), []string{"0/4", "1/2", "1/4"}) &&
+			slices.Equal(series("projector_partition_skew"), []string{"0/4", "1/2", "1/4"})
 	})
 	if _, err := admin.Merge(e.ctx, "live", 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the lag series follow the merge", func() bool {
-		return slices.Equal(series(), []string{"0/2", "1/2"})
+	eventually(t, 30*time.Second, "the lag and load series follow the merge", func() bool {
+		return slices.Equal(series("projector_consumer_lag_events"), []string{"0/2", "1/2"}) &&
+			slices.Equal(series("projector_partition_in_events_per_second"), []string{"0/2", "1/2"})
 	})
 	e.catchUp(d)
 	e.checkCounts("live", versions)

@@ -97,6 +97,13 @@ type ShardState struct {
 	// instance that works the partition, "" for none yet.
 	Partition, Partitions int
 	Owner                 string
+	// InRate and Skew measure a partition's load (zero on other shards): InRate
+	// is the events per second appended to its streams over the log's last
+	// [LoadWindow] events, and Skew its share of those events over an even
+	// share (1: even; [HotSkew] or more: a hot partition, see
+	// [ShardState.Hot]). Skew is zero while the window holds fewer than
+	// [MinLoadSample] events.
+	InRate, Skew float64
 	// Held says a partition waits at Hold for its sibling to merge
 	// ([Admin.Merge]): its cursor does not pass Hold. A merge that was
 	// killed leaves it held; running the merge again finishes it.
@@ -306,6 +313,9 @@ func (a *Admin) list(ctx context.Context, name, instance *string) ([]ShardState,
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list consumers: %w", err)
+	}
+	if err := a.partitionLoad(ctx, out); err != nil {
 		return nil, fmt.Errorf("list consumers: %w", err)
 	}
 	// Partitions under their consumer, in partition order (the query's

@@ -3,6 +3,7 @@ package rebuild
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -34,7 +35,8 @@ func InProgress(ctx context.Context, store *postgres.Store) ([]Rebuild, error) {
 
 // ForShard returns the active rebuild among rebuilds that shard carries
 // out, nil if none: a blue/green or inline rebuild runs on its shadow shard
-// (projection.RebuildInstance), one in place on the live shared shard. The
+// (projection.RebuildInstance), one in place on the live shared shard (and
+// a partitioned consumer's partitions). The
 // CLI's status and the console show it beside the shard.
 func ForShard(rebuilds []Rebuild, shard projection.ShardID) *Rebuild {
 	for i, r := range rebuilds {
@@ -42,7 +44,7 @@ func ForShard(rebuilds []Rebuild, shard projection.ShardID) *Rebuild {
 			continue
 		}
 		if ((r.Mode == BlueGreen || r.Mode == InlineRebuild) && shard.Instance == projection.RebuildInstance) ||
-			(r.Mode == InPlace && (shard.Instance == projection.SharedInstance || shard.Instance == "")) {
+			(r.Mode == InPlace && (shard.Instance == projection.SharedInstance || shard.Instance == "" || strings.HasPrefix(shard.Instance, projection.PartitionPrefix))) {
 			return &rebuilds[i]
 		}
 	}

@@ -27,10 +27,9 @@ func selectRebuilds(store *postgres.Store, where string) string {
 			CASE WHEN r.status IN ('building', 'ready') AND s.name IS NOT NULL THEN (SELECT count(*) FROM ` + e + ` e
 				WHERE (e.tx_id, e.seq) > (s.cursor_tx_id, s.cursor_seq) AND (e.tx_id, e.seq) <= (r.target_tx_id, r.target_seq))
 				WHEN r.status IN ('building', 'ready') AND r.mode = 'blue-green' THEN r.total_events ELSE 0 END,
-			r.mode = 'in-place' AND r.status = 'building' AND s.name IS NOT NULL AND s.replay_until_tx_id IS NULL
+			r.mode = 'in-place' AND r.status = 'building' AND s.name IS NOT NULL AND s.replayed
 		FROM ` + store.Table("projector_rebuilds") + ` r
-		LEFT JOIN ` + c + ` s ON s.name = r.name
-			AND s.instance_id = CASE WHEN r.mode = 'blue-green' THEN '` + projection.RebuildInstance + `' ELSE '` + projection.SharedInstance + `' END
+		` + projection.RebuildShardSQL(c) + `
 		` + where
 }
 

@@ -113,6 +113,11 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 		if err != nil {
 			return fmt.Errorf("partial rebuild of %s: read its consumer: %w", p.Name(), err)
 		}
+		if version == projection.PartitionedVersion {
+			// Each stream of the scope would replay up to its own
+			// partition's cursor, under that partition's lock: not built.
+			return fmt.Errorf("%w: %s is partitioned, and partial rebuilds of partitioned consumers are not built yet; rebuild it whole, blue/green (the default) or in place", ErrNotRebuildable, p.Name())
+		}
 		if version != cfg.Version {
 			return fmt.Errorf("%w: the live model of %s is version %d and this binary's projection is version %d: run the partial rebuild with the binary of the live version",
 				ErrNotRebuildable, p.Name(), version, cfg.Version)

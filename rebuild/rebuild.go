@@ -200,18 +200,28 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		if err := projection.LockShard(ctx, tx, store, live); err != nil {
 			return err
 		}
-		var status string
+		var status, note string
 		var version int
-		err = tx.QueryRow(ctx, `SELECT status, version FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
-			name, projection.SharedInstance).Scan(&status, &version)
+		err = tx.QueryRow(ctx, `SELECT status, version, coalesce(last_error, '') FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND instance_id = $2`,
+			name, projection.SharedInstance).Scan(&status, &version, &note)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, name)
 		}
 		if err != nil {
 			return fmt.Errorf("rebuild %s: %w", name, err)
 		}
-		if version == projection.PartitionedVersion {
-			return fmt.Errorf("%w: %s is partitioned, and rebuilds of partitioned consumers are not built yet (docs/scaling.md)", ErrNotRebuildable, name)
+		partitioned := version == projection.PartitionedVersion
+		if partitioned && projection.KeyedFenceNote(note) {
+			// Its partitions hold keys, not streams: the hand-over of the
+			// shadow's dead letters places them by stream (partition.go).
+			return fmt.Errorf("%w: %s is partitioned by key (a saga): its state is not read-model tables a rebuild replays", ErrNotRebuildable, name)
+		}
+		if partitioned && opts.Mode == InPlace {
+			// The fence is disabled by design; the partitions are what
+			// replays (partition.go).
+			if status, err = lockPartitions(ctx, tx, store, name); err != nil {
+				return err
+			}
 		}
 		if opts.Mode == InPlace && status == string(projection.StatusDisabled) {
 			return fmt.Errorf("%w: an in-place rebuild of %s would clear its tables for a replay no dispatcher runs; enable it first (`projector consumer enable %s`), or rebuild it blue/green", ErrDisabled, name, name)
@@ -225,7 +235,7 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 			return err
 		}
 		if opts.Mode == InPlace {
-			err = startInPlace(ctx, tx, store, name, decl)
+			err = startInPlace(ctx, tx, store, name, decl, partitioned)
 		} else {
 			err = startBlueGreen(ctx, tx, store, name, decl, id)
 		}
@@ -409,7 +419,11 @@ func insertRow(ctx context.Context, tx pgx.Tx, store *postgres.Store, name strin
 // handled them, side effects and emitted events included. Events after it
 // were never handled and are not replays, even those of transactions that
 // commit later below the log's end.
-func startInPlace(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, d decl) error {
+//
+// A partitioned consumer's partitions are rewound, each replaying up to its
+// own cursor, under every partition's lock (lockPartitions); its fence
+// stays as it is.
+func startInPlace(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string, d decl, partitioned bool) error {
 	idents := make([]string, len(d.tables))
 	for i, t := range d.tables {
 		idents[i] = qualified(t)
@@ -423,7 +437,8 @@ func startInPlace(ctx context.Context, tx pgx.Tx, store *postgres.Store, name st
 			next_retry_at = NULL, version = $3,
 			replay_until_tx_id = NULLIF(cursor_tx_id, '0'),
 			replay_until_seq = CASE WHEN cursor_tx_id = '0' THEN NULL ELSE cursor_seq END, updated_at = now()
-		WHERE name = $1 AND instance_id = $2`, name, projection.SharedInstance, d.version)
+		WHERE name = $1 AND CASE WHEN $4 THEN starts_with(instance_id, $5) ELSE instance_id = $2 END`,
+		name, projection.SharedInstance, d.version, partitioned, projection.PartitionPrefix)
 	if err != nil {
 		return fmt.Errorf("rebuild %s: rewind its consumer: %w", name, err)
 	}
