@@ -3,6 +3,7 @@ package projection_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -176,6 +178,17 @@ func TestPartitionSplitCarriesFailures(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
 	e.appendMany(2, 300, 60)
+	// A failing stream (its id ends in 7) in each of the two partitions,
+	// whichever streams the racing writers above happened to write.
+	covered := map[bool]bool{}
+	for i := 0; len(covered) < 2; i++ {
+		id := fmt.Sprintf("f-%d7", i)
+		upper := segment(t, 1, 2).Contains(postgres.StreamHash(projector.SystemTenant, "ticket", id))
+		if !covered[upper] {
+			covered[upper] = true
+			e.appendOne(id, projector.NoStream, testevents.TicketOpened{Title: id}, testevents.TicketCommented{Body: "c"})
+		}
+	}
 	failing := func(name string, mode projection.ErrorMode) *projection.Async {
 		p := projection.NewAsync(name, projection.AsyncConfig{Partitions: 2, ErrorMode: mode, MaxAttempts: 1})
 		h := countingHandler(e.schema, name)
