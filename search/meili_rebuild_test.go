@@ -127,10 +127,15 @@ func TestPromise13_MeiliRebuildSIGKILLBetweenCommitAndSwap(t *testing.T) {
 	fake := meilisearchtest.New(t)
 	b := meiliBackend(e, fake.URL(), "")
 	v1 := e.ticketProjection("ticket_search", b, projection.AsyncConfig{Version: 1})
-	e.catchUp(e.dispatcher(v1))
+	d1 := e.dispatcher(v1)
+	e.catchUp(d1)
 	rng := rand.New(rand.NewPCG(1333, uint64(time.Now().UnixNano())))
 	tenants := []string{"acme", "globex"}
 	m := e.history(rng, model{}, tenants, 30, 300)
+	// Version 1 has indexed the history before the rebuild supersedes it:
+	// the live index then has what the searches below expect to find
+	// (else a quick switch could leave it empty, which is not the point).
+	e.catchUp(d1)
 	var refuse atomic.Bool
 	refuse.Store(true)
 	fake.Refuse("POST /swap-indexes", refuse.Load)

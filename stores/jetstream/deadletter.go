@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -148,19 +147,6 @@ func CountOpenDeadLetters(ctx context.Context, store *postgres.Store) ([]OpenDea
 // beside the relaying application's. Schemas the role cannot read are
 // left out.
 func CountOpenDeadLettersInDatabase(ctx context.Context, store *postgres.Store) ([]OpenDeadLetters, error) {
-	for attempt := 1; ; attempt++ {
-		out, err := countOpenInDatabase(ctx, store)
-		// A schema dropped between finding it and counting in it: find
-		// the schemas again.
-		var pgErr *pgconn.PgError
-		if attempt < 3 && errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-			continue
-		}
-		return out, err
-	}
-}
-
-func countOpenInDatabase(ctx context.Context, store *postgres.Store) ([]OpenDeadLetters, error) {
 	// The tables of migration 0013 or later (with a status), readable.
 	rows, err := store.Pool().Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relname = 'projector_jetstream_dead_letters' AND c.relkind = 'r'
@@ -174,21 +160,28 @@ func countOpenInDatabase(ctx context.Context, store *postgres.Store) ([]OpenDead
 	if err != nil {
 		return nil, fmt.Errorf("count open jetstream dead letters: find the schemas: %w", err)
 	}
-	if len(schemas) == 0 {
-		return []OpenDeadLetters{}, nil
+	// One count per schema: a schema dropped (or a table gone) between
+	// finding it and counting in it is passed over, whatever other
+	// sessions keep creating and dropping meanwhile; a single statement
+	// over every schema would fail as a whole.
+	out := []OpenDeadLetters{}
+	for _, schema := range schemas {
+		rows, err := store.Pool().Query(ctx, `SELECT $1::text AS schema, subscription, count(*) AS open FROM `+
+			pgx.Identifier{schema, "projector_jetstream_dead_letters"}.Sanitize()+` WHERE status = 'open' GROUP BY subscription ORDER BY subscription`, schema)
+		var counts []OpenDeadLetters
+		if err == nil {
+			counts, err = collectOpen(rows)
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+			continue // dropped since it was found
+		}
+		if err != nil {
+			return nil, fmt.Errorf("count open jetstream dead letters in %q: %w", schema, err)
+		}
+		out = append(out, counts...)
 	}
-	parts := make([]string, len(schemas))
-	args := make([]any, len(schemas))
-	for i, schema := range schemas {
-		args[i] = schema
-		parts[i] = fmt.Sprintf(`SELECT $%d::text AS schema, subscription, count(*) AS open FROM %s.projector_jetstream_dead_letters WHERE status = 'open' GROUP BY subscription`,
-			i+1, pgx.Identifier{schema}.Sanitize())
-	}
-	rows, err = store.Pool().Query(ctx, strings.Join(parts, " UNION ALL ")+` ORDER BY schema, subscription`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("count open jetstream dead letters: %w", err)
-	}
-	return collectOpen(rows)
+	return out, nil
 }
 
 func collectOpen(rows pgx.Rows) ([]OpenDeadLetters, error) {

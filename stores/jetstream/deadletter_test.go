@@ -432,3 +432,34 @@ func TestMigration0013KeepsExistingDeadLettersOpen(t *testing.T) {
 		t.Fatal("the status check let 'gone' in")
 	}
 }
+
+// relay status counts open dead letters in every schema of the database;
+// schemas created and dropped meanwhile by other sessions (another
+// application's migrations, a test suite) are passed over, never an error.
+func TestCountOpenDeadLettersInDatabaseWhileSchemasChurn(t *testing.T) {
+	t.Parallel()
+	store := pgtest.Store(t, testevents.New().Registry)
+	ctx := context.Background()
+	churn := pgx.Identifier{store.Schema() + "_churn"}.Sanitize()
+	t.Cleanup(func() { _, _ = store.Pool().Exec(context.Background(), `DROP SCHEMA IF EXISTS `+churn+` CASCADE`) })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = store.Pool().Exec(ctx, `CREATE SCHEMA `+churn+`; CREATE TABLE `+churn+`.projector_jetstream_dead_letters (subscription text, status text)`)
+			_, _ = store.Pool().Exec(ctx, `DROP SCHEMA IF EXISTS `+churn+` CASCADE`)
+		}
+	})
+	defer wg.Wait()
+	defer close(stop)
+	for i := range 300 {
+		if _, err := pjs.CountOpenDeadLettersInDatabase(ctx, store); err != nil {
+			t.Fatalf("count %d while a schema is created and dropped: %v", i, err)
+		}
+	}
+}
