@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"sync/atomic"
@@ -99,6 +100,17 @@ type Config struct {
 	// (with backoff) before the instance is marked failed; default
 	// [DefaultTimeoutAttempts].
 	TimeoutAttempts int
+	// Personal declares the state's personal fields and its data subject's
+	// id field, by top-level JSON name, as an event type's TypeConfig does
+	// for a payload: the saga stores those fields of an instance's state
+	// sealed under the subject's key, never in the clear, and opens them
+	// when it loads the instance, so forgetting the subject reaches them
+	// too: after a forget they load as zero values and the instance keeps
+	// running. Checked by New against S. A step that leaves personal fields
+	// set while the subject field is empty fails ([ErrInvalidStep]): there
+	// is no key to seal them under. A state that copies personal fields
+	// from events must declare them (docs/privacy.md).
+	Personal projector.Personal
 }
 
 // Saga is a saga (process manager) type: a name, a typed state S kept per
@@ -126,6 +138,8 @@ type Saga[S any] struct {
 	deadLettered atomic.Int64
 	// parked counts the instances ParkStream parked.
 	parked atomic.Int64
+	// zeroPersonal holds the zero state's personal fields (Config.Personal).
+	zeroPersonal map[string]json.RawMessage
 }
 
 // route is how one event type reaches an instance.
@@ -174,6 +188,12 @@ func New[S any](name string, cfg Config) *Saga[S] {
 		s.fail(errors.New("RawPayloads: saga handlers are typed and need decoded payloads"))
 	case cfg.TimeoutAttempts < 1:
 		s.fail(fmt.Errorf("timeout attempts %d below 1", cfg.TimeoutAttempts))
+	}
+	if err := cfg.Personal.Check(reflect.TypeFor[S]()); err != nil {
+		s.fail(fmt.Errorf("state personal fields (Config.Personal): %w", err))
+	}
+	if s.sealed() {
+		s.zeroPersonal = zeroPersonal[S](cfg.Personal)
 	}
 	return s
 }
@@ -622,9 +642,16 @@ func (s *Saga[S]) decision(in *Instance[S], reg *projector.Registry) (Decision[S
 			d.Commands = append(d.Commands, CommandOp{Aggregate: o.aggregate, Stream: o.stream})
 		}
 	}
-	if _, err := json.Marshal(in.State); err != nil {
+	data, err := json.Marshal(in.State)
+	if err != nil {
 		in.setErr(fmt.Errorf("encode state: %w", err))
 		return Decision[S]{}, in.err
+	}
+	if s.sealed() {
+		if _, err := s.sealable(data); err != nil {
+			in.setErr(err)
+			return Decision[S]{}, in.err
+		}
 	}
 	return d, nil
 }

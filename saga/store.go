@@ -1,6 +1,7 @@
 package saga
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -183,7 +184,7 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 			distinct = append(distinct, key)
 		}
 	}
-	instances, err := s.lockInstances(ctx, q, tx, b.Tenant, distinct)
+	instances, err := s.lockInstances(ctx, store, q, tx, b.Tenant, distinct)
 	if err != nil {
 		return err
 	}
@@ -209,7 +210,7 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 				s.ignored.Add(1)
 				continue
 			}
-			if in, isNew, err = s.start(ctx, q, tx, b.Tenant, keys[i], ev); err != nil {
+			if in, isNew, err = s.start(ctx, store, q, tx, b.Tenant, keys[i], ev); err != nil {
 				return err
 			}
 			instances[keys[i]] = in
@@ -237,7 +238,7 @@ func (s *Saga[S]) handleBatch(ctx context.Context, store *postgres.Store, q quer
 		return err
 	}
 	for _, in := range order {
-		if err := s.queueSave(q, wb, in); err != nil {
+		if err := s.queueSave(ctx, store, q, tx, wb, in); err != nil {
 			return err
 		}
 		if in.failure != "" {
@@ -308,7 +309,7 @@ func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx
 
 // lockInstances reads and row-locks the instances of keys, in id order so
 // two transactions locking overlapping sets cannot deadlock on them.
-func (s *Saga[S]) lockInstances(ctx context.Context, q queries, tx pgx.Tx, tenant string, keys []string) (map[string]*live[S], error) {
+func (s *Saga[S]) lockInstances(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, tenant string, keys []string) (map[string]*live[S], error) {
 	out := make(map[string]*live[S], len(keys))
 	rows, err := tx.Query(ctx, q.lockMany, s.name, tenant, keys)
 	if err != nil {
@@ -316,17 +317,31 @@ func (s *Saga[S]) lockInstances(ctx context.Context, q queries, tx pgx.Tx, tenan
 	}
 	var state []byte
 	in := &live[S]{}
+	// Sealed states are opened once the rows are read: opening reads keys.
+	var sealed map[*live[S]][]byte
 	_, err = pgx.ForEachRow(rows, []any{&in.snap.ID, &in.snap.Key, &in.snap.CorrelationID, &in.snap.Status, &in.snap.Version, &state}, func() error {
 		l := &live[S]{snap: in.snap, version: in.snap.Version}
 		l.snap.Tenant = tenant
+		out[l.snap.Key] = l
+		if s.sealed() && projector.IsSealed(state) {
+			if sealed == nil {
+				sealed = map[*live[S]][]byte{}
+			}
+			sealed[l] = bytes.Clone(state)
+			return nil
+		}
 		if err := json.Unmarshal(state, &l.snap.State); err != nil {
 			return fmt.Errorf("decode state of %q: %w", l.snap.Key, err)
 		}
-		out[l.snap.Key] = l
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("saga %q: lock instances: %w", s.name, err)
+	}
+	for l, data := range sealed {
+		if l.snap.State, err = s.decodeState(ctx, store, tx, tenant, data); err != nil {
+			return nil, fmt.Errorf("saga %q: lock instances: decode state of %q: %w", s.name, l.snap.Key, err)
+		}
 	}
 	return out, nil
 }
@@ -334,7 +349,7 @@ func (s *Saga[S]) lockInstances(ctx context.Context, q queries, tx pgx.Tx, tenan
 // start inserts the instance of key for start event ev. When another
 // transaction inserted it first, the unique constraint makes the insert do
 // nothing, and that instance is locked and returned instead (isNew false).
-func (s *Saga[S]) start(ctx context.Context, q queries, tx pgx.Tx, tenant, key string, ev projector.Event) (*live[S], bool, error) {
+func (s *Saga[S]) start(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, tenant, key string, ev projector.Event) (*live[S], bool, error) {
 	var zero S
 	state, err := json.Marshal(zero)
 	if err != nil {
@@ -351,7 +366,7 @@ func (s *Saga[S]) start(ctx context.Context, q queries, tx pgx.Tx, tenant, key s
 	if tag.RowsAffected() == 1 {
 		return &live[S]{snap: snap}, true, nil
 	}
-	snap, found, err := s.lockInstance(ctx, q, tx, tenant, key)
+	snap, found, err := s.lockInstance(ctx, store, q, tx, tenant, key)
 	if err != nil {
 		return nil, false, err
 	}
@@ -362,9 +377,11 @@ func (s *Saga[S]) start(ctx context.Context, q queries, tx pgx.Tx, tenant, key s
 }
 
 // queueSave queues the write of a touched instance's final state, version,
-// status and late-event count, checked against the version it was read at.
-func (s *Saga[S]) queueSave(q queries, wb *pgx.Batch, in *live[S]) error {
-	state, err := json.Marshal(in.snap.State)
+// status and late-event count, checked against the version it was read at;
+// sealing the state's personal fields reads (or creates) the subject's key
+// in tx.
+func (s *Saga[S]) queueSave(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, wb *pgx.Batch, in *live[S]) error {
+	state, err := s.encodeState(ctx, store, tx, in.snap.Tenant, in.snap.State)
 	if err != nil {
 		return fmt.Errorf("saga %q, instance %q: encode state: %w", s.name, in.snap.Key, err)
 	}
@@ -378,7 +395,7 @@ func (s *Saga[S]) queueSave(q queries, wb *pgx.Batch, in *live[S]) error {
 }
 
 // lockInstance reads and row-locks the instance of key.
-func (s *Saga[S]) lockInstance(ctx context.Context, q queries, tx pgx.Tx, tenant, key string) (Snapshot[S], bool, error) {
+func (s *Saga[S]) lockInstance(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, tenant, key string) (Snapshot[S], bool, error) {
 	snap := Snapshot[S]{Key: key, Tenant: tenant}
 	var state []byte
 	err := tx.QueryRow(ctx, q.lock, s.name, tenant, key).Scan(&snap.ID, &snap.CorrelationID, &snap.Status, &snap.Version, &state)
@@ -388,7 +405,7 @@ func (s *Saga[S]) lockInstance(ctx context.Context, q queries, tx pgx.Tx, tenant
 	if err != nil {
 		return snap, false, fmt.Errorf("saga %q: lock instance %q: %w", s.name, key, err)
 	}
-	if err := json.Unmarshal(state, &snap.State); err != nil {
+	if snap.State, err = s.decodeState(ctx, store, tx, tenant, state); err != nil {
 		return snap, false, fmt.Errorf("saga %q: decode state of %q: %w", s.name, key, err)
 	}
 	return snap, true, nil
@@ -550,11 +567,12 @@ func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q quer
 	ctx, span := startTimeout(ctx, tracer, s, c)
 	defer func() { endSpan(span, err) }()
 	snap := c.snap
-	if err := json.Unmarshal(c.state, &snap.State); err != nil {
-		return false, fmt.Errorf("saga %q: decode state of %q: %w", s.name, snap.Key, err)
-	}
 	if err := scopeTo(ctx, store, tx, scope, snap.Tenant); err != nil {
 		return false, err
+	}
+	// After scoping: opening sealed personal fields reads the tenant's keys.
+	if snap.State, err = s.decodeState(ctx, store, tx, snap.Tenant, c.state); err != nil {
+		return false, fmt.Errorf("saga %q: decode state of %q: %w", s.name, snap.Key, err)
 	}
 	ctx = projector.WithActor(ctx, "saga:"+s.name)
 	d, err := s.DecideTimeout(ctx, store.Registry(), snap, c.t, now)
@@ -575,7 +593,7 @@ func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q quer
 		return immediate, err // without appends, nothing was sent yet
 	}
 	wb.Queue(q.fired, c.t.ID)
-	if err := s.queueSave(q, wb, in); err != nil {
+	if err := s.queueSave(ctx, store, q, tx, wb, in); err != nil {
 		return immediate, err
 	}
 	wb.Queue("RELEASE SAVEPOINT projector_saga_timeout")
