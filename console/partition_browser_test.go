@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,7 +16,8 @@ import (
 // A partitioned consumer shows as one row with its partitions under it,
 // in partition order: each with its cursor, lag, owner instance and rate,
 // and the hot one (a stream far busier than the rest) marked with its
-// skew, which the consumer's row counts. The consumer's row (the fence)
+// skew, which the consumer's row counts; partitions a merge holds (here one
+// killed after it set its holds) say where. The consumer's row (the fence)
 // offers no transition, which it would refuse, but the rebuild; a
 // partition's buttons act on that partition. An owner name holding markup
 // is shown as text.
@@ -48,6 +50,26 @@ func TestBrowserPartitionsUnderConsumer(t *testing.T) {
 	if _, err := e.store.Pool().Exec(e.ctx, `UPDATE `+e.store.Table("projector_consumers")+` SET owner = $2 WHERE name = 'tickets' AND instance_id = $1`,
 		projection.PartitionInstance(3, 4), hostile); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := e.store.Pool().Exec(e.ctx, `UPDATE `+e.store.Table("projector_consumers")+` SET hold_tx_id = cursor_tx_id, hold_seq = cursor_seq
+		WHERE name = 'tickets' AND instance_id = ANY($1)`, []string{projection.PartitionInstance(2, 4), projection.PartitionInstance(3, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	holds := map[int]string{}
+	shards, err := e.admin.List(e.ctx, "tickets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range shards {
+		if s.Held {
+			holds[s.Partition] = s.Hold.String()
+			if s.Hold.Seq == math.MaxInt64 {
+				holds[s.Partition] = strconv.FormatUint(s.Hold.TxID, 10) + "/max" // as the cursor column writes a horizon
+			}
+		}
+	}
+	if len(holds) != 2 {
+		t.Fatalf("holds set on %v, want partitions 2 and 3", holds)
 	}
 
 	b := newBrowser(t, 1280, 900)
@@ -86,6 +108,12 @@ func TestBrowserPartitionsUnderConsumer(t *testing.T) {
 			if !strings.Contains(text, want) {
 				t.Errorf("partition %d row lacks %q: %q", p, want, text)
 			}
+		}
+		held := eval[string](b, `(document.querySelector('`+sel+` .held') || {}).textContent || ""`)
+		if want, ok := holds[p]; ok && held != "held at "+want+" (merge)" {
+			t.Errorf("partition %d held at %s shows %q, want \"held at %s (merge)\"", p, want, held, want)
+		} else if !ok && held != "" {
+			t.Errorf("partition %d, not held, shows %q", p, held)
 		}
 	}
 	if got := eval[string](b, `document.querySelector('tr.shard.part[data-partition="3"] .owner').textContent`); !strings.Contains(got, hostile) {
