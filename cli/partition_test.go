@@ -12,25 +12,33 @@ import (
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// Partitions show under their consumer (cursor, lag, owner); consumer
-// commands take a range-checked --partition (exit 2 outside it); restart
-// without it acts on the dead partitions only; the fence row refuses
-// transitions.
-func TestConsumerPartitions(t *testing.T) {
-	t.Parallel()
+// registeredPartitions returns a store on which a dispatcher (instance id
+// instance) registered the consumers named, each handling ticket.opened
+// with nothing: the first with cfg, the others unpartitioned.
+func registeredPartitions(t *testing.T, instance string, cfg projection.AsyncConfig, names ...string) (testevents.Types, *postgres.Store) {
+	t.Helper()
 	types := testevents.New()
 	store := pgtest.Store(t, types.Registry)
 	ctx := context.Background()
 	if err := store.CreatePartitionIndex(ctx); err != nil {
 		t.Fatal(err)
 	}
-	p := projection.NewAsync("parts", projection.AsyncConfig{Partitions: 4})
-	if err := projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
-		t.Fatal(err)
+	var projections []*projection.Async
+	for i, name := range names {
+		c := projection.AsyncConfig{}
+		if i == 0 {
+			c = cfg
+		}
+		p := projection.NewAsync(name, c)
+		if err := projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		projections = append(projections, p)
 	}
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, InstanceID: "cli-test"})
+	d, err := projection.New(projection.Config{Store: store, Projections: projections, InstanceID: instance})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,6 +48,17 @@ func TestConsumerPartitions(t *testing.T) {
 	if err := d.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return types, store
+}
+
+// Partitions show under their consumer (cursor, lag, owner); consumer
+// commands take a range-checked --partition (exit 2 outside it); restart
+// without it acts on the dead partitions only; the fence row refuses
+// transitions.
+func TestConsumerPartitions(t *testing.T) {
+	t.Parallel()
+	types, store := registeredPartitions(t, "cli-test", projection.AsyncConfig{Partitions: 4}, "parts")
+	ctx := context.Background()
 	if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET status = 'dead', attempts = 3 WHERE name = 'parts' AND instance_id = $1`,
 		projection.PartitionInstance(2, 4)); err != nil {
 		t.Fatal(err)
@@ -86,30 +105,8 @@ func TestConsumerPartitions(t *testing.T) {
 // (exit 2), and a refusal (exit 3) for what cannot change.
 func TestConsumerSplitMerge(t *testing.T) {
 	t.Parallel()
-	types := testevents.New()
-	store := pgtest.Store(t, types.Registry)
+	types, store := registeredPartitions(t, "cli-split", projection.AsyncConfig{Partitions: 2}, "parts", "plain")
 	ctx := context.Background()
-	if err := store.CreatePartitionIndex(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p := projection.NewAsync("parts", projection.AsyncConfig{Partitions: 2})
-	if err := projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	u := projection.NewAsync("plain", projection.AsyncConfig{})
-	if err := projection.OnEvent(u, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p, u}, InstanceID: "cli-split"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
 	run := func(want int, args ...string) string {
 		t.Helper()
 		out, code := runIn(t, store.Schema(), types.Registry, args...)
@@ -169,26 +166,8 @@ func TestConsumerSplitMerge(t *testing.T) {
 // in `status` and `consumer status`, and in -o json; the others are not.
 func TestStatusShowsHotPartition(t *testing.T) {
 	t.Parallel()
-	types := testevents.New()
-	store := pgtest.Store(t, types.Registry)
+	types, store := registeredPartitions(t, "skew-test", projection.AsyncConfig{Partitions: 4}, "skewed")
 	ctx := context.Background()
-	if err := store.CreatePartitionIndex(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p := projection.NewAsync("skewed", projection.AsyncConfig{Partitions: 4})
-	if err := projection.OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, InstanceID: "skew-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
 	hot := make([]any, 300)
 	for i := range hot {
 		hot[i] = testevents.TicketCommented{Body: "busy"}
