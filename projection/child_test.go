@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -68,7 +67,7 @@ func childProjections(store *postgres.Store, types testevents.Types, batch int, 
 // runChild is the child's main: run the dispatcher until SIGTERM, then stop
 // gracefully.
 func runChild() int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, stop := pgtest.ChildContext()
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))

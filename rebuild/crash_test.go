@@ -5,9 +5,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,7 +30,7 @@ const (
 )
 
 func runChild() int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, stop := pgtest.ChildContext()
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -42,7 +41,7 @@ const (
 )
 
 func runChild() int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, stop := pgtest.ChildContext()
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))

@@ -5,9 +5,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +34,7 @@ const (
 
 // runChild is the child's main: index until SIGTERM (or SIGKILL).
 func runChild() int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	ctx, stop := pgtest.ChildContext()
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	fail := func(what string, err error) int {

@@ -6,12 +6,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -111,7 +109,7 @@ func forgetMaster() *postgres.MasterKey {
 // runForgetChild is the forget child's main: dispatch until SIGTERM (or
 // SIGKILL).
 func runForgetChild() int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	ctx, stop := pgtest.ChildContext()
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	fail := func(what string, err error) int {

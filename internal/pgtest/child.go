@@ -2,14 +2,33 @@ package pgtest
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
+
+// childReady is the line a child prints once SIGTERM reaches its context
+// instead of killing it (ChildContext). Before that line a SIGTERM is the
+// default action, death by signal, which Terminate must not mistake for an
+// unclean stop of a child that had not started yet.
+const childReady = "pgtest: child handles SIGTERM"
+
+// ChildContext is a child's main context: cancelled on SIGTERM or an
+// interrupt. It tells the parent (on stderr) that from now on SIGTERM
+// stops the child gracefully, so Terminate can wait for that first.
+func ChildContext() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	fmt.Fprintln(os.Stderr, childReady)
+	return ctx, stop
+}
 
 // Child is the test binary run again as a helper process — a dispatcher, a
 // rebuilder — so a test can kill a real process (SIGKILL) or run several
@@ -59,9 +78,23 @@ func (c *Child) Kill(t testing.TB) {
 }
 
 // Terminate stops the child with SIGTERM and fails the test unless it
-// exits cleanly within a minute.
+// exits cleanly within a minute. A child started with ChildContext gets
+// the signal only once it handles it: a test that is done with a child
+// before the child got that far (its work was done by those before it)
+// would otherwise see it die by the signal.
 func (c *Child) Terminate(t testing.TB) {
 	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(c.out.String(), childReady) {
+		select {
+		case <-c.done:
+			t.Fatalf("child %d ended before SIGTERM: %v\n%s", c.cmd.Process.Pid, c.cmd.ProcessState, c.out.String())
+		case <-time.After(5 * time.Millisecond): // polling the child's output
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("child %d did not install its SIGTERM handler within a minute\n%s", c.cmd.Process.Pid, c.out.String())
+		}
+	}
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
