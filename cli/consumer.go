@@ -60,6 +60,11 @@ type ShardJSON struct {
 	// Hold is where a partition waits for its sibling to merge
 	// (`consumer merge`), absent when no merge is under way.
 	Hold string `json:"hold,omitempty"`
+	// Partitioned is, on a partitioned consumer's fence row (role
+	// partition-fence, status "partitioned"), its partitions' aggregate;
+	// the row's cursor is then the slowest partition's and its lag the
+	// partitions' sum (cli/fence.go).
+	Partitioned *PartitionsJSON `json:"partitioned,omitempty"`
 	// ParkedStreams counts the shard's open parks (`parked list`).
 	ParkedStreams int64 `json:"parked_streams"`
 }
@@ -500,7 +505,7 @@ the registered ones.`
 				return err
 			}
 			return a.withAdmin(cmd, func(admin *projection.Admin) error {
-				id, _, err := shardOf(cmd, admin, args[0])
+				id, parts, err := shardOf(cmd, admin, args[0])
 				if err != nil {
 					return err
 				}
@@ -508,10 +513,19 @@ the registered ones.`
 				if err != nil {
 					return unknownConsumer(cmd.Context(), admin, args[0], err)
 				}
+				var fence *fenceSummary
+				if st.Fence() {
+					// The consumer as its partitions make it (cli/fence.go).
+					f := summarizeFence(st, parts)
+					fence = &f
+				}
 				if asJSON {
+					if fence != nil {
+						return writeJSON(a.out, fence.json())
+					}
 					return writeJSON(a.out, toJSON(st))
 				}
-				return writeShard(a.out, st)
+				return writeShard(a.out, st, fence)
 			})
 		},
 	}
@@ -583,8 +597,14 @@ the registered ones.`
 	return root
 }
 
-func writeShard(w io.Writer, s projection.ShardState) error {
+// writeShard renders one shard for `consumer status`; fence, when the
+// shard is a partitioned consumer's fence row, is what it stands for.
+func writeShard(w io.Writer, s projection.ShardState, fence *fenceSummary) error {
 	now := time.Now()
+	status := string(s.Status)
+	if fence != nil {
+		s, status = fence.shard, fence.statusCell()
+	}
 	return writeTable(w, func(tw io.Writer) {
 		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 		row("consumer", projector.Printable(s.Consumer))
@@ -601,9 +621,10 @@ func writeShard(w io.Writer, s projection.ShardState) error {
 			}
 		}
 		if s.Fence() {
-			row("role", "fence of a partitioned consumer: keeps binaries that do not know partitions from running it (see its partitions with --partition)")
+			row("role", "a partitioned consumer: its row here only fences binaries that do not know partitions (stored as disabled); "+
+				"the rows below are its partitions' aggregate: cursor the slowest partition's, lag their sum (each one: --partition P/N)")
 		}
-		row("status", string(s.Status))
+		row("status", status)
 		row("dispatcher", dispatcher(s, now))
 		if !s.LastSeen.IsZero() {
 			row("last seen", timestamp(s.LastSeen, now))

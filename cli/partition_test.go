@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,6 +81,7 @@ func TestConsumerPartitions(t *testing.T) {
 	if i0, i3 := strings.Index(out, "partition 0/4"), strings.Index(out, "partition 3/4"); i0 > i3 {
 		t.Errorf("partitions out of order:\n%s", out)
 	}
+	checkFenceShown(t, run, out)
 	run(2, "consumer", "status", "parts", "--partition", "4")
 	run(2, "consumer", "status", "parts", "--partition", "-1")
 	run(2, "consumer", "status", "parts", "--partition", "x")
@@ -226,5 +228,49 @@ func TestStatusShowsHotPartition(t *testing.T) {
 	}
 	if out := run("status", "-o", "json"); !strings.Contains(out, `"skew"`) || !strings.Contains(out, `"hot": true`) || !strings.Contains(out, `"in_per_second"`) {
 		t.Errorf("status -o json lacks rate, skew and hot:\n%s", out)
+	}
+}
+
+// checkFenceShown checks that the fence row of consumer "parts" (4
+// partitions, 2/4 dead) shows as the partitioned consumer it stands for,
+// never as the "disabled" it is stored as: in `status`, `consumer status`
+// and both -o json.
+func checkFenceShown(t *testing.T, run func(int, ...string) string, status string) {
+	t.Helper()
+	for line := range strings.Lines(status) {
+		if strings.Contains(line, "(partitioned: fence)") {
+			if strings.Contains(line, "disabled") || !strings.Contains(line, "partitioned (4: 1 dead)") || strings.Contains(line, "partitioned into") {
+				t.Errorf("status shows the fence as %q; want partitioned (4: 1 dead), without the fence's note", line)
+			}
+		}
+	}
+	out := run(0, "consumer", "status", "parts")
+	if strings.Contains(out, "disabled\n") || !strings.Contains(out, "partitioned (4: 1 dead)") {
+		t.Errorf("consumer status of the partitioned consumer:\n%s", out)
+	}
+	var shard ShardJSON
+	if err := json.Unmarshal([]byte(run(0, "consumer", "status", "parts", "-o", "json")), &shard); err != nil {
+		t.Fatal(err)
+	}
+	if shard.Status != StatusPartitioned || shard.Partitioned == nil || shard.Partitioned.Count != 4 ||
+		shard.Partitioned.Statuses["dead"] != 1 || shard.Partitioned.Statuses["idle"] != 3 || shard.Partitioned.StoredStatus != "disabled" ||
+		shard.Role != RolePartitionFence || shard.LastError != "" {
+		t.Errorf("consumer status -o json: %+v (partitioned %+v)", shard, shard.Partitioned)
+	}
+	var all StatusJSON
+	if err := json.Unmarshal([]byte(run(0, "status", "-o", "json")), &all); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range all.Shards {
+		if s.Role == RolePartitionFence && s.Consumer == "parts" {
+			found = true
+			if s.Status != StatusPartitioned || s.Partitioned == nil || s.Partitioned.Count != 4 || s.Partitioned.Statuses["dead"] != 1 {
+				t.Errorf("status -o json shows the fence as %+v (partitioned %+v)", s, s.Partitioned)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("status -o json has no fence row for parts: %+v", all.Shards)
 	}
 }

@@ -93,7 +93,14 @@ docs/jetstream.md.`,
 					st.LastTime.UTC().Format(time.RFC3339), st.DuplicateWindow); err != nil {
 					return err
 				}
-				if err := a.writeRelayShard(st.Relay, consumer, store.Schema()); err != nil {
+				relay := st.Relay
+				status := ""
+				if relay != nil && relay.Fence() {
+					// The relay as its partitions make it (cli/fence.go).
+					f := summarizeFence(*relay, st.Partitions)
+					relay, status = &f.shard, f.statusCell()
+				}
+				if err := a.writeRelayShard(relay, status, consumer, store.Schema()); err != nil {
 					return err
 				}
 				if err := a.writeRelayPartitions(st.Partitions); err != nil {
@@ -133,7 +140,9 @@ func streamNotFound(ctx context.Context, js natsjs.JetStream, stream, url string
 
 // writeRelayShard prints the relay's shard for `relay status`, or where it
 // is not: the schema read may be a claims consumer's.
-func (a *App) writeRelayShard(r *projection.ShardState, consumer, schema string) error {
+// status, when not empty, replaces the shard's own (a partitioned relay's
+// fence row).
+func (a *App) writeRelayShard(r *projection.ShardState, status, consumer, schema string) error {
 	if r == nil {
 		_, err := fmt.Fprintf(a.out, "RELAY %s\n  not in schema %s (a claims consumer's schema?): pass the relaying application's --schema for the relay's lag\n",
 			projector.Printable(consumer), projector.Printable(schema))
@@ -145,7 +154,7 @@ func (a *App) writeRelayShard(r *projection.ShardState, consumer, schema string)
   lag               %d events, oldest %.1fs
   attempts          %d
   last error        %s
-`, projector.Printable(r.Consumer), r.Status, r.Dispatcher, cursor(r.Cursor), r.LagEvents, r.LagSeconds, r.Attempts,
+`, projector.Printable(r.Consumer), cmp.Or(status, string(r.Status)), r.Dispatcher, cursor(r.Cursor), r.LagEvents, r.LagSeconds, r.Attempts,
 		cmp.Or(text(r.LastError, 300), "-"))
 	return err
 }

@@ -131,6 +131,9 @@ func shardsJSON(shards []projection.ShardState, rebuilds []rebuild.Rebuild) []Sh
 	out := make([]ShardJSON, len(shards))
 	for i, s := range shards {
 		out[i] = toJSON(s)
+		if s.Fence() {
+			out[i] = summarizeFence(s, shards).json()
+		}
 		out[i].Rebuild = shardRebuildJSON(rebuildOf(s, rebuilds))
 	}
 	return out
@@ -175,7 +178,12 @@ func WriteStatusWithRebuilds(w io.Writer, shards []projection.ShardState, rebuil
 		fmt.Fprintln(tw, "CONSUMER\tINSTANCE\tSTATUS\tDISPATCHER\tCURSOR\tLAG\tLAG AGE\tATTEMPTS\tLAST ERROR")
 		for _, s := range shards {
 			r := rebuildOf(s, rebuilds)
-			status, lagAge := shardStatusCell(s, r), age(s.LagSeconds)
+			status := shardStatusCell(s, r)
+			if s.Fence() {
+				f := summarizeFence(s, shards)
+				s, status = f.shard, f.statusCell()
+			}
+			lagAge := age(s.LagSeconds)
 			if s.Instance == projection.RebuildInstance {
 				// The age of the oldest event a shadow has still to replay
 				// is the log's age, not a delay: its progress says more.
