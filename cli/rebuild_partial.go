@@ -98,7 +98,16 @@ func (a *App) runPartial(cmd *cobra.Command, name string, f *partialFlags) error
 		if err != nil {
 			return rebuildError(err)
 		}
-		fmt.Fprintf(a.out, "partial rebuild of %s, %s: %d events replayed up to %s", res.Name, res.Scope, res.Events, res.Until)
+		if len(res.Partitions) > 0 {
+			// Each stream up to its own partition's cursor.
+			fmt.Fprintf(a.out, "partial rebuild of %s, %s: %d events replayed, each stream up to its partition's cursor (%d partitions, the latest at %s)",
+				res.Name, res.Scope, res.Events, len(res.Partitions), res.Until)
+			if res.LeftToLive > 0 {
+				fmt.Fprintf(a.out, ", %d events after their partition's cursor left to it", res.LeftToLive)
+			}
+		} else {
+			fmt.Fprintf(a.out, "partial rebuild of %s, %s: %d events replayed up to %s", res.Name, res.Scope, res.Events, res.Until)
+		}
 		if res.DeadLettered > 0 {
 			fmt.Fprintf(a.out, ", %d dead-lettered", res.DeadLettered)
 		}

@@ -62,6 +62,15 @@ func (e *ReplayError) Unwrap() error { return e.Err }
 // ends scoped to the system tenant. logger receives the panics of handlers;
 // nil means slog.Default().
 func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, events []projector.Event, logger *slog.Logger) (ReplayResult, error) {
+	return ReplayShardTx(ctx, tx, store, p, SharedInstance, events, logger)
+}
+
+// ReplayShardTx is [ReplayTx] for one shard of p, named by its instance
+// id: a partition of a partitioned consumer ([PartitionInstance]) keeps its
+// dead letters under its own id, so the dead letters looked up, recorded
+// and resolved are that shard's. Every event must belong to that shard (a
+// partition's streams); the caller holds its lock.
+func ReplayShardTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, instance string, events []projector.Event, logger *slog.Logger) (ReplayResult, error) {
 	var res ReplayResult
 	if err := p.Validate(store.Registry()); err != nil {
 		return res, err
@@ -70,7 +79,7 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 		logger = slog.Default()
 	}
 	d := &Dispatcher{store: store, logger: logger, sql: buildDispatchSQL(store)}
-	sh := &shard{id: ShardID{Consumer: p.name, Instance: SharedInstance}, proj: p}
+	sh := &shard{id: ShardID{Consumer: p.name, Instance: instance}, proj: p}
 	handlerCtx, cancel := context.WithTimeout(ctx, p.cfg.BatchTimeout)
 	defer cancel()
 	// The scope is unknown: the caller's transaction may be scoped to any
@@ -131,7 +140,7 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, e
 		tag, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_dead_letters")+` SET status = 'resolved', resolved_at = now(),
 				retry_requested_at = NULL
 			WHERE consumer = $1 AND instance_id = $2 AND status = 'open' AND event_id = ANY($3) AND model_rebuild_id = `+liveModel(store, "$1"),
-			p.name, SharedInstance, applied)
+			p.name, instance, applied)
 		if err != nil {
 			return res, fmt.Errorf("replay: resolve the dead letters of applied events: %w", err)
 		}

@@ -42,6 +42,14 @@ type PartialResult struct {
 	// live consumer; Held how long it then held the consumer still (and
 	// its transaction open) while it cleared and replayed the scope.
 	LockWait, Held time.Duration
+	// Partitions are, for a partitioned consumer, the partitions the
+	// scope touched (a stream's one, a tenant's every one) and each one's
+	// cursor: its streams were rebuilt up to it, and Until is the latest
+	// of them. LeftToLive counts the scope's events after their own
+	// partition's cursor (but not after Until): not replayed, the live
+	// partition applies them after the rebuild, as it would have.
+	Partitions []PartitionCursor
+	LeftToLive int
 }
 
 // Partial rebuilds what one tenant or one stream contributed to p's live
@@ -68,6 +76,14 @@ type PartialResult struct {
 // back every consumer's horizon until it commits: PartialResult.Held says
 // for how long (docs/rebuilds.md has measured figures). A failure of any
 // step rolls everything back; the model is as it was.
+//
+// A partitioned consumer (AsyncConfig.Partitions) is rebuilt the same way
+// with one difference: each stream has its own partition's cursor, so step
+// 1 waits, after the consumer's fence lock (which keeps splits and merges
+// out), for the lock of every partition the scope touches — a stream's
+// one, a tenant's all — and step 4 replays each stream up to its own
+// partition's cursor (partial_partition.go). A consumer partitioned by key
+// (a saga) is refused.
 func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, scope projection.Scope, opts PartialOptions) (PartialResult, error) {
 	res := PartialResult{Name: p.Name(), Scope: scope}
 	cfg := p.Config()
@@ -94,6 +110,9 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 	if err := p.CheckScope(scope); err != nil {
 		return res, fmt.Errorf("%w: %w", ErrNotRebuildable, err)
 	}
+	if cfg.PartitionKey != nil {
+		return res, fmt.Errorf("%w: %s is partitioned by key (AsyncConfig.PartitionKey, as sagas are), not by stream: its partitions cannot be told from a scope's streams", ErrNotRebuildable, p.Name())
+	}
 	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 		if err := checkPruned(ctx, tx, store, p.Name(), p.EventTypes()); err != nil {
 			return err
@@ -114,43 +133,14 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 			return fmt.Errorf("partial rebuild of %s: read its consumer: %w", p.Name(), err)
 		}
 		if version == projection.PartitionedVersion {
-			// Each stream of the scope would replay up to its own
-			// partition's cursor, under that partition's lock: not built.
-			return fmt.Errorf("%w: %s is partitioned, and partial rebuilds of partitioned consumers are not built yet; rebuild it whole, blue/green (the default) or in place", ErrNotRebuildable, p.Name())
-		}
-		if version != cfg.Version {
-			return fmt.Errorf("%w: the live model of %s is version %d and this binary's projection is version %d: run the partial rebuild with the binary of the live version",
-				ErrNotRebuildable, p.Name(), version, cfg.Version)
-		}
-		if err := projection.ClearScopeTx(ctx, tx, store, p, scope); err != nil {
-			if errors.Is(err, projection.ErrScopeUnsupported) {
-				return fmt.Errorf("%w: %w", ErrNotRebuildable, err)
+			// Each stream of the scope replays up to its own
+			// partition's cursor, under that partition's lock.
+			res.Until = projector.Position{}
+			if err := partialPartitioned(ctx, tx, store, p, scope, batch, logger, &res); err != nil {
+				return err
 			}
+		} else if err := partialShard(ctx, tx, store, p, scope, batch, logger, version, &res); err != nil {
 			return err
-		}
-		cur, err := store.OpenScopeTx(ctx, tx, postgres.ScopeQuery{Tenant: scope.Tenant, StreamType: scope.StreamType, StreamID: scope.StreamID,
-			EventTypes: p.EventTypes(), Until: res.Until, Raw: true})
-		if err != nil {
-			return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
-		}
-		for {
-			events, err := cur.Next(ctx, batch)
-			if err != nil {
-				return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
-			}
-			if len(events) == 0 {
-				break
-			}
-			r, err := projection.ReplayTx(ctx, tx, store, p, events, logger)
-			res.Events += r.Applied + r.DeadLettered
-			res.DeadLettered += r.DeadLettered
-			res.ResolvedDeadLetters += r.Resolved
-			if err != nil {
-				return fmt.Errorf("partial rebuild of %s, %s: %w", p.Name(), scope, err)
-			}
-		}
-		if err := cur.Close(ctx); err != nil {
-			return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
 		}
 		// A prune that committed while this waited for the lock or replayed
 		// may have deleted events of the scope the replay then missed.
@@ -164,7 +154,49 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 		return res, err
 	}
 	logger.InfoContext(ctx, "rebuild: partial rebuild done", slog.String("consumer", p.Name()), slog.String("scope", scope.String()),
-		slog.String("until", res.Until.String()), slog.Int("events", res.Events), slog.Int("dead_lettered", res.DeadLettered),
-		slog.Duration("held", res.Held))
+		slog.String("until", res.Until.String()), slog.Int("partitions", len(res.Partitions)), slog.Int("events", res.Events),
+		slog.Int("dead_lettered", res.DeadLettered), slog.Duration("held", res.Held))
 	return res, nil
+}
+
+// partialShard is Partial's steps 2 to 4 for an unpartitioned consumer,
+// whose cursor res.Until holds, in tx, which holds its shard lock.
+func partialShard(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *projection.Async, scope projection.Scope, batch int,
+	logger *slog.Logger, version int, res *PartialResult) error {
+	cfg := p.Config()
+	if version != cfg.Version {
+		return fmt.Errorf("%w: the live model of %s is version %d and this binary's projection is version %d: run the partial rebuild with the binary of the live version",
+			ErrNotRebuildable, p.Name(), version, cfg.Version)
+	}
+	if err := projection.ClearScopeTx(ctx, tx, store, p, scope); err != nil {
+		if errors.Is(err, projection.ErrScopeUnsupported) {
+			return fmt.Errorf("%w: %w", ErrNotRebuildable, err)
+		}
+		return err
+	}
+	cur, err := store.OpenScopeTx(ctx, tx, postgres.ScopeQuery{Tenant: scope.Tenant, StreamType: scope.StreamType, StreamID: scope.StreamID,
+		EventTypes: p.EventTypes(), Until: res.Until, Raw: true})
+	if err != nil {
+		return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+	}
+	for {
+		events, err := cur.Next(ctx, batch)
+		if err != nil {
+			return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+		}
+		if len(events) == 0 {
+			break
+		}
+		r, err := projection.ReplayTx(ctx, tx, store, p, events, logger)
+		res.Events += r.Applied + r.DeadLettered
+		res.DeadLettered += r.DeadLettered
+		res.ResolvedDeadLetters += r.Resolved
+		if err != nil {
+			return fmt.Errorf("partial rebuild of %s, %s: %w", p.Name(), scope, err)
+		}
+	}
+	if err := cur.Close(ctx); err != nil {
+		return fmt.Errorf("partial rebuild of %s: %w", p.Name(), err)
+	}
+	return nil
 }

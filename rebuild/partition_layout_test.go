@@ -173,4 +173,10 @@ func TestRebuildOfKeyedPartitionsRefused(t *testing.T) {
 			t.Errorf("%s rebuild of a consumer partitioned by key: %v, want ErrNotRebuildable", mode, err)
 		}
 	}
+	scoped := keyed
+	scoped.ResetScope = func(context.Context, pgx.Tx, projection.Scope) error { return nil }
+	if _, err := rebuild.Partial(e.ctx, e.store, e.counter(1, scoped), projection.TenantScope("a"), rebuild.PartialOptions{}); !errors.Is(err, rebuild.ErrNotRebuildable) ||
+		!strings.Contains(err.Error(), "by key") {
+		t.Errorf("partial rebuild of a consumer partitioned by key: %v, want ErrNotRebuildable", err)
+	}
 }

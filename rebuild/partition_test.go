@@ -203,11 +203,6 @@ func TestInPlaceRebuildOfPartitionedConsumer(t *testing.T) {
 		projection.SharedInstance).Scan(&fence); err != nil || fence != projection.PartitionedVersion {
 		t.Fatalf("the fence after an in-place rebuild: version %d, %v", fence, err)
 	}
-	// A partial rebuild is not built for partitions: refused, saying so.
-	scoped := e.counter(1, projection.AsyncConfig{Partitions: 4, ResetScope: func(context.Context, pgx.Tx, projection.Scope) error { return nil }})
-	if _, err := rebuild.Partial(e.ctx, e.store, scoped, projection.TenantScope("a"), rebuild.PartialOptions{}); !errors.Is(err, rebuild.ErrNotRebuildable) || !strings.Contains(err.Error(), "partitioned") {
-		t.Fatalf("a partial rebuild of a partitioned consumer: %v, want ErrNotRebuildable saying it is partitioned", err)
-	}
 }
 
 // A version that declares no partitions never switches in for a
