@@ -169,6 +169,23 @@ func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]p
 	return layout, nil
 }
 
+// lockPartitions waits, in tx, for a running pass of each partition of
+// segs, in the order given, before any of their rows is read. The rows
+// are read FOR UPDATE, which gives tx a transaction id: taken while tx
+// still waited for another partition's running batch, that id would hold
+// back the horizon of every consumer (promise 3), so every other partition
+// would pause until that batch ended. Waiting for every lock first keeps a
+// split or merge from pausing any partition it does not change.
+func (a *Admin) lockPartitions(ctx context.Context, tx pgx.Tx, consumer string, segs ...postgres.Segment) error {
+	for _, s := range segs {
+		id := ShardID{Consumer: consumer, Instance: segmentInstance(s)}
+		if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), id)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // lockPartition waits for a running pass of the partition and reads its
 // row; ok is false when the row is gone.
 func (a *Admin) lockPartition(ctx context.Context, tx pgx.Tx, consumer string, s postgres.Segment) (partRow, bool, error) {
@@ -201,6 +218,9 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 		targets := layout
 		if len(only) > 0 {
 			targets = only
+		}
+		if err := a.lockPartitions(ctx, tx, consumer, targets...); err != nil {
+			return err
 		}
 		for _, s := range targets {
 			if !slices.Contains(layout, s) {
@@ -306,6 +326,11 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 			return err
 		}
 		for _, p := range pairs {
+			if err := a.lockPartitions(ctx, tx, consumer, p.lo, p.hi); err != nil {
+				return err
+			}
+		}
+		for _, p := range pairs {
 			c, err := a.mergeOne(ctx, tx, consumer, p)
 			if err != nil {
 				return err
@@ -358,6 +383,11 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 			}
 			if len(pairs) == 0 {
 				return fmt.Errorf("%w: consumer %s has no two sibling partitions to merge", projector.ErrInvalidTransition, projector.Printable(consumer))
+			}
+		}
+		for _, p := range pairs {
+			if err := a.lockPartitions(ctx, tx, consumer, p.lo, p.hi); err != nil {
+				return err
 			}
 		}
 		for i := range pairs {
