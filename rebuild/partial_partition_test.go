@@ -1,8 +1,10 @@
 package rebuild_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/cli"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -227,5 +231,55 @@ func TestPartialRebuildOfPartitionedConsumerLocksItsPartitions(t *testing.T) {
 	if _, err := rebuild.Partial(quick, e.store, tickets, projection.TenantScope("a"), rebuild.PartialOptions{}); !errors.Is(err, rebuild.ErrNotRebuildable) ||
 		!strings.Contains(err.Error(), "version 2") {
 		t.Fatalf("a partition at another version: %v, want ErrNotRebuildable", err)
+	}
+}
+
+// `rebuild NAME --here --tenant X` (and a stream) of a partitioned
+// consumer: rebuilt each stream up to its partition's cursor, and said so.
+func TestPartialRebuildCLIOfPartitionedConsumer(t *testing.T) {
+	t.Parallel()
+	e := newPartialEnv(t)
+	if err := e.store.CreatePartitionIndex(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 8 {
+		if err := e.ticket(projector.TenantStream("a", "ticket", fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := projection.AsyncConfig{Version: 1, BatchSize: 20, Partitions: 4}
+	d := e.dispatcher(e.ticketsWith("tickets", "tickets", cfg))
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE ` + e.ident("tickets") + ` SET title = 'corrupt'`)
+	wired := cli.Config{Registry: e.types.Registry, Wire: func(string) (cli.Wiring, error) {
+		return cli.Wiring{Async: []*projection.Async{e.ticketsWith("tickets", "tickets", cfg)}}, nil
+	}}
+	run := func(args ...string) string {
+		t.Helper()
+		root := cli.New(wired)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(append([]string{"--database-url", pgtest.URL(t), "--schema", e.schema}, args...))
+		if err := root.ExecuteContext(ctx); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out.String())
+		}
+		return out.String()
+	}
+	if out := run("rebuild", "tickets", "--here", "--stream-type", "ticket", "--stream-id", "3", "--tenant", "a"); !strings.Contains(out, "4 events replayed, each stream up to its partition's cursor (1 partitions") {
+		t.Errorf("a stream: %s", out)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.ident("tickets") + ` WHERE title = 'corrupt'`); n != 7 {
+		t.Errorf("after the stream's rebuild, %d corrupt rows; want the 7 others", n)
+	}
+	if out := run("rebuild", "tickets", "--here", "--tenant", "a"); !strings.Contains(out, "32 events replayed, each stream up to its partition's cursor (4 partitions") {
+		t.Errorf("a tenant: %s", out)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + e.ident("tickets") + ` WHERE title = 'corrupt'`); n != 0 {
+		t.Errorf("after the tenant's rebuild, %d corrupt rows", n)
 	}
 }
