@@ -32,9 +32,18 @@ func (s *Store) setupKeys(cfg Config) error {
 			}
 		}
 	}
-	kt, err := NewKeyTable(s.schema, master)
+	old := cfg.OldMasterKeys
+	if old == nil {
+		if v := os.Getenv(OldMasterKeysEnv); v != "" {
+			var err error
+			if old, err = ParseMasterKeys(v); err != nil {
+				return fmt.Errorf("postgres store: %s: %w", OldMasterKeysEnv, err)
+			}
+		}
+	}
+	kt, err := NewKeyTable(s.schema, master, old...)
 	if err != nil {
-		return err
+		return fmt.Errorf("postgres store: %w", err)
 	}
 	if cfg.KeyCacheSize != 0 {
 		kt.cache = newKeyCache(cfg.KeyCacheSize)

@@ -133,6 +133,14 @@ type Config struct {
 	// [ErrNoMasterKey] and nothing is written; forgetting still works.
 	// Ignored when Keys is set.
 	MasterKey *MasterKey
+	// OldMasterKeys are master keys the default key table's data keys may
+	// still be wrapped by while a rotation is under way: they open those
+	// keys (new keys are always wrapped by MasterKey), and
+	// [Store.RewrapKeys] rewraps them under MasterKey. Default the keys in
+	// the PROJECTOR_OLD_MASTER_KEYS environment variable
+	// ([ParseMasterKeys]); New fails on a malformed one, or when old keys
+	// come without a master key. Ignored when Keys is set.
+	OldMasterKeys []*MasterKey
 	// KeyCacheSize bounds the unwrapped data keys the default key table
 	// keeps in the process (a least-recently-used cache), which spares an
 	// append a round trip for the key; 0 means [DefaultKeyCacheSize], a
