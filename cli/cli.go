@@ -450,8 +450,43 @@ func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, e
 	if err != nil {
 		return nil, err
 	}
+	master, old, err := masterKeysFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
-		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends})
+		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends, MasterKey: master, OldMasterKeys: old})
+}
+
+// masterKeysFromEnv reads PROJECTOR_MASTER_KEY and PROJECTOR_OLD_MASTER_KEYS:
+// a malformed value is a bad command line (exit 2), and the error never
+// holds key material.
+func masterKeysFromEnv() (*postgres.MasterKey, []*postgres.MasterKey, error) {
+	var master *postgres.MasterKey
+	if v := os.Getenv(postgres.MasterKeyEnv); v != "" {
+		var err error
+		if master, err = postgres.ParseMasterKey(v); err != nil {
+			return nil, nil, usageError{fmt.Errorf("%s: %w", postgres.MasterKeyEnv, err)}
+		}
+	}
+	var old []*postgres.MasterKey
+	if v := os.Getenv(postgres.OldMasterKeysEnv); v != "" {
+		var err error
+		if old, err = postgres.ParseMasterKeys(v); err != nil {
+			return nil, nil, usageError{fmt.Errorf("%s: %w", postgres.OldMasterKeysEnv, err)}
+		}
+		if master == nil {
+			return nil, nil, usageError{fmt.Errorf("%s is set but %s is not: the old keys' data keys need a master key to be rewrapped under",
+				postgres.OldMasterKeysEnv, postgres.MasterKeyEnv)}
+		}
+		for _, m := range old {
+			if m.ID() == master.ID() {
+				return nil, nil, usageError{fmt.Errorf("%s lists master key %q, the id of %s: an old key needs an id of its own",
+					postgres.OldMasterKeysEnv, m.ID(), postgres.MasterKeyEnv)}
+			}
+		}
+	}
+	return master, old, nil
 }
 
 // wiring calls Config.Wire once per invocation.

@@ -137,7 +137,7 @@ func (k *KeyTable) checkRewrap(ctx context.Context, pool *pgxpool.Pool) (map[str
 			return nil
 		}
 		if _, err := m.unwrap(SubjectRef{Tenant: r.tenant, ID: r.subject}, r.keyID, r.wrapped); err != nil {
-			return fmt.Errorf("rewrap: old master key %q: %w; nothing was rewrapped", r.keyID, err)
+			return fmt.Errorf("rewrap: %w; nothing was rewrapped", err)
 		}
 		return nil
 	})
