@@ -455,7 +455,10 @@ func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, e
 		return nil, err
 	}
 	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
-		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends, MasterKey: master, OldMasterKeys: old})
+		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends, MasterKey: master, OldMasterKeys: old,
+		// Only `run` must seal and open personal fields to work at all: the
+		// inspecting commands and `subjects forget` run without a master key.
+		AllowNoMasterKey: !a.appends})
 }
 
 // masterKeysFromEnv reads PROJECTOR_MASTER_KEY and PROJECTOR_OLD_MASTER_KEYS:

@@ -47,7 +47,7 @@ func rotationSetup(t *testing.T, n int) rotation {
 func (r rotation) open(t *testing.T, master *postgres.MasterKey, old ...*postgres.MasterKey) *postgres.Store {
 	t.Helper()
 	s, err := postgres.New(r.ctx, r.store.Pool(), postgres.Config{Schema: r.store.Schema(), Registry: r.types.Registry,
-		MasterKey: master, OldMasterKeys: old})
+		MasterKey: master, OldMasterKeys: old, AllowNoMasterKey: master == nil})
 	if err != nil {
 		t.Fatal(err)
 	}
