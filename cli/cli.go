@@ -454,11 +454,15 @@ func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, e
 	if err != nil {
 		return nil, err
 	}
-	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
 		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends, MasterKey: master, OldMasterKeys: old,
 		// Only `run` must seal and open personal fields to work at all: the
 		// inspecting commands and `subjects forget` run without a master key.
 		AllowNoMasterKey: !a.appends})
+	if errors.Is(err, postgres.ErrNoMasterKey) {
+		return nil, usageError{err} // the environment lacks PROJECTOR_MASTER_KEY
+	}
+	return store, err
 }
 
 // masterKeysFromEnv reads PROJECTOR_MASTER_KEY and PROJECTOR_OLD_MASTER_KEYS:

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -115,6 +116,49 @@ func TestSagaShowOpensPersonalState(t *testing.T) {
 			if strings.Contains(out, n) {
 				t.Errorf("%s: %q in:\n%s", c.name, n, out)
 			}
+		}
+	}
+}
+
+// `run` in a binary whose registry declares personal fields refuses to
+// start without a master key (exit 2, naming the types) rather than
+// failing every event it meets; the inspecting commands still run.
+func TestRunRefusesWithoutMasterKey(t *testing.T) {
+	t.Setenv(postgres.MasterKeyEnv, "")
+	types := testevents.NewPersonal()
+	store := pgtest.Store(t, types.Registry, postgres.Config{AllowNoMasterKey: true})
+	s := saga.New[welcomeState]("welcome", saga.Config{Personal: projector.Personal{Subject: "customer", Fields: []string{"name", "email"}}})
+	if err := saga.StartOn(s, types.Registered, func(_ projector.Event, e testevents.CustomerRegistered) string { return e.Customer },
+		func(_ context.Context, in *saga.Instance[welcomeState], _ projector.Event, e testevents.CustomerRegistered) error {
+			return nil
+		}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Registry: types.Registry, Wire: func(string) (Wiring, error) {
+		return Wiring{Sagas: func(*postgres.Store) ([]saga.Definition, error) { return []saga.Definition{s}, nil }}, nil
+	}}
+	for _, c := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"run"}, ExitUsage, "no master key for personal data (set PROJECTOR_MASTER_KEY): event types customer.registered declare personal fields"},
+		{[]string{"status"}, ExitOK, ""},
+	} {
+		root := New(cfg)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(append(c.args, "--database-url", pgtest.URL(t), "--schema", store.Schema()))
+		// Bounded: a run that started would run until cancelled.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err := root.ExecuteContext(ctx)
+		cancel()
+		if err != nil {
+			out.WriteString(message(err) + "\n")
+		}
+		if code := ExitCode(err); code != c.code || !strings.Contains(out.String(), c.out) {
+			t.Errorf("%q: exit %d, want %d with %q:\n%s", c.args, code, c.code, c.out, out.String())
 		}
 	}
 }
