@@ -99,7 +99,7 @@ func (k *KeyTable) Rewrap(ctx context.Context, pool *pgxpool.Pool, opts RewrapOp
 	}
 	// A key created behind the pass's position by a process still wrapping
 	// with an old key is picked up by another pass; a few at most.
-	for pass := 0; pass < 3; pass++ {
+	for range 3 {
 		before := res.Rewrapped
 		if err := k.rewrapPass(ctx, pool, batch, &res, opts.Progress); err != nil {
 			return res, err
