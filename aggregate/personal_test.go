@@ -113,7 +113,7 @@ func TestSnapshotSealsPersonalFields(t *testing.T) {
 func TestSnapshotPersonalChecked(t *testing.T) {
 	t.Parallel()
 	types := testevents.NewPersonal()
-	store := pgtest.Store(t, types.Registry)
+	store := pgtest.Store(t, types.Registry, postgres.Config{AllowNoMasterKey: true})
 	for _, p := range []projector.Personal{
 		{Subject: "id", Fields: []string{"phone"}},
 		{Subject: "signups", Fields: []string{"name"}},

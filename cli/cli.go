@@ -450,8 +450,50 @@ func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, e
 	if err != nil {
 		return nil, err
 	}
-	return postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
-		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends})
+	master, old, err := masterKeysFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
+		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends, MasterKey: master, OldMasterKeys: old,
+		// Only `run` must seal and open personal fields to work at all: the
+		// inspecting commands and `subjects forget` run without a master key.
+		AllowNoMasterKey: !a.appends})
+	if errors.Is(err, postgres.ErrNoMasterKey) {
+		return nil, usageError{err} // the environment lacks PROJECTOR_MASTER_KEY
+	}
+	return store, err
+}
+
+// masterKeysFromEnv reads PROJECTOR_MASTER_KEY and PROJECTOR_OLD_MASTER_KEYS:
+// a malformed value is a bad command line (exit 2), and the error never
+// holds key material.
+func masterKeysFromEnv() (*postgres.MasterKey, []*postgres.MasterKey, error) {
+	var master *postgres.MasterKey
+	if v := os.Getenv(postgres.MasterKeyEnv); v != "" {
+		var err error
+		if master, err = postgres.ParseMasterKey(v); err != nil {
+			return nil, nil, usageError{fmt.Errorf("%s: %w", postgres.MasterKeyEnv, err)}
+		}
+	}
+	var old []*postgres.MasterKey
+	if v := os.Getenv(postgres.OldMasterKeysEnv); v != "" {
+		var err error
+		if old, err = postgres.ParseMasterKeys(v); err != nil {
+			return nil, nil, usageError{fmt.Errorf("%s: %w", postgres.OldMasterKeysEnv, err)}
+		}
+		if master == nil {
+			return nil, nil, usageError{fmt.Errorf("%s is set but %s is not: the old keys' data keys need a master key to be rewrapped under",
+				postgres.OldMasterKeysEnv, postgres.MasterKeyEnv)}
+		}
+		for _, m := range old {
+			if m.ID() == master.ID() {
+				return nil, nil, usageError{fmt.Errorf("%s lists master key %q, the id of %s: an old key needs an id of its own",
+					postgres.OldMasterKeysEnv, m.ID(), postgres.MasterKeyEnv)}
+			}
+		}
+	}
+	return master, old, nil
 }
 
 // wiring calls Config.Wire once per invocation.

@@ -112,10 +112,17 @@ func (a *App) sagaShowCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					return writeJSON(a.out, in)
+				personal, err := a.openSagaState(cmd.Context(), store, &in)
+				if err != nil {
+					return err
 				}
-				return writeSagaInstance(a.out, in)
+				if asJSON {
+					return writeJSON(a.out, struct {
+						saga.InstanceDetail
+						Personal string `json:"personal,omitempty"`
+					}{in, personal})
+				}
+				return writeSagaInstance(a.out, in, personal)
 			})
 		},
 	}
@@ -124,7 +131,7 @@ func (a *App) sagaShowCmd() *cobra.Command {
 	return cmd
 }
 
-func writeSagaInstance(w io.Writer, in saga.InstanceDetail) error {
+func writeSagaInstance(w io.Writer, in saga.InstanceDetail, personal string) error {
 	now := time.Now()
 	err := writeTable(w, func(tw io.Writer) {
 		row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
@@ -142,6 +149,9 @@ func writeSagaInstance(w io.Writer, in saga.InstanceDetail) error {
 		row("updated", timestamp(in.UpdatedAt, now))
 		if !in.CompletedAt.IsZero() {
 			row("completed", timestamp(in.CompletedAt, now))
+		}
+		if personal != "" {
+			row("personal", text(personal, lineText))
 		}
 		row("state", projector.PrintableText(string(in.State), lineText))
 	})

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/base64"
 	"strings"
 	"testing"
 
@@ -52,5 +53,86 @@ func TestSubjectsForget(t *testing.T) {
 	evs, err := store.ReadStream(ctx, projector.TenantStream("acme", "customer", "c-1"), postgres.StreamQuery{})
 	if err != nil || !evs[0].Forgotten {
 		t.Fatalf("after forget: %+v %v", evs, err)
+	}
+}
+
+// `subjects rewrap` rotates the master key: bad keys fail (exit 1) and
+// change nothing, a malformed key, no master key or a bad batch size are a
+// bad command line (exit 2), the rewrap moves every key to the new master
+// key, and a second one has nothing to do. Not parallel: it sets the
+// environment.
+func TestSubjectsRewrap(t *testing.T) {
+	ctx := context.Background()
+	types := testevents.NewPersonal()
+	k1, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: k1})
+	for _, id := range []string{"c-1", "c-2", "c-3"} {
+		err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+			_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", id), projector.NoStream,
+				testevents.CustomerRegistered{Customer: id, Name: "Name of " + id, Email: id + "@example.com"})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := func(id, seed string) string {
+		return id + ":" + base64.StdEncoding.EncodeToString(testevents.MasterKey(seed))
+	}
+	keysBy := func() string {
+		var s string
+		err := store.Pool().QueryRow(ctx, `SELECT string_agg(master_key_id, ',' ORDER BY subject) FROM `+store.Table("projector_subject_keys")).Scan(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, c := range []struct {
+		master, old string
+		args        []string
+		code        int
+		out         string
+		keys        string
+	}{
+		{key("k2", "two"), "", nil, ExitError, "master key k1 (3 keys), which is neither", "k1,k1,k1"},
+		{key("k2", "two"), key("k1", "not one"), nil, ExitError, "master key changed", "k1,k1,k1"},
+		{key("k2", "two"), "k1:AAAA", nil, ExitUsage, "PROJECTOR_OLD_MASTER_KEYS: item 1", "k1,k1,k1"},
+		{"k2", "", nil, ExitUsage, "PROJECTOR_MASTER_KEY: master key: want ID:BASE64KEY", "k1,k1,k1"},
+		{"", key("k1", "one"), nil, ExitUsage, "PROJECTOR_MASTER_KEY is not", "k1,k1,k1"},
+		{"", "", nil, ExitUsage, "no master key", "k1,k1,k1"},
+		{key("k2", "two"), key("k2", "two"), nil, ExitUsage, "an old key needs an id of its own", "k1,k1,k1"},
+		{key("k2", "two"), key("k1", "one"), []string{"--batch-size", "0"}, ExitUsage, "--batch-size 0", "k1,k1,k1"},
+		{key("k2", "two"), key("k1", "one"), []string{"--batch-size", "10001"}, ExitUsage, "want 1 to 10000", "k1,k1,k1"},
+		{key("k2", "two"), key("k1", "one"), []string{"--batch-size", "2"}, ExitOK, "rewrapped 3 data keys under master key k2 in 2 batches (from k1: 3)", "k2,k2,k2"},
+		{key("k2", "two"), key("k1", "one"), nil, ExitOK, "nothing to rewrap: every data key is wrapped by master key k2", "k2,k2,k2"},
+		{key("k2", "two"), "", nil, ExitOK, "nothing to rewrap", "k2,k2,k2"},
+	} {
+		t.Setenv(postgres.MasterKeyEnv, c.master)
+		t.Setenv(postgres.OldMasterKeysEnv, c.old)
+		out, code := runIn(t, store.Schema(), types.Registry, append([]string{"subjects", "rewrap"}, c.args...)...)
+		if code != c.code || !strings.Contains(out, c.out) {
+			t.Errorf("master %.2s old %.2s %q: exit %d, want %d with %q:\n%s", c.master, c.old, c.args, code, c.code, c.out, out)
+		}
+		if strings.Contains(out, base64.StdEncoding.EncodeToString(testevents.MasterKey("one"))[:8]) {
+			t.Errorf("the output holds key material:\n%s", out)
+		}
+		if got := keysBy(); got != c.keys {
+			t.Fatalf("after %q: keys wrapped by %s, want %s", c.args, got, c.keys)
+		}
+	}
+	k2, err := postgres.NewMasterKey("k2", testevents.MasterKey("two"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := postgres.New(ctx, store.Pool(), postgres.Config{Schema: store.Schema(), Registry: types.Registry, MasterKey: k2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := s2.ReadStream(ctx, projector.TenantStream("acme", "customer", "c-2"), postgres.StreamQuery{})
+	if err != nil || len(evs) != 1 || evs[0].Payload.(testevents.CustomerRegistered).Name != "Name of c-2" {
+		t.Fatalf("read with k2 alone: %+v %v", evs, err)
 	}
 }

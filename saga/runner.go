@@ -22,6 +22,8 @@ import (
 type Definition interface {
 	Name() string
 	Now() time.Time
+	// Personal declares the state's personal fields (Config.Personal).
+	Personal() projector.Personal
 	Validate(reg *projector.Registry) error
 	// Projection is the consumer that takes the saga's event steps, for
 	// the dispatcher the runner is started beside.

@@ -201,6 +201,11 @@ func New[S any](name string, cfg Config) *Saga[S] {
 // Name returns the saga type's name.
 func (s *Saga[S]) Name() string { return s.name }
 
+// Personal returns the declaration of the state's personal fields
+// (Config.Personal): what opens a stored state's sealed fields, as
+// `projector saga show` does with [postgres.Store.OpenData].
+func (s *Saga[S]) Personal() projector.Personal { return s.cfg.Personal }
+
 // Now returns the saga's clock reading.
 func (s *Saga[S]) Now() time.Time { return s.cfg.Now() }
 

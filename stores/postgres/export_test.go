@@ -82,3 +82,9 @@ func (s *Store) ExplainPruneLocked(ctx context.Context, types []string, cutoff t
 }
 
 var errRollback = errors.New("rolled back")
+
+// SetRewrapHook sets the hook a rewrap batch runs between its read of the
+// key rows and its update of them (batch counts from 1).
+func (k *KeyTable) SetRewrapHook(hook func(ctx context.Context, batch int) error) {
+	k.rewrapHook = hook
+}

@@ -21,6 +21,13 @@ import (
 // when Config.MasterKey is nil; see [ParseMasterKey] for its format.
 const MasterKeyEnv = "PROJECTOR_MASTER_KEY"
 
+// OldMasterKeysEnv is the environment variable [New] reads the old master
+// keys from when Config.OldMasterKeys is nil: a comma-separated list of
+// ID:KEY ([ParseMasterKeys]). Old keys only unwrap data keys, never wrap new
+// ones; they are what a process needs while a master-key rotation is under
+// way (docs/privacy.md, "Rotating the master key").
+const OldMasterKeysEnv = "PROJECTOR_OLD_MASTER_KEYS"
+
 // ErrNoMasterKey: personal data must be sealed or opened and no master key
 // was given (Config.MasterKey, or PROJECTOR_MASTER_KEY). Nothing was
 // written.
@@ -31,6 +38,11 @@ var ErrNoMasterKey = errors.New("projector: no master key for personal data (set
 // with different key material. The key is never used and nothing is
 // written; run with the master key the data keys were made with.
 var ErrMasterKeyChanged = errors.New("projector: master key changed")
+
+// ErrUnknownMasterKey: data keys are wrapped by a master key this process
+// has neither as its master key nor among its old ones, so they cannot be
+// rewrapped. Nothing was changed.
+var ErrUnknownMasterKey = errors.New("projector: unknown master key")
 
 // SubjectRef names a data subject: its id within a tenant.
 type SubjectRef struct {
@@ -108,6 +120,30 @@ func ParseMasterKey(s string) (*MasterKey, error) {
 	return NewMasterKey(id, key)
 }
 
+// ParseMasterKeys parses a comma-separated list of master keys, each
+// ID:KEY as [ParseMasterKey] takes it, such as the value of
+// PROJECTOR_OLD_MASTER_KEYS. Empty items are ignored; an id given twice is
+// an error. The error never holds key material.
+func ParseMasterKeys(s string) ([]*MasterKey, error) {
+	var out []*MasterKey
+	seen := map[string]bool{}
+	for item := range strings.SplitSeq(s, ",") {
+		if strings.TrimSpace(item) == "" {
+			continue
+		}
+		m, err := ParseMasterKey(item)
+		if err != nil {
+			return nil, fmt.Errorf("item %d: %w", len(out)+1, err)
+		}
+		if seen[m.id] {
+			return nil, fmt.Errorf("master key %q is listed twice", m.id)
+		}
+		seen[m.id] = true
+		out = append(out, m)
+	}
+	return out, nil
+}
+
 // NewMasterKey returns the master key id with 32 bytes of key material.
 func NewMasterKey(id string, key []byte) (*MasterKey, error) {
 	if !masterKeyID.MatchString(id) {
@@ -142,8 +178,8 @@ func (m *MasterKey) wrap(subject SubjectRef, key []byte) ([]byte, error) {
 
 func (m *MasterKey) unwrap(subject SubjectRef, keyID string, wrapped []byte) ([]byte, error) {
 	if keyID != m.id {
-		return nil, fmt.Errorf("%w: the data key of subject %s was wrapped by master key %s, this process has %q",
-			ErrMasterKeyChanged, subject, projector.Printable(keyID), m.id)
+		return nil, fmt.Errorf("%w: the data key of subject %s was wrapped by master key %s, this process has %q and no old master key (%s) with that id",
+			ErrMasterKeyChanged, subject, projector.Printable(keyID), m.id, OldMasterKeysEnv)
 	}
 	n := m.aead.NonceSize()
 	if len(wrapped) < n+m.aead.Overhead() {
@@ -168,18 +204,52 @@ func wrapAD(s SubjectRef) []byte {
 type KeyTable struct {
 	table  string // quoted, schema-qualified
 	master *MasterKey
-	cache  *keyCache // nil: none
+	// old are the old master keys by id: they unwrap, never wrap.
+	old   map[string]*MasterKey
+	cache *keyCache // nil: none
+	// rewrapHook, when set (tests), runs between a rewrap batch's read of
+	// the key rows and its update of them.
+	rewrapHook func(ctx context.Context, batch int) error
 }
 
 // NewKeyTable returns the key table of schema; master may be nil, in which
 // case sealing and opening fail with [ErrNoMasterKey] and only forgetting
-// works.
-func NewKeyTable(schema string, master *MasterKey) (*KeyTable, error) {
+// works. old are master keys that data keys may still be wrapped by, from
+// before a rotation: they open those keys, and [KeyTable.Rewrap] rewraps
+// them under master. An old key needs a master key, and no id may be given
+// twice.
+func NewKeyTable(schema string, master *MasterKey, old ...*MasterKey) (*KeyTable, error) {
 	schema = schemaOrDefault(schema)
 	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	return &KeyTable{table: quoteIdent(schema) + ".projector_subject_keys", master: master, cache: newKeyCache(DefaultKeyCacheSize)}, nil
+	k := &KeyTable{table: quoteIdent(schema) + ".projector_subject_keys", master: master, cache: newKeyCache(DefaultKeyCacheSize)}
+	if len(old) > 0 && master == nil {
+		return nil, fmt.Errorf("%w: old master keys are given but no master key to rewrap their data keys under", ErrNoMasterKey)
+	}
+	for _, m := range old {
+		if m == nil {
+			return nil, errors.New("key table: nil old master key")
+		}
+		if m.id == master.id || k.old[m.id] != nil {
+			return nil, fmt.Errorf("key table: master key id %q is given twice (old keys must have ids of their own)", m.id)
+		}
+		if k.old == nil {
+			k.old = map[string]*MasterKey{}
+		}
+		k.old[m.id] = m
+	}
+	return k, nil
+}
+
+// masterFor returns the master key that unwraps data keys wrapped by the
+// master key keyID: the master key, or an old one with that id. With none,
+// it returns the master key, whose unwrap explains the mismatch.
+func (k *KeyTable) masterFor(keyID string) *MasterKey {
+	if m, ok := k.old[keyID]; ok {
+		return m
+	}
+	return k.master
 }
 
 // DataKey implements [KeyStore]. The common case — the subject has a key —
@@ -273,7 +343,7 @@ func (k *KeyTable) unwrap(subject SubjectRef, keyID string, wrapped []byte) (cac
 	if k.master == nil {
 		return cachedKey{}, ErrNoMasterKey
 	}
-	key, err := k.master.unwrap(subject, keyID, wrapped)
+	key, err := k.masterFor(keyID).unwrap(subject, keyID, wrapped)
 	if err != nil {
 		return cachedKey{}, err
 	}

@@ -15,6 +15,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(importChildEnv) != "" {
 		os.Exit(importChild()) // the helper process of TestHistory_ImportCrashResumes
 	}
+	if os.Getenv(rewrapChildEnv) != "" {
+		os.Exit(rewrapChild()) // the helper process of TestRewrapCrashResumes
+	}
 	pgtest.Main(m)
 }
 

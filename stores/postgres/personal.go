@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,9 +33,24 @@ func (s *Store) setupKeys(cfg Config) error {
 			}
 		}
 	}
-	kt, err := NewKeyTable(s.schema, master)
+	old := cfg.OldMasterKeys
+	if old == nil {
+		if v := os.Getenv(OldMasterKeysEnv); v != "" {
+			var err error
+			if old, err = ParseMasterKeys(v); err != nil {
+				return fmt.Errorf("postgres store: %s: %w", OldMasterKeysEnv, err)
+			}
+		}
+	}
+	if master == nil && s.registry.HasPersonal() && !cfg.AllowNoMasterKey {
+		types, _ := s.registry.PersonalSubjects()
+		return fmt.Errorf("postgres store: %w: event types %s declare personal fields, and without a master key every append "+
+			"and read of them would fail; set %s (or Config.MasterKey), or Config.AllowNoMasterKey in a process that neither "+
+			"appends nor reads them", ErrNoMasterKey, strings.Join(types, ", "), MasterKeyEnv)
+	}
+	kt, err := NewKeyTable(s.schema, master, old...)
 	if err != nil {
-		return err
+		return fmt.Errorf("postgres store: %w", err)
 	}
 	if cfg.KeyCacheSize != 0 {
 		kt.cache = newKeyCache(cfg.KeyCacheSize)

@@ -311,10 +311,15 @@ func TestForgetRacingOperators(t *testing.T) {
 // fail with ErrMasterKeyChanged, never garbage, and nothing is written.
 // Forgetting needs no master key.
 func TestMasterKeyMissingOrChanged(t *testing.T) {
+	// The store without a master key is opened with AllowNoMasterKey:
+	// TestNewRefusesPersonalWithoutMasterKey is the refusal without it.
 	t.Parallel()
 	f := personalSetup(t)
 	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "a@x"}
-	none := f.storeOn(t, nil)
+	none, err := postgres.New(f.ctx, f.store.Pool(), postgres.Config{Schema: f.store.Schema(), Registry: f.types.Registry, AllowNoMasterKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := f.register(t, none, "acme", ada); !errors.Is(err, postgres.ErrNoMasterKey) {
 		t.Fatalf("append without a master key: %v", err)
 	}
@@ -347,5 +352,36 @@ func TestMasterKeyMissingOrChanged(t *testing.T) {
 	}
 	if evs := readCustomer(t, none, "acme", "c-1"); !evs[0].Forgotten {
 		t.Fatalf("after forget, a store without a master key reads %+v", evs[0])
+	}
+}
+
+// TestNewRefusesPersonalWithoutMasterKey: a registry declaring personal
+// fields and no master key fail at New, naming the types, rather than at
+// every append; AllowNoMasterKey (a process that only forgets or inspects),
+// a key store of its own, or a registry without personal fields open.
+func TestNewRefusesPersonalWithoutMasterKey(t *testing.T) {
+	t.Parallel()
+	f := personalSetup(t)
+	open := func(cfg postgres.Config) error {
+		cfg.Schema = f.store.Schema()
+		if cfg.Registry == nil {
+			cfg.Registry = f.types.Registry
+		}
+		_, err := postgres.New(f.ctx, f.store.Pool(), cfg)
+		return err
+	}
+	err := open(postgres.Config{})
+	if !errors.Is(err, postgres.ErrNoMasterKey) || !strings.Contains(err.Error(), "event types customer.registered declare personal fields") {
+		t.Fatalf("New without a master key: %v", err)
+	}
+	for name, cfg := range map[string]postgres.Config{
+		"allowed":           {AllowNoMasterKey: true},
+		"own key store":     {Keys: f.store.Keys()},
+		"nothing personal":  {Registry: projector.NewRegistry()},
+		"with a master key": {MasterKey: masterKey(t, "k1", "one")},
+	} {
+		if err := open(cfg); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

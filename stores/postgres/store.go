@@ -129,10 +129,23 @@ type Config struct {
 	// MasterKey wraps the default key table's data keys; default the key
 	// in the PROJECTOR_MASTER_KEY environment variable ([ParseMasterKey]
 	// gives the format; New fails on a malformed one). Without either,
-	// appends and reads of sealed personal fields fail with
-	// [ErrNoMasterKey] and nothing is written; forgetting still works.
-	// Ignored when Keys is set.
+	// New fails with [ErrNoMasterKey] when the registry declares personal
+	// fields, unless AllowNoMasterKey is set. Ignored when Keys is set.
 	MasterKey *MasterKey
+	// AllowNoMasterKey lets New open a store without a master key although
+	// the registry declares personal fields: for a process that neither
+	// appends nor reads them (an ops tool, one that only forgets). Its
+	// appends and reads of sealed fields fail with [ErrNoMasterKey] and
+	// write nothing; forgetting works.
+	AllowNoMasterKey bool
+	// OldMasterKeys are master keys the default key table's data keys may
+	// still be wrapped by while a rotation is under way: they open those
+	// keys (new keys are always wrapped by MasterKey), and
+	// [Store.RewrapKeys] rewraps them under MasterKey. Default the keys in
+	// the PROJECTOR_OLD_MASTER_KEYS environment variable
+	// ([ParseMasterKeys]); New fails on a malformed one, or when old keys
+	// come without a master key. Ignored when Keys is set.
+	OldMasterKeys []*MasterKey
 	// KeyCacheSize bounds the unwrapped data keys the default key table
 	// keeps in the process (a least-recently-used cache), which spares an
 	// append a round trip for the key; 0 means [DefaultKeyCacheSize], a
