@@ -59,9 +59,11 @@ var ErrParkNotOpen = fmt.Errorf("%w: the park is not open", projector.ErrInvalid
 
 // Park is one parked stream of a claims consumer's subscription.
 type Park struct {
-	ID           int64               `json:"id"`
-	Subscription string              `json:"subscription"`
-	Stream       projector.StreamRef `json:"stream"`
+	ID           int64  `json:"id"`
+	Subscription string `json:"subscription"`
+	Tenant       string `json:"tenant"`
+	StreamType   string `json:"stream_type"`
+	StreamID     string `json:"stream_id"`
 	// Status is [projection.ParkOpen] ("parked"), [projection.ParkResolved]
 	// or [projection.ParkDiscarded].
 	Status string `json:"status"`
@@ -84,6 +86,11 @@ type Park struct {
 	// Messages is how many messages the parked sequence holds (open), or
 	// held when it was resolved or discarded.
 	Messages int `json:"messages"`
+}
+
+// Stream returns the parked stream.
+func (p Park) Stream() projector.StreamRef {
+	return projector.StreamRef{Tenant: p.Tenant, Type: p.StreamType, ID: p.StreamID}
 }
 
 // ParkedMessage is one message of a park's sequence.
@@ -206,7 +213,7 @@ func parkSelect(s *postgres.Store) string {
 
 func scanPark(r pgx.CollectableRow) (Park, error) {
 	var p Park
-	err := r.Scan(&p.ID, &p.Subscription, &p.Stream.Tenant, &p.Stream.Type, &p.Stream.ID, &p.Status, &p.EventID, &p.EventType, &p.Version,
+	err := r.Scan(&p.ID, &p.Subscription, &p.Tenant, &p.StreamType, &p.StreamID, &p.Status, &p.EventID, &p.EventType, &p.Version,
 		&p.Error, &p.Failures, &p.ParkedAt, &p.LastRetriedAt, &p.ResolvedAt, &p.ResolvedBy, &p.Messages)
 	return p, err
 }
@@ -312,7 +319,7 @@ func lockParkedStream(ctx context.Context, tx pgx.Tx, store *postgres.Store, sub
 	if err != nil {
 		return Park{}, err
 	}
-	s := p.Stream
+	s := p.Stream()
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+store.Table("projector_jetstream_streams")+`
 		WHERE subscription = $1 AND tenant_id = $2 AND stream_type = $3 AND stream_id = $4 FOR UPDATE`, subscription, s.Tenant, s.Type, s.ID); err != nil {
 		return Park{}, fmt.Errorf("jetstream park %d: lock stream %s: %w", id, s, err)
@@ -389,7 +396,7 @@ func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, err
 			WHERE id = $1`, id, by, len(msgs)); err != nil {
 			return fmt.Errorf("retry jetstream park %d: mark it resolved: %w", id, err)
 		}
-		if err := store.ScopeTx(ctx, sp, p.Stream.Tenant); err != nil {
+		if err := store.ScopeTx(ctx, sp, p.Stream().Tenant); err != nil {
 			return err
 		}
 		for _, m := range msgs {

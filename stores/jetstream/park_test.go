@@ -122,7 +122,7 @@ func TestConsumerParkStreamHoldsTheStreamUntilRetried(t *testing.T) {
 	}
 	snk.check(t, applied)
 	parks := openParks(t, snk.store, "parking")
-	if len(parks) != 1 || parks[0].Stream.ID != "p" || parks[0].Version != 2 || parks[0].EventID != parked[0].ID ||
+	if len(parks) != 1 || parks[0].StreamID != "p" || parks[0].Version != 2 || parks[0].EventID != parked[0].ID ||
 		parks[0].Messages != 5 || parks[0].Failures != 2 || parks[0].Error == "" {
 		t.Fatalf("parks %+v, want p parked at v2 with 5 messages after 2 failures", parks)
 	}

@@ -137,7 +137,7 @@ func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
 	parks := openParks(t, snk.store, "p18")
 	parkOf := map[string]pjs.Park{}
 	for _, p := range parks {
-		parkOf[p.Stream.String()] = p
+		parkOf[p.Stream().String()] = p
 	}
 	for k := range streams {
 		ref := projector.TenantStream("acme", "ticket", "s"+strconv.Itoa(k))
