@@ -163,43 +163,44 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	s := cfg.Store
 	claims, streams, dead := s.Table("projector_jetstream_claims"), s.Table("projector_jetstream_streams"), s.Table("projector_jetstream_dead_letters")
 	failures := s.Table("projector_jetstream_failures")
-	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), tracer: tracing.Tracer(cfg.TracerProvider), openDeadLetters: gauge, parkedStreams: parked,
-		park: buildParkSQL(s), sql: consumerSQL{
-			// The claim: a second insert of the same key does nothing, and the
-			// handler does not run.
-			claim:   `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-			unclaim: `DELETE FROM ` + claims + ` WHERE subscription = $1 AND event_id = $2`,
-			// Locks the stream's row, so two consumers of one subscription
-			// apply a stream's events one at a time.
-			stream: `SELECT last_version FROM ` + streams + ` WHERE subscription = $1 AND tenant_id = $2 AND stream_type = $3 AND stream_id = $4 FOR UPDATE`,
-			advance: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version) VALUES ($1, $2, $3, $4, $5)
+	c := &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), tracer: tracing.Tracer(cfg.TracerProvider), openDeadLetters: gauge, sql: consumerSQL{
+		// The claim: a second insert of the same key does nothing, and the
+		// handler does not run.
+		claim:   `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		unclaim: `DELETE FROM ` + claims + ` WHERE subscription = $1 AND event_id = $2`,
+		// Locks the stream's row, so two consumers of one subscription
+		// apply a stream's events one at a time.
+		stream: `SELECT last_version FROM ` + streams + ` WHERE subscription = $1 AND tenant_id = $2 AND stream_type = $3 AND stream_id = $4 FOR UPDATE`,
+		advance: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version) VALUES ($1, $2, $3, $4, $5)
 			ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE
 			SET last_version = excluded.last_version, updated_at = now(),
 			    held_version = CASE WHEN s.held_version <= excluded.last_version THEN NULL ELSE s.held_version END,
 			    held_max = CASE WHEN s.held_version <= excluded.last_version THEN NULL ELSE s.held_max END,
 			    held_since = CASE WHEN s.held_version <= excluded.last_version THEN NULL ELSE s.held_since END`,
-			// Widens the held range to take $5: held_version is the lowest
-			// version held, held_max the highest (LEAST and GREATEST skip
-			// NULLs), so the record names the gap however the redeliveries
-			// interleave. It runs under the row lock of the stream read; a hold
-			// whose gap is closed records nothing.
-			hold: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version, held_version, held_max, held_since) VALUES ($1, $2, $3, $4, 0, $5, $5, now())
+		// Widens the held range to take $5: held_version is the lowest
+		// version held, held_max the highest (LEAST and GREATEST skip
+		// NULLs), so the record names the gap however the redeliveries
+		// interleave. It runs under the row lock of the stream read; a hold
+		// whose gap is closed records nothing.
+		hold: `INSERT INTO ` + streams + ` AS s (subscription, tenant_id, stream_type, stream_id, last_version, held_version, held_max, held_since) VALUES ($1, $2, $3, $4, 0, $5, $5, now())
 			ON CONFLICT (subscription, tenant_id, stream_type, stream_id) DO UPDATE
 			SET held_version = LEAST(s.held_version, excluded.held_version),
 			    held_max = GREATEST(s.held_max, s.held_version, excluded.held_version),
 			    held_since = coalesce(s.held_since, now())
 			WHERE s.last_version + 1 < excluded.held_version
 			  AND (s.held_version IS NULL OR excluded.held_version < s.held_version OR excluded.held_version > coalesce(s.held_max, s.held_version))`,
-			dead: `INSERT INTO ` + dead + ` (subscription, event_id, subject, headers, data, error, deliveries) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-			// On the partial index of the open ones (migration 0013).
-			countOpen: `SELECT count(*) FROM ` + dead + ` WHERE subscription = $1 AND status = 'open'`,
-			// Counts one more handler failure of an event (MaxDeliver), outside
-			// the handler's rolled-back transaction.
-			fail: `INSERT INTO ` + failures + ` AS f (subscription, event_id, failures, last_error) VALUES ($1, $2, 1, $3)
+		dead: `INSERT INTO ` + dead + ` (subscription, event_id, subject, headers, data, error, deliveries) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		// On the partial index of the open ones (migration 0013).
+		countOpen: `SELECT count(*) FROM ` + dead + ` WHERE subscription = $1 AND status = 'open'`,
+		// Counts one more handler failure of an event (MaxDeliver), outside
+		// the handler's rolled-back transaction.
+		fail: `INSERT INTO ` + failures + ` AS f (subscription, event_id, failures, last_error) VALUES ($1, $2, 1, $3)
 			ON CONFLICT (subscription, event_id) DO UPDATE SET failures = f.failures + 1, last_error = excluded.last_error, failed_at = now()
 			RETURNING failures`,
-			clearFailures: `DELETE FROM ` + failures + ` WHERE subscription = $1 AND event_id = $2`,
-		}}, nil
+		clearFailures: `DELETE FROM ` + failures + ` WHERE subscription = $1 AND event_id = $2`,
+	}}
+	c.parkedStreams, c.park = parked, buildParkSQL(s)
+	return c, nil
 }
 
 // Consume runs the consumer on a JetStream consumer until the returned
