@@ -19,6 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -193,6 +195,9 @@ func (c *Consumer) parkStream(ctx context.Context, msg jetstream.Msg, ev project
 	case err != nil:
 		return "", err
 	}
+	// The message's process span: its handler failed, whatever the
+	// outcome's name (a message that only joins a park did not).
+	trace.SpanFromContext(ctx).SetStatus(codes.Error, "handler failed: stream parked")
 	c.logger.Error("jetstream consumer: stream parked (its later messages wait in the park until it is retried or discarded)",
 		"subscription", c.cfg.Subscription, "park", parkID, "stream", ev.Stream.String(), "version", ev.Version, "event_id", ev.ID,
 		"failures", failures, "err", cause)

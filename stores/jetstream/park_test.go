@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -385,4 +388,46 @@ func TestJetStreamParkRetryHoldsANewMessageBehind(t *testing.T) {
 		t.Fatalf("retry %d, %v; new message %s, %v; want 3 retried and the new one applied", retried, retryErr, outcome, handleErr)
 	}
 	snk.check(t, append(evs, next))
+}
+
+// The process span of the message whose handler failed for the last time
+// and parked its stream is marked failed (outcome parked); the span of a
+// later message that only joins the park is not.
+func TestConsumerParkStreamSpans(t *testing.T) {
+	e := newTracedEnv(t)
+	e.append("acme", "sp", testevents.TicketCommented{Body: "poison", N: 1}, testevents.TicketCommented{Body: "fine", N: 2})
+	e.relayAll()
+	snk := newSink(t, e.types.Registry)
+	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "spans", TracerProvider: e.tp, ErrorMode: pjs.ParkStream,
+		MaxDeliver: 1, HoldDelay: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+			if ev.Payload.(testevents.TicketCommented).Body == "poison" {
+				return errors.New("poison")
+			}
+			return snk.record(ctx, tx, ev)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := c.Consume(e.ctx, e.jsConsumer("spans"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	waitFor(t, "both messages parked", 30*time.Second, func() bool { return snk.parkedCount(t, "spans") == 2 })
+	byVersion := map[int64]sdktrace.ReadOnlySpan{}
+	for _, s := range e.ended("process spans", 2) {
+		if attr(s, "projector.outcome").AsString() == string(pjs.Parked) {
+			byVersion[attr(s, "projector.stream.version").AsInt64()] = s
+		}
+	}
+	if byVersion[1] == nil || byVersion[2] == nil {
+		t.Fatalf("parked process spans by version: %v", byVersion)
+	}
+	if st := byVersion[1].Status(); st.Code != codes.Error || !strings.Contains(st.Description, "parked") {
+		t.Errorf("the failing message's span: status %v, want an error", st)
+	}
+	if st := byVersion[2].Status(); st.Code == codes.Error {
+		t.Errorf("the message that joined the park: status %v, want no error", st)
+	}
 }
