@@ -77,6 +77,36 @@ func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
 			}
 		})
 	}
+	// prefix checks, at any moment, that each stream's applied versions are
+	// 1..k in order, none twice, and none at or past its first poison.
+	prefix := func(when string) map[string][]int64 {
+		t.Helper()
+		rows, err := snk.store.Pool().Query(e.ctx, `SELECT stream, version FROM `+snk.effects+` ORDER BY n`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		applied := map[string][]int64{}
+		for rows.Next() {
+			var s string
+			var v int64
+			if err := rows.Scan(&s, &v); err != nil {
+				t.Fatal(err)
+			}
+			applied[s] = append(applied[s], v)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for k := range streams {
+			ref := projector.TenantStream("acme", "ticket", "s"+strconv.Itoa(k)).String()
+			for i, v := range applied[ref] {
+				if v != int64(i+1) || (len(poison[k]) > 0 && v >= int64(poison[k][0])) {
+					t.Fatalf("%s: %s applied %v: not a prefix before the first poison", when, ref, applied[ref])
+				}
+			}
+		}
+		return applied
+	}
 	childEnvs := []string{childEnv + "=park", childURLEnv + "=" + pgtest.URL(t), childSchemaEnv + "=" + snk.store.Schema(),
 		childStreamEnv + "=" + e.stream, childNATSEnv + "=" + e.url, childConsumerEnv + "=p18"}
 	writing := make(chan struct{})
@@ -101,6 +131,7 @@ func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
 		// Chaos, not synchronisation: kill it at a random moment of its work.
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
 		child.Kill(t)
+		prefix(fmt.Sprintf("after kill %d", kills+1))
 	}
 	close(errs)
 	for err := range errs {
@@ -118,22 +149,7 @@ func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
 	}
 
 	// Per stream: a prefix applied, the rest parked in order.
-	rows, err := snk.store.Pool().Query(e.ctx, `SELECT stream, version FROM `+snk.effects+` ORDER BY n`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applied := map[string][]int64{}
-	for rows.Next() {
-		var s string
-		var v int64
-		if err := rows.Scan(&s, &v); err != nil {
-			t.Fatal(err)
-		}
-		applied[s] = append(applied[s], v)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	applied := prefix("drained")
 	parks := openParks(t, snk.store, "p18")
 	parkOf := map[string]pjs.Park{}
 	for _, p := range parks {
@@ -141,24 +157,24 @@ func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
 	}
 	for k := range streams {
 		ref := projector.TenantStream("acme", "ticket", "s"+strconv.Itoa(k))
-		prefix := perStream
+		applies := perStream
 		if len(poison[k]) > 0 {
-			prefix = poison[k][0] - 1
+			applies = poison[k][0] - 1
 		}
 		got := applied[ref.String()]
-		if len(got) != prefix {
-			t.Errorf("%s: applied %v, want versions 1..%d", ref, got, prefix)
+		if len(got) != applies {
+			t.Errorf("%s: applied %v, want versions 1..%d", ref, got, applies)
 			continue
 		}
 		for i, v := range got {
 			if v != int64(i+1) {
-				t.Errorf("%s: applied %v, want versions 1..%d in order", ref, got, prefix)
+				t.Errorf("%s: applied %v, want versions 1..%d in order", ref, got, applies)
 				break
 			}
 		}
 		p, parked := parkOf[ref.String()]
-		if parked != (prefix < perStream) {
-			t.Errorf("%s: parked %v, want %v", ref, parked, prefix < perStream)
+		if parked != (applies < perStream) {
+			t.Errorf("%s: parked %v, want %v", ref, parked, applies < perStream)
 			continue
 		}
 		if !parked {
@@ -168,12 +184,12 @@ func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Version != int64(prefix+1) || len(msgs) != perStream-prefix {
-			t.Errorf("%s: parked at v%d with %d messages, want v%d with %d", ref, p.Version, len(msgs), prefix+1, perStream-prefix)
+		if p.Version != int64(applies+1) || len(msgs) != perStream-applies {
+			t.Errorf("%s: parked at v%d with %d messages, want v%d with %d", ref, p.Version, len(msgs), applies+1, perStream-applies)
 		}
 		for i, m := range msgs {
-			if m.Version != int64(prefix+1+i) {
-				t.Errorf("%s: parked message %d is v%d, want v%d", ref, i, m.Version, prefix+1+i)
+			if m.Version != int64(applies+1+i) {
+				t.Errorf("%s: parked message %d is v%d, want v%d", ref, i, m.Version, applies+1+i)
 			}
 		}
 	}
