@@ -200,12 +200,6 @@ others it left (` + "`dead-letters list --model superseded`" + `).`,
 			if err != nil {
 				return err
 			}
-			var projections map[string]*projection.Async
-			if here {
-				if projections, err = a.asyncByName(); err != nil {
-					return err
-				}
-			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				ctx := cmd.Context()
 				if all {
@@ -233,14 +227,24 @@ others it left (` + "`dead-letters list --model superseded`" + `).`,
 					return nil
 				}
 				failed := 0
+				// The wired consumers by name, async projections and
+				// sagas alike (a saga in continuous mode dead-letters
+				// under its consumer), each built once.
+				consumers := map[string]*projection.Async{}
 				for _, id := range ids {
 					dl, _, err := projection.GetDeadLetter(ctx, store, id)
 					if err != nil {
 						return err
 					}
-					p := projections[dl.Consumer]
+					p, ok := consumers[dl.Consumer]
+					if !ok {
+						if p, err = a.consumerByName(store, dl.Consumer); err != nil {
+							return err
+						}
+						consumers[dl.Consumer] = p
+					}
 					if p == nil {
-						return usageError{fmt.Errorf("dead letter %d belongs to %s, and this binary has no async projection of that name: run it with your application's binary (cli.Config.Wire), or without --here for a running dispatcher",
+						return usageError{fmt.Errorf("dead letter %d belongs to %s, and this binary has no async projection or saga of that name: run it with your application's binary (cli.Config.Wire), or without --here for a running dispatcher",
 							id, projector.Printable(dl.Consumer))}
 					}
 					res, err := projection.RetryDeadLetter(ctx, store, p, id, a.logger())
@@ -312,19 +316,6 @@ func openDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, consumer, mode
 		}
 		f.AfterID = page[len(page)-1].ID
 	}
-}
-
-// asyncByName is the wired async projections by name.
-func (a *App) asyncByName() (map[string]*projection.Async, error) {
-	w, err := a.wiring()
-	if err != nil {
-		return nil, err
-	}
-	m := map[string]*projection.Async{}
-	for _, p := range w.Async {
-		m[p.Name()] = p
-	}
-	return m, nil
 }
 
 // someIDs accepts one or more dead-letter ids, with the usage exit code;

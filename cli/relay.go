@@ -32,9 +32,9 @@ func (a *App) relayCmd() *cobra.Command {
 			}
 			return cmd.Help()
 		},
-		Short: "Inspect the relay of the log to NATS JetStream, purge consumer claims, handle consumer dead letters (see docs/jetstream.md)",
+		Short: "Inspect the relay of the log to NATS JetStream, purge consumer claims, handle consumer dead letters and parked streams (see docs/jetstream.md)",
 	}
-	cmd.AddCommand(a.relayStatusCmd(), a.relayPruneClaimsCmd(), a.relayDeadLettersCmd())
+	cmd.AddCommand(a.relayStatusCmd(), a.relayPruneClaimsCmd(), a.relayDeadLettersCmd(), a.relayParkedCmd())
 	return cmd
 }
 
@@ -46,7 +46,8 @@ func (a *App) relayStatusCmd() *cobra.Command {
 		Long: `Show the JetStream stream (messages, bytes, sequences, duplicate window) beside the
 relay consumer's shard (status, cursor, lag, attempts, last error), then the open dead
 letters of the claims consumers in every schema of the database, per schema and
-subscription ("open_dead_letters" in -o json). It works pointed at either side: in a
+subscription ("open_dead_letters" in -o json), and likewise their parked streams
+(ErrorMode ParkStream; "parked_streams"). It works pointed at either side: in a
 claims consumer's schema, which has no relay, it shows the stream and the dead letters
 and says where the relay is not. A consumer service with a database of its own has its
 dead letters there: run relay status or relay dead-letters list against it. See
@@ -106,7 +107,10 @@ docs/jetstream.md.`,
 				if err := a.writeRelayPartitions(st.Partitions); err != nil {
 					return err
 				}
-				return a.writeOpenDeadLetters(st.OpenDeadLetters)
+				if err := a.writeOpenDeadLetters(st.OpenDeadLetters); err != nil {
+					return err
+				}
+				return a.writeParkedStreams(st.ParkedStreams)
 			})
 		},
 	}
@@ -186,6 +190,22 @@ func (a *App) writeOpenDeadLetters(open []jetstream.OpenDeadLetters) error {
 	w := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
 	for _, o := range open {
 		fmt.Fprintf(w, "  %s\t%s\t%d\n", projector.Printable(o.Schema), projector.Printable(o.Subscription), o.Open)
+	}
+	return w.Flush()
+}
+
+// writeParkedStreams ends the text of `relay status`: the claims
+// consumers' parked streams per schema and subscription, in the database
+// read; one line when there are none.
+func (a *App) writeParkedStreams(parked []jetstream.ParkedStreams) error {
+	if len(parked) == 0 {
+		_, err := fmt.Fprintln(a.out, "CONSUMER PARKED STREAMS none in this database")
+		return err
+	}
+	fmt.Fprintf(a.out, "CONSUMER PARKED STREAMS per schema and subscription (%s relay parked list --schema SCHEMA --subscription S)\n", a.cfg.Name)
+	w := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
+	for _, p := range parked {
+		fmt.Fprintf(w, "  %s\t%s\t%d\n", projector.Printable(p.Schema), projector.Printable(p.Subscription), p.Parked)
 	}
 	return w.Flush()
 }

@@ -462,6 +462,31 @@ func TestRelayStatusShowsOpenDeadLetters(t *testing.T) {
 	if regexp.MustCompile(sc + ` +billing-2`).FindStringIndex(text)[0] > regexp.MustCompile(sc + ` +feed`).FindStringIndex(text)[0] {
 		t.Fatalf("subscriptions not in name order:\n%s", text)
 	}
+
+	// Parked streams (ErrorMode ParkStream) likewise, open ones only.
+	if !strings.Contains(text, "CONSUMER PARKED STREAMS none in this database") && !strings.Contains(text, "CONSUMER PARKED STREAMS per schema") {
+		t.Fatalf("relay status lacks its parked streams:\n%s", text)
+	}
+	e.park("feed", "p1", 2)
+	e.park("feed", "p2", 1)
+	done, _ := e.park("feed", "p3", 1)
+	if _, err := jetstream.DiscardPark(e.ctx, e.store, "feed", done, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	text, st = status()
+	var parked []jetstream.ParkedStreams
+	for _, p := range st.ParkedStreams {
+		if p.Schema == sc {
+			parked = append(parked, p)
+		}
+	}
+	if want := []jetstream.ParkedStreams{{Schema: sc, Subscription: "feed", Parked: 2}}; fmt.Sprint(parked) != fmt.Sprint(want) {
+		t.Fatalf("parked streams %+v, want %+v", st.ParkedStreams, want)
+	}
+	if !strings.Contains(text, "CONSUMER PARKED STREAMS per schema and subscription (projector relay parked list --schema SCHEMA --subscription S)\n") ||
+		!regexp.MustCompile(`PARKED STREAMS[^\n]*\n(  .*\n)*  `+sc+` +feed +2\n`).MatchString(text) {
+		t.Fatalf("relay status lacks the parked streams:\n%s", text)
+	}
 }
 
 // relay status pointed at either side: in the relaying application's

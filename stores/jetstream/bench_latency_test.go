@@ -183,7 +183,9 @@ func (e *env) latencySamples(side string) []time.Duration {
 // double acknowledgement) beside the same handler without claims in the
 // same run: decode, a transaction with the same insert, commit, double
 // acknowledgement. Each side reads the stream from its start with a
-// durable consumer of its own into an effects table of its own.
+// durable consumer of its own into an effects table of its own. A third
+// side runs the claims consumer under ParkStream with nothing parked: the
+// cost of looking for its stream's park under each message's stream lock.
 func BenchmarkClaimsConsumer(b *testing.B) {
 	const events = 5000
 	e := newEnv(b)
@@ -211,7 +213,7 @@ func BenchmarkClaimsConsumer(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, side := range []string{"without_claims", "claims"} {
+	for _, side := range []string{"without_claims", "claims", "claims_park_stream"} {
 		b.Run(side, func(b *testing.B) {
 			for n := range b.N {
 				snk := newSink(b, e.types.Registry)
@@ -225,8 +227,12 @@ func BenchmarkClaimsConsumer(b *testing.B) {
 					}
 					return m.DoubleAck(e.ctx)
 				}
-				if side == "claims" {
-					c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "bench", Handler: snk.record})
+				if side != "without_claims" {
+					mode := pjs.DeadLetterMessage
+					if side == "claims_park_stream" {
+						mode = pjs.ParkStream
+					}
+					c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "bench", Handler: snk.record, ErrorMode: mode})
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -43,6 +43,7 @@ const (
 	Held         Outcome = "held"          // predecessor not handled yet: nak with HoldDelay
 	Retried      Outcome = "retried"       // handler failed: nak with backoff
 	DeadLettered Outcome = "dead-lettered" // written to the dead-letter table and acknowledged
+	Parked       Outcome = "parked"        // stored in its stream's park ([ParkStream]) and acknowledged, handler not run
 )
 
 // ConsumerHandler applies one event's effects inside tx, which is scoped to
@@ -61,13 +62,20 @@ type ConsumerConfig struct {
 	Subscription string
 	Handler      ConsumerHandler
 	// MaxDeliver is how many times the handler may fail on one event
-	// before the message is dead-lettered; default [DefaultMaxDeliver].
+	// before the message is dead-lettered (or its stream parked, under
+	// [ParkStream]); default [DefaultMaxDeliver].
 	// Only the handler's failures count (in projector_jetstream_failures),
 	// not NATS deliveries: a message held behind its predecessor, or
 	// delivered again after a lost acknowledgement, has not failed. Set the
 	// JetStream consumer's own MaxDeliver to -1 (unlimited), so JetStream
 	// never stops delivering a message this consumer has not settled.
 	MaxDeliver int
+	// ErrorMode is what happens after MaxDeliver failures: the message is
+	// dead-lettered and its stream goes on past it ([DeadLetterMessage],
+	// the default), or its stream is parked ([ParkStream]) until an
+	// operator retries or discards the park (docs/jetstream.md, "Parked
+	// streams").
+	ErrorMode ErrorMode
 	// Backoff is the nak delay after a handler error, doubled per failure
 	// of the event up to MaxBackoff; defaults [DefaultBackoff],
 	// [DefaultMaxBackoff].
@@ -116,8 +124,9 @@ type Consumer struct {
 	logger *slog.Logger
 	tracer trace.Tracer
 	sql    consumerSQL
-	// openDeadLetters is nil without a Registerer.
-	openDeadLetters *prometheus.GaugeVec
+	park   parkSQL
+	// openDeadLetters and parkedStreams are nil without a Registerer.
+	openDeadLetters, parkedStreams *prometheus.GaugeVec
 }
 
 type consumerSQL struct {
@@ -142,17 +151,19 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		return nil, ValidateSubscription(cfg.Subscription)
 	case cfg.MaxDeliver < 1 || cfg.Backoff < 0 || cfg.MaxBackoff < cfg.Backoff || cfg.HoldDelay < 0:
 		return nil, fmt.Errorf("%w: max deliver %d, backoff %v..%v, hold delay %v", ErrInvalidConfig, cfg.MaxDeliver, cfg.Backoff, cfg.MaxBackoff, cfg.HoldDelay)
+	case cfg.ErrorMode != DeadLetterMessage && cfg.ErrorMode != ParkStream:
+		return nil, fmt.Errorf("%w: error mode %d: want DeadLetterMessage or ParkStream", ErrInvalidConfig, cfg.ErrorMode)
 	case cfg.MetricsEvery < projection.MinMetricsEvery || cfg.MetricsEvery > projection.MaxMetricsEvery:
 		return nil, fmt.Errorf("%w: metrics every %v: want %v to %v", ErrInvalidConfig, cfg.MetricsEvery, projection.MinMetricsEvery, projection.MaxMetricsEvery)
 	}
-	gauge, err := newConsumerMetrics(cfg.Registerer)
+	gauge, parked, err := newConsumerMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	s := cfg.Store
 	claims, streams, dead := s.Table("projector_jetstream_claims"), s.Table("projector_jetstream_streams"), s.Table("projector_jetstream_dead_letters")
 	failures := s.Table("projector_jetstream_failures")
-	return &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), tracer: tracing.Tracer(cfg.TracerProvider), openDeadLetters: gauge, sql: consumerSQL{
+	c := &Consumer{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.Default()), tracer: tracing.Tracer(cfg.TracerProvider), openDeadLetters: gauge, sql: consumerSQL{
 		// The claim: a second insert of the same key does nothing, and the
 		// handler does not run.
 		claim:   `INSERT INTO ` + claims + ` (subscription, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
@@ -187,7 +198,9 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			ON CONFLICT (subscription, event_id) DO UPDATE SET failures = f.failures + 1, last_error = excluded.last_error, failed_at = now()
 			RETURNING failures`,
 		clearFailures: `DELETE FROM ` + failures + ` WHERE subscription = $1 AND event_id = $2`,
-	}}, nil
+	}}
+	c.parkedStreams, c.park = parked, buildParkSQL(s)
+	return c, nil
 }
 
 // Consume runs the consumer on a JetStream consumer until the returned
@@ -264,7 +277,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (outcome Outco
 			tracing.AttrStreamVersion.Int64(ev.Version),
 		)
 	}
-	outcome, err = c.apply(ctx, ev, deliveries > 1)
+	outcome, err = c.apply(ctx, msg, ev, deliveries > 1)
 	switch {
 	case err == nil && outcome == Held:
 		return Held, c.hold(msg, ev)
@@ -278,6 +291,9 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (outcome Outco
 		failures, ferr := c.countFailure(ctx, ev, err)
 		if ferr != nil {
 			return "", ferr
+		}
+		if failures >= int64(c.cfg.MaxDeliver) && c.cfg.ErrorMode == ParkStream {
+			return c.parkStream(ctx, msg, ev, failures, err)
 		}
 		if failures >= int64(c.cfg.MaxDeliver) {
 			return c.deadLetter(ctx, msg, &ev, deliveries, err)
@@ -315,8 +331,10 @@ func (c *Consumer) countFailure(ctx context.Context, ev projector.Event, cause e
 // before the transaction is scoped to the tenant, so scoping only ever
 // narrows privileges and a tenant role needs no grant on these tables.
 // redelivered says the message came before, so earlier handler failures
-// may be counted: their record goes with the applied effect.
-func (c *Consumer) apply(ctx context.Context, ev projector.Event, redelivered bool) (Outcome, error) {
+// may be counted: their record goes with the applied effect. Under
+// [ParkStream] an event whose stream is parked joins the park instead
+// (Parked), claimed, its handler not run.
+func (c *Consumer) apply(ctx context.Context, msg jetstream.Msg, ev projector.Event, redelivered bool) (Outcome, error) {
 	outcome := Applied
 	err := pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, c.sql.claim, c.cfg.Subscription, ev.ID)
@@ -346,6 +364,20 @@ func (c *Consumer) apply(ctx context.Context, ev projector.Event, redelivered bo
 			return nil
 		case o != Applied:
 			return errSettled
+		}
+		if c.cfg.ErrorMode == ParkStream {
+			// Under the stream's row lock order took, which a retry or
+			// a discard of the park holds while it runs: the message
+			// joins a park still open, or finds it gone and is applied
+			// after the whole parked sequence.
+			park, err := c.openPark(ctx, tx, ev)
+			if err != nil {
+				return err
+			}
+			if park != 0 {
+				outcome = Parked
+				return c.holdInPark(ctx, tx, park, msg, ev)
+			}
 		}
 		if redelivered {
 			if _, err := tx.Exec(ctx, c.sql.clearFailures, c.cfg.Subscription, ev.ID); err != nil {

@@ -10,18 +10,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// newConsumerMetrics registers the open dead-letter gauge on reg, or
-// returns the one a consumer of another subscription (or of the same one)
-// registered there before: one vector per Registerer, one series per
-// subscription. Nil without a Registerer.
-func newConsumerMetrics(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
+// newConsumerMetrics registers the open dead-letter and parked-stream
+// gauges on reg, or returns the ones a consumer of another subscription (or
+// of the same one) registered there before: one vector per Registerer, one
+// series per subscription. Nil without a Registerer.
+func newConsumerMetrics(reg prometheus.Registerer) (dead, parked *prometheus.GaugeVec, err error) {
 	if reg == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
-	vec := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "projector_jetstream_dead_letters_open",
-		Help: "Open dead letters of the JetStream claims consumer's subscription (neither retried successfully nor discarded), counted from the table: the same from every process that runs the subscription.",
-	}, []string{"subscription"})
+	dead, err = registerGauge(reg, "projector_jetstream_dead_letters_open",
+		"Open dead letters of the JetStream claims consumer's subscription (neither retried successfully nor discarded), counted from the table: the same from every process that runs the subscription.")
+	if err != nil {
+		return nil, nil, err
+	}
+	parked, err = registerGauge(reg, "projector_jetstream_parked_streams",
+		"Streams the JetStream claims consumer's subscription has parked (ParkStream) and no retry or discard has resolved yet, counted from the table.")
+	if err != nil {
+		return nil, nil, err
+	}
+	return dead, parked, nil
+}
+
+func registerGauge(reg prometheus.Registerer, name, help string) (*prometheus.GaugeVec, error) {
+	vec := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"subscription"})
 	if err := reg.Register(vec); err != nil {
 		var already prometheus.AlreadyRegisteredError
 		if errors.As(err, &already) {
@@ -68,4 +79,14 @@ func (c *Consumer) refreshMetrics(ctx context.Context) {
 		return
 	}
 	c.openDeadLetters.WithLabelValues(c.cfg.Subscription).Set(float64(n))
+	if c.cfg.ErrorMode != ParkStream {
+		return
+	}
+	if err := c.cfg.Store.Pool().QueryRow(ctx, c.park.countOpen, c.cfg.Subscription).Scan(&n); err != nil {
+		if ctx.Err() == nil {
+			c.logger.DebugContext(ctx, "jetstream consumer: count parked streams", "subscription", c.cfg.Subscription, slog.Any("error", err))
+		}
+		return
+	}
+	c.parkedStreams.WithLabelValues(c.cfg.Subscription).Set(float64(n))
 }

@@ -47,4 +47,11 @@
 // projector_jetstream_dead_letters_open{subscription}
 // ([ConsumerConfig.Registerer]) and in `projector relay status`
 // ([CountOpenDeadLettersInDatabase]).
+//
+// Under [ParkStream] ([ConsumerConfig.ErrorMode]) a failure after
+// MaxDeliver parks the event's source stream instead: it and the stream's
+// later messages are stored in order, never reaching the handler, until
+// [Consumer.RetryPark] applies the sequence or [DiscardPark] gives it up
+// (`relay parked`; [ListParks], [GetPark], [CountParkedStreamsInDatabase],
+// the gauge projector_jetstream_parked_streams{subscription}).
 package jetstream

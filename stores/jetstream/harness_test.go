@@ -32,6 +32,8 @@ func TestMain(m *testing.M) {
 	case "":
 	case "claims":
 		os.Exit(runClaimsChild())
+	case "park":
+		os.Exit(runParkChild())
 	default:
 		os.Exit(runChild())
 	}

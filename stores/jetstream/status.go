@@ -15,7 +15,7 @@ import (
 
 // Status is the relay's state for operators: the JetStream stream beside
 // the relay consumer's shard, so lag on one side can be read against the
-// other, and the claims consumers' open dead letters.
+// other, and the claims consumers' open dead letters and parked streams.
 type Status struct {
 	Stream          string        `json:"stream"`
 	Subjects        []string      `json:"subjects"`
@@ -40,6 +40,11 @@ type Status struct {
 	// ([CountOpenDeadLettersInDatabase]); empty when none are open. A
 	// consumer with a database of its own has its count there.
 	OpenDeadLetters []OpenDeadLetters `json:"open_dead_letters"`
+	// ParkedStreams counts, per schema and subscription with any, the
+	// streams the claims consumers (ErrorMode [ParkStream]) have parked and
+	// no retry or discard has resolved yet
+	// ([CountParkedStreamsInDatabase]); empty when none are.
+	ParkedStreams []ParkedStreams `json:"parked_streams"`
 }
 
 // RelayStatus reads the stream's state from JetStream, the relay
@@ -82,10 +87,14 @@ func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.St
 	if err != nil {
 		return Status{}, err
 	}
+	parked, err := CountParkedStreamsInDatabase(ctx, store)
+	if err != nil {
+		return Status{}, err
+	}
 	return Status{
 		Stream: stream, Subjects: info.Config.Subjects, Storage: info.Config.Storage.String(),
 		DuplicateWindow: info.Config.Duplicates, Messages: info.State.Msgs, Bytes: info.State.Bytes,
 		FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, LastTime: info.State.LastTime,
-		Relay: relay, Partitions: partitions, OpenDeadLetters: open,
+		Relay: relay, Partitions: partitions, OpenDeadLetters: open, ParkedStreams: parked,
 	}, nil
 }

@@ -1,0 +1,243 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/jetstream"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// relayParkedCmd is `relay parked`: the streams a JetStream claims consumer
+// under ParkStream parked, in the consumer's database.
+func (a *App) relayParkedCmd() *cobra.Command {
+	cmd := group("parked", "List, show, retry and discard the streams a JetStream claims consumer parked (ErrorMode ParkStream)")
+	cmd.Long = `A claims consumer (stores/jetstream) with ErrorMode ParkStream parks a source stream whose
+message failed MaxDeliver times: that message and every later one of the stream are stored
+in projector_jetstream_parks / projector_jetstream_parked_messages in the consumer's own
+database, in order, and never reach the handler until an operator retries or discards the
+park; other streams go on. Point --database-url and --schema at the consumer's store.
+list, show and discard work from any binary; retry runs the consumer's handler, so it
+works only in a binary that wires its consumers (cli.Config.JetStreamConsumers). The
+dispatcher's parks (async projections, sagas) are ` + "`parked`" + `'s. See docs/jetstream.md.`
+	cmd.AddCommand(a.relayParkedListCmd(), a.relayParkedShowCmd(), a.relayParkedRetryCmd(), a.relayParkedDiscardCmd())
+	return cmd
+}
+
+func (a *App) relayParkedListCmd() *cobra.Command {
+	var f jetstream.ParkFilter
+	var format string
+	cmd := &cobra.Command{
+		Use:   "list --subscription S [--status parked|resolved|discarded|all] [--limit N] [--after ID]",
+		Short: "List a subscription's parked streams (open parks unless --status says otherwise), oldest first",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			if f.Limit < 1 || f.Limit > 10_000 {
+				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", f.Limit)}
+			}
+			if f.AfterID < 0 {
+				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", f.AfterID)}
+			}
+			if f.Status == "all" {
+				f.Status = ""
+			} else if f.Status == "" || projection.ValidateParkStatus(f.Status) != nil {
+				return usageError{fmt.Errorf("--status %q: want parked, resolved, discarded or all", projector.Printable(f.Status))}
+			}
+			if err := validateSubscription(f.Subscription, false); err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				parks, err := jetstream.ListParks(cmd.Context(), store, f)
+				if err != nil {
+					return err
+				}
+				return writeList(a.out, asJSON, parks, "no parks of "+f.Subscription+" match", func(tw io.Writer) {
+					fmt.Fprintln(tw, "ID\tSTREAM\tFROM\tMESSAGES\tSTATUS\tFAILURES\tPARKED\tERROR")
+					for _, p := range parks {
+						fmt.Fprintf(tw, "%d\t%s\tv%d\t%d\t%s\t%d\t%s\t%s\n", p.ID, relayParkStream(p), p.Version, p.Messages, p.Status, p.Failures,
+							p.ParkedAt.UTC().Format(time.RFC3339), text(p.Error, 80))
+					}
+				})
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.Subscription, "subscription", "", "the consumer's subscription (required)")
+	fl.StringVar(&f.Status, "status", projection.ParkOpen, "parked, resolved, discarded or all")
+	fl.IntVar(&f.Limit, "limit", 100, "rows per page (1..10000)")
+	fl.Int64Var(&f.AfterID, "after", 0, "the last id of the previous page")
+	fl.StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+// relayParkedMessageJSON is a parked message as `-o json` prints it.
+type relayParkedMessageJSON struct {
+	Version  int64               `json:"version"`
+	EventID  string              `json:"event_id"`
+	Subject  string              `json:"subject"`
+	Headers  map[string][]string `json:"headers"`
+	Body     string              `json:"body"`
+	ParkedAt time.Time           `json:"parked_at"`
+}
+
+func (a *App) relayParkedShowCmd() *cobra.Command {
+	var subscription, format string
+	cmd := &cobra.Command{
+		Use:   "show ID --subscription S",
+		Short: "Show a park and its parked messages, in the order a retry applies them",
+		Args:  oneParkID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputFormat(format)
+			if err != nil {
+				return err
+			}
+			id, err := parseParkID(args[0])
+			if err != nil {
+				return err
+			}
+			if err := validateSubscription(subscription, false); err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				p, msgs, err := jetstream.GetPark(cmd.Context(), store, subscription, id)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					seq := make([]relayParkedMessageJSON, len(msgs))
+					for i, m := range msgs {
+						seq[i] = relayParkedMessageJSON{Version: m.Version, EventID: m.EventID.String(), Subject: m.Subject,
+							Headers: m.Header, Body: bodyText(m.Data), ParkedAt: m.ParkedAt.UTC()}
+						if seq[i].Headers == nil {
+							seq[i].Headers = map[string][]string{}
+						}
+					}
+					return writeJSON(a.out, struct {
+						jetstream.Park
+						Sequence []relayParkedMessageJSON `json:"sequence"`
+					}{p, seq})
+				}
+				w := a.out
+				fmt.Fprintf(w, "park %d of %s: %s\n", p.ID, projector.Printable(p.Subscription), p.Status)
+				fmt.Fprintf(w, "stream:     %s, parked from v%d (%s %s)\n", relayParkStream(p), p.Version, projector.Printable(p.EventType), p.EventID)
+				fmt.Fprintf(w, "parked:     %s after %d handler failures\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Failures)
+				if p.LastRetriedAt != nil {
+					fmt.Fprintf(w, "retried:    %s\n", p.LastRetriedAt.UTC().Format(time.RFC3339))
+				}
+				if p.ResolvedAt != nil {
+					fmt.Fprintf(w, "%s:   %s by %s, %d messages\n", p.Status, p.ResolvedAt.UTC().Format(time.RFC3339), projector.Printable(p.ResolvedBy), p.Messages)
+				}
+				fmt.Fprintf(w, "error:      %s\n", text(p.Error, lineText))
+				if len(msgs) > 0 {
+					fmt.Fprintf(w, "sequence:   %d messages, applied in this order by a retry\n", len(msgs))
+					for _, m := range msgs {
+						fmt.Fprintf(w, "  v%d %s %s %s\n", m.Version, cmpDash(text(m.Header.Get(jetstream.HeaderEventType), cellText)), m.EventID, text(bodyText(m.Data), cellText*2))
+					}
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func (a *App) relayParkedRetryCmd() *cobra.Command {
+	var subscription, by string
+	cmd := &cobra.Command{
+		Use:   "retry ID --subscription S [--by WHO]",
+		Short: "Apply a parked sequence, in order, through the consumer's handler (only in a binary that wires its JetStream consumers)",
+		Long: `retry applies a park's whole sequence of messages, in version order, through the
+subscription's current handler, in one transaction that also marks the park resolved: each
+parked event is applied exactly once, and the stream is live again (a message of it that
+arrives meanwhile waits for the retry and is applied after the parked ones). A retry whose
+handler fails again applies nothing, keeps the park with the new error (exit 1). Retrying
+a park that is resolved or discarded is refused (exit 3). It needs the handler, so it works
+in the consumer service's binary, which mounts this command tree with
+cli.Config.JetStreamConsumers.`,
+		Args: oneParkID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseParkID(args[0])
+			if err != nil {
+				return err
+			}
+			if err := validateSubscription(subscription, false); err != nil {
+				return err
+			}
+			if by, err = operatorName(by); err != nil {
+				return err
+			}
+			if a.cfg.JetStreamConsumers == nil {
+				return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				consumers, err := a.cfg.JetStreamConsumers(store)
+				if err != nil {
+					return fmt.Errorf("build the JetStream consumers: %w", err)
+				}
+				i := slices.IndexFunc(consumers, func(c *jetstream.Consumer) bool { return c.Subscription() == subscription })
+				if i < 0 {
+					return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
+				}
+				n, err := consumers[i].RetryPark(cmd.Context(), id, by)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(a.out, "park %d: applied its %d messages in order and resolved; the stream is live again\n", id, n)
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	cmd.Flags().StringVar(&by, "by", "", "who is retrying, for the record (default $USER@host)")
+	return cmd
+}
+
+func (a *App) relayParkedDiscardCmd() *cobra.Command {
+	var subscription, by string
+	cmd := &cobra.Command{
+		Use:   "discard ID --subscription S [--by WHO]",
+		Short: "Drop a parked sequence (its messages are never applied); recorded with who, when and how many",
+		Args:  oneParkID,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseParkID(args[0])
+			if err != nil {
+				return err
+			}
+			if err := validateSubscription(subscription, false); err != nil {
+				return err
+			}
+			if by, err = operatorName(by); err != nil {
+				return err
+			}
+			return a.withStore(cmd, func(store *postgres.Store) error {
+				p, err := jetstream.DiscardPark(cmd.Context(), store, subscription, id, by)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(a.out, "park %d: discarded %d messages of %s (recorded as discarded by %s); the stream is live again from its next message\n",
+					id, p.Messages, relayParkStream(p), projector.Printable(p.ResolvedBy))
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
+	cmd.Flags().StringVar(&by, "by", "", "who is discarding, for the record (default $USER@host)")
+	return cmd
+}
+
+func relayParkStream(p jetstream.Park) string {
+	s := p.Stream()
+	return projector.Printable(s.Type) + "/" + projector.Printable(s.ID) + " (tenant " + projector.Printable(s.Tenant) + ")"
+}
