@@ -76,16 +76,23 @@ func TestTraceScreenshot(t *testing.T) {
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium),
 		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.Flag("disable-background-networking", true),
-		chromedp.WindowSize(1400, 640))
+		chromedp.WindowSize(1400, 1000))
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	defer cancelAlloc()
 	bctx, cancelBrowser := chromedp.NewContext(actx)
 	defer cancelBrowser()
 	page := j.Query + "/trace/" + traceID
 	if err := chromedp.Do(bctx,
+		chromedp.EmulateViewport(1400, 930), // every row with the append's details open
 		chromedp.Navigate(page),
 		// A row per span once the trace has loaded and laid out.
 		chromedp.WaitVisible(`.span-row`),
+		// Open the append's details, and its attributes ("Tags") in them.
+		chromedp.Evaluate[chromedp.Void](`[...document.querySelectorAll('.span-row')]
+			.find(r => r.querySelector('.endpoint-name')?.textContent === 'append ticket')
+			.querySelector('.span-name').click()`),
+		chromedp.WaitVisible(`.AccordianKeyValues--header`),
+		chromedp.Click(`.AccordianKeyValues--header`),
 		chromedp.Sleep(time.Second), // let the layout settle before the picture (not synchronisation: the rows are there)
 	); err != nil {
 		t.Fatalf("trace view %s: %v", page, err)
