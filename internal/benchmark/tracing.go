@@ -21,7 +21,7 @@ import (
 // TracingMode is what the traced side of a tracing figure runs.
 type TracingMode string
 
-// The tracing modes, each measured beside the same untraced side.
+// The tracing modes, each measured in pairs with the untraced side.
 const (
 	// TracingNoop is the no-op provider an application has when it uses
 	// the OpenTelemetry API and installs no SDK: the global default,
@@ -197,7 +197,8 @@ func runPairs(ctx context.Context, name string, sides []tracingSide, pairs int,
 // beside the same work with the no-op provider ([TracingNoop]), with an
 // SDK that samples nothing ([TracingSampledOut]) and with every span
 // sampled and recorded ([TracingSampled]: an SDK provider, a batch span
-// processor, an exporter that discards), the four sides in turn: appends
+// processor, an exporter that discards), each traced side in pairs with
+// the untraced ([runPairs]; the figure is the pairs' median): appends
 // of each of cfg.EventsPerTx events by one writer, each transaction of a
 // traced side under an application span as a request's would be, and a
 // catch-up of cfg.Backlog events in batches of cfg.BatchSize with the
@@ -249,8 +250,9 @@ func MeasureTracing(ctx context.Context, store *postgres.Store, cfg Config) (res
 	return append(res, r...), err
 }
 
-// measureAppendTracing runs one writer's appends in slices, each side in
-// turn through a store of its own given the side's provider; the
+// measureAppendTracing runs one writer's appends in slices, in pairs
+// ([runPairs]), each side through a store of its own given the side's
+// provider; the
 // untraced side with no span in its context, the others with each
 // transaction under an application span of the side's.
 func measureAppendTracing(ctx context.Context, store *postgres.Store, cfg AppendConfig, sides []tracingSide) ([]TracingResult, error) {
