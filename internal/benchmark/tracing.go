@@ -68,14 +68,6 @@ func (r TracingResult) Median() float64 {
 	return median(r.Pairs)
 }
 
-// Spread returns the lowest and the highest per-pair ratio.
-func (r TracingResult) Spread() (lo, hi float64) {
-	if len(r.Pairs) == 0 {
-		return r.Ratio(), r.Ratio()
-	}
-	return slices.Min(r.Pairs), slices.Max(r.Pairs)
-}
-
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
