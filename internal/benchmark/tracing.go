@@ -88,6 +88,11 @@ func (r TracingResult) Figure() Figure {
 // traced mode runs: odd, so the median is one pair's ratio.
 const TracingCatchUpPairs = 7
 
+// tracingSlice is the shortest half of a pair of appends: short, so a
+// stall of the database longer than a pair hits both its halves alike
+// rather than one, and a run holds many pairs.
+const tracingSlice = 50 * time.Millisecond
+
 // minAppendPairs is the fewest pairs of append slices a traced mode runs,
 // however short the append duration.
 const minAppendPairs = 3
@@ -268,9 +273,9 @@ func measureAppendTracing(ctx context.Context, store *postgres.Store, cfg Append
 		writers[i] = a.withStore(st, fmt.Sprintf("t%d", i)).Writer(0)
 	}
 	// Each traced side's pairs take 2/len(sides)-1 of the duration, in
-	// slices of at least appendSlice.
-	pairs := max(minAppendPairs, int(cfg.Duration/(time.Duration(2*(len(sides)-1))*appendSlice)))
-	slice := max(appendSlice, cfg.Duration/time.Duration(2*(len(sides)-1)*pairs))
+	// slices of at least tracingSlice.
+	pairs := max(minAppendPairs, int(cfg.Duration/(time.Duration(2*(len(sides)-1))*tracingSlice)))
+	slice := max(tracingSlice, cfg.Duration/time.Duration(2*(len(sides)-1)*pairs))
 	return runPairs(ctx, name, sides, pairs, func(ctx context.Context, i int) (int64, time.Duration, error) {
 		op := (*AppendWriter).Projector
 		if s := sides[i]; s.request != nil {
