@@ -152,7 +152,8 @@ func (s tracingSide) spans(ctx context.Context) (int64, error) {
 // is the untraced one) in pairs: round after round, each traced side in
 // turn runs a pair, the untraced work and the traced back to back,
 // untraced first in even rounds and traced first in odd ones so neither
-// always runs warm. run measures side i once. One result per traced side.
+// always runs warm; the traced sides take turns at going first in a
+// round. run measures side i once. One result per traced side.
 func runPairs(ctx context.Context, name string, sides []tracingSide, pairs int,
 	run func(ctx context.Context, i int) (events int64, took time.Duration, err error)) ([]TracingResult, error) {
 	res := make([]TracingResult, len(sides)-1)
@@ -160,7 +161,8 @@ func runPairs(ctx context.Context, name string, sides []tracingSide, pairs int,
 		res[i] = TracingResult{Name: name, Mode: sides[i+1].mode}
 	}
 	for p := range pairs {
-		for i := range res {
+		for k := range res {
+			i := (k + p) % len(res) // the modes take turns at going first in a round
 			order := []int{0, i + 1}
 			if p%2 == 1 {
 				order = []int{i + 1, 0}
