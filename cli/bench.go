@@ -52,11 +52,14 @@ the raw-PostgreSQL baseline of the same work, measured in the same run:
 
 With --tracing it also measures what tracing costs: appends (each size of
 --events-per-tx, one writer, each transaction under an application span) and the
-batch catch-up, each three ways beside the same work with tracing off, all four in
-turn in the same run ("% of untraced"): "tracing no-op" with the OpenTelemetry
-API's default no-op provider (no SDK), "tracing sampled-out" with the SDK sampling
-nothing, "tracing on" with every span sampled and recorded by the SDK (batch span
-processor, an exporter that discards).
+batch catch-up, each three ways beside the same work with tracing off: "tracing
+no-op" with the OpenTelemetry API's default no-op provider (no SDK), "tracing
+sampled-out" with the SDK sampling nothing, "tracing on" with every span sampled and
+recorded by the SDK (batch span processor, an exporter that discards). Each runs in
+pairs with the untraced work, the two back to back (untraced first, then traced
+first, alternately), and its "% of untraced" is the median of the pairs' ratios,
+printed with their lowest and highest, so a load spike on a shared machine moves
+one pair, not the figure.
 
 It works in schemas of its own (projector_bench_<random>, one for the rebuild),
 created and migrated at the start and dropped at the end, also on failure or Ctrl-C; --schema is not
@@ -183,6 +186,12 @@ type BenchFigureJSON struct {
 	RatioDecoding float64 `json:"ratio_decoding,omitempty"`
 	LowerIsBetter bool    `json:"lower_is_better"`
 	PeakHeapMiB   float64 `json:"peak_heap_mib,omitempty"`
+	// Pairs is set on the tracing figures: each pair's traced rate over
+	// its untraced rate, the two run back to back, in the order they ran;
+	// Ratio is then their median, RatioMin and RatioMax their spread.
+	Pairs    []float64 `json:"pairs,omitempty"`
+	RatioMin float64   `json:"ratio_min,omitempty"`
+	RatioMax float64   `json:"ratio_max,omitempty"`
 }
 
 func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
@@ -209,6 +218,10 @@ func writeBench(w io.Writer, rep benchmark.Report, asJSON bool) error {
 				Figure: f.Name, Unit: f.Unit, Projector: f.Projector, Raw: f.Raw, Ratio: f.Ratio(),
 				RawDecoding: f.RawDecoding, RatioDecoding: f.DecodingRatio(), Baseline: cmp.Or(f.Baseline, "raw"),
 				LowerIsBetter: f.LowerIsBetter, PeakHeapMiB: f.PeakHeapMiB,
+			}
+			if len(f.PairRatios) > 0 {
+				out.Figures[i].Pairs = f.PairRatios
+				out.Figures[i].RatioMin, out.Figures[i].RatioMax = f.RatioSpread()
 			}
 		}
 		return writeJSON(w, out)
@@ -260,6 +273,9 @@ func ratio(f benchmark.Figure) string {
 		return fmt.Sprintf("%.0f× %s", r, of)
 	case f.LowerIsBetter:
 		return fmt.Sprintf("%.1f× %s", r, of)
+	case len(f.PairRatios) > 0:
+		lo, hi := f.RatioSpread()
+		return fmt.Sprintf("%.0f%% of %s (median of %d pairs, %.0f–%.0f%%)", 100*r, of, len(f.PairRatios), 100*lo, 100*hi)
 	default:
 		return fmt.Sprintf("%.0f%% of %s", 100*r, of)
 	}

@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/projectorhq/projector/internal/benchmark"
 )
 
 // TestBenchTracing: `bench --tracing` adds the tracing figures, each
-// beside its untraced baseline, and says so in the JSON configuration;
+// beside its untraced baseline with the pairs its ratio is the median of,
+// and says so in the JSON configuration;
 // without the flag there are none.
 func TestBenchTracing(t *testing.T) {
 	t.Parallel()
@@ -40,7 +43,7 @@ func TestBenchTracing(t *testing.T) {
 			continue
 		}
 		// Each work with the no-op provider, an SDK that samples nothing
-		// and every span sampled, all three beside the same untraced side.
+		// and every span sampled, each in pairs with the work untraced.
 		var want []string
 		for _, work := range []string{"append, 1 event/tx, 1 writer", "catch-up, batch handler, batches of 100"} {
 			for _, mode := range []string{"no-op", "sampled-out", "on"} {
@@ -54,9 +57,24 @@ func TestBenchTracing(t *testing.T) {
 			if f.Figure != want[i] || f.Unit != "events/s" || f.Baseline != "untraced" || f.Projector <= 0 || f.Raw <= 0 || f.Ratio <= 0 {
 				t.Errorf("tracing figure %+v, want %q beside its untraced baseline", f, want[i])
 			}
-			if f.Raw != figs[i/3*3].Raw {
-				t.Errorf("%s: untraced %v events/s, the work's no-op line %v: want one untraced side per work", f.Figure, f.Raw, figs[i/3*3].Raw)
+			// The ratio is the median of the pairs, inside their spread.
+			if len(f.Pairs) < 3 || f.RatioMin <= 0 || f.RatioMin > f.Ratio || f.Ratio > f.RatioMax {
+				t.Errorf("%s: pairs %v, ratio %v, spread %v–%v: want the median of at least 3 pairs", f.Figure, f.Pairs, f.Ratio, f.RatioMin, f.RatioMax)
 			}
 		}
+	}
+}
+
+// TestBenchRatioPairs: a tracing line's ratio column is the median of its
+// pairs with their lowest and highest, not the ratio of its totals.
+func TestBenchRatioPairs(t *testing.T) {
+	f := benchmark.Figure{Name: "tracing no-op, catch-up", Unit: "events/s", Projector: 40752, Raw: 7467, Baseline: "untraced",
+		PairRatios: []float64{1.09, 0.9, 71.19, 1.12, 0.97, 1.2, 1.01}}
+	if got, want := ratio(f), "109% of untraced (median of 7 pairs, 90–7119%)"; got != want {
+		t.Errorf("ratio %q, want %q", got, want)
+	}
+	f.PairRatios = nil
+	if got, want := ratio(f), "546% of untraced"; got != want {
+		t.Errorf("without pairs: ratio %q, want %q", got, want)
 	}
 }

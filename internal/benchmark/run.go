@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -206,16 +207,32 @@ type Figure struct {
 	// Baseline names what Raw is, for the ratio's label: "raw" (the same
 	// work in plain SQL) unless set; "floor" for the outbox floor.
 	Baseline string
+	// PairRatios is set on the tracing figures: each pair's Projector
+	// rate over its baseline's, the two measured back to back. Ratio is
+	// then their median, not the ratio of the totals.
+	PairRatios []float64
 }
 
 // Ratio returns Projector's value over the baseline's: the fraction of raw
-// throughput, or how many times the raw latency. Zero when the baseline is
-// zero.
+// throughput, or how many times the raw latency; the median of
+// PairRatios when there are any. Zero when the baseline is zero.
 func (f Figure) Ratio() float64 {
+	if len(f.PairRatios) > 0 {
+		return median(f.PairRatios)
+	}
 	if f.Raw == 0 {
 		return 0
 	}
 	return f.Projector / f.Raw
+}
+
+// RatioSpread returns the lowest and the highest of PairRatios, or Ratio
+// twice when there are none.
+func (f Figure) RatioSpread() (lo, hi float64) {
+	if len(f.PairRatios) == 0 {
+		return f.Ratio(), f.Ratio()
+	}
+	return slices.Min(f.PairRatios), slices.Max(f.PairRatios)
 }
 
 // DecodingRatio returns Projector's value over the decoding baseline's,

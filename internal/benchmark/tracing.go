@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 // TracingMode is what the traced side of a tracing figure runs.
 type TracingMode string
 
-// The tracing modes, each measured beside the same untraced side.
+// The tracing modes, each measured in pairs with the untraced side.
 const (
 	// TracingNoop is the no-op provider an application has when it uses
 	// the OpenTelemetry API and installs no SDK: the global default,
@@ -36,7 +37,8 @@ const (
 )
 
 // TracingResult is one figure of the tracing mode: the same work with
-// tracing off and traced as Mode says, measured in turn in the same run.
+// tracing off and traced as Mode says, measured in interleaved pairs in
+// the same run.
 type TracingResult struct {
 	// Name says what was measured ("append, 1 event/tx, 1 writer").
 	Name string
@@ -44,23 +46,56 @@ type TracingResult struct {
 	Mode TracingMode
 	// Throughput's raw side is the work untraced (no span anywhere, an
 	// explicit no-op provider), its Projector side the same work traced
-	// as Mode says. The modes of one work share its untraced side.
+	// as Mode says, each added up over the pairs.
 	Throughput
+	// Pairs holds, in the order they ran, each pair's traced rate over
+	// its untraced rate: the two halves of a pair run back to back
+	// (untraced first in even pairs, traced first in odd ones), so a
+	// load spike moves both halves of the pair it hits and one pair's
+	// ratio out of many. The figure is their median ([TracingResult.Median]).
+	Pairs []float64
 	// Spans counts the spans the traced side ended: proof it traced, and
 	// zero unless Mode is [TracingSampled].
 	Spans int64
 }
 
-// Figure returns r as a line of the report.
-func (r TracingResult) Figure() Figure {
-	return Figure{Name: "tracing " + string(r.Mode) + ", " + r.Name, Unit: "events/s",
-		Projector: r.ProjectorRate(), Raw: r.RawRate(), Baseline: "untraced"}
+// Median returns the median of the per-pair ratios (0.98 is 98 % of
+// untraced), or the ratio of the totals when there are no pairs.
+func (r TracingResult) Median() float64 {
+	if len(r.Pairs) == 0 {
+		return r.Ratio()
+	}
+	return median(r.Pairs)
 }
 
-// tracingRounds is how many times each side of a tracing figure runs, in
-// turn (untraced, no-op, sampled out, sampled, untraced, …), so drift
-// hits every side alike.
-const tracingRounds = 3
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Figure returns r as a line of the report: the rates are the totals of
+// the pairs, the ratio the median of the pairs'.
+func (r TracingResult) Figure() Figure {
+	return Figure{Name: "tracing " + string(r.Mode) + ", " + r.Name, Unit: "events/s",
+		Projector: r.ProjectorRate(), Raw: r.RawRate(), Baseline: "untraced", PairRatios: slices.Clone(r.Pairs)}
+}
+
+// TracingCatchUpPairs is how many untraced/traced pairs of catch-ups each
+// traced mode runs: odd, so the median is one pair's ratio.
+const TracingCatchUpPairs = 7
+
+// tracingSlice is the shortest half of a pair of appends: short, so a
+// stall of the database longer than a pair hits both its halves alike
+// rather than one, and a run holds many pairs.
+const tracingSlice = 50 * time.Millisecond
+
+// minAppendPairs is the fewest pairs of append slices a traced mode runs,
+// however short the append duration.
+const minAppendPairs = 3
 
 // discardExporter is a span exporter that counts what it is given and
 // sends it nowhere: the SDK does all its work (sampling, recording,
@@ -113,20 +148,46 @@ func (s tracingSide) spans(ctx context.Context) (int64, error) {
 	return s.exp.spans.Swap(0), err
 }
 
-// tracingResults turns one work's per-side totals (sides[0] the
-// untraced) into its figures, one per traced side.
-func tracingResults(ctx context.Context, name string, sides []tracingSide, totals []Throughput) ([]TracingResult, error) {
-	var res []TracingResult
-	for i, s := range sides[1:] {
-		r := TracingResult{Name: name, Mode: s.mode, Throughput: Throughput{
-			RawEvents: totals[0].ProjectorEvents, RawTime: totals[0].ProjectorTime,
-			ProjectorEvents: totals[i+1].ProjectorEvents, ProjectorTime: totals[i+1].ProjectorTime,
-		}}
+// runPairs measures one work untraced beside each traced side (sides[0]
+// is the untraced one) in pairs: round after round, each traced side in
+// turn runs a pair, the untraced work and the traced back to back,
+// untraced first in even rounds and traced first in odd ones so neither
+// always runs warm; the traced sides take turns at going first in a
+// round. run measures side i once. One result per traced side.
+func runPairs(ctx context.Context, name string, sides []tracingSide, pairs int,
+	run func(ctx context.Context, i int) (events int64, took time.Duration, err error)) ([]TracingResult, error) {
+	res := make([]TracingResult, len(sides)-1)
+	for i := range res {
+		res[i] = TracingResult{Name: name, Mode: sides[i+1].mode}
+	}
+	for p := range pairs {
+		for k := range res {
+			i := (k + p) % len(res) // the modes take turns at going first in a round
+			order := []int{0, i + 1}
+			if p%2 == 1 {
+				order = []int{i + 1, 0}
+			}
+			var pair Throughput
+			for _, side := range order {
+				events, took, err := run(ctx, side)
+				if err != nil {
+					return nil, fmt.Errorf("tracing %s: %w", cmp.Or(sides[side].mode, "off"), err)
+				}
+				if side == 0 {
+					pair.RawEvents, pair.RawTime = events, took
+				} else {
+					pair.ProjectorEvents, pair.ProjectorTime = events, took
+				}
+			}
+			res[i].Add(pair)
+			res[i].Pairs = append(res[i].Pairs, pair.Ratio())
+		}
+	}
+	for i := range res {
 		var err error
-		if r.Spans, err = s.spans(ctx); err != nil {
+		if res[i].Spans, err = sides[i+1].spans(ctx); err != nil {
 			return res, err
 		}
-		res = append(res, r)
 	}
 	return res, nil
 }
@@ -135,7 +196,8 @@ func tracingResults(ctx context.Context, name string, sides []tracingSide, total
 // beside the same work with the no-op provider ([TracingNoop]), with an
 // SDK that samples nothing ([TracingSampledOut]) and with every span
 // sampled and recorded ([TracingSampled]: an SDK provider, a batch span
-// processor, an exporter that discards), the four sides in turn: appends
+// processor, an exporter that discards), each traced side in pairs with
+// the untraced ([runPairs]; the figure is the pairs' median): appends
 // of each of cfg.EventsPerTx events by one writer, each transaction of a
 // traced side under an application span as a request's would be, and a
 // catch-up of cfg.Backlog events in batches of cfg.BatchSize with the
@@ -179,22 +241,17 @@ func MeasureTracing(ctx context.Context, store *postgres.Store, cfg Config) (res
 		` SET headers = jsonb_build_object('traceparent', '00-' || md5(id::text) || '-' || left(md5(id::text || 's'), 16) || '-01')`); err != nil {
 		return res, fmt.Errorf("tracing: traceparents for the backlog: %w", err)
 	}
-	totals := make([]Throughput, len(sides))
-	for range tracingRounds {
-		for i, s := range sides {
-			took, err := c.WithTracerProvider(s.tp).timeDispatcher(ctx, Batched)
-			if err != nil {
-				return res, fmt.Errorf("tracing %s: %w", cmp.Or(s.mode, "off"), err)
-			}
-			totals[i].ProjectorEvents, totals[i].ProjectorTime = totals[i].ProjectorEvents+int64(cfg.Backlog), totals[i].ProjectorTime+took
-		}
-	}
-	r, err := tracingResults(ctx, fmt.Sprintf("catch-up, batch handler, batches of %d", cfg.BatchSize), sides, totals)
+	r, err := runPairs(ctx, fmt.Sprintf("catch-up, batch handler, batches of %d", cfg.BatchSize), sides, TracingCatchUpPairs,
+		func(ctx context.Context, i int) (int64, time.Duration, error) {
+			took, err := c.WithTracerProvider(sides[i].tp).timeDispatcher(ctx, Batched)
+			return int64(cfg.Backlog), took, err
+		})
 	return append(res, r...), err
 }
 
-// measureAppendTracing runs one writer's appends in slices, each side in
-// turn through a store of its own given the side's provider; the
+// measureAppendTracing runs one writer's appends in slices, in pairs
+// ([runPairs]), each side through a store of its own given the side's
+// provider; the
 // untraced side with no span in its context, the others with each
 // transaction under an application span of the side's.
 func measureAppendTracing(ctx context.Context, store *postgres.Store, cfg AppendConfig, sides []tracingSide) ([]TracingResult, error) {
@@ -217,28 +274,26 @@ func measureAppendTracing(ctx context.Context, store *postgres.Store, cfg Append
 		}
 		writers[i] = a.withStore(st, fmt.Sprintf("t%d", i)).Writer(0)
 	}
-	rounds := max(1, int(cfg.Duration/(time.Duration(len(sides))*appendSlice)))
-	slice := cfg.Duration / time.Duration(len(sides)*rounds)
-	totals := make([]Throughput, len(sides))
-	for range rounds {
-		for i, s := range sides {
-			op := (*AppendWriter).Projector
-			if s.request != nil {
-				op = func(w *AppendWriter, ctx context.Context) error {
-					ctx, span := s.request.Start(ctx, "request")
-					defer span.End()
-					return w.Projector(ctx)
-				}
+	// Each traced side's pairs take 2/len(sides)-1 of the duration, in
+	// slices of at least tracingSlice.
+	pairs := max(minAppendPairs, int(cfg.Duration/(time.Duration(2*(len(sides)-1))*tracingSlice)))
+	slice := max(tracingSlice, cfg.Duration/time.Duration(2*(len(sides)-1)*pairs))
+	return runPairs(ctx, name, sides, pairs, func(ctx context.Context, i int) (int64, time.Duration, error) {
+		op := (*AppendWriter).Projector
+		if s := sides[i]; s.request != nil {
+			op = func(w *AppendWriter, ctx context.Context) error {
+				ctx, span := s.request.Start(ctx, "request")
+				defer span.End()
+				return w.Projector(ctx)
 			}
-			runtime.GC()
-			ops, took, err := appendPhase(ctx, writers[i:i+1], op, slice)
-			if err != nil {
-				return nil, fmt.Errorf("tracing %s: append: %w", cmp.Or(s.mode, "off"), err)
-			}
-			totals[i].ProjectorEvents, totals[i].ProjectorTime = totals[i].ProjectorEvents+ops*int64(cfg.EventsPerTx), totals[i].ProjectorTime+took
 		}
-	}
-	return tracingResults(ctx, name, sides, totals)
+		runtime.GC()
+		ops, took, err := appendPhase(ctx, writers[i:i+1], op, slice)
+		if err != nil {
+			return 0, 0, fmt.Errorf("append: %w", err)
+		}
+		return ops * int64(cfg.EventsPerTx), took, nil
+	})
 }
 
 // withStore returns a copy of a appending through store, its streams named

@@ -3,6 +3,7 @@ package benchmark_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,10 +14,10 @@ import (
 
 // TestMeasureTracing: the tracing mode measures each append size and a
 // catch-up with the no-op provider, with an SDK that samples nothing and
-// with every span sampled, each beside the same untraced side of the
-// same rounds. Only the sampled side records (spans ended: an append span
-// and a request span per transaction, batch spans for the catch-up); the
-// SDK that samples nothing ends none.
+// with every span sampled, each in pairs with the same work untraced, the
+// figure's ratio the median of the pairs'. Only the sampled side records
+// (spans ended: an append span and a request span per transaction, batch
+// spans for the catch-up); the SDK that samples nothing ends none.
 func TestMeasureTracing(t *testing.T) {
 	t.Parallel()
 	ctx, store := setup(t)
@@ -31,15 +32,16 @@ func TestMeasureTracing(t *testing.T) {
 		t.Fatalf("%d figures, want %d: %+v", len(res), len(works)*len(modes), res)
 	}
 	for w, name := range works {
-		first := res[w*len(modes)]
 		for m, mode := range modes {
 			r := res[w*len(modes)+m]
 			if r.Name != name || r.Mode != mode || r.RawRate() <= 0 || r.ProjectorRate() <= 0 {
 				t.Errorf("figure %d: %+v, want %q %s with both sides measured", w*len(modes)+m, r, name, mode)
 			}
-			// One untraced side per work, shared by its three modes.
-			if r.RawEvents != first.RawEvents || r.RawTime != first.RawTime {
-				t.Errorf("%s %s: untraced side %d events in %v, the no-op figure's %d in %v", name, mode, r.RawEvents, r.RawTime, first.RawEvents, first.RawTime)
+			// At least three pairs, each with both halves measured; the
+			// figure's ratio is their median, inside their spread.
+			lo, hi := r.Figure().RatioSpread()
+			if len(r.Pairs) < 3 || slices.Contains(r.Pairs, 0) || r.Figure().Ratio() != r.Median() || r.Median() < lo || r.Median() > hi {
+				t.Errorf("%s %s: pairs %v, median %.2f, spread %.2f–%.2f", name, mode, r.Pairs, r.Median(), lo, hi)
 			}
 			if mode != benchmark.TracingSampled && r.Spans != 0 {
 				t.Errorf("%s %s: %d spans recorded, want none", name, mode, r.Spans)
@@ -53,8 +55,10 @@ func TestMeasureTracing(t *testing.T) {
 			t.Errorf("%s: %d spans for %d traced transactions", r.Name, r.Spans, tx)
 		}
 	}
-	if c := res[len(res)-1]; c.Spans < 3*int64(cfg.Backlog/cfg.BatchSize) || c.RawEvents != 3*int64(cfg.Backlog) {
-		t.Errorf("catch-up: %d spans, %d untraced events; want a span per batch of 3 rounds of %d events", c.Spans, c.RawEvents, cfg.Backlog)
+	pairs := int64(benchmark.TracingCatchUpPairs)
+	if c := res[len(res)-1]; c.Spans < pairs*int64(cfg.Backlog/cfg.BatchSize) || c.RawEvents != pairs*int64(cfg.Backlog) ||
+		len(c.Pairs) != int(pairs) {
+		t.Errorf("catch-up: %d spans, %d untraced events, %d pairs; want a span per batch of %d pairs of %d events", c.Spans, c.RawEvents, len(c.Pairs), pairs, cfg.Backlog)
 	}
 }
 

@@ -15,7 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -47,22 +50,29 @@ func (s *spanCtxs) get(name string) trace.SpanContext {
 	return s.m[name]
 }
 
-// TestPromise17_OneTraceEndToEnd follows one request through every hop
-// Projector owns: an HTTP handler's span → the append (with an inline
-// projection inside it) → the saga consumer's batch (linked to the append)
-// → the saga step (a child of the append) → the event the step emits (a
-// child of the step) → a second consumer's batch (linked to that append) →
-// the relay's publish → the claims consumer in the subscribing service, a
-// process of its own, whose process span is a child of the emitted event's
-// append (the context crosses in the NATS message's traceparent header).
-// One trace id reaches the end.
-func TestPromise17_OneTraceEndToEnd(t *testing.T) {
-	t.Parallel()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	seen := &spanCtxs{m: map[string]trace.SpanContext{}}
+// oneTrace is what [runOneTrace] leaves for its caller to check.
+type oneTrace struct {
+	e    *tracedEnv
+	seen *spanCtxs
+	// client is the span of the HTTP client the trace starts at.
+	client trace.SpanContext
+	// claims is what the claims consumer's process printed: its
+	// handler's trace id, span id and parent span id.
+	claims []string
+}
 
+// runOneTrace runs one request through every hop Projector owns, traced
+// by tp (rec records its spans, or is nil): an HTTP handler's span → the
+// append (with an inline projection inside it) → the saga consumer's
+// batch → the saga step → the event the step emits → a second consumer's
+// batch → the relay's publish → the claims consumer in the subscribing
+// service, a process of its own started with extraEnv added to its
+// environment. It returns once that process's handler has handled the
+// emitted event and the dispatcher has stopped (so every batch span has
+// ended).
+func runOneTrace(t *testing.T, tp *sdktrace.TracerProvider, rec *tracetest.SpanRecorder, extraEnv ...string) oneTrace {
+	t.Helper()
+	seen := &spanCtxs{m: map[string]trace.SpanContext{}}
 	// The inline projection runs in the append's transaction: it is
 	// registered with the store.
 	inline := projection.NewInline("inline_tickets")
@@ -105,8 +115,8 @@ func TestPromise17_OneTraceEndToEnd(t *testing.T) {
 	// says on its output which trace and span its handler ran under.
 	sink := pgtest.Store(t, e.types.Registry)
 	e.jsConsumer("p17")
-	child := pgtest.StartChild(t, childEnv+"=claims", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+sink.Schema(),
-		childStreamEnv+"="+e.stream, childNATSEnv+"="+e.url, childConsumerEnv+"=p17")
+	child := pgtest.StartChild(t, append([]string{childEnv + "=claims", childURLEnv + "=" + pgtest.URL(t), childSchemaEnv + "=" + sink.Schema(),
+		childStreamEnv + "=" + e.stream, childNATSEnv + "=" + e.url, childConsumerEnv + "=p17"}, extraEnv...)...)
 
 	// The application: an HTTP handler continuing its caller's trace
 	// appends the ticket.
@@ -136,7 +146,6 @@ func TestPromise17_OneTraceEndToEnd(t *testing.T) {
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("POST /tickets: %s", res.Status)
 	}
-	traceID := client.SpanContext().TraceID()
 
 	var claims []string // trace id, span id, parent span id, as the child printed them
 	waitFor(t, "the claims consumer's process to handle the emitted event", time.Minute, func() bool {
@@ -154,6 +163,25 @@ func TestPromise17_OneTraceEndToEnd(t *testing.T) {
 		return false
 	})
 	_ = d.Stop(e.ctx) // stopped again by the cleanup; here so every batch span has ended
+	return oneTrace{e: e, seen: seen, client: client.SpanContext(), claims: claims}
+}
+
+// TestPromise17_OneTraceEndToEnd follows one request through every hop
+// Projector owns ([runOneTrace]): an HTTP handler's span → the append
+// (with an inline projection inside it) → the saga consumer's batch
+// (linked to the append) → the saga step (a child of the append) → the
+// event the step emits (a child of the step) → a second consumer's batch
+// (linked to that append) → the relay's publish → the claims consumer in
+// the subscribing service, a process of its own, whose process span is a
+// child of the emitted event's append (the context crosses in the NATS
+// message's traceparent header). One trace id reaches the end.
+func TestPromise17_OneTraceEndToEnd(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	run := runOneTrace(t, tp, rec)
+	e, seen, claims, traceID := run.e, run.seen, run.claims, run.client.TraceID()
 
 	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
 	for _, s := range rec.Ended() {
@@ -189,7 +217,7 @@ func TestPromise17_OneTraceEndToEnd(t *testing.T) {
 	}
 
 	server := named("POST /tickets")
-	if server.Parent().SpanID() != client.SpanContext().SpanID() {
+	if server.Parent().SpanID() != run.client.SpanID() {
 		t.Fatalf("HTTP server span's parent %v, want the client", server.Parent())
 	}
 	appendTicket := named("append ticket")
@@ -242,6 +270,13 @@ func must(t *testing.T, err error) {
 // consumes.
 const childConsumerEnv = "PROJECTOR_TEST_JS_CHILD_CONSUMER"
 
+// childOTLPEnv, when set, is the OTLP/HTTP URL a claims child exports its
+// spans to, as the service childServiceEnv names.
+const (
+	childOTLPEnv    = "PROJECTOR_TEST_JS_CHILD_OTLP"
+	childServiceEnv = "PROJECTOR_TEST_JS_CHILD_SERVICE"
+)
+
 // runClaimsChild is the subscribing service of TestPromise17_OneTraceEndToEnd:
 // a claims consumer on its own store, with a tracer provider of its own
 // (nothing shared with the parent but the database and NATS), consuming
@@ -254,7 +289,16 @@ func runClaimsChild() int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
-	tp := sdktrace.NewTracerProvider()
+	var opts []sdktrace.TracerProviderOption
+	if url := os.Getenv(childOTLPEnv); url != "" { // the trace screenshot's run: export to its Jaeger, each span as it ends
+		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(url))
+		if err != nil {
+			return fail(err)
+		}
+		opts = append(opts, sdktrace.WithSyncer(exp),
+			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", os.Getenv(childServiceEnv)))))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
 	defer func() { _ = tp.Shutdown(ctx) }()
 	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
 	if err != nil {
