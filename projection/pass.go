@@ -61,7 +61,10 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 		// cursor (`streams archive`): a shard registered after streams
 		// were archived, rewound by a rebuild or enabled again below them
 		// then reads the archive too (LogQuery.IncludeArchived). One
-		// descent of the archive's position index; false for a shard
+		// backward descent of the archive's position index to its last
+		// event (written so: a plain EXISTS of a position after the
+		// cursor was planned as a scan of the whole archive, 240 ms on
+		// 180,000 archived events against 0.1 ms); false for a shard
 		// caught up, whose reads stay the hot log's alone. The answer
 		// holds for the whole pass: an archive batch moves only events
 		// every shard that is not disabled has passed, and this one's
@@ -71,7 +74,8 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				coalesce(c.next_retry_at > now(), false), coalesce(c.next_retry_at, 'epoch'),
 				c.version, coalesce(c.replay_until_tx_id, '0'), coalesce(c.replay_until_seq, 0), coalesce(c.shadow_schema, ''),
 				coalesce(c.owner, ''), c.hold_tx_id IS NOT NULL, coalesce(c.hold_tx_id, '0'), coalesce(c.hold_seq, 0),
-				EXISTS (SELECT 1 FROM ` + store.Table("projector_events_archive") + ` a WHERE (a.tx_id, a.seq) > (c.cursor_tx_id, c.cursor_seq))
+				EXISTS (SELECT 1 FROM (SELECT a.tx_id, a.seq FROM ` + store.Table("projector_events_archive") + ` a ORDER BY a.tx_id DESC, a.seq DESC LIMIT 1) m
+					WHERE (m.tx_id, m.seq) > (c.cursor_tx_id, c.cursor_seq))
 			FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2`,
 		waitLock: waitShardLockSQL,
 		cursor:   `SELECT cursor_tx_id, cursor_seq, status FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,

@@ -354,8 +354,12 @@ const readLogArchiveBucketFilter = `
 		  AND {{s}}.projector_stream_bucket(e.tenant_id, e.stream_type, e.stream_id) BETWEEN $6::smallint AND $6::smallint + %d::smallint`
 
 // archivedAfterSQL says whether the archive holds an event after a
-// position ($1, $2): one descent of its (tx_id, seq) index.
-const archivedAfterSQL = `SELECT EXISTS (SELECT 1 FROM {{s}}.projector_events_archive a WHERE (a.tx_id, a.seq) > ($1::xid8, $2::bigint))`
+// position ($1, $2): its last event, one backward descent of its (tx_id,
+// seq) index, compared with the position. (An EXISTS of a row after the
+// position may be planned as a scan of the archive, expecting an early
+// hit; there is none when the position is past the archive.)
+const archivedAfterSQL = `SELECT EXISTS (SELECT 1 FROM (SELECT a.tx_id, a.seq FROM {{s}}.projector_events_archive a ORDER BY a.tx_id DESC, a.seq DESC LIMIT 1) m
+	WHERE (m.tx_id, m.seq) > ($1::xid8, $2::bigint))`
 
 // restoredCheckSQL finds the newest stored transaction id: of an event, or
 // of a consumer's cursor or failing event. Cursors matter on their own: an
