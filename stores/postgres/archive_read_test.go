@@ -163,3 +163,63 @@ func TestArchivedAfter(t *testing.T) {
 	check(a.Events[0].Position, false)
 	check(b.Events[0].Position, false)
 }
+
+// Promise 19 across the archive: a log read with IncludeArchived opens an
+// archived event's personal fields with its subject's key, read in the same
+// statement, and once the subject is forgotten returns them as forgotten,
+// like the hot log's (a rebuild or a late consumer replaying the archive
+// gets nothing of a forgotten subject back).
+func TestReadLogArchivedForgotten(t *testing.T) {
+	t.Parallel()
+	f := personalSetup(t)
+	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@x", Plan: "pro"}
+	bob := testevents.CustomerRegistered{Customer: "c-2", Name: "Bob", Email: "bob@x", Plan: "free"}
+	for _, c := range []testevents.CustomerRegistered{ada, bob} {
+		if err := f.register(t, f.store, "acme", c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readLogN(t, f.ctx, f.store, postgres.LogQuery{Limit: 100}, 2)
+	if _, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{
+		projector.TenantStream("acme", "customer", "c-1"), projector.TenantStream("acme", "customer", "c-2")}}); err != nil {
+		t.Fatal(err)
+	}
+	read := func() map[string]projector.Event {
+		t.Helper()
+		out := map[string]projector.Event{}
+		for _, q := range []postgres.LogQuery{
+			{Limit: 100, IncludeArchived: true},
+			{Limit: 100, IncludeArchived: true, EventTypes: []string{"customer.registered"}},
+		} {
+			b, err := f.store.ReadLog(f.ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range b.Events {
+				if ev.Type == "customer.registered" {
+					out[ev.Stream.ID+"/"+fmt.Sprint(len(q.EventTypes))] = ev
+				}
+			}
+		}
+		return out
+	}
+	got := read()
+	if len(got) != 4 {
+		t.Fatalf("read %d archived customer events, want 2 per read", len(got))
+	}
+	for k, ev := range got {
+		if p := ev.Payload.(testevents.CustomerRegistered); ev.Forgotten || p.Name == "" || p.Email == "" {
+			t.Fatalf("%s before forget: %+v (forgotten %v)", k, p, ev.Forgotten)
+		}
+	}
+	if _, err := f.store.Forget(f.ctx, postgres.SubjectRef{Tenant: "acme", ID: "c-1"}); err != nil {
+		t.Fatal(err)
+	}
+	for k, ev := range read() {
+		p := ev.Payload.(testevents.CustomerRegistered)
+		forgotten := ev.Stream.ID == "c-1"
+		if ev.Forgotten != forgotten || (forgotten && (p.Name != "" || p.Email != "" || p.Plan != "pro")) || (!forgotten && p.Name != "Bob") {
+			t.Fatalf("%s after forgetting c-1: %+v (forgotten %v)", k, p, ev.Forgotten)
+		}
+	}
+}
