@@ -159,7 +159,7 @@ func (a *App) tailCmd() *cobra.Command {
 	var fromStart, noFollow bool
 	var format string
 	cmd := &cobra.Command{
-		Use:   "tail [--type T ...] [--stream-type T ... [--stream ID ...]] [--from-start] [--limit N] [--no-follow] [-o json]",
+		Use:   "tail [--type T ...] [--stream-type T ... [--stream ID ...]] [--from-start] [--include-archived] [--limit N] [--no-follow] [-o json]",
 		Short: "Follow new events live, one line each, until interrupted",
 		Long: `tail prints events as they become deliverable, in log order, one line each:
 time, type, stream and version, then the JSON payload; with -o json, one JSON
@@ -173,7 +173,11 @@ events, or fewer if fewer match, and exits.
 or types it does not define that are in the log (an older event type, another
 application's), whose payloads are printed as stored, with a note. --stream-type
 keeps events of the given stream types, and --stream (which needs --stream-type)
-only the streams with the given ids.`,
+only the streams with the given ids.
+
+The hot log only, unless --include-archived: then the events of archived streams
+(projector streams archive) too, each at its place in log order (useful with
+--from-start; new events are never archived).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if limit < 0 {
@@ -210,7 +214,8 @@ only the streams with the given ids.`,
 			}
 			for _, t := range undefined {
 				var stored bool
-				if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_events")+` WHERE type = $1)`, t).Scan(&stored); err != nil {
+				if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_events")+` WHERE type = $1)
+					OR ($2 AND EXISTS (SELECT 1 FROM `+store.Table("projector_events_archive")+` WHERE type = $1))`, t, f.archived).Scan(&stored); err != nil {
 					return fmt.Errorf("look for --type %q in the log: %w", t, err)
 				}
 				if !stored {
@@ -238,6 +243,7 @@ only the streams with the given ids.`,
 	cmd.Flags().StringSliceVar(&f.streams, "stream", nil, "only events of the stream with this id, with --stream-type (repeatable)")
 	cmd.Flags().IntVar(&limit, "limit", 0, "exit after printing this many events (0: follow until interrupted)")
 	cmd.Flags().BoolVar(&fromStart, "from-start", false, "print the log from its beginning first")
+	cmd.Flags().BoolVar(&f.archived, "include-archived", false, "also print the events of archived streams, in log order")
 	cmd.Flags().BoolVar(&noFollow, "no-follow", false, "exit once what the log holds now is printed, instead of following")
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table (one line per event) or json (one object per line)")
 	return cmd
@@ -246,6 +252,8 @@ only the streams with the given ids.`,
 // tailFilter is what `events tail` keeps.
 type tailFilter struct {
 	types, streamTypes, streams []string
+	// archived also reads the archive (--include-archived).
+	archived bool
 }
 
 // TailJSON is one line of `events tail -o json`.
@@ -298,14 +306,18 @@ func (a *App) follow(ctx context.Context, store *postgres.Store, after projector
 	// still open below them end, so wait for that rather than stop short.
 	var head projector.Position
 	if !keepOn {
-		err := store.Pool().QueryRow(ctx, `SELECT tx_id, seq FROM `+store.Table("projector_events")+`
-			ORDER BY tx_id DESC, seq DESC LIMIT 1`).Scan(&head.TxID, &head.Seq)
+		last := `SELECT tx_id, seq FROM ` + store.Table("projector_events") + ` ORDER BY tx_id DESC, seq DESC LIMIT 1`
+		if f.archived {
+			last = `SELECT tx_id, seq FROM ((` + last + `) UNION ALL (SELECT tx_id, seq FROM ` + store.Table("projector_events_archive") + `
+				ORDER BY tx_id DESC, seq DESC LIMIT 1)) u ORDER BY tx_id DESC, seq DESC LIMIT 1`
+		}
+		err := store.Pool().QueryRow(ctx, last).Scan(&head.TxID, &head.Seq)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("read the log's head: %w", err)
 		}
 	}
 	for {
-		b, err := store.ReadLog(ctx, postgres.LogQuery{After: after, EventTypes: f.types, StreamTypes: f.streamTypes, Raw: true})
+		b, err := store.ReadLog(ctx, postgres.LogQuery{After: after, EventTypes: f.types, StreamTypes: f.streamTypes, Raw: true, IncludeArchived: f.archived})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

@@ -71,6 +71,13 @@ func TestStreamsArchiveCommand(t *testing.T) {
 			t.Fatalf("events export %s: exit %d, want %q\n%s", flag, code, want, out)
 		}
 	}
+	// So does events tail.
+	for flag, want := range map[string]int{"--type=ticket.opened": 0, "--include-archived": 2} {
+		out, code = runIn(t, store.Schema(), types.Registry, "events", "tail", "--from-start", "--no-follow", "-o", "json", flag)
+		if n := strings.Count(out, `"stream_id":"1"`); code != 0 || n != want {
+			t.Fatalf("events tail %s: exit %d, %d events of ticket/1, want %d\n%s", flag, code, n, want, out)
+		}
+	}
 	if _, err := store.Pool().Exec(ctx, `ANALYZE `+store.Table("projector_events_archive")); err != nil {
 		t.Fatal(err)
 	}

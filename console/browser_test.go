@@ -14,10 +14,12 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/internal/browsertest"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // EnvScreenshot names a file the browser test writes the console's
@@ -293,5 +295,25 @@ func TestBrowserSagaPages(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#saga-instances tr[data-instance]")))
 	if w := eval[float64](b, `document.documentElement.scrollWidth`); w > 400 {
 		t.Errorf("narrow window: the saga page is %v px wide in a 380 px window", w)
+	}
+}
+
+// The Log panel shows the hot and archived estimates in a real browser.
+func TestBrowserLogSizes(t *testing.T) {
+	e := newEnv(t, options{})
+	e.appendEvents("old", 3)
+	e.appendEvents("new", 2)
+	if res, err := e.store.Archive(e.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{projector.Stream("ticket", "old")}}); err != nil || res.Events != 3 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	for _, table := range []string{"projector_events", "projector_events_archive"} {
+		if _, err := e.store.Pool().Exec(e.ctx, `ANALYZE `+e.store.Table(table)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newBrowser(t, 1280, 900)
+	b.do("load the console", time.Minute, chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#log")))
+	if got := eval[string](b, `document.querySelector("#log p").textContent`); !strings.Contains(got, "about 2 events hot, about 3 archived") {
+		t.Errorf("the Log panel reads %q", got)
 	}
 }

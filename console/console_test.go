@@ -3,6 +3,7 @@ package console_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -10,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // Without a token the console shows everything, offers no action, says it
@@ -431,5 +434,35 @@ func TestHorizonHolderShown(t *testing.T) {
 	// cluster is shared); either way the panel names a holder.
 	if !strings.Contains(frag, "session pid <code>") && !strings.Contains(frag, "prepared transaction <code>") {
 		t.Errorf("horizon panel names no holder while pid %d holds a transaction id:\n%s", pid, frag)
+	}
+}
+
+// The dashboard shows the estimated sizes of the hot log and the archive,
+// as `projector status` does, in the page and in state.json.
+func TestLogSizesShown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, options{})
+	c := e.client()
+	e.appendEvents("old", 3)
+	e.appendEvents("new", 2)
+	if res, err := e.store.Archive(e.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{projector.Stream("ticket", "old")}}); err != nil || res.Events != 3 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	for _, table := range []string{"projector_events", "projector_events_archive"} {
+		if _, err := e.store.Pool().Exec(e.ctx, `ANALYZE `+e.store.Table(table)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hot, archived, err := e.store.ArchiveSizes(e.ctx)
+	if err != nil || hot != 2 || archived != 3 {
+		t.Fatalf("estimates after ANALYZE: %d hot, %d archived, %v; want 2 and 3", hot, archived, err)
+	}
+	code, frag := c.do(http.MethodGet, "/fragment", nil, nil)
+	if want := fmt.Sprintf("about <b>%d</b> events hot, about <b>%d</b> archived", hot, archived); code != http.StatusOK || !strings.Contains(frag, want) {
+		t.Fatalf("fragment: %d, want %q in the log panel:\n%s", code, want, frag)
+	}
+	code, body := c.do(http.MethodGet, "/state.json", nil, nil)
+	if want := fmt.Sprintf(`"log":{"hot_events_estimate":%d,"archived_events_estimate":%d}`, hot, archived); code != http.StatusOK || !strings.Contains(body, want) {
+		t.Fatalf("state.json: %d, want %s in\n%s", code, want, body)
 	}
 }

@@ -75,6 +75,18 @@ type State struct {
 	Rebuilds    []rebuild.Rebuild        `json:"rebuilds"`
 	DeadLetters []projection.DeadLetter  `json:"dead_letters"`
 	Sagas       []SagaView               `json:"sagas"`
+	// Log is the estimated size of the hot log and of the archive
+	// (`streams archive`), as `projector status` prints it.
+	Log LogSizes `json:"log"`
+}
+
+// LogSizes are the estimated events in projector_events and in
+// projector_events_archive, from the planner's statistics
+// (postgres.Store.ArchiveSizes): cheap on any log, approximate, -1 for a
+// table never analyzed.
+type LogSizes struct {
+	Hot      int64 `json:"hot_events_estimate"`
+	Archived int64 `json:"archived_events_estimate"`
 }
 
 // MinReadInterval is how often the console reads the database at most,
@@ -131,6 +143,9 @@ func (c *Console) readNow(ctx context.Context) (State, error) {
 		return st, fmt.Errorf("console: %w", err)
 	}
 	if st.Horizon, err = projection.Horizon(ctx, store.Pool()); err != nil {
+		return st, fmt.Errorf("console: %w", err)
+	}
+	if st.Log.Hot, st.Log.Archived, err = store.ArchiveSizes(ctx); err != nil {
 		return st, fmt.Errorf("console: %w", err)
 	}
 	if st.DeadLetters, err = projection.ListDeadLetters(ctx, store, projection.DeadLetterFilter{Status: projection.DeadLetterOpen, Limit: c.cfg.DeadLetterLimit}); err != nil {

@@ -106,7 +106,7 @@ func (d *Dispatcher) takePrefetch(ctx context.Context, sh *shard, q postgres.Log
 		return postgres.LogBatch{}, false, false, nil
 	}
 	if pf.q.After != q.After || pf.q.Limit != q.Limit || !slices.Equal(pf.q.EventTypes, q.EventTypes) ||
-		!slices.Equal(pf.q.StreamTypes, q.StreamTypes) || pf.q.Raw != q.Raw {
+		!slices.Equal(pf.q.StreamTypes, q.StreamTypes) || pf.q.Raw != q.Raw || pf.q.IncludeArchived != q.IncludeArchived {
 		pf.cancel()
 		return postgres.LogBatch{}, false, false, nil
 	}

@@ -45,6 +45,10 @@ type readKey struct {
 	after projector.Position
 	types string // the event-type filter, in a canonical form
 	limit int
+	// archived: the read includes the archive. The same rows either way
+	// once both are full (a shard reads without it only when nothing is
+	// archived after its position), but kept apart all the same.
+	archived bool
 }
 
 type readEntry struct {
@@ -83,7 +87,7 @@ func filterKey(types []string) string {
 // batch when there is one (shared), else from read(). The events returned
 // are the caller's own: the dispatcher decodes payloads into them.
 func (s *sharedReads) read(ctx context.Context, q postgres.LogQuery, types string, read func() (postgres.LogBatch, error)) (batch postgres.LogBatch, shared bool, err error) {
-	key := readKey{after: q.After, types: types, limit: q.Limit}
+	key := readKey{after: q.After, types: types, limit: q.Limit, archived: q.IncludeArchived}
 	s.mu.Lock()
 	e, found := s.entries[key]
 	if !found {

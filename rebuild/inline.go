@@ -263,8 +263,14 @@ func runInline(ctx context.Context, store *postgres.Store, p *projection.Inline,
 					set_config('synchronous_commit', 'off', true)`, pgx.Identifier{shadow}.Sanitize()); err != nil {
 					return err
 				}
-				var err error
-				if batch, err = store.ReadLogTx(ctx, tx, postgres.LogQuery{After: cursor, Limit: opts.BatchSize, EventTypes: types}); err != nil {
+				// Below the archive's last event the replay reads the
+				// archive too; the rebuild's cursor row holds `streams
+				// archive` back from moving anything after it.
+				archived, err := store.ArchivedAfter(ctx, tx, cursor)
+				if err != nil {
+					return err
+				}
+				if batch, err = store.ReadLogTx(ctx, tx, postgres.LogQuery{After: cursor, Limit: opts.BatchSize, EventTypes: types, IncludeArchived: archived}); err != nil {
 					return err
 				}
 				if err := projection.ReplayInline(ctx, tx, p, batch.Events, tables); err != nil {
@@ -661,9 +667,15 @@ func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inli
 		pgx.Identifier{shadow}.Sanitize()); err != nil {
 		return 0, wait, 0, 0, err
 	}
+	// Archived events after the cursor (none, unless streams were archived
+	// with no consumer registered at all): read with the hot log.
+	archived, err := store.ArchivedAfter(ctx, tx, cursor)
+	if err != nil {
+		return 0, wait, 0, 0, err
+	}
 	const limit = 1000
 	for {
-		events, err := readCommitted(ctx, tx, store, cursor, p.EventTypes(), limit)
+		events, err := readCommitted(ctx, tx, store, cursor, p.EventTypes(), limit, archived)
 		if err != nil {
 			return applied, wait, 0, 0, err
 		}
@@ -708,10 +720,15 @@ func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inli
 // readCommitted reads every committed event of types after cursor, in log
 // order, with no gap-safe bound: see switchInline for why that is right
 // under the switch's lock, and wrong anywhere else.
-func readCommitted(ctx context.Context, tx pgx.Tx, store *postgres.Store, after projector.Position, types []string, limit int) ([]projector.Event, error) {
-	rows, err := tx.Query(ctx, `SELECT e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
-			e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at
-		FROM `+store.Table("projector_events")+` e
+func readCommitted(ctx context.Context, tx pgx.Tx, store *postgres.Store, after projector.Position, types []string, limit int, archived bool) ([]projector.Event, error) {
+	const columns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
+			e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at`
+	from := store.Table("projector_events")
+	if archived {
+		from = `(SELECT ` + columns + ` FROM ` + from + ` e UNION ALL SELECT ` + columns + ` FROM ` + store.Table("projector_events_archive") + ` e)`
+	}
+	rows, err := tx.Query(ctx, `SELECT `+columns+`
+		FROM `+from+` e
 		WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.type = ANY($3::text[])
 		ORDER BY e.tx_id, e.seq LIMIT $4`, after.TxID, after.Seq, types, limit)
 	if err != nil {

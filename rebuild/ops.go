@@ -20,11 +20,13 @@ type queryer interface {
 }
 
 func selectRebuilds(store *postgres.Store, where string) string {
-	c, e := store.Table("projector_consumers"), store.Table("projector_events")
+	c, e, a := store.Table("projector_consumers"), store.Table("projector_events"), store.Table("projector_events_archive")
 	return `SELECT r.id, r.name, r.version, r.mode, r.status, r.hold, r.tables, coalesce(r.shadow_schema, ''), coalesce(r.old_schema, ''),
 			r.target_tx_id, r.target_seq, r.total_events, r.requested_at, coalesce(r.finished_at, 'epoch'), coalesce(r.switch_ms, 0),
 			coalesce(r.note, ''), coalesce(s.cursor_tx_id, '0'), coalesce(s.cursor_seq, 0),
 			CASE WHEN r.status IN ('building', 'ready') AND s.name IS NOT NULL THEN (SELECT count(*) FROM ` + e + ` e
+				WHERE (e.tx_id, e.seq) > (s.cursor_tx_id, s.cursor_seq) AND (e.tx_id, e.seq) <= (r.target_tx_id, r.target_seq))
+				+ (SELECT count(*) FROM ` + a + ` e
 				WHERE (e.tx_id, e.seq) > (s.cursor_tx_id, s.cursor_seq) AND (e.tx_id, e.seq) <= (r.target_tx_id, r.target_seq))
 				WHEN r.status IN ('building', 'ready') AND r.mode = 'blue-green' THEN r.total_events ELSE 0 END,
 			r.mode = 'in-place' AND r.status = 'building' AND s.name IS NOT NULL AND s.replayed

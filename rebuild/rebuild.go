@@ -251,17 +251,19 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 	return out, err
 }
 
-// logEnd returns the log's last event and its number of events: what a
-// rebuild's progress is measured against.
+// logEnd returns the log's last event and its number of events, the
+// archive's included (a replay reads it): what a rebuild's progress is
+// measured against.
 func logEnd(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string) (projector.Position, int64, error) {
 	var target projector.Position
 	var total int64
-	e := store.Table("projector_events")
-	err := tx.QueryRow(ctx, `SELECT tx_id, seq FROM `+e+` ORDER BY tx_id DESC, seq DESC LIMIT 1`).Scan(&target.TxID, &target.Seq)
+	e, a := store.Table("projector_events"), store.Table("projector_events_archive")
+	err := tx.QueryRow(ctx, `SELECT tx_id, seq FROM ((SELECT tx_id, seq FROM `+e+` ORDER BY tx_id DESC, seq DESC LIMIT 1)
+		UNION ALL (SELECT tx_id, seq FROM `+a+` ORDER BY tx_id DESC, seq DESC LIMIT 1)) u ORDER BY tx_id DESC, seq DESC LIMIT 1`).Scan(&target.TxID, &target.Seq)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return target, 0, fmt.Errorf("rebuild %s: read the log's end: %w", name, err)
 	}
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+e).Scan(&total); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+e+`) + (SELECT count(*) FROM `+a+`)`).Scan(&total); err != nil {
 		return target, 0, fmt.Errorf("rebuild %s: count the log: %w", name, err)
 	}
 	return target, total, nil
@@ -377,7 +379,7 @@ func checkPruned(ctx context.Context, tx pgx.Tx, store *postgres.Store, name str
 	if len(pruned) > 0 {
 		return fmt.Errorf("%w: %s reads event types that `events prune` deleted events of: %s; a replay would build a model without them", ErrPruned, name, strings.Join(pruned, ", "))
 	}
-	return checkArchived(ctx, tx, store, name, types) // archived.go
+	return nil
 }
 
 // recheckPruned is checkPruned made exact against a concurrent `events

@@ -266,7 +266,8 @@ func (p *Projection) replay(ctx context.Context, store *postgres.Store, m *memIn
 }
 
 // replayEach runs p's handlers over the events of its types in (from, to],
-// in log order, leaving out those the consumer dead-lettered or an
+// in log order, archived ones included (`streams archive`: the index was
+// built from them), leaving out those the consumer dead-lettered or an
 // operator skipped, and hands each event's operations to fn.
 func (p *Projection) replayEach(ctx context.Context, store *postgres.Store, from, to projector.Position, fn func(w *Writer) error) error {
 	if !from.Less(to) {
@@ -281,7 +282,7 @@ func (p *Projection) replayEach(ctx context.Context, store *postgres.Store, from
 		types[i] = t.Name()
 	}
 	for after := from; ; {
-		batch, err := store.ReadLog(ctx, postgres.LogQuery{After: after, Limit: 1000, EventTypes: types})
+		batch, err := store.ReadLog(ctx, postgres.LogQuery{After: after, Limit: 1000, EventTypes: types, IncludeArchived: true})
 		if err != nil {
 			return fmt.Errorf("read the log: %w", err)
 		}

@@ -122,6 +122,16 @@ type LogQuery struct {
 	// of a partitioned consumer), read through the log's partition index.
 	// The zero Segment reads every stream.
 	Partition Segment
+	// IncludeArchived also reads the archive (`projector streams
+	// archive`): archived events come back at their places in log order,
+	// read in the same statement, so in one snapshot, as the hot log's
+	// (an archive or unarchive moving streams meanwhile never makes an
+	// event come twice or go missing). A reader whose position is at or
+	// after the archive's last event ([Store.ArchivedAfter] false) needs
+	// it only if streams are archived past its position later, which the
+	// archive's guard (promise 9) forbids for a registered consumer shard
+	// that is not disabled.
+	IncludeArchived bool
 	// Raw skips decoding: events carry Data but no Payload, and types the
 	// registry does not know are returned instead of failing the read.
 	// Data is upcast to the type's current schema version; an event whose
@@ -199,6 +209,19 @@ func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, e
 	return batch, nil
 }
 
+// ArchivedAfter reports whether the archive holds an event after pos: a
+// read from pos then needs [LogQuery.IncludeArchived] to see every event.
+// One descent of the archive's position index. A registered consumer shard
+// that is not disabled can trust a false answer while it holds its lock:
+// `streams archive` moves only events every such shard has passed.
+func (s *Store) ArchivedAfter(ctx context.Context, db DBTX, pos projector.Position) (bool, error) {
+	var found bool
+	if err := db.QueryRow(ctx, s.sql.archivedAfter, pos.TxID, pos.Seq).Scan(&found); err != nil {
+		return false, fmt.Errorf("look for archived events after %s: %w", pos, err)
+	}
+	return found, nil
+}
+
 // checkFilter refuses a filter name PostgreSQL could not even compare (NUL
 // bytes, invalid UTF-8) before it is sent: the driver's error would abort a
 // caller's transaction. A name that is merely unknown or too long matches
@@ -217,13 +240,17 @@ func checkFilter(names []string, what string, sentinel error) error {
 func (s *Store) readLogQuery(q LogQuery, limit int) (string, []any) {
 	keyed, keyArgs := s.readKeys()
 	reads := &s.sql.read[keyed]
-	sql, types := reads.log, q.EventTypes
+	sql, logTypes, logPartition := reads.log, reads.logTypes, &reads.logPartition
+	if q.IncludeArchived {
+		sql, logTypes, logPartition = reads.archived.log, reads.archived.logTypes, &reads.archived.logPartition
+	}
+	types := q.EventTypes
 	if q.Partition.Bits > 0 {
-		return reads.logPartition[q.Partition.Bits], append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}, keyArgs...)
+		return logPartition[q.Partition.Bits], append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}, keyArgs...)
 	}
 	if k := len(types); k > 0 && k <= maxMergedTypes {
 		types = distinct(types)
-		sql = reads.logTypes[len(types)-1]
+		sql = logTypes[len(types)-1]
 	}
 	return sql, append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(types), nilIfEmpty(q.StreamTypes)}, keyArgs...)
 }

@@ -61,12 +61,26 @@ const scopeCursorName = "projector_scope"
 // key in log order (no sort) and filtering out every other tenant's events,
 // the full-log read this exists to avoid. A tenant holding most of the log
 // may still be read by a sequential scan, which is then the cheaper plan.
+//
+// The archive (`streams archive`) is read the same way, through its
+// primary key (tenant_id, stream_type, stream_id, version), in the same
+// statement: archived events are replayed at their places in log order,
+// and a stream archived or unarchived meanwhile is read once, from one
+// table or the other, as the cursor's snapshot has it.
 const scopeReadSQL = `
+SELECT e.* FROM (
 SELECT ` + eventColumns + `
 FROM {{s}}.projector_events e
 WHERE e.tenant_id = $1 {{stream}}
   AND e.type = ANY($2)
   AND (e.tx_id, e.seq) <= ($3::xid8, $4::bigint)
+UNION ALL
+SELECT ` + eventColumns + `
+FROM {{s}}.projector_events_archive e
+WHERE e.tenant_id = $1 {{stream}}
+  AND e.type = ANY($2)
+  AND (e.tx_id, e.seq) <= ($3::xid8, $4::bigint)
+) e
 ORDER BY e.tx_id, e.seq`
 
 // scopeStreamClause narrows the read to one stream. It is spliced in rather

@@ -18,6 +18,7 @@ type statements struct {
 	// sealed events' key rows (keyJoinSQL).
 	read          [2]readStatements
 	restoredCheck string
+	archivedAfter string
 	pruneCount    string
 	pruneChoose   string
 	pruneDelete   string
@@ -302,6 +303,64 @@ const readLogPartitionBranch = `(SELECT * FROM {{s}}.projector_events e
 		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
 		ORDER BY e.tx_id, e.seq LIMIT $3)`
 
+// The archived reads (LogQuery.IncludeArchived) are readLogSQL,
+// readLogTypesSQL and readLogPartitionSQL over the hot log and the archive
+// (projector_events_archive) together: each table read in log order with
+// the same gap-safe bounds, up to a batch, and the ordered reads merged. It
+// is one statement, so one snapshot: an archive or unarchive batch moves a
+// stream's rows between the tables in one transaction, which the read sees
+// as committed or not, so no event is read twice or missed (archived
+// events keep their positions). The hot log's branches are the hot reads'
+// own; the archive's walk its (tx_id, seq) index (migration 23), its
+// (type, tx_id, seq) index per type (migration 25), or, for a partition,
+// its (tx_id, seq) index filtered by bucket (the archive has no bucket
+// index: a partition's read there walks the other partitions' archived
+// events above its cursor, a cost paid once per catch-up).
+
+// readLogArchivedSQL is readLogSQL with the archive. %s is the archive's
+// branch, readLogArchiveBranch.
+const readLogArchivedSQL = `
+WITH h AS MATERIALIZED (
+	SELECT LEAST(pg_snapshot_xmin(pg_current_snapshot()), pg_current_xact_id_if_assigned()) AS xmin
+)
+SELECT h.xmin, ` + eventColumns + `{{kc}}
+FROM h LEFT JOIN LATERAL (
+	SELECT * FROM ((SELECT * FROM {{s}}.projector_events e
+		WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < h.xmin
+		  AND ($4::text[] IS NULL OR e.type = ANY($4::text[]))
+		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
+		ORDER BY e.tx_id, e.seq LIMIT $3)
+	UNION ALL %s) u ORDER BY u.tx_id, u.seq LIMIT $3
+) e ON true{{kj}}`
+
+// readLogArchiveBranch is the archive's ordered read in readLogArchivedSQL
+// and, with a bucket filter in %[1]s, in a partition's archived read.
+const readLogArchiveBranch = `(SELECT ` + eventColumns + ` FROM {{s}}.projector_events_archive e
+		WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < h.xmin%[1]s
+		  AND ($4::text[] IS NULL OR e.type = ANY($4::text[]))
+		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
+		ORDER BY e.tx_id, e.seq LIMIT $3)`
+
+// readLogArchiveTypeBranch is one type's ordered read of the archive in
+// readLogTypesSQL's archived form, through (type, tx_id, seq).
+const readLogArchiveTypeBranch = `(SELECT ` + eventColumns + ` FROM {{s}}.projector_events_archive e
+		WHERE e.type = ($4::text[])[%[1]d] AND (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < h.xmin
+		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
+		ORDER BY e.tx_id, e.seq LIMIT $3)`
+
+// readLogArchiveBucketFilter keeps a partition's buckets ($6 on, as many
+// as %d) in readLogArchiveBranch.
+const readLogArchiveBucketFilter = `
+		  AND {{s}}.projector_stream_bucket(e.tenant_id, e.stream_type, e.stream_id) BETWEEN $6::smallint AND $6::smallint + %d::smallint`
+
+// archivedAfterSQL says whether the archive holds an event after a
+// position ($1, $2): its last event, one backward descent of its (tx_id,
+// seq) index, compared with the position. (An EXISTS of a row after the
+// position may be planned as a scan of the archive, expecting an early
+// hit; there is none when the position is past the archive.)
+const archivedAfterSQL = `SELECT EXISTS (SELECT 1 FROM (SELECT a.tx_id, a.seq FROM {{s}}.projector_events_archive a ORDER BY a.tx_id DESC, a.seq DESC LIMIT 1) m
+	WHERE (m.tx_id, m.seq) > ($1::xid8, $2::bigint))`
+
 // restoredCheckSQL finds the newest stored transaction id: of an event, or
 // of a consumer's cursor or failing event. Cursors matter on their own: an
 // idle cursor rests at a horizon (xmin-1, max) past the newest event, so a
@@ -322,6 +381,7 @@ func buildStatements(schema string) statements {
 		streamHead:    r.Replace(streamHeadSQL),
 		read:          [2]readStatements{buildReadStatements(r, false), buildReadStatements(r, true)},
 		restoredCheck: r.Replace(restoredCheckSQL),
+		archivedAfter: r.Replace(archivedAfterSQL),
 		pruneCount:    r.Replace(pruneCountSQL),
 		pruneChoose:   r.Replace(pruneChooseSQL),
 		pruneDelete:   r.Replace(pruneDeleteSQL),
@@ -336,6 +396,13 @@ type readStatements struct {
 	logTypes []string
 	// logPartition[b] is readLogPartitionSQL for a segment of b bits.
 	logPartition [BucketBits + 1]string
+	// archived holds the same reads over the hot log and the archive
+	// (LogQuery.IncludeArchived).
+	archived struct {
+		log          string
+		logTypes     []string
+		logPartition [BucketBits + 1]string
+	}
 }
 
 // The key parameters follow each read's own: $7/$8 for a stream read,
@@ -347,36 +414,53 @@ func buildReadStatements(r *strings.Replacer, keyed bool) readStatements {
 		}
 		return 0
 	}
-	return readStatements{
+	rs := readStatements{
 		stream:       r.Replace(withKeys(readStreamSQL, at(7))),
 		log:          r.Replace(withKeys(readLogSQL, at(6))),
-		logTypes:     readLogTypesStatements(r, at(6)),
-		logPartition: readLogPartitionStatements(r, at(7)),
+		logTypes:     readLogTypesStatements(r, at(6), false),
+		logPartition: readLogPartitionStatements(r, at(7), false),
 	}
+	rs.archived.log = r.Replace(withKeys(fmt.Sprintf(readLogArchivedSQL, fmt.Sprintf(readLogArchiveBranch, "")), at(6)))
+	rs.archived.logTypes = readLogTypesStatements(r, at(6), true)
+	rs.archived.logPartition = readLogPartitionStatements(r, at(7), true)
+	return rs
 }
 
 // maxMergedTypes bounds the per-type merge: a consumer of more types than
 // this reads most of the log anyway, and the filtered scan serves it.
 const maxMergedTypes = 32
 
-func readLogTypesStatements(r *strings.Replacer, keys int) []string {
+// readLogTypesStatements builds readLogTypesSQL for 1 to maxMergedTypes
+// types; archived adds each type's read of the archive.
+func readLogTypesStatements(r *strings.Replacer, keys int, archived bool) []string {
 	out := make([]string, maxMergedTypes)
 	for k := 1; k <= maxMergedTypes; k++ {
-		branches := make([]string, k)
-		for i := range branches {
-			branches[i] = fmt.Sprintf(readLogTypeBranch, i+1)
+		branches := make([]string, 0, 2*k)
+		for i := range k {
+			branches = append(branches, fmt.Sprintf(readLogTypeBranch, i+1))
+		}
+		if archived {
+			for i := range k {
+				branches = append(branches, fmt.Sprintf(readLogArchiveTypeBranch, i+1))
+			}
 		}
 		out[k-1] = r.Replace(withKeys(fmt.Sprintf(readLogTypesSQL, strings.Join(branches, "\n\tUNION ALL ")), keys))
 	}
 	return out
 }
 
-func readLogPartitionStatements(r *strings.Replacer, keys int) [BucketBits + 1]string {
+// readLogPartitionStatements builds readLogPartitionSQL for segments of 1
+// to BucketBits bits; archived adds the segment's read of the archive.
+func readLogPartitionStatements(r *strings.Replacer, keys int, archived bool) [BucketBits + 1]string {
 	var out [BucketBits + 1]string
 	for b := 1; b <= BucketBits; b++ {
-		branches := make([]string, 1<<(BucketBits-b))
+		n := 1 << (BucketBits - b)
+		branches := make([]string, n, n+1)
 		for i := range branches {
 			branches[i] = fmt.Sprintf(readLogPartitionBranch, i)
+		}
+		if archived {
+			branches = append(branches, fmt.Sprintf(readLogArchiveBranch, fmt.Sprintf(readLogArchiveBucketFilter, n-1)))
 		}
 		out[b] = r.Replace(withKeys(fmt.Sprintf(readLogPartitionSQL, strings.Join(branches, "\n\tUNION ALL ")), keys))
 	}
