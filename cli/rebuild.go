@@ -140,7 +140,7 @@ func rebuildError(err error) error {
 	case errors.Is(err, rebuild.ErrActive), errors.Is(err, rebuild.ErrNotActive), errors.Is(err, rebuild.ErrNoTables),
 		errors.Is(err, rebuild.ErrNotRebuildable), errors.Is(err, rebuild.ErrPruned), errors.Is(err, rebuild.ErrNotReady),
 		errors.Is(err, rebuild.ErrNoPrimaryKey), errors.Is(err, rebuild.ErrInlineVersion), errors.Is(err, rebuild.ErrHorizonHeld),
-		errors.Is(err, rebuild.ErrMergeUnderWay):
+		errors.Is(err, rebuild.ErrMergeUnderWay), errors.Is(err, projection.ErrLayoutChanged):
 		return refusedError{err}
 	}
 	return err

@@ -65,6 +65,25 @@ func PartitionOrder(a, b string) int {
 	return cmp.Or(cmp.Compare(pa*postgres.MaxPartitions/max(na, 1), pb*postgres.MaxPartitions/max(nb, 1)), cmp.Compare(na, nb), cmp.Compare(a, b))
 }
 
+// LockPartitions waits, in tx, for the advisory lock of each partition of
+// consumer named by instances (partition instance ids), in PartitionOrder
+// whatever order they are given in: the one helper every path that holds
+// several partitions' locks at once takes them with (an in-place rebuild,
+// a partial rebuild, a blue/green switch, a split, a merge), so no two of
+// them can each hold a lock the other waits for. Passes hold one
+// partition's lock at a time. A lock that cannot be taken (lock_timeout,
+// cancellation) is returned wrapped, the locks taken before it still held.
+func LockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, consumer string, instances []string) error {
+	ids := slices.Clone(instances)
+	slices.SortFunc(ids, PartitionOrder)
+	for _, id := range slices.Compact(ids) {
+		if err := LockShard(ctx, tx, store, ShardID{Consumer: consumer, Instance: id}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // instances returns the instance ids of ids.
 func instances(ids []ShardID) []string {
 	out := make([]string, len(ids))
@@ -87,9 +106,9 @@ const liveLockWait = 200 * time.Millisecond
 // the switch does not need every partition idle at one instant (which
 // writers keeping each busy could deny it for long); if one wait times
 // out, the rollback to the savepoint releases those taken and the switch
-// is retried shortly. Passes take one partition's lock each and an
-// in-place rebuild takes them in the same order, so the waits cannot
-// deadlock.
+// is retried shortly. Passes take one partition's lock each, and every
+// other holder of several takes them in the same order (LockPartitions),
+// so the waits cannot deadlock.
 func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (bool, error) {
 	ids, err := d.liveShards(ctx, tx, sh)
 	if err != nil {
@@ -113,17 +132,15 @@ func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (boo
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, liveLockWait.Milliseconds())); err != nil {
 		return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
 	}
-	for _, id := range ids {
-		if _, err := tx.Exec(ctx, waitShardLockSQL, shardLockKey(d.store.Schema(), id)); err != nil {
-			var pgErr *pgconn.PgError
-			if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
-				return false, fmt.Errorf("shadow pass: lock partition %s: %w", id, err)
-			}
-			if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT projector_live_locks`); err != nil {
-				return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
-			}
-			return false, nil
+	if err := LockPartitions(ctx, tx, d.store, sh.id.Consumer, instances(ids)); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+			return false, fmt.Errorf("shadow pass: %w", err)
 		}
+		if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT projector_live_locks`); err != nil {
+			return false, fmt.Errorf("shadow pass: lock the partitions: %w", err)
+		}
+		return false, nil
 	}
 	// The partitions read before the locks may have changed meanwhile (a
 	// split or merge committed): read them again, now that nothing can

@@ -170,20 +170,29 @@ func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]p
 }
 
 // lockPartitions waits, in tx, for a running pass of each partition of
-// segs, in the order given, before any of their rows is read. The rows
-// are read FOR UPDATE, which gives tx a transaction id: taken while tx
-// still waited for another partition's running batch, that id would hold
-// back the horizon of every consumer (promise 3), so every other partition
-// would pause until that batch ended. Waiting for every lock first keeps a
-// split or merge from pausing any partition it does not change.
+// segs, in PartitionOrder (LockPartitions: the order every holder of
+// several partitions' locks takes them in, whatever order segs are named
+// in), before any of their rows is read. The rows are read FOR UPDATE,
+// which gives tx a transaction id: taken while tx still waited for another
+// partition's running batch, that id would hold back the horizon of every
+// consumer (promise 3), so every other partition would pause until that
+// batch ended. Waiting for every lock first keeps a split or merge from
+// pausing any partition it does not change.
 func (a *Admin) lockPartitions(ctx context.Context, tx pgx.Tx, consumer string, segs ...postgres.Segment) error {
-	for _, s := range segs {
-		id := ShardID{Consumer: consumer, Instance: segmentInstance(s)}
-		if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), id)); err != nil {
-			return err
-		}
+	ids := make([]string, len(segs))
+	for i, s := range segs {
+		ids[i] = segmentInstance(s)
 	}
-	return nil
+	return LockPartitions(ctx, tx, a.store, consumer, ids)
+}
+
+// pairSegments returns the halves of every pair, to lock them at once.
+func pairSegments(pairs []mergePair) []postgres.Segment {
+	out := make([]postgres.Segment, 0, 2*len(pairs))
+	for _, p := range pairs {
+		out = append(out, p.lo, p.hi)
+	}
+	return out
 }
 
 // lockPartition waits for a running pass of the partition and reads its
@@ -325,10 +334,8 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 		if _, err := a.lockLayout(ctx, tx, consumer); err != nil {
 			return err
 		}
-		for _, p := range pairs {
-			if err := a.lockPartitions(ctx, tx, consumer, p.lo, p.hi); err != nil {
-				return err
-			}
+		if err := a.lockPartitions(ctx, tx, consumer, pairSegments(pairs)...); err != nil {
+			return err
 		}
 		for _, p := range pairs {
 			c, err := a.mergeOne(ctx, tx, consumer, p)
@@ -385,10 +392,8 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 				return fmt.Errorf("%w: consumer %s has no two sibling partitions to merge", projector.ErrInvalidTransition, projector.Printable(consumer))
 			}
 		}
-		for _, p := range pairs {
-			if err := a.lockPartitions(ctx, tx, consumer, p.lo, p.hi); err != nil {
-				return err
-			}
+		if err := a.lockPartitions(ctx, tx, consumer, pairSegments(pairs)...); err != nil {
+			return err
 		}
 		for i := range pairs {
 			if err := a.holdPair(ctx, tx, consumer, &pairs[i]); err != nil {

@@ -95,10 +95,8 @@ func partialPartitioned(ctx context.Context, tx pgx.Tx, store *postgres.Store, p
 		return fmt.Errorf("%w: %s is partitioned and has no partition holding %s (its partitions were removed?); a dispatcher registers them when it starts", ErrNotRebuildable, name, scope)
 	}
 	slices.SortFunc(affected, projection.PartitionOrder)
-	for _, id := range affected {
-		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: name, Instance: id}); err != nil {
-			return err
-		}
+	if err := projection.LockPartitions(ctx, tx, store, name, affected); err != nil {
+		return err
 	}
 	// Read after the locks (promise 6): a pass that held one committed
 	// its cursor before the lock was granted.

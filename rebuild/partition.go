@@ -25,34 +25,38 @@ import (
 var ErrMergeUnderWay = errors.New("rebuild: a merge of the consumer's partitions is under way")
 
 // lockPartitions waits, in tx, for the lock of every partition of the
-// partitioned consumer name, in partition order (a pass holds one
-// partition's lock at a time, and a switching shadow pass and another
-// request wait in the same order, so the waits cannot deadlock), and then reads their statuses: "disabled" if
-// any partition is, since an in-place rebuild would clear its streams'
-// rows for a replay no dispatcher runs.
+// partitioned consumer name, in PartitionOrder (projection.LockPartitions:
+// the order a switching shadow pass, a partial rebuild, a split and a merge
+// take them in, so the waits cannot deadlock), and then reads their
+// statuses: "disabled" if any partition is, since an in-place rebuild would
+// clear its streams' rows for a replay no dispatcher runs.
+//
+// tx must hold the consumer's fence lock (the lock of its unpartitioned
+// shard, which Start takes first): splits and merges take it too, so none
+// commits between the read of the partitions and their locks, which would
+// leave the new halves unlocked while they are rewound. The partitions are
+// read again under the locks all the same; only `consumer remove`, which
+// refuses a consumer with a pass running, changes them without the fence.
 func lockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string) (string, error) {
-	c := store.Table("projector_consumers")
-	rows, err := tx.Query(ctx, `SELECT instance_id FROM `+c+` WHERE name = $1 AND starts_with(instance_id, $2)`,
-		name, projection.PartitionPrefix)
+	ids, err := partitionIDs(ctx, tx, store, name)
 	if err != nil {
-		return "", fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
+		return "", err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err := projection.LockPartitions(ctx, tx, store, name, ids); err != nil {
+		return "", err
+	}
+	again, err := partitionIDs(ctx, tx, store, name)
 	if err != nil {
-		return "", fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
+		return "", err
 	}
-	// In the order a switching shadow pass waits for them.
-	slices.SortFunc(ids, projection.PartitionOrder)
-	for _, id := range ids {
-		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: name, Instance: id}); err != nil {
-			return "", err
-		}
+	if !slices.Equal(again, ids) {
+		return "", fmt.Errorf("%w: rebuild %s: its partitions changed while they were being locked; request the rebuild again", projection.ErrLayoutChanged, name)
 	}
 	var disabled bool
 	var held string
 	if err := tx.QueryRow(ctx, `SELECT coalesce(bool_or(status = 'disabled'), false),
 			coalesce(min(instance_id) FILTER (WHERE hold_tx_id IS NOT NULL), '')
-		FROM `+c+` WHERE name = $1 AND starts_with(instance_id, $2)`,
+		FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND starts_with(instance_id, $2)`,
 		name, projection.PartitionPrefix).Scan(&disabled, &held); err != nil {
 		return "", fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
 	}
@@ -68,4 +72,20 @@ func lockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, name 
 		return string(projection.StatusDisabled), nil
 	}
 	return string(projection.StatusIdle), nil
+}
+
+// partitionIDs reads, in tx, the instance ids of name's partitions, in
+// PartitionOrder.
+func partitionIDs(ctx context.Context, tx pgx.Tx, store *postgres.Store, name string) ([]string, error) {
+	rows, err := tx.Query(ctx, `SELECT instance_id FROM `+store.Table("projector_consumers")+` WHERE name = $1 AND starts_with(instance_id, $2)`,
+		name, projection.PartitionPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("rebuild %s: read its partitions: %w", name, err)
+	}
+	slices.SortFunc(ids, projection.PartitionOrder)
+	return ids, nil
 }

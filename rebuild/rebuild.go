@@ -196,6 +196,9 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		if err := checkPruned(ctx, tx, store, name, decl.eventTypes); err != nil {
 			return err
 		}
+		// The unpartitioned shard's lock: a partitioned consumer's fence
+		// lock, which splits and merges take too, so its partitions stay
+		// as lockPartitions reads them until this commits.
 		live := projection.ShardID{Consumer: name}
 		if err := projection.LockShard(ctx, tx, store, live); err != nil {
 			return err
