@@ -125,8 +125,9 @@ type Consumer struct {
 	tracer trace.Tracer
 	sql    consumerSQL
 	park   parkSQL
-	// openDeadLetters and parkedStreams are nil without a Registerer.
-	openDeadLetters, parkedStreams *prometheus.GaugeVec
+	// openDeadLetters, parkedStreams and parkedAge are nil without a
+	// Registerer.
+	openDeadLetters, parkedStreams, parkedAge *prometheus.GaugeVec
 }
 
 type consumerSQL struct {
@@ -156,7 +157,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	case cfg.MetricsEvery < projection.MinMetricsEvery || cfg.MetricsEvery > projection.MaxMetricsEvery:
 		return nil, fmt.Errorf("%w: metrics every %v: want %v to %v", ErrInvalidConfig, cfg.MetricsEvery, projection.MinMetricsEvery, projection.MaxMetricsEvery)
 	}
-	gauge, parked, err := newConsumerMetrics(cfg.Registerer)
+	gauge, parked, parkedAge, err := newConsumerMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +200,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			RETURNING failures`,
 		clearFailures: `DELETE FROM ` + failures + ` WHERE subscription = $1 AND event_id = $2`,
 	}}
-	c.parkedStreams, c.park = parked, buildParkSQL(s)
+	c.parkedStreams, c.parkedAge, c.park = parked, parkedAge, buildParkSQL(s)
 	return c, nil
 }
 

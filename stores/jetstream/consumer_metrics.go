@@ -10,25 +10,33 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// newConsumerMetrics registers the open dead-letter and parked-stream
-// gauges on reg, or returns the ones a consumer of another subscription (or
+// newConsumerMetrics registers the open dead-letter, parked-stream and
+// oldest-park-age gauges on reg, or returns the ones a consumer of another subscription (or
 // of the same one) registered there before: one vector per Registerer, one
 // series per subscription. Nil without a Registerer.
-func newConsumerMetrics(reg prometheus.Registerer) (dead, parked *prometheus.GaugeVec, err error) {
+func newConsumerMetrics(reg prometheus.Registerer) (dead, parked, parkedAge *prometheus.GaugeVec, err error) {
 	if reg == nil {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	dead, err = registerGauge(reg, "projector_jetstream_dead_letters_open",
 		"Open dead letters of the JetStream claims consumer's subscription (neither retried successfully nor discarded), counted from the table: the same from every process that runs the subscription.")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	parked, err = registerGauge(reg, "projector_jetstream_parked_streams",
 		"Streams the JetStream claims consumer's subscription has parked (ParkStream) and no retry or discard has resolved yet, counted from the table.")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return dead, parked, nil
+	// The age of the oldest open park: a count that stays at 1 for a week
+	// looks like one that changes every minute, the age tells them apart
+	// (the dispatcher's projector_parked_oldest_age_seconds, per subscription).
+	parkedAge, err = registerGauge(reg, "projector_jetstream_parked_oldest_age_seconds",
+		"Seconds since the oldest open park of the JetStream claims consumer's subscription was parked (ParkStream); 0 when none is open.")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return dead, parked, parkedAge, nil
 }
 
 func registerGauge(reg prometheus.Registerer, name, help string) (*prometheus.GaugeVec, error) {
@@ -82,11 +90,13 @@ func (c *Consumer) refreshMetrics(ctx context.Context) {
 	if c.cfg.ErrorMode != ParkStream {
 		return
 	}
-	if err := c.cfg.Store.Pool().QueryRow(ctx, c.park.countOpen, c.cfg.Subscription).Scan(&n); err != nil {
+	var age float64
+	if err := c.cfg.Store.Pool().QueryRow(ctx, c.park.countOpen, c.cfg.Subscription).Scan(&n, &age); err != nil {
 		if ctx.Err() == nil {
 			c.logger.DebugContext(ctx, "jetstream consumer: count parked streams", "subscription", c.cfg.Subscription, slog.Any("error", err))
 		}
 		return
 	}
 	c.parkedStreams.WithLabelValues(c.cfg.Subscription).Set(float64(n))
+	c.parkedAge.WithLabelValues(c.cfg.Subscription).Set(age)
 }

@@ -121,7 +121,7 @@ func buildParkSQL(s *postgres.Store) parkSQL {
 			ON CONFLICT (subscription, tenant_id, stream_type, stream_id) WHERE status = 'parked'
 			DO UPDATE SET failures = p.failures RETURNING id`,
 		hold:      `INSERT INTO ` + m + ` (park_id, version, event_id, subject, headers, data) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
-		countOpen: `SELECT count(*) FROM ` + p + ` WHERE subscription = $1 AND status = 'parked'`,
+		countOpen: `SELECT count(*), coalesce(extract(epoch FROM now() - min(parked_at))::float8, 0) FROM ` + p + ` WHERE subscription = $1 AND status = 'parked'`,
 	}
 }
 

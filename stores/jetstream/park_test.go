@@ -142,6 +142,9 @@ func TestConsumerParkStreamHoldsTheStreamUntilRetried(t *testing.T) {
 		v, ok := gaugeValue(t, reg, "projector_jetstream_parked_streams", "parking")
 		return ok && v == 1
 	})
+	if age, ok := gaugeValue(t, reg, "projector_jetstream_parked_oldest_age_seconds", "parking"); !ok || age < 0 || age > 600 {
+		t.Fatalf("oldest park age %v (%v), want the seconds since the park opened", age, ok)
+	}
 
 	// Still failing: nothing applied, the park kept with the new error.
 	var failed *pjs.ParkRetryFailedError
@@ -172,6 +175,9 @@ func TestConsumerParkStreamHoldsTheStreamUntilRetried(t *testing.T) {
 	}
 	if v, _ := gaugeValue(t, reg, "projector_jetstream_parked_streams", "parking"); v != 0 {
 		t.Fatalf("parked-streams gauge %v after the retry, want 0", v)
+	}
+	if v, _ := gaugeValue(t, reg, "projector_jetstream_parked_oldest_age_seconds", "parking"); v != 0 {
+		t.Fatalf("oldest park age %v after the retry, want 0", v)
 	}
 	// Live again: later events of p apply after the parked ones.
 	e.append("acme", "p", testevents.TicketCommented{Body: "after", N: 7}, testevents.TicketCommented{Body: "after", N: 8})
