@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -39,24 +38,7 @@ func init() {
 // ticket: a comment "poison" fails when poison says so, which dead-letters
 // the event under the saga's consumer and fails the instance.
 func continuousSaga(types testevents.Types, poison bool) *saga.Saga[[]string] {
-	s := saga.New[[]string]("dl-sla", saga.Config{Async: projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, MaxAttempts: 1}})
-	must := func(err error) {
-		if err != nil {
-			panic(err)
-		}
-	}
-	must(saga.StartOn(s, types.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[[]string], _ projector.Event, _ testevents.TicketOpened) error {
-		in.State = append(in.State, "opened")
-		return nil
-	}))
-	must(saga.On(s, types.Commented, saga.ByStream, func(_ context.Context, in *saga.Instance[[]string], _ projector.Event, c testevents.TicketCommented) error {
-		if c.Body == "poison" && poison {
-			return errors.New("cannot digest poison")
-		}
-		in.State = append(in.State, c.Body)
-		return nil
-	}))
-	return s
+	return poisonSaga(types, "dl-sla", projection.SkipApplyErrors, poison)
 }
 
 // `dead-letters retry --here` finds a saga's consumer as `parked retry

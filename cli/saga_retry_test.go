@@ -39,7 +39,14 @@ func init() {
 // failure: a comment "poison" fails when poison says so (the binary before
 // the fix).
 func parkingSaga(types testevents.Types, poison bool) *saga.Saga[[]string] {
-	s := saga.New[[]string]("parking-sla", saga.Config{Async: projection.AsyncConfig{ErrorMode: projection.ParkStream, MaxAttempts: 1}})
+	return poisonSaga(types, "parking-sla", projection.ParkStream, poison)
+}
+
+// poisonSaga is a saga keyed by ticket in the given error mode, failing at
+// the first failure (MaxAttempts 1): it records each step in its state,
+// and a comment "poison" fails when poison says so.
+func poisonSaga(types testevents.Types, name string, mode projection.ErrorMode, poison bool) *saga.Saga[[]string] {
+	s := saga.New[[]string](name, saga.Config{Async: projection.AsyncConfig{ErrorMode: mode, MaxAttempts: 1}})
 	must := func(err error) {
 		if err != nil {
 			panic(err)
