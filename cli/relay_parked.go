@@ -168,14 +168,8 @@ in the consumer service's binary, which mounts this command tree with
 cli.Config.JetStreamConsumers.`,
 		Args: oneParkID,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseParkID(args[0])
+			id, by, err := relayParkOp(args[0], subscription, by)
 			if err != nil {
-				return err
-			}
-			if err := validateSubscription(subscription, false); err != nil {
-				return err
-			}
-			if by, err = operatorName(by); err != nil {
 				return err
 			}
 			if a.cfg.JetStreamConsumers == nil {
@@ -211,14 +205,8 @@ func (a *App) relayParkedDiscardCmd() *cobra.Command {
 		Short: "Drop a parked sequence (its messages are never applied); recorded with who, when and how many",
 		Args:  oneParkID,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseParkID(args[0])
+			id, by, err := relayParkOp(args[0], subscription, by)
 			if err != nil {
-				return err
-			}
-			if err := validateSubscription(subscription, false); err != nil {
-				return err
-			}
-			if by, err = operatorName(by); err != nil {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
@@ -240,4 +228,21 @@ func (a *App) relayParkedDiscardCmd() *cobra.Command {
 func relayParkStream(p jetstream.Park) string {
 	s := p.Stream()
 	return projector.Printable(s.Type) + "/" + projector.Printable(s.ID) + " (tenant " + projector.Printable(s.Tenant) + ")"
+}
+
+// relayParkOp checks what a retry or discard of a claims consumer's park
+// was given: the park id, the subscription (required) and the operator's
+// name, defaulted.
+func relayParkOp(arg, subscription, by string) (int64, string, error) {
+	id, err := parseParkID(arg)
+	if err != nil {
+		return 0, "", err
+	}
+	if err := validateSubscription(subscription, false); err != nil {
+		return 0, "", err
+	}
+	if by, err = operatorName(by); err != nil {
+		return 0, "", err
+	}
+	return id, by, nil
 }
