@@ -140,7 +140,14 @@ func TestDocSnippetsCompile(t *testing.T) {
 	if err := os.WriteFile(ovPath, ov, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"build", "-gcflags=-e", "-overlay", ovPath}, pkgs...)
+	// Built in the suite's own mode: under `go test -race` every dependency
+	// is already in the build cache compiled with -race, and a plain build
+	// would compile the whole dependency tree again (minutes on two cores).
+	args := []string{"build", "-gcflags=-e", "-overlay", ovPath}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	args = append(args, pkgs...)
 	cmd := exec.CommandContext(t.Context(), goTool, args...)
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()

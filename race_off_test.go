@@ -1,0 +1,6 @@
+//go:build !race
+
+package projector_test
+
+// raceBuild says whether this test binary was built with -race.
+const raceBuild = false
