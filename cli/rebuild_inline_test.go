@@ -147,7 +147,10 @@ func TestInlineRebuildCommands(t *testing.T) {
 	// The version was recorded a moment ago: a store of an older version
 	// might still append, so --here refuses (exit 3) until the grace has
 	// passed, which an hour-old record has.
+	// (Recorded now, not when the test set up: a loaded machine can take
+	// longer than the grace between the two.)
 	code := Wiring{Inline: []postgres.InlineProjection{e.p}}
+	e.exec(`UPDATE ` + e.store.Table("projector_inline_projections") + ` SET updated_at = now()`)
 	e.run(code, "rebuild", "tickets", "--here").want(t, ExitRefused, "wait until")
 	e.exec(`UPDATE ` + e.store.Table("projector_inline_projections") + ` SET updated_at = now() - interval '1 hour'`)
 	e.run(code, "rebuild", "tickets", "--here").want(t, ExitOK, "of inline tickets v1", "running it in this process",
