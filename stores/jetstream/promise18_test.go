@@ -2,7 +2,6 @@ package jetstream_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -215,12 +214,7 @@ func runParkChild() int {
 		snk := &sink{store: store, effects: store.Table("effects")}
 		return pjs.ConsumerConfig{Subscription: "p18", ErrorMode: pjs.ParkStream, MaxDeliver: 2,
 			Backoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond, HoldDelay: 20 * time.Millisecond,
-			Logger: slog.New(slog.DiscardHandler),
-			Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-				if ev.Payload.(testevents.TicketCommented).Body == "poison" {
-					return errors.New("poison")
-				}
-				return snk.record(ctx, tx, ev)
-			}}
+			Logger:  slog.New(slog.DiscardHandler),
+			Handler: snk.failOnPoison(nil)}
 	})
 }
