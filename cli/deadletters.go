@@ -26,31 +26,18 @@ func (a *App) deadLettersCmd() *cobra.Command {
 
 func (a *App) deadLettersListCmd() *cobra.Command {
 	var f projection.DeadLetterFilter
-	var format, since string
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List dead letters (open ones unless --status says otherwise), oldest first",
-		Long: `List dead letters, oldest first, filtered by any combination of --consumer,
+	var since string
+	cmd := listCmd{
+		use:   "list",
+		short: "List dead letters (open ones unless --status says otherwise), oldest first",
+		long: `List dead letters, oldest first, filtered by any combination of --consumer,
 --instance, --type, --tenant, --reason, --status (open by default; "all" for every one)
 and --since (an age such as 24h or 7d, or an RFC 3339 time). Pages of --limit rows:
 pass the last id shown as --after for the next page. --model superseded keeps the
 dead letters of a model a rebuild replaced (or of a cancelled rebuild), which can
 only be discarded; --model live those a retry may apply.`,
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			if f.Limit < 1 || f.Limit > 10_000 {
-				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", f.Limit)}
-			}
-			if f.AfterID < 0 {
-				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", f.AfterID)}
-			}
-			if f.Status, err = statusFlag(f.Status); err != nil {
-				return err
-			}
+		limit: &f.Limit, after: &f.AfterID, status: &f.Status,
+		run: func(cmd *cobra.Command, asJSON bool) error {
 			switch f.Reason {
 			case "", "apply-error", "skipped":
 			default:
@@ -62,6 +49,7 @@ only be discarded; --model live those a retry may apply.`,
 				return usageError{fmt.Errorf("--model %q: want live or superseded", f.Model)}
 			}
 			if since != "" {
+				var err error
 				if f.Since, err = parseSince(since); err != nil {
 					return usageError{fmt.Errorf("--since: %w", err)}
 				}
@@ -84,7 +72,7 @@ only be discarded; --model live those a retry may apply.`,
 				})
 			})
 		},
-	}
+	}.command()
 	fl := cmd.Flags()
 	fl.StringVar(&f.Consumer, "consumer", "", "only this consumer's")
 	fl.StringVar(&f.Instance, "instance", "", "only this instance's (shared shards: "+projection.SharedInstance+")")
@@ -92,36 +80,18 @@ only be discarded; --model live those a retry may apply.`,
 	fl.StringVar(&f.Tenant, "tenant", "", "only this tenant's events")
 	fl.StringVar(&f.Reason, "reason", "", "apply-error or skipped")
 	fl.StringVar(&f.Model, "model", "", "live (dead letters a retry may apply) or superseded (of a model a rebuild replaced: discard them)")
-	fl.StringVar(&f.Status, "status", projection.DeadLetterOpen, "open, resolved, discarded or all")
 	fl.StringVar(&since, "since", "", "recorded within this age (24h, 7d) or at or after this RFC 3339 time")
-	fl.IntVar(&f.Limit, "limit", 100, "rows per page (1..10000)")
-	fl.Int64Var(&f.AfterID, "after", 0, "the last id of the previous page")
-	fl.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	return cmd
 }
 
 func (a *App) deadLettersShowCmd() *cobra.Command {
-	var format string
-	cmd := &cobra.Command{
-		Use:   "show ID",
-		Short: "Show a dead letter with its event's envelope and payload (or that the event was pruned)",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return usageError{fmt.Errorf("want one dead-letter id, got %d arguments", len(args))}
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			ids, err := parseIDs(args)
-			if err != nil {
-				return err
-			}
+	return showCmd{
+		use:   "show ID",
+		short: "Show a dead letter with its event's envelope and payload (or that the event was pruned)",
+		args:  oneID, parse: parseID,
+		run: func(cmd *cobra.Command, id int64, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				dl, ev, err := projection.GetDeadLetter(cmd.Context(), store, ids[0])
+				dl, ev, err := projection.GetDeadLetter(cmd.Context(), store, id)
 				if err != nil {
 					return err
 				}
@@ -159,9 +129,7 @@ func (a *App) deadLettersShowCmd() *cobra.Command {
 				return nil
 			})
 		},
-	}
-	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
-	return cmd
+	}.command()
 }
 
 func (a *App) deadLettersRetryCmd() *cobra.Command {
@@ -299,23 +267,14 @@ func (a *App) deadLettersDiscardCmd() *cobra.Command {
 // openDeadLetterIDs pages through every open dead letter of consumer.
 func openDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, consumer, model string) ([]int64, error) {
 	f := projection.DeadLetterFilter{Consumer: consumer, Status: projection.DeadLetterOpen, Limit: 1000, Model: model}
-	var ids []int64
-	for {
+	return pagedIDs(f.Limit, func(after int64) ([]projection.DeadLetter, error) {
+		f.AfterID = after
 		page, err := projection.ListDeadLetters(cmd.Context(), store, f)
 		if errors.Is(err, projection.ErrInvalidFilter) {
 			return nil, usageError{fmt.Errorf("--consumer: %w", err)}
 		}
-		if err != nil {
-			return nil, err
-		}
-		for _, dl := range page {
-			ids = append(ids, dl.ID)
-		}
-		if len(page) < f.Limit {
-			return ids, nil
-		}
-		f.AfterID = page[len(page)-1].ID
-	}
+		return page, err
+	}, func(dl projection.DeadLetter) int64 { return dl.ID })
 }
 
 // someIDs accepts one or more dead-letter ids, with the usage exit code;
@@ -331,13 +290,22 @@ func someIDs(_ *cobra.Command, args []string) error {
 func parseIDs(args []string) ([]int64, error) {
 	ids := make([]int64, 0, len(args))
 	for _, s := range args {
-		id, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || id < 1 {
-			return nil, usageError{fmt.Errorf("dead-letter id %q: want a positive integer", projector.Printable(s))}
+		id, err := parseID(s)
+		if err != nil {
+			return nil, err
 		}
 		ids = append(ids, id)
 	}
 	return ids, nil
+}
+
+// parseID reads a dead-letter id: a positive integer.
+func parseID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id < 1 {
+		return 0, usageError{fmt.Errorf("dead-letter id %q: want a positive integer", projector.Printable(s))}
+	}
+	return id, nil
 }
 
 // statusFlag reads a dead-letter --status flag (open, resolved, discarded

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -14,7 +13,6 @@ import (
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
-	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // sagaDLChildEnv makes this test binary the ops binary of an application
@@ -23,15 +21,9 @@ import (
 const sagaDLChildEnv = "PROJECTOR_TEST_SAGA_DL_CLI"
 
 func init() {
-	if os.Getenv(sagaDLChildEnv) == "" {
-		return
-	}
-	types := testevents.New()
-	os.Exit(Main(Config{Registry: types.Registry, Wire: func(string) (Wiring, error) {
-		return Wiring{Sagas: func(store *postgres.Store) ([]saga.Definition, error) {
-			return []saga.Definition{continuousSaga(types, os.Getenv(sagaDLChildEnv) == "poison")}, nil
-		}}, nil
-	}}))
+	asOpsBinary(sagaDLChildEnv, func(types testevents.Types, _, mode string) Wiring {
+		return sagaWiring(func() saga.Definition { return continuousSaga(types, mode == "poison") })
+	})
 }
 
 // continuousSaga is a saga in continuous mode (SkipApplyErrors) keyed by

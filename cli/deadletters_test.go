@@ -27,20 +27,21 @@ import (
 const dlChildEnv = "PROJECTOR_TEST_DEADLETTER_CLI"
 
 func init() {
-	if os.Getenv(dlChildEnv) == "" {
-		return
-	}
-	types := testevents.New()
-	os.Exit(Main(Config{Registry: types.Registry, Wire: func(schema string) (Wiring, error) {
-		return Wiring{Async: []*projection.Async{tolerant(schema, types)}}, nil
-	}}))
+	asOpsBinary(dlChildEnv, func(types testevents.Types, schema, _ string) Wiring {
+		return Wiring{Async: []*projection.Async{tolerant(schema, types)}}
+	})
 }
 
-// tolerant is a continuous-mode projection that fails on opened events
-// titled "poison" while the switch table says so, after writing a trace row
-// (which the failure rolls back).
+// tolerant is poisonable in continuous mode: it dead-letters poison.
 func tolerant(schema string, types testevents.Types) *projection.Async {
-	p := projection.NewAsync("tolerant", projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, MaxAttempts: 1})
+	return poisonable("tolerant", schema, types, projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, MaxAttempts: 1})
+}
+
+// poisonable is a projection, in the error mode cfg says, that fails on
+// opened events titled "poison" while the switch table says so, after
+// writing a trace row (which the failure rolls back).
+func poisonable(name, schema string, types testevents.Types, cfg projection.AsyncConfig) *projection.Async {
+	p := projection.NewAsync(name, cfg)
 	trace, sw := pgx.Identifier{schema, "trace"}.Sanitize(), pgx.Identifier{schema, "poison_switch"}.Sanitize()
 	if err := projection.On(p, types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, o testevents.TicketOpened) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO `+trace+` (event_id) VALUES ($1)`, ev.ID); err != nil {

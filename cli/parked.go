@@ -26,30 +26,14 @@ func (a *App) parkedCmd() *cobra.Command {
 
 func (a *App) parkedListCmd() *cobra.Command {
 	var f projection.ParkFilter
-	var format string
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List parked streams (open parks unless --status says otherwise), oldest first",
-		Long: `List parks, oldest first, filtered by --consumer, --instance, --tenant and --status
+	cmd := listCmd{
+		use:   "list",
+		short: "List parked streams (open parks unless --status says otherwise), oldest first",
+		long: `List parks, oldest first, filtered by --consumer, --instance, --tenant and --status
 (parked by default; resolved, discarded or all). Pages of --limit rows: pass the last
 id shown as --after for the next page.`,
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			if f.Limit < 1 || f.Limit > 10_000 {
-				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", f.Limit)}
-			}
-			if f.AfterID < 0 {
-				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", f.AfterID)}
-			}
-			if f.Status == "all" {
-				f.Status = ""
-			} else if f.Status == "" || projection.ValidateParkStatus(f.Status) != nil {
-				return usageError{fmt.Errorf("--status %q: want parked, resolved, discarded or all", projector.Printable(f.Status))}
-			}
+		limit: &f.Limit, after: &f.AfterID, status: &f.Status, parks: true,
+		run: func(cmd *cobra.Command, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				parks, err := projection.ListParks(cmd.Context(), store, f)
 				if errors.Is(err, projection.ErrInvalidParkFilter) {
@@ -68,33 +52,20 @@ id shown as --after for the next page.`,
 				})
 			})
 		},
-	}
+	}.command()
 	fl := cmd.Flags()
 	fl.StringVar(&f.Consumer, "consumer", "", "only this consumer's")
 	fl.StringVar(&f.Instance, "instance", "", "only this instance's (shared shards: "+projection.SharedInstance+")")
 	fl.StringVar(&f.Tenant, "tenant", "", "only this tenant's streams")
-	fl.StringVar(&f.Status, "status", projection.ParkOpen, "parked, resolved, discarded or all")
-	fl.IntVar(&f.Limit, "limit", 100, "rows per page (1..10000)")
-	fl.Int64Var(&f.AfterID, "after", 0, "the last id of the previous page")
-	fl.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	return cmd
 }
 
 func (a *App) parkedShowCmd() *cobra.Command {
-	var format string
-	cmd := &cobra.Command{
-		Use:   "show ID",
-		Short: "Show a park and its parked sequence of events, in order",
-		Args:  oneParkID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			id, err := parseParkID(args[0])
-			if err != nil {
-				return err
-			}
+	return showCmd{
+		use:   "show ID",
+		short: "Show a park and its parked sequence of events, in order",
+		args:  oneParkID, parse: parseParkID,
+		run: func(cmd *cobra.Command, id int64, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				p, events, err := projection.GetPark(cmd.Context(), store, id)
 				if err != nil {
@@ -134,9 +105,7 @@ func (a *App) parkedShowCmd() *cobra.Command {
 				return nil
 			})
 		},
-	}
-	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
-	return cmd
+	}.command()
 }
 
 func (a *App) parkedRetryCmd() *cobra.Command {

@@ -25,40 +25,15 @@ import (
 const parkChildEnv = "PROJECTOR_TEST_PARKED_CLI"
 
 func init() {
-	if os.Getenv(parkChildEnv) == "" {
-		return
-	}
-	types := testevents.New()
-	os.Exit(Main(Config{Registry: types.Registry, Wire: func(schema string) (Wiring, error) {
-		return Wiring{Async: []*projection.Async{parking(schema, types)}}, nil
-	}}))
+	asOpsBinary(parkChildEnv, func(types testevents.Types, schema, _ string) Wiring {
+		return Wiring{Async: []*projection.Async{parking(schema, types)}}
+	})
 }
 
-// parking is tolerant (see deadletters_test.go) in ParkStream mode, parking
-// at the first failure.
+// parking is poisonable (see deadletters_test.go) in ParkStream mode,
+// parking at the first failure.
 func parking(schema string, types testevents.Types) *projection.Async {
-	p := projection.NewAsync("parking", projection.AsyncConfig{ErrorMode: projection.ParkStream, MaxAttempts: 1})
-	trace, sw := pgx.Identifier{schema, "trace"}.Sanitize(), pgx.Identifier{schema, "poison_switch"}.Sanitize()
-	must := func(err error) {
-		if err != nil {
-			panic(err)
-		}
-	}
-	must(projection.On(p, types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, o testevents.TicketOpened) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+trace+` (event_id) VALUES ($1)`, ev.ID); err != nil {
-			return err
-		}
-		var fail bool
-		if err := tx.QueryRow(ctx, `SELECT fail FROM `+sw).Scan(&fail); err != nil {
-			return err
-		}
-		if o.Title == "poison" && fail {
-			return errors.New("cannot digest poison")
-		}
-		return nil
-	}))
-	must(projection.OnEvent(p, types.Commented, func(context.Context, pgx.Tx, projector.Event) error { return nil }))
-	return p
+	return poisonable("parking", schema, types, projection.AsyncConfig{ErrorMode: projection.ParkStream, MaxAttempts: 1})
 }
 
 // The parked commands end to end, in a separate process: list and show

@@ -38,33 +38,17 @@ that wires its consumers (cli.Config.JetStreamConsumers). See docs/jetstream.md.
 }
 
 func (a *App) relayDLListCmd() *cobra.Command {
-	var subscription, format, status string
+	var subscription, status string
 	var limit int
 	var after int64
-	cmd := &cobra.Command{
-		Use:   "list --subscription S [--status open|resolved|discarded|all] [--limit N] [--after ID]",
-		Short: "List a subscription's dead letters (open ones unless --status says otherwise), oldest first",
-		Long: `List a subscription's dead letters, oldest first: the open ones, or those of --status
+	cmd := listCmd{
+		use:   "list --subscription S [--status open|resolved|discarded|all] [--limit N] [--after ID]",
+		short: "List a subscription's dead letters (open ones unless --status says otherwise), oldest first",
+		long: `List a subscription's dead letters, oldest first: the open ones, or those of --status
 (resolved, discarded, or all). Pages of --limit rows: pass the last id shown as --after
 for the next page.`,
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			if limit < 1 || limit > 10_000 {
-				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", limit)}
-			}
-			if after < 0 {
-				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", after)}
-			}
-			if status, err = statusFlag(status); err != nil {
-				return err
-			}
-			if err := validateSubscription(subscription, false); err != nil {
-				return err
-			}
+		limit: &limit, after: &after, status: &status, subscription: &subscription,
+		run: func(cmd *cobra.Command, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				dls, err := jetstream.ListDeadLettersMatching(cmd.Context(), store,
 					jetstream.DeadLetterFilter{Subscription: subscription, Status: status, AfterID: after, Limit: limit})
@@ -99,35 +83,22 @@ for the next page.`,
 				return w.Flush()
 			})
 		},
-	}
-	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
-	cmd.Flags().StringVar(&status, "status", projection.DeadLetterOpen, "open, resolved, discarded or all")
-	cmd.Flags().IntVar(&limit, "limit", 100, "rows per page (1 to 10000)")
-	cmd.Flags().Int64Var(&after, "after", 0, "the last id of the previous page")
-	cmd.Flags().StringVarP(&format, "output", "o", "table", "table or json")
+	}.command()
+	// The relay dead-letter commands' help has always worded these so.
+	cmd.Flags().Lookup("limit").Usage = "rows per page (1 to 10000)"
+	cmd.Flags().Lookup("output").Usage = "table or json"
 	return cmd
 }
 
 func (a *App) relayDLShowCmd() *cobra.Command {
-	var subscription, format string
-	cmd := &cobra.Command{
-		Use:   "show ID --subscription S",
-		Short: "Show a dead letter: status, subject, headers, body, error",
-		Args:  oneID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			ids, err := parseIDs(args)
-			if err != nil {
-				return err
-			}
-			if err := validateSubscription(subscription, false); err != nil {
-				return err
-			}
+	var subscription string
+	cmd := showCmd{
+		use:   "show ID --subscription S",
+		short: "Show a dead letter: status, subject, headers, body, error",
+		args:  oneID, parse: parseID, subscription: &subscription,
+		run: func(cmd *cobra.Command, id int64, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				d, err := jetstream.GetDeadLetter(cmd.Context(), store, subscription, ids[0])
+				d, err := jetstream.GetDeadLetter(cmd.Context(), store, subscription, id)
 				if err != nil {
 					return err
 				}
@@ -157,9 +128,8 @@ func (a *App) relayDLShowCmd() *cobra.Command {
 				return err
 			})
 		},
-	}
-	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
-	cmd.Flags().StringVarP(&format, "output", "o", "table", "table or json")
+	}.command()
+	cmd.Flags().Lookup("output").Usage = "table or json"
 	return cmd
 }
 
@@ -190,16 +160,12 @@ which mounts this command tree with cli.Config.JetStreamConsumers.`,
 				return err
 			}
 			if a.cfg.JetStreamConsumers == nil {
-				return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
+				return noConsumerHandler(subscription)
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				consumers, err := a.cfg.JetStreamConsumers(store)
+				c, err := a.wiredConsumer(store, subscription)
 				if err != nil {
-					return fmt.Errorf("build the JetStream consumers: %w", err)
-				}
-				i := slices.IndexFunc(consumers, func(c *jetstream.Consumer) bool { return c.Subscription() == subscription })
-				if i < 0 {
-					return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
+					return err
 				}
 				if all {
 					if ids, err = openRelayDeadLetterIDs(cmd, store, subscription); err != nil {
@@ -211,7 +177,7 @@ which mounts this command tree with cli.Config.JetStreamConsumers.`,
 					}
 				}
 				return a.eachDeadLetter(ids, "retried", "applied and resolved", func(id int64) error {
-					return consumers[i].RetryDeadLetter(cmd.Context(), id)
+					return c.RetryDeadLetter(cmd.Context(), id)
 				})
 			})
 		},
@@ -221,25 +187,39 @@ which mounts this command tree with cli.Config.JetStreamConsumers.`,
 	return cmd
 }
 
+// wiredConsumer returns the JetStream consumer of subscription this binary
+// wires (cli.Config.JetStreamConsumers), built on store, to retry with its
+// handler; [ErrNoConsumerHandler], a usage error, when it wires none.
+func (a *App) wiredConsumer(store *postgres.Store, subscription string) (*jetstream.Consumer, error) {
+	if a.cfg.JetStreamConsumers == nil {
+		return nil, noConsumerHandler(subscription)
+	}
+	consumers, err := a.cfg.JetStreamConsumers(store)
+	if err != nil {
+		return nil, fmt.Errorf("build the JetStream consumers: %w", err)
+	}
+	i := slices.IndexFunc(consumers, func(c *jetstream.Consumer) bool { return c.Subscription() == subscription })
+	if i < 0 {
+		return nil, noConsumerHandler(subscription)
+	}
+	return consumers[i], nil
+}
+
+// noConsumerHandler is the usage error of a retry this binary has no
+// handler for: checked before connecting, when it wires no consumer at all.
+func noConsumerHandler(subscription string) error {
+	return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
+}
+
 // openRelayDeadLetterIDs pages through every open dead letter of
 // subscription, taken before any is retried: one that fails again stays
 // open and is not tried twice.
 func openRelayDeadLetterIDs(cmd *cobra.Command, store *postgres.Store, subscription string) ([]int64, error) {
 	f := jetstream.DeadLetterFilter{Subscription: subscription, Status: projection.DeadLetterOpen, Limit: 1000}
-	var ids []int64
-	for {
-		page, err := jetstream.ListDeadLettersMatching(cmd.Context(), store, f)
-		if err != nil {
-			return nil, err
-		}
-		for _, d := range page {
-			ids = append(ids, d.ID)
-		}
-		if len(page) < f.Limit {
-			return ids, nil
-		}
-		f.AfterID = page[len(page)-1].ID
-	}
+	return pagedIDs(f.Limit, func(after int64) ([]jetstream.DeadLetter, error) {
+		f.AfterID = after
+		return jetstream.ListDeadLettersMatching(cmd.Context(), store, f)
+	}, func(d jetstream.DeadLetter) int64 { return d.ID })
 }
 
 func (a *App) relayDLDiscardCmd() *cobra.Command {

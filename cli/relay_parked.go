@@ -3,13 +3,11 @@ package cli
 import (
 	"fmt"
 	"io"
-	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
-	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -32,30 +30,11 @@ dispatcher's parks (async projections, sagas) are ` + "`parked`" + `'s. See docs
 
 func (a *App) relayParkedListCmd() *cobra.Command {
 	var f jetstream.ParkFilter
-	var format string
-	cmd := &cobra.Command{
-		Use:   "list --subscription S [--status parked|resolved|discarded|all] [--limit N] [--after ID]",
-		Short: "List a subscription's parked streams (open parks unless --status says otherwise), oldest first",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			if f.Limit < 1 || f.Limit > 10_000 {
-				return usageError{fmt.Errorf("--limit %d: want 1 to 10000", f.Limit)}
-			}
-			if f.AfterID < 0 {
-				return usageError{fmt.Errorf("--after %d: want an id (0 for the start)", f.AfterID)}
-			}
-			if f.Status == "all" {
-				f.Status = ""
-			} else if f.Status == "" || projection.ValidateParkStatus(f.Status) != nil {
-				return usageError{fmt.Errorf("--status %q: want parked, resolved, discarded or all", projector.Printable(f.Status))}
-			}
-			if err := validateSubscription(f.Subscription, false); err != nil {
-				return err
-			}
+	return listCmd{
+		use:   "list --subscription S [--status parked|resolved|discarded|all] [--limit N] [--after ID]",
+		short: "List a subscription's parked streams (open parks unless --status says otherwise), oldest first",
+		limit: &f.Limit, after: &f.AfterID, status: &f.Status, parks: true, subscription: &f.Subscription,
+		run: func(cmd *cobra.Command, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				parks, err := jetstream.ListParks(cmd.Context(), store, f)
 				if err != nil {
@@ -70,14 +49,7 @@ func (a *App) relayParkedListCmd() *cobra.Command {
 				})
 			})
 		},
-	}
-	fl := cmd.Flags()
-	fl.StringVar(&f.Subscription, "subscription", "", "the consumer's subscription (required)")
-	fl.StringVar(&f.Status, "status", projection.ParkOpen, "parked, resolved, discarded or all")
-	fl.IntVar(&f.Limit, "limit", 100, "rows per page (1..10000)")
-	fl.Int64Var(&f.AfterID, "after", 0, "the last id of the previous page")
-	fl.StringVarP(&format, "output", "o", "table", "output format: table or json")
-	return cmd
+	}.command()
 }
 
 // relayParkedMessageJSON is a parked message as `-o json` prints it.
@@ -91,23 +63,12 @@ type relayParkedMessageJSON struct {
 }
 
 func (a *App) relayParkedShowCmd() *cobra.Command {
-	var subscription, format string
-	cmd := &cobra.Command{
-		Use:   "show ID --subscription S",
-		Short: "Show a park and its parked messages, in the order a retry applies them",
-		Args:  oneParkID,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := outputFormat(format)
-			if err != nil {
-				return err
-			}
-			id, err := parseParkID(args[0])
-			if err != nil {
-				return err
-			}
-			if err := validateSubscription(subscription, false); err != nil {
-				return err
-			}
+	var subscription string
+	return showCmd{
+		use:   "show ID --subscription S",
+		short: "Show a park and its parked messages, in the order a retry applies them",
+		args:  oneParkID, parse: parseParkID, subscription: &subscription,
+		run: func(cmd *cobra.Command, id int64, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				p, msgs, err := jetstream.GetPark(cmd.Context(), store, subscription, id)
 				if err != nil {
@@ -147,10 +108,7 @@ func (a *App) relayParkedShowCmd() *cobra.Command {
 				return nil
 			})
 		},
-	}
-	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
-	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json")
-	return cmd
+	}.command()
 }
 
 func (a *App) relayParkedRetryCmd() *cobra.Command {
@@ -173,18 +131,14 @@ cli.Config.JetStreamConsumers.`,
 				return err
 			}
 			if a.cfg.JetStreamConsumers == nil {
-				return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
+				return noConsumerHandler(subscription)
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				consumers, err := a.cfg.JetStreamConsumers(store)
+				c, err := a.wiredConsumer(store, subscription)
 				if err != nil {
-					return fmt.Errorf("build the JetStream consumers: %w", err)
+					return err
 				}
-				i := slices.IndexFunc(consumers, func(c *jetstream.Consumer) bool { return c.Subscription() == subscription })
-				if i < 0 {
-					return usageError{fmt.Errorf("retry %s: %w", subscription, ErrNoConsumerHandler)}
-				}
-				n, err := consumers[i].RetryPark(cmd.Context(), id, by)
+				n, err := c.RetryPark(cmd.Context(), id, by)
 				if err != nil {
 					return err
 				}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -24,15 +23,9 @@ import (
 const sagaParkChildEnv = "PROJECTOR_TEST_SAGA_RETRY_CLI"
 
 func init() {
-	if os.Getenv(sagaParkChildEnv) == "" {
-		return
-	}
-	types := testevents.New()
-	os.Exit(Main(Config{Registry: types.Registry, Wire: func(string) (Wiring, error) {
-		return Wiring{Sagas: func(store *postgres.Store) ([]saga.Definition, error) {
-			return []saga.Definition{parkingSaga(types, os.Getenv(sagaParkChildEnv) == "poison")}, nil
-		}}, nil
-	}}))
+	asOpsBinary(sagaParkChildEnv, func(types testevents.Types, _, mode string) Wiring {
+		return sagaWiring(func() saga.Definition { return parkingSaga(types, mode == "poison") })
+	})
 }
 
 // parkingSaga is a ParkStream saga keyed by ticket that parks at the first

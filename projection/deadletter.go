@@ -154,14 +154,24 @@ func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	return dl, err
 }
 
+// validatePage checks the page a listing of dead letters or parks is asked
+// for: limit 0..10000 (0 for 100) and an after id that is not negative.
+// Its errors match invalid, the listing's sentinel.
+func validatePage(invalid error, limit int, afterID int64) error {
+	if limit < 0 || limit > 10_000 {
+		return fmt.Errorf("%w: limit %d (want 1 to 10000, 0 for 100)", invalid, limit)
+	}
+	if afterID < 0 {
+		return fmt.Errorf("%w: after id %d is negative", invalid, afterID)
+	}
+	return nil
+}
+
 // ListDeadLetters returns the dead letters f selects, in id order (the
 // order they were recorded), at most f.Limit of them.
 func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFilter) ([]DeadLetter, error) {
-	if f.Limit < 0 || f.Limit > 10_000 {
-		return nil, fmt.Errorf("%w: limit %d (want 1 to 10000, 0 for 100)", ErrInvalidFilter, f.Limit)
-	}
-	if f.AfterID < 0 {
-		return nil, fmt.Errorf("%w: after id %d is negative", ErrInvalidFilter, f.AfterID)
+	if err := validatePage(ErrInvalidFilter, f.Limit, f.AfterID); err != nil {
+		return nil, err
 	}
 	if err := ValidateDeadLetterStatus(f.Status); err != nil {
 		return nil, err

@@ -261,11 +261,8 @@ func ValidateParkStatus(status string) error {
 // ListParks returns the parks f selects in id order (the order they were
 // parked), at most f.Limit of them.
 func ListParks(ctx context.Context, store *postgres.Store, f ParkFilter) ([]Park, error) {
-	if f.Limit < 0 || f.Limit > 10_000 {
-		return nil, fmt.Errorf("%w: limit %d (want 1 to 10000, 0 for 100)", ErrInvalidParkFilter, f.Limit)
-	}
-	if f.AfterID < 0 {
-		return nil, fmt.Errorf("%w: after id %d is negative", ErrInvalidParkFilter, f.AfterID)
+	if err := validatePage(ErrInvalidParkFilter, f.Limit, f.AfterID); err != nil {
+		return nil, err
 	}
 	if err := ValidateParkStatus(f.Status); err != nil {
 		return nil, err

@@ -191,25 +191,8 @@ func TestSagaPartitionsCrashExactlyOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 16))
-	comments := map[string]int{}
-	assigned := map[string]bool{}
-	next := 0
-	appendSome := func() {
-		for range 3 {
-			id := fmt.Sprintf("t-%d", next)
-			next++
-			e.append(projector.Stream("ticket", id), testevents.TicketOpened{Title: id})
-		}
-		for range 4 {
-			id := fmt.Sprintf("t-%d", rng.IntN(next))
-			e.append(projector.Stream("ticket", id), testevents.TicketCommented{Body: "c"})
-			comments[id]++
-		}
-		if id := fmt.Sprintf("t-%d", rng.IntN(next)); !assigned[id] {
-			e.append(projector.Stream("agent", fmt.Sprintf("a-%d", rng.IntN(3))), Assigned{Ticket: id, Agent: "ann"})
-			assigned[id] = true
-		}
-	}
+	// Every round assigns a ticket, through one of three agents' streams.
+	load := newSLALoad(e, rng, func() string { return fmt.Sprintf("a-%d", rng.IntN(3)) })
 	running := []*pgtest.Child{e.startPartitionedChild(0, 4)}
 	kills := 0
 	for round := 0; kills < 6; round++ {
@@ -222,7 +205,7 @@ func TestSagaPartitionsCrashExactlyOnce(t *testing.T) {
 		}
 		c := e.startPartitionedChild(killStep, 4)
 		running = append(running, c)
-		appendSome()
+		load.appendSome()
 		victim := running[rng.IntN(len(running))]
 		select {
 		case <-victim.Done():
@@ -249,7 +232,6 @@ func TestSagaPartitionsCrashExactlyOnce(t *testing.T) {
 		c.Kill(t)
 	}
 	running = []*pgtest.Child{e.startPartitionedChild(0, 4), e.startPartitionedChild(0, 4)}
-	sla := e.store.Table("projector_saga_instances")
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -265,27 +247,11 @@ func TestSagaPartitionsCrashExactlyOnce(t *testing.T) {
 		rows.Close()
 		t.Logf("instances %d pending timeouts %d", e.instances(), e.pendingTimeouts())
 	})
-	e.waitFor("every step and reminder", 60*time.Second, func() bool {
-		var steps int
-		if err := e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(sum(version), 0) FROM `+sla).Scan(&steps); err != nil {
-			t.Fatal(err)
-		}
-		want := next + len(assigned)
-		for _, n := range comments {
-			want += n
-		}
-		reminders := 0
-		for i := range next {
-			if !assigned[fmt.Sprintf("t-%d", i)] {
-				reminders++
-			}
-		}
-		return steps >= want+reminders && e.pendingTimeouts() == 0 && e.instances() == next
-	})
+	load.waitConverged()
 	for _, c := range running {
 		c.Terminate(t)
 	}
-	checkExactlyOnce(t, e, next, comments, assigned)
+	load.checkExactlyOnce()
 	// An assignment never overtook its ticket's opening: none was ignored.
 	var ignoredAssignments int
 	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.store.Table("projector_events")+` a
@@ -295,7 +261,7 @@ func TestSagaPartitionsCrashExactlyOnce(t *testing.T) {
 	if ignoredAssignments != 0 {
 		t.Errorf("%d assignments took no step (ignored: taken before their ticket's opening)", ignoredAssignments)
 	}
-	t.Logf("%d SIGKILLs, %d tickets", kills, next)
+	t.Logf("%d SIGKILLs, %d tickets", kills, load.tickets)
 }
 
 // A keyed partition reads every event after its cursor, whatever stream

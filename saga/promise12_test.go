@@ -137,25 +137,13 @@ func TestPromise12_CrashExactlyOnce(t *testing.T) {
 	}
 	e := newEnv(t)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 12))
-	comments := map[string]int{}
-	assigned := map[string]bool{}
-	next := 0
-	appendSome := func() {
-		for range 3 {
-			id := fmt.Sprintf("t-%d", next)
-			next++
-			e.append(projector.Stream("ticket", id), testevents.TicketOpened{Title: id})
+	// Every other round assigns a ticket, always through agent ann.
+	load := newSLALoad(e, rng, func() string {
+		if rng.IntN(2) == 0 {
+			return "ann"
 		}
-		for range 4 {
-			id := fmt.Sprintf("t-%d", rng.IntN(next))
-			e.append(projector.Stream("ticket", id), testevents.TicketCommented{Body: "c"})
-			comments[id]++
-		}
-		if id := fmt.Sprintf("t-%d", rng.IntN(next)); rng.IntN(2) == 0 && !assigned[id] {
-			e.append(projector.Stream("agent", "ann"), Assigned{Ticket: id, Agent: "ann"})
-			assigned[id] = true
-		}
-	}
+		return ""
+	})
 	kills := 0
 	for round := 0; kills < 12; round++ {
 		if round > 60 {
@@ -166,7 +154,7 @@ func TestPromise12_CrashExactlyOnce(t *testing.T) {
 			killStep = 1 + rng.IntN(6) // dies mid-step, transaction open
 		}
 		c := e.startChild(killStep)
-		appendSome()
+		load.appendSome()
 		// Kill at a random moment unless the child killed itself first.
 		select {
 		case <-c.Done():
@@ -181,34 +169,80 @@ func TestPromise12_CrashExactlyOnce(t *testing.T) {
 	}
 	// A last child runs to the end: everything converges.
 	c := e.startChild(0)
-	sla := e.store.Table("projector_saga_instances")
-	e.waitFor("every step and reminder", 60*time.Second, func() bool {
+	load.waitConverged()
+	c.Terminate(t)
+	load.checkExactlyOnce()
+	t.Logf("%d SIGKILLs, %d tickets", kills, load.tickets)
+}
+
+// slaLoad is what the crash tests feed the sla saga, remembered to check
+// the saga's steps and reminders against.
+type slaLoad struct {
+	e   *env
+	rng *rand.Rand
+	// agent names the agent stream of a round's assignment, or "" for
+	// none in this round.
+	agent func() string
+	// tickets are t-0 … t-(tickets-1), all opened; comments counts each
+	// one's comments; assigned holds those assigned to an agent.
+	tickets  int
+	comments map[string]int
+	assigned map[string]bool
+}
+
+func newSLALoad(e *env, rng *rand.Rand, agent func() string) *slaLoad {
+	return &slaLoad{e: e, rng: rng, agent: agent, comments: map[string]int{}, assigned: map[string]bool{}}
+}
+
+// appendSome opens three tickets, comments four at random and assigns one
+// at random (if agent names an agent and it is not assigned yet).
+func (l *slaLoad) appendSome() {
+	for range 3 {
+		id := fmt.Sprintf("t-%d", l.tickets)
+		l.tickets++
+		l.e.append(projector.Stream("ticket", id), testevents.TicketOpened{Title: id})
+	}
+	for range 4 {
+		id := fmt.Sprintf("t-%d", l.rng.IntN(l.tickets))
+		l.e.append(projector.Stream("ticket", id), testevents.TicketCommented{Body: "c"})
+		l.comments[id]++
+	}
+	if id, agent := fmt.Sprintf("t-%d", l.rng.IntN(l.tickets)), l.agent(); agent != "" && !l.assigned[id] {
+		l.e.append(projector.Stream("agent", agent), Assigned{Ticket: id, Agent: "ann"})
+		l.assigned[id] = true
+	}
+}
+
+// waitConverged waits until the saga took every step and fired every
+// reminder of what was appended.
+func (l *slaLoad) waitConverged() {
+	l.e.t.Helper()
+	sla := l.e.store.Table("projector_saga_instances")
+	l.e.waitFor("every step and reminder", 60*time.Second, func() bool {
 		var steps int
-		if err := e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(sum(version), 0) FROM `+sla).Scan(&steps); err != nil {
-			t.Fatal(err)
+		if err := l.e.store.Pool().QueryRow(l.e.ctx, `SELECT coalesce(sum(version), 0) FROM `+sla).Scan(&steps); err != nil {
+			l.e.t.Fatal(err)
 		}
-		want := next // one opened step each
-		for _, n := range comments {
+		want := l.tickets // one opened step each
+		for _, n := range l.comments {
 			want += n
 		}
-		want += len(assigned)
+		want += len(l.assigned)
 		reminders := 0
-		for i := range next {
-			if !assigned[fmt.Sprintf("t-%d", i)] {
+		for i := range l.tickets {
+			if !l.assigned[fmt.Sprintf("t-%d", i)] {
 				reminders++
 			}
 		}
 		// Assigned tickets may or may not have been reminded first.
-		return steps >= want+reminders && e.pendingTimeouts() == 0 && e.instances() == next
+		return steps >= want+reminders && l.e.pendingTimeouts() == 0 && l.e.instances() == l.tickets
 	})
-	c.Terminate(t)
-	checkExactlyOnce(t, e, next, comments, assigned)
-	t.Logf("%d SIGKILLs, %d tickets", kills, next)
 }
 
 // checkExactlyOnce checks the saga's tables and the log against what was
 // appended.
-func checkExactlyOnce(t *testing.T, e *env, tickets int, comments map[string]int, assigned map[string]bool) {
+func (l *slaLoad) checkExactlyOnce() {
+	t, e, tickets, comments, assigned := l.e.t, l.e, l.tickets, l.comments, l.assigned
 	t.Helper()
 	ev := e.store.Table("projector_events")
 	for i := range tickets {

@@ -58,7 +58,13 @@ const (
 // test's is already cancelled when cleanups run.
 const dropTimeout = 30 * time.Second
 
-var shared struct {
+// connectTimeout bounds opening the shared pool (or starting a throwaway
+// server): a binary that waited for its slot of the budget still has all
+// of it.
+const connectTimeout = 2 * time.Minute
+
+// sharedDB is the database every test of a binary shares.
+type sharedDB struct {
 	once          sync.Once
 	url           string
 	server        *pgserver.Server
@@ -67,6 +73,8 @@ var shared struct {
 	slot          *pgx.Conn // holds this binary's slot of the connection budget
 	err           error
 }
+
+var shared sharedDB
 
 // startContainer starts PostgreSQL in a container; set by the
 // testcontainers build tag (container.go), nil otherwise.
@@ -105,51 +113,60 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
+// setup connects the shared database.
 func setup() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	shared.url = os.Getenv(EnvURL)
-	// Told once, before this binary marks its own environment for its
-	// children below.
-	child := isChild()
-	if shared.url != "" && !child {
-		// A server other binaries share: wait for this binary's turn. The
-		// wait has no deadline of its own; go test's -timeout bounds it.
-		slot, err := acquireSlot(context.Background(), shared.url)
-		if err != nil {
-			shared.err = fmt.Errorf("connect to test database: %w", err)
-			return
-		}
-		shared.slot = slot
+	shared.setup(os.Getenv(EnvURL), isChild(), connectTimeout)
+	if shared.slot != nil {
 		// Child processes inherit the slot (and so never wait for one).
 		os.Setenv(EnvSlotHeld, "1")
 	}
-	if shared.url == "" {
+}
+
+// setup connects s to the server at url (or a throwaway one if url is
+// empty) for a test binary, or for a child process of one (child), and
+// records why not in s.err.
+func (s *sharedDB) setup(url string, child bool, timeout time.Duration) {
+	s.url = url
+	if s.url != "" && !child {
+		// A server other binaries share: wait for this binary's turn. The
+		// wait has no deadline of its own; go test's -timeout bounds it.
+		slot, err := acquireSlot(context.Background(), s.url)
+		if err != nil {
+			s.err = fmt.Errorf("connect to test database: %w", err)
+			return
+		}
+		s.slot = slot
+	}
+	// From here, not before the wait: a binary that waited for its slot
+	// longer than timeout must still connect.
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if s.url == "" {
 		srv, err := pgserver.Start(ctx)
 		switch {
 		case err == nil:
-			shared.server, shared.url = srv, srv.URL
+			s.server, s.url = srv, srv.URL
 		case errors.Is(err, pgserver.ErrNoBinaries) && startContainer != nil:
 			url, stop, cerr := startContainer(ctx)
 			if cerr != nil {
-				shared.err = fmt.Errorf("no test database: %s is not set, no local PostgreSQL binaries, and %w", EnvURL, cerr)
+				s.err = fmt.Errorf("no test database: %s is not set, no local PostgreSQL binaries, and %w", EnvURL, cerr)
 				return
 			}
-			shared.url, shared.stopContainer = url, stop
+			s.url, s.stopContainer = url, stop
 		default:
 			hint := ""
 			if startContainer == nil {
 				hint = "; where Docker runs, `go test -tags testcontainers ./...` starts one in a container"
 			}
-			shared.err = fmt.Errorf("no test database: %s is not set and a throwaway cluster could not be started: %w\n"+
+			s.err = fmt.Errorf("no test database: %s is not set and a throwaway cluster could not be started: %w\n"+
 				"Start PostgreSQL and set %s=postgres://user@127.0.0.1:5432/db (or run `make test`, which finds or starts one)%s", EnvURL, err, EnvURL, hint)
 			return
 		}
 	}
-	shared.url = withoutFlushWait(shared.url)
-	cfg, err := pgxpool.ParseConfig(shared.url)
+	s.url = withoutFlushWait(s.url)
+	cfg, err := pgxpool.ParseConfig(s.url)
 	if err != nil {
-		shared.err = fmt.Errorf("parse %s: %w", EnvURL, err)
+		s.err = fmt.Errorf("parse %s: %w", EnvURL, err)
 		return
 	}
 	if child {
@@ -157,15 +174,15 @@ func setup() {
 	} else {
 		tunePool(cfg, sharedPoolConns)
 	}
-	shared.pool, shared.err = pgxpool.NewWithConfig(ctx, cfg)
-	if shared.err == nil {
-		shared.err = shared.pool.Ping(ctx)
+	s.pool, s.err = pgxpool.NewWithConfig(ctx, cfg)
+	if s.err == nil {
+		s.err = s.pool.Ping(ctx)
 	}
-	if shared.err != nil {
-		shared.err = fmt.Errorf("connect to test database: %w", shared.err)
+	if s.err != nil {
+		s.err = fmt.Errorf("connect to test database: %w", s.err)
 		return
 	}
-	dropStale(ctx, shared.pool)
+	dropStale(ctx, s.pool)
 }
 
 func ready(t testing.TB) {

@@ -248,3 +248,54 @@ func TestWithoutFlushWait(t *testing.T) {
 		t.Fatalf("a test session's synchronous_commit: %q, %v; want off", sc, err)
 	}
 }
+
+// A binary that waited for its slot longer than the connect timeout still
+// connects: the timeout counts from when it holds the slot. It once
+// counted from before the wait, and on a busy machine whole packages
+// failed with "connect to test database: context deadline exceeded" right
+// after "pgtest: got slot".
+func TestSetupTimeoutStartsAfterTheSlot(t *testing.T) {
+	t.Parallel()
+	if _, err := pgserver.FindBinaries(); err != nil && os.Getenv("CI") != "true" {
+		t.Skip("no local PostgreSQL binaries")
+	}
+	ctx := t.Context()
+	srv, err := pgserver.Start(ctx, "max_connections="+strconv.Itoa(reservedConns+binaryBudget)) // one slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	held, err := acquireSlot(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 500 * time.Millisecond
+	var s sharedDB
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.setup(srv.URL, false, timeout)
+	}()
+	// Longer than the timeout, while the other binary holds the slot.
+	Eventually(t, time.Minute, "the binary waiting for the slot", func() bool {
+		var n int
+		err := held.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgtest budget slot'`).Scan(&n)
+		return err == nil && n == 2
+	})
+	time.Sleep(2 * timeout) // the wait being tested: longer than the timeout
+	if err := held.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if s.err != nil {
+		t.Fatalf("after a wait for the slot longer than the timeout: %v", s.err)
+	}
+	s.pool.Close()
+	if err := s.slot.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

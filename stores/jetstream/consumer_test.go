@@ -44,6 +44,41 @@ func (s *sink) record(ctx context.Context, tx pgx.Tx, ev projector.Event) error 
 	return err
 }
 
+// comments are versions 1..n of stream, comments as the relay would
+// publish them, event i with the id uuidFor(i).
+func comments(stream projector.StreamRef, n int) []projector.Event {
+	evs := make([]projector.Event, n)
+	for i := range evs {
+		evs[i] = projector.Event{ID: uuidFor(i), Stream: stream, Version: int64(i + 1), Type: "ticket.commented", SchemaVersion: 1,
+			Data: []byte(fmt.Sprintf(`{"body":"b","n":%d}`, i)), Position: projector.Position{TxID: 10, Seq: int64(i + 1)}, RecordedAt: time.Now()}
+	}
+	return evs
+}
+
+// publish publishes ev to r's stream as the relay would.
+func (e *env) publish(r *pjs.Relay, ev projector.Event) {
+	e.t.Helper()
+	msg, err := pjs.NewMsg(e.prefix, ev)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := r.JetStream().PublishMsg(e.ctx, msg); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// failOnPoison is a handler that records each event's effect but fails,
+// with "cannot handle poison", on a comment "poison" until cured is set
+// (for ever when cured is nil): the consumer before the fix.
+func (s *sink) failOnPoison(cured *atomic.Bool) pjs.ConsumerHandler {
+	return func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if ev.Payload.(testevents.TicketCommented).Body == "poison" && (cured == nil || !cured.Load()) {
+			return errors.New("cannot handle poison")
+		}
+		return s.record(ctx, tx, ev)
+	}
+}
+
 // check asserts each of want's events has exactly one effect and that each
 // stream's effects came in version order.
 func (s *sink) check(t testing.TB, want []projector.Event) {
@@ -216,20 +251,8 @@ func TestConsumerHoldsOutOfOrderAndSkipsGaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	stream := projector.TenantStream("acme", "ticket", "o1")
-	evs := make([]projector.Event, 4)
-	for i := range evs {
-		evs[i] = projector.Event{ID: uuidFor(i), Stream: stream, Version: int64(i + 1), Type: "ticket.commented", SchemaVersion: 1,
-			Data: []byte(fmt.Sprintf(`{"body":"b","n":%d}`, i)), Position: projector.Position{TxID: 10, Seq: int64(i + 1)}, RecordedAt: time.Now()}
-	}
-	publish := func(ev projector.Event) {
-		msg, err := pjs.NewMsg(e.prefix, ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.JetStream().PublishMsg(e.ctx, msg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	evs := comments(stream, 4)
+	publish := func(ev projector.Event) { e.publish(r, ev) }
 	cons := e.jsConsumer("ordered")
 	next := func() pjs.Outcome {
 		t.Helper()
@@ -296,12 +319,7 @@ func TestConsumerDeadLettersPoison(t *testing.T) {
 	var cured atomic.Bool
 	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "poisoned", MaxDeliver: 3,
 		Backoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, HoldDelay: 20 * time.Millisecond,
-		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-			if ev.Payload.(testevents.TicketCommented).Body == "poison" && !cured.Load() {
-				return errors.New("cannot handle poison")
-			}
-			return snk.record(ctx, tx, ev)
-		}})
+		Handler: snk.failOnPoison(&cured)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,22 +87,41 @@ type DeadLetterFilter struct {
 	Limit int
 }
 
+// validDeadLetterStatus is ListDeadLettersMatching's status check: the
+// dispatcher's, whose sentinel the error matches too.
+func validDeadLetterStatus(status string) error {
+	if err := projection.ValidateDeadLetterStatus(status); err != nil {
+		return fmt.Errorf("%w: list jetstream dead letters: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// validateListing checks what a listing of a subscription's parks or dead
+// letters is given, in this order: the subscription (its error prefixed
+// with list, what the listing is), the page (limit 0..10000, 0 for 100; an
+// after id not negative) and the status, which valid checks, since parks
+// and dead letters have statuses of their own. Each error matches
+// [ErrInvalidConfig].
+func validateListing(list, subscription string, limit int, afterID int64, status string, valid func(string) error) error {
+	if err := ValidateSubscription(subscription); err != nil {
+		return fmt.Errorf("%s: %w", list, err)
+	}
+	if limit < 0 || limit > 10_000 {
+		return fmt.Errorf("%w: limit %d outside 1..10000 (0 for 100)", ErrInvalidConfig, limit)
+	}
+	if afterID < 0 {
+		return fmt.Errorf("%w: after id %d is negative (0 starts at the oldest)", ErrInvalidConfig, afterID)
+	}
+	return valid(status)
+}
+
 // ListDeadLettersMatching returns the dead letters f selects, oldest (lowest
 // id) first, at most f.Limit. A bad subscription, status, limit or a
 // negative AfterID matches [ErrInvalidConfig], and nothing is read; a bad
 // status matches [projection.ErrInvalidFilter] too.
 func ListDeadLettersMatching(ctx context.Context, store *postgres.Store, f DeadLetterFilter) ([]DeadLetter, error) {
-	if err := ValidateSubscription(f.Subscription); err != nil {
-		return nil, fmt.Errorf("list jetstream dead letters: %w", err)
-	}
-	if f.Limit < 0 || f.Limit > 10_000 {
-		return nil, fmt.Errorf("%w: limit %d outside 1..10000 (0 for 100)", ErrInvalidConfig, f.Limit)
-	}
-	if f.AfterID < 0 {
-		return nil, fmt.Errorf("%w: after id %d is negative (0 starts at the oldest)", ErrInvalidConfig, f.AfterID)
-	}
-	if err := projection.ValidateDeadLetterStatus(f.Status); err != nil {
-		return nil, fmt.Errorf("%w: list jetstream dead letters: %w", ErrInvalidConfig, err)
+	if err := validateListing("list jetstream dead letters", f.Subscription, f.Limit, f.AfterID, f.Status, validDeadLetterStatus); err != nil {
+		return nil, err
 	}
 	limit := cmp.Or(f.Limit, 100)
 	rows, err := store.Pool().Query(ctx, `SELECT `+deadLetterColumns+` FROM `+store.Table("projector_jetstream_dead_letters")+`

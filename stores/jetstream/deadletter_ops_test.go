@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
@@ -131,12 +130,7 @@ func TestConsumerOpenDeadLettersGaugeWhileConsuming(t *testing.T) {
 	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "gauged", MaxDeliver: 2,
 		Backoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, HoldDelay: 20 * time.Millisecond,
 		Registerer: reg, MetricsEvery: 50 * time.Millisecond,
-		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-			if ev.Payload.(testevents.TicketCommented).Body == "poison" {
-				return errors.New("cannot handle poison")
-			}
-			return snk.record(ctx, tx, ev)
-		}})
+		Handler: snk.failOnPoison(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package jetstream_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,20 +124,8 @@ func TestConsumerMaxDeliverCountsHandlerFailuresOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	stream := projector.TenantStream("acme", "ticket", "m1")
-	evs := make([]projector.Event, 2)
-	for i := range evs {
-		evs[i] = projector.Event{ID: uuidFor(i), Stream: stream, Version: int64(i + 1), Type: "ticket.commented", SchemaVersion: 1,
-			Data: []byte(fmt.Sprintf(`{"body":"b","n":%d}`, i)), Position: projector.Position{TxID: 10, Seq: int64(i + 1)}, RecordedAt: time.Now()}
-	}
-	publish := func(ev projector.Event) {
-		msg, err := pjs.NewMsg(e.prefix, ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.JetStream().PublishMsg(e.ctx, msg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	evs := comments(stream, 2)
+	publish := func(ev projector.Event) { e.publish(r, ev) }
 	cons := e.jsConsumer("counted")
 	next := func() (pjs.Outcome, uint64) {
 		t.Helper()

@@ -235,20 +235,21 @@ type ParkFilter struct {
 	Limit int
 }
 
+// validParkStatus is ListParks' status check: the dispatcher's park
+// statuses, which mean the same here.
+func validParkStatus(status string) error {
+	if projection.ValidateParkStatus(status) != nil {
+		return fmt.Errorf("%w: park status %q: want parked, resolved, discarded or all", ErrInvalidConfig, projector.Printable(status))
+	}
+	return nil
+}
+
 // ListParks returns the parks f selects, oldest (lowest id) first. A bad
 // subscription, status, limit or a negative AfterID matches
 // [ErrInvalidConfig], and nothing is read.
 func ListParks(ctx context.Context, store *postgres.Store, f ParkFilter) ([]Park, error) {
-	if err := ValidateSubscription(f.Subscription); err != nil {
-		return nil, fmt.Errorf("list jetstream parks: %w", err)
-	}
-	switch {
-	case f.Limit < 0 || f.Limit > 10_000:
-		return nil, fmt.Errorf("%w: limit %d outside 1..10000 (0 for 100)", ErrInvalidConfig, f.Limit)
-	case f.AfterID < 0:
-		return nil, fmt.Errorf("%w: after id %d is negative (0 starts at the oldest)", ErrInvalidConfig, f.AfterID)
-	case f.Status != "" && f.Status != projection.ParkOpen && f.Status != projection.ParkResolved && f.Status != projection.ParkDiscarded:
-		return nil, fmt.Errorf("%w: park status %q: want parked, resolved, discarded or all", ErrInvalidConfig, projector.Printable(f.Status))
+	if err := validateListing("list jetstream parks", f.Subscription, f.Limit, f.AfterID, f.Status, validParkStatus); err != nil {
+		return nil, err
 	}
 	rows, err := store.Pool().Query(ctx, parkSelect(store)+`WHERE subscription = $1 AND ($2 = '' OR status = $2) AND id > $3 ORDER BY id LIMIT $4`,
 		f.Subscription, f.Status, f.AfterID, cmp.Or(f.Limit, 100))

@@ -99,13 +99,8 @@ func TestConsumerParkStreamHoldsTheStreamUntilRetried(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "parking", MaxDeliver: 2, ErrorMode: pjs.ParkStream,
 		Backoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, HoldDelay: 20 * time.Millisecond, Registerer: reg,
-		Logger: slog.New(slog.DiscardHandler),
-		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-			if ev.Payload.(testevents.TicketCommented).Body == "poison" && !cured.Load() {
-				return errors.New("cannot handle poison")
-			}
-			return snk.record(ctx, tx, ev)
-		}})
+		Logger:  slog.New(slog.DiscardHandler),
+		Handler: snk.failOnPoison(&cured)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,12 +401,7 @@ func TestConsumerParkStreamSpans(t *testing.T) {
 	snk := newSink(t, e.types.Registry)
 	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "spans", TracerProvider: e.tp, ErrorMode: pjs.ParkStream,
 		MaxDeliver: 1, HoldDelay: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
-		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-			if ev.Payload.(testevents.TicketCommented).Body == "poison" {
-				return errors.New("poison")
-			}
-			return snk.record(ctx, tx, ev)
-		}})
+		Handler: snk.failOnPoison(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/testevents"
@@ -171,30 +169,17 @@ const (
 // killed before its cursor commits.
 func runChild() int {
 	ctx := context.Background()
-	fail := func(err error) int {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
-	if err != nil {
-		return fail(err)
-	}
-	defer pool.Close()
 	types := testevents.New()
-	store, err := postgres.New(ctx, pool, postgres.Config{Schema: os.Getenv(childSchemaEnv), Registry: types.Registry})
+	store, nc, closeAll, err := openChild(ctx, postgres.Config{Registry: types.Registry})
 	if err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
-	nc, err := nats.Connect(os.Getenv(childNATSEnv))
-	if err != nil {
-		return fail(err)
-	}
-	defer nc.Close()
+	defer closeAll()
 	killAfter, _ := strconv.Atoi(os.Getenv(childKillAfterEnv))
 	r, err := pjs.NewRelay(pjs.RelayConfig{Conn: nc, Registry: types.Registry, Stream: os.Getenv(childStreamEnv),
 		Prefix: os.Getenv(childPrefixEnv), Async: projection.AsyncConfig{BatchSize: 3 + rand.IntN(5)}})
 	if err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
 	batches := 0
 	pjs.SetAfterAcks(r, func() {
@@ -205,14 +190,14 @@ func runChild() int {
 		}
 	})
 	if _, err := r.Ensure(ctx); err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
 	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{r.Async()}, PollMax: 50 * time.Millisecond})
 	if err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
 	if err := d.Start(ctx); err != nil {
-		return fail(err)
+		return childFailed(err)
 	}
 	select {}
 }

@@ -12,9 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -115,8 +112,7 @@ func runOneTrace(t *testing.T, tp *sdktrace.TracerProvider, rec *tracetest.SpanR
 	// says on its output which trace and span its handler ran under.
 	sink := pgtest.Store(t, e.types.Registry)
 	e.jsConsumer("p17")
-	child := pgtest.StartChild(t, append([]string{childEnv + "=claims", childURLEnv + "=" + pgtest.URL(t), childSchemaEnv + "=" + sink.Schema(),
-		childStreamEnv + "=" + e.stream, childNATSEnv + "=" + e.url, childConsumerEnv + "=p17"}, extraEnv...)...)
+	child := pgtest.StartChild(t, append(claimsChildEnv(e.env, "claims", sink.Schema(), "p17"), extraEnv...)...)
 
 	// The application: an HTTP handler continuing its caller's trace
 	// appends the ticket.
@@ -285,45 +281,19 @@ const (
 // runs under, and keeps consuming until it is killed.
 func runClaimsChild() int {
 	ctx := context.Background()
-	fail := func(err error) int {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
 	var opts []sdktrace.TracerProviderOption
 	if url := os.Getenv(childOTLPEnv); url != "" { // the trace screenshot's run: export to its Jaeger, each span as it ends
 		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(url))
 		if err != nil {
-			return fail(err)
+			return childFailed(err)
 		}
 		opts = append(opts, sdktrace.WithSyncer(exp),
 			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", os.Getenv(childServiceEnv)))))
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
 	defer func() { _ = tp.Shutdown(ctx) }()
-	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
-	if err != nil {
-		return fail(err)
-	}
-	defer pool.Close()
-	store, err := postgres.New(ctx, pool, postgres.Config{Schema: os.Getenv(childSchemaEnv), Registry: testevents.New().Registry, TracerProvider: tp})
-	if err != nil {
-		return fail(err)
-	}
-	nc, err := nats.Connect(os.Getenv(childNATSEnv))
-	if err != nil {
-		return fail(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fail(err)
-	}
-	jc, err := js.Consumer(ctx, os.Getenv(childStreamEnv), os.Getenv(childConsumerEnv))
-	if err != nil {
-		return fail(err)
-	}
-	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: store, Subscription: "p17", TracerProvider: tp,
-		Handler: func(ctx context.Context, _ pgx.Tx, ev projector.Event) error {
+	return consumeInChild(ctx, postgres.Config{Registry: testevents.New().Registry, TracerProvider: tp}, func(*postgres.Store) pjs.ConsumerConfig {
+		return pjs.ConsumerConfig{Subscription: "p17", TracerProvider: tp, Handler: func(ctx context.Context, _ pgx.Tx, ev projector.Event) error {
 			if ev.Stream.Type != "followup" {
 				return nil
 			}
@@ -333,14 +303,6 @@ func runClaimsChild() int {
 			}
 			fmt.Printf("claims %s %s %s\n", sc.TraceID(), sc.SpanID(), parent)
 			return nil
-		}})
-	if err != nil {
-		return fail(err)
-	}
-	cc, err := c.Consume(ctx, jc)
-	if err != nil {
-		return fail(err)
-	}
-	defer cc.Stop()
-	select {} // the parent kills us at the test's end
+		}}
+	})
 }

@@ -2,20 +2,15 @@ package jetstream_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -107,8 +102,7 @@ func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
 		}
 		return applied
 	}
-	childEnvs := []string{childEnv + "=park", childURLEnv + "=" + pgtest.URL(t), childSchemaEnv + "=" + snk.store.Schema(),
-		childStreamEnv + "=" + e.stream, childNATSEnv + "=" + e.url, childConsumerEnv + "=p18"}
+	childEnvs := claimsChildEnv(e, "park", snk.store.Schema(), "p18")
 	writing := make(chan struct{})
 	go func() { wg.Wait(); close(writing) }()
 	kills := 0
@@ -216,50 +210,11 @@ func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
 // handler records each event's effect and fails on poison ones, until the
 // parent kills it.
 func runParkChild() int {
-	ctx := context.Background()
-	fail := func(err error) int {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
-	if err != nil {
-		return fail(err)
-	}
-	defer pool.Close()
-	store, err := postgres.New(ctx, pool, postgres.Config{Schema: os.Getenv(childSchemaEnv), Registry: testevents.New().Registry})
-	if err != nil {
-		return fail(err)
-	}
-	nc, err := nats.Connect(os.Getenv(childNATSEnv))
-	if err != nil {
-		return fail(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fail(err)
-	}
-	jc, err := js.Consumer(ctx, os.Getenv(childStreamEnv), os.Getenv(childConsumerEnv))
-	if err != nil {
-		return fail(err)
-	}
-	snk := &sink{store: store, effects: store.Table("effects")}
-	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: store, Subscription: "p18", ErrorMode: pjs.ParkStream, MaxDeliver: 2,
-		Backoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond, HoldDelay: 20 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler),
-		Handler: func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-			if ev.Payload.(testevents.TicketCommented).Body == "poison" {
-				return errors.New("poison")
-			}
-			return snk.record(ctx, tx, ev)
-		}})
-	if err != nil {
-		return fail(err)
-	}
-	cc, err := c.Consume(ctx, jc)
-	if err != nil {
-		return fail(err)
-	}
-	defer cc.Stop()
-	select {} // the parent kills us
+	return consumeInChild(context.Background(), postgres.Config{Registry: testevents.New().Registry}, func(store *postgres.Store) pjs.ConsumerConfig {
+		snk := &sink{store: store, effects: store.Table("effects")}
+		return pjs.ConsumerConfig{Subscription: "p18", ErrorMode: pjs.ParkStream, MaxDeliver: 2,
+			Backoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond, HoldDelay: 20 * time.Millisecond,
+			Logger:  slog.New(slog.DiscardHandler),
+			Handler: snk.failOnPoison(nil)}
+	})
 }
