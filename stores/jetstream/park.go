@@ -407,7 +407,7 @@ func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, err
 		for _, m := range msgs {
 			ev, err := Decode(store.Registry(), m.Header, m.Data)
 			if err == nil {
-				err = c.cfg.Handler(ctx, sp, ev)
+				err = c.handle(ctx, sp, ev)
 			}
 			if err != nil {
 				herr, failed = err, m
