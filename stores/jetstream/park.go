@@ -444,6 +444,14 @@ func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, err
 	return n, nil
 }
 
+// ListParks is [ListParks] of this consumer's subscription, in its own
+// database, which may not be the application's (the console lists parks
+// through it); f.Subscription is ignored.
+func (c *Consumer) ListParks(ctx context.Context, f ParkFilter) ([]Park, error) {
+	f.Subscription = c.cfg.Subscription
+	return ListParks(ctx, c.cfg.Store, f)
+}
+
 // DiscardPark is [DiscardPark] for this consumer's subscription; with a
 // Registerer the parked-streams gauge drops at once.
 func (c *Consumer) DiscardPark(ctx context.Context, id int64, by string) (Park, error) {
