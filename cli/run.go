@@ -25,6 +25,7 @@ import (
 	"github.com/projectorhq/projector/live"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
+	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -180,8 +181,14 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 			return fmt.Errorf("console live tail: %w", err)
 		}
 		defer tail.Close()
+		var consumers []*jetstream.Consumer // their parks on the console's JetStream parked page
+		if a.cfg.JetStreamConsumers != nil {
+			if consumers, err = a.cfg.JetStreamConsumers(store); err != nil {
+				return fmt.Errorf("build the JetStream consumers for the console: %w", err)
+			}
+		}
 		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
-			Projections: async, Sagas: sagas.names, Tail: tail, Logger: log, AllowedHosts: hosts})
+			Projections: async, Sagas: sagas.names, Tail: tail, Logger: log, AllowedHosts: hosts, JetStreamConsumers: consumers})
 		if err != nil {
 			// err starts "console: invalid configuration": say it once.
 			return usageError{fmt.Errorf("%w; $%s holds the token", err, console.EnvToken)}

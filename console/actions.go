@@ -166,6 +166,11 @@ func (c *Console) plan(r *http.Request, kind, op string) (target string, run fun
 			}
 			return fmt.Sprintf("retry of park %d requested: a dispatcher running its consumer applies the parked sequence", id), nil
 		}, nil
+	case "relay-park":
+		if op != "retry" && op != "discard" {
+			break
+		}
+		return c.planRelayPark(r, op)
 	case "rebuild":
 		if op != "request" {
 			break

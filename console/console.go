@@ -49,6 +49,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/hostcheck"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -138,6 +139,13 @@ type Config struct {
 	// at the console's address (DNS rebinding) cannot read it. No scheme,
 	// no port; an entry that could never match is [ErrInvalidConfig].
 	AllowedHosts []string
+	// JetStreamConsumers are the application's JetStream claims consumers
+	// (stores/jetstream) whose parked streams (ErrorMode ParkStream) the
+	// console lists at relay-parked, with retry and discard. A retry runs
+	// the consumer's handler in the console's process, as `projector relay
+	// parked retry` does in a binary that wires its consumers. None: no
+	// such page.
+	JetStreamConsumers []*jetstream.Consumer
 }
 
 // Console is the console's http.Handler. Mount it at any path with
@@ -190,6 +198,16 @@ func New(cfg Config) (*Console, error) {
 			return nil, fmt.Errorf("%w: list limit %d: want 1 to %d", ErrInvalidConfig, *l, MaxListLimit)
 		}
 	}
+	subs := map[string]bool{}
+	for _, jc := range cfg.JetStreamConsumers {
+		if jc == nil {
+			return nil, fmt.Errorf("%w: a nil JetStream consumer", ErrInvalidConfig)
+		}
+		if subs[jc.Subscription()] {
+			return nil, fmt.Errorf("%w: two JetStream consumers of subscription %q", ErrInvalidConfig, jc.Subscription())
+		}
+		subs[jc.Subscription()] = true
+	}
 	for _, s := range cfg.Sagas {
 		if err := checkName("saga", s); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -240,6 +258,7 @@ func New(cfg Config) (*Console, error) {
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
 	mux.HandleFunc("GET /dead-letters/{id}", c.deadLetter)
 	mux.HandleFunc("GET /parked", c.parked)
+	mux.HandleFunc("GET /relay-parked", c.relayParked)
 	mux.HandleFunc("GET /sagas", c.sagas)
 	mux.HandleFunc("GET /sagas/{name}", c.sagaInstances)
 	mux.HandleFunc("GET /sagas/{name}/{id}", c.sagaInstance)

@@ -17,6 +17,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
+	"github.com/projectorhq/projector/stores/jetstream"
 )
 
 // pageData is what every template gets.
@@ -50,6 +51,15 @@ type pageData struct {
 	Next        int64
 	// Parks is the parked-streams list's page (Filter and Next as above).
 	Parks []projection.Park
+	// RelayParks are the JetStream parks page's (Filter and Next as
+	// above) for Subscription, one of Subscriptions (the configured claims
+	// consumers').
+	RelayParks    []jetstream.Park
+	Subscription  string
+	Subscriptions []string
+	// RelayParking: the console has JetStream consumers (their page is in
+	// the navigation).
+	RelayParking bool
 	// DeadLetter and Event are the single dead-letter view's.
 	DeadLetter *projection.DeadLetter
 	Event      *projector.Event
@@ -72,7 +82,8 @@ type pageData struct {
 func (c *Console) page(r *http.Request, title string, st *State) pageData {
 	o := c.who(r)
 	d := pageData{Title: title, Base: base(r), Schema: c.cfg.Store.Schema(), ReadOnly: c.ReadOnly(), Operator: o.name, CSRF: c.csrfToken(o),
-		Tail: c.cfg.Tail != nil, TailTypes: c.tailTypes, ShowPayloads: c.cfg.ShowPayloads, State: st, rebuildable: c.rebuildable}
+		Tail: c.cfg.Tail != nil, TailTypes: c.tailTypes, ShowPayloads: c.cfg.ShowPayloads, State: st, rebuildable: c.rebuildable,
+		RelayParking: len(c.cfg.JetStreamConsumers) > 0}
 	if o.bearer {
 		d.Operator = ""
 	}

@@ -93,8 +93,10 @@ func (r *run) applyUntil(ctx context.Context, events []projector.Event, depth in
 	if len(events) == 1 {
 		return 0, err
 	}
-	if r.sh.proj.t.batch == nil {
-		// Per-event: events[:k] went through before; apply them again.
+	if r.sh.proj.t.batch == nil || k >= 0 {
+		// Per-event, or a batch whose failing event is known (its decoding
+		// failed, or the handler named it: EventFailed): events[:k] went
+		// through before; apply them again.
 		if k == 0 {
 			return 0, err
 		}
@@ -103,7 +105,8 @@ func (r *run) applyUntil(ctx context.Context, events []projector.Event, depth in
 		}
 		return k, err
 	}
-	// Batch: bisect to find the first failing event.
+	// A batch handler's failure that names no event: bisect to find the
+	// first failing event.
 	mid := len(events) / 2
 	if j, err2 := r.applyUntil(ctx, events[:mid], depth+1); j >= 0 || r.abort != nil {
 		return j, err2
@@ -114,8 +117,10 @@ func (r *run) applyUntil(ctx context.Context, events []projector.Event, depth in
 	return -1, nil // failed whole, passed in halves: applied
 }
 
-// apply runs the handlers over events; for per-event handlers it returns
-// the index of the event that failed.
+// apply runs the handlers over events. On a failure it returns the index
+// of the event that failed: always for per-event handlers; for a batch
+// handler when decoding failed or the handler named the event
+// ([EventFailed]), else -1.
 func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) {
 	t := &r.sh.proj.t
 	r.queue.reset()
@@ -130,20 +135,20 @@ func (r *run) apply(ctx context.Context, events []projector.Event) (int, error) 
 	for _, b := range groupBatch(events) {
 		if b.Tenant != r.scope {
 			if _, err := r.queue.flush(ctx, r.tx); err != nil {
-				return 0, err
+				return -1, err
 			}
 		}
 		if err := r.scopeTo(ctx, b.Tenant); err != nil {
-			return 0, err
+			return -1, err
 		}
 		r.current = &b.Streams[0].Events[0]
 		if err := r.call(r.handlerCtx, func(ctx context.Context) error { return t.batch(ctx, r.htx, b) }); err != nil {
 			r.queue.settle()
-			return 0, err
+			return namedIn(events, err), err
 		}
 	}
 	if _, err := r.queue.flush(ctx, r.tx); err != nil {
-		return 0, err
+		return -1, err
 	}
 	return -1, nil
 }

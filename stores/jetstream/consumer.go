@@ -388,7 +388,7 @@ func (c *Consumer) apply(ctx context.Context, msg jetstream.Msg, ev projector.Ev
 		if err := c.cfg.Store.ScopeTx(ctx, tx, ev.Stream.Tenant); err != nil {
 			return err
 		}
-		if err := c.cfg.Handler(ctx, tx, ev); err != nil {
+		if err := c.handle(ctx, tx, ev); err != nil {
 			return &handlerError{fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)}
 		}
 		return nil

@@ -265,7 +265,7 @@ func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 		if err := c.cfg.Store.ScopeTx(ctx, sp, ev.Stream.Tenant); err != nil {
 			return err
 		}
-		if herr = c.cfg.Handler(ctx, sp, ev); herr == nil {
+		if herr = c.handle(ctx, sp, ev); herr == nil {
 			if err := sp.Commit(ctx); err != nil {
 				return fmt.Errorf("retry dead letter %d: %w", id, err)
 			}

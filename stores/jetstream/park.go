@@ -408,7 +408,7 @@ func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, err
 		for _, m := range msgs {
 			ev, err := Decode(store.Registry(), m.Header, m.Data)
 			if err == nil {
-				err = c.cfg.Handler(ctx, sp, ev)
+				err = c.handle(ctx, sp, ev)
 			}
 			if err != nil {
 				herr, failed = err, m
@@ -443,6 +443,14 @@ func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, err
 	c.logger.InfoContext(ctx, "jetstream consumer: park retried and resolved", "subscription", c.cfg.Subscription, "park", id, "events", n, "by", by)
 	c.refreshMetrics(ctx)
 	return n, nil
+}
+
+// ListParks is [ListParks] of this consumer's subscription, in its own
+// database, which may not be the application's (the console lists parks
+// through it); f.Subscription is ignored.
+func (c *Consumer) ListParks(ctx context.Context, f ParkFilter) ([]Park, error) {
+	f.Subscription = c.cfg.Subscription
+	return ListParks(ctx, c.cfg.Store, f)
 }
 
 // DiscardPark is [DiscardPark] for this consumer's subscription; with a

@@ -1,0 +1,114 @@
+package projection_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+)
+
+// namingBatch is a batch projection counting events per stream (in order,
+// noting any reordering) that fails on stream p's second event, naming it
+// with projection.EventFailed, and counts its calls.
+func namingBatch(e *env, name string, cfg projection.AsyncConfig, calls *atomic.Int32) *projection.Async {
+	p := projection.NewAsync(name, cfg)
+	count := countingHandler(e.schema, name)
+	must(projection.OnBatch(p, func(ctx context.Context, tx pgx.Tx, b projection.Batch) error {
+		calls.Add(1)
+		for _, s := range b.Streams {
+			for _, ev := range s.Events {
+				if ev.Stream.ID == "p" && ev.Version == 2 {
+					return projection.EventFailed(ev, errors.New("cannot digest poison"))
+				}
+				if err := count(ctx, tx, ev); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}, e.types.Opened, e.types.Commented))
+	return p
+}
+
+// appendNamingBacklog appends 3 events to each of ten streams and to p,
+// interleaved, p's second event in the middle of the log, and returns that
+// event.
+func (e *env) appendNamingBacklog() (failing projector.Event) {
+	e.t.Helper()
+	streams := []string{"a", "b", "c", "d", "e", "p", "f", "g", "h", "i", "j"}
+	for v := range 3 {
+		for _, s := range streams {
+			exp := projector.NoStream
+			if v > 0 {
+				exp = projector.ExactVersion(int64(v))
+			}
+			evs := e.appendOne(s, exp, testevents.TicketCommented{Body: "x"})
+			if s == "p" && v == 1 {
+				failing = evs[0]
+			}
+		}
+	}
+	return failing
+}
+
+// A batch handler that names the event it failed on parks exactly that
+// stream with no bisection: the batch fails once, the events before the
+// named one are applied again, then the rest without the parked stream —
+// three calls, where bisecting a 33-event batch takes about a dozen.
+func TestEventFailed_ParksTheNamedStreamWithoutBisecting(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var calls atomic.Int32
+	p := namingBatch(e, "naming", projection.AsyncConfig{ErrorMode: projection.ParkStream, MaxAttempts: 1,
+		RetryBackoff: time.Millisecond, MaxBackoff: time.Millisecond}, &calls)
+	e.appendNamingBacklog()
+	e.catchUp(e.dispatcher(projection.Config{Projections: []*projection.Async{p}}))
+
+	got, bad := e.counts("naming")
+	for _, s := range []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"} {
+		if got[s] != 3 {
+			t.Errorf("stream %s: %d events applied, want 3", s, got[s])
+		}
+	}
+	if got["p"] != 1 || bad != 0 {
+		t.Errorf("p: %d applied (%d out of order); want only its first", got["p"], bad)
+	}
+	parks := e.openParks("naming")
+	if len(parks) != 1 || parks[0].StreamID != "p" || parks[0].Version != 2 || parks[0].Events != 2 || parks[0].Attempts != 1 {
+		t.Fatalf("parks: %+v; want p parked at v2 with its 2 events after 1 attempt", parks)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Errorf("the batch handler ran %d times; want 3 (fail, the events before the named one, the rest)", n)
+	}
+}
+
+// In halt mode the named event is the shard's failing event: the events
+// before it commit (one call after the failed one), the shard dies on it.
+func TestEventFailed_HaltsOnTheNamedEvent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var calls atomic.Int32
+	p := namingBatch(e, "naming", projection.AsyncConfig{MaxAttempts: 1}, &calls)
+	failing := e.appendNamingBacklog()
+	e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	admin := projection.NewAdmin(e.store)
+	eventually(t, 30*time.Second, "the shard to die", func() bool { return e.status(admin, "naming").Status == projection.StatusDead })
+	st := e.status(admin, "naming")
+	if st.FailedEventID != failing.ID {
+		t.Fatalf("failing event %s, want p v2 %s (%+v)", st.FailedEventID, failing.ID, st)
+	}
+	got, bad := e.counts("naming")
+	if got["p"] != 1 || got["a"] != 2 || got["j"] != 1 || bad != 0 {
+		t.Errorf("applied %v (%d out of order); want everything before p's v2 and nothing after", got, bad)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("the batch handler ran %d times; want 2 (fail, the events before the named one)", n)
+	}
+}
