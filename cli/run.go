@@ -25,7 +25,6 @@ import (
 	"github.com/projectorhq/projector/live"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
-	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -181,10 +180,14 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 			return fmt.Errorf("console live tail: %w", err)
 		}
 		defer tail.Close()
-		var consumers []*jetstream.Consumer // their parks on the console's JetStream parked page
+		var consumers []console.ParkedConsumer // their parks on the console's JetStream parked page
 		if a.cfg.JetStreamConsumers != nil {
-			if consumers, err = a.cfg.JetStreamConsumers(store); err != nil {
+			built, err := a.cfg.JetStreamConsumers(store)
+			if err != nil {
 				return fmt.Errorf("build the JetStream consumers for the console: %w", err)
+			}
+			for _, jc := range built {
+				consumers = append(consumers, ConsoleParks(jc)) // a nil one: console.New refuses it
 			}
 		}
 		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,

@@ -49,7 +49,6 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/hostcheck"
 	"github.com/projectorhq/projector/projection"
-	"github.com/projectorhq/projector/stores/jetstream"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -141,11 +140,12 @@ type Config struct {
 	AllowedHosts []string
 	// JetStreamConsumers are the application's JetStream claims consumers
 	// (stores/jetstream) whose parked streams (ErrorMode ParkStream) the
-	// console lists at relay-parked, with retry and discard. A retry runs
-	// the consumer's handler in the console's process, as `projector relay
+	// console lists at relay-parked, with retry and discard: each a
+	// *jetstream.Consumer wrapped by cli.ConsoleParks. A retry runs the
+	// consumer's handler in the console's process, as `projector relay
 	// parked retry` does in a binary that wires its consumers. None: no
 	// such page.
-	JetStreamConsumers []*jetstream.Consumer
+	JetStreamConsumers []ParkedConsumer
 }
 
 // Console is the console's http.Handler. Mount it at any path with

@@ -17,7 +17,6 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
-	"github.com/projectorhq/projector/stores/jetstream"
 )
 
 // pageData is what every template gets.
@@ -54,7 +53,7 @@ type pageData struct {
 	// RelayParks are the JetStream parks page's (Filter and Next as
 	// above) for Subscription, one of Subscriptions (the configured claims
 	// consumers').
-	RelayParks    []jetstream.Park
+	RelayParks    []RelayPark
 	Subscription  string
 	Subscriptions []string
 	// RelayParking: the console has JetStream consumers (their page is in

@@ -15,18 +15,56 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/projectorhq/projector/projection"
-	"github.com/projectorhq/projector/stores/jetstream"
 )
+
+// ParkedConsumer is what the console needs of a JetStream claims consumer:
+// its parks, listed, retried and discarded through the consumer's own
+// guarded calls. cli.ConsoleParks makes one of a *jetstream.Consumer; the
+// console does not import stores/jetstream (nor NATS with it).
+type ParkedConsumer interface {
+	// Subscription names the consumer.
+	Subscription() string
+	// ListParks lists parks of status ("" for all) with ids above afterID,
+	// at most limit, oldest first, from the consumer's own database.
+	ListParks(ctx context.Context, status string, afterID int64, limit int) ([]RelayPark, error)
+	// RetryPark applies park id's sequence through the consumer's handler
+	// and resolves it, returning how many messages it applied.
+	RetryPark(ctx context.Context, id int64, by string) (int, error)
+	// DiscardPark drops park id's sequence, returning how many messages it
+	// held.
+	DiscardPark(ctx context.Context, id int64, by string) (int, error)
+}
+
+// RelayPark is one parked stream of a JetStream claims consumer, as the
+// console shows it (jetstream.Park's fields that the page reads).
+type RelayPark struct {
+	ID           int64
+	Subscription string
+	Tenant       string
+	StreamType   string
+	StreamID     string
+	// Status is projection.ParkOpen, ParkResolved or ParkDiscarded.
+	Status     string
+	EventType  string
+	Version    int64
+	Error      string
+	Failures   int
+	ParkedAt   time.Time
+	ResolvedBy string
+	// Messages is how many messages the parked sequence holds.
+	Messages int
+}
 
 // relayConsumer returns the configured claims consumer of subscription, or
 // an error matching ErrInvalidInput.
-func (c *Console) relayConsumer(subscription string) (*jetstream.Consumer, error) {
+func (c *Console) relayConsumer(subscription string) (ParkedConsumer, error) {
 	if err := checkName("subscription", subscription); err != nil {
 		return nil, err
 	}
-	i := slices.IndexFunc(c.cfg.JetStreamConsumers, func(jc *jetstream.Consumer) bool { return jc.Subscription() == subscription })
+	i := slices.IndexFunc(c.cfg.JetStreamConsumers, func(jc ParkedConsumer) bool { return jc.Subscription() == subscription })
 	if i < 0 {
 		return nil, fmt.Errorf("%w: subscription %q is not one of this console's JetStream consumers", ErrInvalidInput, subscription)
 	}
@@ -55,19 +93,21 @@ func (c *Console) relayParked(w http.ResponseWriter, r *http.Request) {
 		c.reply(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	f := jetstream.ParkFilter{Subscription: sub, Limit: c.cfg.DeadLetterLimit}
-	filter, ok := c.listParams(w, r, "park", &f.Status, &f.AfterID, projection.ParkOpen, projection.ParkResolved, projection.ParkDiscarded)
+	var status string
+	var after int64
+	filter, ok := c.listParams(w, r, "park", &status, &after, projection.ParkOpen, projection.ParkResolved, projection.ParkDiscarded)
 	if !ok {
 		return
 	}
-	parks, err := jc.ListParks(r.Context(), f) // in the consumer's own database
+	limit := c.cfg.DeadLetterLimit
+	parks, err := jc.ListParks(r.Context(), status, after, limit) // in the consumer's own database
 	if err != nil {
 		c.log.Error("console: list jetstream parks", slog.Any("error", err))
 		c.reply(w, r, http.StatusInternalServerError, err.Error())
 		return
 	}
 	d.Subscription, d.RelayParks, d.Filter = sub, parks, filter
-	if len(parks) == f.Limit {
+	if len(parks) == limit {
 		d.Next = parks[len(parks)-1].ID
 	}
 	c.render(w, r, http.StatusOK, "relay-parked.html", d)
@@ -91,12 +131,12 @@ func (c *Console) planRelayPark(r *http.Request, op string) (string, func(contex
 	target := fmt.Sprintf("jetstream park %d of %s", id, sub)
 	if op == "discard" {
 		return target, func(ctx context.Context) (string, error) {
-			p, err := jc.DiscardPark(ctx, id, by)
+			n, err := jc.DiscardPark(ctx, id, by)
 			if err != nil {
 				return "", err
 			}
 			return fmt.Sprintf("park %d of %s discarded: %d messages dropped, kept for the record; the stream is live again from its next message",
-				id, sub, p.Messages), nil
+				id, sub, n), nil
 		}, nil
 	}
 	return target, func(ctx context.Context) (string, error) {

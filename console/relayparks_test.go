@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/cli"
 	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/jetstream"
@@ -53,7 +54,7 @@ func newRelayEnv(t *testing.T) *relayEnv {
 			t.Fatal(err)
 		}
 		re.jc = jc
-		cfg.JetStreamConsumers = []*jetstream.Consumer{jc}
+		cfg.JetStreamConsumers = []console.ParkedConsumer{cli.ConsoleParks(jc)}
 	}})
 	if _, err := re.store.Pool().Exec(re.ctx, `CREATE TABLE `+re.effects+` (event_id uuid NOT NULL)`); err != nil {
 		t.Fatal(err)
@@ -247,8 +248,11 @@ func TestRelayParkedWithoutConsumersOrToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := console.New(console.Config{Store: e.store, JetStreamConsumers: []*jetstream.Consumer{jc, jc}}); !errors.Is(err, console.ErrInvalidConfig) {
+	if _, err := console.New(console.Config{Store: e.store, JetStreamConsumers: []console.ParkedConsumer{cli.ConsoleParks(jc), cli.ConsoleParks(jc)}}); !errors.Is(err, console.ErrInvalidConfig) {
 		t.Errorf("two consumers of one subscription: %v, want ErrInvalidConfig", err)
+	}
+	if _, err := console.New(console.Config{Store: e.store, JetStreamConsumers: []console.ParkedConsumer{cli.ConsoleParks(nil)}}); !errors.Is(err, console.ErrInvalidConfig) {
+		t.Errorf("a nil consumer: %v, want ErrInvalidConfig", err)
 	}
 }
 
