@@ -86,9 +86,11 @@ func BenchmarkCatchUpTracing(b *testing.B) {
 // catch-up, for the tracing modes whose cost the issue bounds at 0.97×.
 // The backlog carries a sampled traceparent per event when traced-events
 // is true (a traced producer's events reaching a consumer that records
-// nothing). Under callgrind, two -benchtime counts differenced give the
-// instructions of one catch-up, setup cancelled out (docs/performance.md,
-// "Tracing: what it costs the Go side").
+// nothing). Its instruction count under callgrind is not stable (the
+// dispatcher's other goroutines run while a pass waits for PostgreSQL, more
+// or less of them with the load), so the tracing work is counted apart, in
+// BenchmarkBatchTracingWork (docs/performance.md, "What tracing costs the
+// Go side").
 func BenchmarkCatchUpTracingCPU(b *testing.B) {
 	n := benchEvents()
 	ctx := context.Background()

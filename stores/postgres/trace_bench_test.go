@@ -71,13 +71,14 @@ func BenchmarkAppendTracing(b *testing.B) {
 // application's span per request.
 //
 // Its instruction counts are what the loaded machine cannot blur: run one
-// mode under callgrind at two -benchtime counts and difference the totals
-// (setup cancels out), as docs/performance.md ("Tracing: what it costs the
-// Go side") does:
+// mode under callgrind counting only inside the appends (the whole
+// process's count moves with the time spent waiting for a test-database
+// slot), as docs/performance.md ("What tracing costs the Go side") does:
 //
 //	go test -c -o postgres.test ./stores/postgres
-//	valgrind --tool=callgrind --callgrind-out-file=/dev/null ./postgres.test \
-//	  -test.run '^$' -test.bench 'AppendTracingCPU/events=1/tracing=off$' -test.benchtime 200x
+//	GOGC=off GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off valgrind --tool=callgrind \
+//	  --collect-atstart=no --toggle-collect='*AppendWriter*Projector' ./postgres.test \
+//	  -test.run '^$' -test.bench 'AppendTracingCPU/^events=1$/^tracing=off$' -test.benchtime 60x
 func BenchmarkAppendTracingCPU(b *testing.B) {
 	modes := []struct {
 		name    string
