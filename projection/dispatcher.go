@@ -237,6 +237,8 @@ type shard struct {
 	prefetch *prefetch
 	// prefetched counts the batches a pass took from a prefetch.
 	prefetched int
+	// spanName is the name of the shard's batch spans (batchSpanName).
+	spanName string
 	// segment is a partition's hash segment; zero for an unpartitioned
 	// shard. balancer says whether this process works it.
 	segment  postgres.Segment

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
 )
@@ -202,7 +203,12 @@ func (r *run) applyEach(ctx context.Context, events []projector.Event) (int, err
 			return failed(i, err)
 		}
 		hctx := projector.WithCausationID(projector.WithMetadata(r.handlerCtx, ev.Metadata), ev.ID)
-		hctx, span := r.d.startEventSpan(hctx, r.sh, ev) // nil unless Config.EventSpans
+		var span trace.Span // nil unless Config.EventSpans
+		if r.d.cfg.EventSpans {
+			// Checked here, not only inside: without per-event spans the
+			// loop pays no call per event for them.
+			hctx, span = r.d.startEventSpan(hctx, r.sh, ev)
+		}
 		err := r.call(hctx, func(ctx context.Context) error { return h(ctx, r.htx, *ev) })
 		endEventSpan(span, err)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -74,5 +75,64 @@ func BenchmarkCatchUpTracing(b *testing.B) {
 			}
 			t.Report(b)
 		})
+	}
+}
+
+// BenchmarkCatchUpTracingCPU is the dispatcher's side of
+// BenchmarkCatchUpTracing alone: each op one catch-up of the backlog
+// (PROJECTOR_BENCH_EVENTS, batches of 500, the batch form) by the
+// dispatcher, no raw loop, reporting the wall time and this process's CPU
+// time per event (ns/event, cpu-ns/event) and the allocations per
+// catch-up, for the tracing modes whose cost the issue bounds at 0.97×.
+// The backlog carries a sampled traceparent per event when traced-events
+// is true (a traced producer's events reaching a consumer that records
+// nothing). Its instruction count under callgrind is not stable (the
+// dispatcher's other goroutines run while a pass waits for PostgreSQL, more
+// or less of them with the load), so the tracing work is counted apart, in
+// BenchmarkBatchTracingWork (docs/performance.md, "What tracing costs the
+// Go side").
+func BenchmarkCatchUpTracingCPU(b *testing.B) {
+	n := benchEvents()
+	ctx := context.Background()
+	store := pgtest.Store(b, benchmark.NewRegistry())
+	c, err := benchmark.NewCatchUp(ctx, store, benchmark.CatchUpConfig{Events: n, BatchSize: 500, TracerProvider: noop.NewTracerProvider()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = c.Close(context.Background()) })
+	traced := false
+	for _, tracedEvents := range []bool{false, true} {
+		if tracedEvents && !traced {
+			if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_events")+
+				` SET headers = jsonb_build_object('traceparent', '00-' || md5(id::text) || '-' || left(md5(id::text || 's'), 16) || '-01')`); err != nil {
+				b.Fatal(err)
+			}
+			traced = true
+		}
+		for _, m := range []struct {
+			name string
+			tp   trace.TracerProvider
+		}{
+			{"off", noop.NewTracerProvider()},
+			{"global-no-op", nil},
+			{"sampled-out", sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))},
+		} {
+			b.Run(fmt.Sprintf("traced-events=%t/tracing=%s", tracedEvents, m.name), func(b *testing.B) {
+				c := c.WithTracerProvider(m.tp)
+				b.ReportAllocs()
+				var wall time.Duration
+				c0 := cpuTime(b)
+				for b.Loop() {
+					took, err := c.Dispatch(ctx, benchmark.Batched)
+					if err != nil {
+						b.Fatal(err)
+					}
+					wall += took
+				}
+				events := float64(b.N * n)
+				b.ReportMetric(float64(wall.Nanoseconds())/events, "ns/event")
+				b.ReportMetric(float64((cpuTime(b)-c0).Nanoseconds())/events, "cpu-ns/event")
+			})
+		}
 	}
 }

@@ -23,7 +23,7 @@ import (
 // (rebuild, in place or into shadow tables) links nothing: its events'
 // traces ended long ago, and a link per replayed event would flood them.
 func (d *Dispatcher) startBatchSpan(ctx context.Context, sh *shard, attempts int, events []projector.Event, replaying bool) (context.Context, trace.Span) {
-	ctx, span := d.tracer.Start(ctx, "process "+sh.id.Consumer, trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := d.tracer.Start(ctx, sh.batchSpanName(), batchSpanOptions...)
 	if !span.IsRecording() || len(events) == 0 {
 		return ctx, span
 	}
@@ -58,6 +58,22 @@ func (d *Dispatcher) startBatchSpan(ctx context.Context, sh *shard, attempts int
 		tracing.AttrReplay.Bool(replaying),
 	)
 	return ctx, span
+}
+
+// batchSpanOptions are the start options of every batch span, built once:
+// built per batch, the option and its slice were two of the allocations a
+// batch made with tracing off.
+var batchSpanOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+
+// batchSpanName returns the name of sh's batch spans, built on first use
+// and kept: a provider that records nothing never reads it, and building
+// it per batch was an allocation tracing off paid. Only the shard's own
+// loop calls it.
+func (sh *shard) batchSpanName() string {
+	if sh.spanName == "" {
+		sh.spanName = "process " + sh.id.Consumer
+	}
+	return sh.spanName
 }
 
 // batchEventFailed marks the batch span failed by ev's handler error.
