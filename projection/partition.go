@@ -239,6 +239,9 @@ func (d *Dispatcher) splitToDeclared(ctx context.Context, tx pgx.Tx, name string
 	for i, s := range layout {
 		ids[i] = segmentInstance(s)
 	}
+	if err := notifyLayout(ctx, tx, d.store, name); err != nil {
+		return nil, nil, err
+	}
 	d.logger.InfoContext(ctx, "projection dispatcher: the declared partition count went up; partitions split, each half at its parent's cursor",
 		slog.String("consumer", name), slog.Int("from", from), slog.Int("to", n))
 	return layout, ids, nil
