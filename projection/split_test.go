@@ -450,3 +450,45 @@ func TestPartitionSplitFollowedLive(t *testing.T) {
 	e.catchUp(d)
 	e.checkCounts("live", versions)
 }
+
+// `consumer remove` of a partition takes the consumer's fence lock, as
+// every layout change does: while a split waits for a running batch (the
+// fence held, the layout read), removing a partition it is about to split
+// is refused, and the split, which came first, finishes. Without the fence
+// lock the removal went through and the split then failed with
+// ErrLayoutChanged.
+func TestRemovePartitionDuringSplit(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	p := counting(e.schema, e.types, "rmsplit", projection.AsyncConfig{Partitions: 4})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := projection.NewAdmin(e.store)
+	release := e.holdShardLock("rmsplit", projection.PartitionInstance(0, 4)) // 0/4's running batch
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
+	before := e.advisoryWaiters()
+	split := make(chan error, 1)
+	go func() {
+		_, err := admin.Split(e.ctx, "rmsplit")
+		split <- err
+	}()
+	eventually(t, 10*time.Second, "the split waits for 0/4's batch", func() bool { return e.advisoryWaiters() > before })
+	_, err := admin.Remove(e.ctx, "rmsplit", projection.PartitionInstance(3, 4))
+	if !errors.Is(err, projector.ErrInvalidTransition) {
+		t.Errorf("remove of 3/4 during the split: got %v, want it refused (ErrInvalidTransition)", err)
+	}
+	release()
+	release = nil
+	if err := <-split; err != nil {
+		t.Fatalf("the split that came first: %v", err)
+	}
+	if got := e.layout("rmsplit"); len(got) != 8 {
+		t.Errorf("after the split: %v, want 8 partitions", got)
+	}
+}
