@@ -81,7 +81,11 @@ func (d *Dispatcher) layoutListenLoop(ctx context.Context) {
 		}
 		failures++
 		wait := min(dbBackoff(failures), layoutListenEvery)
-		d.logger.WarnContext(ctx, "projection dispatcher: listening for partition layout changes failed; the balancing round every Recheck still sees them",
+		level := slog.LevelWarn
+		if failures > 1 {
+			level = slog.LevelDebug // said once per outage, not every retry
+		}
+		d.logger.Log(ctx, level, "projection dispatcher: listening for partition layout changes failed; the balancing round every Recheck still sees them",
 			slog.Any("error", err), slog.Duration("retry_in", wait))
 		timer := time.NewTimer(wait)
 		select {
@@ -95,13 +99,14 @@ func (d *Dispatcher) layoutListenLoop(ctx context.Context) {
 
 // listenLayout runs one listening session until it fails or ctx ends.
 func (d *Dispatcher) listenLayout(ctx context.Context, mine map[string]bool, listening func()) error {
-	// A connection of its own, not the pool's: it waits for as long as
-	// the dispatcher runs.
-	cfg := d.store.Pool().Config().ConnConfig
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	// A connection of its own for as long as the dispatcher runs: taken
+	// out of the pool, so the pool's connect hooks (credentials, session
+	// settings) made it, and never given back.
+	pooled, err := d.store.Pool().Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
+	conn := pooled.Hijack()
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
