@@ -95,6 +95,17 @@ func (b *balancer) set(instance string, own bool) {
 	}
 }
 
+// wakeOwned wakes the loop of every partition this process works.
+func (b *balancer) wakeOwned() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id, sh := range b.shards {
+		if b.owned[id] {
+			sh.wake()
+		}
+	}
+}
+
 // wake wakes the shard's loop now rather than after its wait.
 func (sh *shard) wake() {
 	select {
@@ -170,26 +181,43 @@ func buildBalanceSQL(store *postgres.Store) balanceSQL {
 }
 
 // balanceLoop runs a balancing round for every partitioned consumer every
-// Recheck, and at once at start so a new process takes its share on its
-// first passes.
+// Recheck, at once at start so a new process takes its share on its first
+// passes, and at once when a split or merge commits (layoutnotify.go), so
+// the partitions it made start without waiting for the next round.
 func (d *Dispatcher) balanceLoop(ctx context.Context) {
 	if len(d.balancers) == 0 {
 		return
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	relayout := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+		case <-d.relayout: // a split, merge or merge hold committed (layoutnotify.go)
+			relayout = true
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
 		}
 		for _, b := range d.balancers {
 			if err := d.balance(ctx, b); err != nil && ctx.Err() == nil {
 				d.logger.WarnContext(ctx, "projection dispatcher: balancing partitions failed; will retry",
 					slog.String("consumer", b.consumer), slog.Any("error", err))
 			}
+			if relayout {
+				// A pass that found its partition locked by the change
+				// waits a Recheck before it tries again: the change is
+				// done, so try now.
+				b.wakeOwned()
+			}
 		}
+		relayout = false
 		timer.Reset(d.cfg.Recheck)
 	}
 }

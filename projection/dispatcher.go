@@ -212,6 +212,9 @@ type Dispatcher struct {
 	// remeasure asks the metrics loop for a refresh now: a shard whose
 	// published lag is not zero has caught up, so that lag may be stale.
 	remeasure chan struct{}
+	// relayout asks the balancing loop for a round now: a partitioned
+	// consumer's layout changed (layoutnotify.go).
+	relayout chan struct{}
 }
 
 // shard is one consumer shard run by this dispatcher.
@@ -355,6 +358,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		stopped: make(chan struct{}),
 
 		remeasure: make(chan struct{}, 1),
+		relayout:  make(chan struct{}, 1),
 	}
 	d.tracer = tracing.Tracer(cfg.TracerProvider)
 	d.instance = cmp.Or(cfg.InstanceID, os.Getenv(EnvInstanceID))
@@ -503,6 +507,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.wg.Go(func() { d.rebuildLoop(soft, hard) })
 	d.wg.Go(func() { d.retryLoop(soft) })   // dead-letter retry requests (deadletter.go)
 	d.wg.Go(func() { d.balanceLoop(soft) }) // partitions (balance.go)
+	d.wg.Go(func() { d.layoutListenLoop(soft) })
 	if d.metrics != nil {
 		d.wg.Go(func() { d.metricsLoop(soft) })
 	}

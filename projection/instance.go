@@ -78,6 +78,9 @@ func (d *Dispatcher) register(ctx context.Context) error {
 	}
 	layouts := make([][]string, len(d.balancers))
 	err = pgx.BeginFunc(ctx, d.store.Pool(), func(tx pgx.Tx) error {
+		if err := d.lockToRegister(ctx, tx); err != nil {
+			return fmt.Errorf("register partitioned consumers: %w", err)
+		}
 		for i, b := range d.balancers {
 			ids, err := d.registerPartitioned(ctx, tx, b.proj, startOf(b.proj))
 			if err != nil {

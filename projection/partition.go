@@ -95,13 +95,14 @@ func validPartitions(cfg AsyncConfig) error {
 
 // partitionSQL is what registration and balancing write about partitions.
 type partitionSQL struct {
-	fenceRow, fence, insertFence, declare, partitions, insertPartition string
+	fenceRow, fenceInfo, fence, insertFence, declare, partitions, insertPartition string
 }
 
 func buildPartitionSQL(store *postgres.Store) partitionSQL {
 	c := store.Table("projector_consumers")
 	return partitionSQL{
-		fenceRow: `SELECT version, cursor_tx_id, cursor_seq, coalesce(partitions, 0) FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `' FOR UPDATE`,
+		fenceRow:  `SELECT version, cursor_tx_id, cursor_seq, coalesce(partitions, 0) FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `' FOR UPDATE`,
+		fenceInfo: `SELECT version, coalesce(partitions, 0) FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `'`,
 		fence: `UPDATE ` + c + ` SET version = ` + strconv.Itoa(PartitionedVersion) + `, status = 'disabled', attempts = 0,
 				last_error = $2, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL, failed_event_id = NULL,
 				next_retry_at = NULL, updated_at = now()
@@ -203,6 +204,74 @@ func checkDeclared(name string, n, recorded int, layout []postgres.Segment) erro
 		ErrPartitionsChanged, name, have, recorded, n, strings.TrimSuffix(todo, "; "), recorded)
 }
 
+// splitsToDeclared reports whether splitToDeclared splits layout: the code
+// declares n partitions, more than the recorded count it last declared,
+// and the partitions all have one size below n. Not when the consumer is
+// new, the code did not change (the layout is what operators made it), or
+// a split or merge is half done (checkDeclared says what to do).
+func splitsToDeclared(n, recorded int, layout []postgres.Segment) bool {
+	if len(layout) == 0 || recorded == n {
+		return false
+	}
+	size := layout[0].Count()
+	for _, s := range layout {
+		if s.Count() != size {
+			return false
+		}
+	}
+	return size < n
+}
+
+// lockToRegister waits, in tx, for every lock registering the partitioned
+// consumers will take, before any of it reads a row FOR UPDATE or writes,
+// which gives tx a transaction id: waiting with one (for a running batch of
+// a partition a raised count splits, or for another consumer's fence)
+// would hold back the horizon of every consumer in the cluster for that
+// long (promise 3; the lesson of lockPartitions). The fences are taken in
+// consumer name order, each followed by the locks of the partitions its
+// registration splits, read without locking under the fence, which every
+// layout change takes: registerPartitioned then takes them again at once.
+func (d *Dispatcher) lockToRegister(ctx context.Context, tx pgx.Tx) error {
+	balancers := slices.Clone(d.balancers)
+	slices.SortFunc(balancers, func(a, b *balancer) int { return cmp.Compare(a.consumer, b.consumer) })
+	for _, b := range balancers {
+		fence := ShardID{Consumer: b.consumer, Instance: SharedInstance}
+		if _, err := tx.Exec(ctx, d.sql.waitLock, shardLockKey(d.store.Schema(), fence)); err != nil {
+			return err
+		}
+		var version, recorded int
+		err := tx.QueryRow(ctx, d.psql.fenceInfo, b.consumer).Scan(&version, &recorded)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && version != PartitionedVersion) {
+			continue // new or unpartitioned: nothing to split
+		}
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, d.psql.partitions, b.consumer)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		var layout []postgres.Segment
+		ids = slices.DeleteFunc(ids, func(id string) bool {
+			seg, ok := partitionSegment(id)
+			if ok {
+				layout = append(layout, seg)
+			}
+			return !ok
+		})
+		if b.proj.cfg.PartitionKey == nil && splitsToDeclared(b.proj.cfg.Partitions, recorded, layout) {
+			if err := LockPartitions(ctx, tx, d.store, b.consumer, ids); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // splitToDeclared carries out the splits a raised declared count asks for:
 // when the code declares more partitions than it last did, and the
 // partitions all have one size below it, each is split (in tx, under the
@@ -211,18 +280,10 @@ func checkDeclared(name string, n, recorded int, layout []postgres.Segment) erro
 // count is not carried out: a merge waits for the halves to meet, which a
 // start cannot, so checkDeclared refuses it with the command to run.
 func (d *Dispatcher) splitToDeclared(ctx context.Context, tx pgx.Tx, name string, n, recorded int, layout []postgres.Segment, ids []string) ([]postgres.Segment, []string, error) {
-	if len(layout) == 0 || recorded == n {
-		return layout, ids, nil // new, or the code did not change: the layout is what operators made it
-	}
-	size := layout[0].Count()
-	for _, s := range layout {
-		if s.Count() != size {
-			return layout, ids, nil // a split or merge is half done: checkDeclared says what to do
-		}
-	}
-	if size >= n {
+	if !splitsToDeclared(n, recorded, layout) {
 		return layout, ids, nil
 	}
+	size := layout[0].Count()
 	from := size
 	for size < n {
 		var next []postgres.Segment
@@ -238,6 +299,9 @@ func (d *Dispatcher) splitToDeclared(ctx context.Context, tx pgx.Tx, name string
 	ids = make([]string, len(layout))
 	for i, s := range layout {
 		ids[i] = segmentInstance(s)
+	}
+	if err := notifyLayout(ctx, tx, d.store, name); err != nil {
+		return nil, nil, err
 	}
 	d.logger.InfoContext(ctx, "projection dispatcher: the declared partition count went up; partitions split, each half at its parent's cursor",
 		slog.String("consumer", name), slog.Int("from", from), slog.Int("to", n))

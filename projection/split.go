@@ -246,7 +246,7 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 			}
 			out = append(out, c)
 		}
-		return nil
+		return notifyLayout(ctx, tx, a.store, consumer)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("split consumer %s: %w", projector.Printable(consumer), err)
@@ -344,7 +344,7 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 			}
 			out = append(out, c)
 		}
-		return nil
+		return notifyLayout(ctx, tx, a.store, consumer)
 	})
 	if err != nil {
 		if !errors.Is(err, ErrLayoutChanged) {
@@ -400,7 +400,9 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 				return err
 			}
 		}
-		return nil
+		// The halves' passes that found their locks taken here wait a
+		// Recheck before they try again; the one behind must not.
+		return notifyLayout(ctx, tx, a.store, consumer)
 	})
 	return pairs, err
 }

@@ -346,3 +346,78 @@ func TestPartitionSplitMergePausesOnlyTheirPartitions(t *testing.T) {
 	defer vmu.Unlock()
 	e.checkCounts("paused", versions)
 }
+
+// The partitions a split or merge makes start at once, not at the next
+// balancing round: the change's NOTIFY wakes the dispatchers running the
+// consumer (layoutnotify.go). Recheck is an hour here, so a half (or a
+// merged parent) that waited for the round would not commit within the
+// test's deadline; before the NOTIFY this test failed so.
+func TestPartitionSplitMergeStartAtOnce(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	p := counting(e.schema, e.types, "atonce", projection.AsyncConfig{Partitions: 2, BatchSize: 20})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Recheck: projection.MaxPoll})
+	stop := make(chan struct{})
+	var bg sync.WaitGroup
+	var vmu sync.Mutex
+	versions := map[string]int64{}
+	bg.Go(func() {
+		for round := 0; ; round++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			got := appendWith(t, e.ctx, e.store, 1, 40, 20, fmt.Sprintf("r%d", round))
+			vmu.Lock()
+			maps.Copy(versions, got)
+			vmu.Unlock()
+		}
+	})
+	stopBG := sync.OnceFunc(func() { close(stop); bg.Wait() })
+	defer stopBG()
+	admin := projection.NewAdmin(e.store)
+	const deadline = 20 * time.Second // far below Recheck
+	eventually(t, deadline, "both partitions apply events", func() bool {
+		s := e.partitionShards("atonce")
+		return s[0].Processed > 0 && s[1].Processed > 0
+	})
+	if _, err := admin.Split(e.ctx, "atonce", segment(t, 0, 2)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, deadline, "the halves of 0/2 apply events without waiting for a balancing round", func() bool {
+		for _, s := range mustList(t, admin, "atonce") {
+			if (s.Instance == projection.PartitionInstance(0, 4) || s.Instance == projection.PartitionInstance(1, 4)) && s.Processed == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	changes, err := admin.Merge(e.ctx, "atonce", deadline, segment(t, 0, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, deadline, "the merged 0/2 applies events without waiting for a balancing round", func() bool {
+		for _, s := range mustList(t, admin, "atonce") {
+			if s.Instance == projection.PartitionInstance(0, 2) {
+				return changes[0].Cursor.Less(s.Cursor)
+			}
+		}
+		return false
+	})
+	stopBG()
+	e.catchUp(d)
+	vmu.Lock()
+	defer vmu.Unlock()
+	e.checkCounts("atonce", versions)
+}
+
+// mustList lists consumer's shards.
+func mustList(t *testing.T, admin *projection.Admin, consumer string) []projection.ShardState {
+	t.Helper()
+	states, err := admin.List(t.Context(), consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return states
+}

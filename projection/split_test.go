@@ -450,3 +450,105 @@ func TestPartitionSplitFollowedLive(t *testing.T) {
 	e.catchUp(d)
 	e.checkCounts("live", versions)
 }
+
+// `consumer remove` of a partition takes the consumer's fence lock, as
+// every layout change does: while a split waits for a running batch (the
+// fence held, the layout read), removing a partition it is about to split
+// is refused, and the split, which came first, finishes. Without the fence
+// lock the removal went through and the split then failed with
+// ErrLayoutChanged.
+func TestRemovePartitionDuringSplit(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	p := counting(e.schema, e.types, "rmsplit", projection.AsyncConfig{Partitions: 4})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := projection.NewAdmin(e.store)
+	release := e.holdShardLock("rmsplit", projection.PartitionInstance(0, 4)) // 0/4's running batch
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
+	before := e.advisoryWaiters()
+	split := make(chan error, 1)
+	go func() {
+		_, err := admin.Split(e.ctx, "rmsplit")
+		split <- err
+	}()
+	eventually(t, 10*time.Second, "the split waits for 0/4's batch", func() bool { return e.advisoryWaiters() > before })
+	_, err := admin.Remove(e.ctx, "rmsplit", projection.PartitionInstance(3, 4))
+	if !errors.Is(err, projector.ErrInvalidTransition) {
+		t.Errorf("remove of 3/4 during the split: got %v, want it refused (ErrInvalidTransition)", err)
+	}
+	release()
+	release = nil
+	if err := <-split; err != nil {
+		t.Fatalf("the split that came first: %v", err)
+	}
+	if got := e.layout("rmsplit"); len(got) != 8 {
+		t.Errorf("after the split: %v, want 8 partitions", got)
+	}
+}
+
+// A dispatcher starting with a raised partition count splits the
+// partitions in its registration, waiting for each one's running batch. It
+// waits before it reads or locks any row, which would give its transaction
+// an id and hold back the horizon of every consumer for as long as that
+// batch runs (the lesson of lockPartitions). Before, it read the fence row
+// FOR UPDATE first and waited with an id.
+func TestPartitionCountRaisedWaitsWithoutXID(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	two := counting(e.schema, e.types, "raisewait", projection.AsyncConfig{Partitions: 2})
+	d2 := e.dispatcher(projection.Config{Projections: []*projection.Async{two}})
+	if err := d2.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	held := projection.PartitionInstance(0, 2)
+	release := e.holdShardLock("raisewait", held) // 0/2's running batch, of a process still on 2
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
+	four := counting(e.schema, e.types, "raisewait", projection.AsyncConfig{Partitions: 4})
+	d4, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{four}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- d4.Start(e.ctx) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = d4.Stop(ctx)
+	})
+	// The session waiting for 0/2's lock, and whether it holds an id.
+	waiter := `SELECT a.backend_xid IS NOT NULL FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid,
+			(SELECT hashtextextended($1::text, 0) AS k) h
+		WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1
+			AND l.classid = ((h.k >> 32) & 4294967295)::oid AND l.objid = (h.k & 4294967295)::oid`
+	key := "projector.shard\x1f" + e.schema + "\x1f" + "raisewait" + "\x1f" + held
+	var withXID bool
+	eventually(t, 20*time.Second, "the starting dispatcher waits for 0/2's batch", func() bool {
+		err := e.store.Pool().QueryRow(e.ctx, waiter, key).Scan(&withXID)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	if withXID {
+		t.Error("the starting dispatcher waits for a partition's running batch holding a transaction id: every consumer's horizon waits with it")
+	}
+	release()
+	release = nil
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	if got := e.layout("raisewait"); len(got) != 4 {
+		t.Errorf("after the start declaring 4: %v, want 4 partitions", got)
+	}
+}

@@ -495,6 +495,20 @@ func (a *Admin) Remove(ctx context.Context, consumer, instance string) ([]ShardI
 	}
 	var removed []ShardID
 	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		// Removing a partition's row changes the consumer's layout, which
+		// every split, merge and partitioned start changes only under the
+		// fence lock (the unpartitioned shard's): taken here too, so a
+		// removal never lands between such a change reading the layout and
+		// writing it. Tried, not waited for, as the shards' locks below.
+		var fenceFree bool
+		if err := tx.QueryRow(ctx, a.sql.tryLock, shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: SharedInstance})).Scan(&fenceFree); err != nil {
+			return err
+		}
+		if !fenceFree {
+			return &InUseError{Consumer: consumer, Reasons: []string{
+				"its fence lock is held: a split or merge of its partitions, a dispatcher starting it, or a pass of its unpartitioned shard is in progress",
+			}}
+		}
 		if _, err := tx.Exec(ctx, a.sql.lockTable); err != nil {
 			return err
 		}
