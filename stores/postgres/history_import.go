@@ -173,35 +173,79 @@ func (b *importBatch) streams() ([]projector.StreamRef, map[projector.StreamRef]
 	return refs, first
 }
 
-// importStreamVersionsSQL reads each stream's version from the log itself,
-// hot and archived, through the (stream, version) unique indexes: the log
-// is the truth the import continues, whatever keeps stream heads. An
-// archived stream's events are all in the archive.
-const importStreamVersionsSQL = `
-SELECT GREATEST(
-	(SELECT max(e.version) FROM {{s}}.projector_events e
-		WHERE e.tenant_id = t.tenant AND e.stream_type = t.stream_type AND e.stream_id = t.stream_id),
-	(SELECT max(a.version) FROM {{s}}.projector_events_archive a
-		WHERE a.tenant_id = t.tenant AND a.stream_type = t.stream_type AND a.stream_id = t.stream_id), 0)
-FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(tenant, stream_type, stream_id, ord)
-ORDER BY t.ord`
+// importPrepareSQL is a batch's one statement before its COPY: it reads
+// each stream's version from the log itself, hot and archived, through the
+// (stream, version) unique indexes (the log is the truth the import
+// continues, whatever keeps stream heads; an archived stream's events are
+// all in the archive), and moves the stream heads of the streams the batch
+// advances, by the same rules as an append's head write: a stream is
+// created (at version 0 in the log) or advanced only from the version just
+// read, and only by a transaction no older than the one that last appended
+// to it (promise 4), so imported and appended events keep version order
+// equal to log order. The heads are written before the events, as an
+// append writes them: a concurrent appender of the same stream waits on
+// the head row, or the import on the appender's, and the loser's check
+// fails. A batch the client then refuses (a version gap, an event that is
+// not the one the log holds) rolls back with its heads.
+//
+// Each row is one stream, in the order given: its version in the log, and,
+// the same on every row, whether the archive holds any event (when it holds
+// none, no id of the batch can be in it and the import skips looking them
+// up: a round trip and a 10,000-element array saved in each batch of the
+// usual import, into a log never archived), the number of heads written
+// (fewer than the streams advanced means another writer got there first)
+// and the transaction's id.
+const importPrepareSQL = `
+WITH t AS (
+	SELECT t.*, GREATEST(
+		(SELECT max(e.version) FROM {{s}}.projector_events e
+			WHERE e.tenant_id = t.tenant AND e.stream_type = t.stream_type AND e.stream_id = t.stream_id),
+		(SELECT max(a.version) FROM {{s}}.projector_events_archive a
+			WHERE a.tenant_id = t.tenant AND a.stream_type = t.stream_type AND a.stream_id = t.stream_id), 0) AS current
+	FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY AS t(tenant, stream_type, stream_id, last, ord)
+), advanced AS (
+	UPDATE {{s}}.projector_streams AS s
+	SET version = t.last, last_tx_id = pg_current_xact_id(), updated_at = now()
+	FROM t
+	WHERE t.current > 0 AND t.last > t.current
+	  AND s.tenant_id = t.tenant AND s.stream_type = t.stream_type AND s.stream_id = t.stream_id
+	  AND s.version = t.current AND s.last_tx_id <= pg_current_xact_id()
+	RETURNING 1
+), created AS (
+	INSERT INTO {{s}}.projector_streams (tenant_id, stream_type, stream_id, version, last_tx_id)
+	SELECT t.tenant, t.stream_type, t.stream_id, t.last, pg_current_xact_id()
+	FROM t WHERE t.current = 0
+	ORDER BY t.tenant, t.stream_type, t.stream_id
+	ON CONFLICT (tenant_id, stream_type, stream_id) DO NOTHING
+	RETURNING 1
+)
+SELECT t.current, (SELECT EXISTS (SELECT FROM {{s}}.projector_events_archive)),
+	(SELECT count(*) FROM advanced) + (SELECT count(*) FROM created), pg_current_xact_id()
+FROM t ORDER BY t.ord`
 
 // importExistingSQL looks up events by id, in the hot log and the archive,
 // to tell an event imported before (a resumed import) from a different one,
 // and to name the line of an id the log already holds.
+// The ids are joined from unnest, not matched with = ANY($1): the planner
+// estimates an ANY of a bound array element by element, which for a batch
+// of 10,000 ids cost more than the lookups themselves.
 const importExistingSQL = `
-SELECT id, tenant_id, stream_type, stream_id, version FROM {{s}}.projector_events WHERE id = ANY($1::uuid[])
+SELECT e.id, e.tenant_id, e.stream_type, e.stream_id, e.version
+FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events e ON e.id = u.id
 UNION ALL
-SELECT id, tenant_id, stream_type, stream_id, version FROM {{s}}.projector_events_archive WHERE id = ANY($1::uuid[])`
+SELECT a.id, a.tenant_id, a.stream_type, a.stream_id, a.version
+FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events_archive a ON a.id = u.id`
 
 // importArchivedIDSQL finds an id of the batch's new events that an
 // archived event holds: the events table's unique id index does not see the
-// archive, and unarchiving such a stream would collide.
+// archive, and unarchiving such a stream would collide. Joined from unnest
+// for the reason importExistingSQL is.
 const importArchivedIDSQL = `
-SELECT id FROM {{s}}.projector_events_archive WHERE id = ANY($1::uuid[]) LIMIT 1`
+SELECT a.id FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events_archive a ON a.id = u.id LIMIT 1`
 
-// writeBatch writes one batch in one transaction: versions checked
-// against the log, the new events copied, the stream heads advanced.
+// writeBatch writes one batch in one transaction: versions read from the
+// log and the stream heads advanced in one statement, the versions checked,
+// the new events copied.
 func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (imported, skipped int64, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -211,14 +255,27 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 
 	refs, first := b.streams()
 	tenants, types, ids := make([]string, len(refs)), make([]string, len(refs)), make([]string, len(refs))
+	lasts := make([]int64, len(refs))
 	for i, r := range refs {
-		tenants[i], types[i], ids[i] = r.Tenant, r.Type, r.ID
+		tenants[i], types[i], ids[i], lasts[i] = r.Tenant, r.Type, r.ID, b.last[r]
 	}
-	versions, err := pgxCollect[int64](tx.Query(ctx, s.sqlFor(importStreamVersionsSQL), tenants, types, ids))
+	versions := make([]int64, 0, len(refs))
+	var archived bool
+	var written int64
+	var txID uint64
+	rows, err := tx.Query(ctx, s.sqlFor(importPrepareSQL), tenants, types, ids, lasts)
+	if err == nil {
+		var v int64
+		_, err = pgx.ForEachRow(rows, []any{&v, &archived, &written, &txID}, func() error {
+			versions = append(versions, v)
+			return nil
+		})
+	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("read stream versions: %w", err)
+		return 0, 0, fmt.Errorf("read stream versions and advance their heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
 	}
 	current := make(map[projector.StreamRef]int64, len(refs))
+	advanced := int64(0)
 	for i, r := range refs {
 		current[r] = versions[i]
 		if first[r] > versions[i]+1 {
@@ -226,6 +283,13 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 			return 0, 0, &HistoryLineError{Line: line, Err: fmt.Errorf("%w: stream %s is at version %d in the log; version %d would leave a gap",
 				ErrInvalidHistory, r, versions[i], first[r])}
 		}
+		if b.last[r] > versions[i] {
+			advanced++
+		}
+	}
+	if written != advanced {
+		return 0, 0, &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
+			Reason: fmt.Sprintf("%d of %d streams were appended to during the import, or by a younger transaction; run the import again", advanced-written, advanced)}
 	}
 	// Events at or below their stream's version are already in the log:
 	// they must be these very events (an import run again), to skip.
@@ -247,8 +311,10 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 	if len(keep) == 0 {
 		return 0, int64(len(seen)), nil
 	}
-	if err := s.checkArchivedIDs(ctx, tx, b, keep); err != nil {
-		return 0, 0, err
+	if archived {
+		if err := s.checkArchivedIDs(ctx, tx, b, keep); err != nil {
+			return 0, 0, err
+		}
 	}
 	tag, err := tx.Conn().PgConn().CopyFrom(ctx, b.copyData(keep), s.importCopySQL())
 	if err != nil {
@@ -256,16 +322,6 @@ func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (im
 	}
 	if n := tag.RowsAffected(); n != int64(len(keep)) {
 		return 0, 0, fmt.Errorf("copied %d of %d events", n, len(keep))
-	}
-	var heads []streamAdvance
-	for _, r := range refs {
-		if last := b.last[r]; last > current[r] {
-			heads = append(heads, streamAdvance{stream: r, from: current[r], to: last})
-		}
-	}
-	txID, err := s.advanceImportedHeads(ctx, tx, heads)
-	if err != nil {
-		return 0, 0, err
 	}
 	if inline && len(s.inline) > 0 {
 		if err := s.applyInlineImported(ctx, tx, b, keep); err != nil {
@@ -415,74 +471,7 @@ func (s *Store) importCopyError(ctx context.Context, b *importBatch, keep []int,
 	return fmt.Errorf("copy events: %w", err)
 }
 
-// streamAdvance is one stream an import batch moved from version from to
-// version to.
-type streamAdvance struct {
-	stream   projector.StreamRef
-	from, to int64
-}
-
-// advanceImportedHeadsSQL is the import's stream-head bookkeeping, the
-// same rules as an append's head write, for many streams at once: a stream
-// is created (from version 0) or advanced only from the version the import
-// found it at, and only by a transaction no older than the one that last
-// appended to it (promise 4), so imported and appended events keep version
-// order equal to log order. It returns the number of heads written (fewer
-// than asked means another writer got there first) and the transaction's
-// id, which the import would otherwise ask for in a statement of its own.
-const advanceImportedHeadsSQL = `
-WITH t AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
-		AS t(tenant, stream_type, stream_id, version_from, version_to)
-), advanced AS (
-	UPDATE {{s}}.projector_streams AS s
-	SET version = t.version_to, last_tx_id = pg_current_xact_id(), updated_at = now()
-	FROM t
-	WHERE t.version_from > 0 AND s.tenant_id = t.tenant AND s.stream_type = t.stream_type AND s.stream_id = t.stream_id
-	  AND s.version = t.version_from AND s.last_tx_id <= pg_current_xact_id()
-	RETURNING 1
-), created AS (
-	INSERT INTO {{s}}.projector_streams (tenant_id, stream_type, stream_id, version, last_tx_id)
-	SELECT t.tenant, t.stream_type, t.stream_id, t.version_to, pg_current_xact_id()
-	FROM t WHERE t.version_from = 0
-	ORDER BY t.tenant, t.stream_type, t.stream_id
-	ON CONFLICT (tenant_id, stream_type, stream_id) DO NOTHING
-	RETURNING 1
-)
-SELECT (SELECT count(*) FROM advanced) + (SELECT count(*) FROM created), pg_current_xact_id()`
-
-// advanceImportedHeads moves the stream heads of one import batch: the one
-// place the import knows how stream heads are kept. A head the append's
-// rules refuse fails the batch with a concurrency error. It returns the
-// transaction's id.
-func (s *Store) advanceImportedHeads(ctx context.Context, tx pgx.Tx, heads []streamAdvance) (txID uint64, err error) {
-	n := len(heads)
-	tenants, types, ids := make([]string, n), make([]string, n), make([]string, n)
-	from, to := make([]int64, n), make([]int64, n)
-	for i, h := range heads {
-		tenants[i], types[i], ids[i], from[i], to[i] = h.stream.Tenant, h.stream.Type, h.stream.ID, h.from, h.to
-	}
-	var written int64
-	err = tx.QueryRow(ctx, s.sqlFor(advanceImportedHeadsSQL), tenants, types, ids, from, to).Scan(&written, &txID)
-	if err != nil {
-		return 0, fmt.Errorf("advance stream heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
-	}
-	if written != int64(n) {
-		return 0, &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
-			Reason: fmt.Sprintf("%d of %d streams were appended to during the import, or by a younger transaction; run the import again", int64(n)-written, n)}
-	}
-	return txID, nil
-}
-
 // sqlFor fills the schema into an import or export statement.
 func (s *Store) sqlFor(sql string) string {
 	return strings.ReplaceAll(sql, "{{s}}", quoteIdent(s.schema))
-}
-
-// pgxCollect collects a query's single column.
-func pgxCollect[T any](rows pgx.Rows, err error) ([]T, error) {
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[T])
 }

@@ -84,6 +84,9 @@ type importBatch struct {
 // one of the first bad line, as if the lines were read one by one.
 func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size, workers, hint int) (done bool, err error) {
 	b.text = make([]byte, 0, hint)
+	// Sized for the batch (up to a bound, for a small file read with a
+	// large batch size), so that the line index is not copied as it grows.
+	b.spans, b.lines = make([][2]int, 0, min(size, 1<<14)), make([]int, 0, min(size, 1<<14))
 	for len(b.spans) < size {
 		line, n, err := dec.nextLine()
 		if errors.Is(err, io.EOF) {
