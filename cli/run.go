@@ -181,7 +181,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 		}
 		defer tail.Close()
 		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
-			Projections: async, Sagas: sagas.names, Tail: tail, Logger: log, AllowedHosts: hosts})
+			Projections: async, Sagas: sagas.names, SagaPersonal: sagas.personal, Tail: tail, Logger: log, AllowedHosts: hosts})
 		if err != nil {
 			// err starts "console: invalid configuration": say it once.
 			return usageError{fmt.Errorf("%w; $%s holds the token", err, console.EnvToken)}
