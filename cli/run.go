@@ -164,6 +164,9 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newLogSizeCollector(store))             // streams.go
 	async, sagas, err := a.sagaConsumers(store, w, log, reg) // run_saga.go
+	if errors.Is(err, postgres.ErrNoMasterKey) {
+		return usageError{err} // a saga's state declares personal fields: as for event types
+	}
 	if err != nil {
 		return err
 	}

@@ -43,6 +43,7 @@ func (s *Store) setupKeys(cfg Config) error {
 			}
 		}
 	}
+	s.noMasterKey = master == nil && !cfg.AllowNoMasterKey
 	if master == nil && s.registry.HasPersonal() && !cfg.AllowNoMasterKey {
 		types, _ := s.registry.PersonalSubjects()
 		return fmt.Errorf("postgres store: %w: event types %s declare personal fields, and without a master key every append "+
@@ -58,6 +59,24 @@ func (s *Store) setupKeys(cfg Config) error {
 	}
 	s.keys = kt
 	return nil
+}
+
+// CheckMasterKey refuses personal data declared outside the registry —
+// what names it, such as an aggregate's snapshots or a saga's state — on
+// a store that could not seal or open it: its key store is the key table,
+// with no master key, and Config.AllowNoMasterKey was not set. The error
+// matches [ErrNoMasterKey], as New's for a registry with personal fields:
+// a misconfigured process fails where the declaration is built, at start,
+// not at its first write.
+func (s *Store) CheckMasterKey(what string) error {
+	if !s.noMasterKey {
+		return nil
+	}
+	if _, ok := s.keys.(*KeyTable); !ok {
+		return nil
+	}
+	return fmt.Errorf("%s: %w: it declares personal fields, and without a master key every write and read of them would fail; "+
+		"set %s (or Config.MasterKey), or Config.AllowNoMasterKey in a process that neither writes nor reads them", what, ErrNoMasterKey, MasterKeyEnv)
 }
 
 // Keys returns the store's key store.
@@ -174,9 +193,9 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		fetch   bool                 // the key is read by DataKeys
 		trusted bool                 // the key is a trusted cache entry
 	}
-	var todo []sealed
+	todo := make([]sealed, 0, len(events))
 	var refs []SubjectRef
-	seen := map[SubjectRef]bool{}
+	var seen map[SubjectRef]bool
 	kt, _ := s.keys.(*KeyTable)
 	if kt == nil {
 		rowKeys = nil
@@ -216,6 +235,9 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		}
 		t.fetch = true
 		if !seen[t.ref] {
+			if seen == nil {
+				seen = map[SubjectRef]bool{}
+			}
 			seen[t.ref] = true
 			refs = append(refs, t.ref)
 		}
