@@ -295,10 +295,6 @@ LEFT JOIN LATERAL (
 	LIMIT 1
 ) k ON true`
 
-// keyParams is the number of parameters a keyed read adds: the personal
-// types, their subject fields and the epoch the process knows.
-const keyParams = 3
-
 // withKeys fills in a read's key columns and join, its parameters first
 // to first+2, or leaves them out when first is 0.
 func withKeys(sql string, first int) string {
