@@ -17,13 +17,20 @@
 -- the new epoch, and one that does not sees neither. Creating a key does not
 -- move it. The function runs as the schema's owner, so whoever may destroy
 -- a key moves the epoch; everyone may read the counter, which holds no data.
+--
+-- Each move takes a value of its own from a sequence, never epoch + 1: a
+-- forget that rolls back moved the epoch in its transaction, where a read
+-- may have trusted keys at that value; a later forget that commits must
+-- not write the same value, or those keys would be trusted after it.
 
 CREATE TABLE {{schema}}.projector_key_epoch (
     one   boolean PRIMARY KEY DEFAULT true CHECK (one),
     epoch bigint  NOT NULL
 );
 
-INSERT INTO {{schema}}.projector_key_epoch (epoch) VALUES (1);
+CREATE SEQUENCE {{schema}}.projector_key_epoch_seq;
+
+INSERT INTO {{schema}}.projector_key_epoch (epoch) VALUES (nextval('{{schema}}.projector_key_epoch_seq'));
 
 GRANT SELECT ON {{schema}}.projector_key_epoch TO PUBLIC;
 
@@ -33,7 +40,7 @@ COMMENT ON TABLE {{schema}}.projector_key_epoch IS
 CREATE FUNCTION {{schema}}.projector_key_epoch_bump() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    UPDATE {{schema}}.projector_key_epoch SET epoch = epoch + 1;
+    UPDATE {{schema}}.projector_key_epoch SET epoch = nextval('{{schema}}.projector_key_epoch_seq');
     RETURN NULL;
 END $$;
 

@@ -53,7 +53,7 @@ type cachedKey struct {
 	wrapped []byte
 	key     []byte
 	cipher  *projector.KeyCipher // key's, set up once
-	// epoch is the newest key epoch at which a read saw the key row hold
+	// epoch is the latest key epoch at which a read saw the key row hold
 	// wrapped; 0 when none has (the entry came from an append).
 	epoch int64
 }
@@ -113,7 +113,7 @@ func (c *keyCache) confirm(ref SubjectRef, wrapped []byte, epoch int64) {
 	if !ok {
 		return
 	}
-	if e := el.Value.(cachedKey); epoch > e.epoch && bytes.Equal(e.wrapped, wrapped) {
+	if e := el.Value.(cachedKey); bytes.Equal(e.wrapped, wrapped) {
 		e.epoch = epoch
 		el.Value = e
 	}

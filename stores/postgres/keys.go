@@ -210,8 +210,8 @@ type KeyTable struct {
 	old   map[string]*MasterKey
 	cache *keyCache // nil: none
 	// epochTable is the key epoch's table (migration 26), quoted; epoch is
-	// the newest key epoch a read of this process saw, 0 before the first
-	// (see keyCache).
+	// the key epoch the latest read of this process saw, 0 before the
+	// first (see keyCache).
 	epochTable string
 	epoch      atomic.Int64
 	// rewrapHook, when set (tests), runs between a rewrap batch's read of
@@ -358,31 +358,31 @@ func (k *KeyTable) dataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 }
 
 // unwrapAt is unwrap for a key row a read saw at the key epoch epoch (0:
-// unknown): the entry is confirmed at it, and the process's known epoch
-// raised to it.
+// unknown): the entry is confirmed at it, and it becomes the process's
+// known epoch.
 func (k *KeyTable) unwrapAt(subject SubjectRef, keyID string, wrapped []byte, epoch int64) (cachedKey, error) {
 	e, err := k.unwrap(subject, keyID, wrapped)
 	if err != nil || epoch <= 0 {
 		return e, err
 	}
 	k.cache.confirm(subject, wrapped, epoch)
-	e.epoch = max(e.epoch, epoch)
+	e.epoch = epoch
 	k.sawEpoch(epoch)
 	return e, nil
 }
 
-// knownEpoch returns the newest key epoch a read of this process saw, the
-// one a keyed read sends (keyJoinSQL); 0 before the first.
+// knownEpoch returns the key epoch the latest read of this process saw,
+// the one a keyed read sends (keyJoinSQL); 0 before the first.
 func (k *KeyTable) knownEpoch() int64 { return k.epoch.Load() }
 
-// sawEpoch raises the known epoch to epoch. Epochs only grow, but a read in
-// an older snapshot may report an older one, which is ignored.
+// sawEpoch makes epoch, a read's, the known epoch. The latest read wins,
+// not the largest value: a forget that rolled back leaves behind a value
+// no later snapshot has (each move takes a value of its own, migration
+// 26), and a process that kept it would look up key rows on every read.
+// An epoch is only ever compared for equality.
 func (k *KeyTable) sawEpoch(epoch int64) {
-	for {
-		cur := k.epoch.Load()
-		if epoch <= cur || k.epoch.CompareAndSwap(cur, epoch) {
-			return
-		}
+	if epoch > 0 {
+		k.epoch.Store(epoch)
 	}
 }
 

@@ -167,3 +167,42 @@ func TestTrustedKeyFromRolledBackTransaction(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyEpochOfRolledBackForget: a forget that rolls back moved the epoch
+// in its transaction, and a read there trusted another subject's key at
+// that epoch; a later forget of that subject, which commits, must not take
+// the same epoch value, or the key would be trusted after it.
+func TestKeyEpochOfRolledBackForget(t *testing.T) {
+	t.Parallel()
+	f := personalSetup(t)
+	other := f.storeOn(t, masterKey(t, "k1", "one"))
+	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@x", Plan: "pro"}
+	bob := testevents.CustomerRegistered{Customer: "c-2", Name: "Bob", Email: "bob@x", Plan: "pro"}
+	for _, c := range []testevents.CustomerRegistered{ada, bob} {
+		if err := f.register(t, f.store, "acme", c); err != nil {
+			t.Fatal(err)
+		}
+		readCustomer(t, f.store, "acme", c.Customer)
+	}
+	tx, err := f.store.Pool().Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.ForgetTx(f.ctx, tx, postgres.SubjectRef{Tenant: "acme", ID: "c-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if evs, err := f.store.ReadStreamTx(f.ctx, tx, projector.TenantStream("acme", "customer", "c-2"), postgres.StreamQuery{}); err != nil || len(evs) != 1 || evs[0].Payload != bob {
+		t.Fatalf("read in the forget's transaction: %+v, %v", evs, err)
+	}
+	if err := tx.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Forget(f.ctx, postgres.SubjectRef{Tenant: "acme", ID: "c-2"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range readCustomer(t, f.store, "acme", "c-2") {
+		if p := ev.Payload.(testevents.CustomerRegistered); !ev.Forgotten || p.Name != "" {
+			t.Fatalf("after the committed forget: %+v (forgotten %v)", p, ev.Forgotten)
+		}
+	}
+}
