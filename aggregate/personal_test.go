@@ -2,6 +2,7 @@ package aggregate_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -123,6 +124,51 @@ func TestSnapshotPersonalChecked(t *testing.T) {
 			Folds: []aggregate.Fold[Customer]{aggregate.On(types.Registered, func(*Customer, testevents.CustomerRegistered) {})}})
 		if err == nil {
 			t.Errorf("snapshot personal %+v accepted", p)
+		}
+	}
+}
+
+// ticketOwner is an aggregate state whose snapshots declare a personal
+// field, in a registry that declares none.
+type ticketOwner struct {
+	Owner string `json:"owner"`
+	Title string `json:"title"`
+}
+
+// TestNewRefusesPersonalSnapshotsWithoutMasterKey: snapshots declaring
+// personal fields on a store without a master key fail at New, as
+// postgres.New fails for event types, rather than at the first snapshot
+// write; a store allowed to run without one (AllowNoMasterKey) or with one
+// builds the repository.
+func TestNewRefusesPersonalSnapshotsWithoutMasterKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	repo := func(s *postgres.Store) error {
+		_, err := aggregate.New(s, aggregate.Config[ticketOwner]{Name: "ticket", Logger: quiet,
+			Snapshots: aggregate.Snapshots{Every: 1, Personal: projector.Personal{Subject: "owner", Fields: []string{"title"}}},
+			Folds:     []aggregate.Fold[ticketOwner]{aggregate.On(types.Opened, func(o *ticketOwner, e testevents.TicketOpened) { o.Title = e.Title })}})
+		return err
+	}
+	if err := repo(store); !errors.Is(err, postgres.ErrNoMasterKey) || !strings.Contains(err.Error(), `aggregate "ticket"`) {
+		t.Fatalf("New with personal snapshots and no master key: %v", err)
+	}
+	master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, cfg := range map[string]postgres.Config{
+		"allowed":           {AllowNoMasterKey: true},
+		"with a master key": {MasterKey: master},
+	} {
+		cfg.Schema, cfg.Registry = store.Schema(), types.Registry
+		s, err := postgres.New(ctx, store.Pool(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := repo(s); err != nil {
+			t.Errorf("%s: %v", name, err)
 		}
 	}
 }

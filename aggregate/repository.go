@@ -127,7 +127,9 @@ var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$`)
 // aggregate type's repository. Mistakes that would otherwise surface at
 // 3 a.m. fail here: a missing name, no folds, two folds for one event type,
 // a fold for an event type the store's registry does not define with that
-// payload (a handle from another registry), a negative snapshot setting.
+// payload (a handle from another registry), a negative snapshot setting,
+// snapshots declaring personal fields on a store without a master key
+// ([postgres.ErrNoMasterKey]).
 func New[S any](store *postgres.Store, cfg Config[S]) (*Repository[S], error) {
 	if store == nil {
 		return nil, errors.New("aggregate: nil store")
@@ -144,6 +146,11 @@ func New[S any](store *postgres.Store, cfg Config[S]) (*Repository[S], error) {
 	}
 	if err := snap.Personal.Check(reflect.TypeFor[S]()); err != nil {
 		return nil, fmt.Errorf("aggregate %q: snapshot Personal: %w", cfg.Name, err)
+	}
+	if snap.Personal.Subject != "" {
+		if err := store.CheckMasterKey(fmt.Sprintf("aggregate %q: snapshot Personal", cfg.Name)); err != nil {
+			return nil, err
+		}
 	}
 	snap.Version = cmp.Or(snap.Version, 1)
 	r := &Repository[S]{

@@ -164,6 +164,9 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newLogSizeCollector(store))             // streams.go
 	async, sagas, err := a.sagaConsumers(store, w, log, reg) // run_saga.go
+	if errors.Is(err, postgres.ErrNoMasterKey) {
+		return usageError{err} // a saga's state declares personal fields: as for event types
+	}
 	if err != nil {
 		return err
 	}
@@ -191,7 +194,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 			}
 		}
 		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
-			Projections: async, Sagas: sagas.names, Tail: tail, Logger: log, AllowedHosts: hosts, JetStreamConsumers: consumers})
+			Projections: async, Sagas: sagas.names, SagaPersonal: sagas.personal, Tail: tail, Logger: log, AllowedHosts: hosts, JetStreamConsumers: consumers})
 		if err != nil {
 			// err starts "console: invalid configuration": say it once.
 			return usageError{fmt.Errorf("%w; $%s holds the token", err, console.EnvToken)}

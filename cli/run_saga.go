@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -44,18 +45,27 @@ func (a *App) sagaConsumers(store *postgres.Store, w Wiring, log *slog.Logger, r
 		return nil, nil, fmt.Errorf("wire sagas: %w", err)
 	}
 	names := make([]string, len(defs))
+	var personal map[string]projector.Personal
 	for i, s := range defs {
 		names[i] = s.Name()
+		if p := s.Personal(); p.Subject != "" {
+			if personal == nil {
+				personal = map[string]projector.Personal{}
+			}
+			personal[s.Name()] = p
+		}
 	}
-	return async, &sagaRunner{r: r, names: names}, nil
+	return async, &sagaRunner{r: r, names: names, personal: personal}, nil
 }
 
 // sagaRunner is the saga runner `run` starts beside the dispatcher, or
 // nothing when the binary has no sagas.
 type sagaRunner struct {
 	r *saga.Runner
-	// names are the sagas' names, whose instances the console lists.
-	names []string
+	// names are the sagas' names, whose instances the console lists;
+	// personal their personal declarations, with which it opens a state.
+	names    []string
+	personal map[string]projector.Personal
 }
 
 func (s *sagaRunner) Start(ctx context.Context) error {

@@ -114,6 +114,13 @@ type Config struct {
 	// the saga pages (/sagas) list every saga with instances, and these
 	// with none too.
 	Sagas []string
+	// SagaPersonal holds, by saga name, the personal declarations
+	// (saga.Config.Personal) of sagas whose state has sealed fields: with
+	// ShowPayloads, an instance's page opens them with the store's master
+	// key, or shows each as "(sealed)" and why, as `projector saga show`
+	// does. Without a saga's declaration its sealed fields are never
+	// shown, not even as the stored envelopes.
+	SagaPersonal map[string]projector.Personal
 	// Tail is the live feed the "live tail" panel reads (package live's
 	// handler, or any Server-Sent Events handler whose messages carry the
 	// event's log position as id and its JSON envelope as data). The
@@ -211,6 +218,14 @@ func New(cfg Config) (*Console, error) {
 	for _, s := range cfg.Sagas {
 		if err := checkName("saga", s); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	for s, p := range cfg.SagaPersonal {
+		if err := checkName("saga", s); err != nil {
+			return nil, fmt.Errorf("%w: SagaPersonal: %w", ErrInvalidConfig, err)
+		}
+		if p.Subject == "" {
+			return nil, fmt.Errorf("%w: SagaPersonal: saga %s: a declaration without a Subject", ErrInvalidConfig, projector.Printable(s))
 		}
 	}
 	hosts, err := hostcheck.New(cfg.AllowedHosts)

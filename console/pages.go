@@ -71,8 +71,10 @@ type pageData struct {
 	SagaInstances []saga.InstanceInfo
 	Tenant        string
 	Limit         int
-	// SagaInstance is the single saga instance view's.
-	SagaInstance *saga.InstanceDetail
+	// SagaInstance is the single saga instance view's; SagaStateNote says
+	// what became of its state's sealed personal fields (saga.OpenState).
+	SagaInstance  *saga.InstanceDetail
+	SagaStateNote string
 	// rebuildable names the projections a rebuild button is offered for.
 	rebuildable map[string]bool
 }

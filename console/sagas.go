@@ -129,10 +129,16 @@ func (c *Console) sagaInstance(w http.ResponseWriter, r *http.Request) {
 		c.reply(w, r, http.StatusInternalServerError, err.Error())
 		return
 	}
+	var note string
 	if !c.cfg.ShowPayloads {
 		in.State = nil
+	} else if note, err = saga.OpenState(r.Context(), c.cfg.Store, &in, c.cfg.SagaPersonal[name],
+		"the console was not given saga "+projector.Printable(name)+"'s personal declaration (console.Config.SagaPersonal)"); err != nil {
+		c.log.Error("console: open saga state", slog.String("saga", name), slog.String("id", id.String()), slog.Any("error", err))
+		c.reply(w, r, http.StatusInternalServerError, err.Error())
+		return
 	}
 	d := c.page(r, fmt.Sprintf("Saga %s %s", name, in.Key), nil)
-	d.SagaName, d.SagaInstance = name, &in
+	d.SagaName, d.SagaInstance, d.SagaStateNote = name, &in, note
 	c.render(w, r, http.StatusOK, "saga-instance.html", d)
 }

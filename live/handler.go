@@ -190,8 +190,12 @@ func (f *Feed) parseTypes(r *http.Request) (map[string]bool, error) {
 func (f *Feed) resumable(ctx context.Context, p projector.Position, tenant string, types []string) (string, error) {
 	st := f.cfg.Store
 	var recorded time.Time
+	// The event may have been archived since (`projector streams
+	// archive`): it is still in the log, and the catch-up reads the archive.
 	err := st.Pool().QueryRow(ctx, `SELECT recorded_at FROM `+st.Table("projector_events")+
-		` WHERE tx_id = $1::text::xid8 AND seq = $2 AND tenant_id = $3`, fmt.Sprint(p.TxID), p.Seq, tenant).Scan(&recorded)
+		` WHERE tx_id = $1::text::xid8 AND seq = $2 AND tenant_id = $3
+		UNION ALL SELECT recorded_at FROM `+st.Table("projector_events_archive")+
+		` WHERE tx_id = $1::text::xid8 AND seq = $2 AND tenant_id = $3 LIMIT 1`, fmt.Sprint(p.TxID), p.Seq, tenant).Scan(&recorded)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "the event this Last-Event-ID names is no longer in the log (deleted by retention) or never was", nil
 	}
@@ -368,7 +372,13 @@ func (s *stream) catchUp(ctx context.Context, target *projector.Position) error 
 	types := s.readTypes()
 	var wait time.Duration
 	for {
-		b, err := s.f.cfg.Store.ReadLog(ctx, postgres.LogQuery{After: s.cursor, Limit: s.f.cfg.CatchUpBatch, EventTypes: types, Raw: true})
+		// The archive is read too, in the same statement: a client resuming
+		// from before streams were archived gets their events in their
+		// places, and a stream archived while the client catches up is
+		// never missed (the archive's guard waits for the feed's consumer,
+		// not for its clients). Catch-up reads are the rare path.
+		b, err := s.f.cfg.Store.ReadLog(ctx, postgres.LogQuery{After: s.cursor, Limit: s.f.cfg.CatchUpBatch, EventTypes: types, Raw: true,
+			IncludeArchived: true})
 		if err != nil {
 			return fmt.Errorf("catch-up read after %s: %w", s.cursor, err)
 		}

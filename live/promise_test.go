@@ -219,3 +219,35 @@ func TestPromise15_PrunedHistoryIsReset(t *testing.T) {
 	s := e.connect("a", query("types", "ticket.closed"), got[0])
 	sameIDs(t, "types untouched by the prune", ids(s.collect(t, 1, wait)), got[3:])
 }
+
+// TestPromise15_ResumeReadsTheArchive: a client resumes from an event whose
+// stream was archived since, with more archived events after it: it gets
+// them from the archive, then the hot log's, in log order, each once.
+func TestPromise15_ResumeReadsTheArchive(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, live.Config{CatchUpBatch: 2}, false)
+	c := e.connect("a", "", "")
+	pgtest.Eventually(t, wait, "a live client", func() bool { return e.feed.Clients() == 1 })
+	old := projector.TenantStream("a", "ticket", "old")
+	e.appendTo(old, testevents.TicketOpened{Title: "old"})
+	e.appendTo(projector.TenantStream("a", "ticket", "hot"), testevents.TicketOpened{Title: "hot"})
+	e.appendTo(old, testevents.TicketCommented{Body: "1"}, testevents.TicketCommented{Body: "2"})
+	e.appendTo(old, testevents.TicketClosed{})
+	got := ids(c.collect(t, 5, wait))
+	c.close()
+
+	// The live consumer has passed the old stream, so it may be archived.
+	pgtest.Eventually(t, wait, "the old stream to be archived", func() bool {
+		res, err := e.store.Archive(e.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Streams == 1
+	})
+	e.append("a", "later", testevents.TicketCommented{Body: "after the archive"})
+	hot := e.logIDs("a", nil, projector.Position{}) // the hot log: "hot" and "later"
+	want := append(got[1:len(got):len(got)], hot[len(hot)-1])
+	s := e.connect("a", "", got[0])
+	sameIDs(t, "resuming after an archived event", ids(s.collect(t, len(want), wait)), want)
+	s.close()
+}

@@ -16,6 +16,16 @@ import (
 // (Config.Personal).
 func (s *Saga[S]) sealed() bool { return s.cfg.Personal.Subject != "" }
 
+// checkMasterKey refuses a state with personal fields on a store that
+// could not seal it (postgres.Store.CheckMasterKey): at start, where the
+// saga's consumer or runner is built.
+func (s *Saga[S]) checkMasterKey(store *postgres.Store) error {
+	if !s.sealed() {
+		return nil
+	}
+	return store.CheckMasterKey(fmt.Sprintf("saga %q: Config.Personal", s.name))
+}
+
 // zeroPersonal returns the encoding of each declared personal field in the
 // zero state: what such a field holds when it holds nothing personal.
 func zeroPersonal[S any](p projector.Personal) map[string]json.RawMessage {

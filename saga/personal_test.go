@@ -164,3 +164,56 @@ func TestSagaPersonalChecked(t *testing.T) {
 		t.Fatalf("no subject and no personal data: %v", err)
 	}
 }
+
+// ownerState is a saga state declaring a personal field, in a registry
+// that declares none.
+type ownerState struct {
+	Owner string `json:"owner"`
+	Title string `json:"title"`
+}
+
+// TestPersonalStateRefusedWithoutMasterKey: a saga whose state declares
+// personal fields, on a store without a master key, fails when its
+// consumer or its runner is built, as postgres.New fails for event types,
+// rather than at its first step; a store allowed to run without one
+// (AllowNoMasterKey) or with one builds both.
+func TestPersonalStateRefusedWithoutMasterKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	s := saga.New[ownerState]("owners", saga.Config{Personal: projector.Personal{Subject: "owner", Fields: []string{"title"}}})
+	must(saga.StartOn(s, types.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[ownerState], ev projector.Event, o testevents.TicketOpened) error {
+		in.State = ownerState{Owner: ev.Stream.ID, Title: o.Title}
+		return nil
+	}))
+	build := func(st *postgres.Store) []error {
+		_, perr := s.Projection(st)
+		_, rerr := saga.NewRunner(saga.RunnerConfig{Store: st, Sagas: []saga.Definition{s}})
+		return []error{perr, rerr}
+	}
+	for i, err := range build(store) {
+		if !errors.Is(err, postgres.ErrNoMasterKey) || !strings.Contains(err.Error(), `saga "owners"`) {
+			t.Fatalf("build %d with personal state and no master key: %v", i, err)
+		}
+	}
+	master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, cfg := range map[string]postgres.Config{
+		"allowed":           {AllowNoMasterKey: true},
+		"with a master key": {MasterKey: master},
+	} {
+		cfg.Schema, cfg.Registry = store.Schema(), types.Registry
+		st, err := postgres.New(ctx, store.Pool(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, err := range build(st) {
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
+	}
+}

@@ -115,6 +115,9 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 		if err := s.Validate(cfg.Store.Registry()); err != nil {
 			return nil, err
 		}
+		if err := cfg.Store.CheckMasterKey(fmt.Sprintf("saga %q: Config.Personal", s.Name())); s.Personal().Subject != "" && err != nil {
+			return nil, err
+		}
 	}
 	cfg.Poll = cmp.Or(cfg.Poll, DefaultPoll)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)

@@ -100,6 +100,9 @@ func (s *Saga[S]) Projection(store *postgres.Store) (*projection.Async, error) {
 	if err := s.Validate(store.Registry()); err != nil {
 		return nil, err
 	}
+	if err := s.checkMasterKey(store); err != nil {
+		return nil, err
+	}
 	cfg := s.cfg.Async
 	// Partitioned, a saga is partitioned by its correlation key, not by
 	// stream: an instance hears from many streams, and all of its events

@@ -26,6 +26,18 @@ const DefaultKeyCacheSize = 4096
 //     append writes nothing, drops the entry and starts over without the
 //     cache.
 //
+// A read may also use an entry without seeing its key row, when the entry
+// is trusted: its epoch is the key epoch (migration 26) of a snapshot in
+// which a read saw the key row hold the entry's wrapped bytes, and the read
+// at hand runs in a snapshot of that same epoch. Every statement that
+// destroys a key moves the epoch in its own transaction, so no key was
+// destroyed between the two snapshots, in either order. Such a read skips
+// the key rows altogether (keyJoinSQL). An entry a read saw in its own
+// transaction's uncommitted key row may be trusted and then belong to no
+// one, once that transaction rolls back: it opens nothing of the key that
+// replaced it (the envelope is authenticated), and the read then drops it
+// and reads the key row.
+//
 // The wrapped bytes hold a random nonce, so two keys never share them: a
 // match means the very key row the entry was made from.
 type keyCache struct {
@@ -41,6 +53,9 @@ type cachedKey struct {
 	wrapped []byte
 	key     []byte
 	cipher  *projector.KeyCipher // key's, set up once
+	// epoch is the latest key epoch at which a read saw the key row hold
+	// wrapped; 0 when none has (the entry came from an append).
+	epoch int64
 }
 
 // newKeyCache returns a cache of at most size keys, or nil (no caching)
@@ -74,6 +89,34 @@ func (c *keyCache) lookup(ref SubjectRef, keyID string, wrapped []byte) (cachedK
 		return cachedKey{}, false
 	}
 	return e, true
+}
+
+// trusted returns the subject's entry if a read saw its key row at epoch,
+// the key epoch of the caller's snapshot.
+func (c *keyCache) trusted(ref SubjectRef, epoch int64) (cachedKey, bool) {
+	e, ok := c.get(ref)
+	if !ok || epoch <= 0 || e.epoch != epoch {
+		return cachedKey{}, false
+	}
+	return e, true
+}
+
+// confirm records that a read at epoch saw the subject's key row hold
+// wrapped, if the entry was made from that row.
+func (c *keyCache) confirm(ref SubjectRef, wrapped []byte, epoch int64) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.entries[ref]
+	if !ok {
+		return
+	}
+	if e := el.Value.(cachedKey); bytes.Equal(e.wrapped, wrapped) {
+		e.epoch = epoch
+		el.Value = e
+	}
 }
 
 // put remembers e, evicting the least recently used entry when full.

@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/projectorhq/projector"
 )
@@ -207,6 +209,11 @@ type KeyTable struct {
 	// old are the old master keys by id: they unwrap, never wrap.
 	old   map[string]*MasterKey
 	cache *keyCache // nil: none
+	// epochTable is the key epoch's table (migration 26), quoted; epoch is
+	// the key epoch the latest read of this process saw, 0 before the
+	// first (see keyCache).
+	epochTable string
+	epoch      atomic.Int64
 	// rewrapHook, when set (tests), runs between a rewrap batch's read of
 	// the key rows and its update of them.
 	rewrapHook func(ctx context.Context, batch int) error
@@ -223,7 +230,8 @@ func NewKeyTable(schema string, master *MasterKey, old ...*MasterKey) (*KeyTable
 	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	k := &KeyTable{table: quoteIdent(schema) + ".projector_subject_keys", master: master, cache: newKeyCache(DefaultKeyCacheSize)}
+	k := &KeyTable{table: quoteIdent(schema) + ".projector_subject_keys", epochTable: quoteIdent(schema) + ".projector_key_epoch",
+		master: master, cache: newKeyCache(DefaultKeyCacheSize)}
 	if len(old) > 0 && master == nil {
 		return nil, fmt.Errorf("%w: old master keys are given but no master key to rewrap their data keys under", ErrNoMasterKey)
 	}
@@ -301,6 +309,20 @@ func (k *KeyTable) DataKey(ctx context.Context, tx pgx.Tx, subject SubjectRef) (
 
 // DataKeys implements [KeyStore].
 func (k *KeyTable) DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef) (map[SubjectRef][]byte, error) {
+	entries, err := k.dataKeys(ctx, db, subjects)
+	if err != nil || entries == nil {
+		return nil, err
+	}
+	out := make(map[SubjectRef][]byte, len(entries))
+	for ref, e := range entries {
+		out[ref] = e.key
+	}
+	return out, nil
+}
+
+// dataKeys is DataKeys with each key's cache entry, confirmed at the key
+// epoch of the statement's snapshot (keyCache).
+func (k *KeyTable) dataKeys(ctx context.Context, db DBTX, subjects []SubjectRef) (map[SubjectRef]cachedKey, error) {
 	if len(subjects) == 0 {
 		return nil, nil
 	}
@@ -309,28 +331,59 @@ func (k *KeyTable) DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 	for i, s := range subjects {
 		tenants[i], ids[i] = s.Tenant, s.ID
 	}
-	rows, err := db.Query(ctx, `SELECT k.tenant_id, k.subject, k.master_key_id, k.wrapped FROM `+k.table+` k
+	rows, err := db.Query(ctx, `SELECT k.tenant_id, k.subject, k.master_key_id, k.wrapped, (SELECT ep.epoch FROM `+k.epochTable+` ep)
+		FROM `+k.table+` k
 		JOIN unnest($1::text[], $2::text[]) AS s(tenant_id, subject) USING (tenant_id, subject)
 		WHERE k.wrapped IS NOT NULL`, tenants, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read data keys: %w", err)
 	}
-	out := make(map[SubjectRef][]byte, len(subjects))
+	out := make(map[SubjectRef]cachedKey, len(subjects))
 	var ref SubjectRef
 	var keyID string
 	var wrapped []byte
-	_, err = pgx.ForEachRow(rows, []any{&ref.Tenant, &ref.ID, &keyID, &wrapped}, func() error {
-		e, err := k.unwrap(ref, keyID, wrapped)
+	var epoch pgtype.Int8
+	_, err = pgx.ForEachRow(rows, []any{&ref.Tenant, &ref.ID, &keyID, &wrapped, &epoch}, func() error {
+		e, err := k.unwrapAt(ref, keyID, wrapped, epoch.Int64)
 		if err != nil {
 			return err
 		}
-		out[ref] = e.key
+		out[ref] = e
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read data keys: %w", err)
 	}
 	return out, nil
+}
+
+// unwrapAt is unwrap for a key row a read saw at the key epoch epoch (0:
+// unknown): the entry is confirmed at it, and it becomes the process's
+// known epoch.
+func (k *KeyTable) unwrapAt(subject SubjectRef, keyID string, wrapped []byte, epoch int64) (cachedKey, error) {
+	e, err := k.unwrap(subject, keyID, wrapped)
+	if err != nil || epoch <= 0 {
+		return e, err
+	}
+	k.cache.confirm(subject, wrapped, epoch)
+	e.epoch = epoch
+	k.sawEpoch(epoch)
+	return e, nil
+}
+
+// knownEpoch returns the key epoch the latest read of this process saw,
+// the one a keyed read sends (keyJoinSQL); 0 before the first.
+func (k *KeyTable) knownEpoch() int64 { return k.epoch.Load() }
+
+// sawEpoch makes epoch, a read's, the known epoch. The latest read wins,
+// not the largest value: a forget that rolled back leaves behind a value
+// no later snapshot has (each move takes a value of its own, migration
+// 26), and a process that kept it would look up key rows on every read.
+// An epoch is only ever compared for equality.
+func (k *KeyTable) sawEpoch(epoch int64) {
+	if epoch > 0 {
+		k.epoch.Store(epoch)
+	}
 }
 
 // unwrap returns the data key of subject's key row (master key keyID,

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/projectorhq/projector"
 )
@@ -42,6 +43,7 @@ func (s *Store) setupKeys(cfg Config) error {
 			}
 		}
 	}
+	s.noMasterKey = master == nil && !cfg.AllowNoMasterKey
 	if master == nil && s.registry.HasPersonal() && !cfg.AllowNoMasterKey {
 		types, _ := s.registry.PersonalSubjects()
 		return fmt.Errorf("postgres store: %w: event types %s declare personal fields, and without a master key every append "+
@@ -57,6 +59,24 @@ func (s *Store) setupKeys(cfg Config) error {
 	}
 	s.keys = kt
 	return nil
+}
+
+// CheckMasterKey refuses personal data declared outside the registry —
+// what names it, such as an aggregate's snapshots or a saga's state — on
+// a store that could not seal or open it: its key store is the key table,
+// with no master key, and Config.AllowNoMasterKey was not set. The error
+// matches [ErrNoMasterKey], as New's for a registry with personal fields:
+// a misconfigured process fails where the declaration is built, at start,
+// not at its first write.
+func (s *Store) CheckMasterKey(what string) error {
+	if !s.noMasterKey {
+		return nil
+	}
+	if _, ok := s.keys.(*KeyTable); !ok {
+		return nil
+	}
+	return fmt.Errorf("%s: %w: it declares personal fields, and without a master key every write and read of them would fail; "+
+		"set %s (or Config.MasterKey), or Config.AllowNoMasterKey in a process that neither writes nor reads them", what, ErrNoMasterKey, MasterKeyEnv)
 }
 
 // Keys returns the store's key store.
@@ -148,31 +168,38 @@ func (s *Store) dataKeyCipher(ctx context.Context, tx pgx.Tx, ref SubjectRef) (*
 }
 
 // rowKey is the key row a keyed read brought with an event (keyJoinSQL):
-// subject and keyID nil when the subject has no key row, wrapped nil when
-// it was forgotten.
+// subject and keyID nil when the subject has no key row or the read looked
+// none up, wrapped nil when it was forgotten; epoch is the key epoch of the
+// read's snapshot.
 type rowKey struct {
 	subject *string
 	keyID   *string
 	wrapped []byte
+	epoch   pgtype.Int8
 }
 
 // open opens the sealed personal fields of events in place. rowKeys, when
-// not nil, are the key rows a keyed read brought with each event; the keys
-// not found there are read through db in one statement. A forgotten
-// subject's fields become null and the event is marked Forgotten. Events of
-// types without personal fields, and those with nothing sealed, are left
-// alone.
+// not nil, are the key rows a keyed read brought with each event; a subject
+// whose key row the read did not bring is opened with its cached key when
+// the cache trusts it at the read's key epoch (keyCache), and the other
+// keys are read through db in one statement. A forgotten subject's fields
+// become null and the event is marked Forgotten. Events of types without
+// personal fields, and those with nothing sealed, are left alone.
 func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, rowKeys []rowKey) error {
 	type sealed struct {
-		i      int
-		ref    SubjectRef
-		cipher *projector.KeyCipher // nil: forgotten
-		fetch  bool                 // the key is read by DataKeys
+		i       int
+		ref     SubjectRef
+		cipher  *projector.KeyCipher // nil: forgotten
+		fetch   bool                 // the key is read by DataKeys
+		trusted bool                 // the key is a trusted cache entry
 	}
-	var todo []sealed
+	todo := make([]sealed, 0, len(events))
 	var refs []SubjectRef
-	seen := map[SubjectRef]bool{}
+	var seen map[SubjectRef]bool
 	kt, _ := s.keys.(*KeyTable)
+	if kt == nil {
+		rowKeys = nil
+	}
 	for i := range events {
 		ev := &events[i]
 		p, ok := s.registry.PersonalOf(ev.Type)
@@ -180,44 +207,51 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			continue
 		}
 		t := sealed{i: i, ref: SubjectRef{Tenant: ev.Stream.Tenant}}
-		switch {
-		case rowKeys != nil && kt != nil && rowKeys[i].keyID != nil:
+		if rowKeys != nil && rowKeys[i].keyID != nil {
 			// The read found the key row of the subject the payload names.
-			t.ref.ID = *rowKeys[i].subject
-			if rk := rowKeys[i]; rk.wrapped != nil {
-				e, err := kt.unwrap(t.ref, *rk.keyID, rk.wrapped)
+			rk := rowKeys[i]
+			t.ref.ID = *rk.subject
+			if rk.wrapped != nil {
+				e, err := kt.unwrapAt(t.ref, *rk.keyID, rk.wrapped, rk.epoch.Int64)
 				if err != nil {
 					return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 				}
 				t.cipher = e.cipher
 			} // else forgotten: no key
-		default:
-			id, err := p.SubjectOf(ev.Data)
-			if err != nil {
-				return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
-			}
-			t.ref.ID, t.fetch = id, true
-			if !seen[t.ref] {
-				seen[t.ref] = true
-				refs = append(refs, t.ref)
+			todo = append(todo, t)
+			continue
+		}
+		id, err := p.SubjectOf(ev.Data)
+		if err != nil {
+			return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+		}
+		t.ref.ID = id
+		if rowKeys != nil {
+			if e, ok := kt.cache.trusted(t.ref, rowKeys[i].epoch.Int64); ok {
+				t.cipher, t.trusted = e.cipher, true
+				todo = append(todo, t)
+				continue
 			}
 		}
+		t.fetch = true
+		if !seen[t.ref] {
+			if seen == nil {
+				seen = map[SubjectRef]bool{}
+			}
+			seen[t.ref] = true
+			refs = append(refs, t.ref)
+		}
 		todo = append(todo, t)
+	}
+	if len(rowKeys) > 0 {
+		kt.sawEpoch(rowKeys[0].epoch.Int64)
 	}
 	if len(todo) == 0 {
 		return nil
 	}
-	ciphers := map[SubjectRef]*projector.KeyCipher{}
-	if len(refs) > 0 {
-		keys, err := s.keys.DataKeys(ctx, db, refs)
-		if err != nil {
-			return err
-		}
-		for ref, key := range keys {
-			if ciphers[ref], err = projector.NewKeyCipher(key); err != nil {
-				return fmt.Errorf("data key of subject %s: %w", ref, err)
-			}
-		}
+	ciphers, err := s.readKeyCiphers(ctx, db, kt, refs)
+	if err != nil {
+		return err
 	}
 	for _, t := range todo {
 		ev := &events[t.i]
@@ -225,6 +259,16 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			t.cipher = ciphers[t.ref]
 		}
 		data, forgotten, err := projector.OpenStored(ev.Data, t.ref.ID, t.cipher)
+		if err != nil && t.trusted && errors.Is(err, projector.ErrSealed) {
+			// A trusted key of a transaction that rolled back (keyCache):
+			// read the subject's key row.
+			kt.cache.drop(t.ref)
+			var again map[SubjectRef]*projector.KeyCipher
+			if again, err = s.readKeyCiphers(ctx, db, kt, []SubjectRef{t.ref}); err != nil {
+				return err
+			}
+			data, forgotten, err = projector.OpenStored(ev.Data, t.ref.ID, again[t.ref])
+		}
 		if err != nil {
 			return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 		}
@@ -233,15 +277,47 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 	return nil
 }
 
+// readKeyCiphers reads the keys of refs through db, in one statement, and
+// returns their ciphers; a forgotten subject, or one without a key, is
+// absent. With the store's key table the ciphers come from its cache and
+// the entries are confirmed at the statement's key epoch.
+func (s *Store) readKeyCiphers(ctx context.Context, db DBTX, kt *KeyTable, refs []SubjectRef) (map[SubjectRef]*projector.KeyCipher, error) {
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	ciphers := make(map[SubjectRef]*projector.KeyCipher, len(refs))
+	if kt != nil {
+		entries, err := kt.dataKeys(ctx, db, refs)
+		if err != nil {
+			return nil, err
+		}
+		for ref, e := range entries {
+			ciphers[ref] = e.cipher
+		}
+		return ciphers, nil
+	}
+	keys, err := s.keys.DataKeys(ctx, db, refs)
+	if err != nil {
+		return nil, err
+	}
+	for ref, key := range keys {
+		if ciphers[ref], err = projector.NewKeyCipher(key); err != nil {
+			return nil, fmt.Errorf("data key of subject %s: %w", ref, err)
+		}
+	}
+	return ciphers, nil
+}
+
 // readKeys returns which reads to use (1: those that bring the key rows,
 // keyJoinSQL) and their key parameters: keyed when the registry has
 // personal fields and the keys are the store's own key table.
 func (s *Store) readKeys() (int, []any) {
-	if _, ok := s.keys.(*KeyTable); !ok || !s.registry.HasPersonal() {
+	kt, ok := s.keys.(*KeyTable)
+	if !ok || !s.registry.HasPersonal() {
 		return 0, nil
 	}
 	types, subjects := s.registry.PersonalSubjects()
-	return 1, []any{types, subjects}
+	return 1, []any{types, subjects, kt.knownEpoch()}
 }
 
 // OpenEvents opens the sealed personal fields of events read from the

@@ -299,14 +299,17 @@ type row struct {
 }
 
 // rowColumns is the number of an event row's columns; a keyed read's rows
-// have the three key columns after them.
+// have the key columns (keyColumns) after them.
 const rowColumns = 15
+
+// keyedColumns is the number of key columns a keyed read adds.
+const keyedColumns = 4
 
 func (r *row) dest(keyed bool) []any {
 	d := []any{&r.txID, &r.seq, &r.id, &r.tenant, &r.streamType, &r.streamID, &r.version, &r.typ,
 		&r.schemaVersion, &r.data, &r.correlation, &r.causation, &r.actor, &r.headers, &r.recordedAt}
 	if keyed {
-		d = append(d, &r.key.subject, &r.key.keyID, &r.key.wrapped)
+		d = append(d, &r.key.subject, &r.key.keyID, &r.key.wrapped, &r.key.epoch)
 	}
 	return d
 }
@@ -337,7 +340,7 @@ func (s *Store) collectMarked(ctx context.Context, db DBTX, rows pgx.Rows, raw b
 	var keys []rowKey
 	var r row
 	sealed := s.registry.HasPersonal()
-	keyed := len(rows.FieldDescriptions()) == rowColumns+3
+	keyed := len(rows.FieldDescriptions()) == rowColumns+keyedColumns
 	dest := r.dest(keyed)
 	for rows.Next() {
 		if archived != nil && rows.RawValues()[0] == nil {
@@ -383,7 +386,7 @@ func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.E
 func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
 	defer rows.Close()
 	sealed := s.registry.HasPersonal()
-	keyed := len(rows.FieldDescriptions()) == 1+rowColumns+3
+	keyed := len(rows.FieldDescriptions()) == 1+rowColumns+keyedColumns
 	out := make([]projector.Event, 0, 64)
 	var keys []rowKey
 	var r row

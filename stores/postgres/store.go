@@ -174,8 +174,11 @@ type Store struct {
 	unisolatedOnce sync.Once
 	// watch holds the in-process watches of appends (WatchAppends).
 	watch watchers
-	// keys holds the data subjects' keys (personal fields).
-	keys KeyStore
+	// keys holds the data subjects' keys (personal fields); noMasterKey:
+	// the key table has no master key and none was allowed to be missing
+	// (CheckMasterKey).
+	keys        KeyStore
+	noMasterKey bool
 }
 
 // New checks the schema and returns a store. It fails with

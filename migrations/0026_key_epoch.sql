@@ -1,0 +1,53 @@
+-- The key epoch: a counter that every statement destroying or replacing
+-- data keys moves forward, in its own transaction (docs/privacy.md, "The
+-- key cache").
+--
+-- A process keeps the data keys it unwrapped in a cache, each marked with
+-- the epoch of the read that last saw its key row. A keyed read sends the
+-- epoch its process knows and gets back the epoch of its own snapshot: when
+-- the two are equal, no key was destroyed since, and the read skips looking
+-- up each event's key row (one index probe per event, a third of a sealed
+-- read's cost) and opens the fields with the keys cached at that epoch.
+-- When they differ, the read looks the key rows up as before.
+--
+-- A forget sets wrapped to NULL (UPDATE OF wrapped); a row deleted or the
+-- table truncated by hand destroys keys too; a rewrap replaces wrapped. The
+-- triggers below move the epoch for each such statement, inside the
+-- statement's transaction, so a snapshot that sees the destroyed key sees
+-- the new epoch, and one that does not sees neither. Creating a key does not
+-- move it. The function runs as the schema's owner, so whoever may destroy
+-- a key moves the epoch; everyone may read the counter, which holds no data.
+--
+-- Each move takes a value of its own from a sequence, never epoch + 1: a
+-- forget that rolls back moved the epoch in its transaction, where a read
+-- may have trusted keys at that value; a later forget that commits must
+-- not write the same value, or those keys would be trusted after it.
+
+CREATE TABLE {{schema}}.projector_key_epoch (
+    one   boolean PRIMARY KEY DEFAULT true CHECK (one),
+    epoch bigint  NOT NULL
+);
+
+CREATE SEQUENCE {{schema}}.projector_key_epoch_seq;
+
+INSERT INTO {{schema}}.projector_key_epoch (epoch) VALUES (nextval('{{schema}}.projector_key_epoch_seq'));
+
+GRANT SELECT ON {{schema}}.projector_key_epoch TO PUBLIC;
+
+COMMENT ON TABLE {{schema}}.projector_key_epoch IS
+    'Projector key epoch: moved forward by every statement that destroys or replaces data keys, so cached keys are trusted only in snapshots where it has not moved. Never edit.';
+
+CREATE FUNCTION {{schema}}.projector_key_epoch_bump() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE {{schema}}.projector_key_epoch SET epoch = nextval('{{schema}}.projector_key_epoch_seq');
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER projector_key_epoch_bump
+    AFTER UPDATE OF wrapped OR DELETE ON {{schema}}.projector_subject_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.projector_key_epoch_bump();
+
+CREATE TRIGGER projector_key_epoch_truncate
+    AFTER TRUNCATE ON {{schema}}.projector_subject_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.projector_key_epoch_bump();
