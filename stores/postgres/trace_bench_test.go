@@ -22,38 +22,10 @@ import (
 // append sampled (spans recorded by the SDK, exported nowhere): what
 // tracing adds to an append. Compare the %-of-raw figures of one run.
 func BenchmarkAppendTracing(b *testing.B) {
-	modes := []struct {
-		name    string
-		noop    bool             // a span of the global no-op provider in the context
-		sampler sdktrace.Sampler // nil and !noop: no span in the context at all
-	}{
-		{"off", false, nil},
-		{"no-op", true, nil},
-		{"sampled-out", false, sdktrace.NeverSample()},
-		{"sampled", false, sdktrace.AlwaysSample()},
-	}
 	for _, n := range []int{1, 100} {
-		for _, m := range modes {
+		for _, m := range appendTracingModes {
 			b.Run(fmt.Sprintf("events=%d/tracing=%s", n, m.name), func(b *testing.B) {
-				ctx := context.Background()
-				cfg := postgres.Config{Schema: pgtest.Schema(b), Registry: benchmark.NewRegistry()}
-				switch {
-				case m.noop:
-					ctx, _ = otel.Tracer("bench").Start(ctx, "request")
-				case m.sampler != nil:
-					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(m.sampler))
-					b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-					cfg.TracerProvider = tp
-					ctx, _ = tp.Tracer("bench").Start(ctx, "request")
-				default:
-					ctx = untracedRequest(ctx)
-				}
-				pc := pgtest.PoolConfig(b)
-				pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-				store, err := postgres.New(ctx, pgtest.PoolFromConfig(b, pc), cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
+				ctx, store := appendTracingStore(b, m)
 				benchAppendCtx(b, ctx, store, n)
 			})
 		}
@@ -80,38 +52,10 @@ func BenchmarkAppendTracing(b *testing.B) {
 //	  --collect-atstart=no --toggle-collect='*AppendWriter*Projector' ./postgres.test \
 //	  -test.run '^$' -test.bench 'AppendTracingCPU/^events=1$/^tracing=off$' -test.benchtime 60x
 func BenchmarkAppendTracingCPU(b *testing.B) {
-	modes := []struct {
-		name    string
-		noop    bool
-		sampler sdktrace.Sampler
-	}{
-		{"off", false, nil},
-		{"no-op", true, nil},
-		{"sampled-out", false, sdktrace.NeverSample()},
-		{"sampled", false, sdktrace.AlwaysSample()},
-	}
 	for _, n := range []int{1, 100} {
-		for _, m := range modes {
+		for _, m := range appendTracingModes {
 			b.Run(fmt.Sprintf("events=%d/tracing=%s", n, m.name), func(b *testing.B) {
-				ctx := context.Background()
-				cfg := postgres.Config{Schema: pgtest.Schema(b), Registry: benchmark.NewRegistry()}
-				switch {
-				case m.noop:
-					ctx, _ = otel.Tracer("bench").Start(ctx, "request")
-				case m.sampler != nil:
-					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(m.sampler))
-					b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-					cfg.TracerProvider = tp
-					ctx, _ = tp.Tracer("bench").Start(ctx, "request")
-				default:
-					ctx = untracedRequest(ctx)
-				}
-				pc := pgtest.PoolConfig(b)
-				pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-				store, err := postgres.New(ctx, pgtest.PoolFromConfig(b, pc), cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
+				ctx, store := appendTracingStore(b, m)
 				a, err := benchmark.NewAppender(ctx, store, n)
 				if err != nil {
 					b.Fatal(err)
@@ -155,4 +99,46 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// appendTracingMode is one of the append tracing benchmarks' modes.
+type appendTracingMode struct {
+	name    string
+	noop    bool             // a span of the global no-op provider in the context
+	sampler sdktrace.Sampler // nil and !noop: no span in the context at all
+}
+
+// appendTracingModes are the modes BenchmarkAppendTracing and
+// BenchmarkAppendTracingCPU compare.
+var appendTracingModes = []appendTracingMode{
+	{"off", false, nil},
+	{"no-op", true, nil},
+	{"sampled-out", false, sdktrace.NeverSample()},
+	{"sampled", false, sdktrace.AlwaysSample()},
+}
+
+// appendTracingStore returns a request context and a store (on a pool with
+// synchronous_commit off) set up for mode m.
+func appendTracingStore(b *testing.B, m appendTracingMode) (context.Context, *postgres.Store) {
+	b.Helper()
+	ctx := context.Background()
+	cfg := postgres.Config{Schema: pgtest.Schema(b), Registry: benchmark.NewRegistry()}
+	switch {
+	case m.noop:
+		ctx, _ = otel.Tracer("bench").Start(ctx, "request")
+	case m.sampler != nil:
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(m.sampler))
+		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		cfg.TracerProvider = tp
+		ctx, _ = tp.Tracer("bench").Start(ctx, "request")
+	default:
+		ctx = untracedRequest(ctx)
+	}
+	pc := pgtest.PoolConfig(b)
+	pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	store, err := postgres.New(ctx, pgtest.PoolFromConfig(b, pc), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ctx, store
 }
