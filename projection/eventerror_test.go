@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
@@ -110,5 +111,77 @@ func TestEventFailed_HaltsOnTheNamedEvent(t *testing.T) {
 	}
 	if n := calls.Load(); n != 2 {
 		t.Errorf("the batch handler ran %d times; want 2 (fail, the events before the named one)", n)
+	}
+}
+
+// A wrong name never passes an event. Naming an event outside the batch is
+// bisected like a plain error: exactly the failing stream is parked, at
+// its failing event. Naming a later event than the one that fails (the
+// named event is taken at the handler's word) may park a healthy stream
+// too, but every event is applied once, in order, or held in a park, and
+// the stream that fails is parked at its failing event.
+func TestEventFailed_WrongNameNeverPassesAnEvent(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		namer func(failing, last projector.Event) projector.Event
+	}{
+		{"outside the batch", func(failing, _ projector.Event) projector.Event {
+			failing.ID, failing.Version = uuid.New(), 99
+			return failing
+		}},
+		{"a later event", func(_, last projector.Event) projector.Event { return last }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			name := "naming_wrong"
+			count := countingHandler(e.schema, name)
+			p := projection.NewAsync(name, projection.AsyncConfig{ErrorMode: projection.ParkStream, MaxAttempts: 1,
+				RetryBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+			must(projection.OnBatch(p, func(ctx context.Context, tx pgx.Tx, b projection.Batch) error {
+				var last projector.Event
+				for _, s := range b.Streams {
+					last = s.Events[len(s.Events)-1]
+				}
+				for _, s := range b.Streams {
+					for _, ev := range s.Events {
+						if ev.Stream.ID == "p" && ev.Version == 2 {
+							return projection.EventFailed(tc.namer(ev, last), errors.New("cannot digest poison"))
+						}
+						if err := count(ctx, tx, ev); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			}, e.types.Opened, e.types.Commented))
+			e.appendNamingBacklog()
+			e.catchUp(e.dispatcher(projection.Config{Projections: []*projection.Async{p}}))
+
+			got, bad := e.counts(name)
+			if got["p"] != 1 || bad != 0 {
+				t.Errorf("p: %d applied (%d out of order); want only its first", got["p"], bad)
+			}
+			held := map[string]int64{}
+			var pParked bool
+			for _, k := range e.openParks(name) {
+				held[k.StreamID] = int64(k.Events)
+				if got[k.StreamID]+1 != k.Version {
+					t.Errorf("park of %s at v%d after %d applied: not the first unapplied event", k.StreamID, k.Version, got[k.StreamID])
+				}
+				pParked = pParked || (k.StreamID == "p" && k.Version == 2)
+			}
+			if !pParked {
+				t.Errorf("p is not parked at v2: parks hold %v", held)
+			}
+			for _, s := range []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "p"} {
+				if got[s]+held[s] != 3 {
+					t.Errorf("stream %s: %d applied + %d parked, want its 3 events", s, got[s], held[s])
+				}
+			}
+			if tc.name == "outside the batch" && len(held) != 1 {
+				t.Errorf("parks hold %v; want only p's (bisected like a plain error)", held)
+			}
+		})
 	}
 }
