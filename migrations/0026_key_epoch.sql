@@ -16,7 +16,7 @@
 -- statement's transaction, so a snapshot that sees the destroyed key sees
 -- the new epoch, and one that does not sees neither. Creating a key does not
 -- move it. The function runs as the schema's owner, so whoever may destroy
--- a key moves the epoch; everyone may read the counter, which holds no data.
+-- a key moves the epoch; the roles that may read the keys may read the counter.
 --
 -- Each move takes a value of its own from a sequence, never epoch + 1: a
 -- forget that rolls back moved the epoch in its transaction, where a read
@@ -32,7 +32,22 @@ CREATE SEQUENCE {{schema}}.projector_key_epoch_seq;
 
 INSERT INTO {{schema}}.projector_key_epoch (epoch) VALUES (nextval('{{schema}}.projector_key_epoch_seq'));
 
-GRANT SELECT ON {{schema}}.projector_key_epoch TO PUBLIC;
+-- Whoever may read the data keys may read the epoch, and no one else: the
+-- roles holding SELECT on the key table now (tenant roles granted by
+-- GrantTenantRole, which grants the epoch itself from now on) get it here.
+DO $$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
+        FROM pg_class c, aclexplode(c.relacl) a
+        WHERE c.oid = '{{schema}}.projector_subject_keys'::regclass
+          AND a.privilege_type = 'SELECT' AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE 'GRANT SELECT ON {{schema}}.projector_key_epoch TO ' || grantee;
+    END LOOP;
+END $$;
 
 COMMENT ON TABLE {{schema}}.projector_key_epoch IS
     'Projector key epoch: moved forward by every statement that destroys or replaces data keys, so cached keys are trusted only in snapshots where it has not moved. Never edit.';

@@ -134,6 +134,7 @@ func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 GRANT SELECT, INSERT, UPDATE ON ` + q + `.projector_events, ` + q + `.projector_streams TO ` + r + `;
 GRANT SELECT, INSERT, DELETE ON ` + q + `.projector_snapshots TO ` + r + `;
 GRANT SELECT, INSERT ON ` + q + `.projector_subject_keys TO ` + r + `;
+GRANT SELECT ON ` + q + `.projector_key_epoch TO ` + r + `;
 GRANT SELECT ON ` + q + `.projector_events_archive TO ` + r + `;
 `)
 	tenantPolicy := quoteIdent(tenantPolicyName(role))

@@ -481,3 +481,37 @@ func TestTenantRoleFiltersArchivedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The key epoch (migration 26) is readable by the roles that read data
+// keys — a tenant role through GrantTenantRole — and by no one else:
+// privileges only ever narrow, and the migration grants nothing to PUBLIC.
+func TestKeyEpochReadableOnlyByKeyReaders(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	pool := pgtest.Pool(t)
+	stranger := "pt_stranger_" + strings.ReplaceAll(schema, "pt_", "")
+	if len(stranger) > 63 {
+		stranger = stranger[:63]
+	}
+	if _, err := pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{stranger}.Sanitize()+` NOLOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{stranger}.Sanitize())
+	})
+	epoch := pgx.Identifier{schema, "projector_key_epoch"}.Sanitize()
+	for _, c := range []struct {
+		role string
+		want bool
+	}{{role, true}, {stranger, false}, {"public", false}} {
+		var got bool
+		if err := pool.QueryRow(ctx, `SELECT has_table_privilege($1, $2, 'SELECT')`, c.role, epoch).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("%s may read the key epoch: %v, want %v", c.role, got, c.want)
+		}
+	}
+}
