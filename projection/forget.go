@@ -16,7 +16,10 @@ import (
 // forgotten: delete the subject's rows, or keep them with their personal
 // columns blanked.
 type ForgetRows struct {
-	// Table is the table, optionally schema-qualified ("app.tickets").
+	// Table is the table, optionally schema-qualified ("app.tickets"),
+	// named as the projection declares it in its Tables: during a
+	// blue/green rebuild the rows are forgotten in the shadow table, as
+	// [Table] resolves the name.
 	Table string
 	// SubjectColumn holds the subject's id; rows whose column equals the
 	// forgotten subject's id are the subject's.
@@ -31,9 +34,13 @@ type ForgetRows struct {
 
 var identPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
 
-// statement builds the DELETE or UPDATE, refusing names that are not plain
-// identifiers.
-func (f ForgetRows) statement() (string, error) {
+// statement checks f's names and returns a builder of its DELETE or UPDATE
+// for the table's name as a handler writes it (see [Table]): the live table,
+// or the shadow table while a blue/green rebuild builds a new version. The
+// name is resolved per event, not at registration: a schema-qualified table
+// resolved once would send a rebuild's forgets to the live table and leave
+// the subject's data in the shadow one, which the switch would bring back.
+func (f ForgetRows) statement() (func(ctx context.Context) string, error) {
 	var tbl pgx.Identifier
 	for part := range strings.SplitSeq(f.Table, ".") {
 		tbl = append(tbl, part)
@@ -44,25 +51,26 @@ func (f ForgetRows) statement() (string, error) {
 	}
 	names = append(names, f.Blank...)
 	if len(tbl) > 2 || f.SubjectColumn == "" {
-		return "", fmt.Errorf("forget rows: want a table (schema.table at most) and a subject column, got %q and %q", f.Table, f.SubjectColumn)
+		return nil, fmt.Errorf("forget rows: want a table (schema.table at most) and a subject column, got %q and %q", f.Table, f.SubjectColumn)
 	}
 	for _, n := range names {
 		if !identPattern.MatchString(n) {
-			return "", fmt.Errorf("forget rows of %s: %s is not a plain identifier", projector.Printable(f.Table), projector.Printable(n))
+			return nil, fmt.Errorf("forget rows of %s: %s is not a plain identifier", projector.Printable(f.Table), projector.Printable(n))
 		}
 	}
-	where := pgx.Identifier{f.SubjectColumn}.Sanitize() + " = $1"
+	where := " WHERE " + pgx.Identifier{f.SubjectColumn}.Sanitize() + " = $1"
 	if f.TenantColumn != "" {
 		where += " AND " + pgx.Identifier{f.TenantColumn}.Sanitize() + " = $2"
 	}
 	if len(f.Blank) == 0 {
-		return "DELETE FROM " + tbl.Sanitize() + " WHERE " + where, nil
+		return func(ctx context.Context) string { return "DELETE FROM " + Table(ctx, f.Table) + where }, nil
 	}
 	sets := make([]string, len(f.Blank))
 	for i, c := range f.Blank {
 		sets[i] = pgx.Identifier{c}.Sanitize() + " = NULL"
 	}
-	return "UPDATE " + tbl.Sanitize() + " SET " + strings.Join(sets, ", ") + " WHERE " + where, nil
+	set := " SET " + strings.Join(sets, ", ")
+	return func(ctx context.Context) string { return "UPDATE " + Table(ctx, f.Table) + set + where }, nil
 }
 
 // OnForgotten makes p forget data subjects: on each
@@ -81,7 +89,7 @@ func OnForgotten(p Projection, tables ...ForgetRows) error {
 		return p.handlers().fail(p.Name(), errors.New("OnForgotten without tables"))
 	}
 	type stmt struct {
-		sql    string
+		sql    func(context.Context) string
 		tenant bool
 	}
 	stmts := make([]stmt, len(tables))
@@ -98,7 +106,7 @@ func OnForgotten(p Projection, tables ...ForgetRows) error {
 			if s.tenant {
 				args = append(args, ev.Stream.Tenant)
 			}
-			if _, err := tx.Exec(ctx, s.sql, args...); err != nil {
+			if _, err := tx.Exec(ctx, s.sql(ctx), args...); err != nil {
 				return fmt.Errorf("forget subject %s: %w", projector.Printable(f.Subject), err)
 			}
 		}

@@ -49,17 +49,7 @@ func newEnv(t *testing.T) *env {
 	store := pgtest.Store(t, types.Registry)
 	e := &env{t: t, ctx: context.Background(), types: types, store: store, schema: store.Schema(), table: store.Schema() + ".counts"}
 	e.exec(`CREATE TABLE ` + pgx.Identifier{e.schema, "counts"}.Sanitize() + ` (stream_id text PRIMARY KEY, n int NOT NULL, v int NOT NULL)`)
-	t.Cleanup(func() {
-		// The rebuilds' shadow and old schemas.
-		rows, err := pgtest.Pool(t).Query(context.Background(), `SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)`, e.schema+"_rebuild_")
-		if err != nil {
-			return
-		}
-		names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-		for _, n := range names {
-			_, _ = pgtest.Pool(t).Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{n}.Sanitize()+` CASCADE`)
-		}
-	})
+	t.Cleanup(func() { dropRebuildSchemas(t, e.schema) })
 	return e
 }
 
