@@ -185,6 +185,17 @@ const printableCut = 64
 // cut short with its length noted.
 func Printable(s string) string { return printable(s, MaxNameLength, printableCut) }
 
+// Quoted is [Printable] in quotes whatever the value, for a value named
+// inside a sentence, where an empty or spaced one must stand out. Use it
+// rather than %q over Printable, which quotes an unprintable value twice
+// ("\"\\x00\"" for a NUL): here it is quoted and escaped once.
+func Quoted(s string) string {
+	if p := Printable(s); p != s {
+		return p // quoted and escaped already
+	}
+	return strconv.Quote(s)
+}
+
 // PrintableText is [Printable] for stored free text an operator reads —
 // an error message, a document, a saga's state — that may be longer than
 // a name: as it is when it is valid UTF-8, printable and at most limit

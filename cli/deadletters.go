@@ -303,7 +303,7 @@ func parseIDs(args []string) ([]int64, error) {
 func parseID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id < 1 {
-		return 0, usageError{fmt.Errorf("dead-letter id %q: want a positive integer", projector.Printable(s))}
+		return 0, usageError{fmt.Errorf("dead-letter id %s: want a positive integer", quoted(s))}
 	}
 	return id, nil
 }
@@ -317,7 +317,7 @@ func statusFlag(s string) (string, error) {
 		return "", nil
 	}
 	if s == "" || projection.ValidateDeadLetterStatus(s) != nil {
-		return "", usageError{fmt.Errorf("--status %q: want open, resolved, discarded or all", projector.Printable(s))}
+		return "", usageError{fmt.Errorf("--status %s: want open, resolved, discarded or all", quoted(s))}
 	}
 	return s, nil
 }

@@ -81,18 +81,18 @@ func WriteHorizon(w io.Writer, rep projection.HorizonReport, now time.Time) erro
 	case h.Hidden:
 		// Its transaction start is hidden, so its age is unknown: named,
 		// since it may be old, but with no advice to end it.
-		fmt.Fprintf(&b, "HORIZON: held by session pid %d (xid %d) of another role in %s, user %s, application %q; its age is not visible\n",
-			h.PID, h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), projector.Printable(h.ApplicationName))
+		fmt.Fprintf(&b, "HORIZON: held by session pid %d (xid %d) of another role in %s, user %s, application %s; its age is not visible\n",
+			h.PID, h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), quoted(h.ApplicationName))
 	case old < HorizonThreshold:
 		fmt.Fprintf(&b, "HORIZON: %s old: no transaction holds it back for long (a holder is named from %s)\n", human(old), human(HorizonThreshold))
 	case h.Kind == projection.HolderPrepared:
-		fmt.Fprintf(&b, "HORIZON: %s old, held by prepared transaction %q (xid %d) in %s, owner %s, prepared %s\n",
-			human(old), projector.Printable(h.GID), h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), timestamp(h.Since, now))
+		fmt.Fprintf(&b, "HORIZON: %s old, held by prepared transaction %s (xid %d) in %s, owner %s, prepared %s\n",
+			human(old), quoted(h.GID), h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), timestamp(h.Since, now))
 		fmt.Fprintf(&b, "  a prepared transaction outlives its session: end it in database %s with COMMIT PREPARED or ROLLBACK PREPARED '%s'\n",
 			projector.Printable(h.Database), strings.ReplaceAll(projector.Printable(h.GID), "'", "''"))
 	default:
-		fmt.Fprintf(&b, "HORIZON: %s old, held by session pid %d (xid %d) in %s, user %s, application %q, %s since %s\n",
-			human(old), h.PID, h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), projector.Printable(h.ApplicationName),
+		fmt.Fprintf(&b, "HORIZON: %s old, held by session pid %d (xid %d) in %s, user %s, application %s, %s since %s\n",
+			human(old), h.PID, h.TxID, database(h.Database, rep.Database), projector.Printable(h.User), quoted(h.ApplicationName),
 			projector.Printable(h.State), timestamp(h.Since, now))
 		if q := text(h.Query, lineText); q != "" {
 			fmt.Fprintf(&b, "  query: %s\n", q)

@@ -5,7 +5,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -100,7 +99,7 @@ func parkStatusFlag(s string) (string, error) {
 		return "", nil
 	}
 	if s == "" || projection.ValidateParkStatus(s) != nil {
-		return "", usageError{fmt.Errorf("--status %q: want parked, resolved, discarded or all", projector.Printable(s))}
+		return "", usageError{fmt.Errorf("--status %s: want parked, resolved, discarded or all", quoted(s))}
 	}
 	return s, nil
 }

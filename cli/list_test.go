@@ -10,7 +10,8 @@ import (
 // letters (the dispatcher's and the JetStream claims consumer's) are built
 // by one builder each, and check their shared flags alike and in the same
 // order, as usage errors (exit 2) before any connection is made, in the
-// words they always had.
+// words they always had; a value is named once, quoted once, even an
+// unprintable one (escaped inside its one pair of quotes).
 func TestListAndShowUsage(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -36,6 +37,10 @@ func TestListAndShowUsage(t *testing.T) {
 		{[]string{"relay", "dead-letters", "show", "x", "--subscription", "feed"}, `dead-letter id "x": want a positive integer`},
 		{[]string{"dead-letters", "show", "1", "2"}, "want one dead-letter id, got 2 arguments"},
 		{[]string{"dead-letters", "show", "-5"}, "unknown shorthand flag: '5' in -5"},
+		{[]string{"parked", "list", "--status", "bad\x00"}, `--status "bad\x00": want parked, resolved, discarded or all`},
+		{[]string{"dead-letters", "list", "--status", "x\ny"}, `--status "x\ny": want open, resolved, discarded or all`},
+		{[]string{"parked", "show", "\x1b[2J"}, `park id "\x1b[2J": want a positive integer`},
+		{[]string{"relay", "parked", "list", "--subscription", "fe\x00ed"}, `--subscription: jetstream: invalid configuration: subscription "fe\x00ed": want 1..128 ASCII letters, digits, '-' or '_'`},
 	} {
 		root := New(Config{})
 		root.SetArgs(append(c.args, "--database-url", "postgres://nowhere.invalid/x"))

@@ -246,7 +246,7 @@ func oneParkID(_ *cobra.Command, args []string) error {
 func parseParkID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id < 1 {
-		return 0, usageError{fmt.Errorf("park id %q: want a positive integer", projector.Printable(s))}
+		return 0, usageError{fmt.Errorf("park id %s: want a positive integer", quoted(s))}
 	}
 	return id, nil
 }

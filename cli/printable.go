@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"strconv"
 	"strings"
 
 	"github.com/projectorhq/projector"
@@ -38,11 +37,5 @@ func names(list []string) string {
 	return strings.Join(out, ", ")
 }
 
-// quoted is projector.Printable in quotes whatever the value: for a value
-// named inside a sentence, where an empty or spaced one must stand out.
-func quoted(s string) string {
-	if p := projector.Printable(s); p != s {
-		return p // quoted and escaped already
-	}
-	return strconv.Quote(s)
-}
+// quoted is projector.Quoted, short for the many sentences here.
+func quoted(s string) string { return projector.Quoted(s) }

@@ -61,7 +61,7 @@ docs/jetstream.md.`,
 				return usageError{fmt.Errorf("--stream: %w", err)}
 			}
 			if consumer == "" || len(consumer) > 200 || !utf8.ValidString(consumer) || strings.ContainsRune(consumer, 0) {
-				return usageError{fmt.Errorf("--consumer %q: want the relay's consumer name (valid UTF-8, no NUL, up to 200 bytes)", projector.Printable(consumer))}
+				return usageError{fmt.Errorf("--consumer %s: want the relay's consumer name (valid UTF-8, no NUL, up to 200 bytes)", quoted(consumer))}
 			}
 			url := cmp.Or(natsURL, os.Getenv("NATS_URL"), nats.DefaultURL)
 			return a.withStore(cmd, func(store *postgres.Store) error {

@@ -97,7 +97,7 @@ func ValidateDeadLetterStatus(status string) error {
 	case "", DeadLetterOpen, DeadLetterResolved, DeadLetterDiscarded:
 		return nil
 	}
-	return fmt.Errorf("%w: status %q (want open, resolved or discarded)", ErrInvalidFilter, projector.Printable(status))
+	return fmt.Errorf("%w: status %s (want open, resolved or discarded)", ErrInvalidFilter, projector.Quoted(status))
 }
 
 // DeadLetterFilter selects dead letters; zero fields do not filter. The

@@ -255,7 +255,7 @@ func ValidateParkStatus(status string) error {
 	case "", ParkOpen, ParkResolved, ParkDiscarded:
 		return nil
 	}
-	return fmt.Errorf("%w: status %q (want parked, resolved or discarded)", ErrInvalidParkFilter, projector.Printable(status))
+	return fmt.Errorf("%w: status %s (want parked, resolved or discarded)", ErrInvalidParkFilter, projector.Quoted(status))
 }
 
 // ListParks returns the parks f selects in id order (the order they were

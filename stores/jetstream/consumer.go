@@ -570,7 +570,7 @@ func (c *Consumer) MaxRedelivery(ackWait time.Duration) time.Duration {
 // match [ErrInvalidConfig].
 func ValidateSubscription(s string) error {
 	if !plainToken(s) || len(s) > 128 {
-		return fmt.Errorf("%w: subscription %q: want 1..128 ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Printable(s))
+		return fmt.Errorf("%w: subscription %s: want 1..128 ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Quoted(s))
 	}
 	return nil
 }
@@ -580,7 +580,7 @@ func ValidateSubscription(s string) error {
 // [ErrInvalidConfig].
 func ValidateStreamName(s string) error {
 	if !validStreamName(s) {
-		return fmt.Errorf("%w: stream name %q: want 1..255 ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Printable(s))
+		return fmt.Errorf("%w: stream name %s: want 1..255 ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Quoted(s))
 	}
 	return nil
 }

@@ -150,7 +150,7 @@ func Decode(reg *projector.Registry, header nats.Header, data []byte) (projector
 		}
 		n, perr := strconv.ParseInt(v, 10, 64)
 		if perr != nil || n < 1 {
-			err = fmt.Errorf("%w: header %s: %q is not a positive integer", ErrInvalidMessage, name, projector.Printable(v))
+			err = fmt.Errorf("%w: header %s: %s is not a positive integer", ErrInvalidMessage, name, projector.Quoted(v))
 		}
 		return n
 	}

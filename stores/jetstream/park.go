@@ -239,7 +239,7 @@ type ParkFilter struct {
 // statuses, which mean the same here.
 func validParkStatus(status string) error {
 	if projection.ValidateParkStatus(status) != nil {
-		return fmt.Errorf("%w: park status %q: want parked, resolved, discarded or all", ErrInvalidConfig, projector.Printable(status))
+		return fmt.Errorf("%w: park status %s: want parked, resolved, discarded or all", ErrInvalidConfig, projector.Quoted(status))
 	}
 	return nil
 }

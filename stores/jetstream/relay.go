@@ -155,7 +155,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	case cfg.Storage != jetstream.FileStorage && cfg.Storage != jetstream.MemoryStorage:
 		return nil, fmt.Errorf("%w: unknown storage %d", ErrInvalidConfig, cfg.Storage)
 	case !validStreamName(cfg.Stream):
-		return nil, fmt.Errorf("%w: stream name %q: want ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Printable(cfg.Stream))
+		return nil, fmt.Errorf("%w: stream name %s: want ASCII letters, digits, '-' or '_'", ErrInvalidConfig, projector.Quoted(cfg.Stream))
 	}
 	if err := ValidatePrefix(cfg.Prefix); err != nil {
 		return nil, err

@@ -74,7 +74,7 @@ func UnescapeToken(tok string) (string, error) {
 			b.WriteByte(byte(unhex(tok[i+1])<<4 | unhex(tok[i+2])))
 			i += 2
 		default:
-			return "", fmt.Errorf("subject token %q: byte %d is not escaped", projector.Printable(tok), i)
+			return "", fmt.Errorf("subject token %s: byte %d is not escaped", projector.Quoted(tok), i)
 		}
 	}
 	return b.String(), nil
@@ -115,7 +115,7 @@ func ValidatePrefix(prefix string) error {
 	}
 	for _, tok := range strings.Split(prefix, ".") {
 		if !plainToken(tok) {
-			return fmt.Errorf("%w: subject prefix %q: token %q must be ASCII letters, digits, '-' or '_' (no wildcards or empty tokens)", ErrInvalidConfig, projector.Printable(prefix), projector.Printable(tok))
+			return fmt.Errorf("%w: subject prefix %s: token %s must be ASCII letters, digits, '-' or '_' (no wildcards or empty tokens)", ErrInvalidConfig, projector.Quoted(prefix), projector.Quoted(tok))
 		}
 	}
 	return nil
