@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectorhq/projector"
@@ -166,41 +165,8 @@ func CountOpenDeadLetters(ctx context.Context, store *postgres.Store) ([]OpenDea
 // beside the relaying application's. Schemas the role cannot read are
 // left out.
 func CountOpenDeadLettersInDatabase(ctx context.Context, store *postgres.Store) ([]OpenDeadLetters, error) {
-	// The tables of migration 0013 or later (with a status), readable.
-	rows, err := store.Pool().Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relname = 'projector_jetstream_dead_letters' AND c.relkind = 'r'
-		  AND has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT')
-		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'status' AND NOT a.attisdropped)
-		ORDER BY n.nspname`)
-	if err != nil {
-		return nil, fmt.Errorf("count open jetstream dead letters: find the schemas: %w", err)
-	}
-	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("count open jetstream dead letters: find the schemas: %w", err)
-	}
-	// One count per schema: a schema dropped (or a table gone) between
-	// finding it and counting in it is passed over, whatever other
-	// sessions keep creating and dropping meanwhile; a single statement
-	// over every schema would fail as a whole.
-	out := []OpenDeadLetters{}
-	for _, schema := range schemas {
-		rows, err := store.Pool().Query(ctx, `SELECT $1::text AS schema, subscription, count(*) AS open FROM `+
-			pgx.Identifier{schema, "projector_jetstream_dead_letters"}.Sanitize()+` WHERE status = 'open' GROUP BY subscription ORDER BY subscription`, schema)
-		var counts []OpenDeadLetters
-		if err == nil {
-			counts, err = collectOpen(rows)
-		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-			continue // dropped since it was found
-		}
-		if err != nil {
-			return nil, fmt.Errorf("count open jetstream dead letters in %q: %w", schema, err)
-		}
-		out = append(out, counts...)
-	}
-	return out, nil
+	// The tables of migration 0013 or later (with a status).
+	return countInDatabase[OpenDeadLetters](ctx, store, "count open jetstream dead letters", "projector_jetstream_dead_letters", "open")
 }
 
 func collectOpen(rows pgx.Rows) ([]OpenDeadLetters, error) {

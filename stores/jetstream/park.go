@@ -16,7 +16,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/codes"
@@ -515,33 +514,5 @@ type ParkedStreams struct {
 // subscription with any, the open parks: what `projector relay status`
 // shows. Schemas the role cannot read, or dropped meanwhile, are left out.
 func CountParkedStreamsInDatabase(ctx context.Context, store *postgres.Store) ([]ParkedStreams, error) {
-	rows, err := store.Pool().Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relname = 'projector_jetstream_parks' AND c.relkind = 'r'
-		  AND has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT')
-		ORDER BY n.nspname`)
-	if err != nil {
-		return nil, fmt.Errorf("count parked jetstream streams: find the schemas: %w", err)
-	}
-	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("count parked jetstream streams: find the schemas: %w", err)
-	}
-	out := []ParkedStreams{}
-	for _, schema := range schemas {
-		rows, err := store.Pool().Query(ctx, `SELECT $1::text, subscription, count(*) FROM `+
-			pgx.Identifier{schema, "projector_jetstream_parks"}.Sanitize()+` WHERE status = 'parked' GROUP BY subscription ORDER BY subscription`, schema)
-		var counts []ParkedStreams
-		if err == nil {
-			counts, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ParkedStreams])
-		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-			continue // dropped since it was found
-		}
-		if err != nil {
-			return nil, fmt.Errorf("count parked jetstream streams in %q: %w", schema, err)
-		}
-		out = append(out, counts...)
-	}
-	return out, nil
+	return countInDatabase[ParkedStreams](ctx, store, "count parked jetstream streams", "projector_jetstream_parks", "parked")
 }

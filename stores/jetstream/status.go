@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/projectorhq/projector"
@@ -97,4 +99,51 @@ func RelayStatus(ctx context.Context, js jetstream.JetStream, store *postgres.St
 		FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, LastTime: info.State.LastTime,
 		Relay: relay, Partitions: partitions, OpenDeadLetters: open, ParkedStreams: parked,
 	}, nil
+}
+
+// countInDatabase counts, in every schema of store's database holding a
+// table named table with a status column that this role may read, the rows
+// in status (a constant of this package, written into the statement so the
+// partial index of the open dead letters serves it) per subscription, as
+// T's (schema, subscription, count) fields:
+// the open dead letters and the parked streams that `projector relay
+// status` shows. A consumer often keeps its tables in a schema of its own
+// beside the relaying application's, so every schema is looked in. what
+// begins the errors.
+//
+// It counts schema by schema: a schema dropped (or a table gone) between
+// finding it and counting in it is passed over, whatever other sessions
+// keep creating and dropping meanwhile; a single statement over every
+// schema would fail as a whole.
+func countInDatabase[T any](ctx context.Context, store *postgres.Store, what, table, status string) ([]T, error) {
+	rows, err := store.Pool().Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = $1 AND c.relkind = 'r'
+		  AND has_schema_privilege(n.oid, 'USAGE') AND has_table_privilege(c.oid, 'SELECT')
+		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'status' AND NOT a.attisdropped)
+		ORDER BY n.nspname`, table)
+	if err != nil {
+		return nil, fmt.Errorf("%s: find the schemas: %w", what, err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("%s: find the schemas: %w", what, err)
+	}
+	out := []T{}
+	for _, schema := range schemas {
+		rows, err := store.Pool().Query(ctx, `SELECT $1::text, subscription, count(*) FROM `+
+			pgx.Identifier{schema, table}.Sanitize()+` WHERE status = '`+status+`' GROUP BY subscription ORDER BY subscription`, schema)
+		var counts []T
+		if err == nil {
+			counts, err = pgx.CollectRows(rows, pgx.RowToStructByPos[T])
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+			continue // dropped since it was found
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s in %q: %w", what, schema, err)
+		}
+		out = append(out, counts...)
+	}
+	return out, nil
 }
