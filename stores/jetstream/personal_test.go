@@ -162,7 +162,7 @@ func TestRelayAroundForgetSendsNoPersonalFields(t *testing.T) {
 			}
 			plans = append(plans, p.Customer+":"+p.Plan)
 		case projector.SubjectForgotten:
-			if ev.ID != res.Event.ID || p.Subject != "c-1" || ev.Stream.Tenant != "acme" {
+			if ev.ID != res.Event.ID || p.Subject != "c-1" || ev.Stream.Tenant != "acme" || m.Header.Get(pjs.HeaderPersonalRedacted) != "" {
 				t.Fatalf("forgotten event %+v, want %s of c-1", ev, res.Event.ID)
 			}
 			forgotten++
