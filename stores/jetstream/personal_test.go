@@ -178,3 +178,27 @@ func TestRelayAroundForgetSendsNoPersonalFields(t *testing.T) {
 		t.Fatalf("relayed %s and %d forgotten events, want %s and 1", got, forgotten, want)
 	}
 }
+
+// TestRelayRedactsWhatTheStoreDeclares: a relay handed a registry that
+// does not declare the personal fields (one built apart from the store's)
+// still sends them as null: the store opened them with its own
+// declaration, so the relay redacts by that one too.
+func TestRelayRedactsWhatTheStoreDeclares(t *testing.T) {
+	t.Parallel()
+	e := newPersonalEnv(t)
+	plain := projector.NewRegistry()
+	projector.MustDefine[testevents.CustomerPlain](plain, "customer.registered")
+	cfg := e.relayConfig()
+	cfg.Registry, cfg.Name = plain, "plain-relay"
+	r := e.env.relay(cfg)
+	e.register("acme", "c-1", "Secret Name", "secret@mail.example", "pro")
+	e.dispatcher(r.Async())
+	for _, m := range e.waitMsgs(1) {
+		if strings.Contains(string(m.Data), "ecret") || m.Header.Get(pjs.HeaderPersonalRedacted) != "true" {
+			t.Fatalf("the relay sent the store's personal fields: %s, headers %v", m.Data, m.Header)
+		}
+		if !strings.Contains(string(m.Data), `"plan": "pro"`) {
+			t.Fatalf("message %s", m.Data)
+		}
+	}
+}

@@ -284,6 +284,14 @@ func (r *Relay) publish(ctx context.Context, tx pgx.Tx, b projection.Batch) (err
 	acked := make(map[uuid.UUID]projector.Position, b.Len())
 	defer func() { rs.published(acked, err != nil) }()
 	maxPayload := r.cfg.Conn.MaxPayload()
+	// The fields to redact are those the relay's registry declares and,
+	// when the store was opened with another registry, those the store's
+	// declares: the store opened them by its declaration, and a relay
+	// handed a registry built apart from it must not send them in clear.
+	registries := []*projector.Registry{r.cfg.Registry}
+	if s, ok := projection.StoreFrom(ctx); ok && s.Registry() != r.cfg.Registry {
+		registries = append(registries, s.Registry())
+	}
 	futures := make([]jetstream.PubAckFuture, 0, b.Len())
 	positions := make([]projector.Position, 0, b.Len())
 	skipped := 0
@@ -296,13 +304,15 @@ func (r *Relay) publish(ctx context.Context, tx pgx.Tx, b projection.Batch) (err
 				continue
 			}
 			redacted := false
-			if p, ok := r.cfg.Registry.PersonalOf(ev.Type); ok {
-				// Personal fields never leave for JetStream, which holds
-				// no keys and cannot forget (docs/privacy.md).
-				if ev.Data, err = p.Redact(ev.Data); err != nil {
-					return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+			for _, reg := range registries {
+				if p, ok := reg.PersonalOf(ev.Type); ok {
+					// Personal fields never leave for JetStream, which
+					// holds no keys and cannot forget (docs/privacy.md).
+					if ev.Data, err = p.Redact(ev.Data); err != nil {
+						return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+					}
+					redacted = true
 				}
-				redacted = true
 			}
 			msg, err := NewMsg(r.cfg.Prefix, ev)
 			if err != nil {
