@@ -224,3 +224,56 @@ func testParkHandOver(t *testing.T, e *env, partitions int) {
 		t.Fatalf("open parks left: %+v", parks)
 	}
 }
+
+// A park of a rebuild's shadow shard belongs to a model not yet live: a
+// retry (or a retry request) is refused with ErrParkNotLive, and cancelling
+// the rebuild discards it for the record, leaving the live model's park of
+// the same stream open.
+func TestShadowParksAreNotLiveUntilTheSwitch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var stillFailing atomic.Bool
+	var outOfOrder atomic.Int64
+	stillFailing.Store(true)
+	e.appendOne("p", testevents.TicketOpened{Title: "p"})
+	e.appendOne("p", testevents.TicketCommented{Body: "1"})
+	startDispatcher(t, e.store, projection.Config{InstanceID: "v1"}, e.parkCounter(1, 1, &stillFailing, &outOfOrder))
+	eventually(t, 30*time.Second, "version 1 to park p", func() bool { return len(e.openParks()) == 1 })
+	live := e.openParks()[0]
+	v2 := e.parkCounter(2, 1, &stillFailing, &outOfOrder)
+	startDispatcher(t, e.store, projection.Config{InstanceID: "v2"}, v2)
+	rb, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Hold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 45*time.Second, "the held rebuild to be ready with p parked on its shadow", func() bool {
+		r, err := rebuild.Current(e.ctx, e.store, "counter")
+		return err == nil && r.Status == rebuild.Ready
+	})
+	var shadow projection.Park
+	for _, pk := range e.openParks() {
+		if pk.Instance == projection.RebuildInstance {
+			shadow = pk
+		}
+	}
+	if shadow.ID == 0 || shadow.StreamID != "p" || shadow.Version != 2 || shadow.Events != 1 {
+		t.Fatalf("shadow park: %+v; want p parked at v2 by the shadow shard", shadow)
+	}
+	if _, err := projection.RetryPark(e.ctx, e.store, v2, shadow.ID, "tester", nil); !errors.Is(err, projection.ErrParkNotLive) {
+		t.Fatalf("retry of the shadow's park: %v, want ErrParkNotLive", err)
+	}
+	if err := projection.RequestParkRetry(e.ctx, e.store, shadow.ID, "tester"); !errors.Is(err, projection.ErrParkNotLive) {
+		t.Fatalf("retry request on the shadow's park: %v, want ErrParkNotLive", err)
+	}
+	if err := rebuild.Cancel(e.ctx, e.store, "counter"); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := projection.GetPark(e.ctx, e.store, shadow.ID)
+	if want := fmt.Sprintf("rebuild %d (cancelled: its model never went live)", rb.ID); err != nil ||
+		got.Status != projection.ParkDiscarded || got.ResolvedBy != want || got.Events != 1 {
+		t.Fatalf("shadow park after the cancel: %+v, %v; want discarded by %q", got, err, want)
+	}
+	if parks := e.openParks(); len(parks) != 1 || parks[0].ID != live.ID {
+		t.Fatalf("open parks after the cancel: %+v; want only the live model's", parks)
+	}
+}
