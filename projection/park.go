@@ -416,6 +416,31 @@ func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 	return res, err
 }
 
+// applyParked applies park pk's sequence events through p's handlers in
+// tx, as [applyLive]. The events of a stream's park before the one that
+// parked it are there only after an in-place rebuild's replay held them
+// (its tables were cleared; the model had applied them before): they are
+// given to the handlers as replays, so an Emit does not append what the
+// model appended when it first handled them. The rest were never handled
+// and are live.
+func applyParked(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, id ShardID, pk Park, events []projector.Event,
+	logger *slog.Logger,
+) (herr, err error) {
+	replayed := 0
+	for pk.Kind == ParkKindStream && replayed < len(events) && events[replayed].Version < pk.Version {
+		replayed++
+	}
+	if replayed > 0 {
+		if herr, err = applyLive(withReplay(ctx, &replayState{}), tx, store, p, id, events[:replayed], logger); herr != nil || err != nil {
+			return herr, err
+		}
+	}
+	if replayed == len(events) {
+		return nil, nil
+	}
+	return applyLive(ctx, tx, store, p, id, events[replayed:], logger)
+}
+
 // ValidateOperator checks who acts on a park, as its record keeps it:
 // not empty, at most [projector.MaxNameLength] bytes, text PostgreSQL can
 // hold, printable (it is shown on operators' terminals and pages). Errors
@@ -495,7 +520,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if _, err := tx.Exec(ctx, `SAVEPOINT projector_park_retry`); err != nil {
 			return fmt.Errorf("retry park %d: %w", id, err)
 		}
-		herr, err := applyLive(context.WithValue(ctx, retryingKey{}, pk), tx, store, p, shardID, events, logger)
+		herr, err := applyParked(context.WithValue(ctx, retryingKey{}, pk), tx, store, p, shardID, pk, events, logger)
 		if err != nil {
 			return err
 		}
