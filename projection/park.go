@@ -492,22 +492,14 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 	pt, et := store.Table("projector_parks"), store.Table("projector_parked_events")
 	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 		shardID := ShardID{Consumer: pk.Consumer, Instance: pk.Instance}
-		if err := LockShard(ctx, tx, store, shardID); err != nil {
-			return err
-		}
-		// Read again under the shard's lock and the row's: a racing retry
-		// or discard committed before this one got them.
-		pk, err := getPark(ctx, tx, store, id, true)
+		pk, err := lockForRetry(ctx, tx, store, p, shardID, requested, retryCheck[Park]{
+			what: fmt.Sprintf("park %d", id),
+			read: func() (Park, error) { return getPark(ctx, tx, store, id, true) },
+			open: func(pk Park) (string, bool, bool) {
+				return pk.Status, pk.Status == ParkOpen, pk.RetryRequestedAt != nil
+			},
+		})
 		if err != nil {
-			return fmt.Errorf("retry: %w", err)
-		}
-		if requested && pk.RetryRequestedAt == nil {
-			return errNoRequest
-		}
-		if pk.Status != ParkOpen {
-			return fmt.Errorf("retry park %d: it is %s already (nothing applied again): %w", id, pk.Status, projector.ErrInvalidTransition)
-		}
-		if err := checkVersion(ctx, tx, store, p, fmt.Sprintf("park %d", id), shardID); err != nil {
 			return err
 		}
 		events, err := parkedEvents(ctx, tx, store, pk)
