@@ -410,7 +410,9 @@ type ParkRetryResult struct {
 // refused with [projector.ErrInvalidTransition], so of racing retries and
 // discards exactly one wins; a park of a rebuild's shadow shard with
 // [ErrParkNotLive] (the switch hands it over). The events are applied as
-// live, not as replays. logger receives handler panics; nil means slog.Default().
+// live, not as replays, except those an in-place rebuild's replay held
+// before the event that parked the stream (applyParked). logger receives
+// handler panics; nil means slog.Default().
 func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, by string, logger *slog.Logger) (ParkRetryResult, error) {
 	res, _, err := retryPark(ctx, store, p, id, by, logger, false)
 	return res, err
