@@ -407,27 +407,17 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 	dt := store.Table("projector_dead_letters")
 	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 		shardID := ShardID{Consumer: dl.Consumer, Instance: dl.Instance}
-		if err := LockShard(ctx, tx, store, shardID); err != nil {
-			return err
-		}
-		// Read again under the row lock: a concurrent retry that resolved
-		// it committed before this one could lock the row.
-		dl, err := getDeadLetter(ctx, tx, store, id, true)
+		dl, err := lockForRetry(ctx, tx, store, p, shardID, requested, retryCheck[DeadLetter]{
+			what: fmt.Sprintf("dead letter %d", id),
+			read: func() (DeadLetter, error) { return getDeadLetter(ctx, tx, store, id, true) },
+			open: func(dl DeadLetter) (string, bool, bool) {
+				return dl.Status, dl.Status == DeadLetterOpen, dl.RetryRequestedAt != nil
+			},
+			// Under the shard's lock, which rebuilds and switches take too:
+			// the live model cannot change until this commits.
+			check: func(dl DeadLetter) error { return checkModel(ctx, tx, store, dl) },
+		})
 		if err != nil {
-			return fmt.Errorf("retry: %w", err)
-		}
-		if requested && dl.RetryRequestedAt == nil {
-			return errNoRequest
-		}
-		if dl.Status != DeadLetterOpen {
-			return fmt.Errorf("retry dead letter %d: it is %s already (nothing applied again): %w", id, dl.Status, projector.ErrInvalidTransition)
-		}
-		// Under the shard's lock, which rebuilds and switches take too: the
-		// live model and its version cannot change until this commits.
-		if err := checkModel(ctx, tx, store, dl); err != nil {
-			return err
-		}
-		if err := checkVersion(ctx, tx, store, p, fmt.Sprintf("dead letter %d", dl.ID), shardID); err != nil {
 			return err
 		}
 		ev, err := deadLetterEvent(ctx, tx, store, dl)
@@ -472,6 +462,59 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 	logger.InfoContext(ctx, "projection: dead letter retried", slog.Int64("id", id), slog.String("consumer", dl.Consumer),
 		slog.Bool("resolved", res.Resolved), slog.Bool("out_of_order", res.OutOfOrder), slog.String("error", res.Error))
 	return res, true, nil
+}
+
+// retryCheck says how [lockForRetry] reads and checks what a retry applies
+// (a dead letter, a park).
+type retryCheck[T any] struct {
+	// what names it in errors: "dead letter 5", "park 5".
+	what string
+	// read reads it again in the retry's transaction, under its row lock.
+	read func() (T, error)
+	// open returns its status, whether that is open, and whether a retry
+	// request is pending on it.
+	open func(T) (status string, open, requested bool)
+	// check, if set, refuses it for a reason of its kind, before the
+	// version is checked.
+	check func(T) error
+}
+
+// lockForRetry is the start a retry of a dead letter or a park shares, in
+// its transaction tx: it waits for the lock of consumer shard id (every
+// pass, rebuild and switch takes it, so no batch runs beside the retry and
+// the live model and its version cannot change until tx ends), reads the
+// item again under its row lock (a racing retry or discard committed
+// before this one got them), and refuses it when it is no longer open
+// ([projector.ErrInvalidTransition]: of racing retries and discards exactly
+// one wins), when c.check does, or when p is not the version of the
+// shard's live model ([ErrWrongVersion]). requested makes it a dispatcher's
+// carrying out of a retry request, which returns errNoRequest when the
+// request is gone.
+func lockForRetry[T any](ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, id ShardID, requested bool, c retryCheck[T]) (T, error) {
+	var zero T
+	if err := LockShard(ctx, tx, store, id); err != nil {
+		return zero, err
+	}
+	item, err := c.read()
+	if err != nil {
+		return zero, fmt.Errorf("retry: %w", err)
+	}
+	status, open, pending := c.open(item)
+	if requested && !pending {
+		return zero, errNoRequest
+	}
+	if !open {
+		return zero, fmt.Errorf("retry %s: it is %s already (nothing applied again): %w", c.what, status, projector.ErrInvalidTransition)
+	}
+	if c.check != nil {
+		if err := c.check(item); err != nil {
+			return zero, err
+		}
+	}
+	if err := checkVersion(ctx, tx, store, p, c.what, id); err != nil {
+		return zero, err
+	}
+	return item, nil
 }
 
 // checkModel refuses a dead letter that does not belong to the consumer's

@@ -102,11 +102,14 @@ func buildParkSQL(store *postgres.Store) parkSQL {
 	}
 }
 
-// parking reports whether sh parks streams: a live shard of a ParkStream
-// projection. A rebuild's shadow shard halts instead: its parks would
-// belong to a model not yet live.
+// parking reports whether sh parks streams: any shard of a ParkStream
+// projection, a rebuild's shadow shard included. The shadow's parks are
+// recorded under its instance (RebuildInstance), so no live pass or retry
+// takes them for the live model's; the switch hands those still open to
+// the live shards (rebuild_park.go), and a shadow that parks a stream its
+// new version still fails on reaches its switch all the same.
 func (sh *shard) parking() bool {
-	return sh.shadow == nil && sh.proj.cfg.ErrorMode == ParkStream
+	return sh.proj.cfg.ErrorMode == ParkStream
 }
 
 // streamKey is a stream as the park tables key it.
@@ -405,11 +408,39 @@ type ParkRetryResult struct {
 // writes back and keeps the park open with the new error and one more
 // attempt (a nil error with Resolved false). A park that is not open is
 // refused with [projector.ErrInvalidTransition], so of racing retries and
-// discards exactly one wins. The events are applied as live, not as
-// replays. logger receives handler panics; nil means slog.Default().
+// discards exactly one wins; a park of a rebuild's shadow shard with
+// [ErrParkNotLive] (the switch hands it over). The events are applied as
+// live, not as replays, except those an in-place rebuild's replay held
+// before the event that parked the stream (applyParked). logger receives
+// handler panics; nil means slog.Default().
 func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, by string, logger *slog.Logger) (ParkRetryResult, error) {
 	res, _, err := retryPark(ctx, store, p, id, by, logger, false)
 	return res, err
+}
+
+// applyParked applies park pk's sequence events through p's handlers in
+// tx, as [applyLive]. The events of a stream's park before the one that
+// parked it are there only after an in-place rebuild's replay held them
+// (its tables were cleared; the model had applied them before): they are
+// given to the handlers as replays, so an Emit does not append what the
+// model appended when it first handled them. The rest were never handled
+// and are live.
+func applyParked(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, id ShardID, pk Park, events []projector.Event,
+	logger *slog.Logger,
+) (herr, err error) {
+	replayed := 0
+	for pk.Kind == ParkKindStream && replayed < len(events) && events[replayed].Version < pk.Version {
+		replayed++
+	}
+	if replayed > 0 {
+		if herr, err = applyLive(withReplay(ctx, &replayState{}), tx, store, p, id, events[:replayed], logger); herr != nil || err != nil {
+			return herr, err
+		}
+	}
+	if replayed == len(events) {
+		return nil, nil
+	}
+	return applyLive(ctx, tx, store, p, id, events[replayed:], logger)
 }
 
 // ValidateOperator checks who acts on a park, as its record keeps it:
@@ -457,25 +488,20 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		return res, false, fmt.Errorf("retry park %d: it belongs to consumer %s, not %s: %w", id,
 			projector.Printable(pk.Consumer), projector.Printable(p.name), projector.ErrInvalidTransition)
 	}
+	if pk.Instance == RebuildInstance {
+		return res, false, shadowParkErr(pk)
+	}
 	pt, et := store.Table("projector_parks"), store.Table("projector_parked_events")
 	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 		shardID := ShardID{Consumer: pk.Consumer, Instance: pk.Instance}
-		if err := LockShard(ctx, tx, store, shardID); err != nil {
-			return err
-		}
-		// Read again under the shard's lock and the row's: a racing retry
-		// or discard committed before this one got them.
-		pk, err := getPark(ctx, tx, store, id, true)
+		pk, err := lockForRetry(ctx, tx, store, p, shardID, requested, retryCheck[Park]{
+			what: fmt.Sprintf("park %d", id),
+			read: func() (Park, error) { return getPark(ctx, tx, store, id, true) },
+			open: func(pk Park) (string, bool, bool) {
+				return pk.Status, pk.Status == ParkOpen, pk.RetryRequestedAt != nil
+			},
+		})
 		if err != nil {
-			return fmt.Errorf("retry: %w", err)
-		}
-		if requested && pk.RetryRequestedAt == nil {
-			return errNoRequest
-		}
-		if pk.Status != ParkOpen {
-			return fmt.Errorf("retry park %d: it is %s already (nothing applied again): %w", id, pk.Status, projector.ErrInvalidTransition)
-		}
-		if err := checkVersion(ctx, tx, store, p, fmt.Sprintf("park %d", id), shardID); err != nil {
 			return err
 		}
 		events, err := parkedEvents(ctx, tx, store, pk)
@@ -488,7 +514,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if _, err := tx.Exec(ctx, `SAVEPOINT projector_park_retry`); err != nil {
 			return fmt.Errorf("retry park %d: %w", id, err)
 		}
-		herr, err := applyLive(context.WithValue(ctx, retryingKey{}, pk), tx, store, p, shardID, events, logger)
+		herr, err := applyParked(context.WithValue(ctx, retryingKey{}, pk), tx, store, p, shardID, pk, events, logger)
 		if err != nil {
 			return err
 		}
@@ -543,11 +569,18 @@ func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string
 		return Park{}, fmt.Errorf("discard: %w", err)
 	}
 	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-		if err := LockShard(ctx, tx, store, ShardID{Consumer: pk.Consumer, Instance: pk.Instance}); err != nil {
+		locked := pk.Instance
+		if err := LockShard(ctx, tx, store, ShardID{Consumer: pk.Consumer, Instance: locked}); err != nil {
 			return err
 		}
 		if pk, err = getPark(ctx, tx, store, id, true); err != nil {
 			return fmt.Errorf("discard: %w", err)
+		}
+		if pk.Instance != locked {
+			// A rebuild's switch (or a split) moved it to another shard
+			// meanwhile, whose passes this lock does not hold off.
+			return fmt.Errorf("discard park %d: it moved from shard %s to %s meanwhile; try again: %w", id,
+				projector.Printable(locked), projector.Printable(pk.Instance), projector.ErrInvalidTransition)
 		}
 		if pk.Status != ParkOpen {
 			return fmt.Errorf("discard park %d: it is %s already: %w", id, pk.Status, projector.ErrInvalidTransition)
@@ -573,13 +606,14 @@ func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string
 // RequestParkRetry records a retry request on an open park, for a
 // dispatcher that has the consumer's projection to carry out (it polls
 // every Recheck) with by as who retried it. A park that is not open is
-// refused with [projector.ErrInvalidTransition].
+// refused with [projector.ErrInvalidTransition], one of a rebuild's shadow
+// shard with [ErrParkNotLive].
 func RequestParkRetry(ctx context.Context, store *postgres.Store, id int64, by string) error {
 	if err := validBy(by); err != nil {
 		return err
 	}
 	tag, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_parks")+` SET retry_requested_at = now(), resolved_by = $2
-		WHERE id = $1 AND status = 'parked'`, id, by)
+		WHERE id = $1 AND status = 'parked' AND instance_id <> '`+RebuildInstance+`'`, id, by)
 	if err != nil {
 		return fmt.Errorf("request retry of park %d: %w", id, err)
 	}
@@ -589,6 +623,9 @@ func RequestParkRetry(ctx context.Context, store *postgres.Store, id int64, by s
 	pk, err := getPark(ctx, store.Pool(), store, id, false)
 	if err != nil {
 		return fmt.Errorf("retry: %w", err)
+	}
+	if pk.Status == ParkOpen && pk.Instance == RebuildInstance {
+		return shadowParkErr(pk)
 	}
 	return fmt.Errorf("retry park %d: it is %s already: %w", id, pk.Status, projector.ErrInvalidTransition)
 }
@@ -632,7 +669,9 @@ func (d *Dispatcher) parkRetryRequests(ctx context.Context, byName map[string]*A
 
 // refreshParks publishes each consumer's open parks and the age of its
 // oldest, 0 included for every consumer this dispatcher runs (so an alert
-// on > 0 has a series from the start), along the open parks' index.
+// on > 0 has a series from the start), along the open parks' index. A
+// rebuild's shadow parks are not counted: they hold nothing back of the
+// live model until its switch hands them over.
 func (d *Dispatcher) refreshParks(ctx context.Context) {
 	type gauge struct{ n, age float64 }
 	by := map[string]gauge{}
@@ -646,7 +685,8 @@ func (d *Dispatcher) refreshParks(ctx context.Context) {
 	var name string
 	var g gauge
 	rows, err := d.store.Pool().Query(ctx, `SELECT consumer, count(*), extract(epoch FROM now() - min(parked_at))::float8
-		FROM `+d.store.Table("projector_parks")+` WHERE status = 'parked' AND consumer = ANY($1) GROUP BY consumer`, names)
+		FROM `+d.store.Table("projector_parks")+` WHERE status = 'parked' AND consumer = ANY($1) AND instance_id <> '`+RebuildInstance+`'
+		GROUP BY consumer`, names)
 	if err == nil {
 		_, err = pgx.ForEachRow(rows, []any{&name, &g.n, &g.age}, func() error {
 			by[name] = g
@@ -665,8 +705,9 @@ func (d *Dispatcher) refreshParks(ctx context.Context) {
 	}
 }
 
-// withoutParked returns events without those an open park of consumer
-// holds, and how many it left out.
+// withoutParked returns events without those an open park of consumer's
+// live model holds (a rebuild's shadow parks hold events for a model not
+// yet live), and how many it left out.
 func withoutParked(ctx context.Context, tx pgx.Tx, store *postgres.Store, consumer string, events []projector.Event) ([]projector.Event, int, error) {
 	if len(events) == 0 {
 		return events, 0, nil
@@ -677,7 +718,7 @@ func withoutParked(ctx context.Context, tx pgx.Tx, store *postgres.Store, consum
 	}
 	rows, err := tx.Query(ctx, `SELECT e.event_id FROM `+store.Table("projector_parked_events")+` e
 		JOIN `+store.Table("projector_parks")+` p ON p.id = e.park_id
-		WHERE p.consumer = $1 AND p.status = 'parked' AND e.event_id = ANY($2)`, consumer, ids)
+		WHERE p.consumer = $1 AND p.instance_id <> '`+RebuildInstance+`' AND p.status = 'parked' AND e.event_id = ANY($2)`, consumer, ids)
 	if err != nil {
 		return nil, 0, fmt.Errorf("replay: read parked events: %w", err)
 	}

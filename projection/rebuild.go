@@ -199,17 +199,10 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 	if err := d.handOverDeadLetters(ctx, tx, sh); err != nil {
 		return false, err
 	}
-	// The live shard's open parks (ParkStream) are resolved: the shadow
-	// replayed their events through the new model's handlers, and a shadow
-	// shard halts rather than parks, so reaching the switch means it
-	// applied every one of them. A retry now would apply them twice.
-	if _, err := tx.Exec(ctx, `WITH resolved AS (
-			UPDATE `+d.store.Table("projector_parks")+` p SET status = 'resolved', resolved_at = now(), resolved_by = $3, retry_requested_at = NULL,
-				events = (SELECT count(*) FROM `+d.store.Table("projector_parked_events")+` e WHERE e.park_id = p.id)
-			WHERE p.consumer = $1 AND p.instance_id = ANY($2) AND p.status = 'parked' RETURNING p.id)
-		DELETE FROM `+d.store.Table("projector_parked_events")+` WHERE park_id IN (SELECT id FROM resolved)`,
-		sh.id.Consumer, live, fmt.Sprintf("rebuild %d (replayed by the switch)", sw.rebuildID)); err != nil {
-		return false, fmt.Errorf("switch: resolve the live shard's parks: %w", err)
+	// The live shards' open parks (ParkStream) are resolved, the shadow's
+	// handed over (rebuild_park.go).
+	if err := d.handOverParks(ctx, tx, sh); err != nil {
+		return false, err
 	}
 	// A projection with an External target is not switched until its
 	// target is swapped, after this commit (the swap cannot be part of

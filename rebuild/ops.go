@@ -167,6 +167,11 @@ func Cancel(ctx context.Context, store *postgres.Store, name string) error {
 				return fmt.Errorf("rebuild %s: drop the shadow schema: %w", name, err)
 			}
 		}
+		// The shadow's parks (ParkStream) held events for a model that
+		// never goes live: closed, kept for the record.
+		if err := projection.DiscardShadowParks(ctx, tx, store, name, id); err != nil {
+			return fmt.Errorf("rebuild %s: %w", name, err)
+		}
 		if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_rebuilds")+` SET status = 'cancelled', finished_at = now() WHERE id = $1`, id); err != nil {
 			return fmt.Errorf("rebuild %s: record: %w", name, err)
 		}
