@@ -14,10 +14,13 @@ import (
 	"github.com/projectorhq/projector/projection"
 )
 
+// TestDispatcherAppliesEverything: a dispatcher catches up a log of 1,500
+// events over 60 streams (enough for 15 batches and many cursor updates:
+// the size is no part of what is checked), then follows appends.
 func TestDispatcherAppliesEverything(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	versions := e.appendMany(4, 3000, 60)
+	versions := e.appendMany(4, 1500, 60)
 	p := counting(e.schema, e.types, "counting", projection.AsyncConfig{BatchSize: 100})
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)

@@ -57,7 +57,9 @@ func parkChaos(schema string, types testevents.Types, batch int, deployed bool) 
 // up to its parked event), and every event is either applied or parked.
 // Then a deploy (new processes whose handler succeeds) and retries of every
 // park racing the dispatchers and more appends: every stream's events
-// applied exactly once each, in order.
+// applied exactly once each, in order. The writers append 800 events over
+// 80 streams (1,500 in a soak run, see pgtest.EnvSoak), the processes being
+// killed every 50–300 ms while they write.
 func TestPromise18_ParkedStreamKeepsItsOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -71,7 +73,7 @@ func TestPromise18_ParkedStreamKeepsItsOrder(t *testing.T) {
 	var versions map[string]int64
 	late := map[string]int64{}
 	var wg sync.WaitGroup
-	wg.Go(func() { versions = appendWith(t, e.ctx, e.store, 4, 1500, 80, "s") })
+	wg.Go(func() { versions = appendWith(t, e.ctx, e.store, 4, pgtest.Size(800, 1500), 80, "s") })
 	wg.Go(func() {
 		for i := range 30 {
 			id := fmt.Sprintf("late-%d", i%5)

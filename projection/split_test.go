@@ -320,8 +320,8 @@ func TestPartitionSplitCarriesFailures(t *testing.T) {
 func TestPromise16_SplitMergeLive(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	events, streams := 3000, 300
-	if *promise16Full {
+	events, streams := 1500, 300
+	if promise16Soak() {
 		events, streams = 50000, 1000
 	}
 	f := newFleet(e, 4, 3)

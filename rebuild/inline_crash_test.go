@@ -53,8 +53,11 @@ func runInlineChild() int {
 }
 
 // TestInlineRebuildSIGKILL kills a real process rebuilding an inline
-// projection three times, at random points of its replay, while 8 writers
-// append: the live model stays live and exact throughout (the writers'
+// projection three times, at random points of its replay, while 4 writers
+// append (8 writers over a longer log in a soak run, see pgtest.EnvSoak),
+// each pausing a little between appends so that the rebuild, and not the
+// writers, gets most of a loaded machine: the live model stays live and
+// exact throughout (the writers'
 // appends keep landing in it, the corrupted row stays as it was: nothing of
 // a killed rebuild is ever live), each child resumes from the cursor the
 // killed one committed (it never starts over: the rebuild's record and
@@ -63,7 +66,9 @@ func runInlineChild() int {
 // end resumes too and ends equal to the model built live.
 func TestInlineRebuildSIGKILL(t *testing.T) {
 	e := newInlineEnv(t)
-	for i := range 1500 {
+	// A log long enough for three kills of at most 55 events each and the
+	// final resumed run.
+	for i := range pgtest.Size(600, 1500) {
 		if err := e.append(e.ctx, i%60, false); err != nil {
 			t.Fatal(err)
 		}
@@ -74,8 +79,9 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 	ctx, stop := context.WithCancel(e.ctx)
 	var wg sync.WaitGroup
 	var appended atomic.Int64
-	errs := make(chan error, 8)
-	for w := range 8 {
+	writers := pgtest.Size(4, 8)
+	errs := make(chan error, writers)
+	for w := range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -88,6 +94,9 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 					return
 				}
 				appended.Add(1)
+				if !pgtest.Soak() {
+					time.Sleep(5 * time.Millisecond) // pacing the writer, not a synchronisation
+				}
 			}
 		}()
 	}

@@ -63,7 +63,10 @@ func runPartialChild() int {
 }
 
 // A process running a partial rebuild is SIGKILLed at random moments after
-// its transaction has written, three times: each time nothing of it is left
+// its transaction has written, three times, in a tenant of 2,000 events
+// (10,000 in a soak run, see pgtest.EnvSoak: the replay takes seconds under
+// the race detector either way, far longer than the kill's random delay of
+// at most 300 ms): each time nothing of it is left
 // (the corrupted rows are byte-equal to before), the live consumer goes on
 // (its lock went with the killed backend), and a partial rebuild run after
 // the kills is exact.
@@ -74,8 +77,9 @@ func TestPartialRebuildSIGKILL(t *testing.T) {
 	for range 49 {
 		payloads = append(payloads, testevents.TicketCommented{Body: "x"})
 	}
+	streams := pgtest.Size(40, 200) // of 50 events each
 	err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
-		for i := range 200 {
+		for i := range streams {
 			if _, err := e.store.Append(e.ctx, tx, projector.TenantStream("big", "ticket", fmt.Sprint(i)), projector.NoStream,
 				append([]any{testevents.TicketOpened{Title: "t"}}, payloads...)...); err != nil {
 				return err
@@ -116,7 +120,7 @@ func TestPartialRebuildSIGKILL(t *testing.T) {
 			select {
 			case <-child.Done():
 				t.Fatalf("the child ended before its transaction wrote:\n%s", child.Output())
-			case <-time.After(2 * time.Millisecond): // poll the child's backend
+			case <-time.After(10 * time.Millisecond): // poll the child's backend (it takes far longer to start)
 			}
 			wrote = backends(true) > 0
 		}
@@ -150,7 +154,7 @@ func TestPartialRebuildSIGKILL(t *testing.T) {
 	}
 	t.Logf("killed %d partial rebuilds mid-replay in %d attempts", kills, attempt)
 	res, err := rebuild.Partial(e.ctx, e.store, e.ticketsWith("tickets", "tickets", cfg), projection.TenantScope("big"), rebuild.PartialOptions{})
-	if err != nil || res.Events != 10_000 {
+	if err != nil || res.Events != streams*50 {
 		t.Fatalf("%+v, %v", res, err)
 	}
 	if diff := e.diff("tickets", "tickets_ref", "true"); len(diff) > 0 {

@@ -154,7 +154,10 @@ func (e *penv) ticket(stream projector.StreamRef) error {
 // write has writers append tickets of tenants a, b and c, and comments to
 // the stream hot, until stop is closed. Writer 0 holds each of its
 // transactions open until others have committed after it began, so commits
-// land out of log order throughout.
+// land out of log order throughout. Outside a soak run (pgtest.EnvSoak)
+// each writer pauses between tickets: flat out, four writers were most of
+// the work of a CPU-bound suite, and each partial rebuild of a tenant
+// replayed a tenant that grew as fast as the writers could go.
 func (e *penv) write(writers int, hot projector.StreamRef, stop <-chan struct{}) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	var commits atomic.Int64
@@ -203,11 +206,21 @@ func (e *penv) write(writers int, hot projector.StreamRef, stop <-chan struct{})
 					return
 				}
 				commits.Add(1)
+				if !pgtest.Soak() {
+					select {
+					case <-stop:
+					case <-time.After(writerPause): // pacing the writer, not a synchronisation
+					}
+				}
 			}
 		})
 	}
 	return &wg
 }
+
+// writerPause is how long a partial-rebuild test writer waits between
+// tickets outside a soak run.
+const writerPause = 10 * time.Millisecond
 
 // rows returns a table's rows matching where, as text, with the
 // transaction that wrote each row version: equal only if never rewritten.
