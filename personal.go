@@ -208,8 +208,17 @@ func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.R
 
 // SealWith is [Personal.Seal] under a key's cipher; a nil c writes the
 // fields as null.
+//
+// Each envelope is written into a pooled buffer and copied into the result,
+// sized up front for the fields' growth: sealing a payload allocates the
+// result alone (TestSealAllocs).
 func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (json.RawMessage, error) {
-	return rewriteFields(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	// A value of n bytes becomes at most n/3 + 46 bytes longer: quotes,
+	// prefix, and base64 of nonce and tag around its ciphertext.
+	size := len(data) + len(data)/3 + 46*len(p.Fields)
+	return rewriteMembers(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
 		if !hasName(p.Fields, name) {
 			if _, ok := sealedBytes(v); ok {
 				// Reads open any top-level envelope, so a field that is
@@ -224,13 +233,13 @@ func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (
 		if c == nil {
 			return jsonNull, true, nil
 		}
-		env, err := c.SealValue(subject, string(name), v)
+		var err error
+		sc.text, sc.crypto, err = c.appendSealed(sc.text[:0], subject, name, v, sc.crypto)
 		if err != nil {
 			return nil, false, err
 		}
-		out, err := json.Marshal(env)
-		return out, true, err
-	})
+		return sc.text, true, nil
+	}, false, size)
 }
 
 // cipherOf returns key's cipher, nil for a nil key (forgotten).
@@ -258,19 +267,24 @@ func Open(data json.RawMessage, subject string, key []byte) (out json.RawMessage
 // OpenWith is [Open] under a key's cipher; a nil c sets the sealed fields
 // to null.
 func OpenWith(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
-	return openWith(data, subject, c, rewriteFields)
+	return openWith(data, subject, c, false)
 }
 
 // OpenStored is [OpenWith] for data read from a PostgreSQL jsonb column,
 // which is valid JSON by construction: it does not validate data again
 // (what it does with invalid JSON is unspecified, but it never panics).
 func OpenStored(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
-	return openWith(data, subject, c, rewriteValidFields)
+	return openWith(data, subject, c, true)
 }
 
-func openWith(data json.RawMessage, subject string, c *KeyCipher, rewrite func(json.RawMessage, func([]byte, json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error)) (out json.RawMessage, forgotten bool, err error) {
-	var buf []byte // one buffer for every field: rewrite copies each result at once
-	out, err = rewrite(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+// openWith opens data's envelopes in a pooled buffer, one for every field
+// and every call (rewrite copies each result at once), into a result of
+// data's size: an opened value is always shorter than its envelope, so
+// opening a payload allocates the result alone (TestOpenStoredAllocs).
+func openWith(data json.RawMessage, subject string, c *KeyCipher, valid bool) (out json.RawMessage, forgotten bool, err error) {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	out, err = rewriteMembers(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
 		env, ok := sealedBytes(v)
 		if !ok {
 			return nil, false, nil
@@ -281,12 +295,12 @@ func openWith(data json.RawMessage, subject string, c *KeyCipher, rewrite func(j
 		}
 		var plain []byte
 		var err error
-		plain, buf, err = c.open(subject, name, env, buf)
+		plain, sc.crypto, err = c.open(subject, name, env, sc.crypto)
 		if err != nil {
 			return nil, false, fmt.Errorf("field %q: %w", name, err)
 		}
 		return plain, true, nil
-	})
+	}, valid, len(data)+len(jsonNull))
 	return out, forgotten, err
 }
 
@@ -330,15 +344,13 @@ func hasName(names []string, name []byte) bool {
 // and replaces the values fn asks to, keeping the members' order; it
 // returns data itself when nothing changed.
 func rewriteFields(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
-	return rewriteMembers(data, fn, false)
+	return rewriteMembers(data, fn, false, len(data)+64)
 }
 
-// rewriteValidFields is rewriteFields for data known to be valid JSON.
-func rewriteValidFields(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
-	return rewriteMembers(data, fn, true)
-}
-
-func rewriteMembers(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error), valid bool) (json.RawMessage, error) {
+// rewriteMembers is rewriteFields, for data known to be valid JSON when
+// valid is set (it is not checked again), into a result made with size
+// bytes of capacity: enough for what fn writes saves growing it.
+func rewriteMembers(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error), valid bool, size int) (json.RawMessage, error) {
 	var out []byte
 	last := 0
 	var ferr error
@@ -350,7 +362,7 @@ func rewriteMembers(data json.RawMessage, fn func(name []byte, v json.RawMessage
 		}
 		if changed {
 			if out == nil {
-				out = make([]byte, 0, len(data)+64)
+				out = make([]byte, 0, size)
 			}
 			out = append(out, data[last:start]...)
 			out = append(out, repl...)
