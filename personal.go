@@ -177,11 +177,19 @@ func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
 		}
 		raw = fields[p.Subject]
 	}
-	var subject string
+	return p.subjectValue(raw)
+}
+
+// subjectValue checks and unquotes raw, the subject field's value (nil
+// when there is none).
+func (p Personal) subjectValue(raw []byte) (string, error) {
+	subject := ""
 	if len(raw) > 1 && raw[0] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 && bytes.IndexByte(raw[1:len(raw)-1], '"') < 0 {
 		subject = string(raw[1 : len(raw)-1])
 	} else if raw != nil {
-		_ = json.Unmarshal(raw, &subject)
+		var s string // on the heap: only an id with escapes pays for it
+		_ = json.Unmarshal(raw, &s)
+		subject = s
 	}
 	if subject == "" {
 		return "", fmt.Errorf("%w: the subject field %q is empty: personal data needs its subject", ErrInvalidPayload, p.Subject)
@@ -302,6 +310,89 @@ func openWith(data json.RawMessage, subject string, c *KeyCipher, valid bool) (o
 		return plain, true, nil
 	}, valid, len(data)+len(jsonNull))
 	return out, forgotten, err
+}
+
+// OpenStoredBy is [OpenStored] for a payload of p's type, read from a
+// jsonb column, whose subject the caller does not know yet: one pass over
+// data finds both the subject (checked as [Personal.SubjectOf] checks it)
+// and the sealed fields, where SubjectOf then OpenStored make two. cipher
+// is asked for the subject's key cipher (nil: forgotten) only when a field
+// is sealed; an error from it is returned as it is. The subject is
+// returned whenever it was found, with cipher's error too, so a caller
+// whose cipher had no key at hand can fetch it and call OpenStored.
+func (p Personal) OpenStoredBy(data json.RawMessage, cipher func(subject string) (*KeyCipher, error)) (out json.RawMessage, subject string, forgotten bool, err error) {
+	type member struct {
+		name, env  []byte
+		start, end int
+	}
+	// The sealed members, in an array on the stack: appending to a slice
+	// in the walk's function would move it to the heap.
+	var few [4]member
+	var more []member
+	n := 0
+	var raw []byte
+	ok := jsonscan.MembersBytes(data, func(name, v []byte, start, end int) bool {
+		if string(name) == p.Subject {
+			raw = v
+		}
+		if env, ok := sealedBytes(v); ok {
+			// name and env stay valid: they are data's bytes, or a copy
+			// made for a name or value with escapes.
+			if n < len(few) {
+				few[n] = member{name, env, start, end}
+			} else {
+				more = append(more, member{name, env, start, end})
+			}
+			n++
+		}
+		return true
+	})
+	if !ok {
+		// What the scanner does not follow: the two passes, and their
+		// errors.
+		if subject, err = p.SubjectOf(data); err != nil {
+			return nil, "", false, err
+		}
+		c, err := cipher(subject)
+		if err != nil {
+			return nil, subject, false, err
+		}
+		out, forgotten, err = OpenStored(data, subject, c)
+		return out, subject, forgotten, err
+	}
+	if subject, err = p.subjectValue(raw); err != nil {
+		return nil, "", false, err
+	}
+	if n == 0 {
+		return data, subject, false, nil
+	}
+	c, err := cipher(subject)
+	if err != nil {
+		return nil, subject, false, err
+	}
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	out = make([]byte, 0, len(data)+len(jsonNull)) // an opened value is shorter than its envelope
+	last := 0
+	for i := range n {
+		m := &few[min(i, len(few)-1)]
+		if i >= len(few) {
+			m = &more[i-len(few)]
+		}
+		out = append(out, data[last:m.start]...)
+		last = m.end
+		if c == nil {
+			forgotten = true
+			out = append(out, jsonNull...)
+			continue
+		}
+		var plain []byte
+		if plain, sc.crypto, err = c.open(subject, m.name, m.env, sc.crypto); err != nil {
+			return nil, subject, false, fmt.Errorf("field %q: %w", m.name, err)
+		}
+		out = append(out, plain...)
+	}
+	return append(out, data[last:]...), subject, forgotten, nil
 }
 
 // IsSealed reports whether data, a JSON object, holds a sealed field.

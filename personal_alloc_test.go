@@ -71,3 +71,33 @@ func TestOpenStoredAllocs(t *testing.T) {
 		t.Fatalf("opening two fields: %.1f allocations, want 1 (the opened payload)", got)
 	}
 }
+
+// TestOpenStoredByAllocs holds opening a stored event whose subject is not
+// known yet to two allocations: the subject's id and the opened payload.
+func TestOpenStoredByAllocs(t *testing.T) {
+	if raceBuild {
+		t.Skip("the race detector drops pooled buffers at random")
+	}
+	c, err := projector.NewKeyCipher(bytes.Repeat([]byte{7}, projector.DataKeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := allocPersonal.SealWith(allocPayload, "c-7", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := func(string) (*projector.KeyCipher, error) { return c, nil }
+	var out json.RawMessage
+	var subject string
+	got := testing.AllocsPerRun(200, func() {
+		if out, subject, _, err = allocPersonal.OpenStoredBy(sealed, byID); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if !bytes.Equal(out, allocPayload) || subject != "c-7" {
+		t.Fatalf("opened %s of %q, want %s of c-7", out, subject, allocPayload)
+	}
+	if got > 2 {
+		t.Fatalf("opening two fields: %.1f allocations, want 2 (the subject, the opened payload)", got)
+	}
+}
