@@ -31,8 +31,9 @@ const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream
 // a CTE that writes the stream's head, then the insert of the events, numbered
 // from the head's new version. There is one statement per kind of expected
 // version, per shape (one event or many) and per guard (none, or the key
-// guard of an append sealed under cached keys: appendGuardSQL), twelve in
-// all, so each plan holds
+// guard of an append sealed under cached keys: appendGuardSQL, or
+// appendGuardOneSQL when they are one subject's), eighteen in all, so each
+// plan holds
 // only the head write that can apply: a statement with every branch paid for
 // starting and running the ones that could not, and a single event paid for
 // unnest, ORDINALITY and the sort of one row (docs/performance.md, "Single-event
@@ -50,7 +51,7 @@ const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream
 // refused. A refused head returns no row, the event
 // insert then inserts nothing, and the caller reads the head to report why.
 //
-// Parameters, the same in all twelve: $1, $2, $3 the stream (tenant, type, id),
+// Parameters, the same in all eighteen: $1, $2, $3 the stream (tenant, type, id),
 // $4 the number of events, $5–$8 the events' ids, types, schema versions and
 // data (scalars for one event, arrays for many), $9–$12 the metadata
 // (correlation, causation, actor, headers) and, for an exact expected
