@@ -243,6 +243,27 @@ func TestOpenStoredBy(t *testing.T) {
 			t.Fatalf("%s: another key: %v", data, err)
 		}
 	}
+	// A row sealed before envelopes were written in place (SealValue's
+	// string, quoted by encoding/json) opens the same, and an envelope
+	// written in place opens with OpenValue: one format.
+	env, err := projector.SealValue(key, "c-1", "name", []byte(`"Ada"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quoted, _ := json.Marshal(env)
+	old := json.RawMessage(`{"name": ` + string(quoted) + `, "customer": "c-1"}`)
+	if got, _, _, err := p.OpenStoredBy(old, func(string) (*projector.KeyCipher, error) { return c, nil }); err != nil || string(got) != `{"name": "Ada", "customer": "c-1"}` {
+		t.Fatalf("an envelope of SealValue opens as %s (%v)", got, err)
+	}
+	var fields map[string]string
+	now, _ := p.SealWith(json.RawMessage(`{"customer":"c-1","name":"Ada"}`), "c-1", c)
+	if err := json.Unmarshal(now, &fields); err != nil {
+		t.Fatal(err)
+	}
+	if plain, err := projector.OpenValue(key, "c-1", "name", fields["name"]); err != nil || string(plain) != `"Ada"` {
+		t.Fatalf("an envelope written in place opens with OpenValue as %s (%v)", plain, err)
+	}
+
 	// More sealed fields than the opener keeps on the stack.
 	six := projector.Personal{Subject: "customer", Fields: []string{"a", "b", "c", "d", "e", "f"}}
 	many := json.RawMessage(`{"a":"1","b":[2],"c":{"x":3},"customer":"c-1","d":4,"e":"5","f":true}`)
