@@ -177,11 +177,19 @@ func (p Personal) SubjectOf(data json.RawMessage) (string, error) {
 		}
 		raw = fields[p.Subject]
 	}
-	var subject string
+	return p.subjectValue(raw)
+}
+
+// subjectValue checks and unquotes raw, the subject field's value (nil
+// when there is none).
+func (p Personal) subjectValue(raw []byte) (string, error) {
+	subject := ""
 	if len(raw) > 1 && raw[0] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 && bytes.IndexByte(raw[1:len(raw)-1], '"') < 0 {
 		subject = string(raw[1 : len(raw)-1])
 	} else if raw != nil {
-		_ = json.Unmarshal(raw, &subject)
+		var s string // on the heap: only an id with escapes pays for it
+		_ = json.Unmarshal(raw, &s)
+		subject = s
 	}
 	if subject == "" {
 		return "", fmt.Errorf("%w: the subject field %q is empty: personal data needs its subject", ErrInvalidPayload, p.Subject)
@@ -208,8 +216,17 @@ func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.R
 
 // SealWith is [Personal.Seal] under a key's cipher; a nil c writes the
 // fields as null.
+//
+// Each envelope is written into a pooled buffer and copied into the result,
+// sized up front for the fields' growth: sealing a payload allocates the
+// result alone (TestSealAllocs).
 func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (json.RawMessage, error) {
-	return rewriteFields(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	// A value of n bytes becomes at most n/3 + 46 bytes longer: quotes,
+	// prefix, and base64 of nonce and tag around its ciphertext.
+	size := len(data) + len(data)/3 + 46*len(p.Fields)
+	return rewriteMembers(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
 		if !hasName(p.Fields, name) {
 			if _, ok := sealedBytes(v); ok {
 				// Reads open any top-level envelope, so a field that is
@@ -224,13 +241,13 @@ func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (
 		if c == nil {
 			return jsonNull, true, nil
 		}
-		env, err := c.SealValue(subject, string(name), v)
+		var err error
+		sc.text, sc.crypto, err = c.appendSealed(sc.text[:0], subject, name, v, sc.crypto)
 		if err != nil {
 			return nil, false, err
 		}
-		out, err := json.Marshal(env)
-		return out, true, err
-	})
+		return sc.text, true, nil
+	}, false, size)
 }
 
 // cipherOf returns key's cipher, nil for a nil key (forgotten).
@@ -258,19 +275,24 @@ func Open(data json.RawMessage, subject string, key []byte) (out json.RawMessage
 // OpenWith is [Open] under a key's cipher; a nil c sets the sealed fields
 // to null.
 func OpenWith(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
-	return openWith(data, subject, c, rewriteFields)
+	return openWith(data, subject, c, false)
 }
 
 // OpenStored is [OpenWith] for data read from a PostgreSQL jsonb column,
 // which is valid JSON by construction: it does not validate data again
 // (what it does with invalid JSON is unspecified, but it never panics).
 func OpenStored(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
-	return openWith(data, subject, c, rewriteValidFields)
+	return openWith(data, subject, c, true)
 }
 
-func openWith(data json.RawMessage, subject string, c *KeyCipher, rewrite func(json.RawMessage, func([]byte, json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error)) (out json.RawMessage, forgotten bool, err error) {
-	var buf []byte // one buffer for every field: rewrite copies each result at once
-	out, err = rewrite(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+// openWith opens data's envelopes in a pooled buffer, one for every field
+// and every call (rewrite copies each result at once), into a result of
+// data's size: an opened value is always shorter than its envelope, so
+// opening a payload allocates the result alone (TestOpenStoredAllocs).
+func openWith(data json.RawMessage, subject string, c *KeyCipher, valid bool) (out json.RawMessage, forgotten bool, err error) {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	out, err = rewriteMembers(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
 		env, ok := sealedBytes(v)
 		if !ok {
 			return nil, false, nil
@@ -281,13 +303,96 @@ func openWith(data json.RawMessage, subject string, c *KeyCipher, rewrite func(j
 		}
 		var plain []byte
 		var err error
-		plain, buf, err = c.open(subject, name, env, buf)
+		plain, sc.crypto, err = c.open(subject, name, env, sc.crypto)
 		if err != nil {
 			return nil, false, fmt.Errorf("field %q: %w", name, err)
 		}
 		return plain, true, nil
-	})
+	}, valid, len(data)+len(jsonNull))
 	return out, forgotten, err
+}
+
+// OpenStoredBy is [OpenStored] for a payload of p's type, read from a
+// jsonb column, whose subject the caller does not know yet: one pass over
+// data finds both the subject (checked as [Personal.SubjectOf] checks it)
+// and the sealed fields, where SubjectOf then OpenStored make two. cipher
+// is asked for the subject's key cipher (nil: forgotten) only when a field
+// is sealed; an error from it is returned as it is. The subject is
+// returned whenever it was found, with cipher's error too, so a caller
+// whose cipher had no key at hand can fetch it and call OpenStored.
+func (p Personal) OpenStoredBy(data json.RawMessage, cipher func(subject string) (*KeyCipher, error)) (out json.RawMessage, subject string, forgotten bool, err error) {
+	type member struct {
+		name, env  []byte
+		start, end int
+	}
+	// The sealed members, in an array on the stack: appending to a slice
+	// in the walk's function would move it to the heap.
+	var few [4]member
+	var more []member
+	n := 0
+	var raw []byte
+	ok := jsonscan.MembersBytes(data, func(name, v []byte, start, end int) bool {
+		if string(name) == p.Subject {
+			raw = v
+		}
+		if env, ok := sealedBytes(v); ok {
+			// name and env stay valid: they are data's bytes, or a copy
+			// made for a name or value with escapes.
+			if n < len(few) {
+				few[n] = member{name, env, start, end}
+			} else {
+				more = append(more, member{name, env, start, end})
+			}
+			n++
+		}
+		return true
+	})
+	if !ok {
+		// What the scanner does not follow: the two passes, and their
+		// errors.
+		if subject, err = p.SubjectOf(data); err != nil {
+			return nil, "", false, err
+		}
+		c, err := cipher(subject)
+		if err != nil {
+			return nil, subject, false, err
+		}
+		out, forgotten, err = OpenStored(data, subject, c)
+		return out, subject, forgotten, err
+	}
+	if subject, err = p.subjectValue(raw); err != nil {
+		return nil, "", false, err
+	}
+	if n == 0 {
+		return data, subject, false, nil
+	}
+	c, err := cipher(subject)
+	if err != nil {
+		return nil, subject, false, err
+	}
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	out = make([]byte, 0, len(data)+len(jsonNull)) // an opened value is shorter than its envelope
+	last := 0
+	for i := range n {
+		m := &few[min(i, len(few)-1)]
+		if i >= len(few) {
+			m = &more[i-len(few)]
+		}
+		out = append(out, data[last:m.start]...)
+		last = m.end
+		if c == nil {
+			forgotten = true
+			out = append(out, jsonNull...)
+			continue
+		}
+		var plain []byte
+		if plain, sc.crypto, err = c.open(subject, m.name, m.env, sc.crypto); err != nil {
+			return nil, subject, false, fmt.Errorf("field %q: %w", m.name, err)
+		}
+		out = append(out, plain...)
+	}
+	return append(out, data[last:]...), subject, forgotten, nil
 }
 
 // IsSealed reports whether data, a JSON object, holds a sealed field.
@@ -330,15 +435,13 @@ func hasName(names []string, name []byte) bool {
 // and replaces the values fn asks to, keeping the members' order; it
 // returns data itself when nothing changed.
 func rewriteFields(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
-	return rewriteMembers(data, fn, false)
+	return rewriteMembers(data, fn, false, len(data)+64)
 }
 
-// rewriteValidFields is rewriteFields for data known to be valid JSON.
-func rewriteValidFields(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
-	return rewriteMembers(data, fn, true)
-}
-
-func rewriteMembers(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error), valid bool) (json.RawMessage, error) {
+// rewriteMembers is rewriteFields, for data known to be valid JSON when
+// valid is set (it is not checked again), into a result made with size
+// bytes of capacity: enough for what fn writes saves growing it.
+func rewriteMembers(data json.RawMessage, fn func(name []byte, v json.RawMessage) (json.RawMessage, bool, error), valid bool, size int) (json.RawMessage, error) {
 	var out []byte
 	last := 0
 	var ferr error
@@ -350,7 +453,7 @@ func rewriteMembers(data json.RawMessage, fn func(name []byte, v json.RawMessage
 		}
 		if changed {
 			if out == nil {
-				out = make([]byte, 0, len(data)+64)
+				out = make([]byte, 0, size)
 			}
 			out = append(out, data[last:start]...)
 			out = append(out, repl...)

@@ -12,7 +12,7 @@ import (
 // (and the subject lookup) agrees with the slow path.
 func FuzzRewriteFields(f *testing.F) {
 	for _, s := range []string{`{}`, `{"a":1}`, ` { "a" : "x\"y" , "b":[1,{"c":"]"}] ,"d":null } `, `{"a\u0062":true}`,
-		`{"a":1,}`, `{"a"}`, `[1]`, `{"a":"pjx1.x"}`, `{"a":{"b":"}"}}`, `{"a":1}x`} {
+		`{"a":1,}`, `{"a"}`, `[1]`, `{"a":"pjx1.x"}`, `{"a":{"b":"}"}}`, `{"a":1}x`, `{"b":"pjx1.x","a":"s"}`, `{"a":"s","b":"pjx1.x","a":"t"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -38,6 +38,20 @@ func FuzzRewriteFields(f *testing.F) {
 		}
 		p := Personal{Subject: "a", Fields: []string{"b"}}
 		sf, ef := p.SubjectOf(data)
+		if json.Valid(data) {
+			// The one-pass opener agrees with SubjectOf and OpenStored.
+			forget := func(string) (*KeyCipher, error) { return nil, nil }
+			out, s, gone, err := p.OpenStoredBy(data, forget)
+			if (err == nil) != (ef == nil) || s != sf {
+				t.Fatalf("%q: OpenStoredBy subject %q (%v), SubjectOf %q (%v)", data, s, err, sf, ef)
+			}
+			if err == nil {
+				want, wantGone, _ := OpenStored(data, sf, nil)
+				if !bytes.Equal(out, want) || gone != wantGone {
+					t.Fatalf("%q: OpenStoredBy %q (%v), OpenStored %q (%v)", data, out, gone, want, wantGone)
+				}
+			}
+		}
 		var m map[string]json.RawMessage
 		// Invalid UTF-8 in a subject is refused, where encoding/json
 		// would turn it into U+FFFD.

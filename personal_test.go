@@ -199,3 +199,88 @@ func FuzzOpenValue(f *testing.F) {
 		_, _, _ = projector.Open(json.RawMessage(`{"a":`+env+`}`), subject, nil)
 	})
 }
+
+// TestOpenStoredBy holds the one-pass opener to what SubjectOf and then
+// OpenStored give, wherever the subject sits among the fields.
+func TestOpenStoredBy(t *testing.T) {
+	t.Parallel()
+	p := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}}
+	key := bytes.Repeat([]byte{7}, projector.DataKeySize)
+	c, err := projector.NewKeyCipher(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errNoKey := errors.New("no key at hand")
+	for _, data := range []string{
+		`{"name": "Ada", "plan": "pro", "email": "ada@example.com", "customer": "c-1"}`, // jsonb's order
+		`{"customer":"c-1","name":"Ada","email":"a\"da@example.com","plan":"pro"}`,
+		`{"customer":"c\u002d1","name":{"first":"Ada"},"email":null}`,
+		` { "name" : "Ada" , "customer" : "c-1" } `,
+	} {
+		sealed, err := p.SealWith(json.RawMessage(data), "c-1", c)
+		if err != nil {
+			t.Fatalf("%s: %v", data, err)
+		}
+		want, _, err := projector.OpenStored(sealed, "c-1", c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		asked := ""
+		got, subject, forgotten, err := p.OpenStoredBy(sealed, func(s string) (*projector.KeyCipher, error) { asked = s; return c, nil })
+		if err != nil || forgotten || subject != "c-1" || asked != "c-1" || !bytes.Equal(got, want) {
+			t.Fatalf("%s: opened %s of %q (asked for %q, forgotten %v, %v), want %s", data, got, subject, asked, forgotten, err, want)
+		}
+		gone, _, _ := projector.OpenStored(sealed, "c-1", nil)
+		got, _, forgotten, err = p.OpenStoredBy(sealed, func(string) (*projector.KeyCipher, error) { return nil, nil })
+		if err != nil || !forgotten || !bytes.Equal(got, gone) {
+			t.Fatalf("%s: forgotten opens as %s (%v, %v), want %s", data, got, forgotten, err, gone)
+		}
+		if _, subject, _, err := p.OpenStoredBy(sealed, func(string) (*projector.KeyCipher, error) { return nil, errNoKey }); !errors.Is(err, errNoKey) || subject != "c-1" {
+			t.Fatalf("%s: a cipher's error: %v of %q", data, err, subject)
+		}
+		other, _ := projector.NewKeyCipher(bytes.Repeat([]byte{8}, projector.DataKeySize))
+		if _, _, _, err := p.OpenStoredBy(sealed, func(string) (*projector.KeyCipher, error) { return other, nil }); !errors.Is(err, projector.ErrSealed) {
+			t.Fatalf("%s: another key: %v", data, err)
+		}
+	}
+	// A row sealed before envelopes were written in place (SealValue's
+	// string, quoted by encoding/json) opens the same, and an envelope
+	// written in place opens with OpenValue: one format.
+	env, err := projector.SealValue(key, "c-1", "name", []byte(`"Ada"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quoted, _ := json.Marshal(env)
+	old := json.RawMessage(`{"name": ` + string(quoted) + `, "customer": "c-1"}`)
+	if got, _, _, err := p.OpenStoredBy(old, func(string) (*projector.KeyCipher, error) { return c, nil }); err != nil || string(got) != `{"name": "Ada", "customer": "c-1"}` {
+		t.Fatalf("an envelope of SealValue opens as %s (%v)", got, err)
+	}
+	var fields map[string]string
+	now, _ := p.SealWith(json.RawMessage(`{"customer":"c-1","name":"Ada"}`), "c-1", c)
+	if err := json.Unmarshal(now, &fields); err != nil {
+		t.Fatal(err)
+	}
+	if plain, err := projector.OpenValue(key, "c-1", "name", fields["name"]); err != nil || string(plain) != `"Ada"` {
+		t.Fatalf("an envelope written in place opens with OpenValue as %s (%v)", plain, err)
+	}
+
+	// More sealed fields than the opener keeps on the stack.
+	six := projector.Personal{Subject: "customer", Fields: []string{"a", "b", "c", "d", "e", "f"}}
+	many := json.RawMessage(`{"a":"1","b":[2],"c":{"x":3},"customer":"c-1","d":4,"e":"5","f":true}`)
+	sealed, err := six.SealWith(many, "c-1", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _, err := six.OpenStoredBy(sealed, func(string) (*projector.KeyCipher, error) { return c, nil }); err != nil || !bytes.Equal(got, many) {
+		t.Fatalf("six fields open as %s (%v), want %s", got, err, many)
+	}
+	plain := json.RawMessage(`{"customer":"c-1","plan":"pro"}`)
+	if got, subject, _, err := p.OpenStoredBy(plain, func(string) (*projector.KeyCipher, error) { return nil, errNoKey }); err != nil || subject != "c-1" || !bytes.Equal(got, plain) {
+		t.Fatalf("nothing sealed: %s of %q (%v): the cipher is asked only for a sealed field", got, subject, err)
+	}
+	for _, data := range []string{`{"name":"pjx1.AAAA"}`, `{"customer":"","name":"pjx1.AAAA"}`, `{"customer":1}`, `[1]`} {
+		if _, _, _, err := p.OpenStoredBy(json.RawMessage(data), func(string) (*projector.KeyCipher, error) { return c, nil }); !errors.Is(err, projector.ErrInvalidPayload) {
+			t.Errorf("%s: %v", data, err)
+		}
+	}
+}

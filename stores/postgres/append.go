@@ -166,8 +166,14 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 		}
 	}
 
-	guarded := keys != nil && len(keys.guardSubjects) > 0
-	sql, takesVersion := s.sql.append.statement(expected, n, guarded)
+	guard := guardNone
+	if keys != nil && len(keys.guardSubjects) > 0 {
+		guard = guardMany
+		if len(keys.guardSubjects) == 1 {
+			guard = guardOne
+		}
+	}
+	sql, takesVersion := s.sql.append.statement(expected, n, guard)
 	args := make([]any, 0, 15)
 	args = append(args, stream.Tenant, stream.Type, stream.ID, int64(n))
 	if n == 1 {
@@ -181,8 +187,11 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 	if takesVersion {
 		args = append(args, int64(expected))
 	}
-	if guarded {
+	switch guard {
+	case guardMany:
 		args = append(args, keys.guardSubjects, keys.guardWrapped)
+	case guardOne:
+		args = append(args, keys.guardSubjects[0], keys.guardWrapped[0])
 	}
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
@@ -203,7 +212,7 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 		return AppendResult{}, mapError(stream, expected, err)
 	}
 	if len(got) == 0 {
-		if guarded {
+		if guard != guardNone {
 			if err := s.checkGuard(ctx, tx, stream.Tenant, keys); err != nil {
 				return AppendResult{}, err
 			}

@@ -181,24 +181,35 @@ type rowKey struct {
 // open opens the sealed personal fields of events in place. rowKeys, when
 // not nil, are the key rows a keyed read brought with each event; a subject
 // whose key row the read did not bring is opened with its cached key when
-// the cache trusts it at the read's key epoch (keyCache), and the other
-// keys are read through db in one statement. A forgotten subject's fields
-// become null and the event is marked Forgotten. Events of types without
-// personal fields, and those with nothing sealed, are left alone.
+// the cache trusts it at the read's key epoch (keyCache), in the same pass
+// over the payload that finds the subject (projector.Personal.OpenStoredBy),
+// and the other keys are read through db in one statement. A forgotten
+// subject's fields become null and the event is marked Forgotten. Events of
+// types without personal fields, and those with nothing sealed, are left
+// alone.
 func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, rowKeys []rowKey) error {
 	type sealed struct {
-		i       int
-		ref     SubjectRef
-		cipher  *projector.KeyCipher // nil: forgotten
-		fetch   bool                 // the key is read by DataKeys
-		trusted bool                 // the key is a trusted cache entry
+		i      int
+		ref    SubjectRef
+		cipher *projector.KeyCipher // nil: forgotten
+		fetch  bool                 // the key is read by DataKeys
 	}
-	todo := make([]sealed, 0, len(events))
+	var todo []sealed
 	var refs []SubjectRef
 	var seen map[SubjectRef]bool
 	kt, _ := s.keys.(*KeyTable)
 	if kt == nil {
 		rowKeys = nil
+	}
+	// trusted is the cipher of the event at hand's subject when the cache
+	// trusts its key at the event's read's epoch; errUntrusted otherwise.
+	var tenant string
+	var epoch int64
+	trusted := func(id string) (*projector.KeyCipher, error) {
+		if e, ok := kt.cache.trusted(SubjectRef{Tenant: tenant, ID: id}, epoch); ok {
+			return e.cipher, nil
+		}
+		return nil, errUntrusted
 	}
 	for i := range events {
 		ev := &events[i]
@@ -207,7 +218,8 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			continue
 		}
 		t := sealed{i: i, ref: SubjectRef{Tenant: ev.Stream.Tenant}}
-		if rowKeys != nil && rowKeys[i].keyID != nil {
+		switch {
+		case rowKeys != nil && rowKeys[i].keyID != nil:
 			// The read found the key row of the subject the payload names.
 			rk := rowKeys[i]
 			t.ref.ID = *rk.subject
@@ -220,18 +232,30 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			} // else forgotten: no key
 			todo = append(todo, t)
 			continue
-		}
-		id, err := p.SubjectOf(ev.Data)
-		if err != nil {
-			return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
-		}
-		t.ref.ID = id
-		if rowKeys != nil {
-			if e, ok := kt.cache.trusted(t.ref, rowKeys[i].epoch.Int64); ok {
-				t.cipher, t.trusted = e.cipher, true
-				todo = append(todo, t)
+		case rowKeys != nil:
+			tenant, epoch = ev.Stream.Tenant, rowKeys[i].epoch.Int64
+			data, id, forgotten, err := p.OpenStoredBy(ev.Data, trusted)
+			switch {
+			case err == nil:
+				ev.Data, ev.Forgotten = data, forgotten
 				continue
+			case id == "":
+				return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+			case errors.Is(err, errUntrusted):
+			case errors.Is(err, projector.ErrSealed):
+				// A trusted key of a transaction that rolled back
+				// (keyCache): read the subject's key row.
+				kt.cache.drop(SubjectRef{Tenant: tenant, ID: id})
+			default:
+				return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 			}
+			t.ref.ID = id
+		default:
+			id, err := p.SubjectOf(ev.Data)
+			if err != nil {
+				return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
+			}
+			t.ref.ID = id
 		}
 		t.fetch = true
 		if !seen[t.ref] {
@@ -259,16 +283,6 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			t.cipher = ciphers[t.ref]
 		}
 		data, forgotten, err := projector.OpenStored(ev.Data, t.ref.ID, t.cipher)
-		if err != nil && t.trusted && errors.Is(err, projector.ErrSealed) {
-			// A trusted key of a transaction that rolled back (keyCache):
-			// read the subject's key row.
-			kt.cache.drop(t.ref)
-			var again map[SubjectRef]*projector.KeyCipher
-			if again, err = s.readKeyCiphers(ctx, db, kt, []SubjectRef{t.ref}); err != nil {
-				return err
-			}
-			data, forgotten, err = projector.OpenStored(ev.Data, t.ref.ID, again[t.ref])
-		}
 		if err != nil {
 			return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 		}
@@ -276,6 +290,10 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 	}
 	return nil
 }
+
+// errUntrusted: the cache does not trust a subject's key at a read's
+// epoch; the read fetches it.
+var errUntrusted = errors.New("no trusted cached key")
 
 // readKeyCiphers reads the keys of refs through db, in one statement, and
 // returns their ciphers; a forgotten subject, or one without a key, is

@@ -90,10 +90,15 @@ func TestKeyCacheRolledBackKey(t *testing.T) {
 }
 
 // statementCounter counts the statements a pool sends.
-type statementCounter struct{ n atomic.Int64 }
+// statementCounter counts the statements sent and keeps the last one's SQL.
+type statementCounter struct {
+	n    atomic.Int64
+	last atomic.Pointer[string]
+}
 
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	c.last.Store(&d.SQL)
 	return ctx
 }
 
@@ -122,6 +127,7 @@ func TestPersonalRoundTrips(t *testing.T) {
 	defer conn.Release()
 	stream := projector.TenantStream("acme", "customer", "c-3")
 	ada := testevents.CustomerRegistered{Customer: "c-3", Name: "Ada", Email: "ada@x", Plan: "pro"}
+	var appended string // the SQL of the last append
 	appendOne := func() int64 {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
@@ -133,6 +139,7 @@ func TestPersonalRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 		n := count.n.Load() - start
+		appended = *count.last.Load()
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -141,6 +148,11 @@ func TestPersonalRoundTrips(t *testing.T) {
 	appendOne() // creates the key
 	if n := appendOne(); n != 1 {
 		t.Errorf("an append with the subject's key cached sent %d statements, want 1", n)
+	}
+	// One subject's key is guarded by a probe with scalars, not by arrays
+	// encoded, sent and unnested.
+	if strings.Contains(appended, "unnest(") {
+		t.Errorf("the append of one subject's event guards its key with arrays:\n%s", appended)
 	}
 	start := count.n.Load()
 	evs, err := store.ReadStreamTx(ctx, conn, stream, postgres.StreamQuery{})
@@ -165,6 +177,34 @@ func TestPersonalRoundTrips(t *testing.T) {
 	}
 	if n := count.n.Load() - start; n != 1 {
 		t.Errorf("a log read of sealed events sent %d statements, want 1", n)
+	}
+
+	// Two subjects' cached keys in one append: the guard with arrays.
+	bob := testevents.CustomerRegistered{Customer: "c-4", Name: "Bob", Email: "bob@x", Plan: "pro"}
+	both := func(payloads ...any) int64 {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		start := count.n.Load()
+		if _, err := store.Append(ctx, tx, stream, projector.AnyVersion, payloads...); err != nil {
+			t.Fatal(err)
+		}
+		n := count.n.Load() - start
+		appended = *count.last.Load()
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	both(bob) // creates c-4's key
+	if n := both(ada, bob); n != 1 || !strings.Contains(appended, "projector_subject_keys") {
+		t.Errorf("an append of two subjects' events with their keys cached sent %d statements, the last:\n%s", n, appended)
+	}
+	evs, err = store.ReadStreamTx(ctx, conn, stream, postgres.StreamQuery{FromVersion: 4})
+	if err != nil || len(evs) != 2 || evs[0].Payload != ada || evs[1].Payload != bob {
+		t.Fatalf("read %+v: %v", evs, err)
 	}
 }
 

@@ -31,8 +31,9 @@ const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream
 // a CTE that writes the stream's head, then the insert of the events, numbered
 // from the head's new version. There is one statement per kind of expected
 // version, per shape (one event or many) and per guard (none, or the key
-// guard of an append sealed under cached keys: appendGuardSQL), twelve in
-// all, so each plan holds
+// guard of an append sealed under cached keys: appendGuardSQL, or
+// appendGuardOneSQL when they are one subject's), eighteen in all, so each
+// plan holds
 // only the head write that can apply: a statement with every branch paid for
 // starting and running the ones that could not, and a single event paid for
 // unnest, ORDINALITY and the sort of one row (docs/performance.md, "Single-event
@@ -50,7 +51,7 @@ const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream
 // refused. A refused head returns no row, the event
 // insert then inserts nothing, and the caller reads the head to report why.
 //
-// Parameters, the same in all twelve: $1, $2, $3 the stream (tenant, type, id),
+// Parameters, the same in all eighteen: $1, $2, $3 the stream (tenant, type, id),
 // $4 the number of events, $5–$8 the events' ids, types, schema versions and
 // data (scalars for one event, arrays for many), $9–$12 the metadata
 // (correlation, causation, actor, headers) and, for an exact expected
@@ -118,6 +119,13 @@ const appendGuardSQL = `NOT EXISTS (SELECT FROM unnest($%[1]d::text[], $%[2]d::b
 		WHERE NOT EXISTS (SELECT FROM {{s}}.projector_subject_keys k
 			WHERE k.tenant_id = $1 AND k.subject = g.subject AND k.wrapped = g.wrapped))`
 
+// appendGuardOneSQL is appendGuardSQL for an append whose sealed fields
+// are all one subject's, the common case: one probe of the key table by
+// its primary key, with the subject and wrapped bytes as scalars, where
+// the general guard encodes two arrays and unnests them.
+const appendGuardOneSQL = `EXISTS (SELECT FROM {{s}}.projector_subject_keys k
+		WHERE k.tenant_id = $1 AND k.subject = $%[1]d::text AND k.wrapped = $%[2]d::bytea)`
+
 // appendGuardedValues is appendValues when guarded: a row only when the
 // guard holds.
 const appendGuardedValues = `SELECT $1::text, $2::text, $3::text, $4::bigint, pg_current_xact_id() WHERE `
@@ -125,17 +133,28 @@ const appendGuardedValues = `SELECT $1::text, $2::text, $3::text, $4::bigint, pg
 // appendStatements holds the append statements, by expected-version kind,
 // shape and guard.
 type appendStatements struct {
-	// anyVersion, noStream and exact are indexed by guard (0 none, 1 the
-	// key guard, taking the two parameters after the last) and shape (0 for
-	// one event, 1 for more).
-	anyVersion, noStream, exact [2][2]string
+	// anyVersion, noStream and exact are indexed by guard (guardNone, or
+	// a key guard taking the two parameters after the last: guardMany with
+	// arrays, guardOne with one subject's scalars) and shape (0 for one
+	// event, 1 for more).
+	anyVersion, noStream, exact [3][2]string
 }
 
+// The append statements' key guards.
+const (
+	guardNone = iota // nothing sealed under a cached key
+	guardMany        // appendGuardSQL: arrays of subjects and wrapped keys
+	guardOne         // appendGuardOneSQL: one subject, scalars
+)
+
 func buildAppendStatements(r *strings.Replacer) appendStatements {
-	both := func(head string, guarded bool, first int) [2]string {
+	both := func(head string, kind int, first int) [2]string {
 		values, guard := appendValues, ""
-		if guarded {
+		if kind != guardNone {
 			g := fmt.Sprintf(appendGuardSQL, first, first+1)
+			if kind == guardOne {
+				g = fmt.Sprintf(appendGuardOneSQL, first, first+1)
+			}
 			values, guard = appendGuardedValues+g, "\n\t  AND "+g
 		}
 		head = strings.NewReplacer("{{values}}", values, "{{guard}}", guard).Replace(head)
@@ -143,24 +162,21 @@ func buildAppendStatements(r *strings.Replacer) appendStatements {
 		return [2]string{r.Replace(with + appendOneEvents), r.Replace(with + appendManyEvents)}
 	}
 	var a appendStatements
-	for g, guarded := range []bool{false, true} {
-		a.anyVersion[g] = both(appendAnyHead, guarded, 13)
-		a.noStream[g] = both(appendNoStreamHead, guarded, 13)
-		a.exact[g] = both(appendExactHead, guarded, 14)
+	for g := range a.anyVersion {
+		a.anyVersion[g] = both(appendAnyHead, g, 13)
+		a.noStream[g] = both(appendNoStreamHead, g, 13)
+		a.exact[g] = both(appendExactHead, g, 14)
 	}
 	return a
 }
 
 // statement returns the statement for n events with expectation expected,
-// guarded or not, and whether it takes the expected version as its
+// and key guard g, and whether it takes the expected version as its
 // parameter $13 (the guard's two follow it).
-func (a *appendStatements) statement(expected projector.ExpectedVersion, n int, guarded bool) (sql string, takesVersion bool) {
-	shape, g := 0, 0
+func (a *appendStatements) statement(expected projector.ExpectedVersion, n int, g int) (sql string, takesVersion bool) {
+	shape := 0
 	if n > 1 {
 		shape = 1
-	}
-	if guarded {
-		g = 1
 	}
 	switch {
 	case expected == projector.AnyVersion:

@@ -1,0 +1,65 @@
+package projector_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/projectorhq/projector"
+)
+
+// BenchmarkOpenSealedEvent is the client's share of a sealed read, per
+// event, on the payload of BenchmarkPersonalFields as jsonb returns it:
+// the subject found and both fields opened in one pass (OpenStoredBy, what
+// a read with trusted cached keys does), in two (SubjectOf, then
+// OpenStored: the path before it), and, as the yardstick, decoding the
+// same payload in the clear with json.Unmarshal, which every read does
+// after opening.
+func BenchmarkOpenSealedEvent(b *testing.B) {
+	c, err := projector.NewKeyCipher(bytes.Repeat([]byte{7}, projector.DataKeySize))
+	if err != nil {
+		b.Fatal(err)
+	}
+	sealed, err := allocPersonal.SealWith(allocPayload, "c-7", c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	byID := func(string) (*projector.KeyCipher, error) { return c, nil }
+	b.Run("one-pass", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, _, err := allocPersonal.OpenStoredBy(sealed, byID); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("two-pass", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			id, err := allocPersonal.SubjectOf(sealed)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := projector.OpenStored(sealed, id, c); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("seal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := allocPersonal.SealWith(allocPayload, "c-7", c); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("unmarshal-clear", func(b *testing.B) {
+		b.ReportAllocs()
+		var v struct{ Customer, Name, Email, Plan string }
+		for b.Loop() {
+			if err := json.Unmarshal(allocPayload, &v); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
