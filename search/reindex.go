@@ -15,10 +15,12 @@ import (
 // a blue/green rebuild of its consumer instead (`projector rebuild NAME`).
 var ErrNotReindexable = errors.New("search: the backend cannot reindex by swapping (for PostgreSQL use projector rebuild)")
 
-// ErrPartitioned: [Reindex] and [Verify] work from the consumer's one
-// cursor, and a partitioned search projection (AsyncConfig.Partitions) has
-// one per partition. Rebuild it with `projector rebuild` once rebuilds of
-// partitioned consumers exist, or run it unpartitioned to reindex.
+// ErrPartitioned: [Reindex] takes over from the consumer's one cursor, and
+// a partitioned search projection (AsyncConfig.Partitions) has one per
+// partition. Rebuild it blue/green instead (`projector rebuild NAME`,
+// docs/rebuilds.md "Partitioned consumers"), or run it unpartitioned to
+// reindex. [Verify] returns it only for a partitioned consumer that has no
+// partition rows yet (no dispatcher ran it).
 var ErrPartitioned = errors.New("search: not built for a partitioned projection yet")
 
 // Swapper is implemented by backends that reindex by building a new index
@@ -188,7 +190,7 @@ func (p *Projection) replayInto(ctx context.Context, store *postgres.Store, b Ba
 		ops, pending = ops[:0], 0
 		return nil
 	}
-	err := p.replayEach(ctx, store, from, to, func(w *Writer) error {
+	err := p.replayEach(ctx, store, from, to, nil, func(w *Writer) error {
 		ops = append(ops, w.ops...)
 		n++
 		if pending++; pending >= batch {
