@@ -140,8 +140,18 @@ failed), 2 bad command line.`,
 					return err
 				}
 				idx := p.SearchIndex()
-				fmt.Fprintf(a.out, "search projection %s (%s index %q) at cursor %s: %d events replayed; %d documents expected, %d indexed, %d compared\n",
-					p.Name(), p.SearchBackend().Kind(), idx.Name, cursor(r.Cursor), r.Events, r.Expected, r.Indexed, r.Compared)
+				at := "cursor " + cursor(r.Cursor)
+				if len(r.Partitions) > 0 {
+					// Partitioned: each document was expected as of its
+					// stream's partition's cursor.
+					parts := make([]string, len(r.Partitions))
+					for i, pc := range r.Partitions {
+						parts[i] = pc.Partition + " " + cursor(pc.Cursor)
+					}
+					at = "partition cursors " + strings.Join(parts, ", ")
+				}
+				fmt.Fprintf(a.out, "search projection %s (%s index %q) at %s: %d events replayed; %d documents expected, %d indexed, %d compared\n",
+					p.Name(), p.SearchBackend().Kind(), idx.Name, at, r.Events, r.Expected, r.Indexed, r.Compared)
 				if r.Moved {
 					fmt.Fprintln(a.out, "note: the consumer kept moving while the index was read; differences may include batches in flight")
 				}

@@ -174,15 +174,29 @@ func (p *Projection) eventHash(ev projector.Event) uint32 {
 // event in (from, to] of the partition it belongs to. It returns how many
 // it applied.
 func (p *Projection) replaySince(ctx context.Context, store *postgres.Store, m *memIndex, from, to cursors) (int, error) {
+	lo, hi, keep := p.between(from, to)
+	n := 0
+	err := p.replayEach(ctx, store, lo, hi, keep, func(w *Writer) error {
+		m.apply(w.ops)
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// between returns the range of the log holding the events the consumer
+// applied between the views from and to (from the zero view: since the
+// start), and, partitioned, the filter keeping each event in (from, to]
+// of its own partition (nil for one cursor).
+func (p *Projection) between(from, to cursors) (lo, hi projector.Position, keep func(projector.Event) (bool, error)) {
 	if !to.partitioned() {
-		return p.replay(ctx, store, m, from.one, to.one)
+		return from.one, to.one, nil
 	}
-	lo := projector.Start
+	lo = projector.Start
 	if from.partitioned() {
 		lo = from.low()
 	}
-	n := 0
-	keep := func(ev projector.Event) (bool, error) {
+	keep = func(ev projector.Event) (bool, error) {
 		h := p.eventHash(ev)
 		upto, ok := to.at(h)
 		if !ok {
@@ -196,10 +210,5 @@ func (p *Projection) replaySince(ctx context.Context, store *postgres.Store, m *
 		}
 		return after.Less(ev.Position) && !upto.Less(ev.Position), nil
 	}
-	err := p.replayEach(ctx, store, lo, to.high(), keep, func(w *Writer) error {
-		m.apply(w.ops)
-		n++
-		return nil
-	})
-	return n, err
+	return lo, to.high(), keep
 }
