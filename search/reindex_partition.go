@@ -11,11 +11,6 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// ErrLayoutChanged: a partitioned projection's partitions were split or
-// merged while [Reindex] held them; it dropped the new index and resumed
-// live indexing, and can be run again.
-var ErrLayoutChanged = errors.New("search: the partitions were split or merged during the reindex")
-
 // reindexPartitioned is [Reindex] for a partitioned projection. It works
 // as for one cursor, per partition: it builds the new index from the log,
 // each event up to its own partition's cursor; holds live indexing by
@@ -23,7 +18,9 @@ var ErrLayoutChanged = errors.New("search: the partitions were split or merged d
 // running batch, so the live index is then exactly at the partitions'
 // cursors); brings the new index up to each partition's held cursor;
 // swaps; and enables every partition again. A split or merge while it
-// holds them fails it with [ErrLayoutChanged].
+// holds them fails it with [projection.ErrLayoutChanged] (which matches
+// [projector.ErrInvalidTransition]): the new index is dropped, the
+// partitions resume, and it can be run again.
 func (p *Projection) reindexPartitioned(ctx context.Context, store *postgres.Store, sw Swapper, admin *projection.Admin, id projection.ShardID, batch int) (ReindexReport, error) {
 	built, err := readCursors(ctx, store, admin, id)
 	if err != nil {
@@ -81,7 +78,8 @@ func (p *Projection) reindexPartitioned(ctx context.Context, store *postgres.Sto
 		return fail(errors.Join(err, enable()))
 	}
 	if !sameLayout(built, held) {
-		return fail(errors.Join(ErrLayoutChanged, enable()))
+		return fail(errors.Join(fmt.Errorf("%w: a split or merge ran while the reindex held the partitions; run it again: %w",
+			projection.ErrLayoutChanged, projector.ErrInvalidTransition), enable()))
 	}
 	lo, hi, keep = p.between(built, held)
 	n, err = p.replayInto(ctx, store, shadow, lo, hi, keep, batch)

@@ -1,9 +1,11 @@
 package search_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/cli"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
@@ -116,6 +120,20 @@ func TestVerifyPartitioned(t *testing.T) {
 			must(t, err)
 			if report.OK() || len(report.Differences) != 1 || report.Differences[0].ID != other || report.Differences[0].Kind != search.Differs {
 				t.Fatalf("verify after tampering with acme/%s: OK %v, differences %+v", other, report.OK(), report.Differences)
+			}
+			// The command says so, with each partition's cursor.
+			async, err := p.Async()
+			must(t, err)
+			root := cli.New(cli.Config{Registry: e.types.Registry, Wire: func(string) (cli.Wiring, error) {
+				return cli.Wiring{Async: []*projection.Async{async}}, nil
+			}})
+			var out bytes.Buffer
+			root.SetOut(&out)
+			root.SetErr(&out)
+			root.SetArgs([]string{"search", "verify", "ticket_search", "--database-url", pgtest.URL(t), "--schema", e.store.Schema()})
+			if err := root.ExecuteContext(e.ctx); cli.ExitCode(err) != cli.ExitError || !strings.Contains(out.String(), "at partition cursors 0/4 ") ||
+				!strings.Contains(out.String(), "differs  acme/"+other) {
+				t.Fatalf("search verify after tampering: %v\n%s", err, out.String())
 			}
 			must(t, admin.Enable(e.ctx, part0))
 		})
