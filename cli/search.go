@@ -62,10 +62,13 @@ leaving searches without an answer: it builds a new index beside the live one up
 the consumer's cursor while live indexing goes on, holds live indexing (disables the
 shard) while the new index catches up to the same cursor, swaps the two atomically
 (Meilisearch's swap-indexes), deletes the old one and resumes live indexing.
+A partitioned projection is reindexed per partition: each event up to its own
+partition's cursor, every partition held while the new index catches up.
 
 For a PostgreSQL index use 'rebuild NAME' (blue/green) instead: refused here.
 Exit codes: 0 reindexed, 1 failed, 2 bad command line, 3 refused (not a swapping
-backend, or the consumer is dead or disabled).`,
+backend, the consumer or one of its partitions is dead or disabled, or its
+partitions were split or merged meanwhile).`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageError{fmt.Errorf("search reindex needs the search projection's NAME")}
@@ -90,6 +93,9 @@ backend, or the consumer is dead or disabled).`,
 				}
 				fmt.Fprintf(a.out, "reindexed search projection %s (%s index %q): %d events replayed; built to %s while live, swapped at %s\n",
 					p.Name(), p.SearchBackend().Kind(), p.SearchIndex().Name, r.Events, cursor(r.Built), cursor(r.Swapped))
+				if len(r.Partitions) > 0 {
+					fmt.Fprintf(a.out, "partitioned: swapped at partition cursors %s (built and swapped above are the lowest)\n", partitionCursors(r.Partitions))
+				}
 				return nil
 			})
 		},
@@ -110,7 +116,9 @@ extra and differing documents are listed. --sample N compares the contents of N
 documents picked at random instead of all; every missing or extra document is
 found whatever the sample, and any is a failure. It works through the documents in pages of --page-size
 (by a hash of tenant and id), replaying the log once per page, so its memory is
-bounded by a page, not by the index.
+bounded by a page, not by the index. On a partitioned projection each document is
+expected as of the cursor of its own stream's partition, and every partition's cursor
+is printed.
 
 Exit codes: 0 the index holds what the log says, 1 it differs (or the check
 failed), 2 bad command line.`,
@@ -140,8 +148,14 @@ failed), 2 bad command line.`,
 					return err
 				}
 				idx := p.SearchIndex()
-				fmt.Fprintf(a.out, "search projection %s (%s index %q) at cursor %s: %d events replayed; %d documents expected, %d indexed, %d compared\n",
-					p.Name(), p.SearchBackend().Kind(), idx.Name, cursor(r.Cursor), r.Events, r.Expected, r.Indexed, r.Compared)
+				at := "cursor " + cursor(r.Cursor)
+				if len(r.Partitions) > 0 {
+					// Partitioned: each document was expected as of its
+					// stream's partition's cursor.
+					at = "partition cursors " + partitionCursors(r.Partitions)
+				}
+				fmt.Fprintf(a.out, "search projection %s (%s index %q) at %s: %d events replayed; %d documents expected, %d indexed, %d compared\n",
+					p.Name(), p.SearchBackend().Kind(), idx.Name, at, r.Events, r.Expected, r.Indexed, r.Compared)
 				if r.Moved {
 					fmt.Fprintln(a.out, "note: the consumer kept moving while the index was read; differences may include batches in flight")
 				}
@@ -173,6 +187,16 @@ failed), 2 bad command line.`,
 	cmd.Flags().IntVar(&show, "show", 20, "list at most this many differences")
 	cmd.Flags().IntVar(&pageSize, "page-size", search.DefaultVerifyPage, "documents compared per page (memory is bounded by a page; each page replays the log)")
 	return cmd
+}
+
+// partitionCursors lists a partitioned consumer's cursors as "p/N
+// position, …".
+func partitionCursors(parts []search.PartitionCursor) string {
+	out := make([]string, len(parts))
+	for i, pc := range parts {
+		out[i] = pc.Partition + " " + cursor(pc.Cursor)
+	}
+	return strings.Join(out, ", ")
 }
 
 // verifyCounts says how a verify report's index differs from the log.

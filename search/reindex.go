@@ -15,10 +15,12 @@ import (
 // a blue/green rebuild of its consumer instead (`projector rebuild NAME`).
 var ErrNotReindexable = errors.New("search: the backend cannot reindex by swapping (for PostgreSQL use projector rebuild)")
 
-// ErrPartitioned: [Reindex] and [Verify] work from the consumer's one
-// cursor, and a partitioned search projection (AsyncConfig.Partitions) has
-// one per partition. Rebuild it with `projector rebuild` once rebuilds of
-// partitioned consumers exist, or run it unpartitioned to reindex.
+// ErrPartitioned: [Reindex] takes over from the consumer's one cursor, and
+// a partitioned search projection (AsyncConfig.Partitions) has one per
+// partition. Rebuild it blue/green instead (`projector rebuild NAME`,
+// docs/rebuilds.md "Partitioned consumers"), or run it unpartitioned to
+// reindex. [Verify] returns it only for a partitioned consumer that has no
+// partition rows yet (no dispatcher ran it).
 var ErrPartitioned = errors.New("search: not built for a partitioned projection yet")
 
 // Swapper is implemented by backends that reindex by building a new index
@@ -88,6 +90,10 @@ type ReindexReport struct {
 	// indexing went on, then up to Swapped while it was held.
 	Events         int
 	Built, Swapped projector.Position
+	// Partitions are, for a partitioned projection, the partitions'
+	// cursors the new index was swapped in at (Built and Swapped are then
+	// the lowest of them).
+	Partitions []PartitionCursor
 }
 
 // Reindex rebuilds p's index from the log without leaving searches
@@ -122,9 +128,12 @@ func Reindex(ctx context.Context, store *postgres.Store, p *Projection, batch in
 	}
 	admin := projection.NewAdmin(store)
 	id := projection.ShardID{Consumer: p.name, Instance: projection.SharedInstance}
-	st, err := unpartitioned(ctx, admin, id)
+	st, err := admin.Status(ctx, id)
 	if err != nil {
 		return ReindexReport{}, fmt.Errorf("reindex %q: %w", p.name, err)
+	}
+	if st.Fence() {
+		return p.reindexPartitioned(ctx, store, sw, admin, id, batch)
 	}
 	if st.Status != projection.StatusIdle && st.Status != projection.StatusProcessing {
 		return ReindexReport{}, fmt.Errorf("reindex %q: the consumer is %s; it must be running (idle or processing) so the new index can take over from it: %w",
@@ -141,7 +150,7 @@ func Reindex(ctx context.Context, store *postgres.Store, p *Projection, batch in
 		}
 		return r, fmt.Errorf("reindex %q: %w", p.name, err)
 	}
-	n, err := p.replayInto(ctx, store, shadow, projector.Start, st.Cursor, batch)
+	n, err := p.replayInto(ctx, store, shadow, projector.Start, st.Cursor, nil, batch)
 	r.Events, r.Built = n, st.Cursor
 	if err != nil {
 		return fail(err)
@@ -159,7 +168,7 @@ func Reindex(ctx context.Context, store *postgres.Store, p *Projection, batch in
 	if err != nil {
 		return fail(errors.Join(err, enable()))
 	}
-	n, err = p.replayInto(ctx, store, shadow, st.Cursor, held.Cursor, batch)
+	n, err = p.replayInto(ctx, store, shadow, st.Cursor, held.Cursor, nil, batch)
 	r.Events, r.Swapped = r.Events+n, held.Cursor
 	if err != nil {
 		return fail(errors.Join(err, enable()))
@@ -173,9 +182,9 @@ func Reindex(ctx context.Context, store *postgres.Store, p *Projection, batch in
 	return r, nil
 }
 
-// replayInto replays the events of p's types in (from, to] into b, batch
-// events per Apply.
-func (p *Projection) replayInto(ctx context.Context, store *postgres.Store, b Backend, from, to projector.Position, batch int) (int, error) {
+// replayInto replays the events of p's types in (from, to] that keep (when
+// set) keeps into b, batch events per Apply.
+func (p *Projection) replayInto(ctx context.Context, store *postgres.Store, b Backend, from, to projector.Position, keep func(projector.Event) (bool, error), batch int) (int, error) {
 	var ops []Op
 	n, pending := 0, 0
 	flush := func() error {
@@ -188,7 +197,7 @@ func (p *Projection) replayInto(ctx context.Context, store *postgres.Store, b Ba
 		ops, pending = ops[:0], 0
 		return nil
 	}
-	err := p.replayEach(ctx, store, from, to, func(w *Writer) error {
+	err := p.replayEach(ctx, store, from, to, keep, func(w *Writer) error {
 		ops = append(ops, w.ops...)
 		n++
 		if pending++; pending >= batch {
@@ -200,15 +209,4 @@ func (p *Projection) replayInto(ctx context.Context, store *postgres.Store, b Ba
 		return n, err
 	}
 	return n, flush()
-}
-
-// unpartitioned returns the state of the consumer's one shard id, or
-// ErrPartitioned when it is partitioned: its unpartitioned row is then only
-// the fence, whose cursor never moves.
-func unpartitioned(ctx context.Context, admin *projection.Admin, id projection.ShardID) (projection.ShardState, error) {
-	st, err := admin.Status(ctx, id)
-	if err == nil && st.Fence() {
-		err = fmt.Errorf("%w (consumer %s is partitioned)", ErrPartitioned, id.Consumer)
-	}
-	return st, err
 }

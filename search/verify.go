@@ -76,8 +76,15 @@ type Difference struct {
 
 // VerifyReport is what [Verify] found.
 type VerifyReport struct {
-	// Cursor is the consumer's position the comparison was made at.
+	// Cursor is the consumer's position the comparison was made at; for a
+	// partitioned consumer, the lowest of its partitions' cursors (every
+	// partition had applied the log up to it at least).
 	Cursor projector.Position
+	// Partitions are, for a partitioned consumer, the cursor of each
+	// partition the comparison was made at (of the last page): each
+	// document was expected as of its stream's partition's cursor. Nil for
+	// an unpartitioned one.
+	Partitions []PartitionCursor
 	// Events is how many events of the projection's types up to Cursor
 	// were replayed (dead-lettered and skipped ones excluded).
 	Events int
@@ -112,6 +119,13 @@ func (r VerifyReport) OK() bool { return len(r.Differences) == 0 && r.Expected =
 // pages as [VerifyOptions.PageSize] needs for the index's size, and each
 // page is replayed, listed and compared on its own, so memory is bounded
 // by a page, not the index.
+//
+// On a partitioned projection (AsyncConfig.Partitions) each event is
+// replayed only up to the cursor of its own partition, the one its stream
+// (or partition key) hashes into: the index holds a document as of that
+// partition's cursor (verify_partition.go). A delete by filter, whose
+// effect spans streams and so partitions, is replayed in log order, which
+// the partitions did not keep: it may show as a difference there.
 //
 // The consumer may keep running: Verify reads the cursor before and after
 // reading each page of the index and reads it again when it moved. Events
@@ -150,26 +164,23 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 	pages := min(maxVerifyPages, max(1, (indexed+pageSize-1)/pageSize))
 	admin := projection.NewAdmin(store)
 	id := projection.ShardID{Consumer: p.name, Instance: projection.SharedInstance}
-	if _, err := unpartitioned(ctx, admin, id); err != nil {
-		return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
-	}
 	var report VerifyReport
 	for page := range pages {
 		inPage := func(tenant, docID string) bool { return pages == 1 || pageOf(tenant, docID, pages) == page }
 		want := memIndex{idx: p.cfg.Index, docs: map[docKey]map[string]json.RawMessage{}, keep: inPage}
-		replayed := projector.Start
+		var replayed cursors
 		events := 0
 		for attempt := 1; ; attempt++ {
-			st, err := admin.Status(ctx, id)
+			st, err := readCursors(ctx, store, admin, id)
 			if err != nil {
 				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
 			}
-			n, err := p.replay(ctx, store, &want, replayed, st.Cursor)
+			n, err := p.replaySince(ctx, store, &want, replayed, st)
 			if err != nil {
 				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
 			}
 			events += n
-			replayed = st.Cursor
+			replayed = st
 			var got []Stored
 			err = each(ctx, p.cfg.Index, func(s Stored) error {
 				if inPage(s.Tenant, s.ID) {
@@ -180,17 +191,17 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 			if err != nil {
 				return VerifyReport{}, fmt.Errorf("verify %q: list the index: %w", p.name, err)
 			}
-			after, err := admin.Status(ctx, id)
+			after, err := readCursors(ctx, store, admin, id)
 			if err != nil {
 				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
 			}
-			moved := after.Cursor != st.Cursor
+			moved := !after.equal(st)
 			if moved && attempt < attempts {
 				continue
 			}
 			// Every page replays the same events; count them once.
 			report.Events = events
-			report.Cursor, report.Moved = st.Cursor, report.Moved || moved
+			report.Cursor, report.Partitions, report.Moved = st.low(), st.report(), report.Moved || moved
 			sample := 0
 			if opts.Sample > 0 {
 				// The sample is spread evenly over the pages (a page of
@@ -253,23 +264,12 @@ func eachDocument(l Lister) func(ctx context.Context, idx Index, fn func(Stored)
 	}
 }
 
-// replay applies the events of p's types in (from, to] to m and returns
-// how many it applied.
-func (p *Projection) replay(ctx context.Context, store *postgres.Store, m *memIndex, from, to projector.Position) (int, error) {
-	n := 0
-	err := p.replayEach(ctx, store, from, to, func(w *Writer) error {
-		m.apply(w.ops)
-		n++
-		return nil
-	})
-	return n, err
-}
-
 // replayEach runs p's handlers over the events of its types in (from, to],
 // in log order, archived ones included (`streams archive`: the index was
 // built from them), leaving out those the consumer dead-lettered or an
-// operator skipped, and hands each event's operations to fn.
-func (p *Projection) replayEach(ctx context.Context, store *postgres.Store, from, to projector.Position, fn func(w *Writer) error) error {
+// operator skipped, and those keep (when set) declines, and hands each
+// event's operations to fn.
+func (p *Projection) replayEach(ctx context.Context, store *postgres.Store, from, to projector.Position, keep func(projector.Event) (bool, error), fn func(w *Writer) error) error {
 	if !from.Less(to) {
 		return nil
 	}
@@ -292,6 +292,15 @@ func (p *Projection) replayEach(ctx context.Context, store *postgres.Store, from
 			}
 			if dead[ev.ID] {
 				continue
+			}
+			if keep != nil {
+				ok, err := keep(ev)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					continue
+				}
 			}
 			w := &Writer{idx: p.cfg.Index, tenant: ev.Stream.Tenant}
 			if p.cfg.Index.Shared {
