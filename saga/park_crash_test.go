@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
@@ -52,7 +53,9 @@ func TestPromise18_SagaParksSurviveKills(t *testing.T) {
 			want[id] = append(want[id], "agent ann")
 		}
 	}
-	for kills := 0; kills < 8; kills++ {
+	// Three kills by default (a few dozen poisons among the events),
+	// PROJECTOR_SOAK eight.
+	for kills := 0; kills < pgtest.SoakSize(3, 8); kills++ {
 		c := e.startChild(0, childPark+"=1")
 		appendSome()
 		// Kill at a random moment; the child never exits on its own.
