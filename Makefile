@@ -8,7 +8,7 @@ PKGS     ?= ./...
 TEST_DB  := $(shell scripts/test-database-url)
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all demo test test-short bench fuzz lint build clean
+.PHONY: all demo test test-soak test-short bench fuzz lint build clean
 
 all: build test
 
@@ -25,6 +25,11 @@ build:
 test:
 	$(GO) vet $(PKGS)
 	PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -race -count=1 -timeout 30m $(PKGS)
+
+## test-soak: the suite with the race detector and the crash and concurrency
+## tests at their full sizes (PROJECTOR_SOAK=1: more kills and rounds), before a release
+test-soak:
+	PROJECTOR_SOAK=1 PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -race -count=1 -timeout 60m $(PKGS)
 
 ## test-short: the suite without -race, for a quick loop
 test-short:

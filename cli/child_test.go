@@ -1,19 +1,31 @@
 package cli
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"testing"
 
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/saga"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// asOpsBinary makes this test binary, when env is set, the ops binary of
-// an application that wire wires (given its event types, the schema and
-// env's value) and exits with its exit code: the tests run it as a
-// separate process, the way an operator runs the real one. Call it from
-// an init function.
+// opsWirings holds the applications asOpsBinary declared, by the variable
+// that selects them, for runOps to build in this process.
+var opsWirings = map[string]func(types testevents.Types, schema, value string) Wiring{}
+
+// asOpsBinary declares the ops binary of an application that wire wires
+// (given its event types, the schema and env's value). runOps runs its
+// command tree in this process; when env is set, this test binary is that
+// binary and exits with its exit code, for the few tests that need a
+// separate process (what it reads from its own environment, such as
+// $USER). Call it from an init function.
 func asOpsBinary(env string, wire func(types testevents.Types, schema, value string) Wiring) {
+	opsWirings[env] = wire
 	v := os.Getenv(env)
 	if v == "" {
 		return
@@ -22,6 +34,50 @@ func asOpsBinary(env string, wire func(types testevents.Types, schema, value str
 	os.Exit(Main(Config{Registry: types.Registry, Wire: func(schema string) (Wiring, error) {
 		return wire(types, schema, v), nil
 	}}))
+}
+
+// runOps runs the command tree of the application asOpsBinary declared
+// under env, with env's value value, in this process, as Main does
+// (fresh event types, the error on standard error after the binary's
+// name), and returns standard output, standard error and the exit code.
+// It is a child process's outcome without the cost of starting one: the
+// command tree keeps no state between runs, and its output goes to the
+// writers cobra is given.
+func runOps(ctx context.Context, env, value string, args ...string) (string, string, int) {
+	wire, ok := opsWirings[env]
+	if !ok {
+		panic("no ops binary declared for " + env)
+	}
+	types := testevents.New()
+	root := New(Config{Registry: types.Registry, Wire: func(schema string) (Wiring, error) {
+		return wire(types, schema, value), nil
+	}})
+	var out, errOut bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintf(&errOut, "%s: %s\n", root.Name(), message(err))
+	}
+	return out.String(), errOut.String(), ExitCode(err)
+}
+
+// runOpsProcess runs the ops binary asOpsBinary declared under env as a
+// separate process, with extra variables in its environment, and returns
+// standard output, standard error and the exit code.
+func runOpsProcess(t *testing.T, ctx context.Context, extra []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), extra...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
 }
 
 // sagaWiring wires one saga, which build makes (for each store the

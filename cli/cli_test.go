@@ -141,7 +141,7 @@ func TestCursorDisplay(t *testing.T) {
 // usage error: it used to say only "accepts 1 arg(s), received 0".
 func TestMissingArgumentIsNamed(t *testing.T) {
 	cmd := &cobra.Command{Use: "skip NAME", Args: exactArgs(1), RunE: func(*cobra.Command, []string) error { return nil }}
-	cmd.SetArgs(nil)
+	cmd.SetArgs([]string{}) // not nil: cobra would read the test binary's own arguments
 	cmd.SetOut(io.Discard)
 	cmd.SetErr(io.Discard)
 	err := cmd.Execute()

@@ -42,7 +42,7 @@ func TestDeadLettersRetryHereFindsSagas(t *testing.T) {
 	t.Parallel()
 	types := testevents.New()
 	store := pgtest.Store(t, types.Registry)
-	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t), childEnv: []string{sagaDLChildEnv + "=fixed", "USER=tester"}}
+	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t), app: sagaDLChildEnv, mode: "fixed"}
 	err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
 		_, err := store.Append(e.ctx, tx, projector.Stream("ticket", "d"), projector.NoStream,
 			testevents.TicketOpened{Title: "d"}, testevents.TicketCommented{Body: "poison"})

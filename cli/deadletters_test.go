@@ -1,13 +1,10 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +18,9 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// dlChildEnv makes this test binary the ops binary of an application with
-// the "tolerant" projection wired in (cli.Config.Wire): the tests below run
-// it as a separate process, the way an operator runs the real one.
+// dlChildEnv names the ops binary of an application with the "tolerant"
+// projection wired in (cli.Config.Wire): the tests below run its commands
+// as an operator runs the real one (see asOpsBinary).
 const dlChildEnv = "PROJECTOR_TEST_DEADLETTER_CLI"
 
 func init() {
@@ -69,33 +66,27 @@ type dlEnv struct {
 	ctx   context.Context
 	store *postgres.Store
 	url   string
-	// childEnv is what makes the ops binary the application's; the
-	// dead-letter tests' when nil.
-	childEnv []string
+	// app and mode say which application the ops commands are of (the
+	// variable asOpsBinary declared it under, and its value): the
+	// dead-letter tests' when app is empty.
+	app, mode string
 }
 
-// cli runs the ops binary and returns its standard output, standard error
+// cli runs the ops commands and returns standard output, standard error
 // and exit code.
 func (e *dlEnv) cli(args ...string) (string, string, int) {
 	e.t.Helper()
 	return e.cliSchema(e.store.Schema(), args...)
 }
 
+// cliSchema runs the ops commands on schema in this process (runOps).
 func (e *dlEnv) cliSchema(schema string, args ...string) (string, string, int) {
 	e.t.Helper()
-	cmd := exec.CommandContext(e.ctx, os.Args[0], append([]string{"--database-url", e.url, "--schema", schema}, args...)...)
-	cmd.Env = append(os.Environ(), dlChildEnv+"=1")
-	if e.childEnv != nil {
-		cmd.Env = append(os.Environ(), e.childEnv...)
+	app, mode := e.app, e.mode
+	if app == "" {
+		app, mode = dlChildEnv, "1"
 	}
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		e.t.Fatalf("run %v: %v", args, err)
-	}
-	return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+	return runOps(e.ctx, app, mode, append([]string{"--database-url", e.url, "--schema", schema}, args...)...)
 }
 
 func (e *dlEnv) exec(sql string, args ...any) {
@@ -114,7 +105,7 @@ func (e *dlEnv) traced(id fmt.Stringer) int {
 	return n
 }
 
-// The dead-letter commands end to end, in a separate process: list and show
+// The dead-letter commands end to end, as the application's ops binary: list and show
 // (with the payload, and "event pruned" for a pruned one), retry --here that
 // applies once and is refused the second time, a failing retry that keeps
 // the dead letter with the new error, discard, --all, a retry request a

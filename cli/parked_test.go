@@ -1,13 +1,9 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +32,7 @@ func parking(schema string, types testevents.Types) *projection.Async {
 	return poisonable("parking", schema, types, projection.AsyncConfig{ErrorMode: projection.ParkStream, MaxAttempts: 1})
 }
 
-// The parked commands end to end, in a separate process: list and show
+// The parked commands end to end, as the application's ops binary: list and show
 // with the parked sequence, retry --here that fails (exit 1, park intact),
 // succeeds and is refused the second time (exit 3), discard with its
 // record, a retry request a running dispatcher carries out, and usage
@@ -46,18 +42,16 @@ func TestParkedCommand(t *testing.T) {
 	types := testevents.New()
 	store := pgtest.Store(t, types.Registry)
 	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t)}
+	base := []string{"--database-url", e.url, "--schema", store.Schema()}
 	cli := func(args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.CommandContext(e.ctx, os.Args[0], append([]string{"--database-url", e.url, "--schema", store.Schema()}, args...)...)
-		cmd.Env = append(os.Environ(), parkChildEnv+"=1", "USER=tester")
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		err := cmd.Run()
-		var exit *exec.ExitError
-		if err != nil && !errors.As(err, &exit) {
-			t.Fatalf("run %v: %v", args, err)
-		}
-		return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+		return runOps(e.ctx, parkChildEnv, "1", append(base, args...)...)
+	}
+	// The commands whose record names the operator run as a separate
+	// process, with $USER set: the default of --by is read from it.
+	cliAsTester := func(args ...string) (string, string, int) {
+		t.Helper()
+		return runOpsProcess(t, e.ctx, []string{parkChildEnv + "=1", "USER=tester"}, append(base, args...)...)
 	}
 	e.exec(`CREATE TABLE ` + store.Table("trace") + ` (event_id uuid NOT NULL)`)
 	e.exec(`CREATE TABLE ` + store.Table("poison_switch") + ` (fail bool NOT NULL)`)
@@ -127,7 +121,7 @@ func TestParkedCommand(t *testing.T) {
 	}
 
 	// Discard, with its record.
-	if out, stderr, code := cli("parked", "discard", ids[1]); code != ExitOK || !strings.Contains(out, "discarded 2 events") || !strings.Contains(out, "tester@") {
+	if out, stderr, code := cliAsTester("parked", "discard", ids[1]); code != ExitOK || !strings.Contains(out, "discarded 2 events") || !strings.Contains(out, "tester@") {
 		t.Fatalf("discard: exit %d: %s %s", code, out, stderr)
 	}
 	if _, _, code := cli("parked", "discard", ids[1]); code != ExitRefused {
@@ -138,7 +132,7 @@ func TestParkedCommand(t *testing.T) {
 	}
 
 	// A retry request the running dispatcher carries out.
-	if out, stderr, code := cli("parked", "retry", ids[2]); code != ExitOK || !strings.Contains(out, "requested") {
+	if out, stderr, code := cliAsTester("parked", "retry", ids[2]); code != ExitOK || !strings.Contains(out, "requested") {
 		t.Fatalf("retry request: exit %d: %s %s", code, out, stderr)
 	}
 	pgtest.Eventually(t, 30*time.Second, "the dispatcher carries out the retry request", func() bool {

@@ -83,7 +83,7 @@ func caughtUpDispatcher(t *testing.T, store *postgres.Store, projections ...*pro
 	return d
 }
 
-// `saga retry` end to end, in a separate process: a parked instance is
+// `saga retry` end to end, as the application's ops binary: a parked instance is
 // retried through its park (--here: fails while the poison fails, exit 1,
 // then applies the sequence; again is refused, exit 3); a failed instance
 // is reactivated once (again: exit 3); usage errors exit 2.
@@ -91,8 +91,7 @@ func TestSagaRetryCommand(t *testing.T) {
 	t.Parallel()
 	types := testevents.New()
 	store := pgtest.Store(t, types.Registry)
-	fixed := []string{sagaParkChildEnv + "=fixed", "USER=tester"}
-	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t), childEnv: []string{sagaParkChildEnv + "=poison", "USER=tester"}}
+	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t), app: sagaParkChildEnv, mode: "poison"}
 	for _, id := range []string{"k", "f"} {
 		err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
 			_, err := store.Append(e.ctx, tx, projector.Stream("ticket", id), projector.NoStream,
@@ -139,7 +138,7 @@ func TestSagaRetryCommand(t *testing.T) {
 	if _, stderr, code := e.cli("saga", "retry", "parking-sla", "k", "--here"); code != ExitError || !strings.Contains(stderr, "still parked") {
 		t.Fatalf("failing retry: exit %d: %s", code, stderr)
 	}
-	e.childEnv = fixed
+	e.mode = "fixed"
 	if out, stderr, code := e.cli("saga", "retry", "parking-sla", "k", "--here"); code != ExitOK || !strings.Contains(out, "applied its 2 events") {
 		t.Fatalf("retry: exit %d: %s %s", code, out, stderr)
 	}

@@ -240,9 +240,9 @@ func (e *env) dispatcher(cfg projection.Config) *projection.Dispatcher {
 	return d
 }
 
-// eventually is pgtest.EventuallyBackoff, short for the many waits of these
+// eventually is pgtest.Eventually, short for the many waits of these
 // tests: most wait for a read model to fill, polled with a query.
-var eventually = pgtest.EventuallyBackoff
+var eventually = pgtest.Eventually
 
 // applied sums the counting read model of consumer, in the server: the
 // crash tests poll it while children apply, and reading every stream's row

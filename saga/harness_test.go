@@ -285,18 +285,11 @@ func (e *env) pendingTimeouts() int {
 	return e.count(`SELECT count(*) FROM ` + e.store.Table("projector_saga_timeouts"))
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds or the deadline passes, backing off
+// as pgtest.Eventually does.
 func (e *env) waitFor(what string, timeout time.Duration, cond func() bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
+	pgtest.Eventually(e.t, timeout, what, cond)
 }
 
 // shardError returns the saga consumer's status and last error.

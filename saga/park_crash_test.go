@@ -52,6 +52,8 @@ func TestPromise18_SagaParksSurviveKills(t *testing.T) {
 			want[id] = append(want[id], "agent ann")
 		}
 	}
+	// Three kills by default (a few dozen poisons among the events),
+	// PROJECTOR_SOAK eight.
 	for kills := 0; kills < 8; kills++ {
 		c := e.startChild(0, childPark+"=1")
 		appendSome()

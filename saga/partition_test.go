@@ -194,10 +194,12 @@ func TestSagaPartitionsCrashExactlyOnce(t *testing.T) {
 	// Every round assigns a ticket, through one of three agents' streams.
 	load := newSLALoad(e, rng, func() string { return fmt.Sprintf("a-%d", rng.IntN(3)) })
 	running := []*pgtest.Child{e.startPartitionedChild(0, 4)}
+	// Four kills (two mid-step) by default, PROJECTOR_SOAK six.
+	wantKills := 6
 	kills := 0
-	for round := 0; kills < 6; round++ {
-		if round > 30 {
-			t.Fatalf("only %d of 6 kills in %d rounds", kills, round)
+	for round := 0; kills < wantKills; round++ {
+		if round > 5*wantKills {
+			t.Fatalf("only %d of %d kills in %d rounds", kills, wantKills, round)
 		}
 		killStep := 0
 		if round%2 == 1 {

@@ -64,7 +64,10 @@ func TestBenchJSON(t *testing.T) {
 		rb.LiveRate <= 0 || rb.RawRate <= 0 || rb.SpeedupVsLive <= 0 || rb.SwitchLockMS <= 0 || out.Config.RebuildEvents != 1500 {
 		t.Errorf("rebuild %+v, config %+v", rb, out.Config)
 	}
-	if len(out.Figures) != 14 || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
+	// Exactly the 14 figures of a run without --tracing: cli's
+	// TestBenchTracing relies on this test for "no tracing figures without
+	// the flag".
+	if len(out.Figures) != 14 || out.Config.Tracing || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
 		t.Errorf("output %+v", out)
 	}
 	for _, f := range out.Figures {

@@ -16,22 +16,33 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	projectorcmd "github.com/projectorhq/projector/cmd/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 )
 
+// binary is the projector binary the tests run: this test binary, under
+// the name "projector" (a symbolic link), which TestMain turns into main.
+// It is built with the test, in the suite's mode (-race under make test),
+// so no second build and link of the command is needed.
 var binary string
 
 func TestMain(m *testing.M) {
+	if filepath.Base(os.Args[0]) == "projector" {
+		projectorcmd.Main() // exits
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	dir, err := os.MkdirTemp("", "projector-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "projector")
-	build := exec.Command("go", "build", "-race", "-o", binary, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build projector:", err)
+	if err := os.Symlink(exe, binary); err != nil {
+		fmt.Fprintln(os.Stderr, "link the projector binary:", err)
 		os.Exit(1)
 	}
 	defer os.RemoveAll(dir)

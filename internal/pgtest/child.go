@@ -160,13 +160,25 @@ func (s *SyncBuffer) String() string {
 // Eventually polls cond until it holds, failing the test once timeout has
 // passed: waiting for a state another goroutine or process brings about,
 // with a deadline, never a bare sleep.
+//
+// The interval starts at 5 ms and grows by half up to 50 ms: a state that
+// comes at once is seen at once, and a wait of seconds (a child catching
+// up, a horizon ageing) polls about twenty times a second instead of two
+// hundred. Each poll is a query under the race detector, and the suite is
+// CPU-bound: a tight loop there slows every other test of the run.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
+	interval := 5 * time.Millisecond
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+		time.Sleep(interval) // polling interval, not synchronisation
+		interval = min(interval*3/2, maxPollInterval)
 	}
 }
+
+// maxPollInterval bounds Eventually's interval: the most a test waits
+// after its condition came true.
+const maxPollInterval = 50 * time.Millisecond

@@ -1,0 +1,5 @@
+package main
+
+// Main is main, for the tests' TestMain: the test binary, started under the
+// name "projector", is the projector binary.
+var Main = main
