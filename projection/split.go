@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -421,9 +422,13 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 		if err != nil {
 			return err
 		}
+		now, err := holdNow(ctx, tx)
+		if err != nil {
+			return err
+		}
 		writes := &pgx.Batch{}
 		for i := range pairs {
-			if err := a.holdPair(consumer, &pairs[i], rows, writes); err != nil {
+			if err := a.holdPair(consumer, &pairs[i], rows, now, writes); err != nil {
 				return err
 			}
 		}
@@ -435,9 +440,35 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 	return pairs, err
 }
 
+// holdNow returns the position just below tx's own transaction id (which
+// its FOR UPDATE gave it): every cursor stands at or below it, since every
+// pass read below a horizon no later than tx's id, and no pass of the
+// halves runs while tx holds their locks (readPartitions). Every event
+// committed before the hold lies below it.
+func holdNow(ctx context.Context, tx pgx.Tx) (projector.Position, error) {
+	var xid string
+	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid); err != nil {
+		return projector.Position{}, fmt.Errorf("merge hold: %w", err)
+	}
+	x, err := strconv.ParseUint(xid, 10, 64)
+	if err != nil {
+		return projector.Position{}, fmt.Errorf("merge hold: transaction id %q: %w", xid, err)
+	}
+	return projector.Horizon(x), nil
+}
+
 // holdPair picks p's hold from both halves' rows (read and locked) and
-// queues setting it on writes.
-func (a *Admin) holdPair(consumer string, p *mergePair, read map[postgres.Segment]partRow, writes *pgx.Batch) error {
+// queues setting it on writes. Halves at the same cursor are held there:
+// the swap follows at once, with no pass of either (no dispatcher need
+// run). Otherwise, when both halves are caught up (their last pass read
+// less than a batch), the hold is now (holdNow), not the cursor of the one
+// ahead: each goes on to apply what was committed while the merge waited
+// for their running batches, within about a batch of where they stand,
+// instead of the half ahead standing still from the moment the merge
+// locked it. A half behind by a backlog gets the cursor of the one ahead,
+// as before, so the merge does not wait for both to catch up with the
+// whole log.
+func (a *Admin) holdPair(consumer string, p *mergePair, read map[postgres.Segment]partRow, now projector.Position, writes *pgx.Batch) error {
 	var rows [2]partRow
 	for i, s := range []postgres.Segment{p.lo, p.hi} {
 		r, ok := read[s]
@@ -463,6 +494,9 @@ func (a *Admin) holdPair(consumer string, p *mergePair, read map[postgres.Segmen
 		return fmt.Errorf("%w: partitions %s and %s are at model versions %d and %d", projector.ErrInvalidTransition, p.lo, p.hi, rows[0].version, rows[1].version)
 	default:
 		p.hold = latest(rows[0].cursor, rows[1].cursor)
+		if rows[0].cursor != rows[1].cursor && caughtUp(rows[0]) && caughtUp(rows[1]) {
+			p.hold = latest(p.hold, now)
+		}
 		for _, r := range rows {
 			if r.held {
 				p.hold = latest(p.hold, r.hold)
@@ -474,6 +508,10 @@ func (a *Admin) holdPair(consumer string, p *mergePair, read map[postgres.Segmen
 	}
 	return nil
 }
+
+// caughtUp reports whether a partition's last pass read less than a full
+// batch (status idle, not failing).
+func caughtUp(r partRow) bool { return r.status == StatusIdle && r.attempts == 0 }
 
 // latest returns the latest of positions.
 func latest(ps ...projector.Position) projector.Position {
