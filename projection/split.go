@@ -22,9 +22,9 @@ import (
 // its two children, each starting at the parent's cursor: the parent had
 // applied every event of both up to there, and none after. A merge replaces
 // two siblings by their parent, which is only right when their cursors are
-// equal; so a merge first holds both at the cursor of the one ahead (the
-// hold columns: a pass never moves a cursor past its hold, holdBatch), waits
-// for the one behind to get there, and then swaps the rows. Nothing is
+// equal; so a merge first holds both at one position (the hold columns: a
+// pass never moves a cursor past its hold, holdBatch; holdPair picks it),
+// waits for both to get there, and then swaps the rows. Nothing is
 // applied by the command and nothing is applied twice: the alternative, a
 // merged cursor at the lower of the two with the events the one ahead had
 // applied skipped by segment, would put a second filter on every read.
@@ -337,9 +337,9 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 // Merge merges pairs of sibling partitions of consumer into their parents:
 // the pair of each partition only names (with its sibling, which must
 // exist), or every pair whose two halves exist when none is named. It holds
-// each pair at the cursor of the one ahead, waits up to wait for the one
-// behind to catch up there (a dispatcher running the consumer does that:
-// nothing is applied by Merge), and then swaps each pair for its parent in
+// each pair at one position (holdPair), waits up to wait for both halves
+// to stand there (a dispatcher running the consumer brings them: nothing
+// is applied by Merge), and then swaps each pair for its parent in
 // one transaction. On timeout or cancellation it lifts the holds it set and
 // changes nothing. It returns the merges done.
 func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, only ...postgres.Segment) ([]PartitionChange, error) {
