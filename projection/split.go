@@ -440,19 +440,22 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 	return pairs, err
 }
 
-// holdNow returns the position just below tx's own transaction id (which
-// its FOR UPDATE gave it): every cursor stands at or below it, since every
-// pass read below a horizon no later than tx's id, and no pass of the
-// halves runs while tx holds their locks (readPartitions). Every event
-// committed before the hold lies below it.
+// holdNow returns the horizon as tx sees it now, once it holds the
+// halves' locks (readPartitions): every event below it is final, so a half
+// reaches it on its next pass whatever transaction is still open, and no
+// cursor is past it, since every pass read below a horizon no later than
+// this one (the oldest running transaction id only moves forward) and no
+// pass of the halves runs while tx holds their locks. Every event
+// committed before the hold, and before any transaction still open then,
+// lies below it.
 func holdNow(ctx context.Context, tx pgx.Tx) (projector.Position, error) {
-	var xid string
-	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid); err != nil {
+	var xmin string
+	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`).Scan(&xmin); err != nil {
 		return projector.Position{}, fmt.Errorf("merge hold: %w", err)
 	}
-	x, err := strconv.ParseUint(xid, 10, 64)
+	x, err := strconv.ParseUint(xmin, 10, 64)
 	if err != nil {
-		return projector.Position{}, fmt.Errorf("merge hold: transaction id %q: %w", xid, err)
+		return projector.Position{}, fmt.Errorf("merge hold: horizon %q: %w", xmin, err)
 	}
 	return projector.Horizon(x), nil
 }
