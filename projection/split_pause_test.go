@@ -338,7 +338,7 @@ func TestPartitionSplitMergePausesOnlyTheirPartitions(t *testing.T) {
 	}
 	t.Logf("first batch after the split committed: %s", strings.Join(pickup(all8, splitDone), ", "))
 	t.Logf("first batch after the merge committed: %s", strings.Join(pickup(all4, mergeDone), ", "))
-	t.Logf("merge 8 -> 4 took %v (holding each pair's half ahead until the other caught up); the longest pause, %s: %v = %.1f batches",
+	t.Logf("merge 8 -> 4 took %v (holding each pair until both halves stood at the hold); the longest pause, %s: %v = %.1f batches",
 		mergeDone.Sub(mergeAt).Round(time.Millisecond), who, longest.Round(time.Millisecond), float64(longest)/float64(batch))
 
 	stopBG()
