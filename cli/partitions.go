@@ -128,8 +128,9 @@ func (a *App) mergeCmd(partition *string) *cobra.Command {
 		Short: "Merge a partition (--partition) with its sibling, or every sibling pair, live, once their cursors meet",
 		Long: `Merge replaces two sibling partitions (2P/2N and 2P+1/2N) by their parent P/N.
 The parent's cursor must mean both halves applied every event up to it, so merge
-holds both at the cursor of the one ahead (its batches stop there), waits for the
-running dispatchers to bring the other up to it (--wait), and swaps the rows; dead
+holds both at one position (their common cursor; when both are caught up, the
+horizon at the hold; else the cursor of the one ahead), waits for the running
+dispatchers to bring both there (--wait), and swaps the rows; dead
 letters and parks go to the parent. Nothing is applied by the command. Without
 --partition every pair whose halves both exist merges. On timeout the holds are
 lifted and nothing changes (exit code 1); a failing, dead or disabled half, or

@@ -43,11 +43,19 @@ func layoutPayload(schema, consumer string) string {
 // notifyLayout tells, at tx's commit, every dispatcher running consumer
 // that its partitions changed.
 func notifyLayout(ctx context.Context, tx pgx.Tx, store *postgres.Store, consumer string) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, layoutChannel, layoutPayload(store.Schema(), consumer)); err != nil {
+	if _, err := tx.Exec(ctx, notifyLayoutSQL, layoutChannel, layoutPayload(store.Schema(), consumer)); err != nil {
 		return fmt.Errorf("notify the layout change: %w", err)
 	}
 	return nil
 }
+
+// queueNotifyLayout queues notifyLayout's statement on b, to go out with a
+// layout change's writes in one round trip.
+func queueNotifyLayout(b *pgx.Batch, store *postgres.Store, consumer string) {
+	b.Queue(notifyLayoutSQL, layoutChannel, layoutPayload(store.Schema(), consumer))
+}
+
+const notifyLayoutSQL = `SELECT pg_notify($1, $2)`
 
 // relayoutNow asks the balancing loop for a round now.
 func (d *Dispatcher) relayoutNow() {

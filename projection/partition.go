@@ -286,13 +286,13 @@ func (d *Dispatcher) splitToDeclared(ctx context.Context, tx pgx.Tx, name string
 	size := layout[0].Count()
 	from := size
 	for size < n {
+		changes, err := d.admin.splitMany(ctx, tx, name, layout, false) // size < n <= MaxPartitions: each has children
+		if err != nil {
+			return nil, nil, err
+		}
 		var next []postgres.Segment
-		for _, s := range layout {
-			lo, hi, _ := s.Children() // size < n <= MaxPartitions
-			if _, err := d.admin.splitOne(ctx, tx, name, s, lo, hi); err != nil {
-				return nil, nil, err
-			}
-			next = append(next, lo, hi)
+		for _, c := range changes {
+			next = append(next, c.To...)
 		}
 		layout, size = next, size*2
 	}

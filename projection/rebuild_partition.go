@@ -76,12 +76,23 @@ func PartitionOrder(a, b string) int {
 func LockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, consumer string, instances []string) error {
 	ids := slices.Clone(instances)
 	slices.SortFunc(ids, PartitionOrder)
-	for _, id := range slices.Compact(ids) {
-		if err := LockShard(ctx, tx, store, ShardID{Consumer: consumer, Instance: id}); err != nil {
-			return err
+	ids = slices.Compact(ids)
+	// One round trip for them all: the statements of a pipeline run one
+	// after another, in the order queued, each waiting for its lock, so
+	// the order is kept without a round trip between two locks (time the
+	// partitions locked first would stand still).
+	b := &pgx.Batch{}
+	for _, id := range ids {
+		b.Queue(waitShardLockSQL, shardLockKey(store.Schema(), ShardID{Consumer: consumer, Instance: id}.normal()))
+	}
+	br := tx.SendBatch(ctx, b)
+	for _, id := range ids {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("lock consumer %s: %w", ShardID{Consumer: consumer, Instance: id}, err)
 		}
 	}
-	return nil
+	return br.Close()
 }
 
 // instances returns the instance ids of ids.

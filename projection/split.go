@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,9 +22,9 @@ import (
 // its two children, each starting at the parent's cursor: the parent had
 // applied every event of both up to there, and none after. A merge replaces
 // two siblings by their parent, which is only right when their cursors are
-// equal; so a merge first holds both at the cursor of the one ahead (the
-// hold columns: a pass never moves a cursor past its hold, holdBatch), waits
-// for the one behind to get there, and then swaps the rows. Nothing is
+// equal; so a merge first holds both at one position (the hold columns: a
+// pass never moves a cursor past its hold, holdBatch; holdPair picks it),
+// waits for both to get there, and then swaps the rows. Nothing is
 // applied by the command and nothing is applied twice: the alternative, a
 // merged cursor at the lower of the two with the events the one ahead had
 // applied skipped by segment, would put a second filter on every read.
@@ -69,7 +70,7 @@ func layoutChanged(consumer, what string) error {
 }
 
 type splitSQL struct {
-	fence, layout, row, failedHash, insertChild, moveDeadLetters, moveParks, remove,
+	fence, layout, rows, failedHash, insertChild, moveDeadLetters, moveParks, remove,
 	hold, unhold, poll, insertParent, joinDeadLetters, joinParks string
 }
 
@@ -81,10 +82,10 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 	return splitSQL{
 		fence:  `SELECT version, coalesce(last_error, '') FROM ` + c + ` WHERE name = $1 AND instance_id = '` + SharedInstance + `'`,
 		layout: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
-		row: `SELECT cursor_tx_id, cursor_seq, status, attempts, coalesce(failed_tx_id, '0'), coalesce(failed_seq, 0),
+		rows: `SELECT instance_id, cursor_tx_id, cursor_seq, status, attempts, coalesce(failed_tx_id, '0'), coalesce(failed_seq, 0),
 				hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0), version, processed, coalesce(owner, ''),
 				replay_until_tx_id IS NOT NULL
-			FROM ` + c + ` WHERE name = $1 AND instance_id = $2 FOR UPDATE`,
+			FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2) FOR UPDATE`,
 		failedHash: `SELECT ` + hash + ` FROM ` + store.Table("projector_events") + ` WHERE tx_id = $1 AND seq = $2`,
 		// $3 the child; $4 whether it carries the parent's failure (the
 		// failing event's stream is its), else it starts clean. Both
@@ -136,29 +137,39 @@ func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]p
 	if validName(consumer) != nil {
 		return nil, fmt.Errorf("consumer %s: %w", projector.Printable(consumer), projector.ErrNotFound)
 	}
-	if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: SharedInstance})); err != nil {
-		return nil, err
-	}
+	// The lock, the fence's read and the layout's go out in one round trip
+	// (a pipeline of three statements, each read with a snapshot taken
+	// after the lock is held): every round trip of a layout change is time
+	// the partitions it changes stand still.
 	var version int
 	var note string
-	err := tx.QueryRow(ctx, a.split.fence, consumer).Scan(&version, &note)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, fmt.Errorf("consumer %s: %w", projector.Printable(consumer), projector.ErrNotFound)
-	case err != nil:
+	found := true
+	var ids []string
+	b := &pgx.Batch{}
+	b.Queue(a.sql.waitLock, shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: SharedInstance}))
+	b.Queue(a.split.fence, consumer).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&version, &note)
+		if errors.Is(err, pgx.ErrNoRows) {
+			found = false
+			return nil
+		}
+		return err
+	})
+	b.Queue(a.split.layout, consumer).Query(func(rows pgx.Rows) error {
+		var err error
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, err
+	}
+	switch {
+	case !found:
+		return nil, fmt.Errorf("consumer %s: %w", projector.Printable(consumer), projector.ErrNotFound)
 	case version != PartitionedVersion:
 		return nil, fmt.Errorf("%w: consumer %s is not partitioned: declare AsyncConfig.Partitions to partition it", projector.ErrInvalidTransition, projector.Printable(consumer))
 	case KeyedFenceNote(note):
 		return nil, keyedLayoutFixed(consumer)
-	}
-	rows, err := tx.Query(ctx, a.split.layout, consumer)
-	if err != nil {
-		return nil, err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, err
 	}
 	var layout []postgres.Segment
 	for _, id := range ids {
@@ -195,20 +206,32 @@ func pairSegments(pairs []mergePair) []postgres.Segment {
 	return out
 }
 
-// lockPartition waits for a running pass of the partition and reads its
-// row; ok is false when the row is gone.
-func (a *Admin) lockPartition(ctx context.Context, tx pgx.Tx, consumer string, s postgres.Segment) (partRow, bool, error) {
-	id := ShardID{Consumer: consumer, Instance: segmentInstance(s)}
-	if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), id)); err != nil {
-		return partRow{}, false, err
+// readPartitions waits for a running pass of each partition of segs (in
+// PartitionOrder, lockPartitions), then reads and locks their rows in one
+// statement. A partition whose row is gone is missing from the map.
+func (a *Admin) readPartitions(ctx context.Context, tx pgx.Tx, consumer string, segs ...postgres.Segment) (map[postgres.Segment]partRow, error) {
+	if err := a.lockPartitions(ctx, tx, consumer, segs...); err != nil {
+		return nil, err
 	}
+	ids := make([]string, len(segs))
+	for i, s := range segs {
+		ids[i] = segmentInstance(s)
+	}
+	rows, err := tx.Query(ctx, a.split.rows, consumer, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := map[postgres.Segment]partRow{}
+	var id string
 	var r partRow
-	err := tx.QueryRow(ctx, a.split.row, consumer, id.Instance).Scan(&r.cursor.TxID, &r.cursor.Seq, &r.status, &r.attempts,
-		&r.failedAt.TxID, &r.failedAt.Seq, &r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner, &r.replaying)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return partRow{}, false, nil
-	}
-	return r, err == nil, err
+	_, err = pgx.ForEachRow(rows, []any{&id, &r.cursor.TxID, &r.cursor.Seq, &r.status, &r.attempts, &r.failedAt.TxID, &r.failedAt.Seq,
+		&r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner, &r.replaying}, func() error {
+		if s, ok := partitionSegment(id); ok {
+			out[s] = r
+		}
+		return nil
+	})
+	return out, err
 }
 
 // Split splits partitions of consumer in two, each child starting at its
@@ -228,25 +251,17 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 		if len(only) > 0 {
 			targets = only
 		}
-		if err := a.lockPartitions(ctx, tx, consumer, targets...); err != nil {
-			return err
-		}
 		for _, s := range targets {
 			if !slices.Contains(layout, s) {
 				return layoutChanged(consumer, "it has no partition "+s.String())
 			}
-			lo, hi, ok := s.Children()
-			if !ok {
+			if _, _, ok := s.Children(); !ok {
 				return fmt.Errorf("%w: consumer %s partition %s holds one bucket of the partition index (1/%d of the streams): it cannot split further",
 					projector.ErrInvalidTransition, projector.Printable(consumer), s, postgres.MaxPartitions)
 			}
-			c, err := a.splitOne(ctx, tx, consumer, s, lo, hi)
-			if err != nil {
-				return err
-			}
-			out = append(out, c)
 		}
-		return notifyLayout(ctx, tx, a.store, consumer)
+		out, err = a.splitMany(ctx, tx, consumer, targets, true)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("split consumer %s: %w", projector.Printable(consumer), err)
@@ -254,53 +269,61 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 	return out, nil
 }
 
-// splitOne replaces partition s by lo and hi in tx.
-func (a *Admin) splitOne(ctx context.Context, tx pgx.Tx, consumer string, s, lo, hi postgres.Segment) (PartitionChange, error) {
-	r, ok, err := a.lockPartition(ctx, tx, consumer, s)
-	switch {
-	case err != nil:
-		return PartitionChange{}, err
-	case !ok:
-		return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" was split or merged meanwhile")
-	case r.held:
-		return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" is held for a merge under way (`consumer merge` finishes it)")
+// splitMany replaces each partition of segs by its two children in tx
+// (each must have children): it waits for the running pass of every one
+// of them before it reads any of their rows (readPartitions), and writes
+// the children, the dead letters' and parks' moves and the parents'
+// removal in one round trip, with the layout NOTIFY when notify is set.
+func (a *Admin) splitMany(ctx context.Context, tx pgx.Tx, consumer string, segs []postgres.Segment, notify bool) ([]PartitionChange, error) {
+	rows, err := a.readPartitions(ctx, tx, consumer, segs...)
+	if err != nil {
+		return nil, err
 	}
-	// A failure being retried (or dead) goes with the failing event's
-	// stream; the other child starts clean at the same cursor.
-	carryLo, carryHi := true, true
-	if r.failedAt != projector.Start {
-		var h int64
-		err := tx.QueryRow(ctx, a.split.failedHash, r.failedAt.TxID, r.failedAt.Seq).Scan(&h)
+	out := make([]PartitionChange, 0, len(segs))
+	writes := &pgx.Batch{}
+	parents := make([]string, 0, len(segs))
+	for _, s := range segs {
+		r, ok := rows[s]
 		switch {
-		case errors.Is(err, pgx.ErrNoRows): // not found (archived): both keep it, to be retried
-		case err != nil:
-			return PartitionChange{}, err
-		default:
-			carryLo, carryHi = lo.Contains(uint32(h)), hi.Contains(uint32(h))
+		case !ok:
+			return nil, layoutChanged(consumer, "partition "+s.String()+" was split or merged meanwhile")
+		case r.held:
+			return nil, layoutChanged(consumer, "partition "+s.String()+" is held for a merge under way (`consumer merge` finishes it)")
 		}
-	} else {
-		carryLo, carryHi = false, false
-	}
-	parent := segmentInstance(s)
-	for _, c := range []struct {
-		s     postgres.Segment
-		carry bool
-	}{{lo, carryLo}, {hi, carryHi}} {
-		if _, err := tx.Exec(ctx, a.split.insertChild, consumer, parent, segmentInstance(c.s), c.carry); err != nil {
-			return PartitionChange{}, err
+		lo, hi, _ := s.Children()
+		// A failure being retried (or dead) goes with the failing event's
+		// stream; the other child starts clean at the same cursor.
+		carryLo, carryHi := true, true
+		if r.failedAt != projector.Start {
+			var h int64
+			err := tx.QueryRow(ctx, a.split.failedHash, r.failedAt.TxID, r.failedAt.Seq).Scan(&h)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows): // not found (archived): both keep it, to be retried
+			case err != nil:
+				return nil, err
+			default:
+				carryLo, carryHi = lo.Contains(uint32(h)), hi.Contains(uint32(h))
+			}
+		} else {
+			carryLo, carryHi = false, false
 		}
+		parent := segmentInstance(s)
+		writes.Queue(a.split.insertChild, consumer, parent, segmentInstance(lo), carryLo)
+		writes.Queue(a.split.insertChild, consumer, parent, segmentInstance(hi), carryHi)
+		shift, count := 32-int(lo.Bits), lo.Count()
+		writes.Queue(a.split.moveDeadLetters, consumer, parent, shift, count)
+		writes.Queue(a.split.moveParks, consumer, parent, shift, count)
+		parents = append(parents, parent)
+		out = append(out, PartitionChange{From: []postgres.Segment{s}, To: []postgres.Segment{lo, hi}, Cursor: r.cursor})
 	}
-	shift, count := 32-int(lo.Bits), lo.Count()
-	if _, err := tx.Exec(ctx, a.split.moveDeadLetters, consumer, parent, shift, count); err != nil {
-		return PartitionChange{}, err
+	writes.Queue(a.split.remove, consumer, parents)
+	if notify {
+		queueNotifyLayout(writes, a.store, consumer)
 	}
-	if _, err := tx.Exec(ctx, a.split.moveParks, consumer, parent, shift, count); err != nil {
-		return PartitionChange{}, err
+	if err := tx.SendBatch(ctx, writes).Close(); err != nil {
+		return nil, err
 	}
-	if _, err := tx.Exec(ctx, a.split.remove, consumer, []string{parent}); err != nil {
-		return PartitionChange{}, err
-	}
-	return PartitionChange{From: []postgres.Segment{s}, To: []postgres.Segment{lo, hi}, Cursor: r.cursor}, nil
+	return out, nil
 }
 
 // mergePair is two siblings to merge and the hold they wait at.
@@ -314,9 +337,9 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 // Merge merges pairs of sibling partitions of consumer into their parents:
 // the pair of each partition only names (with its sibling, which must
 // exist), or every pair whose two halves exist when none is named. It holds
-// each pair at the cursor of the one ahead, waits up to wait for the one
-// behind to catch up there (a dispatcher running the consumer does that:
-// nothing is applied by Merge), and then swaps each pair for its parent in
+// each pair at one position (holdPair), waits up to wait for both halves
+// to stand there (a dispatcher running the consumer brings them: nothing
+// is applied by Merge), and then swaps each pair for its parent in
 // one transaction. On timeout or cancellation it lifts the holds it set and
 // changes nothing. It returns the merges done.
 func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, only ...postgres.Segment) ([]PartitionChange, error) {
@@ -334,17 +357,20 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 		if _, err := a.lockLayout(ctx, tx, consumer); err != nil {
 			return err
 		}
-		if err := a.lockPartitions(ctx, tx, consumer, pairSegments(pairs)...); err != nil {
+		rows, err := a.readPartitions(ctx, tx, consumer, pairSegments(pairs)...)
+		if err != nil {
 			return err
 		}
+		writes := &pgx.Batch{}
 		for _, p := range pairs {
-			c, err := a.mergeOne(ctx, tx, consumer, p)
+			c, err := a.mergeOne(consumer, p, rows, writes)
 			if err != nil {
 				return err
 			}
 			out = append(out, c)
 		}
-		return notifyLayout(ctx, tx, a.store, consumer)
+		queueNotifyLayout(writes, a.store, consumer)
+		return tx.SendBatch(ctx, writes).Close()
 	})
 	if err != nil {
 		if !errors.Is(err, ErrLayoutChanged) {
@@ -392,29 +418,63 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 				return fmt.Errorf("%w: consumer %s has no two sibling partitions to merge", projector.ErrInvalidTransition, projector.Printable(consumer))
 			}
 		}
-		if err := a.lockPartitions(ctx, tx, consumer, pairSegments(pairs)...); err != nil {
+		rows, err := a.readPartitions(ctx, tx, consumer, pairSegments(pairs)...)
+		if err != nil {
 			return err
 		}
+		now, err := holdNow(ctx, tx)
+		if err != nil {
+			return err
+		}
+		writes := &pgx.Batch{}
 		for i := range pairs {
-			if err := a.holdPair(ctx, tx, consumer, &pairs[i]); err != nil {
+			if err := a.holdPair(consumer, &pairs[i], rows, now, writes); err != nil {
 				return err
 			}
 		}
 		// The halves' passes that found their locks taken here wait a
 		// Recheck before they try again; the one behind must not.
-		return notifyLayout(ctx, tx, a.store, consumer)
+		queueNotifyLayout(writes, a.store, consumer)
+		return tx.SendBatch(ctx, writes).Close()
 	})
 	return pairs, err
 }
 
-// holdPair locks both halves of p and sets their hold.
-func (a *Admin) holdPair(ctx context.Context, tx pgx.Tx, consumer string, p *mergePair) error {
+// holdNow returns the horizon as tx sees it now, once it holds the
+// halves' locks (readPartitions): every event below it is final, so a half
+// reaches it on its next pass whatever transaction is still open, and no
+// cursor is past it, since every pass read below a horizon no later than
+// this one (the oldest running transaction id only moves forward) and no
+// pass of the halves runs while tx holds their locks. Every event
+// committed before the hold, and before any transaction still open then,
+// lies below it.
+func holdNow(ctx context.Context, tx pgx.Tx) (projector.Position, error) {
+	var xmin string
+	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`).Scan(&xmin); err != nil {
+		return projector.Position{}, fmt.Errorf("merge hold: %w", err)
+	}
+	x, err := strconv.ParseUint(xmin, 10, 64)
+	if err != nil {
+		return projector.Position{}, fmt.Errorf("merge hold: horizon %q: %w", xmin, err)
+	}
+	return projector.Horizon(x), nil
+}
+
+// holdPair picks p's hold from both halves' rows (read and locked) and
+// queues setting it on writes. Halves at the same cursor are held there:
+// the swap follows at once, with no pass of either (no dispatcher need
+// run). Otherwise, when both halves are caught up (their last pass read
+// less than a batch), the hold is now (holdNow), not the cursor of the one
+// ahead: each goes on to apply what was committed while the merge waited
+// for their running batches, within about a batch of where they stand,
+// instead of the half ahead standing still from the moment the merge
+// locked it. A half behind by a backlog gets the cursor of the one ahead,
+// as before, so the merge does not wait for both to catch up with the
+// whole log.
+func (a *Admin) holdPair(consumer string, p *mergePair, read map[postgres.Segment]partRow, now projector.Position, writes *pgx.Batch) error {
 	var rows [2]partRow
 	for i, s := range []postgres.Segment{p.lo, p.hi} {
-		r, ok, err := a.lockPartition(ctx, tx, consumer, s)
-		if err != nil {
-			return err
-		}
+		r, ok := read[s]
 		if !ok {
 			return layoutChanged(consumer, "partition "+s.String()+" was split or merged meanwhile")
 		}
@@ -437,6 +497,9 @@ func (a *Admin) holdPair(ctx context.Context, tx pgx.Tx, consumer string, p *mer
 		return fmt.Errorf("%w: partitions %s and %s are at model versions %d and %d", projector.ErrInvalidTransition, p.lo, p.hi, rows[0].version, rows[1].version)
 	default:
 		p.hold = latest(rows[0].cursor, rows[1].cursor)
+		if rows[0].cursor != rows[1].cursor && caughtUp(rows[0]) && caughtUp(rows[1]) {
+			p.hold = latest(p.hold, now)
+		}
 		for _, r := range rows {
 			if r.held {
 				p.hold = latest(p.hold, r.hold)
@@ -444,12 +507,14 @@ func (a *Admin) holdPair(ctx context.Context, tx pgx.Tx, consumer string, p *mer
 		}
 	}
 	for _, id := range p.ids() {
-		if _, err := tx.Exec(ctx, a.split.hold, consumer, id, p.hold.TxID, p.hold.Seq); err != nil {
-			return err
-		}
+		writes.Queue(a.split.hold, consumer, id, p.hold.TxID, p.hold.Seq)
 	}
 	return nil
 }
+
+// caughtUp reports whether a partition's last pass read less than a full
+// batch (status idle, not failing).
+func caughtUp(r partRow) bool { return r.status == StatusIdle && r.attempts == 0 }
 
 // latest returns the latest of positions.
 func latest(ps ...projector.Position) projector.Position {
@@ -548,15 +613,13 @@ func (a *Admin) unhold(ctx context.Context, consumer string, pairs []mergePair) 
 	}
 }
 
-// mergeOne swaps pair p for its parent in tx, both halves standing at the
-// hold.
-func (a *Admin) mergeOne(ctx context.Context, tx pgx.Tx, consumer string, p mergePair) (PartitionChange, error) {
+// mergeOne queues on writes the swap of pair p for its parent, both halves
+// standing at the hold in read (their rows, read and locked).
+func (a *Admin) mergeOne(consumer string, p mergePair, read map[postgres.Segment]partRow, writes *pgx.Batch) (PartitionChange, error) {
 	var rows [2]partRow
 	for i, s := range []postgres.Segment{p.lo, p.hi} {
-		r, ok, err := a.lockPartition(ctx, tx, consumer, s)
+		r, ok := read[s]
 		switch {
-		case err != nil:
-			return PartitionChange{}, err
 		case !ok:
 			return PartitionChange{}, layoutChanged(consumer, "partition "+s.String()+" was merged or split meanwhile")
 		case !r.held || r.hold != p.hold || r.cursor != p.hold:
@@ -568,17 +631,10 @@ func (a *Admin) mergeOne(ctx context.Context, tx pgx.Tx, consumer string, p merg
 		rows[i] = r
 	}
 	parent := segmentInstance(p.parent)
-	if _, err := tx.Exec(ctx, a.split.insertParent, consumer, parent, p.hold.TxID, p.hold.Seq,
-		rows[0].processed+rows[1].processed, rows[0].version, rows[0].owner); err != nil {
-		return PartitionChange{}, err
-	}
-	for _, q := range []string{a.split.joinDeadLetters, a.split.joinParks} {
-		if _, err := tx.Exec(ctx, q, consumer, parent, p.ids()); err != nil {
-			return PartitionChange{}, err
-		}
-	}
-	if _, err := tx.Exec(ctx, a.split.remove, consumer, p.ids()); err != nil {
-		return PartitionChange{}, err
-	}
+	writes.Queue(a.split.insertParent, consumer, parent, p.hold.TxID, p.hold.Seq,
+		rows[0].processed+rows[1].processed, rows[0].version, rows[0].owner)
+	writes.Queue(a.split.joinDeadLetters, consumer, parent, p.ids())
+	writes.Queue(a.split.joinParks, consumer, parent, p.ids())
+	writes.Queue(a.split.remove, consumer, p.ids())
 	return PartitionChange{From: []postgres.Segment{p.lo, p.hi}, To: []postgres.Segment{p.parent}, Cursor: p.hold}, nil
 }
