@@ -86,10 +86,16 @@ func WaitFor(ctx context.Context, store *postgres.Store, consumer string, pos pr
 	interval := waitPollMin
 	timer := time.NewTimer(interval) // reset before every wait (Go 1.23 timers)
 	defer timer.Stop()
+	// last is the shard the previous look found behind: a deadline that
+	// lands during a look (on a loaded server, often) still names it.
+	var last *ShardStoppedError
 	for {
 		behind, err := waitLook(ctx, store, q, consumer, pos)
 		if err != nil {
 			if ctx.Err() != nil {
+				if last != nil {
+					return fmt.Errorf("wait for %s at %s: shard %s is at %s: %w", consumer, pos, last.Shard, last.Cursor, ctx.Err())
+				}
 				return fmt.Errorf("wait for %s at %s: %w", consumer, pos, ctx.Err())
 			}
 			return fmt.Errorf("wait for %s at %s: %w", consumer, pos, err)
@@ -97,6 +103,7 @@ func WaitFor(ctx context.Context, store *postgres.Store, consumer string, pos pr
 		if behind == nil {
 			return nil
 		}
+		last = behind
 		timer.Reset(interval)
 		select {
 		case <-ctx.Done():

@@ -212,7 +212,7 @@ func TestWaitForEveryInstanceShard(t *testing.T) {
 	eventually(t, time.Minute, "alpha to apply b", func() bool { got, _ := e.counts("live@alpha"); return got["b"] == 1 })
 	// Long enough for a loaded machine to answer the first poll, which is
 	// what names the shard still behind.
-	_, err := e.waitFor("live", pos, 2*time.Second)
+	_, err := e.waitFor("live", pos, 4*time.Second)
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "live@beta") {
 		t.Fatalf("WaitFor with instance beta stopped: %v, want the deadline naming live@beta", err)
 	}
