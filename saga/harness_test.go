@@ -78,9 +78,10 @@ type slaOptions struct {
 	// enter, when set, is called as each step starts; the func it returns
 	// as the step's handler returns.
 	enter func(key string) func()
-	// afterDecide, when set, is called after every handler decided: the
-	// crash test kills its process there, mid-transaction.
-	afterDecide func()
+	// afterDecide, when set, is called after every handler decided (timeout
+	// tells a timeout's handler from an event's): the crash tests kill their
+	// process there, mid-transaction.
+	afterDecide func(timeout bool)
 	async       projection.AsyncConfig
 }
 
@@ -90,7 +91,7 @@ type slaOptions struct {
 // reminder appends sla.reminded unless the ticket has an agent.
 func newSLA(ty types, o slaOptions) *saga.Saga[slaState] {
 	s := saga.New[slaState]("sla", saga.Config{Now: o.now, Async: o.async})
-	guard := func(key string) func() {
+	guard := func(key string, timeout ...bool) func() {
 		exit := func() {}
 		if o.enter != nil {
 			exit = o.enter(key)
@@ -98,7 +99,7 @@ func newSLA(ty types, o slaOptions) *saga.Saga[slaState] {
 		return func() {
 			exit()
 			if o.afterDecide != nil {
-				o.afterDecide()
+				o.afterDecide(len(timeout) > 0)
 			}
 		}
 	}
@@ -138,7 +139,7 @@ func newSLA(ty types, o slaOptions) *saga.Saga[slaState] {
 		return nil
 	}))
 	must(saga.OnTimeout(s, "remind", func(ctx context.Context, in *saga.Instance[slaState], t saga.Timeout) error {
-		defer guard(in.Key())()
+		defer guard(in.Key(), true)()
 		if in.State.Agent == "" {
 			in.State.Reminded++
 			in.Append(stream(in), projector.AnyVersion, Reminded{Ticket: in.Key()})

@@ -32,6 +32,10 @@ const (
 	childURLEnv   = "PROJECTOR_TEST_SAGA_URL"
 	childSchema   = "PROJECTOR_TEST_SAGA_SCHEMA"
 	childKillStep = "PROJECTOR_TEST_SAGA_KILL_STEP"
+	// childKillEvent and childKillTimeout count only events' steps or only
+	// timeouts' steps towards the kill: the step the child dies in.
+	childKillEvent   = "PROJECTOR_TEST_SAGA_KILL_EVENT_STEP"
+	childKillTimeout = "PROJECTOR_TEST_SAGA_KILL_TIMEOUT_STEP"
 	// childPartitions is the saga's Async.Partitions in the child.
 	childPartitions = "PROJECTOR_TEST_SAGA_PARTITIONS"
 	// childPark makes the child run the parking saga of park_test.go.
@@ -58,11 +62,19 @@ func runChild() int {
 	}
 	// killStep > 0: SIGKILL this process right after the killStep-th
 	// handler decided, inside the step's open transaction.
+	// killEvent or killTimeout > 0: the same, counting only events' or
+	// only timeouts' steps.
 	killStep, _ := strconv.ParseInt(os.Getenv(childKillStep), 10, 64)
-	var steps atomic.Int64
+	killEvent, _ := strconv.ParseInt(os.Getenv(childKillEvent), 10, 64)
+	killTimeout, _ := strconv.ParseInt(os.Getenv(childKillTimeout), 10, 64)
+	var steps, eventSteps, timeoutSteps atomic.Int64
 	partitions, _ := strconv.Atoi(os.Getenv(childPartitions))
-	var s saga.Definition = newSLA(ty, slaOptions{remindAfter: childRemind, async: projection.AsyncConfig{BatchSize: 7, Partitions: partitions}, afterDecide: func() {
-		if killStep > 0 && steps.Add(1) == killStep {
+	var s saga.Definition = newSLA(ty, slaOptions{remindAfter: childRemind, async: projection.AsyncConfig{BatchSize: 7, Partitions: partitions}, afterDecide: func(timeout bool) {
+		kind, n := &eventSteps, killEvent
+		if timeout {
+			kind, n = &timeoutSteps, killTimeout
+		}
+		if (killStep > 0 && steps.Add(1) == killStep) || (n > 0 && kind.Add(1) == n) {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}
@@ -124,13 +136,17 @@ func (e *env) startPartitionedChild(killStep, partitions int) *pgtest.Child {
 }
 
 // TestPromise12_CrashExactlyOnce SIGKILLs the process running the saga
-// (dispatcher and timeout runner) at random moments — by the clock, and
-// from inside a step right after its handler decided, with the step's
-// transaction open — while events and timeouts flow. Afterwards every
-// handled event took exactly one step and appended exactly one event, every
-// reminder fired exactly once (never for an assigned ticket, never twice,
-// never lost), and each appended event carries its cause and the
-// instance's correlation id.
+// (dispatcher and timeout runner) at random moments by the clock, and from
+// inside a step right after its handler decided, with the step's
+// transaction open: in an event's step late in a full batch (earlier steps
+// of the same transaction started instances and appended), and in a
+// timeout's step. After every kill the committed state holds together:
+// each instance's version is its count of steps (none started without its
+// step), and each appended event and pending timeout has its cause's step.
+// At the end every handled event took exactly one step and appended
+// exactly one event, every reminder fired exactly once (never for an
+// assigned ticket, never twice, never lost), and each appended event
+// carries its cause and the instance's correlation id.
 func TestPromise12_CrashExactlyOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills child processes")
@@ -144,36 +160,57 @@ func TestPromise12_CrashExactlyOnce(t *testing.T) {
 		}
 		return ""
 	})
-	// Four kills, two of them mid-step, reach every state the checks
-	// cover; PROJECTOR_SOAK runs twelve.
-	wantKills := 12
+	// Four kills, one in an event's step and one in a timeout's, reach
+	// every state the checks cover; PROJECTOR_SOAK runs twelve.
+	wantKills := pgtest.Size(4, 12)
 	kills := 0
 	for round := 0; kills < wantKills; round++ {
 		if round > 5*wantKills {
 			t.Fatalf("only %d of %d kills in %d rounds", kills, wantKills, round)
 		}
-		killStep := 0
-		if round%2 == 1 {
-			killStep = 1 + rng.IntN(6) // dies mid-step, transaction open
-		}
-		c := e.startChild(killStep)
-		load.appendSome()
-		// Kill at a random moment unless the child killed itself first.
-		select {
-		case <-c.Done():
-		case <-time.After(time.Duration(30+rng.IntN(150)) * time.Millisecond):
-			c.Kill(t)
+		var c *pgtest.Child
+		switch round % 4 {
+		case 1, 3:
+			// The round's events are in before the child starts, so its
+			// first batch is full (7): any six events in a row of the
+			// load hold an opening and a comment, so the sixth event's
+			// step dies after the same transaction started an instance
+			// and appended a note. A timeout's step dies after the
+			// runner's transaction may have fired another.
+			load.appendSome()
+			if round%4 == 1 {
+				c = e.startChild(0, childKillEvent+"=6")
+			} else {
+				c = e.startChild(0, childKillTimeout+"=2")
+			}
+			select {
+			case <-c.Done():
+			case <-time.After(time.Minute):
+				c.Kill(t)
+				t.Fatalf("round %d: the child did not reach the step it dies in:\n%s", round, c.Output())
+			}
+		default:
+			// Kill at a random moment unless the child killed itself first.
+			c = e.startChild(0)
+			load.appendSome()
+			select {
+			case <-c.Done():
+			case <-time.After(time.Duration(30+rng.IntN(150)) * time.Millisecond):
+				c.Kill(t)
+			}
 		}
 		if c.Killed() {
 			kills++
 		} else {
 			t.Fatalf("child exited without being killed:\n%s", c.Output())
 		}
+		load.checkCommittedTogether(fmt.Sprintf("after kill %d (round %d)", kills, round))
 	}
 	// A last child runs to the end: everything converges.
 	c := e.startChild(0)
 	load.waitConverged()
 	c.Terminate(t)
+	load.checkCommittedTogether("at the end")
 	load.checkExactlyOnce()
 	t.Logf("%d SIGKILLs, %d tickets", kills, load.tickets)
 }
@@ -240,6 +277,43 @@ func (l *slaLoad) waitConverged() {
 		// Assigned tickets may or may not have been reminded first.
 		return steps >= want+reminders && l.e.pendingTimeouts() == 0 && l.e.instances() == l.tickets
 	})
+}
+
+// checkCommittedTogether checks, in one snapshot of what is committed, that
+// a step's writes committed with it: each instance's version is its count
+// of steps and at least one (an instance committed without its first step
+// has version 0), each event in an sla stream was caused by a step of that
+// ticket's instance, and each pending timeout was scheduled by one. A
+// write committed outside its step's transaction shows here after a kill
+// inside the step, even when the step's retry would mend the count.
+func (l *slaLoad) checkCommittedTogether(when string) {
+	e := l.e
+	e.t.Helper()
+	in, st, ev, tm := e.store.Table("projector_saga_instances"), e.store.Table("projector_saga_steps"),
+		e.store.Table("projector_events"), e.store.Table("projector_saga_timeouts")
+	var versions, appended, timeouts string
+	err := e.store.Pool().QueryRow(e.ctx, `SELECT
+			coalesce((SELECT string_agg(i.key || ' at version ' || i.version || ' with ' || n.steps || ' steps', ', ')
+				FROM `+in+` i CROSS JOIN LATERAL (SELECT count(*) AS steps FROM `+st+` s WHERE s.instance_id = i.id) n
+				WHERE i.version = 0 OR i.version <> n.steps), ''),
+			coalesce((SELECT string_agg(a.type || ' in sla/' || a.stream_id, ', ') FROM `+ev+` a
+				WHERE a.stream_type = 'sla' AND NOT EXISTS (SELECT 1 FROM `+st+` s JOIN `+in+` i ON i.id = s.instance_id
+					WHERE s.cause_id = a.causation_id AND i.key = a.stream_id)), ''),
+			coalesce((SELECT string_agg(x.name || ' of ' || i.key, ', ') FROM `+tm+` x JOIN `+in+` i ON i.id = x.instance_id
+				WHERE NOT EXISTS (SELECT 1 FROM `+st+` s WHERE s.instance_id = x.instance_id AND s.cause_id = x.scheduled_by)), '')`).
+		Scan(&versions, &appended, &timeouts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if versions != "" {
+		e.t.Errorf("%s: instances whose version is not their count of steps (a start or state committed without its step): %s", when, versions)
+	}
+	if appended != "" {
+		e.t.Errorf("%s: events appended without their cause's step (committed outside the step's transaction): %s", when, appended)
+	}
+	if timeouts != "" {
+		e.t.Errorf("%s: timeouts pending without the step that scheduled them: %s", when, timeouts)
+	}
 }
 
 // checkExactlyOnce checks the saga's tables and the log against what was
