@@ -126,7 +126,9 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 		child := pgtest.StartChild(t, inlineChildEnv+"=1", childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+e.schema)
 		// Kill it once it has replayed a random number of events more.
 		want := 1 + r.IntN(55)
-		eventually(t, time.Minute, "the child to replay", func() bool { return processed() >= from+want })
+		// Up to three minutes: a -race child starting on a loaded CI machine
+		// has been seen to need more than one before its first batch.
+		eventually(t, 3*time.Minute, "the child to replay", func() bool { return processed() >= from+want })
 		child.Kill(t)
 		rb, err := rebuild.Current(e.ctx, e.store, "tickets")
 		if err != nil {
