@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/search"
 	"github.com/projectorhq/projector/stores/meilisearch/meilisearchtest"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // TestReindexPartitioned: a Meilisearch index of a search projection with
@@ -101,4 +104,101 @@ func TestReindexPartitioned(t *testing.T) {
 		}
 	}
 	t.Logf("reindex replayed %d events (built to %s, swapped at %s); %d appends during it", r.Events, r.Built, r.Swapped, len(written))
+}
+
+// TestReindexPartitionedHoldsTheLayout: `consumer split` of a partition
+// run after the reindex checked the layout and before it swapped (from the
+// fake Meilisearch's swap request) waits for the reindex, whose fence lock
+// is held by a session without a transaction id (no horizon held back);
+// the reindex succeeds and, once the split is done, every partition — the
+// split's halves too — is running. Without the lock the split lands in the
+// gap: its halves inherit the disabled status, the enables name a
+// partition that is gone, and the halves stay disabled.
+func TestReindexPartitionedHoldsTheLayout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	must(t, e.store.CreatePartitionIndex(e.ctx))
+	fake := meilisearchtest.New(t)
+	b := meiliBackend(e, fake.URL(), "")
+	const name = "ticket_layout"
+	p := e.ticketProjection(name, b, projection.AsyncConfig{BatchSize: 20, Partitions: 2})
+	d := e.dispatcher(p)
+	for i := range 10 {
+		e.append("acme", fmt.Sprintf("T-%d", i), testevents.TicketOpened{Title: "printer"})
+	}
+	e.catchUp(d)
+	admin := projection.NewAdmin(e.store)
+	seg, err := postgres.SegmentOf(0, 2)
+	must(t, err)
+	fenceKey := "projector.shard\x1f" + e.store.Schema() + "\x1f" + name + "\x1f" + projection.SharedInstance
+	// fence reports how many sessions wait for the consumer's fence lock
+	// and how many hold it with a transaction id.
+	fence := func() (waiting, withXID int, err error) {
+		err = e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FILTER (WHERE NOT l.granted), count(*) FILTER (WHERE l.granted AND a.backend_xid IS NOT NULL)
+			FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND l.objsubid = 1
+				AND ((l.classid::text::bigint << 32) | l.objid::text::bigint) = hashtextextended($1, 0)`, fenceKey).Scan(&waiting, &withXID)
+		return waiting, withXID, err
+	}
+	split := make(chan error, 1)
+	var once sync.Once
+	var splitWaited bool
+	var gapErr error
+	fake.Refuse("POST /swap-indexes", func() bool {
+		once.Do(func() {
+			go func() {
+				_, err := admin.Split(e.ctx, name, seg)
+				split <- err
+			}()
+			// The split either finishes in the gap or waits for the
+			// fence lock until the reindex lets go of it.
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				select {
+				case err := <-split:
+					split <- err
+					return
+				default:
+				}
+				waiting, withXID, err := fence()
+				if err != nil {
+					gapErr = err
+					return
+				}
+				if waiting > 0 {
+					splitWaited = true
+					if withXID > 0 {
+						gapErr = errors.New("the reindex holds the fence lock in a transaction with an id: it holds back every consumer's horizon")
+					}
+					return
+				}
+			}
+			gapErr = errors.New("timed out waiting for the split to finish or wait for the fence lock")
+		})
+		return false
+	})
+	_, err = search.Reindex(e.ctx, e.store, p, 0)
+	fake.Refuse("POST /swap-indexes", nil)
+	must(t, gapErr)
+	if err != nil {
+		t.Fatalf("reindex with a split run before its swap: %v", err)
+	}
+	if !splitWaited {
+		t.Errorf("the split ran between the reindex's layout check and its enables instead of waiting for them")
+	}
+	must(t, <-split)
+	states, err := admin.List(e.ctx, name)
+	must(t, err)
+	var parts []string
+	for _, s := range states {
+		if s.Partitions == 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%d/%d", s.Partition, s.Partitions))
+		if s.Status == projection.StatusDisabled {
+			t.Errorf("partition %d/%d is disabled after the reindex and the split", s.Partition, s.Partitions)
+		}
+	}
+	if len(parts) != 3 {
+		t.Errorf("partitions after the split: %v, want 0/4 2/4 1/2", parts)
+	}
 }
