@@ -154,6 +154,9 @@ func lockFence(ctx context.Context, store *postgres.Store, consumer string) (fen
 // idle-in-transaction timeout): the lock went with it, and a split or
 // merge may have run since, so the reindex must not swap.
 func (f fenceLock) check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if _, err := f.tx.Exec(ctx, `SELECT 1`); err != nil {
 		return fmt.Errorf("%w: the session holding the partitions' layout ended (%w); a split or merge may have run: run it again",
 			projection.ErrLayoutChanged, err)
