@@ -1,6 +1,7 @@
 package search_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -130,16 +131,7 @@ func TestReindexPartitionedHoldsTheLayout(t *testing.T) {
 	admin := projection.NewAdmin(e.store)
 	seg, err := postgres.SegmentOf(0, 2)
 	must(t, err)
-	fenceKey := "projector.shard\x1f" + e.store.Schema() + "\x1f" + name + "\x1f" + projection.SharedInstance
-	// fence reports how many sessions wait for the consumer's fence lock
-	// and how many hold it with a transaction id.
-	fence := func() (waiting, withXID int, err error) {
-		err = e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FILTER (WHERE NOT l.granted), count(*) FILTER (WHERE l.granted AND a.backend_xid IS NOT NULL)
-			FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-			WHERE l.locktype = 'advisory' AND l.objsubid = 1
-				AND ((l.classid::text::bigint << 32) | l.objid::text::bigint) = hashtextextended($1, 0)`, fenceKey).Scan(&waiting, &withXID)
-		return waiting, withXID, err
-	}
+	fence := func() (waiting, withXID int, err error) { return fenceLock(e, name) }
 	split := make(chan error, 1)
 	var once sync.Once
 	var splitWaited bool
@@ -201,4 +193,119 @@ func TestReindexPartitionedHoldsTheLayout(t *testing.T) {
 	if len(parts) != 3 {
 		t.Errorf("partitions after the split: %v, want 0/4 2/4 1/2", parts)
 	}
+}
+
+// fenceLock reports how many sessions wait for the fence lock of consumer
+// name (its unpartitioned shard's lock) and how many hold it in a
+// transaction with an id.
+func fenceLock(e *env, name string) (waiting, withXID int, err error) {
+	key := "projector.shard\x1f" + e.store.Schema() + "\x1f" + name + "\x1f" + projection.SharedInstance
+	err = e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FILTER (WHERE NOT l.granted), count(*) FILTER (WHERE l.granted AND a.backend_xid IS NOT NULL)
+		FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+		WHERE l.locktype = 'advisory' AND l.objsubid = 1
+			AND ((l.classid::text::bigint << 32) | l.objid::text::bigint) = hashtextextended($1, 0)`, key).Scan(&waiting, &withXID)
+	return waiting, withXID, err
+}
+
+// TestReindexHoldsAgainstPartitioning: a dispatcher declaring partitions
+// starts while the reindex of the unpartitioned consumer holds it (from
+// the fake Meilisearch's swap request), and events are appended. Its
+// registration, which would turn the held consumer into running
+// partitions indexing into the old index, waits for the reindex; the
+// reindex succeeds and the index, once the partitions caught up, holds
+// every event. Without the lock the partitions index the appended events
+// into the index the swap then deletes, and the enable finds the fence.
+func TestReindexHoldsAgainstPartitioning(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	must(t, e.store.CreatePartitionIndex(e.ctx))
+	fake := meilisearchtest.New(t)
+	b := meiliBackend(e, fake.URL(), "")
+	const name = "ticket_topart"
+	p := e.ticketProjection(name, b, projection.AsyncConfig{BatchSize: 20})
+	d := e.dispatcher(p)
+	m := model{}
+	for i := range 10 {
+		id := fmt.Sprintf("T-%d", i)
+		e.append("acme", id, testevents.TicketOpened{Title: "printer"})
+		m.apply("acme", id, testevents.TicketOpened{Title: "printer"})
+	}
+	e.catchUp(d)
+	pp := e.ticketProjection(name, b, projection.AsyncConfig{BatchSize: 20, Partitions: 2})
+	a, err := pp.Async()
+	must(t, err)
+	started := make(chan *projection.Dispatcher, 1)
+	startErr := make(chan error, 1)
+	var once sync.Once
+	var gapErr error
+	var startedInGap bool
+	fake.Refuse("POST /swap-indexes", func() bool {
+		once.Do(func() {
+			go func() {
+				d2, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{a}, PollMax: 50 * time.Millisecond, Recheck: 50 * time.Millisecond})
+				if err == nil {
+					err = d2.Start(e.ctx)
+				}
+				startErr <- err
+				started <- d2
+			}()
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					gapErr = errors.New("timed out waiting for the partitioned dispatcher to start or wait for the fence lock")
+					return
+				}
+				if len(startErr) > 0 {
+					break
+				}
+				waiting, _, err := fenceLock(e, name)
+				if err != nil {
+					gapErr = err
+					return
+				}
+				if waiting > 0 {
+					break
+				}
+			}
+			for i := range 10 {
+				id := fmt.Sprintf("N-%d", i)
+				e.append("acme", id, testevents.TicketOpened{Title: "during the hold"})
+				m.apply("acme", id, testevents.TicketOpened{Title: "during the hold"})
+			}
+			if len(startErr) > 0 {
+				startedInGap = true
+				// Started in the gap: let its partitions index what
+				// was appended (into the live index the swap replaces).
+				ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+				defer cancel()
+				if err := <-startErr; err != nil {
+					gapErr = err
+					return
+				}
+				startErr <- nil
+				d2 := <-started
+				started <- d2
+				gapErr = d2.CatchUp(ctx)
+			}
+		})
+		return false
+	})
+	_, err = search.Reindex(e.ctx, e.store, p, 0)
+	fake.Refuse("POST /swap-indexes", nil)
+	must(t, gapErr)
+	must(t, <-startErr)
+	d2 := <-started
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = d2.Stop(ctx)
+	})
+	if err != nil {
+		t.Errorf("reindex while a partitioned dispatcher starts: %v", err)
+	}
+	if startedInGap {
+		t.Errorf("the partitioned dispatcher's registration ran while the reindex held the consumer instead of waiting for it")
+	}
+	must(t, d.Stop(e.ctx))
+	e.catchUp(d2)
+	sameIndex(t, "after the reindex and the partitioning", m.canonical(t), indexed(t, e.ctx, b))
 }
