@@ -74,6 +74,16 @@ func (p *Projection) reindexPartitioned(ctx context.Context, store *postgres.Sto
 		return fail(err)
 	}
 	defer fence.release(ctx)
+	// A split or merge that ran before the lock: refused before any
+	// partition is disabled, rather than by a Disable of a partition gone.
+	now, err := readCursors(ctx, store, admin, id)
+	if err != nil {
+		return fail(err)
+	}
+	if !sameLayout(built, now) {
+		return fail(fmt.Errorf("%w: a split or merge ran while the reindex built the new index; run it again: %w",
+			projection.ErrLayoutChanged, projector.ErrInvalidTransition))
+	}
 	var disabled []projection.ShardID
 	enable := func() error {
 		var errs []error

@@ -309,3 +309,48 @@ func TestReindexHoldsAgainstPartitioning(t *testing.T) {
 	e.catchUp(d2)
 	sameIndex(t, "after the reindex and the partitioning", m.canonical(t), indexed(t, e.ctx, b))
 }
+
+// TestReindexPartitionedSplitWhileBuilding: a split while the reindex
+// builds the new index (before it takes the fence lock) fails it with
+// projection.ErrLayoutChanged before any partition is disabled: every
+// partition, the split's halves included, runs afterwards and the new
+// index is dropped.
+func TestReindexPartitionedSplitWhileBuilding(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	must(t, e.store.CreatePartitionIndex(e.ctx))
+	fake := meilisearchtest.New(t)
+	b := meiliBackend(e, fake.URL(), "")
+	const name = "ticket_building"
+	p := e.ticketProjection(name, b, projection.AsyncConfig{BatchSize: 20, Partitions: 2})
+	d := e.dispatcher(p)
+	for i := range 10 {
+		e.append("acme", fmt.Sprintf("T-%d", i), testevents.TicketOpened{Title: "printer"})
+	}
+	e.catchUp(d)
+	admin := projection.NewAdmin(e.store)
+	seg, err := postgres.SegmentOf(0, 2)
+	must(t, err)
+	var once sync.Once
+	var splitErr error
+	fake.Refuse("POST /indexes/{uid}/documents", func() bool {
+		once.Do(func() { _, splitErr = admin.Split(e.ctx, name, seg) })
+		return false
+	})
+	_, err = search.Reindex(e.ctx, e.store, p, 0)
+	fake.Refuse("POST /indexes/{uid}/documents", nil)
+	must(t, splitErr)
+	if !errors.Is(err, projection.ErrLayoutChanged) {
+		t.Fatalf("reindex with a split while it built: %v, want ErrLayoutChanged", err)
+	}
+	states, err := admin.List(e.ctx, name)
+	must(t, err)
+	for _, s := range states {
+		if s.Partitions > 0 && s.Status == projection.StatusDisabled {
+			t.Errorf("partition %d/%d is disabled after the failed reindex", s.Partition, s.Partitions)
+		}
+	}
+	if exists, _ := fake.Index(b.UID(ticketIndex) + "__reindex"); exists {
+		t.Errorf("the new index was left behind")
+	}
+}
