@@ -112,7 +112,10 @@ type ReindexReport struct {
 // one after it. If Reindex fails after holding live indexing it enables
 // the shard again and drops the new index; if the process dies while
 // holding, the shard stays disabled, visibly in `projector status`, until
-// an operator enables it (`projector consumer enable NAME`). Events the
+// an operator enables it (`projector consumer enable NAME`). From the hold
+// to the swap it holds the shard's lock, so a dispatcher that would
+// partition the consumer (whose partitions would index into the old
+// index) waits. Events the
 // consumer dead-lettered or an operator skipped are left out, as they were
 // of the live index.
 func Reindex(ctx context.Context, store *postgres.Store, p *Projection, batch int) (ReindexReport, error) {
@@ -164,22 +167,55 @@ func Reindex(ctx context.Context, store *postgres.Store, p *Projection, batch in
 		}
 		return nil
 	}
-	held, err := admin.Status(ctx, id)
+	// The shard's lock is the fence lock a starting dispatcher that
+	// declares partitions takes to partition the consumer: its partitions
+	// would start at the held cursor, running, and index into the index
+	// the swap deletes. Held from here to the swap (Enable takes it too),
+	// in a transaction with no id (no horizon held back), it makes such a
+	// start wait; one that came after the Disable is seen below.
+	fence, err := lockFence(ctx, store, p.name)
 	if err != nil {
 		return fail(errors.Join(err, enable()))
+	}
+	held, err := admin.Status(ctx, id)
+	if err != nil {
+		fence.release(ctx)
+		return fail(errors.Join(err, enable()))
+	}
+	if held.Fence() {
+		fence.release(ctx)
+		return fail(fmt.Errorf("%w: a dispatcher partitioned the consumer while the reindex held it; its partitions index into the live index: run the reindex again: %w",
+			projection.ErrLayoutChanged, projector.ErrInvalidTransition))
 	}
 	n, err = p.replayInto(ctx, store, shadow, st.Cursor, held.Cursor, nil, batch)
 	r.Events, r.Swapped = r.Events+n, held.Cursor
+	if err == nil {
+		err = fence.check(ctx)
+	}
 	if err != nil {
+		fence.release(ctx)
 		return fail(errors.Join(err, enable()))
 	}
-	if err := sw.Swap(ctx, p.cfg.Index); err != nil {
+	err = sw.Swap(ctx, p.cfg.Index)
+	fence.release(ctx)
+	if err != nil {
 		return fail(errors.Join(fmt.Errorf("swap: %w", err), enable()))
 	}
-	if err := enable(); err != nil {
+	// A dispatcher partitioning the consumer from here on starts its
+	// partitions at the held cursor, into the swapped-in index: nothing is
+	// lost, and the row the enable finds is the fence.
+	if err := enable(); err != nil && !partitionedSince(ctx, admin, id) {
 		return r, fmt.Errorf("reindex %q: swapped, but %w", p.name, err)
 	}
 	return r, nil
+}
+
+// partitionedSince reports whether the consumer's row is now a
+// partitioned consumer's fence (a dispatcher partitioned it after the
+// swap, so its partitions run and there is nothing to enable).
+func partitionedSince(ctx context.Context, admin *projection.Admin, id projection.ShardID) bool {
+	st, err := admin.Status(context.WithoutCancel(ctx), id)
+	return err == nil && st.Fence()
 }
 
 // replayInto replays the events of p's types in (from, to] that keep (when

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -17,8 +19,10 @@ import (
 // disabling every partition (each Disable waits for that partition's
 // running batch, so the live index is then exactly at the partitions'
 // cursors); brings the new index up to each partition's held cursor;
-// swaps; and enables every partition again. A split or merge while it
-// holds them fails it with [projection.ErrLayoutChanged] (which matches
+// swaps; and enables every partition again. From before the disables to
+// after the enables it holds the consumer's fence lock, so a split or merge
+// waits for it; one that ran between the first read of the layout and the
+// lock fails it with [projection.ErrLayoutChanged] (which matches
 // [projector.ErrInvalidTransition]): the new index is dropped, the
 // partitions resume, and it can be run again.
 func (p *Projection) reindexPartitioned(ctx context.Context, store *postgres.Store, sw Swapper, admin *projection.Admin, id projection.ShardID, batch int) (ReindexReport, error) {
@@ -55,6 +59,31 @@ func (p *Projection) reindexPartitioned(ctx context.Context, store *postgres.Sto
 	if err != nil {
 		return fail(err)
 	}
+	// The layout is held from here to the enables: a split or merge takes
+	// the consumer's fence lock, so one that came after the check below
+	// would otherwise replace partitions the replay never held and leave
+	// the enables naming rows that are gone (its children keep the
+	// disabled status). The lock is held by a transaction that only ever
+	// takes it, so it has no transaction id and holds back no consumer's
+	// horizon (promise 3) across the Meilisearch calls; the fence comes
+	// before the partitions' locks, which Disable and Enable take, as in a
+	// split and a dispatcher's registration, so no one holds a partition's
+	// lock while waiting for the fence here.
+	fence, err := lockFence(ctx, store, p.name)
+	if err != nil {
+		return fail(err)
+	}
+	defer fence.release(ctx)
+	// A split or merge that ran before the lock: refused before any
+	// partition is disabled, rather than by a Disable of a partition gone.
+	now, err := readCursors(ctx, store, admin, id)
+	if err != nil {
+		return fail(err)
+	}
+	if !sameLayout(built, now) {
+		return fail(fmt.Errorf("%w: a split or merge ran while the reindex built the new index; run it again: %w",
+			projection.ErrLayoutChanged, projector.ErrInvalidTransition))
+	}
 	var disabled []projection.ShardID
 	enable := func() error {
 		var errs []error
@@ -87,6 +116,9 @@ func (p *Projection) reindexPartitioned(ctx context.Context, store *postgres.Sto
 	if err != nil {
 		return fail(errors.Join(err, enable()))
 	}
+	if err := fence.check(ctx); err != nil {
+		return fail(errors.Join(err, enable()))
+	}
 	if err := sw.Swap(ctx, p.cfg.Index); err != nil {
 		return fail(errors.Join(fmt.Errorf("swap: %w", err), enable()))
 	}
@@ -107,4 +139,43 @@ func sameLayout(a, b cursors) bool {
 		}
 	}
 	return true
+}
+
+// fenceLock is the consumer's fence lock (its unpartitioned shard's, which
+// every split, merge and partitioned registration takes) held by a
+// transaction of its own that takes nothing else.
+type fenceLock struct{ tx pgx.Tx }
+
+// lockFence waits for consumer's fence lock: for a split or merge under
+// way to finish, and keeps the next one waiting until release.
+func lockFence(ctx context.Context, store *postgres.Store, consumer string) (fenceLock, error) {
+	tx, err := store.Pool().Begin(ctx)
+	if err != nil {
+		return fenceLock{}, fmt.Errorf("hold the partitions' layout: %w", err)
+	}
+	if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: consumer, Instance: projection.SharedInstance}); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return fenceLock{}, fmt.Errorf("hold the partitions' layout: %w", err)
+	}
+	return fenceLock{tx: tx}, nil
+}
+
+// check fails if the lock's session is gone (killed, or ended by an
+// idle-in-transaction timeout): the lock went with it, and a split or
+// merge may have run since, so the reindex must not swap.
+func (f fenceLock) check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if _, err := f.tx.Exec(ctx, `SELECT 1`); err != nil {
+		return fmt.Errorf("%w: the session holding the partitions' layout ended (%w); a split or merge may have run: run it again",
+			projection.ErrLayoutChanged, err)
+	}
+	return nil
+}
+
+// release lets splits and merges run again (rolls the transaction back:
+// it wrote nothing).
+func (f fenceLock) release(ctx context.Context) {
+	_ = f.tx.Rollback(context.WithoutCancel(ctx))
 }
