@@ -52,6 +52,9 @@ func shadowParkErr(pk Park) error {
 func (d *Dispatcher) handOverParks(ctx context.Context, tx pgx.Tx, sh *shard) error {
 	pt, et := d.store.Table("projector_parks"), d.store.Table("projector_parked_events")
 	live := instances(sh.shadow.live)
+	if err := d.warnNeverEmitted(ctx, tx, sh, live); err != nil {
+		return err
+	}
 	tag, err := tx.Exec(ctx, `WITH resolved AS (
 			UPDATE `+pt+` p SET status = 'resolved', resolved_at = now(), retry_requested_at = NULL,
 				resolved_by = $3 || coalesce((SELECT '; still failing: handed over as park ' || s.id FROM `+pt+` s
@@ -86,6 +89,34 @@ func (d *Dispatcher) handOverParks(ctx context.Context, tx pgx.Tx, sh *shard) er
 		d.logger.InfoContext(ctx, "projection dispatcher: rebuild switch: the old model's parks are resolved (replayed), the streams the new version still fails on stay parked",
 			slog.String("consumer", sh.id.Consumer), slog.Int64("rebuild", sh.shadow.rebuildID),
 			slog.Int64("handed_over", tag.RowsAffected()), slog.Int64("old_parked_events_replayed", resolvedEvents))
+	}
+	return nil
+}
+
+// warnNeverEmitted says, before the switch resolves the live model's
+// parks, how many of their events the new version applied in the shadow
+// although the live model never applied them live (it parked them, past
+// its live mark): the shadow applied them as replays, so what their
+// handlers Emit is never appended (docs/rebuilds.md, "Emit across the
+// switch": running the handlers live for them from the shadow would
+// append while the old model is live, and a retry of its park or a
+// cancelled rebuild would emit them again). The events the new version
+// parked again are handed over and emitted by their retry.
+func (d *Dispatcher) warnNeverEmitted(ctx context.Context, tx pgx.Tx, sh *shard, live []string) error {
+	pt, et := d.store.Table("projector_parks"), d.store.Table("projector_parked_events")
+	var events, parks int64
+	if err := tx.QueryRow(ctx, `SELECT count(*), count(DISTINCT p.id) FROM `+pt+` p JOIN `+et+` e ON e.park_id = p.id
+		WHERE p.consumer = $1 AND p.instance_id = ANY($2) AND p.status = 'parked'
+		  AND e.version >= p.version AND e.version > coalesce(p.live_through, 0)
+		  AND NOT EXISTS (SELECT FROM `+pt+` s WHERE s.consumer = p.consumer AND s.instance_id = $3 AND s.status = 'parked'
+			AND s.tenant_id = p.tenant_id AND s.stream_type = p.stream_type AND s.stream_id = p.stream_id AND s.kind = p.kind
+			AND s.version <= e.version)`, sh.id.Consumer, live, RebuildInstance).Scan(&events, &parks); err != nil {
+		return fmt.Errorf("switch: count the live model's parked events the new version applied: %w", err)
+	}
+	if events > 0 {
+		d.logger.WarnContext(ctx, "projection dispatcher: rebuild switch: the new version applied events the old model had parked, as replays: their Emit calls appended nothing (docs/rebuilds.md)",
+			slog.String("consumer", sh.id.Consumer), slog.Int64("rebuild", sh.shadow.rebuildID),
+			slog.Int64("events", events), slog.Int64("parks", parks))
 	}
 	return nil
 }
