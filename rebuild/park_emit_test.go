@@ -120,6 +120,11 @@ func testHandedOverParkEmits(t *testing.T, e *env, partitions int) {
 		parks := e.openParks()
 		return len(parks) == 2 && parks[0].Instance != projection.RebuildInstance && parks[0].Events+parks[1].Events == 6
 	})
+	for _, pk := range e.openParks() {
+		if pk.Version != 2 || pk.LiveThrough != 2 {
+			t.Fatalf("handed-over park of %s at v%d with live mark v%d; want v2 and v2 (version 1 applied v2 live)", pk.StreamID, pk.Version, pk.LiveThrough)
+		}
+	}
 	stillFailing.Store(false)
 	v2 := e.emitter(2, partitions, &stillFailing)
 	for _, pk := range e.openParks() {
