@@ -85,6 +85,11 @@ func (a *App) parkedShowCmd() *cobra.Command {
 				fmt.Fprintf(w, "consumer:   %s (instance %s)\n", projector.Printable(p.Consumer), projector.Printable(p.Instance))
 				fmt.Fprintf(w, "stream:     %s, parked from v%d (%s %s)\n", parkStream(p), p.Version, projector.Printable(p.EventType), p.EventID)
 				fmt.Fprintf(w, "parked:     %s after %d attempts\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts)
+				if p.LiveThrough >= p.Version {
+					// Handed over by a blue/green switch: say which events a
+					// retry replays (their Emit calls append nothing again).
+					fmt.Fprintf(w, "live mark:  v%d (the model before the rebuild applied the stream up to it; a retry replays those events)\n", p.LiveThrough)
+				}
 				if p.LastRetriedAt != nil {
 					fmt.Fprintf(w, "retried:    %s\n", p.LastRetriedAt.UTC().Format(time.RFC3339))
 				}

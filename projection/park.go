@@ -69,6 +69,11 @@ type Park struct {
 	// Kind is [ParkKindStream] or [ParkKindSagaInstance] (whose StreamID is
 	// the instance's correlation key).
 	Kind string `json:"kind"`
+	// LiveThrough is the stream version through which a model before this
+	// one applied the stream's events live (set by a blue/green switch that
+	// handed the park over; 0 when none): a retry gives the parked events
+	// up to it to the handlers as replays, so their Emit calls append once.
+	LiveThrough int64 `json:"live_through,omitempty"`
 }
 
 // Stream returns the parked stream.
@@ -233,7 +238,7 @@ type ParkFilter struct {
 const parkColumns = `p.id, p.consumer, p.instance_id, p.tenant_id, p.stream_type, p.stream_id, p.status, p.event_id, p.event_type,
 	p.version, p.error, p.attempts, p.parked_at,
 	CASE WHEN p.status = 'parked' THEN (SELECT count(*) FROM {{e}} e WHERE e.park_id = p.id)::int ELSE coalesce(p.events, 0) END,
-	p.last_retried_at, p.retry_requested_at, p.resolved_at, coalesce(p.resolved_by, ''), p.kind`
+	p.last_retried_at, p.retry_requested_at, p.resolved_at, coalesce(p.resolved_by, ''), p.kind, coalesce(p.live_through, 0)`
 
 func parkColumnsOf(store *postgres.Store) string {
 	return strings.ReplaceAll(parkColumns, "{{e}}", store.Table("projector_parked_events"))
@@ -246,7 +251,7 @@ func parkSelect(store *postgres.Store) string {
 func scanPark(row pgx.CollectableRow) (Park, error) {
 	var p Park
 	err := row.Scan(&p.ID, &p.Consumer, &p.Instance, &p.Tenant, &p.StreamType, &p.StreamID, &p.Status, &p.EventID, &p.EventType,
-		&p.Version, &p.Error, &p.Attempts, &p.ParkedAt, &p.Events, &p.LastRetriedAt, &p.RetryRequestedAt, &p.ResolvedAt, &p.ResolvedBy, &p.Kind)
+		&p.Version, &p.Error, &p.Attempts, &p.ParkedAt, &p.Events, &p.LastRetriedAt, &p.RetryRequestedAt, &p.ResolvedAt, &p.ResolvedBy, &p.Kind, &p.LiveThrough)
 	return p, err
 }
 
@@ -410,8 +415,9 @@ type ParkRetryResult struct {
 // refused with [projector.ErrInvalidTransition], so of racing retries and
 // discards exactly one wins; a park of a rebuild's shadow shard with
 // [ErrParkNotLive] (the switch hands it over). The events are applied as
-// live, not as replays, except those an in-place rebuild's replay held
-// before the event that parked the stream (applyParked). logger receives
+// live, not as replays, except those a model before had applied live: an
+// in-place rebuild's replay held them before the event that parked the
+// stream, or a blue/green switch marked them (applyParked). logger receives
 // handler panics; nil means slog.Default().
 func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, by string, logger *slog.Logger) (ParkRetryResult, error) {
 	res, _, err := retryPark(ctx, store, p, id, by, logger, false)
@@ -419,17 +425,19 @@ func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 }
 
 // applyParked applies park pk's sequence events through p's handlers in
-// tx, as [applyLive]. The events of a stream's park before the one that
-// parked it are there only after an in-place rebuild's replay held them
-// (its tables were cleared; the model had applied them before): they are
-// given to the handlers as replays, so an Emit does not append what the
-// model appended when it first handled them. The rest were never handled
-// and are live.
+// tx, as [applyLive]. The events a model applied live before are given to
+// the handlers as replays, so an Emit does not append what it appended
+// when it first handled them: those before the one that parked the stream
+// (held only by an in-place rebuild's replay, over cleared tables) and
+// those up to the park's live mark (a blue/green switch handed the park
+// over from its shadow, whose new version failed on events the model
+// before had applied live). The rest were never handled live and are live.
 func applyParked(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Async, id ShardID, pk Park, events []projector.Event,
 	logger *slog.Logger,
 ) (herr, err error) {
 	replayed := 0
-	for pk.Kind == ParkKindStream && replayed < len(events) && events[replayed].Version < pk.Version {
+	for pk.Kind == ParkKindStream && replayed < len(events) &&
+		(events[replayed].Version < pk.Version || events[replayed].Version <= pk.LiveThrough) {
 		replayed++
 	}
 	if replayed > 0 {

@@ -182,6 +182,11 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
 		return false, fmt.Errorf("switch: %w", err)
 	}
+	// Before the live cursors move: what the live model applied of the
+	// streams the shadow parked (rebuild_park.go).
+	if err := d.markLiveThrough(ctx, tx, sh); err != nil {
+		return false, err
+	}
 	// A disabled live shard stays disabled (ignored until `consumer
 	// enable`, as after an in-place rewind); any other state was the old
 	// model's, and the new one starts idle.

@@ -52,6 +52,9 @@ func shadowParkErr(pk Park) error {
 func (d *Dispatcher) handOverParks(ctx context.Context, tx pgx.Tx, sh *shard) error {
 	pt, et := d.store.Table("projector_parks"), d.store.Table("projector_parked_events")
 	live := instances(sh.shadow.live)
+	if err := d.warnNeverEmitted(ctx, tx, sh, live); err != nil {
+		return err
+	}
 	tag, err := tx.Exec(ctx, `WITH resolved AS (
 			UPDATE `+pt+` p SET status = 'resolved', resolved_at = now(), retry_requested_at = NULL,
 				resolved_by = $3 || coalesce((SELECT '; still failing: handed over as park ' || s.id FROM `+pt+` s
@@ -86,6 +89,91 @@ func (d *Dispatcher) handOverParks(ctx context.Context, tx pgx.Tx, sh *shard) er
 		d.logger.InfoContext(ctx, "projection dispatcher: rebuild switch: the old model's parks are resolved (replayed), the streams the new version still fails on stay parked",
 			slog.String("consumer", sh.id.Consumer), slog.Int64("rebuild", sh.shadow.rebuildID),
 			slog.Int64("handed_over", tag.RowsAffected()), slog.Int64("old_parked_events_replayed", resolvedEvents))
+	}
+	return nil
+}
+
+// warnNeverEmitted says, before the switch resolves the live model's
+// parks, how many of their events the new version applied in the shadow
+// although the live model never applied them live (it parked them, past
+// its live mark): the shadow applied them as replays, so what their
+// handlers Emit is never appended (docs/rebuilds.md, "Emit across the
+// switch": running the handlers live for them from the shadow would
+// append while the old model is live, and a retry of its park or a
+// cancelled rebuild would emit them again). The events the new version
+// parked again are handed over and emitted by their retry.
+func (d *Dispatcher) warnNeverEmitted(ctx context.Context, tx pgx.Tx, sh *shard, live []string) error {
+	pt, et := d.store.Table("projector_parks"), d.store.Table("projector_parked_events")
+	var events, parks int64
+	if err := tx.QueryRow(ctx, `SELECT count(*), count(DISTINCT p.id) FROM `+pt+` p JOIN `+et+` e ON e.park_id = p.id
+		WHERE p.consumer = $1 AND p.instance_id = ANY($2) AND p.status = 'parked'
+		  AND e.version >= p.version AND e.version > coalesce(p.live_through, 0)
+		  AND NOT EXISTS (SELECT FROM `+pt+` s WHERE s.consumer = p.consumer AND s.instance_id = $3 AND s.status = 'parked'
+			AND s.tenant_id = p.tenant_id AND s.stream_type = p.stream_type AND s.stream_id = p.stream_id AND s.kind = p.kind
+			AND s.version <= e.version)`, sh.id.Consumer, live, RebuildInstance).Scan(&events, &parks); err != nil {
+		return fmt.Errorf("switch: count the live model's parked events the new version applied: %w", err)
+	}
+	if events > 0 {
+		d.logger.WarnContext(ctx, "projection dispatcher: rebuild switch: the new version applied events the old model had parked, as replays: their Emit calls appended nothing (docs/rebuilds.md)",
+			slog.String("consumer", sh.id.Consumer), slog.Int64("rebuild", sh.shadow.rebuildID),
+			slog.Int64("events", events), slog.Int64("parks", parks))
+	}
+	return nil
+}
+
+// markLiveThrough, in the switch's transaction before the live cursors
+// move, sets the live mark of each of the shadow's open parks (migration
+// 27): the stream version through which the live model applied the
+// stream's events live, and so appended what their handlers Emit. The
+// shadow parked the stream from the event its new version fails on, which
+// the live model may have applied, with later ones: a retry after the
+// switch must give those to the handlers as replays (applyParked), or an
+// Emit would append for them twice. The live model applied a stream's
+// events live
+//
+//   - up to the event its own open park of the stream failed on (or that
+//     park's mark, handed over by an earlier switch, if higher): it held
+//     the rest;
+//   - else up to the last event of the stream at or below the cursor of
+//     its shard holding the stream (a partitioned consumer: the partition
+//     whose segment holds it), the hot log's or the archive's.
+//
+// Events the live model never read (past its cursor) or held stay live
+// for the retry. A stream the live model's parks lost events of by a
+// discard is not told apart: those events were never applied live, and
+// stay below the mark (docs/rebuilds.md says so).
+func (d *Dispatcher) markLiveThrough(ctx context.Context, tx pgx.Tx, sh *shard) error {
+	pt := d.store.Table("projector_parks")
+	// The live shards with their segments (partitions: "v/n"; the CASE
+	// keeps the casts off any other row), and the one holding a stream.
+	pre, part := PartitionPrefix+"%", `substr(c.instance_id, `+strconv.Itoa(len(PartitionPrefix)+1)+`)`
+	live := `(SELECT c.instance_id, c.cursor_tx_id, c.cursor_seq,
+			CASE WHEN c.instance_id LIKE '` + pre + `' THEN split_part(` + part + `, '/', 1)::bigint END AS v,
+			CASE WHEN c.instance_id LIKE '` + pre + `' THEN split_part(` + part + `, '/', 2)::bigint END AS n
+		FROM ` + d.store.Table("projector_consumers") + ` c WHERE c.name = $1 AND c.instance_id = ANY($3))`
+	holds := `c.instance_id = '` + SharedInstance + `'`
+	if sh.proj.cfg.Partitions > 1 {
+		holds = `(` + d.store.Table("projector_stream_hash") + `(s.tenant_id, s.stream_type, s.stream_id) * c.n) >> 32 = c.v`
+	}
+	read := func(table string) string {
+		return `(SELECT max(e.version) FROM ` + d.store.Table(table) + ` e WHERE e.tenant_id = s.tenant_id AND e.stream_type = s.stream_type
+			AND e.stream_id = s.stream_id AND (e.tx_id, e.seq) <= (c.cursor_tx_id, c.cursor_seq))`
+	}
+	tag, err := tx.Exec(ctx, `UPDATE `+pt+` s SET live_through = m.v FROM (
+			SELECT s.id, coalesce(
+				(SELECT max(greatest(o.version - 1, o.live_through)) FROM `+pt+` o
+					WHERE o.consumer = s.consumer AND o.instance_id = ANY($3) AND o.status = 'parked' AND o.tenant_id = s.tenant_id
+					  AND o.stream_type = s.stream_type AND o.stream_id = s.stream_id AND o.kind = s.kind),
+				greatest(`+read("projector_events")+`, `+read("projector_events_archive")+`)) AS v
+			FROM `+pt+` s JOIN `+live+` c ON `+holds+`
+			WHERE s.consumer = $1 AND s.instance_id = $2 AND s.status = 'parked') m
+		WHERE s.id = m.id AND m.v > 0`, sh.id.Consumer, RebuildInstance, instances(sh.shadow.live))
+	if err != nil {
+		return fmt.Errorf("switch: mark what the live model applied of the shadow's parked streams: %w", err)
+	}
+	if n := tag.RowsAffected(); n > 0 {
+		d.logger.DebugContext(ctx, "projection dispatcher: rebuild switch: parks handed over with events the live model applied; a retry replays those",
+			slog.String("consumer", sh.id.Consumer), slog.Int64("parks", n))
 	}
 	return nil
 }

@@ -1,0 +1,11 @@
+-- A park's live mark (docs/rebuilds.md, "Parked streams across a
+-- rebuild"): the stream version through which a model before this one
+-- applied the stream's events live, and so appended what their handlers
+-- Emit. A blue/green switch sets it on each park it hands from the shadow
+-- to the live consumer: the shadow parks a stream from the event its new
+-- version fails on, and the model before may have applied that event and
+-- later ones live (it had no park of the stream, or parked it further on).
+-- A retry gives the parked events at or below the mark to the handlers as
+-- replays, so an Emit appends nothing for them a second time; the rest as
+-- live. NULL: no model before applied any of the park's events live.
+ALTER TABLE {{schema}}.projector_parks ADD COLUMN IF NOT EXISTS live_through bigint;
