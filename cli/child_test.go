@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -49,18 +48,12 @@ func runOps(ctx context.Context, env, value string, args ...string) (string, str
 		panic("no ops binary declared for " + env)
 	}
 	types := testevents.New()
-	root := New(Config{Registry: types.Registry, Wire: func(schema string) (Wiring, error) {
+	cfg := Config{Registry: types.Registry, Wire: func(schema string) (Wiring, error) {
 		return wire(types, schema, value), nil
-	}})
+	}}
 	var out, errOut bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&errOut)
-	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
-	if err != nil {
-		fmt.Fprintf(&errOut, "%s: %s\n", root.Name(), message(err))
-	}
-	return out.String(), errOut.String(), ExitCode(err)
+	code := Run(ctx, cfg, args, &out, &errOut)
+	return out.String(), errOut.String(), code
 }
 
 // runOpsProcess runs the ops binary asOpsBinary declared under env as a

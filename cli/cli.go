@@ -83,6 +83,11 @@ type Config struct {
 	// a binary that wires its consumers here can retry. Nil means none
 	// (list, show and discard work without it).
 	JetStreamConsumers func(store *postgres.Store) ([]*jetstream.Consumer, error)
+	// Getenv looks up the environment variables the commands read
+	// (PROJECTOR_*, NATS_URL, OTEL_*, USER); default os.Getenv. A test runs
+	// the command tree in its own process with an environment of its own
+	// through it, which os.Setenv cannot give tests running in parallel.
+	Getenv func(string) string
 }
 
 // Wiring is an application's projections, as [Config.Wire] returns them.
@@ -120,6 +125,9 @@ func New(cfg Config) *cobra.Command {
 	if cfg.Registry == nil {
 		cfg.Registry = projector.NewRegistry()
 	}
+	if cfg.Getenv == nil {
+		cfg.Getenv = os.Getenv
+	}
 	app := &App{cfg: cfg}
 	root := &cobra.Command{
 		Use:   cfg.Name,
@@ -136,8 +144,8 @@ is not allowed in the current state; nothing changed).`,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			app.out, app.errOut = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			app.appName = ApplicationName(cfg.Name, strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()))
-			app.databaseURL = cmp.Or(app.databaseURL, os.Getenv(EnvDatabaseURL))
-			app.schema = cmp.Or(app.schema, os.Getenv(EnvSchema), postgres.DefaultSchema)
+			app.databaseURL = cmp.Or(app.databaseURL, app.getenv(EnvDatabaseURL))
+			app.schema = cmp.Or(app.schema, app.getenv(EnvSchema), postgres.DefaultSchema)
 			if err := postgres.ValidateSchema(app.schema); err != nil {
 				return usageError{fmt.Errorf("--schema: %w", err)}
 			}
@@ -165,7 +173,25 @@ is not allowed in the current state; nothing changed).`,
 func Main(cfg Config) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	return Run(ctx, cfg, os.Args[1:], nil, nil)
+}
+
+// Run is [Main] without the process: it runs the command tree on args with
+// ctx, writes to stdout and stderr (nil: the process's own) and returns the
+// exit code, printing a failure as [Main] does. Tests call it to run many
+// command lines in one process, each with its own output and, through
+// [Config.Getenv], its own environment; signals are the caller's to wire.
+func Run(ctx context.Context, cfg Config, args []string, stdout, stderr io.Writer) int {
 	root := New(cfg)
+	// Left unset, cobra's own defaults apply: usage text it prints itself
+	// goes to standard error unless an output was set.
+	if stdout != nil {
+		root.SetOut(stdout)
+	}
+	if stderr != nil {
+		root.SetErr(stderr)
+	}
+	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return ExitOK
@@ -220,6 +246,9 @@ func isCobraUsage(err error) bool {
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " ")), " ")
 }
+
+// getenv looks up an environment variable through [Config.Getenv].
+func (a *App) getenv(key string) string { return a.cfg.Getenv(key) }
 
 // connectTimeout bounds how long a command waits for an unreachable
 // database before it gives up with an error, so scripts never hang.
@@ -450,7 +479,7 @@ func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, e
 	if err != nil {
 		return nil, err
 	}
-	master, old, err := masterKeysFromEnv()
+	master, old, err := masterKeysFromEnv(a.getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -468,16 +497,16 @@ func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, e
 // masterKeysFromEnv reads PROJECTOR_MASTER_KEY and PROJECTOR_OLD_MASTER_KEYS:
 // a malformed value is a bad command line (exit 2), and the error never
 // holds key material.
-func masterKeysFromEnv() (*postgres.MasterKey, []*postgres.MasterKey, error) {
+func masterKeysFromEnv(getenv func(string) string) (*postgres.MasterKey, []*postgres.MasterKey, error) {
 	var master *postgres.MasterKey
-	if v := os.Getenv(postgres.MasterKeyEnv); v != "" {
+	if v := getenv(postgres.MasterKeyEnv); v != "" {
 		var err error
 		if master, err = postgres.ParseMasterKey(v); err != nil {
 			return nil, nil, usageError{fmt.Errorf("%s: %w", postgres.MasterKeyEnv, err)}
 		}
 	}
 	var old []*postgres.MasterKey
-	if v := os.Getenv(postgres.OldMasterKeysEnv); v != "" {
+	if v := getenv(postgres.OldMasterKeysEnv); v != "" {
 		var err error
 		if old, err = postgres.ParseMasterKeys(v); err != nil {
 			return nil, nil, usageError{fmt.Errorf("%s: %w", postgres.OldMasterKeysEnv, err)}

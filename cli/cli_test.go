@@ -153,3 +153,16 @@ func TestMissingArgumentIsNamed(t *testing.T) {
 		t.Fatalf("extra argument: exit %d, %v", ExitCode(err), err)
 	}
 }
+
+// Run takes its environment from Config.Getenv, not the process's: the
+// schema and database URL it is given there are the ones the command uses,
+// and a failure is printed as Main prints it, on the stderr it was given.
+func TestRunReadsConfigGetenv(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{EnvSchema: "Robert'); DROP", EnvDatabaseURL: "postgres://127.0.0.1:1/x"}
+	var out, errOut strings.Builder
+	code := Run(t.Context(), Config{Getenv: func(k string) string { return env[k] }}, []string{"migrate", "status"}, &out, &errOut)
+	if code != ExitUsage || !strings.HasPrefix(errOut.String(), "projector: --schema: ") || strings.Count(errOut.String(), "\n") != 1 || out.Len() != 0 {
+		t.Fatalf("exit %d, stdout %q, stderr %q: want exit 2 and one line on the bad schema from Getenv", code, out.String(), errOut.String())
+	}
+}

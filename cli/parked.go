@@ -135,7 +135,7 @@ recorded and a running dispatcher that has the projection carries it out (check 
 			if err != nil {
 				return err
 			}
-			if by, err = operatorName(by); err != nil {
+			if by, err = operatorName(by, a.getenv); err != nil {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
@@ -159,7 +159,7 @@ func (a *App) parkedDiscardCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if by, err = operatorName(by); err != nil {
+			if by, err = operatorName(by, a.getenv); err != nil {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
@@ -257,10 +257,10 @@ func parseParkID(s string) (int64, error) {
 }
 
 // operatorName is who acts, for a park's record: --by, else $USER@host.
-func operatorName(by string) (string, error) {
+func operatorName(by string, getenv func(string) string) (string, error) {
 	if by == "" {
 		host, _ := os.Hostname()
-		by = cmp.Or(os.Getenv("USER"), "unknown") + "@" + cmp.Or(host, "unknown")
+		by = cmp.Or(getenv("USER"), "unknown") + "@" + cmp.Or(host, "unknown")
 	}
 	if err := projection.ValidateOperator(by); err != nil {
 		return "", usageError{fmt.Errorf("--by: %w", err)}

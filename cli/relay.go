@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -63,7 +62,7 @@ docs/jetstream.md.`,
 			if consumer == "" || len(consumer) > 200 || !utf8.ValidString(consumer) || strings.ContainsRune(consumer, 0) {
 				return usageError{fmt.Errorf("--consumer %s: want the relay's consumer name (valid UTF-8, no NUL, up to 200 bytes)", quoted(consumer))}
 			}
-			url := cmp.Or(natsURL, os.Getenv("NATS_URL"), nats.DefaultURL)
+			url := cmp.Or(natsURL, a.getenv("NATS_URL"), nats.DefaultURL)
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				js, closeNATS, err := connectJetStream(url)
 				if err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,7 +56,7 @@ still recognised after its claim is gone. See docs/jetstream.md.`,
 			if err := jetstream.ValidateStreamName(stream); err != nil {
 				return usageError{fmt.Errorf("--stream: %w", err)}
 			}
-			js, closeNATS, err := connectJetStream(cmp.Or(natsURL, os.Getenv("NATS_URL"), nats.DefaultURL))
+			js, closeNATS, err := connectJetStream(cmp.Or(natsURL, a.getenv("NATS_URL"), nats.DefaultURL))
 			if err != nil {
 				return err
 			}

@@ -126,7 +126,7 @@ in the consumer service's binary, which mounts this command tree with
 cli.Config.JetStreamConsumers.`,
 		Args: oneParkID,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, by, err := relayParkOp(args[0], subscription, by)
+			id, by, err := relayParkOp(args[0], subscription, by, a.getenv)
 			if err != nil {
 				return err
 			}
@@ -159,7 +159,7 @@ func (a *App) relayParkedDiscardCmd() *cobra.Command {
 		Short: "Drop a parked sequence (its messages are never applied); recorded with who, when and how many",
 		Args:  oneParkID,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, by, err := relayParkOp(args[0], subscription, by)
+			id, by, err := relayParkOp(args[0], subscription, by, a.getenv)
 			if err != nil {
 				return err
 			}
@@ -187,7 +187,7 @@ func relayParkStream(p jetstream.Park) string {
 // relayParkOp checks what a retry or discard of a claims consumer's park
 // was given: the park id, the subscription (required) and the operator's
 // name, defaulted.
-func relayParkOp(arg, subscription, by string) (int64, string, error) {
+func relayParkOp(arg, subscription, by string, getenv func(string) string) (int64, string, error) {
 	id, err := parseParkID(arg)
 	if err != nil {
 		return 0, "", err
@@ -195,7 +195,7 @@ func relayParkOp(arg, subscription, by string) (int64, string, error) {
 	if err := validateSubscription(subscription, false); err != nil {
 		return 0, "", err
 	}
-	if by, err = operatorName(by); err != nil {
+	if by, err = operatorName(by, getenv); err != nil {
 		return 0, "", err
 	}
 	return id, by, nil

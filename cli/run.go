@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -137,7 +136,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 	}
 	// Traces go to an OTLP endpoint when the OTEL_* environment names one
 	// (otel.go); flushed last, after the dispatcher stopped.
-	shutdownTracing, tracingOn, err := setUpTracing(ctx, os.Getenv)
+	shutdownTracing, tracingOn, err := setUpTracing(ctx, a.getenv)
 	if err != nil {
 		return err
 	}
@@ -193,7 +192,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 				consumers = append(consumers, ConsoleParks(jc)) // a nil one: console.New refuses it
 			}
 		}
-		c, err := console.New(console.Config{Store: store, Token: os.Getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
+		c, err := console.New(console.Config{Store: store, Token: a.getenv(console.EnvToken), ShowPayloads: cfg.ConsolePayloads,
 			Projections: async, Sagas: sagas.names, SagaPersonal: sagas.personal, Tail: tail, Logger: log, AllowedHosts: hosts, JetStreamConsumers: consumers})
 		if err != nil {
 			// err starts "console: invalid configuration": say it once.

@@ -39,7 +39,7 @@ completed, are refused (exit 3).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, key := args[0], args[1]
 			var err error
-			if by, err = operatorName(by); err != nil {
+			if by, err = operatorName(by, a.getenv); err != nil {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,7 +16,7 @@ import (
 	"github.com/projectorhq/projector/internal/pgserver"
 )
 
-func demoCmd() *cobra.Command {
+func demoCmd(getenv func(string) string) *cobra.Command {
 	var cfg helpdesk.DemoConfig
 	var throwaway bool
 	cmd := &cobra.Command{
@@ -52,7 +51,7 @@ never lands in the schema your application uses.`,
 				return cli.Usage(fmt.Errorf("--actions %d: want 1 to %d", cfg.Actions, helpdesk.MaxDemoActions))
 			}
 			url, _ := cmd.Flags().GetString("database-url")
-			url = cmp.Or(url, os.Getenv(cli.EnvDatabaseURL))
+			url = cmp.Or(url, getenv(cli.EnvDatabaseURL))
 			pool, cleanup, err := findDatabase(ctx, url, throwaway, out)
 			if err != nil {
 				return err

@@ -10,10 +10,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
 	"strconv"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -33,25 +37,38 @@ import (
 const EnvExample = "PROJECTOR_EXAMPLE"
 
 func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, nil, nil)
+	stop()
+	os.Exit(code)
+}
+
+// run is the binary on args, with getenv for its environment and stdout and
+// stderr for its output (nil: the process's own), returning the exit code:
+// the tests run most command lines through it in their own process, where
+// starting a -race binary per call would cost the suite its CPU.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	errOut := cmp.Or[io.Writer](stderr, os.Stderr)
 	types, err := helpdesk.Define(projector.NewRegistry())
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "projector:", err)
-		os.Exit(cli.ExitError)
+		fmt.Fprintln(errOut, "projector:", err)
+		return cli.ExitError
 	}
 	if _, err := helpdesk.DefineSLA(types.Registry); err != nil {
-		fmt.Fprintln(os.Stderr, "projector:", err)
-		os.Exit(cli.ExitError)
+		fmt.Fprintln(errOut, "projector:", err)
+		return cli.ExitError
 	}
-	os.Exit(cli.Main(cli.Config{
+	return cli.Run(ctx, cli.Config{
 		Registry: types.Registry,
+		Getenv:   getenv,
 		Wire: func(schema string) (cli.Wiring, error) {
-			want, err := exampleWanted()
+			want, err := exampleWanted(getenv)
 			if err != nil || !want {
 				return cli.Wiring{}, err
 			}
 			// Welcome mails go to standard output: the example's stand-in
 			// for a mail service.
-			app, err := helpdesk.NewApp(types, schema, os.Stdout)
+			app, err := helpdesk.NewApp(types, schema, cmp.Or[io.Writer](stdout, os.Stdout))
 			if err != nil {
 				return cli.Wiring{}, err
 			}
@@ -91,15 +108,15 @@ func main() {
 					return []saga.Definition{sla}, nil
 				}}, nil
 		},
-		Commands: []*cobra.Command{demoCmd()},
-	}))
+		Commands: []*cobra.Command{demoCmd(getenv)},
+	}, args, stdout, stderr)
 }
 
 // exampleWanted reports whether PROJECTOR_EXAMPLE asks for the example
 // application. Unset is no; a value that is not a boolean is an error rather
 // than a guess either way.
-func exampleWanted() (bool, error) {
-	v := os.Getenv(EnvExample)
+func exampleWanted(getenv func(string) string) (bool, error) {
+	v := getenv(EnvExample)
 	if v == "" {
 		return false, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -54,12 +55,55 @@ type result struct {
 	stdout, stderr string
 }
 
-// run executes the built binary with args and the environment env (on top of
-// a clean one: no inherited PROJECTOR_ variables).
+// run runs the command line args in this process, as the binary would run
+// it with the environment env (on top of a clean one: no inherited
+// PROJECTOR_ variables), and returns its exit code and output. Starting a
+// -race binary per command line cost the suite most of its CPU; tests of a
+// process boundary (signals, start-up retries, daemons, exit on a crash)
+// use runProcess or start the binary themselves.
 func run(t *testing.T, env []string, args ...string) result {
 	t.Helper()
 	// A command that should have exited but follows forever fails the
 	// test instead of hanging the suite.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	vars := map[string]string{"PATH": os.Getenv("PATH"), "HOME": os.TempDir()}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v // the last wins, as in a process's environment
+	}
+	var out, errOut syncBuffer
+	code := projectorcmd.Run(ctx, args, func(k string) string { return vars[k] }, &out, &errOut)
+	if ctx.Err() != nil {
+		t.Fatalf("run %v: %v", args, ctx.Err())
+	}
+	return result{code: code, stdout: out.String(), stderr: errOut.String()}
+}
+
+// syncBuffer is a bytes.Buffer the command's goroutines (a logger, the
+// example's welcome mails) may write to at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runProcess executes the built binary with args and the environment env
+// (on top of a clean one: no inherited PROJECTOR_ variables), for the tests
+// where the process is what is tested.
+func runProcess(t *testing.T, env []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
@@ -77,9 +121,11 @@ func run(t *testing.T, env []string, args ...string) result {
 	return r
 }
 
+// The binary itself, as a process: main runs the command line it was
+// started with and exits with its code.
 func TestVersion(t *testing.T) {
 	t.Parallel()
-	r := run(t, nil, "version")
+	r := runProcess(t, nil, "version")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "projector ") {
 		t.Fatalf("version: %+v", r)
 	}
@@ -272,8 +318,10 @@ func TestRunWithoutExampleAdoptsNothing(t *testing.T) {
 }
 
 // PROJECTOR_EXAMPLE must be a boolean: a typo is an error, not a silent no.
+// A process of its own: the binary reads the variable from its own
+// environment.
 func TestExampleVariableRefusesGarbage(t *testing.T) {
 	t.Parallel()
-	r := run(t, []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + pgtest.Schema(t), "PROJECTOR_EXAMPLE=yes please"}, "run", "--http-addr", "")
+	r := runProcess(t, []string{"PROJECTOR_DATABASE_URL=" + pgtest.URL(t), "PROJECTOR_SCHEMA=" + pgtest.Schema(t), "PROJECTOR_EXAMPLE=yes please"}, "run", "--http-addr", "")
 	wantError(t, r, 1, "PROJECTOR_EXAMPLE")
 }
