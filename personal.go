@@ -379,7 +379,18 @@ func (p Personal) OpenStoredBy(data json.RawMessage, cipher func(subject string)
 // IsSealed reports whether data, a JSON object, holds a sealed field, in
 // either form (an envelope per field, or one per event).
 func IsSealed(data json.RawMessage) bool {
-	return bytes.Contains(data, []byte(`"`+sealedPrefix)) || bytes.Contains(data, []byte(`"`+eventPrefix))
+	// One scan for both prefixes ("pjx1." and "pjx2."), where two
+	// bytes.Contains would read an event-envelope payload twice.
+	for {
+		i := bytes.Index(data, []byte(`"pjx`))
+		if i < 0 {
+			return false
+		}
+		if rest := data[i+4:]; len(rest) > 1 && (rest[0] == '1' || rest[0] == '2') && rest[1] == '.' {
+			return true
+		}
+		data = data[i+4:]
+	}
 }
 
 var jsonNull = json.RawMessage("null")
