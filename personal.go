@@ -27,6 +27,14 @@ type Personal struct {
 	// Each is sealed whole (a struct or list field included) and, once
 	// the subject is forgotten, decodes as JSON null: the Go zero value.
 	Fields []string
+	// OneEnvelope seals an event's two or more personal fields in one
+	// envelope ("pjx2."): one decrypt per event on reads instead of one
+	// per field, and a smaller row. Every reader of this release opens
+	// both forms; a binary of an earlier release cannot open the new one.
+	// So it is off by default: turn it on once no binary older than this
+	// release reads the log (after a rolling deploy has finished). Rows
+	// already written keep their form; either form reads the same.
+	OneEnvelope bool
 }
 
 // declared reports whether p declares anything.
@@ -221,7 +229,7 @@ func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.R
 // sized up front for the fields' growth: sealing a payload allocates the
 // result alone (TestSealAllocs).
 func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (json.RawMessage, error) {
-	if c != nil {
+	if c != nil && p.OneEnvelope {
 		if out, ok, err := p.sealEvent(data, subject, c); err != nil || ok {
 			return out, err
 		}

@@ -16,7 +16,7 @@ import (
 // envelope per field — to opening as they did, alone or beside it.
 func TestEventEnvelope(t *testing.T) {
 	t.Parallel()
-	p := projector.Personal{Subject: "customer", Fields: []string{"name", "email", "phone"}}
+	p := projector.Personal{Subject: "customer", Fields: []string{"name", "email", "phone"}, OneEnvelope: true}
 	c, err := projector.NewKeyCipher(bytes.Repeat([]byte{7}, projector.DataKeySize))
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +43,7 @@ func TestEventEnvelope(t *testing.T) {
 	}
 	// Both forms in one payload: a field sealed alone beside two kept in
 	// the event's envelope.
-	two, err := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}}.SealWith(data, "c-1", c)
+	two, err := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}, OneEnvelope: true}.SealWith(data, "c-1", c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestEventEnvelope(t *testing.T) {
 // field that is not personal may not look like either form.
 func TestEventEnvelopeBinds(t *testing.T) {
 	t.Parallel()
-	p := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}}
+	p := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}, OneEnvelope: true}
 	c, err := projector.NewKeyCipher(bytes.Repeat([]byte{7}, projector.DataKeySize))
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +121,7 @@ func TestEventEnvelopeBinds(t *testing.T) {
 // holds no sealed value and, but for the seed's own envelope, no value the
 // fuzzer did not write.
 func FuzzOpenEvent(f *testing.F) {
-	p := projector.Personal{Subject: "c", Fields: []string{"a", "b"}}
+	p := projector.Personal{Subject: "c", Fields: []string{"a", "b"}, OneEnvelope: true}
 	c, err := projector.NewKeyCipher(bytes.Repeat([]byte{1}, projector.DataKeySize))
 	if err != nil {
 		f.Fatal(err)
@@ -184,5 +184,23 @@ func TestIsSealed(t *testing.T) {
 		if got := projector.IsSealed(json.RawMessage(data)); got != want {
 			t.Errorf("IsSealed(%s) = %v, want %v", data, got, want)
 		}
+	}
+}
+
+// Without OneEnvelope (the default) every field keeps its own envelope
+// ("pjx1."), the form every earlier release opens: a rolling deploy's
+// older binaries can still read what the newer ones write.
+func TestOneEnvelopeIsOptIn(t *testing.T) {
+	c, err := projector.NewKeyCipher(make([]byte, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := json.RawMessage(`{"customer": "c-1", "name": "Ada", "email": "ada@example.com"}`)
+	sealed, err := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}}.SealWith(data, "c-1", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(sealed), "pjx2.") || strings.Count(string(sealed), `"pjx1.`) != 2 {
+		t.Fatalf("sealed by default: %s, want one pjx1 envelope per field", sealed)
 	}
 }
