@@ -12,7 +12,8 @@ import (
 // (and the subject lookup) agrees with the slow path.
 func FuzzRewriteFields(f *testing.F) {
 	for _, s := range []string{`{}`, `{"a":1}`, ` { "a" : "x\"y" , "b":[1,{"c":"]"}] ,"d":null } `, `{"a\u0062":true}`,
-		`{"a":1,}`, `{"a"}`, `[1]`, `{"a":"pjx1.x"}`, `{"a":{"b":"}"}}`, `{"a":1}x`, `{"b":"pjx1.x","a":"s"}`, `{"a":"s","b":"pjx1.x","a":"t"}`} {
+		`{"a":1,}`, `{"a"}`, `[1]`, `{"a":"pjx1.x"}`, `{"a":{"b":"}"}}`, `{"a":1}x`, `{"b":"pjx1.x","a":"s"}`, `{"a":"s","b":"pjx1.x","a":"t"}`,
+		`{"b":"pjx2.x","a":"s"}`, `{"a":"s","b":"pjx2."}`, `{"b":"pjx2.","c":"pjx2.AAAA","d":"pjx1.x","a":"s"}`, `{"a":"s","b":"pjx2.\u0041"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

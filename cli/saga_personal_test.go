@@ -112,7 +112,7 @@ func TestSagaShowOpensPersonalState(t *testing.T) {
 				t.Errorf("%s: no %q in:\n%s", c.name, w, out)
 			}
 		}
-		for _, n := range append(c.never, "pjx1.") {
+		for _, n := range append(c.never, "pjx1.", "pjx2.") {
 			if strings.Contains(out, n) {
 				t.Errorf("%s: %q in:\n%s", c.name, n, out)
 			}

@@ -138,7 +138,7 @@ func TestSagaPageOpensPersonalState(t *testing.T) {
 				t.Errorf("%s: no %q in the page:\n%s", c.name, w, got)
 			}
 		}
-		for _, n := range append(c.never, "pjx1.") {
+		for _, n := range append(c.never, "pjx1.", "pjx2.") {
 			if strings.Contains(got, n) {
 				t.Errorf("%s: %q in the page:\n%s", c.name, n, got)
 			}

@@ -11,9 +11,10 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-// sealedValue matches a sealed field's envelope in stored JSON:
-// "pjx1.<base64url>".
-var sealedValue = regexp.MustCompile(`"pjx1\.[A-Za-z0-9_=-]*"`)
+// sealedValue matches a sealed field's value in stored JSON, in either
+// form: "pjx1.<base64url>" (an envelope per field), "pjx2.<base64url>" (the
+// event's one envelope) or "pjx2." (a field kept in it).
+var sealedValue = regexp.MustCompile(`"pjx[12]\.[A-Za-z0-9_=-]*"`)
 
 // SealedMarker is what [OpenState] shows in place of a sealed field it
 // cannot open.

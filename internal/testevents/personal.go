@@ -38,7 +38,7 @@ func NewPersonal() PersonalTypes {
 	return PersonalTypes{
 		Registry: r,
 		Registered: projector.MustDefine[CustomerRegistered](r, "customer.registered", projector.TypeConfig{
-			Personal: projector.Personal{Subject: "customer", Fields: []string{"name", "email"}},
+			Personal: projector.Personal{Subject: "customer", Fields: []string{"name", "email"}, OneEnvelope: true},
 		}),
 		Plain: projector.MustDefine[CustomerPlain](r, "customer.plain_registered"),
 	}

@@ -86,7 +86,7 @@ func TestRelaySendsNoPersonalFields(t *testing.T) {
 	e.dispatcher(e.relay.Async())
 	for _, m := range e.waitMsgs(2) {
 		body := string(m.Data)
-		if strings.Contains(body, "Ada") || strings.Contains(body, "@example.com") || strings.Contains(body, "pjx1.") {
+		if strings.Contains(body, "Ada") || strings.Contains(body, "@example.com") || strings.Contains(body, "pjx") {
 			t.Fatalf("a JetStream message holds a personal field, clear or sealed: %s", body)
 		}
 		if !strings.Contains(body, `"plan": "pro"`) || m.Header.Get(pjs.HeaderPersonalRedacted) != "true" {
@@ -144,7 +144,7 @@ func TestRelayAroundForgetSendsNoPersonalFields(t *testing.T) {
 		for k, vs := range m.Header {
 			all += "\n" + k + ": " + strings.Join(vs, ", ")
 		}
-		if strings.Contains(all, "Secret") || strings.Contains(all, "secret-") || strings.Contains(all, "pjx1.") {
+		if strings.Contains(all, "Secret") || strings.Contains(all, "secret-") || strings.Contains(all, "pjx") {
 			t.Fatalf("a JetStream message holds a personal field, clear or sealed: %s", all)
 		}
 		ev, err := pjs.Decode(e.personal.Registry, m.Header, m.Data)
