@@ -415,7 +415,8 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 			},
 			// Under the shard's lock, which rebuilds and switches take too:
 			// the live model cannot change until this commits.
-			check: func(dl DeadLetter) error { return checkModel(ctx, tx, store, dl) },
+			check:    func(dl DeadLetter) error { return checkModel(ctx, tx, store, dl) },
+			instance: func(dl DeadLetter) string { return dl.Instance },
 		})
 		if err != nil {
 			return err
@@ -477,6 +478,9 @@ type retryCheck[T any] struct {
 	// check, if set, refuses it for a reason of its kind, before the
 	// version is checked.
 	check func(T) error
+	// instance returns the shard instance it belongs to now: a rebuild's
+	// switch or a split may have moved it since the caller chose the lock.
+	instance func(T) string
 }
 
 // lockForRetry is the start a retry of a dead letter or a park shares, in
@@ -498,6 +502,13 @@ func lockForRetry[T any](ctx context.Context, tx pgx.Tx, store *postgres.Store, 
 	item, err := c.read()
 	if err != nil {
 		return zero, fmt.Errorf("retry: %w", err)
+	}
+	if now := c.instance(item); now != id.Instance {
+		// Moved to another shard (a switch's hand-over, a split) while
+		// this waited: the lock held is not the one that holds its passes
+		// off, so nothing is applied; the caller reads it again.
+		return zero, fmt.Errorf("retry %s: it moved from shard %s to %s meanwhile; try again: %w", c.what,
+			projector.Printable(id.Instance), projector.Printable(now), projector.ErrInvalidTransition)
 	}
 	status, open, pending := c.open(item)
 	if requested && !pending {

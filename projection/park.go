@@ -508,6 +508,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 			open: func(pk Park) (string, bool, bool) {
 				return pk.Status, pk.Status == ParkOpen, pk.RetryRequestedAt != nil
 			},
+			instance: func(pk Park) string { return pk.Instance },
 		})
 		if err != nil {
 			return err

@@ -3,6 +3,7 @@ package projection_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -433,5 +434,61 @@ func TestParkStream_ArchiveKeepsParkedStreams(t *testing.T) {
 	res, err = e.store.Archive(e.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{projector.Stream("ticket", "p")}})
 	if err != nil || res.Streams != 1 {
 		t.Fatalf("archive after the retry: %+v, %v; want p archived", res, err)
+	}
+}
+
+// A retry that waited for the shard's lock while a rebuild's switch or a
+// split moved the park to another shard (the other actor in the gap) holds
+// the wrong lock: it applies nothing and says to try again, and the park
+// stays open with its events.
+func TestParkStream_RetryRefusesAParkMovedInTheGap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.traceTable()
+	var failing atomic.Bool
+	failing.Store(true)
+	p := poisoned(e, "parking", parkCfg, &failing)
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	e.appendOne("p", projector.NoStream, testevents.TicketOpened{Title: "poison"}, testevents.TicketCommented{Body: "after"})
+	e.catchUp(d)
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	parks := e.openParks("parking")
+	if len(parks) != 1 {
+		t.Fatalf("parks: %+v", parks)
+	}
+	failing.Store(false)
+
+	gap, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = gap.Rollback(e.ctx) }()
+	if err := projection.LockShard(e.ctx, gap, e.store, projection.ShardID{Consumer: "parking"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := projection.RetryPark(e.ctx, e.store, p, parks[0].ID, "tester", nil)
+		done <- err
+	}()
+	eventually(t, 30*time.Second, "the retry to wait for the shard's lock", func() bool {
+		return e.shardLockWaiting("parking", projection.SharedInstance)
+	})
+	if _, err := gap.Exec(e.ctx, `UPDATE `+e.table("projector_parks")+` SET instance_id = 'elsewhere' WHERE id = $1`, parks[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := gap.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, projector.ErrInvalidTransition) || !strings.Contains(err.Error(), "moved") {
+		t.Fatalf("retry of a park moved in the gap: %v, want ErrInvalidTransition saying it moved", err)
+	}
+	if got, _ := e.counts("parking"); got["p"] != 0 {
+		t.Fatalf("applied %v; want nothing of p under the wrong shard's lock", got)
+	}
+	if pk := e.openParks("parking"); len(pk) != 1 || pk[0].Events != 2 {
+		t.Fatalf("parks after the refused retry: %+v; want the park open with its 2 events", pk)
 	}
 }
