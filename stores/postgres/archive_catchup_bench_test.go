@@ -29,20 +29,7 @@ func BenchmarkCatchUpArchive(b *testing.B) {
 	}
 	ctx := context.Background()
 	fill := func(store *postgres.Store, table string, from, to int) {
-		for lo := from; lo < to; lo += 250_000 {
-			hi := min(to, lo+250_000)
-			if _, err := store.Pool().Exec(ctx, `INSERT INTO `+store.Table(table)+`
-				(tx_id, seq, id, tenant_id, stream_type, stream_id, version, type, schema_version, data, correlation_id, actor, recorded_at)
-				OVERRIDING SYSTEM VALUE
-				SELECT pg_current_xact_id(), g + 1, gen_random_uuid(), $1, 'ticket', (g / 10)::text, g % 10 + 1, 'ticket.commented', 1, '{"body":"c"}',
-					gen_random_uuid(), '', now() - interval '400 days'
-				FROM generate_series($2::bigint, $3::bigint - 1) g`, projector.SystemTenant, lo, hi); err != nil {
-				b.Fatal(err)
-			}
-		}
-		if _, err := store.Pool().Exec(ctx, `VACUUM ANALYZE `+store.Table(table)); err != nil {
-			b.Fatal(err)
-		}
+		fillArchiveBenchLog(ctx, b, store, table, from, to)
 	}
 	hot := n / 10
 	emptyArchive := pgtest.Store(b, benchmark.NewRegistry())
