@@ -2,12 +2,14 @@ package postgres_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -376,6 +378,47 @@ func TestExportIncludesArchive(t *testing.T) {
 	}
 	if got := export(postgres.ExportOptions{IncludeArchived: true, StreamTypes: []string{"ticket"}, PageSize: 1}); !reflect.DeepEqual(got, want[:3]) {
 		t.Fatalf("export of tickets with the archive, a page per event: %v, want %v", got, want[:3])
+	}
+}
+
+// TestExportWaitsForTheArchivesHorizon: with every stream archived the hot
+// table is empty, and an export with the archive still waits until the
+// horizon has passed the archived events before it reads. A transaction
+// older than them, open elsewhere, holds the export back (here until its
+// deadline, an error) instead of letting it write a file without them and
+// report success; once that transaction ends, the export has every event.
+func TestExportWaitsForTheArchivesHorizon(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	older, err := f.store.Pool().Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Rollback(f.ctx)
+	if _, err := older.Exec(f.ctx, `SELECT pg_current_xact_id()`); err != nil {
+		t.Fatal(err)
+	}
+	s := projector.Stream("ticket", "closed")
+	f.appendTx(t, s, projector.NoStream, testevents.TicketOpened{Title: "a"}, testevents.TicketClosed{})
+	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{s}}); err != nil || res.Events != 2 {
+		t.Fatalf("archive: %+v, %v", res, err)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 300*time.Millisecond)
+	defer cancel()
+	var file bytes.Buffer
+	res, err := f.store.Export(ctx, &file, postgres.ExportOptions{IncludeArchived: true})
+	if err == nil {
+		t.Fatalf("export with the archive reported success with %d of 2 events while a transaction older than them was open", res.Events)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("export while an older transaction is open: %v, want it to wait until its deadline", err)
+	}
+	if err := older.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	file.Reset()
+	if res, err := f.store.Export(f.ctx, &file, postgres.ExportOptions{IncludeArchived: true}); err != nil || res.Events != 2 {
+		t.Fatalf("export once the older transaction ended: %+v, %v, want 2 events", res, err)
 	}
 }
 

@@ -113,7 +113,7 @@ func (s *Store) Export(ctx context.Context, w io.Writer, opts ExportOptions) (Ex
 	if !opts.To.IsZero() {
 		to = &opts.To
 	}
-	xmin, err := s.exportHorizon(ctx)
+	xmin, err := s.exportHorizon(ctx, opts.IncludeArchived)
 	if err != nil {
 		return ExportResult{}, fmt.Errorf("export: %w", err)
 	}
@@ -176,9 +176,21 @@ func (s *Store) Export(ctx context.Context, w io.Writer, opts ExportOptions) (Ex
 // that were still open, anywhere in the cluster, when the newest of those
 // events committed hold it back until they end (promise 3), so the export
 // waits for them, up to ctx, rather than leave recent events out.
-func (s *Store) exportHorizon(ctx context.Context) (uint64, error) {
+//
+// With the archive included, its newest event counts too: archived events
+// keep their transaction ids, and a stream archived soon after its last
+// append can hold the newest of them. Counting the hot table alone, an
+// export of a log whose streams were all archived had no head to wait for
+// and, while another transaction was open, read below a horizon that had
+// not passed them: it wrote fewer events than the log held and reported
+// success.
+func (s *Store) exportHorizon(ctx context.Context, archived bool) (uint64, error) {
+	q := `SELECT max(tx_id) FROM {{s}}.projector_events`
+	if archived {
+		q = `SELECT greatest((SELECT max(tx_id) FROM {{s}}.projector_events), (SELECT max(tx_id) FROM {{s}}.projector_events_archive))`
+	}
 	var head *uint64
-	if err := s.pool.QueryRow(ctx, s.sqlFor(`SELECT max(tx_id) FROM {{s}}.projector_events`)).Scan(&head); err != nil {
+	if err := s.pool.QueryRow(ctx, s.sqlFor(q)).Scan(&head); err != nil {
 		return 0, fmt.Errorf("read the log's head: %w", err)
 	}
 	wait := 5 * time.Millisecond

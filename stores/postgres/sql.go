@@ -394,8 +394,12 @@ const archivedAfterSQL = `SELECT EXISTS (SELECT 1 FROM (SELECT a.tx_id, a.seq FR
 // check of the events alone and then skip new events silently. Stream heads
 // and dead letters are left out: a seq scan of every stream at start-up is
 // not worth it, and neither can hide an event (the repair covers them).
+// The archive counts like the hot table: with every stream archived the
+// hot table is empty, and new events would sort before the archived ones
+// in the reads that take both (rebuilds, exports with the archive).
 const restoredCheckSQL = `
 SELECT GREATEST((SELECT max(tx_id) FROM {{s}}.projector_events),
+	(SELECT max(tx_id) FROM {{s}}.projector_events_archive),
 	(SELECT max(GREATEST(cursor_tx_id, failed_tx_id)) FROM {{s}}.projector_consumers)),
 	pg_snapshot_xmax(pg_current_snapshot())`
 
