@@ -97,8 +97,11 @@ type VerifyReport struct {
 	Compared int
 	// Differences are in tenant and id order.
 	Differences []Difference
-	// Moved is set when the index kept moving during every attempt: the
-	// differences may then include documents of batches in flight.
+	// Moved is set when the index kept moving during every attempt of a
+	// page and the page was not read again holding the consumer: it
+	// agreed with the log, or (a split or merge meanwhile) the held read
+	// could not be made, and only then may the differences include
+	// documents of batches in flight.
 	Moved bool
 }
 
@@ -128,9 +131,13 @@ func (r VerifyReport) OK() bool { return len(r.Differences) == 0 && r.Expected =
 // the partitions did not keep: it may show as a difference there.
 //
 // The consumer may keep running: Verify reads the cursor before and after
-// reading each page of the index and reads it again when it moved. Events
-// pruned from the log cannot be replayed: documents only they explain show
-// up as extra.
+// reading each page of the index, looks in between at the lock its passes
+// hold from before their index write to their commit (without taking it),
+// and reads again when the cursor moved or the lock was held: a batch on
+// Meilisearch writes to the index before its cursor commits. A page still
+// read while the consumer moved after every attempt, and that differs, is
+// read once more holding the consumer (verify_held.go). Events pruned from
+// the log cannot be replayed: documents only they explain show up as extra.
 func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts VerifyOptions) (VerifyReport, error) {
 	if p.err != nil {
 		return VerifyReport{}, p.err
