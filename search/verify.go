@@ -238,7 +238,9 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 					sample = -1
 				}
 			}
-			if moved && differs(want.docs, got, sample) {
+			var found VerifyReport
+			found.compare(want.docs, got, sample)
+			if moved && !found.OK() {
 				// The consumer kept moving through every attempt, and what
 				// was read differs: perhaps only by batches in flight. Read
 				// the page once more with the consumer held, for an answer
@@ -248,14 +250,17 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 					return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
 				}
 				if ok {
-					st, got, moved = held, heldGot, false
+					st, moved = held, false
 					events += n
+					found = VerifyReport{}
+					found.compare(want.docs, heldGot, sample)
 				}
 			}
 			// Every page replays the same events; count them once.
 			report.Events = events
 			report.Cursor, report.Partitions, report.Moved = st.low(), st.report(), report.Moved || moved
-			report.compare(want.docs, got, sample)
+			report.Expected, report.Indexed, report.Compared = report.Expected+found.Expected, report.Indexed+found.Indexed, report.Compared+found.Compared
+			report.Differences = append(report.Differences, found.Differences...)
 			break
 		}
 	}

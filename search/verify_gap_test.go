@@ -17,37 +17,37 @@ import (
 )
 
 // gapBackend holds a dispatcher batch in the gap between its write to the
-// index and its commit: once armed, the next Apply writes, closes written
-// and returns only once release is closed. onList, when set, runs after
-// every listing of the index with how many there were since arming.
+// index and its commit: once armed, the next Apply writes, closes the
+// gate's written and returns only once its release is closed. onList,
+// when set, runs after every listing of the index with how many there
+// were since arming.
 type gapBackend struct {
 	search.Backend
-	armed   atomic.Bool
-	written chan struct{}
-	release chan struct{}
-	once    *sync.Once
-	listed  atomic.Int64
-	onList  func(n int64)
+	gate   atomic.Pointer[gate]
+	listed atomic.Int64
+	onList func(n int64)
 }
 
-// arm holds the next batch in the gap, and returns the function that lets
-// it commit (idempotent).
-func (g *gapBackend) arm() (release func()) {
-	g.written, g.release, g.once = make(chan struct{}), make(chan struct{}), &sync.Once{}
+type gate struct{ written, release chan struct{} }
+
+// arm holds the next batch in the gap; written is closed once it wrote,
+// and release (idempotent) lets it commit.
+func (g *gapBackend) arm() (written <-chan struct{}, release func()) {
+	gt := &gate{written: make(chan struct{}), release: make(chan struct{})}
+	var once sync.Once
 	g.listed.Store(0)
-	g.armed.Store(true)
-	r, once := g.release, g.once
-	return func() { once.Do(func() { close(r) }) }
+	g.gate.Store(gt)
+	return gt.written, func() { once.Do(func() { close(gt.release) }) }
 }
 
 func (g *gapBackend) Apply(ctx context.Context, tx pgx.Tx, idx search.Index, ops []search.Op) error {
 	if err := g.Backend.Apply(ctx, tx, idx, ops); err != nil {
 		return err
 	}
-	if g.armed.CompareAndSwap(true, false) {
-		close(g.written)
+	if gt := g.gate.Swap(nil); gt != nil {
+		close(gt.written)
 		select {
-		case <-g.release:
+		case <-gt.release:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -135,11 +135,11 @@ func testVerifyBatchInTheGap(t *testing.T, bc backendCase, parts int, held bool)
 	verifyInTheGap := func() search.VerifyReport {
 		t.Helper()
 		round++
-		release := g.arm()
+		written, release := g.arm()
 		defer release()
 		e.append("acme", fmt.Sprintf("T-gap-%d", round), testevents.TicketOpened{Title: "in the gap"})
 		select {
-		case <-g.written:
+		case <-written:
 		case <-time.After(30 * time.Second):
 			t.Fatal("the batch never wrote to the index")
 		}

@@ -2,7 +2,6 @@ package search
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/projectorhq/projector/projection"
@@ -22,14 +21,6 @@ import (
 // is in the index, not in flight, and one that came from a batch in
 // flight is gone. A page that agrees is not read again: a difference the
 // index holds shows on any read.
-
-// differs reports whether comparing want with got (sample as
-// [VerifyReport.compare] takes it) finds a difference.
-func differs(want map[docKey]map[string]json.RawMessage, got []Stored, sample int) bool {
-	var r VerifyReport
-	r.compare(want, got, sample)
-	return !r.OK()
-}
 
 // readPageHeld waits for the lock of every shard whose passes move the
 // view from (the consumer's one shard, or each of its partitions) — the
