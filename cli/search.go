@@ -118,7 +118,9 @@ found whatever the sample, and any is a failure. It works through the documents 
 (by a hash of tenant and id), replaying the log once per page, so its memory is
 bounded by a page, not by the index. On a partitioned projection each document is
 expected as of the cursor of its own stream's partition, and every partition's cursor
-is printed.
+is printed. The consumer may keep running: verify reads again while a batch is in
+flight, and a page that still differs after its attempts is read once more holding the
+consumer (a pause of about one listing of the page, docs/search.md).
 
 Exit codes: 0 the index holds what the log says, 1 it differs (or the check
 failed), 2 bad command line.`,

@@ -97,8 +97,11 @@ type VerifyReport struct {
 	Compared int
 	// Differences are in tenant and id order.
 	Differences []Difference
-	// Moved is set when the index kept moving during every attempt: the
-	// differences may then include documents of batches in flight.
+	// Moved is set when the index kept moving during every attempt of a
+	// page and the page was not read again holding the consumer: it
+	// agreed with the log, or (a split or merge meanwhile) the held read
+	// could not be made, and only then may the differences include
+	// documents of batches in flight.
 	Moved bool
 }
 
@@ -128,9 +131,13 @@ func (r VerifyReport) OK() bool { return len(r.Differences) == 0 && r.Expected =
 // the partitions did not keep: it may show as a difference there.
 //
 // The consumer may keep running: Verify reads the cursor before and after
-// reading each page of the index and reads it again when it moved. Events
-// pruned from the log cannot be replayed: documents only they explain show
-// up as extra.
+// reading each page of the index, looks in between at the lock its passes
+// hold from before their index write to their commit (without taking it),
+// and reads again when the cursor moved or the lock was held: a batch on
+// Meilisearch writes to the index before its cursor commits. A page still
+// read while the consumer moved after every attempt, and that differs, is
+// read once more holding the consumer (verify_held.go). Events pruned from
+// the log cannot be replayed: documents only they explain show up as extra.
 func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts VerifyOptions) (VerifyReport, error) {
 	if p.err != nil {
 		return VerifyReport{}, p.err
@@ -168,6 +175,19 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 	for page := range pages {
 		inPage := func(tenant, docID string) bool { return pages == 1 || pageOf(tenant, docID, pages) == page }
 		want := memIndex{idx: p.cfg.Index, docs: map[docKey]map[string]json.RawMessage{}, keep: inPage}
+		listPage := func() ([]Stored, error) {
+			var got []Stored
+			err := each(ctx, p.cfg.Index, func(s Stored) error {
+				if inPage(s.Tenant, s.ID) {
+					got = append(got, s)
+				}
+				return nil
+			})
+			if err != nil {
+				return nil, fmt.Errorf("list the index: %w", err)
+			}
+			return got, nil
+		}
 		var replayed cursors
 		events := 0
 		for attempt := 1; ; attempt++ {
@@ -181,27 +201,31 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 			}
 			events += n
 			replayed = st
-			var got []Stored
-			err = each(ctx, p.cfg.Index, func(s Stored) error {
-				if inPage(s.Tenant, s.ID) {
-					got = append(got, s)
-				}
-				return nil
-			})
+			got, err := listPage()
 			if err != nil {
-				return VerifyReport{}, fmt.Errorf("verify %q: list the index: %w", p.name, err)
+				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+			}
+			// A batch writes to an index outside the database (Meilisearch)
+			// before its cursor commits: one in flight while the index was
+			// read leaves documents ahead of a cursor that has not moved
+			// (yet). Every batch holds its shard's lock from before its
+			// write to its commit, so the lock found free, then the cursor
+			// found where it was, proves none was: each that wrote had
+			// committed before the first read or rolled back. The lock is
+			// only looked at, never taken: the consumer never waits for
+			// Verify.
+			busy, err := projection.ShardsLocked(ctx, store, st.shards(p.name)...)
+			if err != nil {
+				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
 			}
 			after, err := readCursors(ctx, store, admin, id)
 			if err != nil {
 				return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
 			}
-			moved := !after.equal(st)
+			moved := busy || !after.equal(st)
 			if moved && attempt < attempts {
 				continue
 			}
-			// Every page replays the same events; count them once.
-			report.Events = events
-			report.Cursor, report.Partitions, report.Moved = st.low(), st.report(), report.Moved || moved
 			sample := 0
 			if opts.Sample > 0 {
 				// The sample is spread evenly over the pages (a page of
@@ -214,7 +238,29 @@ func Verify(ctx context.Context, store *postgres.Store, p *Projection, opts Veri
 					sample = -1
 				}
 			}
-			report.compare(want.docs, got, sample)
+			var found VerifyReport
+			found.compare(want.docs, got, sample)
+			if moved && !found.OK() {
+				// The consumer kept moving through every attempt, and what
+				// was read differs: perhaps only by batches in flight. Read
+				// the page once more with the consumer held, for an answer
+				// that is exact (verify_held.go).
+				held, n, heldGot, ok, err := p.readPageHeld(ctx, store, admin, id, st, &want, listPage)
+				if err != nil {
+					return VerifyReport{}, fmt.Errorf("verify %q: %w", p.name, err)
+				}
+				if ok {
+					st, moved = held, false
+					events += n
+					found = VerifyReport{}
+					found.compare(want.docs, heldGot, sample)
+				}
+			}
+			// Every page replays the same events; count them once.
+			report.Events = events
+			report.Cursor, report.Partitions, report.Moved = st.low(), st.report(), report.Moved || moved
+			report.Expected, report.Indexed, report.Compared = report.Expected+found.Expected, report.Indexed+found.Indexed, report.Compared+found.Compared
+			report.Differences = append(report.Differences, found.Differences...)
 			break
 		}
 	}

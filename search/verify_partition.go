@@ -96,6 +96,19 @@ func (c cursors) equal(d cursors) bool {
 	return c.one == d.one && c.partitioned() == d.partitioned() && slices.Equal(c.parts, d.parts)
 }
 
+// shards are the shards of consumer whose passes move c: its one shard,
+// or each partition.
+func (c cursors) shards(consumer string) []projection.ShardID {
+	if !c.partitioned() {
+		return []projection.ShardID{{Consumer: consumer, Instance: projection.SharedInstance}}
+	}
+	ids := make([]projection.ShardID, len(c.parts))
+	for i, pc := range c.parts {
+		ids[i] = projection.ShardID{Consumer: consumer, Instance: projection.PartitionInstance(int(pc.seg.Value), pc.seg.Count())}
+	}
+	return ids
+}
+
 // report returns the partitions' cursors as a report shows them.
 func (c cursors) report() []PartitionCursor {
 	if !c.partitioned() {
