@@ -33,6 +33,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -137,13 +138,9 @@ func (d *Dispatcher) capShadow(ctx context.Context, tx pgx.Tx, sh *shard, switch
 	kept := batch.Events[:0:0]
 	for _, ev := range batch.Events {
 		h := d.partitionHash(sh.proj, ev)
-		for _, f := range fs {
-			if f.segment.Contains(h) {
-				if !f.at.Less(ev.Position) {
-					kept = append(kept, ev)
-				}
-				break
-			}
+		i := slices.IndexFunc(fs, func(f liveFrontier) bool { return f.segment.Contains(h) })
+		if i < 0 || !fs[i].at.Less(ev.Position) {
+			kept = append(kept, ev) // a partition that handled it (or none holds it: never left to no one)
 		}
 	}
 	batch.Events = kept

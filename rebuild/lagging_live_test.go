@@ -226,3 +226,49 @@ func testLaggingLive(t *testing.T, e *env, partitions, rebuildBatch int) {
 		t.Fatalf("after the switch the model differs from the log in %d rows (%v)", diff, err)
 	}
 }
+
+// An in-place rebuild requested while a shard still replays up to a mark a
+// blue/green switch gave it (past its cursor) replays up to that mark, not
+// just its cursor: the events between were handled live before, and
+// handling them live again would repeat their effects.
+func TestInPlaceRebuildKeepsAReplayMarkPastTheCursor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i := range 4 {
+		e.appendOne(fmt.Sprintf("s%d", i), testevents.TicketOpened{Title: "t"})
+	}
+	d := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// As a switch leaves a shard further on than the shadow: its cursor
+	// back at the second event, its mark where it stood.
+	c := e.store.Table("projector_consumers")
+	var mark, second projector.Position
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT cursor_tx_id, cursor_seq FROM `+c+` WHERE name = 'counter' AND instance_id = $1`,
+		projection.SharedInstance).Scan(&mark.TxID, &mark.Seq); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT tx_id, seq FROM `+e.store.Table("projector_events")+` ORDER BY tx_id, seq OFFSET 1 LIMIT 1`).
+		Scan(&second.TxID, &second.Seq); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE `+c+` SET cursor_tx_id = $2, cursor_seq = $3, replay_until_tx_id = $4, replay_until_seq = $5
+		WHERE name = 'counter' AND instance_id = $1`, projection.SharedInstance, second.TxID, second.Seq, mark.TxID, mark.Seq)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: rebuild.InPlace}); err != nil {
+		t.Fatal(err)
+	}
+	var until projector.Position
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT replay_until_tx_id, replay_until_seq FROM `+c+` WHERE name = 'counter' AND instance_id = $1`,
+		projection.SharedInstance).Scan(&until.TxID, &until.Seq); err != nil {
+		t.Fatal(err)
+	}
+	if until != mark {
+		t.Fatalf("in-place rebuild replays up to %v; want the shard's mark %v (its cursor was %v)", until, mark, second)
+	}
+}
