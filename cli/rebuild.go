@@ -652,6 +652,14 @@ func (a *App) rebuildHere(cmd *cobra.Command, name string, opts rebuild.Options,
 			return here(err)
 		}
 	}
+	if r.Status == rebuild.Switched {
+		// The shadow stopped at the live cursor: the events after it are
+		// the new version's to handle live (docs/rebuilds.md), here as the
+		// consumer's next dispatcher would, so the model is whole.
+		if err := d.CatchUp(ctx); err != nil {
+			return here(fmt.Errorf("rebuild %d of %s switched; catching the live consumer up: %w", r.ID, name, err))
+		}
+	}
 	return endOfRebuild(a.out, r)
 }
 

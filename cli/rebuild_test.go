@@ -217,6 +217,29 @@ func TestRebuildHere(t *testing.T) {
 	}
 }
 
+// rebuild NAME --here after version 1's processes stopped behind the log:
+// the shadow stops at the live cursor, and after the switch this process
+// handles the later events live through version 2 before it stops, so the
+// model it leaves counts every event.
+func TestRebuildHereCatchesUpPastAStoppedLiveConsumer(t *testing.T) {
+	t.Parallel()
+	e := newRebuildEnv(t, 12)
+	for i := 12; i < 15; i++ {
+		if err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+			_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", fmt.Sprintf("t%02d", i)), projector.NoStream,
+				testevents.TicketOpened{Title: "t"}, testevents.TicketCommented{Body: "c"})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := e.run([]*projection.Async{e.counter(2)}, "rebuild", "counter", "--here")
+	r.want(t, ExitOK, "switched: version 2 is live")
+	if vs, n := e.versions(); len(vs) != 1 || vs[0] != 2 || n != 30 {
+		t.Fatalf("live model after --here: versions %v, %d events counted; want [2] and 30", vs, n)
+	}
+}
+
 // rebuild NAME --here --diff builds the new version here, prints the diff
 // when it is ready and keeps running until an operator switches; after a
 // Ctrl-C, --here again resumes the same rebuild.

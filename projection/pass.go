@@ -269,7 +269,15 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if st.held {
 		next = holdBatch(&batch, next, st.hold)
 	}
-	if batch.Full {
+	leaving := false // a switching shadow pass that leaves events to their partitions
+	if sh.shadow != nil {
+		// Never replay past what the live model handled live
+		// (rebuild_live.go).
+		if next, leaving, err = d.capShadow(ctx, tx, sh, switching, &batch, st.cursor, next); err != nil {
+			return passResult{}, err
+		}
+	}
+	if batch.Full && !leaving {
 		d.startPrefetch(ctx, sh, q, next)
 	}
 	if sh.keyed() {
@@ -287,7 +295,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 	if len(batch.Events) == 0 {
 		if switching {
-			switched, err := d.switchShadow(ctx, tx, sh, next)
+			switched, err := d.switchShadow(ctx, tx, sh, st.cursor, next)
 			if err != nil {
 				return passResult{}, err
 			}
@@ -297,6 +305,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 					d.finishSwap(ctx, sh)
 				}
 				return res, err
+			}
+			if leaving {
+				return sh.skippedNoSwitch(), nil // rolled back
 			}
 		}
 		caughtUp := passCaughtUp
@@ -365,6 +376,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			continue
 		}
 		if cfg.ErrorMode != SkipApplyErrors || IsSystemic(herr) {
+			if leaving {
+				// The cursor cannot stop before failing with events left
+				// to their partitions behind it: roll back, and switch
+				// without leaving any (rebuild_live.go).
+				sh.shadow.noSkip = true
+				return passResult{kind: passMore}, nil
+			}
 			// A systemic failure would fail every event behind this one:
 			// dead-lettering them all would bury the cause, so the shard
 			// stops here in either mode (recordFailure).
@@ -385,9 +403,12 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		return passResult{}, err
 	}
 	switched := false
-	if switching && !batch.Full {
-		if switched, err = d.switchShadow(ctx, tx, sh, next); err != nil {
+	if switching && (!batch.Full || leaving) {
+		if switched, err = d.switchShadow(ctx, tx, sh, st.cursor, next); err != nil {
 			return passResult{}, err
+		}
+		if !switched && leaving {
+			return sh.skippedNoSwitch(), nil // rolled back
 		}
 	}
 	kind := passCaughtUp

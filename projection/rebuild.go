@@ -41,6 +41,10 @@ type shadow struct {
 	// live are the live shards the last switching pass locked
 	// (rebuild_partition.go).
 	live []ShardID
+	// noSkip is set once a switching pass that left events to their
+	// partitions met a handler failure: later ones stop at the earliest
+	// partition instead (rebuild_live.go).
+	noSkip bool
 	// misfit is set once a switch was refused because the live consumer
 	// is partitioned otherwise than this version (said once).
 	misfit bool
@@ -79,9 +83,9 @@ func (d *Dispatcher) superseded(ctx context.Context, sh *shard, live int) passRe
 // table names resolve to the shadow schema first, and its commits do not wait
 // for the WAL flush (a lost commit is read again from the cursor; no reader
 // uses these tables yet). After a pass that caught up, it also decides
-// whether this pass may switch: the rebuild is not held for a diff, and the
+// whether this pass may switch: the rebuild is not held for a diff, the
 // live shard's lock is free (taken here, so the live model cannot move
-// until this transaction ends).
+// until this transaction ends), and the live shards fit (liveFits).
 func (d *Dispatcher) shadowPass(ctx context.Context, tx pgx.Tx, sh *shard) (bool, error) {
 	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true),
 		set_config('synchronous_commit', 'off', true)`, pgx.Identifier{sh.shadow.schema}.Sanitize()); err != nil {
@@ -116,7 +120,21 @@ func (d *Dispatcher) shadowPass(ctx context.Context, tx pgx.Tx, sh *shard) (bool
 	// A live pass holds the lock for now: try again shortly, not after
 	// Recheck (a quiet log would not wake the shadow shard sooner).
 	sh.shadow.retrySoon = !locked
-	return locked, nil
+	if !locked {
+		return false, nil
+	}
+	// Read under the locks, before the batch: a switching pass of a
+	// partitioned consumer must switch once it read past the earliest
+	// partition (rebuild_live.go).
+	return d.liveFits(ctx, tx, sh)
+}
+
+// skippedNoSwitch is the result of a switching pass that left events to
+// their partitions and then could not switch (readers held the live
+// tables): its transaction rolls back, since its cursor passed events it
+// did not apply, and the switch is tried again shortly.
+func (sh *shard) skippedNoSwitch() passResult {
+	return passResult{kind: passRetryAt, retryAt: time.Now().Add(switchRetry)}
 }
 
 // switchRetry is how soon a shadow shard that could not switch (a live pass
@@ -134,20 +152,18 @@ func (sh *shard) shadowResult(res passResult) passResult {
 
 // switchShadow makes the shadow tables live, in the pass's transaction,
 // which holds the shadow's and the live shards' locks (every partition's,
-// for a partitioned consumer: rebuild_partition.go) and has just applied
-// everything below the horizon: the shadow's cursor next is at or past the
-// live one (which cannot move while its lock is held), so readers never go
-// back in time. The live
+// for a partitioned consumer: rebuild_partition.go) and has just applied,
+// after the shadow's cursor from, every event up to next that the live
+// model had handled live (rebuild_live.go): the events up to the live
+// cursors, which cannot move while their locks are held, so readers do not
+// go back in time. Each live shard goes on from its own cursor, live
+// (moveLiveCursors). The live
 // tables move to an "_old" schema, kept for `projector rebuild drop-old`.
 // If readers hold the live tables past SwitchLockTimeout, the switch is
 // rolled back to a savepoint and tried again by a later pass.
-func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position) (bool, error) {
+func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, from, next projector.Position) (bool, error) {
 	sw := sh.shadow
 	c := d.store.Table("projector_consumers")
-	if ok, err := d.liveBehind(ctx, tx, sh, next); !ok || err != nil {
-		return false, err
-	}
-	live := instances(sw.live)
 	if _, err := tx.Exec(ctx, `SAVEPOINT projector_switch`); err != nil {
 		return false, fmt.Errorf("switch: %w", err)
 	}
@@ -187,15 +203,8 @@ func (d *Dispatcher) switchShadow(ctx context.Context, tx pgx.Tx, sh *shard, nex
 	if err := d.markLiveThrough(ctx, tx, sh); err != nil {
 		return false, err
 	}
-	// A disabled live shard stays disabled (ignored until `consumer
-	// enable`, as after an in-place rewind); any other state was the old
-	// model's, and the new one starts idle.
-	if _, err := tx.Exec(ctx, `UPDATE `+c+` SET cursor_tx_id = $3, cursor_seq = $4, version = $5,
-			status = CASE WHEN status = 'disabled' THEN 'disabled' ELSE 'idle' END, attempts = 0,
-			last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL, failed_event_id = NULL,
-			next_retry_at = NULL, replay_until_tx_id = NULL, replay_until_seq = NULL, updated_at = now()
-		WHERE name = $1 AND instance_id = ANY($2)`, sh.id.Consumer, live, next.TxID, next.Seq, sh.proj.cfg.Version); err != nil {
-		return false, fmt.Errorf("switch: move the live cursors: %w", err)
+	if err := d.moveLiveCursors(ctx, tx, sh, from, next); err != nil {
+		return false, err
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM `+c+` WHERE name = $1 AND instance_id = $2`, sh.id.Consumer, RebuildInstance); err != nil {
 		return false, fmt.Errorf("switch: remove the shadow shard: %w", err)

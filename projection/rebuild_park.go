@@ -136,7 +136,9 @@ func (d *Dispatcher) warnNeverEmitted(ctx context.Context, tx pgx.Tx, sh *shard,
 //     the rest;
 //   - else up to the last event of the stream at or below the cursor of
 //     its shard holding the stream (a partitioned consumer: the partition
-//     whose segment holds it), the hot log's or the archive's.
+//     whose segment holds it), the hot log's or the archive's — or below
+//     the shard's replay mark, if further on (frontierSQL: a model before
+//     applied those live).
 //
 // Events the live model never read (past its cursor) or held stay live
 // for the retry. A stream the live model's parks lost events of by a
@@ -147,7 +149,8 @@ func (d *Dispatcher) markLiveThrough(ctx context.Context, tx pgx.Tx, sh *shard) 
 	// The live shards with their segments (partitions: "v/n"; the CASE
 	// keeps the casts off any other row), and the one holding a stream.
 	pre, part := PartitionPrefix+"%", `substr(c.instance_id, `+strconv.Itoa(len(PartitionPrefix)+1)+`)`
-	live := `(SELECT c.instance_id, c.cursor_tx_id, c.cursor_seq,
+	ftx, fseq := frontierSQL("c")
+	live := `(SELECT c.instance_id, ` + ftx + ` AS cursor_tx_id, ` + fseq + ` AS cursor_seq,
 			CASE WHEN c.instance_id LIKE '` + pre + `' THEN split_part(` + part + `, '/', 1)::bigint END AS v,
 			CASE WHEN c.instance_id LIKE '` + pre + `' THEN split_part(` + part + `, '/', 2)::bigint END AS n
 		FROM ` + d.store.Table("projector_consumers") + ` c WHERE c.name = $1 AND c.instance_id = ANY($3))`

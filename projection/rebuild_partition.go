@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -21,12 +20,14 @@ import (
 // "Partitioned consumers").
 //
 // The shadow shard builds unpartitioned: one cursor over the whole log, as
-// for any consumer. It switches in under every live partition's lock, in
-// the transaction that has just applied everything below the horizon: each
-// partition's cursor is at or behind the shadow's (none can move while its
-// lock is held), and the shadow has applied every event of every
-// partition up to its cursor, so every partition takes the shadow's cursor
-// and the new version. The fence row (version PartitionedVersion) stays.
+// for any consumer, replaying no further than the earliest partition's
+// cursor (rebuild_live.go). It switches in under every live partition's
+// lock, in the transaction that has just applied everything up to that
+// cursor (none can move while its lock is held): every partition takes the
+// shadow's cursor and the new version, with a replay mark at its own
+// cursor if that is further on, so it replays what the old version handled
+// live and handles the rest live. The fence row (version
+// PartitionedVersion) stays.
 // The partitions are the rows the consumer has when the switch locks them,
 // whatever segments they are; a version that declares no partitions never
 // switches a partitioned consumer (nor a partitioned version an
@@ -175,20 +176,21 @@ func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (boo
 	return true, nil
 }
 
-// liveBehind reports whether the live shards sh's shadow switches in for
+// liveFits reports whether the live shards sh's shadow switches in for
 // are what its projection expects (partitioned into as many partitions, or
-// not partitioned), none held for a merge, and stand at or behind next,
-// read under their locks.
+// not partitioned) and none is held for a merge, read under their locks.
+// Their cursors may be ahead of the shadow's: the switch gives each a
+// replay mark up to its own (moveLiveCursors, rebuild_live.go).
 //
 // A partition held for a merge (split.go) postpones the switch: the merge
 // waits for both halves to stand at their hold, which a switch moving
-// their cursors to the shadow's would spoil (the halves would stand past
-// it, and the merge would never swap them). Holds are set under the
+// their cursors to the shadow's would spoil (the halves would stand
+// elsewhere, and the merge would never swap them). Holds are set under the
 // partitions' locks, which the switch holds, so none can be set between
 // this read and the switch; the merge finishes (or gives up, lifting its
 // holds) and a later pass switches.
-func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position) (bool, error) {
-	rows, err := tx.Query(ctx, `SELECT instance_id, version, cursor_tx_id, cursor_seq, hold_tx_id IS NOT NULL FROM `+d.store.Table("projector_consumers")+`
+func (d *Dispatcher) liveFits(ctx context.Context, tx pgx.Tx, sh *shard) (bool, error) {
+	rows, err := tx.Query(ctx, `SELECT instance_id, version, hold_tx_id IS NOT NULL FROM `+d.store.Table("projector_consumers")+`
 		WHERE name = $1 AND (instance_id = '`+SharedInstance+`' OR instance_id LIKE '`+PartitionPrefix+`%')`, sh.id.Consumer)
 	if err != nil {
 		return false, fmt.Errorf("switch: read the live cursors: %w", err)
@@ -203,9 +205,8 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 	for rows.Next() {
 		var id string
 		var version int
-		var cursor projector.Position
 		var isHeld bool
-		if err := rows.Scan(&id, &version, &cursor.TxID, &cursor.Seq, &isHeld); err != nil {
+		if err := rows.Scan(&id, &version, &isHeld); err != nil {
 			return false, fmt.Errorf("switch: read the live cursors: %w", err)
 		}
 		if id == SharedInstance && version == PartitionedVersion {
@@ -220,9 +221,6 @@ func (d *Dispatcher) liveBehind(ctx context.Context, tx pgx.Tx, sh *shard, next 
 		found++
 		if isHeld {
 			held = id
-		}
-		if next.Less(cursor) {
-			return false, nil // cannot happen with the live locks held; never switch backwards
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -485,7 +485,7 @@ func (a *Admin) holdPair(consumer string, p *mergePair, read map[postgres.Segmen
 			// Each half replays its own streams up to its own mark; the
 			// parent has one cursor and one mark for both, which would
 			// count some of one half's events as replays they are not.
-			return fmt.Errorf("%w: consumer %s partition %s replays an in-place rebuild: merge once the rebuild is done (`projector rebuild list`)",
+			return fmt.Errorf("%w: consumer %s partition %s replays an in-place rebuild (or the events it handled past a blue/green switch's cursor): merge once its replay is done",
 				projector.ErrInvalidTransition, projector.Printable(consumer), s)
 		}
 		rows[i] = r

@@ -436,12 +436,17 @@ func startInPlace(ctx context.Context, tx pgx.Tx, store *postgres.Store, name st
 	if _, err := tx.Exec(ctx, `TRUNCATE `+strings.Join(idents, ", ")); err != nil {
 		return fmt.Errorf("rebuild %s: clear its tables: %w", name, err)
 	}
+	// A shard still replaying up to a mark past its cursor (a blue/green
+	// switch's, docs/rebuilds.md) handled the events up to the mark live
+	// before: the replay goes up to there.
+	laterMark := `replay_until_tx_id IS NOT NULL AND (replay_until_tx_id, replay_until_seq) > (cursor_tx_id, cursor_seq)`
 	_, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET cursor_tx_id = '0', cursor_seq = 0,
 			status = CASE WHEN status = 'disabled' THEN 'disabled' ELSE 'idle' END, attempts = 0,
 			last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL, failed_event_id = NULL,
 			next_retry_at = NULL, version = $3,
-			replay_until_tx_id = NULLIF(cursor_tx_id, '0'),
-			replay_until_seq = CASE WHEN cursor_tx_id = '0' THEN NULL ELSE cursor_seq END, updated_at = now()
+			replay_until_tx_id = CASE WHEN `+laterMark+` THEN replay_until_tx_id ELSE NULLIF(cursor_tx_id, '0') END,
+			replay_until_seq = CASE WHEN `+laterMark+` THEN replay_until_seq WHEN cursor_tx_id = '0' THEN NULL ELSE cursor_seq END,
+			updated_at = now()
 		WHERE name = $1 AND CASE WHEN $4 THEN starts_with(instance_id, $5) ELSE instance_id = $2 END`,
 		name, projection.SharedInstance, d.version, partitioned, projection.PartitionPrefix)
 	if err != nil {

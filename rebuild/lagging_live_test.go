@@ -1,0 +1,274 @@
+package rebuild_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/rebuild"
+)
+
+// sideEffects is a projection that counts every event per stream into the
+// declared table and has a side effect outside its model for each: an
+// opened event Emits an echo (stream "echo"/"<stream>-<version>"), a
+// commented one runs a SkipOnReplay handler that records it in an effects
+// table no rebuild shadows. So the log and that table show, per event,
+// how often a version handled it live.
+func (e *env) sideEffects(version, partitions, rebuildBatch int) *projection.Async {
+	effects := pgx.Identifier{e.schema, "effects"}.Sanitize()
+	p := projection.NewAsync("counter", projection.AsyncConfig{Version: version, Tables: []string{e.table}, Partitions: partitions,
+		RebuildBatchSize: rebuildBatch})
+	count := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if _, shadow := projection.ShadowRebuild(ctx); projection.Replaying(ctx) && !shadow {
+			// A live shard replaying: what it applied was behind the
+			// model readers saw a moment before.
+			if _, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event, version) VALUES ($1, $2)`,
+				fmt.Sprintf("%s-%d", ev.Stream.ID, ev.Version), -version); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, e.table)+` AS c (stream_id, n, v) VALUES ($1, 1, $2)
+			ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1, v = $2`, ev.Stream.ID, version)
+		return err
+	}
+	effect := projection.SkipOnReplay(func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event, version) VALUES ($1, $2)`,
+			fmt.Sprintf("%s-%d", ev.Stream.ID, ev.Version), version)
+		return err
+	})
+	must(projection.OnEvent(p, e.types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if ev.Stream.Type == "echo" {
+			return nil
+		}
+		if err := count(ctx, tx, ev); err != nil {
+			return err
+		}
+		_, err := projection.Emit(ctx, tx, projector.Stream("echo", fmt.Sprintf("%s-%d", ev.Stream.ID, ev.Version)), projector.AnyVersion,
+			testevents.TicketOpened{Title: "echo"})
+		return err
+	}))
+	must(projection.OnEvent(p, e.types.Commented, func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if err := count(ctx, tx, ev); err != nil {
+			return err
+		}
+		return effect(ctx, tx, ev)
+	}))
+	return p
+}
+
+// effects returns how often each commented event's SkipOnReplay handler
+// ran, by the version that ran it.
+func (e *env) effects() map[string]int {
+	e.t.Helper()
+	rows, err := e.store.Pool().Query(e.ctx, `SELECT event || '@v' || version, count(*)::int FROM `+
+		pgx.Identifier{e.schema, "effects"}.Sanitize()+` GROUP BY 1`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]int{}
+	var id string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil }); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// The effects table also records, at version -V, each event a live shard
+// of version V applied as a replay after a switch.
+
+// A blue/green rebuild whose live consumer stopped at cursor C (the old
+// version's processes are gone) while events were appended after C: the
+// shadow replays up to C only, switches there, and the new version handles
+// every later event live. So each event's side effects happen once over the
+// life of the consumer: those up to C by version 1, those after C by
+// version 2 — none lost (the shadow replaying them as replays, with no
+// version live for them) and none repeated.
+func TestBlueGreenSwitchAtLaggingLiveCursorHandlesTheRestLive(t *testing.T) {
+	t.Parallel()
+	testLaggingLive(t, newEnv(t), 1, 0)
+}
+
+// The same for a partitioned consumer: each partition stopped at a cursor
+// of its own, and an event is a replay for the new version only if it is
+// at or below its own partition's cursor. The switching pass applies those
+// of the partition further on too, so no partition replays after the
+// switch: readers never see its streams go back.
+func TestBlueGreenSwitchAtLaggingLivePartitionsHandlesTheRestLive(t *testing.T) {
+	t.Parallel()
+	testLaggingLive(t, partitionedEnv(t), 2, 0)
+}
+
+// With more events between the partitions' cursors than one shadow batch,
+// the switching pass cannot read to the latest: the partition further on
+// takes the shadow's cursor with a replay mark at its own, replays its
+// events up to there after the switch (as replays: no effect runs again)
+// and handles the rest live. Still each effect once.
+func TestBlueGreenSwitchAtLaggingLivePartitionsBeyondOneBatch(t *testing.T) {
+	t.Parallel()
+	testLaggingLive(t, partitionedEnv(t), 2, 2)
+}
+
+func testLaggingLive(t *testing.T, e *env, partitions, rebuildBatch int) {
+	e.exec(`CREATE TABLE ` + pgx.Identifier{e.schema, "effects"}.Sanitize() + ` (event text NOT NULL, version int NOT NULL)`)
+	var streams []string
+	for i := range 12 {
+		streams = append(streams, fmt.Sprintf("s%d", i))
+	}
+	appendStreams := func(ids []string) {
+		for _, id := range ids {
+			e.appendOne(id, testevents.TicketOpened{Title: id})
+			e.appendOne(id, testevents.TicketCommented{Body: "2"})
+		}
+	}
+	appendStreams(streams[:4])
+	v1 := startDispatcher(t, e.store, projection.Config{InstanceID: "v1"}, e.sideEffects(1, partitions, 0))
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := v1.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := projection.NewAdmin(e.store)
+	lagging := projection.ShardID{Consumer: "counter", Instance: projection.PartitionPrefix + "1/2"}
+	if partitions > 1 {
+		// One partition stops (disabled) while the other goes on: their
+		// cursors differ at the switch.
+		if err := admin.Disable(e.ctx, lagging); err != nil {
+			t.Fatal(err)
+		}
+		appendStreams(streams[4:8])
+		if err := v1.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Version 1's processes are gone: what it handled live is what it
+	// emitted and ran until now.
+	if err := v1.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if partitions > 1 {
+		if err := admin.Enable(e.ctx, lagging); err != nil {
+			t.Fatal(err)
+		}
+	}
+	echoesByV1, effectsByV1 := e.echoes(), e.effects()
+	switch {
+	case partitions == 1 && len(effectsByV1) != 4:
+		t.Fatalf("version 1 ran %d effects before it stopped; want 4: %v", len(effectsByV1), effectsByV1)
+	case partitions > 1 && (len(effectsByV1) <= 4 || len(effectsByV1) >= 8):
+		t.Fatalf("version 1's partitions ran %d effects before they stopped; want one partition further on than the other: %v",
+			len(effectsByV1), effectsByV1)
+	}
+	appendStreams(streams[8:])
+	e.appendOne("s0", testevents.TicketCommented{Body: "3"})
+	if partitions == 1 {
+		appendStreams(streams[4:8])
+	}
+
+	v2 := startDispatcher(t, e.store, projection.Config{InstanceID: "v2"}, e.sideEffects(2, partitions, rebuildBatch))
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 45*time.Second, "the rebuild to switch", func() bool {
+		r, err := rebuild.Current(e.ctx, e.store, "counter")
+		return err == nil && r.Status == rebuild.Switched
+	})
+	if err := v2.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Every event's side effect happened exactly once: by version 1 if it
+	// handled the event live, else by version 2.
+	wantEchoes, wantEffects := map[string]int{}, map[string]int{}
+	for _, id := range streams {
+		wantEchoes[id+"-1"] = 1
+		v := 1
+		if effectsByV1[id+"-2@v1"] == 0 {
+			v = 2
+		}
+		wantEffects[fmt.Sprintf("%s-2@v%d", id, v)] = 1
+	}
+	wantEffects["s0-3@v2"] = 1
+	if got := e.echoes(); !maps.Equal(got, wantEchoes) {
+		t.Fatalf("echoes emitted per event %v; want each once %v (version 1 emitted %v)", got, wantEchoes, echoesByV1)
+	}
+	got := e.effects()
+	replayed := 0
+	if rebuildBatch > 0 {
+		// The fallback: replays after the switch expected.
+		for k := range got {
+			if strings.HasSuffix(k, "@v-2") {
+				delete(got, k)
+				replayed++
+			}
+		}
+		if replayed == 0 {
+			t.Fatalf("no partition replayed after the switch: the switching pass read beyond one batch of %d", rebuildBatch)
+		}
+	}
+	if !maps.Equal(got, wantEffects) {
+		t.Fatalf("SkipOnReplay effects per event %v (@v-2: replayed by a live shard after the switch); want each once %v (version 1 ran %v)", got, wantEffects, effectsByV1)
+	}
+	// The new model counts every event of the tickets.
+	var diff int64
+	if err := e.store.Pool().QueryRow(e.ctx, `WITH fresh AS (
+			SELECT stream_id, count(*)::int AS n FROM `+e.store.Table("projector_events")+` WHERE stream_type = 'ticket' GROUP BY stream_id)
+		SELECT count(*) FROM fresh f FULL JOIN `+pgx.Identifier{e.schema, "counts"}.Sanitize()+` c USING (stream_id)
+		WHERE f.n IS DISTINCT FROM c.n OR c.v IS DISTINCT FROM 2`).Scan(&diff); err != nil || diff != 0 {
+		t.Fatalf("after the switch the model differs from the log in %d rows (%v)", diff, err)
+	}
+}
+
+// An in-place rebuild requested while a shard still replays up to a mark a
+// blue/green switch gave it (past its cursor) replays up to that mark, not
+// just its cursor: the events between were handled live before, and
+// handling them live again would repeat their effects.
+func TestInPlaceRebuildKeepsAReplayMarkPastTheCursor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i := range 4 {
+		e.appendOne(fmt.Sprintf("s%d", i), testevents.TicketOpened{Title: "t"})
+	}
+	d := e.dispatcher(e.counter(1, projection.AsyncConfig{}))
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := d.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// As a switch leaves a shard further on than the shadow: its cursor
+	// back at the second event, its mark where it stood.
+	c := e.store.Table("projector_consumers")
+	var mark, second projector.Position
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT cursor_tx_id, cursor_seq FROM `+c+` WHERE name = 'counter' AND instance_id = $1`,
+		projection.SharedInstance).Scan(&mark.TxID, &mark.Seq); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT tx_id, seq FROM `+e.store.Table("projector_events")+` ORDER BY tx_id, seq OFFSET 1 LIMIT 1`).
+		Scan(&second.TxID, &second.Seq); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`UPDATE `+c+` SET cursor_tx_id = $2, cursor_seq = $3, replay_until_tx_id = $4, replay_until_seq = $5
+		WHERE name = 'counter' AND instance_id = $1`, projection.SharedInstance, second.TxID, second.Seq, mark.TxID, mark.Seq)
+	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{Mode: rebuild.InPlace}); err != nil {
+		t.Fatal(err)
+	}
+	var until projector.Position
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT replay_until_tx_id, replay_until_seq FROM `+c+` WHERE name = 'counter' AND instance_id = $1`,
+		projection.SharedInstance).Scan(&until.TxID, &until.Seq); err != nil {
+		t.Fatal(err)
+	}
+	if until != mark {
+		t.Fatalf("in-place rebuild replays up to %v; want the shard's mark %v (its cursor was %v)", until, mark, second)
+	}
+}
