@@ -1,0 +1,135 @@
+package postgres
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/projectorhq/projector"
+)
+
+// The many-event append passes its per-event columns as array parameters.
+// pgx encodes a plain slice through a wrapper that boxes every element in
+// an interface value (an allocation per string and per [16]byte, and for
+// [16]byte a second one wrapping it as a pgtype.UUID) and finds its plan
+// again through reflection: at 100 events, half the parameters' encoding
+// time. uuidArray and textArray hand pgx each element's address instead,
+// as a type that implements the element codec's own valuer interface, so
+// the binary array is written with no allocation and no reflection per
+// element. The payloads go as text[] (cast to jsonb in the statement: the
+// server parses the JSON either way, jsonb's binary form being its text
+// after a version byte) so that they too can be passed by address.
+
+// uuidArray is a uuid[] parameter.
+type uuidArray [][16]byte
+
+// uuidElem is a uuid[] element, passed by address.
+type uuidElem [16]byte
+
+// UUIDValue implements pgtype.UUIDValuer.
+func (u *uuidElem) UUIDValue() (pgtype.UUID, error) { return pgtype.UUID{Bytes: *u, Valid: true}, nil }
+
+// Dimensions implements pgtype.ArrayGetter.
+func (a uuidArray) Dimensions() []pgtype.ArrayDimension { return dimensions(len(a)) }
+
+// Index implements pgtype.ArrayGetter.
+func (a uuidArray) Index(i int) any { return (*uuidElem)(&a[i]) }
+
+// IndexType implements pgtype.ArrayGetter.
+func (a uuidArray) IndexType() any { return (*uuidElem)(nil) }
+
+// textArray is a text[] parameter.
+type textArray []string
+
+// textElem is a text[] element, passed by address.
+type textElem string
+
+// TextValue implements pgtype.TextValuer.
+func (t *textElem) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*t), Valid: true}, nil
+}
+
+// Dimensions implements pgtype.ArrayGetter.
+func (a textArray) Dimensions() []pgtype.ArrayDimension { return dimensions(len(a)) }
+
+// Index implements pgtype.ArrayGetter.
+func (a textArray) Index(i int) any { return (*textElem)(&a[i]) }
+
+// IndexType implements pgtype.ArrayGetter.
+func (a textArray) IndexType() any { return (*textElem)(nil) }
+
+// dimensions describes a one-dimensional array of n elements.
+func dimensions(n int) []pgtype.ArrayDimension {
+	return []pgtype.ArrayDimension{{Length: int32(n), LowerBound: 1}}
+}
+
+// newIDs fills ids with time-ordered UUIDs (version 7), which keep the
+// event-id index append-mostly, drawing the random bits of all of them
+// from one read of crypto/rand instead of one read per id.
+func newIDs(ids [][16]byte) {
+	random := make([]byte, 16*len(ids))
+	if _, err := rand.Read(random); err != nil {
+		for i := range ids {
+			ids[i] = newID()
+		}
+		return
+	}
+	r := bytes.NewReader(random)
+	for i := range ids {
+		id, err := uuid.NewV7FromReader(r)
+		if err != nil {
+			id = newID()
+		}
+		ids[i] = id
+	}
+}
+
+// inserted is one row the append's insert returned.
+type inserted struct {
+	pos     projector.Position
+	version int64
+	at      time.Time
+}
+
+// scanInserted reads the rows the append's insert returned (tx_id, seq,
+// version, recorded_at), up to n of them expected. In pgx's binary
+// format, the usual case, the three integers are read from the row's
+// bytes and the time through one scan plan for all rows (the connection's
+// own, so its time zone settings hold); any other format or shape goes
+// through rows.Scan. Either way the rows are closed, and the error is the
+// statement's.
+func scanInserted(rows pgx.Rows, n int) ([]inserted, error) {
+	defer rows.Close()
+	got := make([]inserted, 0, n)
+	var r inserted
+	fds := rows.FieldDescriptions()
+	raw := len(fds) == 4 &&
+		fds[0].Format == pgtype.BinaryFormatCode && fds[0].DataTypeOID == pgtype.XID8OID &&
+		fds[1].Format == pgtype.BinaryFormatCode && fds[1].DataTypeOID == pgtype.Int8OID &&
+		fds[2].Format == pgtype.BinaryFormatCode && fds[2].DataTypeOID == pgtype.Int8OID
+	var at pgtype.ScanPlan
+	if raw {
+		at = rows.TypeMap().PlanScan(fds[3].DataTypeOID, fds[3].Format, &r.at)
+	}
+	for rows.Next() {
+		if v := rows.RawValues(); raw && len(v) == 4 && len(v[0]) == 8 && len(v[1]) == 8 && len(v[2]) == 8 {
+			r.pos.TxID = binary.BigEndian.Uint64(v[0])
+			r.pos.Seq = int64(binary.BigEndian.Uint64(v[1]))
+			r.version = int64(binary.BigEndian.Uint64(v[2]))
+			if err := at.Scan(v[3], &r.at); err != nil {
+				return nil, fmt.Errorf("scan recorded_at: %w", err)
+			}
+		} else if err := rows.Scan(&r.pos.TxID, &r.pos.Seq, &r.version, &r.at); err != nil {
+			return nil, err
+		}
+		got = append(got, r)
+	}
+	rows.Close()
+	return got, rows.Err()
+}
