@@ -1,13 +1,11 @@
 package postgres
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -70,23 +68,36 @@ func dimensions(n int) []pgtype.ArrayDimension {
 }
 
 // newIDs fills ids with time-ordered UUIDs (version 7), which keep the
-// event-id index append-mostly, drawing the random bits of all of them
-// from one read of crypto/rand instead of one read per id.
+// event-id index append-mostly, in one go: the first from [newID] (the
+// time and sub-millisecond counter of google/uuid, monotonic in the
+// process), the rest counting on from it in the 12-bit counter (carrying
+// into the millisecond), with their 62 random bits from one read of
+// crypto/rand. One call per id cost 170 ns of a 100-event append's 20 µs
+// of Go: a clock read, a lock and a read of crypto/rand each.
 func newIDs(ids [][16]byte) {
-	random := make([]byte, 16*len(ids))
+	if len(ids) == 0 {
+		return
+	}
+	random := make([]byte, 8*len(ids))
 	if _, err := rand.Read(random); err != nil {
 		for i := range ids {
 			ids[i] = newID()
 		}
 		return
 	}
-	r := bytes.NewReader(random)
+	first := newID()
+	ms := uint64(first[0])<<40 | uint64(first[1])<<32 | uint64(first[2])<<24 |
+		uint64(first[3])<<16 | uint64(first[4])<<8 | uint64(first[5])
+	counter := uint64(first[6]&0x0f)<<8 | uint64(first[7])
 	for i := range ids {
-		id, err := uuid.NewV7FromReader(r)
-		if err != nil {
-			id = newID()
-		}
-		ids[i] = id
+		c := counter + uint64(i)
+		m := ms + c>>12
+		id := &ids[i]
+		id[0], id[1], id[2], id[3], id[4], id[5] = byte(m>>40), byte(m>>32), byte(m>>24), byte(m>>16), byte(m>>8), byte(m)
+		id[6] = 0x70 | byte(c>>8)&0x0f // version 7
+		id[7] = byte(c)
+		copy(id[8:], random[8*i:8*i+8])
+		id[8] = id[8]&0x3f | 0x80 // variant 10
 	}
 }
 
