@@ -192,7 +192,7 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 		// which also spares encoding four one-element arrays.
 		args = append(args, ids[0], types[0], versions[0], datas[0])
 	} else {
-		args = append(args, uuidArray(ids), textArray(types), versions, textArray(datas))
+		args = append(args, uuidArray(ids), textArray(types), versions, datas)
 	}
 	args = append(args, [16]byte(md.CorrelationID), causation, md.Actor, headers)
 	if takesVersion {

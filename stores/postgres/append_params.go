@@ -20,9 +20,12 @@ import (
 // time. uuidArray and textArray hand pgx each element's address instead,
 // as a type that implements the element codec's own valuer interface, so
 // the binary array is written with no allocation and no reflection per
-// element. The payloads go as text[] (cast to jsonb in the statement: the
-// server parses the JSON either way, jsonb's binary form being its text
-// after a version byte) so that they too can be passed by address.
+// element. The payloads stay a jsonb[] of strings (one allocation each):
+// pgx's JSON codec takes no valuer that would spare it, and sent as text[]
+// and cast to jsonb in the statement (an I/O conversion per payload) they
+// looked dearer on the server than the allocations are on the client
+// (EXPLAIN ANALYZE, 60 executions each under load: +0.1 ms at the 10th
+// percentile and the median of 1.0–1.7 ms, the same minimum).
 
 // uuidArray is a uuid[] parameter.
 type uuidArray [][16]byte
