@@ -70,6 +70,30 @@ type typeEntry struct {
 	TypeInfo
 	upcasters []UpcastFunc // index i upcasts version i+1 to i+2
 	decode    func(json.RawMessage) (any, error)
+	// validates says where the payload type implements [Validator], found
+	// once at Define instead of by a copy of every payload encoded.
+	validates validatorKind
+}
+
+// validatorKind is where a payload type implements [Validator].
+type validatorKind uint8
+
+const (
+	validatesNone    validatorKind = iota // neither T nor *T: nothing to run
+	validatesValue                        // T (and so *T)
+	validatesPointer                      // *T only: run on a copy's address
+)
+
+// validatorOf finds where t implements [Validator].
+func validatorOf(t reflect.Type) validatorKind {
+	v := reflect.TypeFor[Validator]()
+	switch {
+	case t.Implements(v):
+		return validatesValue
+	case reflect.PointerTo(t).Implements(v):
+		return validatesPointer
+	}
+	return validatesNone
 }
 
 // Registry holds every defined event type. Define all types at start-up,
@@ -160,6 +184,7 @@ func Define[T any](r *Registry, name string, cfg ...TypeConfig) (EventType[T], e
 	entry := &typeEntry{
 		TypeInfo:  TypeInfo{Name: name, GoType: goType, SchemaVersion: version, Personal: c.Personal},
 		upcasters: steps,
+		validates: validatorOf(goType),
 		decode: func(data json.RawMessage) (any, error) {
 			var v T
 			if err := json.Unmarshal(data, &v); err != nil {
@@ -200,7 +225,8 @@ func (r *Registry) defineForgottenLocked() error {
 		return fmt.Errorf("%w: %q is reserved for forgetting data subjects, and is already defined with payload %s", ErrDuplicateEventType, name, prev.GoType)
 	}
 	r.byName[name] = &typeEntry{
-		TypeInfo: TypeInfo{Name: name, GoType: goType, SchemaVersion: 1},
+		TypeInfo:  TypeInfo{Name: name, GoType: goType, SchemaVersion: 1},
+		validates: validatorOf(goType),
 		decode: func(data json.RawMessage) (any, error) {
 			var v SubjectForgotten
 			if err := json.Unmarshal(data, &v); err != nil {
@@ -278,10 +304,16 @@ func (r *Registry) Encode(payload any) (Encoded, error) {
 	if !ok {
 		return Encoded{}, fmt.Errorf("%w: payload type %s was never defined (call projector.Define)", ErrUnknownEventType, v.Type())
 	}
-	if err := validate(v); err != nil {
+	// The payload itself when it is a T, not a pointer: v.Interface()
+	// would copy it into a new interface value for each use.
+	value := payload
+	if v.Type() != reflect.TypeOf(payload) {
+		value = v.Interface()
+	}
+	if err := validate(v, value, e.validates); err != nil {
 		return Encoded{}, fmt.Errorf("%w: %s: %w", ErrInvalidPayload, e.Name, err)
 	}
-	data, err := json.Marshal(v.Interface())
+	data, err := json.Marshal(value)
 	if err != nil {
 		return Encoded{}, fmt.Errorf("%w: %s: encode: %w", ErrInvalidPayload, e.Name, err)
 	}
@@ -291,16 +323,16 @@ func (r *Registry) Encode(payload any) (Encoded, error) {
 	return Encoded{Type: e.Name, SchemaVersion: e.SchemaVersion, Data: data}, nil
 }
 
-// validate runs Validate on the value, or on a pointer to it when only the
-// pointer implements Validator.
-func validate(v reflect.Value) error {
-	if val, ok := v.Interface().(Validator); ok {
-		return val.Validate()
-	}
-	p := reflect.New(v.Type())
-	p.Elem().Set(v)
-	if val, ok := p.Interface().(Validator); ok {
-		return val.Validate()
+// validate runs Validate on the value (v, and value its interface), or on
+// a pointer to a copy of it when only the pointer implements Validator.
+func validate(v reflect.Value, value any, kind validatorKind) error {
+	switch kind {
+	case validatesValue:
+		return value.(Validator).Validate()
+	case validatesPointer:
+		p := reflect.New(v.Type())
+		p.Elem().Set(v)
+		return p.Interface().(Validator).Validate()
 	}
 	return nil
 }

@@ -203,9 +203,10 @@ RETURNING tx_id, seq, version, recorded_at`
 INSERT INTO {{t}}
 	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
 	 correlation_id, causation_id, actor, headers)
-SELECT ev.id, $1, $2, $3, head.version - $4 + ev.ord, ev.type, ev.sv, ev.data,
+SELECT ev.id, $1, $2, $3, (SELECT head.version FROM head) - $4 + ev.ord, ev.type, ev.sv, ev.data,
 	$9, $10, $11, $12
-FROM head, unnest($5::uuid[], $6::text[], $7::int[], $8::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
+FROM unnest($5::uuid[], $6::text[], $7::int[], $8::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
+WHERE (SELECT head.version FROM head) IS NOT NULL
 ORDER BY ev.ord
 RETURNING tx_id, seq, version, recorded_at`
 )

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"time"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -117,9 +117,14 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 	// [16]byte rather than uuid.UUID: pgx encodes it natively, where a
 	// uuid.UUID goes through driver.Valuer and a failed plan per element.
 	ids := make([][16]byte, n)
+	newIDs(ids)
 	types := make([]string, n)
 	versions := make([]int32, n)
+	// The stored payloads, one after another in one buffer: datas[i] is
+	// payload i's slice of it, as a string without a copy of its own.
 	datas := make([]string, n)
+	ends := make([]int, n)
+	var stored strings.Builder
 	if md.CorrelationID == uuid.Nil {
 		md.CorrelationID = newID()
 	}
@@ -129,26 +134,32 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 		if err != nil {
 			return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
 		}
-		stored := enc.Data
+		data := enc.Data
 		if s.registry.HasPersonal() {
 			// Sealed in Go before the insert: the events table never sees
 			// a personal field in the clear (docs/privacy.md).
 			if keys == nil {
 				keys = s.newSealing(cached)
 			}
-			if stored, err = s.seal(ctx, tx, stream.Tenant, enc, keys); err != nil {
+			if data, err = s.seal(ctx, tx, stream.Tenant, enc, keys); err != nil {
 				return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
 			}
 		}
-		id := newID()
-		ids[i] = id
+		if i == 0 {
+			stored.Grow(n * (len(data) + 8))
+		}
+		stored.Write(data)
+		ends[i] = stored.Len()
 		types[i] = enc.Type
 		versions[i] = int32(enc.SchemaVersion)
-		datas[i] = string(stored)
 		events[i] = projector.Event{
-			ID: id, Stream: stream, Type: enc.Type, SchemaVersion: enc.SchemaVersion,
+			ID: ids[i], Stream: stream, Type: enc.Type, SchemaVersion: enc.SchemaVersion,
 			Data: enc.Data, Payload: deref(p), Metadata: md,
 		}
+	}
+	all := stored.String()
+	for i, start := 0, 0; i < n; i++ {
+		datas[i], start = all[start:ends[i]], ends[i]
 	}
 	if err := s.checkInline(ctx, types); err != nil {
 		return AppendResult{}, err
@@ -181,7 +192,7 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 		// which also spares encoding four one-element arrays.
 		args = append(args, ids[0], types[0], versions[0], datas[0])
 	} else {
-		args = append(args, ids, types, versions, datas)
+		args = append(args, uuidArray(ids), textArray(types), versions, datas)
 	}
 	args = append(args, [16]byte(md.CorrelationID), causation, md.Actor, headers)
 	if takesVersion {
@@ -197,17 +208,7 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 	if err != nil {
 		return AppendResult{}, mapError(stream, expected, err)
 	}
-	type inserted struct {
-		pos     projector.Position
-		version int64
-		at      time.Time
-	}
-	var got []inserted
-	var r inserted
-	_, err = pgx.ForEachRow(rows, []any{&r.pos.TxID, &r.pos.Seq, &r.version, &r.at}, func() error {
-		got = append(got, r)
-		return nil
-	})
+	got, err := scanInserted(rows, n)
 	if err != nil {
 		return AppendResult{}, mapError(stream, expected, err)
 	}

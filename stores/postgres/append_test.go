@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -280,5 +281,55 @@ func TestAppendConcurrentNoStream(t *testing.T) {
 		if v, err := f.store.StreamVersion(f.ctx, f.store.Pool(), s); err != nil || v != int64(n) {
 			t.Fatalf("events=%d: stream version %d (%v), want %d", n, v, err, n)
 		}
+	}
+}
+
+// TestAppendEveryQueryExecMode: the many-event append passes its ids and
+// types as array parameters of its own types (append_params.go), which pgx
+// must encode in each exec mode that learns the parameters' types from the
+// server, and what the append returns must be what the log holds. (The
+// exec and simple-protocol modes, which guess a parameter's type from its
+// Go type, fail on the event ids' [16]byte, on the one-event path too, as
+// they did before these types.)
+func TestAppendEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			cfg := pgtest.PoolConfig(t)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			store, err := postgres.New(ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: pgtest.Schema(t), Registry: types.Registry})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := fixture{ctx: ctx, types: types, store: store}
+			s := projector.TenantStream("acme", "ticket", "t-1")
+			var appended []projector.Event
+			for _, payloads := range [][]any{
+				{testevents.TicketOpened{Title: "printer on fire"}},
+				{&testevents.TicketCommented{Body: `"quoted", \back\ {braces}`, N: 1}, testevents.TicketCommented{Body: "ünïcode", N: 2}, testevents.TicketClosed{}},
+			} {
+				res := f.appendTx(t, s, projector.ExactVersion(int64(len(appended))), payloads...)
+				appended = append(appended, res.Events...)
+			}
+			got, err := store.ReadStream(ctx, s, postgres.StreamQuery{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(appended) {
+				t.Fatalf("read %d events, appended %d", len(got), len(appended))
+			}
+			for i, ev := range got {
+				want := appended[i]
+				if ev.ID != want.ID || ev.Version != int64(i+1) || want.Version != ev.Version || ev.Position != want.Position ||
+					ev.Type != want.Type || !reflect.DeepEqual(ev.Payload, want.Payload) || !ev.RecordedAt.Equal(want.RecordedAt) {
+					t.Errorf("event %d: read %+v, appended %+v", i, ev, want)
+				}
+			}
+		})
 	}
 }

@@ -94,14 +94,21 @@ FROM head
 RETURNING tx_id, seq, version, recorded_at`
 
 // appendManyEvents inserts the events in order (ORDER BY ev.ord: seq, and
-// so the log's order within the transaction, follows the versions).
+// so the log's order within the transaction, follows the versions; the
+// function scan's ordinality is already in that order, so there is no
+// sort). The head's version is read once, as an InitPlan, and a refused
+// head (no row) stops the insert in a one-time filter: joined to the
+// unnest instead (FROM head, unnest(…)), the plan rescanned the head's
+// CTE once per event in a nested loop, 0.06–0.1 ms of a 100-event
+// statement's 1.0–1.8 ms in EXPLAIN ANALYZE.
 const appendManyEvents = `
 INSERT INTO {{s}}.projector_events
 	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
 	 correlation_id, causation_id, actor, headers)
-SELECT ev.id, $1, $2, $3, head.version - $4 + ev.ord, ev.type, ev.sv, ev.data,
+SELECT ev.id, $1, $2, $3, (SELECT head.version FROM head) - $4 + ev.ord, ev.type, ev.sv, ev.data,
 	$9, $10, $11, $12
-FROM head, unnest($5::uuid[], $6::text[], $7::int[], $8::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
+FROM unnest($5::uuid[], $6::text[], $7::int[], $8::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
+WHERE (SELECT head.version FROM head) IS NOT NULL
 ORDER BY ev.ord
 RETURNING tx_id, seq, version, recorded_at`
 
