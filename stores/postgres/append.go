@@ -164,17 +164,22 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 	if err := s.checkInline(ctx, types); err != nil {
 		return AppendResult{}, err
 	}
-	var causation *[16]byte
+	var causation *uuidParam
 	if md.CausationID != uuid.Nil {
-		c := [16]byte(md.CausationID)
+		c := uuidParam(md.CausationID)
 		causation = &c
 	}
-	var headers []byte
+	// The headers' JSON as a string (or NULL): a []byte would be sent as
+	// bytea text in the query modes that do not learn the column's type
+	// (see uuidParam), which jsonb refuses.
+	var headers *string
 	if len(md.Headers) > 0 {
-		var err error
-		if headers, err = json.Marshal(md.Headers); err != nil {
+		b, err := json.Marshal(md.Headers)
+		if err != nil {
 			return AppendResult{}, fmt.Errorf("%w: headers: %w", projector.ErrInvalidPayload, err)
 		}
+		h := string(b)
+		headers = &h
 	}
 
 	guard := guardNone
@@ -190,11 +195,11 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 	if n == 1 {
 		// Scalars: the one-event statement inserts a row of parameters,
 		// which also spares encoding four one-element arrays.
-		args = append(args, ids[0], types[0], versions[0], datas[0])
+		args = append(args, uuidParam(ids[0]), types[0], versions[0], datas[0])
 	} else {
 		args = append(args, uuidArray(ids), textArray(types), versions, datas)
 	}
-	args = append(args, [16]byte(md.CorrelationID), causation, md.Actor, headers)
+	args = append(args, uuidParam(md.CorrelationID), causation, md.Actor, headers)
 	if takesVersion {
 		args = append(args, int64(expected))
 	}

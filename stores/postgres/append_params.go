@@ -4,8 +4,10 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -36,6 +38,30 @@ type uuidElem [16]byte
 // UUIDValue implements pgtype.UUIDValuer.
 func (u *uuidElem) UUIDValue() (pgtype.UUID, error) { return pgtype.UUID{Bytes: *u, Valid: true}, nil }
 
+// TextValue implements pgtype.TextValuer, for the query modes that send
+// parameters as text without asking the server their types (see uuidParam).
+func (u *uuidElem) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: uuid.UUID(*u).String(), Valid: true}, nil
+}
+
+// uuidParam is a uuid parameter. pgx encodes a [16]byte natively when it
+// knows the parameter is a uuid (the default modes, which prepare or
+// describe the statement), but in pgx.QueryExecModeExec and
+// QueryExecModeSimpleProtocol — the modes used behind a connection pooler
+// in transaction mode — it sends parameters as text of an unknown type and
+// finds no text form for a [16]byte: every append failed there. uuidParam
+// has both: pgx takes the binary uuid where it knows the type and the
+// canonical text where it does not.
+type uuidParam [16]byte
+
+// UUIDValue implements pgtype.UUIDValuer.
+func (u uuidParam) UUIDValue() (pgtype.UUID, error) { return pgtype.UUID{Bytes: u, Valid: true}, nil }
+
+// TextValue implements pgtype.TextValuer.
+func (u uuidParam) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: uuid.UUID(u).String(), Valid: true}, nil
+}
+
 // Dimensions implements pgtype.ArrayGetter.
 func (a uuidArray) Dimensions() []pgtype.ArrayDimension { return dimensions(len(a)) }
 
@@ -44,6 +70,23 @@ func (a uuidArray) Index(i int) any { return (*uuidElem)(&a[i]) }
 
 // IndexType implements pgtype.ArrayGetter.
 func (a uuidArray) IndexType() any { return (*uuidElem)(nil) }
+
+// TextValue implements pgtype.TextValuer: the array's text form, for the
+// query modes that send parameters as text of an unknown type (see
+// uuidParam).
+func (a uuidArray) TextValue() (pgtype.Text, error) {
+	var b strings.Builder
+	b.Grow(1 + 37*len(a))
+	b.WriteByte('{')
+	for i, id := range a {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(uuid.UUID(id).String())
+	}
+	b.WriteByte('}')
+	return pgtype.Text{String: b.String(), Valid: true}, nil
+}
 
 // textArray is a text[] parameter.
 type textArray []string
@@ -64,6 +107,35 @@ func (a textArray) Index(i int) any { return (*textElem)(&a[i]) }
 
 // IndexType implements pgtype.ArrayGetter.
 func (a textArray) IndexType() any { return (*textElem)(nil) }
+
+// TextValue implements pgtype.TextValuer: the array's text form, each
+// element quoted, for the query modes that send parameters as text of an
+// unknown type (see uuidParam).
+func (a textArray) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: arrayLiteral(a), Valid: true}, nil
+}
+
+// arrayLiteral is the text form of a one-dimensional array of strings,
+// every element double-quoted with its quotes and backslashes escaped.
+func arrayLiteral(elems []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, e := range elems {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(e); j++ {
+			if e[j] == '"' || e[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(e[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
 
 // dimensions describes a one-dimensional array of n elements.
 func dimensions(n int) []pgtype.ArrayDimension {

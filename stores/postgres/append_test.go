@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
@@ -284,22 +285,23 @@ func TestAppendConcurrentNoStream(t *testing.T) {
 	}
 }
 
-// TestAppendEveryQueryExecMode: the many-event append passes its ids and
-// types as array parameters of its own types (append_params.go), which pgx
-// must encode in each exec mode that learns the parameters' types from the
-// server, and what the append returns must be what the log holds. (The
-// exec and simple-protocol modes, which guess a parameter's type from its
-// Go type, fail on the event ids' [16]byte, on the one-event path too, as
-// they did before these types.)
+// TestAppendEveryQueryExecMode: the append passes its ids and types as
+// parameters of its own types (append_params.go), which pgx must encode in
+// every exec mode — those that learn the parameters' types from the server
+// and those that send text of an unknown type (exec and simple protocol,
+// the modes behind a connection pooler in transaction mode, where every
+// append failed on the event id's [16]byte) — and what the append returns,
+// metadata included, must be what the log holds.
 func TestAppendEveryQueryExecMode(t *testing.T) {
 	t.Parallel()
 	types := testevents.New()
 	for _, mode := range []pgx.QueryExecMode{
-		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
 	} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
+			// Metadata of every kind, so each parameter is sent in the mode.
+			ctx := projector.WithHeader(projector.WithActor(projector.WithCausationID(context.Background(), uuid.New()), "ops \\ \"x\""), "k", "v")
 			cfg := pgtest.PoolConfig(t)
 			cfg.ConnConfig.DefaultQueryExecMode = mode
 			store, err := postgres.New(ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: pgtest.Schema(t), Registry: types.Registry})
@@ -326,7 +328,8 @@ func TestAppendEveryQueryExecMode(t *testing.T) {
 			for i, ev := range got {
 				want := appended[i]
 				if ev.ID != want.ID || ev.Version != int64(i+1) || want.Version != ev.Version || ev.Position != want.Position ||
-					ev.Type != want.Type || !reflect.DeepEqual(ev.Payload, want.Payload) || !ev.RecordedAt.Equal(want.RecordedAt) {
+					ev.Type != want.Type || !reflect.DeepEqual(ev.Payload, want.Payload) || !ev.RecordedAt.Equal(want.RecordedAt) ||
+					!reflect.DeepEqual(ev.Metadata, want.Metadata) {
 					t.Errorf("event %d: read %+v, appended %+v", i, ev, want)
 				}
 			}
