@@ -117,7 +117,7 @@ func (sh *shard) wake() {
 // newPartitionShard is the shard of one partition of p.
 func newPartitionShard(schema string, p *Async, b *balancer, seg postgres.Segment) *shard {
 	id := ShardID{Consumer: p.name, Instance: PartitionInstance(int(seg.Value), seg.Count())}
-	return &shard{id: id, proj: p, lockKey: shardLockKey(schema, id), segment: seg, balancer: b, kick: make(chan struct{}, 1)}
+	return &shard{id: id, proj: p, lockKey: shardLockKey(schema, id), gateKey: gateLockKey(schema, p.name), segment: seg, balancer: b, kick: make(chan struct{}, 1)}
 }
 
 // syncLayout makes b's partitions those of ids (every partition row of the
