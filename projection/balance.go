@@ -204,6 +204,12 @@ func (d *Dispatcher) balanceLoop(ctx context.Context) {
 				default:
 				}
 			}
+			// The partitions that stay (a merge's halves after its hold,
+			// those a change of some partitions did not touch) need no
+			// round to go on: wake them before its round trip too.
+			for _, b := range d.balancers {
+				b.wakeOwned()
+			}
 		}
 		for _, b := range d.balancers {
 			if err := d.balance(ctx, b); err != nil && ctx.Err() == nil {

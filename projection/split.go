@@ -546,6 +546,12 @@ func mergeable(consumer string, s postgres.Segment, r partRow) error {
 	return nil
 }
 
+// holdPoll is how often a merge looks whether the halves stand at their
+// hold. The half that got there first stands still until the next look
+// finds its sibling there too, so the look is frequent: one indexed read of
+// a few rows, for the few batches a merge waits.
+const holdPoll = 5 * time.Millisecond
+
 // awaitHolds polls until both halves of every pair stand at its hold.
 func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePair, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
@@ -558,7 +564,7 @@ func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePa
 			holds[id] = p.hold
 		}
 	}
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(holdPoll)
 	defer tick.Stop()
 	for {
 		rows, err := a.store.Pool().Query(ctx, a.split.poll, consumer, ids)
