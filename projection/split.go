@@ -35,7 +35,9 @@ import (
 // the second re-reads the layout and finds its partitions gone
 // (ErrLayoutChanged). Each partition it replaces is locked with its shard
 // lock, waiting for a running pass of that partition only; no other
-// partition pauses. Dead letters and parks move with their stream (by its
+// partition pauses. A change of every partition first closes the
+// consumer's layout gate, so it waits for their running passes all at once
+// rather than one after another (layoutgate.go). Dead letters and parks move with their stream (by its
 // hash) to the child that holds it, and so does a failure being retried.
 
 // ErrLayoutChanged is returned by [Admin.Split] and [Admin.Merge] when a
