@@ -104,3 +104,16 @@ func lockPartitionsGated(ctx context.Context, tx pgx.Tx, store *postgres.Store, 
 	}
 	return readLockPartitions(br, consumer, ids)
 }
+
+// notifyAborted tells the dispatchers running consumer that a change which
+// may have closed its gate, or held some of its partitions' locks, ended
+// without a commit, so without the layout NOTIFY its commit would have
+// sent: the passes it refused stood aside until a wake-up, and would
+// otherwise wait for their next Recheck. Best effort, outside the
+// change's transaction.
+func (a *Admin) notifyAborted(ctx context.Context, consumer string) {
+	if validName(consumer) != nil {
+		return
+	}
+	_, _ = a.store.Pool().Exec(context.WithoutCancel(ctx), notifyLayoutSQL, layoutChannel, layoutPayload(a.store.Schema(), consumer))
+}

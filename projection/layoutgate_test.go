@@ -2,6 +2,7 @@ package projection_test
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -96,4 +97,87 @@ func TestSplitOfEveryPartitionStopsNewBatchesWhileItWaits(t *testing.T) {
 	}
 	e.catchUp(d)
 	e.checkCounts("gated", versions)
+}
+
+// A change of every partition that fails after closing the gate wakes the
+// partitions it refused: its rollback sends no layout NOTIFY, and a pass
+// refused the gate otherwise waits for its next Recheck (an hour here).
+// 0/2's pass is held in its handler while a merge of both partitions
+// waits for the gate; once that batch ends the merge holds the gate, so
+// 0/2's next pass is refused; the merge is then refused too (1/2 is
+// disabled). Before the wake-up 0/2 stood still for the Recheck (the test
+// failed so).
+func TestFailedChangeOfEveryPartitionWakesThePartitionsItRefused(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	var armed atomic.Bool
+	entered := make(chan struct{}, 1)
+	unblock := make(chan struct{})
+	count := countingHandler(e.schema, "refused")
+	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if armed.Load() {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			select {
+			case <-unblock:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return count(ctx, tx, ev)
+	}
+	p := projection.NewAsync("refused", projection.AsyncConfig{Partitions: 2, BatchSize: 5})
+	must(projection.OnEvent(p, e.types.Opened, h))
+	must(projection.OnEvent(p, e.types.Commented, h))
+	must(projection.OnEvent(p, e.types.Closed, h))
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Recheck: projection.MaxPoll})
+	versions := appendWith(t, e.ctx, e.store, 1, 40, 20, "a")
+	e.catchUp(d)
+	admin := projection.NewAdmin(e.store)
+	half := projection.ShardID{Consumer: "refused", Instance: projection.PartitionInstance(1, 2)}
+	if err := admin.Disable(e.ctx, half); err != nil {
+		t.Fatal(err)
+	}
+
+	release1 := sync.OnceFunc(e.holdShardLock("refused", half.Instance))
+	defer release1()
+	unblock0 := sync.OnceFunc(func() { close(unblock) })
+	defer unblock0()
+	armed.Store(true)
+	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 120, 40, "b"))
+	select {
+	case <-entered: // 0/2's pass runs, held in its handler
+	case <-time.After(time.Minute):
+		t.Fatal("no pass of 0/2 ran")
+	}
+	before := e.advisoryWaiters()
+	done := make(chan error, 1)
+	go func() {
+		_, err := admin.Merge(e.ctx, "refused", time.Minute)
+		done <- err
+	}()
+	eventually(t, 30*time.Second, "the merge waits for the gate", func() bool { return e.advisoryWaiters() > before })
+	held := e.partitionShards("refused")[0]
+	unblock0()
+	eventually(t, 30*time.Second, "0/2's held batch commits", func() bool { return e.partitionShards("refused")[0].Processed > held.Processed })
+	committed := e.partitionShards("refused")[0].Processed
+	release1() // the merge reads 1/2's row, disabled: refused
+	if err := <-done; !errors.Is(err, projector.ErrInvalidTransition) {
+		t.Fatalf("merge with a disabled half: %v, want ErrInvalidTransition", err)
+	}
+	eventually(t, 20*time.Second, "0/2 applies its backlog again, well before Recheck", func() bool {
+		return e.partitionShards("refused")[0].Processed > committed
+	})
+	if err := admin.Enable(e.ctx, half); err != nil {
+		t.Fatal(err)
+	}
+	// 1/2, disabled, waits for its Recheck too: a dispatcher with the
+	// harness's short one catches both up.
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.catchUp(e.dispatcher(projection.Config{Projections: []*projection.Async{p}}))
+	e.checkCounts("refused", versions)
 }

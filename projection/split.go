@@ -35,10 +35,11 @@ import (
 // the second re-reads the layout and finds its partitions gone
 // (ErrLayoutChanged). Each partition it replaces is locked with its shard
 // lock, waiting for a running pass of that partition only; no other
-// partition pauses. A change of every partition first closes the
-// consumer's layout gate, so it waits for their running passes all at once
-// rather than one after another (layoutgate.go). Dead letters and parks move with their stream (by its
-// hash) to the child that holds it, and so does a failure being retried.
+// partition pauses. A change of every partition first closes the consumer's
+// layout gate, so it waits for their running passes all at once rather than
+// one after another (layoutgate.go). Dead letters and parks move with their
+// stream (by its hash) to the child that holds it, and so does a failure
+// being retried.
 
 // ErrLayoutChanged is returned by [Admin.Split] and [Admin.Merge] when a
 // partition they were to change no longer exists or another merge holds
@@ -186,13 +187,13 @@ func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]p
 // segs, in PartitionOrder (LockPartitions: the order every holder of
 // several partitions' locks takes them in, whatever order segs are named
 // in), before any of their rows is read. With gate (segs are every
-// partition of the consumer) it first closes the consumer's layout gate,
-// so it waits for the running passes all at once (layoutgate.go). The rows are read FOR UPDATE,
-// which gives tx a transaction id: taken while tx still waited for another
-// partition's running batch, that id would hold back the horizon of every
-// consumer (promise 3), so every other partition would pause until that
-// batch ended. Waiting for every lock first keeps a split or merge from
-// pausing any partition it does not change.
+// partition of the consumer) it first closes the consumer's layout gate, so
+// it waits for the running passes all at once (layoutgate.go). The rows are
+// read FOR UPDATE, which gives tx a transaction id: taken while tx still
+// waited for another partition's running batch, that id would hold back the
+// horizon of every consumer (promise 3), so every other partition would
+// pause until that batch ended. Waiting for every lock first keeps a split
+// or merge from pausing any partition it does not change.
 func (a *Admin) lockPartitions(ctx context.Context, tx pgx.Tx, consumer string, gate bool, segs ...postgres.Segment) error {
 	ids := make([]string, len(segs))
 	for i, s := range segs {
@@ -269,6 +270,7 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 		return err
 	})
 	if err != nil {
+		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("split consumer %s: %w", projector.Printable(consumer), err)
 	}
 	return out, nil
@@ -352,6 +354,7 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, only ...postgres.Segment) ([]PartitionChange, error) {
 	pairs, err := a.holdPairs(ctx, consumer, only)
 	if err != nil {
+		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
 	if err := a.awaitHolds(ctx, consumer, pairs, wait); err != nil {
@@ -385,6 +388,7 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 		if !errors.Is(err, ErrLayoutChanged) {
 			a.unhold(context.WithoutCancel(ctx), consumer, pairs)
 		}
+		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
 	return out, nil
