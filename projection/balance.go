@@ -117,7 +117,7 @@ func (sh *shard) wake() {
 // newPartitionShard is the shard of one partition of p.
 func newPartitionShard(schema string, p *Async, b *balancer, seg postgres.Segment) *shard {
 	id := ShardID{Consumer: p.name, Instance: PartitionInstance(int(seg.Value), seg.Count())}
-	return &shard{id: id, proj: p, lockKey: shardLockKey(schema, id), segment: seg, balancer: b, kick: make(chan struct{}, 1)}
+	return &shard{id: id, proj: p, lockKey: shardLockKey(schema, id), gateKey: gateLockKey(schema, p.name), segment: seg, balancer: b, kick: make(chan struct{}, 1)}
 }
 
 // syncLayout makes b's partitions those of ids (every partition row of the
@@ -203,6 +203,12 @@ func (d *Dispatcher) balanceLoop(ctx context.Context) {
 				case <-timer.C:
 				default:
 				}
+			}
+			// The partitions that stay (a merge's halves after its hold,
+			// those a change of some partitions did not touch) need no
+			// round to go on: wake them before its round trip too.
+			for _, b := range d.balancers {
+				b.wakeOwned()
 			}
 		}
 		for _, b := range d.balancers {

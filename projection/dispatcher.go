@@ -222,6 +222,9 @@ type shard struct {
 	id      ShardID
 	proj    *Async
 	lockKey string // see shardLockKey
+	// gateKey is a partition's consumer's layout gate (gateLockKey), which
+	// its passes take shared; empty for any other shard.
+	gateKey string
 	// limit, when not zero, caps the next batch below BatchSize: after a
 	// batch timeout, the events that finished within the deadline. Only
 	// the shard's own loop touches it.

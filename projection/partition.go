@@ -286,7 +286,7 @@ func (d *Dispatcher) splitToDeclared(ctx context.Context, tx pgx.Tx, name string
 	size := layout[0].Count()
 	from := size
 	for size < n {
-		changes, err := d.admin.splitMany(ctx, tx, name, layout, false) // size < n <= MaxPartitions: each has children
+		changes, err := d.admin.splitMany(ctx, tx, name, layout, false, false) // size < n <= MaxPartitions: each has children; the locks are held already (lockToRegister)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -144,7 +144,12 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	var st shardRow
 	var locked bool
 	b := &pgx.Batch{}
-	b.Queue(d.sql.tryLock, sh.lockKey).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+	if sh.gateKey != "" {
+		// A partition: behind its consumer's layout gate (layoutgate.go).
+		b.Queue(tryLockGatedSQL, sh.lockKey, sh.gateKey).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+	} else {
+		b.Queue(d.sql.tryLock, sh.lockKey).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+	}
 	exists := true
 	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt,
@@ -174,7 +179,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 	switch {
 	case !locked:
-		return passResult{kind: passLocked}, nil // another process has it
+		return passResult{kind: passLocked}, nil // another process has it, or a split or merge (layoutgate.go)
 	case !exists && sh.shadow != nil:
 		return passResult{kind: passGone}, nil // the rebuild switched or was cancelled
 	case !exists && sh.balancer != nil:

@@ -75,18 +75,34 @@ func PartitionOrder(a, b string) int {
 // partition's lock at a time. A lock that cannot be taken (lock_timeout,
 // cancellation) is returned wrapped, the locks taken before it still held.
 func LockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, consumer string, instances []string) error {
-	ids := slices.Clone(instances)
-	slices.SortFunc(ids, PartitionOrder)
-	ids = slices.Compact(ids)
+	ids := partitionsInOrder(instances)
 	// One round trip for them all: the statements of a pipeline run one
 	// after another, in the order queued, each waiting for its lock, so
 	// the order is kept without a round trip between two locks (time the
 	// partitions locked first would stand still).
 	b := &pgx.Batch{}
+	queueLockPartitions(b, store, consumer, ids)
+	return readLockPartitions(tx.SendBatch(ctx, b), consumer, ids)
+}
+
+// partitionsInOrder returns instances sorted in PartitionOrder, each once.
+func partitionsInOrder(instances []string) []string {
+	ids := slices.Clone(instances)
+	slices.SortFunc(ids, PartitionOrder)
+	return slices.Compact(ids)
+}
+
+// queueLockPartitions queues on b the wait for each lock of ids (in
+// PartitionOrder already, partitionsInOrder).
+func queueLockPartitions(b *pgx.Batch, store *postgres.Store, consumer string, ids []string) {
 	for _, id := range ids {
 		b.Queue(waitShardLockSQL, shardLockKey(store.Schema(), ShardID{Consumer: consumer, Instance: id}.normal()))
 	}
-	br := tx.SendBatch(ctx, b)
+}
+
+// readLockPartitions reads the results of queueLockPartitions' statements
+// from br, and closes it.
+func readLockPartitions(br pgx.BatchResults, consumer string, ids []string) error {
 	for _, id := range ids {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()

@@ -35,8 +35,11 @@ import (
 // the second re-reads the layout and finds its partitions gone
 // (ErrLayoutChanged). Each partition it replaces is locked with its shard
 // lock, waiting for a running pass of that partition only; no other
-// partition pauses. Dead letters and parks move with their stream (by its
-// hash) to the child that holds it, and so does a failure being retried.
+// partition pauses. A change of every partition first closes the consumer's
+// layout gate, so it waits for their running passes all at once rather than
+// one after another (layoutgate.go). Dead letters and parks move with their
+// stream (by its hash) to the child that holds it, and so does a failure
+// being retried.
 
 // ErrLayoutChanged is returned by [Admin.Split] and [Admin.Merge] when a
 // partition they were to change no longer exists or another merge holds
@@ -183,18 +186,20 @@ func (a *Admin) lockLayout(ctx context.Context, tx pgx.Tx, consumer string) ([]p
 // lockPartitions waits, in tx, for a running pass of each partition of
 // segs, in PartitionOrder (LockPartitions: the order every holder of
 // several partitions' locks takes them in, whatever order segs are named
-// in), before any of their rows is read. The rows are read FOR UPDATE,
-// which gives tx a transaction id: taken while tx still waited for another
-// partition's running batch, that id would hold back the horizon of every
-// consumer (promise 3), so every other partition would pause until that
-// batch ended. Waiting for every lock first keeps a split or merge from
-// pausing any partition it does not change.
-func (a *Admin) lockPartitions(ctx context.Context, tx pgx.Tx, consumer string, segs ...postgres.Segment) error {
+// in), before any of their rows is read. With gate (segs are every
+// partition of the consumer) it first closes the consumer's layout gate, so
+// it waits for the running passes all at once (layoutgate.go). The rows are
+// read FOR UPDATE, which gives tx a transaction id: taken while tx still
+// waited for another partition's running batch, that id would hold back the
+// horizon of every consumer (promise 3), so every other partition would
+// pause until that batch ended. Waiting for every lock first keeps a split
+// or merge from pausing any partition it does not change.
+func (a *Admin) lockPartitions(ctx context.Context, tx pgx.Tx, consumer string, gate bool, segs ...postgres.Segment) error {
 	ids := make([]string, len(segs))
 	for i, s := range segs {
 		ids[i] = segmentInstance(s)
 	}
-	return LockPartitions(ctx, tx, a.store, consumer, ids)
+	return lockPartitionsGated(ctx, tx, a.store, consumer, gate, ids)
 }
 
 // pairSegments returns the halves of every pair, to lock them at once.
@@ -207,10 +212,11 @@ func pairSegments(pairs []mergePair) []postgres.Segment {
 }
 
 // readPartitions waits for a running pass of each partition of segs (in
-// PartitionOrder, lockPartitions), then reads and locks their rows in one
-// statement. A partition whose row is gone is missing from the map.
-func (a *Admin) readPartitions(ctx context.Context, tx pgx.Tx, consumer string, segs ...postgres.Segment) (map[postgres.Segment]partRow, error) {
-	if err := a.lockPartitions(ctx, tx, consumer, segs...); err != nil {
+// PartitionOrder, or all at once behind the gate: lockPartitions), then
+// reads and locks their rows in one statement. A partition whose row is
+// gone is missing from the map.
+func (a *Admin) readPartitions(ctx context.Context, tx pgx.Tx, consumer string, gate bool, segs ...postgres.Segment) (map[postgres.Segment]partRow, error) {
+	if err := a.lockPartitions(ctx, tx, consumer, gate, segs...); err != nil {
 		return nil, err
 	}
 	ids := make([]string, len(segs))
@@ -260,10 +266,11 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 					projector.ErrInvalidTransition, projector.Printable(consumer), s, postgres.MaxPartitions)
 			}
 		}
-		out, err = a.splitMany(ctx, tx, consumer, targets, true)
+		out, err = a.splitMany(ctx, tx, consumer, targets, true, everyPartition(layout, targets))
 		return err
 	})
 	if err != nil {
+		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("split consumer %s: %w", projector.Printable(consumer), err)
 	}
 	return out, nil
@@ -274,8 +281,10 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 // of them before it reads any of their rows (readPartitions), and writes
 // the children, the dead letters' and parks' moves and the parents'
 // removal in one round trip, with the layout NOTIFY when notify is set.
-func (a *Admin) splitMany(ctx context.Context, tx pgx.Tx, consumer string, segs []postgres.Segment, notify bool) ([]PartitionChange, error) {
-	rows, err := a.readPartitions(ctx, tx, consumer, segs...)
+// gate says segs are every partition of the consumer: it waits for their
+// running passes behind the layout gate (layoutgate.go).
+func (a *Admin) splitMany(ctx context.Context, tx pgx.Tx, consumer string, segs []postgres.Segment, notify, gate bool) ([]PartitionChange, error) {
+	rows, err := a.readPartitions(ctx, tx, consumer, gate, segs...)
 	if err != nil {
 		return nil, err
 	}
@@ -345,6 +354,7 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, only ...postgres.Segment) ([]PartitionChange, error) {
 	pairs, err := a.holdPairs(ctx, consumer, only)
 	if err != nil {
+		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
 	if err := a.awaitHolds(ctx, consumer, pairs, wait); err != nil {
@@ -354,10 +364,12 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 	var out []PartitionChange
 	err = pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
 		out = nil
-		if _, err := a.lockLayout(ctx, tx, consumer); err != nil {
+		layout, err := a.lockLayout(ctx, tx, consumer)
+		if err != nil {
 			return err
 		}
-		rows, err := a.readPartitions(ctx, tx, consumer, pairSegments(pairs)...)
+		halves := pairSegments(pairs)
+		rows, err := a.readPartitions(ctx, tx, consumer, everyPartition(layout, halves), halves...)
 		if err != nil {
 			return err
 		}
@@ -376,6 +388,7 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 		if !errors.Is(err, ErrLayoutChanged) {
 			a.unhold(context.WithoutCancel(ctx), consumer, pairs)
 		}
+		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
 	return out, nil
@@ -418,7 +431,8 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 				return fmt.Errorf("%w: consumer %s has no two sibling partitions to merge", projector.ErrInvalidTransition, projector.Printable(consumer))
 			}
 		}
-		rows, err := a.readPartitions(ctx, tx, consumer, pairSegments(pairs)...)
+		halves := pairSegments(pairs)
+		rows, err := a.readPartitions(ctx, tx, consumer, everyPartition(layout, halves), halves...)
 		if err != nil {
 			return err
 		}
@@ -538,6 +552,12 @@ func mergeable(consumer string, s postgres.Segment, r partRow) error {
 	return nil
 }
 
+// holdPoll is how often a merge looks whether the halves stand at their
+// hold. The half that got there first stands still until the next look
+// finds its sibling there too, so the look is frequent: one indexed read of
+// a few rows, for the few batches a merge waits.
+const holdPoll = 5 * time.Millisecond
+
 // awaitHolds polls until both halves of every pair stand at its hold.
 func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePair, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
@@ -550,7 +570,7 @@ func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePa
 			holds[id] = p.hold
 		}
 	}
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(holdPoll)
 	defer tick.Stop()
 	for {
 		rows, err := a.store.Pool().Query(ctx, a.split.poll, consumer, ids)

@@ -111,3 +111,24 @@ func TestSyncLayoutRevivesEndedPartition(t *testing.T) {
 		t.Fatalf("partition 0/2 after its row came back: %d shards, the ended one kept: %v", len(live), len(live) == 1 && live[0] == first)
 	}
 }
+
+// A change closes the layout gate only when it involves every partition:
+// closing it for some would stop the others, which must go on.
+func TestEveryPartition(t *testing.T) {
+	layout := segs(t, [2]int{0, 4}, [2]int{2, 8}, [2]int{3, 8}, [2]int{2, 4}, [2]int{3, 4})
+	for _, c := range []struct {
+		name string
+		segs []postgres.Segment
+		want bool
+	}{
+		{"all, in another order", segs(t, [2]int{3, 4}, [2]int{2, 4}, [2]int{0, 4}, [2]int{3, 8}, [2]int{2, 8}), true},
+		{"all but one", segs(t, [2]int{0, 4}, [2]int{2, 8}, [2]int{3, 8}, [2]int{2, 4}), false},
+		{"one pair", segs(t, [2]int{2, 8}, [2]int{3, 8}), false},
+		{"as many, one repeated", segs(t, [2]int{0, 4}, [2]int{0, 4}, [2]int{2, 8}, [2]int{3, 8}, [2]int{2, 4}), false},
+		{"none", nil, false},
+	} {
+		if got := everyPartition(layout, c.segs); got != c.want {
+			t.Errorf("%s: everyPartition = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
