@@ -354,15 +354,15 @@ func (s *Store) archiveGuard(ctx context.Context, tx pgx.Tx) (projector.Position
 }
 
 // readStreamArchivedSQL is readStreamSQL over the hot table and the
-// archive together, with the key rows when keyed is 1. Not a hot path: the
+// archive together, in the form mode (readMode). Not a hot path: the
 // schema is filled in per call.
-func (s *Store) readStreamArchivedSQL(keyed int) string {
+func (s *Store) readStreamArchivedSQL(mode readMode) string {
 	where := ` e WHERE e.tenant_id = $1 AND e.stream_type = $2 AND e.stream_id = $3
 	  AND e.version >= $4 AND e.version <= $5
 	  AND ($6::timestamptz IS NULL OR e.recorded_at <= $6::timestamptz)`
-	sql := `SELECT e.*{{kc}} FROM (SELECT ` + eventColumns + ` FROM ` + s.Table("projector_events") + where +
-		` UNION ALL SELECT ` + eventColumns + ` FROM ` + s.Table("projector_events_archive") + where + `) e{{kj}} ORDER BY e.version`
-	return strings.ReplaceAll(withKeys(sql, keyed*7), "{{s}}", quoteIdent(s.schema))
+	sql := `(SELECT e.*{{kc}} FROM (SELECT ` + eventColumns + ` FROM ` + s.Table("projector_events") + where +
+		` UNION ALL SELECT ` + eventColumns + ` FROM ` + s.Table("projector_events_archive") + where + `) e{{kj}} ORDER BY e.version){{ke}}`
+	return strings.ReplaceAll(withKeys(sql, mode, 7), "{{s}}", quoteIdent(s.schema))
 }
 
 // ArchiveSizes estimates the rows of the hot log and of the archive from

@@ -31,8 +31,11 @@ const DefaultKeyCacheSize = 4096
 // which a read saw the key row hold the entry's wrapped bytes, and the read
 // at hand runs in a snapshot of that same epoch. Every statement that
 // destroys a key moves the epoch in its own transaction, so no key was
-// destroyed between the two snapshots, in either order. Such a read skips
-// the key rows altogether (keyJoinSQL). An entry a read saw in its own
+// destroyed between the two snapshots, in either order. A read of a process
+// that knows an epoch brings no key rows at all, only its snapshot's epoch
+// (readEpoch), and reads the keys of the subjects it does not trust in a
+// statement of its own, which confirms them at that statement's epoch. An
+// entry a read saw in its own
 // transaction's uncommitted key row may be trusted and then belong to no
 // one, once that transaction rolls back: it opens nothing of the key that
 // replaced it (the envelope is authenticated), and the read then drops it

@@ -371,15 +371,17 @@ func (k *KeyTable) unwrapAt(subject SubjectRef, keyID string, wrapped []byte, ep
 	return e, nil
 }
 
-// knownEpoch returns the key epoch the latest read of this process saw,
-// the one a keyed read sends (keyJoinSQL); 0 before the first.
+// knownEpoch returns the key epoch the latest read of this process saw; 0
+// before the first, when reads bring each sealed event's key row
+// (readKeys).
 func (k *KeyTable) knownEpoch() int64 { return k.epoch.Load() }
 
 // sawEpoch makes epoch, a read's, the known epoch. The latest read wins,
 // not the largest value: a forget that rolled back leaves behind a value
 // no later snapshot has (each move takes a value of its own, migration
-// 26), and a process that kept it would look up key rows on every read.
-// An epoch is only ever compared for equality.
+// 26), and a process that kept it would trust no cached key again and
+// read the keys of every read in a statement of their own. An epoch is
+// only ever compared for equality.
 func (k *KeyTable) sawEpoch(epoch int64) {
 	if epoch > 0 {
 		k.epoch.Store(epoch)

@@ -167,10 +167,10 @@ func (s *Store) dataKeyCipher(ctx context.Context, tx pgx.Tx, ref SubjectRef) (*
 	return projector.NewKeyCipher(key)
 }
 
-// rowKey is the key row a keyed read brought with an event (keyJoinSQL):
-// subject and keyID nil when the subject has no key row or the read looked
-// none up, wrapped nil when it was forgotten; epoch is the key epoch of the
-// read's snapshot.
+// rowKey is the key row a readKeyed read brought with an event
+// (keyJoinSQL): subject and keyID nil when the subject has no key row,
+// wrapped nil when it was forgotten; epoch is the key epoch of the read's
+// snapshot.
 type rowKey struct {
 	subject *string
 	keyID   *string
@@ -179,15 +179,16 @@ type rowKey struct {
 }
 
 // open opens the sealed personal fields of events in place. rowKeys, when
-// not nil, are the key rows a keyed read brought with each event; a subject
-// whose key row the read did not bring is opened with its cached key when
-// the cache trusts it at the read's key epoch (keyCache), in the same pass
-// over the payload that finds the subject (projector.Personal.OpenStoredBy),
-// and the other keys are read through db in one statement. A forgotten
-// subject's fields become null and the event is marked Forgotten. Events of
-// types without personal fields, and those with nothing sealed, are left
-// alone.
-func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, rowKeys []rowKey) error {
+// not nil, are the key rows a readKeyed read brought with each event, and
+// their epoch the read's key epoch; epoch is a readEpoch read's (0: none).
+// A subject whose key row the read did not bring is opened with its cached
+// key when the cache trusts it at the read's key epoch (keyCache), in the
+// same pass over the payload that finds the subject
+// (projector.Personal.OpenStoredBy), and the other keys are read through
+// db in one statement, once per subject. A forgotten subject's fields
+// become null and the event is marked Forgotten. Events of types without
+// personal fields, and those with nothing sealed, are left alone.
+func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, rowKeys []rowKey, epoch int64) error {
 	type sealed struct {
 		i      int
 		ref    SubjectRef
@@ -199,12 +200,14 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 	var seen map[SubjectRef]bool
 	kt, _ := s.keys.(*KeyTable)
 	if kt == nil {
-		rowKeys = nil
+		rowKeys, epoch = nil, 0
+	}
+	if len(rowKeys) > 0 {
+		epoch = rowKeys[0].epoch.Int64 // one per statement
 	}
 	// trusted is the cipher of the event at hand's subject when the cache
-	// trusts its key at the event's read's epoch; errUntrusted otherwise.
+	// trusts its key at the read's epoch; errUntrusted otherwise.
 	var tenant string
-	var epoch int64
 	trusted := func(id string) (*projector.KeyCipher, error) {
 		if e, ok := kt.cache.trusted(SubjectRef{Tenant: tenant, ID: id}, epoch); ok {
 			return e.cipher, nil
@@ -232,8 +235,8 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			} // else forgotten: no key
 			todo = append(todo, t)
 			continue
-		case rowKeys != nil:
-			tenant, epoch = ev.Stream.Tenant, rowKeys[i].epoch.Int64
+		case epoch > 0:
+			tenant = ev.Stream.Tenant
 			data, id, forgotten, err := p.OpenStoredBy(ev.Data, trusted)
 			switch {
 			case err == nil:
@@ -267,8 +270,8 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		}
 		todo = append(todo, t)
 	}
-	if len(rowKeys) > 0 {
-		kt.sawEpoch(rowKeys[0].epoch.Int64)
+	if epoch > 0 {
+		kt.sawEpoch(epoch)
 	}
 	if len(todo) == 0 {
 		return nil
@@ -326,16 +329,22 @@ func (s *Store) readKeyCiphers(ctx context.Context, db DBTX, kt *KeyTable, refs 
 	return ciphers, nil
 }
 
-// readKeys returns which reads to use (1: those that bring the key rows,
-// keyJoinSQL) and their key parameters: keyed when the registry has
-// personal fields and the keys are the store's own key table.
-func (s *Store) readKeys() (int, []any) {
+// readKeys returns which reads to use (readMode) and their key
+// parameters. A registry without personal fields, or keys not in the
+// store's own key table, read plain; otherwise a process that has seen no
+// key epoch yet reads each sealed event's key row with it (readKeyed), and
+// one that has reads the key epoch alone (readEpoch): its cache holds the
+// keys a read confirmed at that epoch, usually the ones the read needs.
+func (s *Store) readKeys() (readMode, []any) {
 	kt, ok := s.keys.(*KeyTable)
 	if !ok || !s.registry.HasPersonal() {
-		return 0, nil
+		return readPlain, nil
+	}
+	if kt.knownEpoch() > 0 {
+		return readEpoch, nil
 	}
 	types, subjects := s.registry.PersonalSubjects()
-	return 1, []any{types, subjects, kt.knownEpoch()}
+	return readKeyed, []any{types, subjects}
 }
 
 // OpenEvents opens the sealed personal fields of events read from the
@@ -343,7 +352,7 @@ func (s *Store) readKeys() (int, []any) {
 // themselves), reading keys through db. A forgotten subject's fields
 // become null and the event is marked Forgotten; see docs/privacy.md.
 func (s *Store) OpenEvents(ctx context.Context, db DBTX, events []projector.Event) error {
-	return s.open(ctx, db, events, nil)
+	return s.open(ctx, db, events, nil, 0)
 }
 
 // SealTx seals the fields p declares personal in data, a JSON object of

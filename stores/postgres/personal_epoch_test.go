@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -204,5 +205,74 @@ func TestKeyEpochOfRolledBackForget(t *testing.T) {
 		if p := ev.Payload.(testevents.CustomerRegistered); !ev.Forgotten || p.Name != "" {
 			t.Fatalf("after the committed forget: %+v (forgotten %v)", p, ev.Forgotten)
 		}
+	}
+}
+
+// TestSealedReadAfterTheEpochMoved: a process reads two subjects' events
+// with the keys it trusts, the key epoch alone in the statement; another
+// process forgets one subject. The next read sees the epoch move, trusts
+// neither cached key, and reads both keys in one more statement: the
+// forgotten subject's fields are null, the other's open. A read after it
+// trusts the other subject's key at the new epoch again.
+func TestSealedReadAfterTheEpochMoved(t *testing.T) {
+	t.Parallel()
+	types := testevents.NewPersonal()
+	cfg := pgtest.PoolConfig(t)
+	var count statementCounter
+	cfg.ConnConfig.Tracer = &count
+	ctx := context.Background()
+	store, err := postgres.New(ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: pgtest.Schema(t), Registry: types.Registry,
+		MasterKey: masterKey(t, "k1", "one")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: store.Schema(), Registry: types.Registry, MasterKey: masterKey(t, "k1", "one")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := store.Pool().Acquire(ctx) // one connection: no pool pings counted
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	both, bobs := projector.TenantStream("acme", "customer", "both"), projector.TenantStream("acme", "customer", "c-2")
+	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@x", Plan: "pro"}
+	bob := testevents.CustomerRegistered{Customer: "c-2", Name: "Bob", Email: "bob@x", Plan: "pro"}
+	for _, a := range []struct {
+		stream projector.StreamRef
+		c      testevents.CustomerRegistered
+	}{{both, ada}, {both, bob}, {bobs, bob}} {
+		if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+			_, err := store.Append(ctx, tx, a.stream, projector.AnyVersion, a.c)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(stream projector.StreamRef, want int64) []projector.Event {
+		t.Helper()
+		start := count.n.Load()
+		evs, err := store.ReadStreamTx(ctx, conn, stream, postgres.StreamQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := count.n.Load() - start; n != want {
+			t.Errorf("the read of %s sent %d statements, want %d", stream, n, want)
+		}
+		return evs
+	}
+	read(both, 1) // brings the key rows: the process knows no epoch yet
+	if evs := read(both, 1); len(evs) != 2 || evs[0].Payload != ada || evs[1].Payload != bob {
+		t.Fatalf("before the forget: %+v", evs)
+	}
+	if _, err := other.Forget(ctx, postgres.SubjectRef{Tenant: "acme", ID: "c-1"}); err != nil {
+		t.Fatal(err)
+	}
+	evs := read(both, 2)
+	if len(evs) != 2 || !evs[0].Forgotten || evs[0].Payload.(testevents.CustomerRegistered).Name != "" || evs[1].Payload != bob || evs[1].Forgotten {
+		t.Fatalf("after the forget: %+v", evs)
+	}
+	if evs := read(bobs, 1); len(evs) != 1 || evs[0].Payload != bob {
+		t.Fatalf("the other subject after the forget: %+v", evs)
 	}
 }

@@ -53,10 +53,10 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 	if !q.Until.IsZero() {
 		until = &q.Until
 	}
-	keyed, keyArgs := s.readKeys()
+	mode, keyArgs := s.readKeys()
 	args := append([]any{stream.Tenant, stream.Type, stream.ID, from, to, until}, keyArgs...)
 	if q.IncludeArchived {
-		rows, err := db.Query(ctx, s.readStreamArchivedSQL(keyed), args...)
+		rows, err := db.Query(ctx, s.readStreamArchivedSQL(mode), args...)
 		if err != nil {
 			return nil, fmt.Errorf("read stream %s: %w", stream, err)
 		}
@@ -66,7 +66,7 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 		}
 		return events, nil
 	}
-	rows, err := db.Query(ctx, s.sql.read[keyed].stream, args...)
+	rows, err := db.Query(ctx, s.sql.read[mode].stream, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read stream %s: %w", stream, err)
 	}
@@ -238,8 +238,8 @@ func checkFilter(names []string, what string, sentinel error) error {
 // readLogQuery is the statement and arguments of a log read: the per-type
 // merge for a consumer of a few types, the filtered scan otherwise.
 func (s *Store) readLogQuery(q LogQuery, limit int) (string, []any) {
-	keyed, keyArgs := s.readKeys()
-	reads := &s.sql.read[keyed]
+	mode, keyArgs := s.readKeys()
+	reads := &s.sql.read[mode]
 	sql, logTypes, logPartition := reads.log, reads.logTypes, &reads.logPartition
 	if q.IncludeArchived {
 		sql, logTypes, logPartition = reads.archived.log, reads.archived.logTypes, &reads.archived.logPartition
@@ -333,19 +333,29 @@ func (s *Store) collect(ctx context.Context, db DBTX, rows pgx.Rows, raw bool) (
 
 // collectMarked is collect for a read that may return readStreamSQL's
 // archive marker, a row of NULLs: it sets *archived rather than being
-// decoded.
+// decoded. Any stream read may end with a readEpoch read's key epoch row
+// (keyEpochRowSQL), whose tx_id is NULL and seq is not.
 func (s *Store) collectMarked(ctx context.Context, db DBTX, rows pgx.Rows, raw bool, archived *bool) ([]projector.Event, error) {
 	defer rows.Close()
 	var out []projector.Event
 	var keys []rowKey
 	var r row
+	var epoch int64 // a readEpoch read's key epoch
 	sealed := s.registry.HasPersonal()
 	keyed := len(rows.FieldDescriptions()) == rowColumns+keyedColumns
 	dest := r.dest(keyed)
 	for rows.Next() {
-		if archived != nil && rows.RawValues()[0] == nil {
-			*archived = true
-			continue
+		if v := rows.RawValues(); v[0] == nil {
+			if v[1] != nil {
+				if err := rows.Scan(epochDest(&epoch, 1, len(v))...); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			if archived != nil {
+				*archived = true
+				continue
+			}
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
@@ -362,15 +372,24 @@ func (s *Store) collectMarked(ctx context.Context, db DBTX, rows pgx.Rows, raw b
 	if err := rows.Err(); err != nil || !sealed {
 		return out, err
 	}
-	return s.openAndDecode(ctx, db, out, keys, raw)
+	return s.openAndDecode(ctx, db, out, keys, epoch, raw)
+}
+
+// epochDest is the scan destinations of a key epoch row of n columns: the
+// epoch at column i, the others skipped.
+func epochDest(epoch *int64, i, n int) []any {
+	d := make([]any, n)
+	d[i] = epoch
+	return d
 }
 
 // openAndDecode opens the personal fields of events read without
-// decoding, then decodes them. keys are the key rows a keyed read brought
-// with the events (nil for other reads): the keys not there are read in a
-// statement of their own on the same connection.
-func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.Event, keys []rowKey, raw bool) ([]projector.Event, error) {
-	if err := s.open(ctx, db, events, keys); err != nil {
+// decoding, then decodes them. keys are the key rows a readKeyed read
+// brought with the events (nil for other reads), epoch the key epoch a
+// readEpoch read returned (0 for other reads): the keys neither gives are
+// read in a statement of their own on the same connection.
+func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.Event, keys []rowKey, epoch int64, raw bool) ([]projector.Event, error) {
+	if err := s.open(ctx, db, events, keys, epoch); err != nil {
 		return nil, err
 	}
 	for i := range events {
@@ -382,7 +401,8 @@ func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.E
 }
 
 // collectWithHorizon reads the log query's rows: the horizon in the first
-// column, then an event, or NULLs when nothing matched.
+// column, then an event, or NULLs when nothing matched, or, in a readEpoch
+// read's last row (keyEpochLogRowSQL), NULL and the key epoch.
 func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
 	defer rows.Close()
 	sealed := s.registry.HasPersonal()
@@ -390,12 +410,18 @@ func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, 
 	out := make([]projector.Event, 0, 64)
 	var keys []rowKey
 	var r row
+	var epoch int64
 	dest := append([]any{horizon}, r.dest(keyed)...)
 	onlyHorizon := make([]any, len(dest))
 	onlyHorizon[0] = horizon
 	for rows.Next() {
-		if rows.RawValues()[1] == nil { // the outer join's empty side
-			if err := rows.Scan(onlyHorizon...); err != nil {
+		if v := rows.RawValues(); v[1] == nil { // the outer join's empty side, or the epoch row
+			d := onlyHorizon
+			if v[2] != nil {
+				d = epochDest(&epoch, 2, len(v))
+				d[0] = horizon
+			}
+			if err := rows.Scan(d...); err != nil {
 				return nil, err
 			}
 			continue
@@ -415,7 +441,7 @@ func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, 
 	if err := rows.Err(); err != nil || !sealed {
 		return out, err
 	}
-	return s.openAndDecode(ctx, db, out, keys, raw)
+	return s.openAndDecode(ctx, db, out, keys, epoch, raw)
 }
 
 // decodeRow assembles the row's event and decodes it, unless deferred: then

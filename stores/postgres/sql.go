@@ -14,9 +14,10 @@ type statements struct {
 	// subjects and wrapped keys), to tell a failed guard from a refused head.
 	appendGuard string
 	streamHead  string
-	// read[0] are the reads without keys, read[1] those that bring the
-	// sealed events' key rows (keyJoinSQL).
-	read          [2]readStatements
+	// read holds the reads of each readMode: without keys, with the
+	// sealed events' key rows (keyJoinSQL), or with the key epoch alone
+	// (keyEpochRowSQL).
+	read          [3]readStatements
 	restoredCheck string
 	archivedAfter string
 	pruneCount    string
@@ -215,7 +216,7 @@ ORDER BY e.version)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL{{kn}}
 FROM {{s}}.projector_streams s
-WHERE $4::bigint = 1 AND s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3 AND s.archived_at IS NOT NULL`
+WHERE $4::bigint = 1 AND s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3 AND s.archived_at IS NOT NULL{{ke}}`
 
 // readLogSQL is the gap-safe read. The horizon is the oldest transaction
 // still running (or this one, if it has an id: a dispatcher reading inside
@@ -236,7 +237,7 @@ FROM h LEFT JOIN LATERAL (
 	  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
 	ORDER BY e.tx_id, e.seq
 	LIMIT $3
-) e ON true{{kj}}`
+) e ON true{{kj}}{{khe}}`
 
 // readLogTypesSQL is readLogSQL for a consumer of a few event types, which
 // would otherwise walk every event of every other type on its way (a scan
@@ -260,7 +261,7 @@ WITH h AS MATERIALIZED (
 SELECT h.xmin, ` + eventColumns + `{{kc}}
 FROM h LEFT JOIN LATERAL (
 	SELECT * FROM (%s) u ORDER BY u.tx_id, u.seq LIMIT $3
-) e ON true{{kj}}`
+) e ON true{{kj}}{{khe}}`
 
 // readLogTypeBranch is one type's ordered read in readLogTypesSQL.
 const readLogTypeBranch = `(SELECT * FROM {{s}}.projector_events e
@@ -281,26 +282,32 @@ const readLogTypeBranch = `(SELECT * FROM {{s}}.projector_events e
 // per bucket, joined by UNION ALL; $6 is the segment's first bucket.
 const readLogPartitionSQL = readLogTypesSQL
 
-// keyColumns and keyJoinSQL are what a read adds, when the registry has
-// personal fields and the keys are the store's key table, to bring each
-// sealed event's key row with it: the read and its keys are one statement,
-// one round trip, and one snapshot. For an event of a personal type
-// ($%[1]d[i], its subject field $%[2]d[i]) the join finds the key row of
-// the subject the event names, and returns that subject (sparing the
-// client a scan of the payload for it); subject and master_key_id are NULL
-// when there is no key row at all, wrapped NULL when the subject was
-// forgotten. Events of
-// other types find nothing (array_position is NULL). The wrapped bytes are
-// unwrapped in Go, or taken from the cache when it holds that very row
-// (keyCache): a key forgotten before the read's snapshot is never used.
+// A read of a registry with personal fields, whose keys are the store's
+// key table, takes one of two forms (readMode), both one statement, one
+// round trip and one snapshot:
 //
-// The last column is the key epoch of the read's snapshot (migration 26),
-// and the join looks nothing up when it equals $%[3]d, the epoch the
-// process last saw: no key was destroyed since, so the keys the process
-// cached at that epoch are still the subjects' (keyCache), and a read of
-// subjects it knows costs no probe of the key table per event — a third
-// of a sealed read, measured. The epoch is an InitPlan, read once per
-// statement in the statement's snapshot.
+//   - readKeyed (keyColumns, keyJoinSQL), while the process has seen no key
+//     epoch (migration 26) yet: each sealed event brings its key row. For an
+//     event of a personal type ($%[1]d[i], its subject field $%[2]d[i]) the
+//     join finds the key row of the subject the event names and returns
+//     that subject (sparing the client a scan of the payload for it);
+//     subject and master_key_id are NULL when there is no key row at all,
+//     wrapped NULL when the subject was forgotten. Events of other types
+//     find nothing (array_position is NULL). The wrapped bytes are unwrapped
+//     in Go, or taken from the cache when it holds that very row
+//     (keyCache): a key forgotten before the read's snapshot is never used.
+//     The last column is the key epoch of the read's snapshot, an InitPlan
+//     read once per statement.
+//   - readEpoch (keyEpochRowSQL, keyEpochLogRowSQL), once it has: the
+//     events as a plain read returns them, and one more row, after them,
+//     that carries only the key epoch of the read's snapshot. The client
+//     opens each sealed event with the key it cached if a read saw the
+//     subject's key row at that very epoch (no key was destroyed since,
+//     keyCache), and reads the other subjects' keys in one statement of
+//     their own, once per subject. A sealed row is then the size of a
+//     plain one plus its envelope: no key columns, no join, no per-row
+//     epoch, no key parameters. Measured on 100 events (docs/performance.md,
+//     "Personal fields"), those cost about a quarter of the statement.
 //
 // LIMIT 1 (the key is unique anyway) keeps PostgreSQL from flattening the
 // lateral subquery into a join: flattened, it probed the key table by
@@ -312,20 +319,50 @@ const keyColumns = `, k.subject, k.master_key_id, k.wrapped, (SELECT ep.epoch FR
 const keyJoinSQL = `
 LEFT JOIN LATERAL (
 	SELECT k.subject, k.master_key_id, k.wrapped FROM {{s}}.projector_subject_keys k
-	WHERE (SELECT ep.epoch FROM {{s}}.projector_key_epoch ep) IS DISTINCT FROM $%[3]d::bigint
-	  AND k.tenant_id = e.tenant_id
+	WHERE k.tenant_id = e.tenant_id
 	  AND k.subject = e.data ->> (($%[2]d::text[])[array_position($%[1]d::text[], e.type)])
 	LIMIT 1
 ) k ON true`
 
-// withKeys fills in a read's key columns and join, its parameters first
-// to first+2, or leaves them out when first is 0.
-func withKeys(sql string, first int) string {
-	if first == 0 {
-		return strings.NewReplacer("{{kc}}", "", "{{kj}}", "", "{{kn}}", "").Replace(sql)
+// keyEpochRowSQL ends a stream read of readEpoch: a row whose tx_id is NULL
+// (as the archive marker's) and whose seq is the key epoch. A stream read's
+// rows are an event's columns; an event always has a tx_id.
+const keyEpochRowSQL = `
+UNION ALL
+SELECT NULL, ep.epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM {{s}}.projector_key_epoch ep`
+
+// keyEpochLogRowSQL ends a log read of readEpoch: the horizon, then a row
+// whose tx_id is NULL (as the empty side of the outer join) and whose seq
+// is the key epoch.
+const keyEpochLogRowSQL = `
+UNION ALL
+SELECT h.xmin, NULL, ep.epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM h, {{s}}.projector_key_epoch ep`
+
+// readMode is the form of a read: readPlain without keys, readKeyed with
+// each sealed event's key row, readEpoch with the key epoch alone.
+type readMode int
+
+const (
+	readPlain readMode = iota
+	readKeyed
+	readEpoch
+)
+
+// withKeys fills in a read's key placeholders for mode: readKeyed's key
+// columns and join, its parameters first and first+1; readEpoch's epoch
+// row; nothing for readPlain.
+func withKeys(sql string, mode readMode, first int) string {
+	switch mode {
+	case readKeyed:
+		return strings.NewReplacer("{{kc}}", keyColumns, "{{kj}}", fmt.Sprintf(keyJoinSQL, first, first+1),
+			"{{kn}}", ", NULL, NULL, NULL, NULL", "{{ke}}", "", "{{khe}}", "").Replace(sql)
+	case readEpoch:
+		return strings.NewReplacer("{{kc}}", "", "{{kj}}", "", "{{kn}}", "", "{{ke}}", keyEpochRowSQL, "{{khe}}", keyEpochLogRowSQL).Replace(sql)
+	default:
+		return strings.NewReplacer("{{kc}}", "", "{{kj}}", "", "{{kn}}", "", "{{ke}}", "", "{{khe}}", "").Replace(sql)
 	}
-	return strings.NewReplacer("{{kc}}", keyColumns, "{{kj}}", fmt.Sprintf(keyJoinSQL, first, first+1, first+2),
-		"{{kn}}", ", NULL, NULL, NULL, NULL").Replace(sql)
 }
 
 // readLogPartitionBranch is one bucket's ordered read in readLogPartitionSQL.
@@ -364,7 +401,7 @@ FROM h LEFT JOIN LATERAL (
 		  AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
 		ORDER BY e.tx_id, e.seq LIMIT $3)
 	UNION ALL %s) u ORDER BY u.tx_id, u.seq LIMIT $3
-) e ON true{{kj}}`
+) e ON true{{kj}}{{khe}}`
 
 // readLogArchiveBranch is the archive's ordered read in readLogArchivedSQL
 // and, with a bucket filter in %[1]s, in a partition's archived read.
@@ -416,7 +453,7 @@ func buildStatements(schema string) statements {
 		append:        buildAppendStatements(r),
 		appendGuard:   r.Replace("SELECT " + fmt.Sprintf(appendGuardSQL, 2, 3)),
 		streamHead:    r.Replace(streamHeadSQL),
-		read:          [2]readStatements{buildReadStatements(r, false), buildReadStatements(r, true)},
+		read:          [3]readStatements{buildReadStatements(r, readPlain), buildReadStatements(r, readKeyed), buildReadStatements(r, readEpoch)},
 		restoredCheck: r.Replace(restoredCheckSQL),
 		archivedAfter: r.Replace(archivedAfterSQL),
 		pruneCount:    r.Replace(pruneCountSQL),
@@ -442,24 +479,18 @@ type readStatements struct {
 	}
 }
 
-// The key parameters follow each read's own: $7–$9 for a stream read,
-// $6–$8 for a log read, $7–$9 for a partition's.
-func buildReadStatements(r *strings.Replacer, keyed bool) readStatements {
-	at := func(n int) int {
-		if keyed {
-			return n
-		}
-		return 0
-	}
+// readKeyed's key parameters follow each read's own: $7–$8 for a stream
+// read, $6–$7 for a log read, $7–$8 for a partition's.
+func buildReadStatements(r *strings.Replacer, mode readMode) readStatements {
 	rs := readStatements{
-		stream:       r.Replace(withKeys(readStreamSQL, at(7))),
-		log:          r.Replace(withKeys(readLogSQL, at(6))),
-		logTypes:     readLogTypesStatements(r, at(6), false),
-		logPartition: readLogPartitionStatements(r, at(7), false),
+		stream:       r.Replace(withKeys(readStreamSQL, mode, 7)),
+		log:          r.Replace(withKeys(readLogSQL, mode, 6)),
+		logTypes:     readLogTypesStatements(r, mode, 6, false),
+		logPartition: readLogPartitionStatements(r, mode, 7, false),
 	}
-	rs.archived.log = r.Replace(withKeys(fmt.Sprintf(readLogArchivedSQL, fmt.Sprintf(readLogArchiveBranch, "")), at(6)))
-	rs.archived.logTypes = readLogTypesStatements(r, at(6), true)
-	rs.archived.logPartition = readLogPartitionStatements(r, at(7), true)
+	rs.archived.log = r.Replace(withKeys(fmt.Sprintf(readLogArchivedSQL, fmt.Sprintf(readLogArchiveBranch, "")), mode, 6))
+	rs.archived.logTypes = readLogTypesStatements(r, mode, 6, true)
+	rs.archived.logPartition = readLogPartitionStatements(r, mode, 7, true)
 	return rs
 }
 
@@ -469,7 +500,7 @@ const maxMergedTypes = 32
 
 // readLogTypesStatements builds readLogTypesSQL for 1 to maxMergedTypes
 // types; archived adds each type's read of the archive.
-func readLogTypesStatements(r *strings.Replacer, keys int, archived bool) []string {
+func readLogTypesStatements(r *strings.Replacer, mode readMode, keys int, archived bool) []string {
 	out := make([]string, maxMergedTypes)
 	for k := 1; k <= maxMergedTypes; k++ {
 		branches := make([]string, 0, 2*k)
@@ -481,14 +512,14 @@ func readLogTypesStatements(r *strings.Replacer, keys int, archived bool) []stri
 				branches = append(branches, fmt.Sprintf(readLogArchiveTypeBranch, i+1))
 			}
 		}
-		out[k-1] = r.Replace(withKeys(fmt.Sprintf(readLogTypesSQL, strings.Join(branches, "\n\tUNION ALL ")), keys))
+		out[k-1] = r.Replace(withKeys(fmt.Sprintf(readLogTypesSQL, strings.Join(branches, "\n\tUNION ALL ")), mode, keys))
 	}
 	return out
 }
 
 // readLogPartitionStatements builds readLogPartitionSQL for segments of 1
 // to BucketBits bits; archived adds the segment's read of the archive.
-func readLogPartitionStatements(r *strings.Replacer, keys int, archived bool) [BucketBits + 1]string {
+func readLogPartitionStatements(r *strings.Replacer, mode readMode, keys int, archived bool) [BucketBits + 1]string {
 	var out [BucketBits + 1]string
 	for b := 1; b <= BucketBits; b++ {
 		n := 1 << (BucketBits - b)
@@ -499,7 +530,7 @@ func readLogPartitionStatements(r *strings.Replacer, keys int, archived bool) [B
 		if archived {
 			branches = append(branches, fmt.Sprintf(readLogArchiveBranch, fmt.Sprintf(readLogArchiveBucketFilter, n-1)))
 		}
-		out[b] = r.Replace(withKeys(fmt.Sprintf(readLogPartitionSQL, strings.Join(branches, "\n\tUNION ALL ")), keys))
+		out[b] = r.Replace(withKeys(fmt.Sprintf(readLogPartitionSQL, strings.Join(branches, "\n\tUNION ALL ")), mode, keys))
 	}
 	return out
 }
