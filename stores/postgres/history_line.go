@@ -6,8 +6,61 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/jsonscan"
 )
+
+// prescanHistoryLine reads the stream and version at the head of a line
+// as Export writes it, {"stream":{"tenant":…,"type":…,"id":…},"version":N,
+// with plain strings, without reading the rest: the import needs every
+// line's stream and version before the first row of a batch is sent, and
+// decodes the lines themselves while the batch is being copied. It reports
+// false for any other line. A line it reads may still be one the full
+// decoding refuses, or reads otherwise (a member given twice); the import
+// compares the two.
+func prescanHistoryLine(line []byte) (projector.StreamRef, int64, bool) {
+	var ref projector.StreamRef
+	rest, ok := bytes.CutPrefix(line, []byte(`{"stream":{"tenant":`))
+	if ok {
+		ref.Tenant, rest, ok = cutPlainString(rest)
+	}
+	if ok {
+		rest, ok = bytes.CutPrefix(rest, []byte(`,"type":`))
+	}
+	if ok {
+		ref.Type, rest, ok = cutPlainString(rest)
+	}
+	if ok {
+		rest, ok = bytes.CutPrefix(rest, []byte(`,"id":`))
+	}
+	if ok {
+		ref.ID, rest, ok = cutPlainString(rest)
+	}
+	if ok {
+		rest, ok = bytes.CutPrefix(rest, []byte(`},"version":`))
+	}
+	if !ok {
+		return ref, 0, false
+	}
+	end := bytes.IndexByte(rest, ',')
+	if end < 0 {
+		return ref, 0, false
+	}
+	version, ok := jsonInt(rest[:end])
+	return ref, version, ok
+}
+
+// cutPlainString cuts a JSON string without escapes from the head of b.
+func cutPlainString(b []byte) (string, []byte, bool) {
+	if len(b) == 0 || b[0] != '"' {
+		return "", b, false
+	}
+	end := bytes.IndexByte(b[1:], '"')
+	if end < 0 || !isJSONString(b[:end+2]) {
+		return "", b, false
+	}
+	return string(b[1 : end+1]), b[end+2:], true
+}
 
 // decodeHistoryLine decodes one history line into h, as json.Unmarshal
 // would, without encoding/json's reflection: the import decodes every
