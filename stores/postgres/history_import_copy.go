@@ -14,7 +14,7 @@ import (
 // prescan read, so the batch's statement before its COPY was run on the
 // wrong plan: the batch is rolled back and written again, planned from its
 // decoded events.
-var errReplan = errors.New("import: a line's stream or version differs from its prescan")
+var errReplan = errors.New("a line's stream or version differs from its prescan")
 
 // importCopy is a batch's COPY input: the rows of its lines, chunk after
 // chunk as the workers decode them, each line checked in file order before

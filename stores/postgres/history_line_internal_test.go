@@ -43,6 +43,9 @@ func TestDecodeHistoryLineTakesExportedLines(t *testing.T) {
 		if !decodeHistoryLine(line, &fast) {
 			t.Fatalf("an exported line is not on the fast path: %s", line)
 		}
+		if ref, version, ok := prescanHistoryLine(line); !ok || ref != h.Stream.Ref() || version != h.Version {
+			t.Fatalf("prescan of %s: %s version %d, %v", line, ref, version, ok)
+		}
 		if err := json.Unmarshal(line, &slow); err != nil {
 			t.Fatal(err)
 		}
@@ -62,11 +65,19 @@ func FuzzHistoryLine(f *testing.F) {
 	f.Add([]byte(`{"Version":1,"version":2,"version":3}`))
 	f.Add([]byte(`{"metadata":{"headers":{"a":"b","a":"c","\u00e9":"\xff"}},"id":"{0190a4c8-0000-7000-8000-000000000001}"}`))
 	f.Add([]byte(`{"recorded_at":"2026-13-01T00:00:00Z","payload":nul,"stream":null}`))
+	f.Add([]byte(`{"stream":{"tenant":"t","type":"s","id":"i"},"version":1,"stream":{"tenant":"t","type":"s","id":"j"}}`))
+	f.Add([]byte(`{"stream":{"tenant":"t","type":"s\"","id":"i"},"version":12 ,"type":"x"}`))
 	f.Add([]byte(`{"version":9223372036854775808,"schema_version":1e3,"payload":"\ud800"} x`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		var fast, slow HistoryEvent
 		ok := decodeHistoryLine(line, &fast)
 		err := json.Unmarshal(line, &slow)
+		// The import's prescan of a line's stream and version agrees
+		// with the decoding wherever the fast path takes the line (where
+		// only encoding/json does, the import compares the two).
+		if ref, version, pre := prescanHistoryLine(line); pre && ok && (ref != fast.Stream.Ref() || version != fast.Version) {
+			t.Fatalf("prescan read %q as %s version %d, the fast path as %s version %d", line, ref, version, fast.Stream.Ref(), fast.Version)
+		}
 		if !ok {
 			return
 		}
