@@ -115,13 +115,19 @@ func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions,
 	return res, ctx.Err()
 }
 
+var validatorType = reflect.TypeFor[projector.Validator]()
+
 // validatePayload runs a decoded payload's Validate, as an append runs it
 // on the payload it is given (on the value or, when only the pointer has
 // the method, on a pointer to it).
 func validatePayload(payload any) error {
 	v, ok := payload.(projector.Validator)
 	if !ok {
-		p := reflect.New(reflect.TypeOf(payload))
+		t := reflect.TypeOf(payload)
+		if !reflect.PointerTo(t).Implements(validatorType) {
+			return nil // no Validate: nothing to copy the payload for
+		}
+		p := reflect.New(t)
 		p.Elem().Set(reflect.ValueOf(payload))
 		v, ok = p.Interface().(projector.Validator)
 	}

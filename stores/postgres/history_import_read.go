@@ -113,7 +113,7 @@ func (b *importBatch) read(dec *HistoryDecoder, size, hint int) (done bool) {
 	// large batch size), so that the line index is not copied as it grows.
 	b.spans, b.lines = make([][2]int, 0, min(size, 1<<14)), make([]int, 0, min(size, 1<<14))
 	b.pre = make([]preLine, 0, min(size, 1<<14))
-	index := map[projector.StreamRef]int{}
+	index, refs := map[string]int{}, map[projector.StreamRef]int{}
 	for len(b.spans) < size {
 		line, n, err := dec.nextLine()
 		if errors.Is(err, io.EOF) {
@@ -128,21 +128,36 @@ func (b *importBatch) read(dec *HistoryDecoder, size, hint int) (done bool) {
 		b.text = append(b.text, line...)
 		b.lines = append(b.lines, n)
 		p := preLine{ref: -1}
-		ref, version, ok := prescanHistoryLine(line)
-		if !ok {
+		if stream, version, ok := prescanHistoryLine(line); ok {
+			if version >= 1 {
+				p = preLine{ref: b.planRaw(index, refs, stream, version, len(b.pre)), version: version}
+			}
+		} else {
 			// Not as Export writes it: decoded here, and again by its
 			// worker, which reports what is wrong with it.
 			var h HistoryEvent
-			if decodeHistoryEvent(line, &h) == nil {
-				ref, version, ok = h.Stream.Ref(), h.Version, true
+			if decodeHistoryEvent(line, &h) == nil && h.Version >= 1 {
+				p = preLine{ref: b.plan(refs, h.Stream.Ref(), h.Version, len(b.pre)), version: h.Version}
 			}
-		}
-		if ok && version >= 1 {
-			p = preLine{ref: b.plan(index, ref, version, len(b.pre)), version: version}
 		}
 		b.pre = append(b.pre, p)
 	}
 	return done
+}
+
+// planRaw is plan for a stream as prescanHistoryLine read it: a stream
+// member seen before, as written, is found without making its strings.
+func (b *importBatch) planRaw(index map[string]int, refs map[projector.StreamRef]int, stream []byte, version int64, i int) int {
+	r, ok := index[string(stream)]
+	if !ok {
+		r = b.plan(refs, prescanStream(stream), version, i)
+		index[string(stream)] = r
+		return r
+	}
+	if r >= 0 {
+		b.last[r] = version
+	}
+	return r
 }
 
 // plan notes a line of stream ref at version, line i of the batch, and
@@ -222,15 +237,31 @@ func (b *importBatch) decodeChunk(reg *projector.Registry, c *importChunk) {
 	// once, the buffer is not copied over and over as it grows.
 	c.buf = make([]byte, 0, b.spans[c.hi-1][1]-b.spans[c.lo][0]+64*(c.hi-c.lo))
 	starts := make([]int, 0, c.hi-c.lo+1)
+	// The batch's text outlives its events' use, so payloads stay in it;
+	// and the registry parses each payload whole (json.Unmarshal checks
+	// the JSON before it decodes), so the line decoder does not check it
+	// first.
+	cache := &lineCache{alias: true, unchecked: true}
 	for i := c.lo; i < c.hi; i++ {
 		starts = append(starts, len(c.buf))
 		errs := &c.errs[i-c.lo]
 		h := &b.events[i]
-		if err := decodeHistoryEvent(b.text[b.spans[i][0]:b.spans[i][1]], h); err != nil {
+		line := b.text[b.spans[i][0]:b.spans[i][1]]
+		if err := decodeHistoryEventWith(line, h, cache); err != nil {
 			*errs = err
 			continue
 		}
 		payload, data, err := reg.Decode(h.Type, h.SchemaVersion, h.Payload)
+		if (err != nil || !sameBytes(data, h.Payload)) && !json.Valid(h.Payload) {
+			// The registry did not parse this very payload (it failed,
+			// or upcast it), and it is not JSON: the line is decoded
+			// again as everywhere else, which names the error.
+			if derr := decodeHistoryEvent(line, h); derr != nil {
+				*errs = derr
+				continue
+			}
+			err = fmt.Errorf("%w: payload is not valid JSON", ErrInvalidHistory)
+		}
 		if err == nil {
 			err = validatePayload(payload)
 		}
@@ -250,6 +281,11 @@ func (b *importBatch) decodeChunk(reg *projector.Registry, c *importChunk) {
 	for j := range c.hi - c.lo {
 		b.rows[c.lo+j] = c.buf[starts[j]:starts[j+1]:starts[j+1]]
 	}
+}
+
+// sameBytes reports whether a and b are the same bytes in memory.
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // PostgreSQL's binary COPY framing: the signature, flags and header
