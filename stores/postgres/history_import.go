@@ -57,12 +57,13 @@ var importColumns = []string{"id", "tenant_id", "stream_type", "stream_id", "ver
 
 // Import reads a history file (see [HistoryEvent]) and appends its events
 // to the log with PostgreSQL's COPY, in batches of opts.BatchSize events,
-// one transaction each. Each event is checked before anything of its batch
-// is sent: the format, its type defined in the registry and its payload
-// decodable at its schema version (upcasters run, payloads that implement
-// [projector.Validator] are validated), its id not repeated, and its
-// stream's versions contiguous, continuing the version the stream has in the
-// log. A bad event fails the import with a [*HistoryLineError] naming its
+// one transaction each. Each event is checked before its batch commits
+// (rows are streamed to the COPY as their lines are decoded and checked, in
+// file order, and a bad line aborts it): the format, its type defined in
+// the registry and its payload decodable at its schema version (upcasters
+// run, payloads that implement [projector.Validator] are validated), its id
+// not repeated, and its stream's versions contiguous, continuing the
+// version the stream has in the log. A bad event fails the import with a [*HistoryLineError] naming its
 // line; nothing of its batch is written, the batches before it stay.
 //
 // Imported events keep their ids, versions, payloads, metadata and
