@@ -68,14 +68,14 @@ type importBatch struct {
 	readErr error
 
 	// pre is each line's stream and version as prescanned; refs are the
-	// batch's streams in order of first appearance, with the first and
-	// last versions the batch holds of each and the index of the line of
-	// its first event.
-	pre         []preLine
-	refs        []projector.StreamRef
-	first, last []int64
-	firstAt     []int
-	replanned   bool
+	// batch's streams in order of first appearance, with the last version
+	// the batch holds of each and the index of the line of its first
+	// event.
+	pre       []preLine
+	refs      []projector.StreamRef
+	last      []int64
+	firstAt   []int
+	replanned bool
 
 	events []HistoryEvent
 	// payloads and data are the events' payloads decoded and upcast by
@@ -171,7 +171,7 @@ func (b *importBatch) plan(index map[projector.StreamRef]int, ref projector.Stre
 		r = len(b.refs)
 		index[ref] = r
 		b.refs = append(b.refs, ref)
-		b.first, b.last, b.firstAt = append(b.first, version), append(b.last, version), append(b.firstAt, i)
+		b.last, b.firstAt = append(b.last, version), append(b.firstAt, i)
 		return r
 	}
 	b.last[r] = version
@@ -185,7 +185,7 @@ func (b *importBatch) plan(index map[projector.StreamRef]int, ref projector.Stre
 func (b *importBatch) replan() {
 	b.waitDecoded()
 	b.replanned = true
-	b.refs, b.first, b.last, b.firstAt = nil, nil, nil, nil
+	b.refs, b.last, b.firstAt = nil, nil, nil
 	index := map[projector.StreamRef]int{}
 	for i := range b.pre {
 		b.pre[i] = preLine{ref: -1}
