@@ -282,9 +282,12 @@ func (d *HistoryDecoder) Next(h *HistoryEvent) error {
 
 // decodeHistoryEvent decodes and checks one event line into h; an error
 // wraps ErrInvalidHistory.
-func decodeHistoryEvent(b []byte, h *HistoryEvent) error {
+func decodeHistoryEvent(b []byte, h *HistoryEvent) error { return decodeHistoryEventWith(b, h, nil) }
+
+// decodeHistoryEventWith is decodeHistoryEvent reusing what c holds.
+func decodeHistoryEventWith(b []byte, h *HistoryEvent, c *lineCache) error {
 	*h = HistoryEvent{}
-	if !decodeHistoryLine(b, h) {
+	if !decodeHistoryLineWith(b, h, c) {
 		// An unusual line: encoding/json decodes it or says what is wrong
 		// (Unmarshal, not a Decoder, refuses a second value after the
 		// first).

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"reflect"
-	"slices"
 	"strings"
 
 	"github.com/google/uuid"
@@ -58,12 +57,13 @@ var importColumns = []string{"id", "tenant_id", "stream_type", "stream_id", "ver
 
 // Import reads a history file (see [HistoryEvent]) and appends its events
 // to the log with PostgreSQL's COPY, in batches of opts.BatchSize events,
-// one transaction each. Each event is checked before anything of its batch
-// is sent: the format, its type defined in the registry and its payload
-// decodable at its schema version (upcasters run, payloads that implement
-// [projector.Validator] are validated), its id not repeated, and its
-// stream's versions contiguous, continuing the version the stream has in the
-// log. A bad event fails the import with a [*HistoryLineError] naming its
+// one transaction each. Each event is checked before its batch commits
+// (rows are streamed to the COPY as their lines are decoded and checked, in
+// file order, and a bad line aborts it): the format, its type defined in
+// the registry and its payload decodable at its schema version (upcasters
+// run, payloads that implement [projector.Validator] are validated), its id
+// not repeated, and its stream's versions contiguous, continuing the
+// version the stream has in the log. A bad event fails the import with a [*HistoryLineError] naming its
 // line; nothing of its batch is written, the batches before it stay.
 //
 // Imported events keep their ids, versions, payloads, metadata and
@@ -98,22 +98,9 @@ func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions,
 		return ImportResult{}, fmt.Errorf("import: %w", err)
 	}
 	var res ImportResult
-	batches := s.readBatches(ctx, dec, size, workers)
-	for rb := range batches {
-		b := rb.batch
-		res.Lines += int64(len(b.events))
-		if rb.err != nil {
-			return res, fmt.Errorf("import: %w", rb.err)
-		}
-		if len(b.events) == 0 {
-			continue
-		}
-		if !opts.WithoutInline {
-			if err := s.checkInline(ctx, b.types()); err != nil {
-				return res, fmt.Errorf("import: %w", err)
-			}
-		}
-		imported, skipped, err := s.writeBatch(ctx, b, !opts.WithoutInline)
+	for b := range s.readBatches(ctx, dec, size, workers) {
+		lines, imported, skipped, err := s.writeBatch(ctx, b, !opts.WithoutInline)
+		res.Lines += int64(lines)
 		if err != nil {
 			return res, fmt.Errorf("import: %w", err)
 		}
@@ -122,12 +109,14 @@ func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions,
 		if imported > 0 {
 			res.Batches++
 		}
-		if opts.Progress != nil {
+		if opts.Progress != nil && lines > 0 {
 			opts.Progress(res)
 		}
 	}
 	return res, ctx.Err()
 }
+
+var validatorType = reflect.TypeFor[projector.Validator]()
 
 // validatePayload runs a decoded payload's Validate, as an append runs it
 // on the payload it is given (on the value or, when only the pointer has
@@ -135,7 +124,11 @@ func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions,
 func validatePayload(payload any) error {
 	v, ok := payload.(projector.Validator)
 	if !ok {
-		p := reflect.New(reflect.TypeOf(payload))
+		t := reflect.TypeOf(payload)
+		if !reflect.PointerTo(t).Implements(validatorType) {
+			return nil // no Validate: nothing to copy the payload for
+		}
+		p := reflect.New(t)
 		p.Elem().Set(reflect.ValueOf(payload))
 		v, ok = p.Interface().(projector.Validator)
 	}
@@ -146,31 +139,6 @@ func validatePayload(payload any) error {
 		return fmt.Errorf("%w: %w", projector.ErrInvalidPayload, err)
 	}
 	return nil
-}
-
-func (b *importBatch) types() []string {
-	var out []string
-	for i := range b.events {
-		if !slices.Contains(out, b.events[i].Type) {
-			out = append(out, b.events[i].Type)
-		}
-	}
-	return out
-}
-
-// streams returns the batch's streams and, for each, the first version the
-// batch holds.
-func (b *importBatch) streams() ([]projector.StreamRef, map[projector.StreamRef]int64) {
-	first := make(map[projector.StreamRef]int64, len(b.last))
-	refs := make([]projector.StreamRef, 0, len(b.last))
-	for i := range b.events {
-		ref := b.events[i].Stream.Ref()
-		if _, ok := first[ref]; !ok {
-			first[ref] = b.events[i].Version
-			refs = append(refs, ref)
-		}
-	}
-	return refs, first
 }
 
 // importPrepareSQL is a batch's one statement before its COPY: it reads
@@ -243,96 +211,99 @@ FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events_archive a ON a.id =
 const importArchivedIDSQL = `
 SELECT a.id FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events_archive a ON a.id = u.id LIMIT 1`
 
-// writeBatch writes one batch in one transaction: versions read from the
-// log and the stream heads advanced in one statement, the versions checked,
-// the new events copied.
-func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (imported, skipped int64, err error) {
+// writeBatch writes one batch in one transaction and returns how many of
+// its lines were read before a bad one (all of them when none is bad).
+func (s *Store) writeBatch(ctx context.Context, b *importBatch, inline bool) (lines int, imported, skipped int64, err error) {
+	lines, imported, skipped, err = s.writeBatchOnce(ctx, b, inline)
+	if errors.Is(err, errReplan) && !b.replanned {
+		b.replan()
+		lines, imported, skipped, err = s.writeBatchOnce(ctx, b, inline)
+	}
+	return lines, imported, skipped, err
+}
+
+// writeBatchOnce writes the batch as planned: the versions read from the
+// log and the stream heads advanced in one statement, then the batch's
+// rows streamed to COPY as its lines are decoded and checked in file
+// order (a bad line aborts the COPY, and the transaction rolls back), then
+// the events the log already held checked, the inline projections applied
+// and the transaction committed.
+func (s *Store) writeBatchOnce(ctx context.Context, b *importBatch, inline bool) (lines int, imported, skipped int64, err error) {
+	if len(b.spans) == 0 {
+		return 0, 0, 0, b.readErr
+	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	refs, first := b.streams()
-	tenants, types, ids := make([]string, len(refs)), make([]string, len(refs)), make([]string, len(refs))
-	lasts := make([]int64, len(refs))
-	for i, r := range refs {
-		tenants[i], types[i], ids[i], lasts[i] = r.Tenant, r.Type, r.ID, b.last[r]
+	tenants, types, ids := make([]string, len(b.refs)), make([]string, len(b.refs)), make([]string, len(b.refs))
+	for i, r := range b.refs {
+		tenants[i], types[i], ids[i] = r.Tenant, r.Type, r.ID
 	}
-	versions := make([]int64, 0, len(refs))
+	c := &importCopy{ctx: ctx, s: s, b: b, inline: inline, current: make([]int64, 0, len(b.refs))}
 	var archived bool
 	var written int64
 	var txID uint64
-	rows, err := tx.Query(ctx, s.sqlFor(importPrepareSQL), tenants, types, ids, lasts)
+	rows, err := tx.Query(ctx, s.sqlFor(importPrepareSQL), tenants, types, ids, b.last)
 	if err == nil {
 		var v int64
 		_, err = pgx.ForEachRow(rows, []any{&v, &archived, &written, &txID}, func() error {
-			versions = append(versions, v)
+			c.current = append(c.current, v)
 			return nil
 		})
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("read stream versions and advance their heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
+		return 0, 0, 0, fmt.Errorf("read stream versions and advance their heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
 	}
-	current := make(map[projector.StreamRef]int64, len(refs))
 	advanced := int64(0)
-	for i, r := range refs {
-		current[r] = versions[i]
-		if first[r] > versions[i]+1 {
-			line := b.lines[slices.IndexFunc(b.events, func(h HistoryEvent) bool { return h.Stream.Ref() == r })]
-			return 0, 0, &HistoryLineError{Line: line, Err: fmt.Errorf("%w: stream %s is at version %d in the log; version %d would leave a gap",
-				ErrInvalidHistory, r, versions[i], first[r])}
-		}
-		if b.last[r] > versions[i] {
+	for r := range b.refs {
+		if b.last[r] > c.current[r] {
 			advanced++
 		}
 	}
 	if written != advanced {
-		return 0, 0, &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
+		return 0, 0, 0, &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
 			Reason: fmt.Sprintf("%d of %d streams were appended to during the import, or by a younger transaction; run the import again", advanced-written, advanced)}
 	}
-	// Events at or below their stream's version are already in the log:
-	// they must be these very events (an import run again), to skip.
-	var seen []HistoryEvent
-	var seenLines []int
-	keep := make([]int, 0, len(b.events))
-	for i := range b.events {
-		if b.events[i].Version <= current[b.events[i].Stream.Ref()] {
-			seen, seenLines = append(seen, b.events[i]), append(seenLines, b.lines[i])
-			continue
-		}
-		keep = append(keep, i)
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, c, s.importCopySQL())
+	if c.err != nil {
+		return c.lines, 0, 0, c.err
 	}
-	if len(seen) > 0 {
-		if err := s.checkImported(ctx, tx, seen, seenLines); err != nil {
-			return 0, 0, err
+	if err != nil {
+		return len(b.spans), 0, 0, s.importCopyError(ctx, b, c.keep, err)
+	}
+	lines = len(b.spans)
+	if n := tag.RowsAffected(); n != int64(len(c.keep)) {
+		return lines, 0, 0, fmt.Errorf("copied %d of %d events", n, len(c.keep))
+	}
+	// Events at or below their stream's version in the log were not
+	// copied: they must be the very events the log holds (an import run
+	// again), to skip.
+	if len(c.seen) > 0 {
+		if err := s.checkImported(ctx, tx, b, c.seen); err != nil {
+			return lines, 0, 0, err
 		}
 	}
-	if len(keep) == 0 {
-		return 0, int64(len(seen)), nil
+	if len(c.keep) == 0 {
+		return lines, 0, int64(len(c.seen)), nil
 	}
 	if archived {
-		if err := s.checkArchivedIDs(ctx, tx, b, keep); err != nil {
-			return 0, 0, err
+		if err := s.checkArchivedIDs(ctx, tx, b, c.keep); err != nil {
+			return lines, 0, 0, err
 		}
 	}
-	tag, err := tx.Conn().PgConn().CopyFrom(ctx, b.copyData(keep), s.importCopySQL())
-	if err != nil {
-		return 0, 0, s.importCopyError(ctx, b, keep, err)
-	}
-	if n := tag.RowsAffected(); n != int64(len(keep)) {
-		return 0, 0, fmt.Errorf("copied %d of %d events", n, len(keep))
-	}
 	if inline && len(s.inline) > 0 {
-		if err := s.applyInlineImported(ctx, tx, b, keep); err != nil {
-			return 0, 0, err
+		if err := s.applyInlineImported(ctx, tx, b, c.keep); err != nil {
+			return lines, 0, 0, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, 0, fmt.Errorf("commit: %w", err)
+		return lines, 0, 0, fmt.Errorf("commit: %w", err)
 	}
 	s.appended(txID)
-	return int64(len(keep)), int64(len(seen)), nil
+	return lines, int64(len(c.keep)), int64(len(c.seen)), nil
 }
 
 // applyInlineImported applies the store's inline projections to the
@@ -387,14 +358,14 @@ func (s *Store) applyInlineImported(ctx context.Context, tx pgx.Tx, b *importBat
 
 // checkImported checks that events at versions their streams already have
 // are the very events the log holds there.
-func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, seen []HistoryEvent, lines []int) error {
+func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, b *importBatch, seen []int) error {
 	type stored struct {
 		stream  projector.StreamRef
 		version int64
 	}
 	ids := make([][16]byte, len(seen))
-	for i := range seen {
-		ids[i] = seen[i].ID
+	for i, k := range seen {
+		ids[i] = b.events[k].ID
 	}
 	rows, err := tx.Query(ctx, s.sqlFor(importExistingSQL), ids)
 	if err != nil {
@@ -410,9 +381,10 @@ func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, seen []HistoryEven
 	if err != nil {
 		return fmt.Errorf("look up imported events: %w", err)
 	}
-	for i, h := range seen {
+	for _, k := range seen {
+		h := &b.events[k]
 		if got, ok := have[h.ID]; !ok || got.stream != h.Stream.Ref() || got.version != h.Version {
-			return &HistoryLineError{Line: lines[i], Err: fmt.Errorf("%w: stream %s already has version %d, and it is not event %s",
+			return &HistoryLineError{Line: b.lines[k], Err: fmt.Errorf("%w: stream %s already has version %d, and it is not event %s",
 				ErrInvalidHistory, h.Stream.Ref(), h.Version, h.ID)}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,34 +18,35 @@ import (
 	"github.com/projectorhq/projector"
 )
 
-// readBatch is one batch as read and checked, or the error that stopped
-// the reading.
-type readBatch struct {
-	batch *importBatch
-	err   error
-}
-
-// readBatches reads and checks batches in a goroutine of its own, one
-// ahead of the batch being written, so that decoding and copying overlap
-// instead of adding up; each batch's lines are decoded by workers
-// goroutines at once. The channel closes after the last batch, after an
-// error, or once ctx ends (the caller's deferred cancel on return); a read
-// blocked on r returns when r does.
-func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size, workers int) <-chan readBatch {
-	out := make(chan readBatch, 1)
+// readBatches reads batches in a goroutine of its own, one ahead of the
+// batch being written. A batch is sent as soon as its lines are read and
+// their streams and versions prescanned (which is all the statement before
+// its COPY needs); workers goroutines then decode its lines in chunks, in
+// file order, and the writer streams each chunk's rows to COPY as soon as
+// it is decoded, so that decoding overlaps copying within a batch as well
+// as across batches. The channel closes after the last batch, after a
+// batch that ends the reading (an I/O error), or once ctx ends (the
+// caller's deferred cancel on return); a read blocked on r returns when r
+// does.
+func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size, workers int) <-chan *importBatch {
+	out := make(chan *importBatch, 1)
 	go func() {
 		defer close(out)
 		hint := 0
 		for {
 			b := &importBatch{}
-			done, err := b.read(dec, s.registry, size, workers, hint)
-			hint = b.textSize
+			done := b.read(dec, size, hint)
+			hint = len(b.text)
+			wait := b.decode(s.registry, workers)
 			select {
-			case out <- readBatch{batch: b, err: err}:
+			case out <- b:
 			case <-ctx.Done():
-				return
 			}
-			if done || err != nil {
+			// The next batch's lines are read once this one's are
+			// decoded: the workers are never left running, and at most
+			// two batches are held besides the one being written.
+			wait()
+			if done || b.readErr != nil || ctx.Err() != nil {
 				return
 			}
 		}
@@ -52,41 +54,66 @@ func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size, work
 	return out
 }
 
-// importBatch is one batch of a history file, checked on its own.
+// importChunkLines is how many lines a decoding worker takes at a time: the
+// COPY of a batch starts once its first chunk is decoded.
+const importChunkLines = 512
+
+// importBatch is one batch of a history file.
 type importBatch struct {
 	// text holds the batch's lines back to back; spans[i] is line i's.
 	text  []byte
 	spans [][2]int
 	lines []int
-	// textSize is len(text), kept after text is dropped: the next batch's
-	// first guess.
-	textSize int
 	// readErr is the error that ended the reading after the lines held.
 	readErr error
+
+	// pre is each line's stream and version as prescanned; refs are the
+	// batch's streams in order of first appearance, with the last version
+	// the batch holds of each and the index of the line of its first
+	// event.
+	pre       []preLine
+	refs      []projector.StreamRef
+	last      []int64
+	firstAt   []int
+	replanned bool
 
 	events []HistoryEvent
 	// payloads and data are the events' payloads decoded and upcast by
 	// the registry, for inline projections.
 	payloads []any
 	data     [][]byte
-	// chunks are the events' rows in COPY's binary format, in file order,
-	// one chunk per decoding worker; rows[i] is event i's.
-	chunks [][]byte
+	// rows[i] is event i's row in COPY's binary format, within its
+	// chunk's buffer.
 	rows   [][]byte
-	// last is each stream's last version in the batch.
-	last map[projector.StreamRef]int64
+	chunks []*importChunk
 }
 
-// read fills the batch with up to size events and checks what can be
-// checked without the database; done reports the end of the file. The
-// lines are read in order, decoded and checked each on its own by workers
-// goroutines, then checked against each other in order; the error is the
-// one of the first bad line, as if the lines were read one by one.
-func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size, workers, hint int) (done bool, err error) {
+// preLine is a line's stream (an index into importBatch.refs, -1 for a
+// line that does not decode) and version, read before the line is decoded.
+type preLine struct {
+	ref     int
+	version int64
+}
+
+// importChunk is a run of a batch's lines decoded by one worker: buf holds
+// their COPY rows back to back, errs[i-lo] line i's own problem; done
+// closes once they are decoded.
+type importChunk struct {
+	lo, hi int
+	buf    []byte
+	errs   []error
+	done   chan struct{}
+}
+
+// read reads up to size lines into the batch and prescans each for its
+// stream and version; done reports the end of the file.
+func (b *importBatch) read(dec *HistoryDecoder, size, hint int) (done bool) {
 	b.text = make([]byte, 0, hint)
 	// Sized for the batch (up to a bound, for a small file read with a
 	// large batch size), so that the line index is not copied as it grows.
 	b.spans, b.lines = make([][2]int, 0, min(size, 1<<14)), make([]int, 0, min(size, 1<<14))
+	b.pre = make([]preLine, 0, min(size, 1<<14))
+	index, refs := map[string]int{}, map[projector.StreamRef]int{}
 	for len(b.spans) < size {
 		line, n, err := dec.nextLine()
 		if errors.Is(err, io.EOF) {
@@ -100,87 +127,165 @@ func (b *importBatch) read(dec *HistoryDecoder, reg *projector.Registry, size, w
 		b.spans = append(b.spans, [2]int{len(b.text), len(b.text) + len(line)})
 		b.text = append(b.text, line...)
 		b.lines = append(b.lines, n)
+		p := preLine{ref: -1}
+		if stream, version, ok := prescanHistoryLine(line); ok {
+			if version >= 1 {
+				p = preLine{ref: b.planRaw(index, refs, stream, version, len(b.pre)), version: version}
+			}
+		} else {
+			// Not as Export writes it: decoded here, and again by its
+			// worker, which reports what is wrong with it.
+			var h HistoryEvent
+			if decodeHistoryEvent(line, &h) == nil && h.Version >= 1 {
+				p = preLine{ref: b.plan(refs, h.Stream.Ref(), h.Version, len(b.pre)), version: h.Version}
+			}
+		}
+		b.pre = append(b.pre, p)
 	}
-	n := len(b.spans)
-	b.events, b.payloads, b.data, b.rows = make([]HistoryEvent, n), make([]any, n), make([][]byte, n), make([][]byte, n)
-	errs := make([]error, n)
-	workers = max(1, min(workers, n/256))
-	b.chunks = make([][]byte, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		lo, hi := n*w/workers, n*(w+1)/workers
-		wg.Go(func() { b.chunks[w] = b.decodeRange(reg, lo, hi, errs) })
-	}
-	wg.Wait()
-
-	b.last = make(map[projector.StreamRef]int64, n/8)
-	ids := make(map[uuid.UUID]int, n)
-	for i := range n {
-		line := b.lines[i]
-		fail := func(err error) (bool, error) {
-			b.events = b.events[:i] // the events read before the bad one
-			return false, &HistoryLineError{Line: line, Err: err}
-		}
-		if errs[i] != nil {
-			return fail(errs[i])
-		}
-		h := &b.events[i]
-		if prev, dup := ids[h.ID]; dup {
-			return fail(fmt.Errorf("%w: event id %s repeats line %d", ErrInvalidHistory, h.ID, prev))
-		}
-		ids[h.ID] = line
-		ref := h.Stream.Ref()
-		if last, seen := b.last[ref]; seen && h.Version != last+1 {
-			return fail(fmt.Errorf("%w: stream %s version %d follows version %d (want %d)", ErrInvalidHistory, ref, h.Version, last, last+1))
-		}
-		b.last[ref] = h.Version
-	}
-	b.textSize, b.text, b.spans = len(b.text), nil, nil
-	return done, b.readErr
+	return done
 }
 
-// decodeRange decodes and checks lines lo to hi of the batch on their own
-// (the format, the type, the payload) and encodes each good one as a COPY
-// row, returning the rows' chunk; errs[i] is line i's problem.
-func (b *importBatch) decodeRange(reg *projector.Registry, lo, hi int, errs []error) []byte {
-	if lo == hi {
-		return nil
+// planRaw is plan for a stream as prescanHistoryLine read it: a stream
+// member seen before, as written, is found without making its strings.
+func (b *importBatch) planRaw(index map[string]int, refs map[projector.StreamRef]int, stream []byte, version int64, i int) int {
+	r, ok := index[string(stream)]
+	if !ok {
+		r = b.plan(refs, prescanStream(stream), version, i)
+		index[string(stream)] = r
+		return r
 	}
+	if r >= 0 {
+		b.last[r] = version
+	}
+	return r
+}
+
+// plan notes a line of stream ref at version, line i of the batch, and
+// returns the stream's index in refs.
+func (b *importBatch) plan(index map[projector.StreamRef]int, ref projector.StreamRef, version int64, i int) int {
+	r, ok := index[ref]
+	if !ok {
+		if ref.Validate() != nil {
+			return -1 // a stream no log could hold: its line's worker says why
+		}
+		r = len(b.refs)
+		index[ref] = r
+		b.refs = append(b.refs, ref)
+		b.last, b.firstAt = append(b.last, version), append(b.firstAt, i)
+		return r
+	}
+	b.last[r] = version
+	return r
+}
+
+// replan sets the batch's streams and versions from its decoded events
+// instead of the prescan, which read a line differently (a member given
+// twice, which encoding/json reads as its last): the events are what is
+// written, so the statement before the COPY must see theirs.
+func (b *importBatch) replan() {
+	b.waitDecoded()
+	b.replanned = true
+	b.refs, b.last, b.firstAt = nil, nil, nil
+	index := map[projector.StreamRef]int{}
+	for i := range b.pre {
+		b.pre[i] = preLine{ref: -1}
+		if b.chunkOf(i).errs[i-b.chunkOf(i).lo] == nil {
+			h := &b.events[i]
+			b.pre[i] = preLine{ref: b.plan(index, h.Stream.Ref(), h.Version, i), version: h.Version}
+		}
+	}
+}
+
+func (b *importBatch) chunkOf(i int) *importChunk { return b.chunks[i/importChunkLines] }
+
+func (b *importBatch) waitDecoded() {
+	for _, c := range b.chunks {
+		<-c.done
+	}
+}
+
+// decode starts workers goroutines decoding the batch's lines, chunk after
+// chunk in file order, and returns a function waiting for them.
+func (b *importBatch) decode(reg *projector.Registry, workers int) (wait func()) {
+	n := len(b.spans)
+	b.events, b.payloads, b.data, b.rows = make([]HistoryEvent, n), make([]any, n), make([][]byte, n), make([][]byte, n)
+	for lo := 0; lo < n; lo += importChunkLines {
+		hi := min(lo+importChunkLines, n)
+		b.chunks = append(b.chunks, &importChunk{lo: lo, hi: hi, errs: make([]error, hi-lo), done: make(chan struct{})})
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range max(1, min(workers, len(b.chunks))) {
+		wg.Go(func() {
+			for {
+				k := int(next.Add(1) - 1)
+				if k >= len(b.chunks) {
+					return
+				}
+				b.decodeChunk(reg, b.chunks[k])
+				close(b.chunks[k].done)
+			}
+		})
+	}
+	return wg.Wait
+}
+
+// decodeChunk decodes and checks the chunk's lines on their own (the
+// format, the type, the payload) and encodes each good one as a COPY row.
+func (b *importBatch) decodeChunk(reg *projector.Registry, c *importChunk) {
 	// A row is about as long as its line, plus the field lengths; sized
-	// once, the chunk is not copied over and over as it grows.
-	chunk := make([]byte, 0, b.spans[hi-1][1]-b.spans[lo][0]+64*(hi-lo))
-	starts := make([]int, 0, hi-lo)
-	for i := lo; i < hi; i++ {
-		starts = append(starts, len(chunk))
+	// once, the buffer is not copied over and over as it grows.
+	c.buf = make([]byte, 0, b.spans[c.hi-1][1]-b.spans[c.lo][0]+64*(c.hi-c.lo))
+	starts := make([]int, 0, c.hi-c.lo+1)
+	// The batch's text outlives its events' use, so payloads stay in it;
+	// and the registry parses each payload whole (json.Unmarshal checks
+	// the JSON before it decodes), so the line decoder does not check it
+	// first.
+	cache := &lineCache{alias: true, unchecked: true}
+	for i := c.lo; i < c.hi; i++ {
+		starts = append(starts, len(c.buf))
+		errs := &c.errs[i-c.lo]
 		h := &b.events[i]
-		if err := decodeHistoryEvent(b.text[b.spans[i][0]:b.spans[i][1]], h); err != nil {
-			errs[i] = err
+		line := b.text[b.spans[i][0]:b.spans[i][1]]
+		if err := decodeHistoryEventWith(line, h, cache); err != nil {
+			*errs = err
 			continue
 		}
 		payload, data, err := reg.Decode(h.Type, h.SchemaVersion, h.Payload)
+		if (err != nil || !sameBytes(data, h.Payload)) && !json.Valid(h.Payload) {
+			// The registry did not parse this very payload (it failed,
+			// or upcast it), and it is not JSON: the line is decoded
+			// again as everywhere else, which names the error.
+			if derr := decodeHistoryEvent(line, h); derr != nil {
+				*errs = derr
+				continue
+			}
+			err = fmt.Errorf("%w: payload is not valid JSON", ErrInvalidHistory)
+		}
 		if err == nil {
 			err = validatePayload(payload)
 		}
 		if err != nil {
-			errs[i] = fmt.Errorf("event %s: %w", h.ID, err)
+			*errs = fmt.Errorf("event %s: %w", h.ID, err)
 			continue
 		}
 		if h.Metadata.CorrelationID == uuid.Nil {
 			h.Metadata.CorrelationID = h.ID
 		}
 		b.payloads[i], b.data[i] = payload, data
-		if chunk, err = appendCopyRow(chunk, h); err != nil {
-			errs[i] = fmt.Errorf("%w: %w", ErrInvalidHistory, err)
+		if c.buf, err = appendCopyRow(c.buf, h); err != nil {
+			*errs = fmt.Errorf("%w: %w", ErrInvalidHistory, err)
 		}
 	}
-	for j, i := 0, lo; i < hi; i, j = i+1, j+1 {
-		end := len(chunk)
-		if i+1 < hi {
-			end = starts[j+1]
-		}
-		b.rows[i] = chunk[starts[j]:end:end]
+	starts = append(starts, len(c.buf))
+	for j := range c.hi - c.lo {
+		b.rows[c.lo+j] = c.buf[starts[j]:starts[j+1]:starts[j+1]]
 	}
-	return chunk
+}
+
+// sameBytes reports whether a and b are the same bytes in memory.
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // PostgreSQL's binary COPY framing: the signature, flags and header
@@ -252,40 +357,6 @@ func appendCopyJSONB(buf, v []byte) []byte {
 }
 
 func appendCopyNull(buf []byte) []byte { return binary.BigEndian.AppendUint32(buf, 0xffffffff) }
-
-// copyData is the COPY input for the batch's kept events, in file order:
-// the chunks as they are when every event is kept (the usual case), the
-// kept rows one by one otherwise.
-func (b *importBatch) copyData(keep []int) io.Reader {
-	parts := make([][]byte, 0, 2+len(b.chunks))
-	parts = append(parts, copyHeader)
-	if len(keep) == len(b.events) {
-		parts = append(parts, b.chunks...)
-	} else {
-		for _, k := range keep {
-			parts = append(parts, b.rows[k])
-		}
-	}
-	return &partsReader{parts: append(parts, copyTrailer)}
-}
-
-// partsReader reads byte slices one after the other.
-type partsReader struct{ parts [][]byte }
-
-func (r *partsReader) Read(p []byte) (int, error) {
-	n := 0
-	for n < len(p) && len(r.parts) > 0 {
-		c := copy(p[n:], r.parts[0])
-		n += c
-		if r.parts[0] = r.parts[0][c:]; len(r.parts[0]) == 0 {
-			r.parts = r.parts[1:]
-		}
-	}
-	if n == 0 && len(r.parts) == 0 {
-		return 0, io.EOF
-	}
-	return n, nil
-}
 
 // importCopySQL is the import's COPY statement.
 func (s *Store) importCopySQL() string {

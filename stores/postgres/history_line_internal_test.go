@@ -3,11 +3,15 @@ package postgres
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/testevents"
 )
 
 // exportedLine is one line as HistoryEncoder writes it.
@@ -43,6 +47,9 @@ func TestDecodeHistoryLineTakesExportedLines(t *testing.T) {
 		if !decodeHistoryLine(line, &fast) {
 			t.Fatalf("an exported line is not on the fast path: %s", line)
 		}
+		if stream, version, ok := prescanHistoryLine(line); !ok || prescanStream(stream) != h.Stream.Ref() || version != h.Version {
+			t.Fatalf("prescan of %s: %q version %d, %v", line, stream, version, ok)
+		}
 		if err := json.Unmarshal(line, &slow); err != nil {
 			t.Fatal(err)
 		}
@@ -62,11 +69,29 @@ func FuzzHistoryLine(f *testing.F) {
 	f.Add([]byte(`{"Version":1,"version":2,"version":3}`))
 	f.Add([]byte(`{"metadata":{"headers":{"a":"b","a":"c","\u00e9":"\xff"}},"id":"{0190a4c8-0000-7000-8000-000000000001}"}`))
 	f.Add([]byte(`{"recorded_at":"2026-13-01T00:00:00Z","payload":nul,"stream":null}`))
+	f.Add([]byte(`{"stream":{"tenant":"t","type":"s","id":"i"},"version":1,"stream":{"tenant":"t","type":"s","id":"j"}}`))
+	f.Add([]byte(`{"stream":{"tenant":"t","type":"s\"","id":"i"},"version":12 ,"type":"x"}`))
 	f.Add([]byte(`{"version":9223372036854775808,"schema_version":1e3,"payload":"\ud800"} x`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		var fast, slow HistoryEvent
 		ok := decodeHistoryLine(line, &fast)
 		err := json.Unmarshal(line, &slow)
+		// The import's prescan of a line's stream and version agrees
+		// with the decoding wherever the fast path takes the line (where
+		// only encoding/json does, the import compares the two).
+		if stream, version, pre := prescanHistoryLine(line); pre && ok && (prescanStream(stream) != fast.Stream.Ref() || version != fast.Version) {
+			ref := prescanStream(stream)
+			t.Fatalf("prescan read %q as %s version %d, the fast path as %s version %d", line, ref, version, fast.Stream.Ref(), fast.Version)
+		}
+		// The import's decoding, reusing the strings of the line before
+		// (here the same line) and the payload's bytes, decodes alike.
+		c := &lineCache{alias: true}
+		for range 2 {
+			var cached HistoryEvent
+			if got := decodeHistoryLineWith(line, &cached, c); got != ok || (ok && !reflect.DeepEqual(cached, fast)) {
+				t.Fatalf("with a cache, %q decoded as %v\n%+v\nwithout as %v\n%+v", line, got, cached, ok, fast)
+			}
+		}
 		if !ok {
 			return
 		}
@@ -104,4 +129,51 @@ func BenchmarkDecodeHistoryLine(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkImportBatchDecode: the import's client work on one batch of
+// 10,000 exported lines, without a database: reading and prescanning the
+// lines, then decoding, checking and encoding them as COPY rows on one
+// worker; per event.
+func BenchmarkImportBatchDecode(b *testing.B) {
+	const n = 10_000
+	types := testevents.New()
+	var buf bytes.Buffer
+	enc := NewHistoryEncoder(&buf)
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range n {
+		data, _ := json.Marshal(testevents.TicketCommented{Body: "the printer is on fire again", N: i})
+		if err := enc.Encode(HistoryEvent{
+			Stream:  HistoryStream{Tenant: projector.SystemTenant, Type: "ticket", ID: fmt.Sprintf("imp-%d", i/100)},
+			Version: int64(i%100 + 1), Type: "ticket.commented", SchemaVersion: 1, ID: uuid.Must(uuid.NewV7()),
+			RecordedAt: at.Add(time.Duration(i) * time.Millisecond), Payload: data,
+			Metadata: HistoryMetadata{CorrelationID: uuid.Must(uuid.NewV7())},
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := enc.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	file := buf.Bytes()
+	b.ReportAllocs()
+	for b.Loop() {
+		dec := NewHistoryDecoder(bytes.NewReader(file))
+		if _, err := dec.Header(); err != nil {
+			b.Fatal(err)
+		}
+		batch := &importBatch{}
+		if done := batch.read(dec, n, len(file)); batch.readErr != nil || done {
+			b.Fatalf("read: %v, done %v", batch.readErr, done)
+		}
+		batch.decode(types.Registry, 1)()
+		for _, c := range batch.chunks {
+			for _, err := range c.errs {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/event")
 }

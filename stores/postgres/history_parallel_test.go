@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -122,5 +123,45 @@ func TestHistory_ImportSignalsWatches(t *testing.T) {
 	}
 	if got := w.Take(); got != want {
 		t.Fatalf("watch got transaction %d, the imported rows carry %d", got, want)
+	}
+}
+
+// TestHistory_ImportLineReadTwoWays: a line giving its stream twice, which
+// encoding/json reads as the last one, is imported into that stream, with
+// its head: the import plans a batch's versions and heads from each line's
+// stream and version prescanned at its head, and a line the prescan reads
+// otherwise than the decoder makes it write the batch again from the
+// decoded events rather than fail or write the heads of the wrong stream.
+func TestHistory_ImportLineReadTwoWays(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	twice := strings.TrimSuffix(eventLine("first", 1, "ticket.opened", `{"title":"x"}`), "}") +
+		`,"stream":{"tenant":"acme","type":"ticket","id":"last"}}`
+	file := historyFile(eventLine("other", 1, "ticket.opened", `{"title":"x"}`), twice,
+		eventLine("last", 2, "ticket.opened", `{"title":"y"}`))
+	res, err := f.store.Import(f.ctx, strings.NewReader(file), postgres.ImportOptions{})
+	if err != nil || res.Imported != 3 || res.Lines != 3 || res.Batches != 1 {
+		t.Fatalf("import: %+v, %v", res, err)
+	}
+	rows, err := f.store.Pool().Query(f.ctx, `SELECT stream_id || ' ' || version FROM `+f.store.Table("projector_events")+` ORDER BY tx_id, seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"other 1", "last 1", "last 2"}; !slices.Equal(got, want) {
+		t.Fatalf("log %q, want %q", got, want)
+	}
+	rows, err = f.store.Pool().Query(f.ctx, `SELECT stream_id || ' ' || version FROM `+f.store.Table("projector_streams")+` ORDER BY stream_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"last 2", "other 1"}; !slices.Equal(got, want) {
+		t.Fatalf("stream heads %q, want %q", got, want)
 	}
 }

@@ -203,6 +203,8 @@ func TestHistory_ImportBadInput(t *testing.T) {
 		{"two values on a line", historyFile(eventLine("a", 1, "ticket.opened", opened) + ` {}`), 2, "after top-level value"},
 		{"missing field", historyFile(strings.Replace(eventLine("a", 1, "ticket.opened", opened), `"schema_version":1`, `"schema_verison":1`, 1)), 2, "schema_version 0"},
 		{"undefined type", historyFile(eventLine("a", 1, "ticket.opened", opened), eventLine("a", 2, "ticket.exploded", `{}`)), 3, "never defined"},
+		{"payload not JSON", historyFile(eventLine("a", 1, "ticket.opened", opened), eventLine("a", 2, "ticket.closed", `{"reason":"x",}`)), 3, "invalid character '}'"},
+		{"payload not JSON, of a type it would decode into", historyFile(eventLine("a", 1, "ticket.commented", `{"body":"x"}x`)), 2, "invalid character 'x' after object key:value pair"},
 		{"invalid payload", historyFile(eventLine("a", 1, "ticket.opened", `{"title":""}`)), 2, "title is required"},
 		{"payload of the wrong shape", historyFile(eventLine("a", 1, "ticket.commented", `{"n":"seven"}`)), 2, "decode"},
 		{"NUL in payload", historyFile(eventLine("a", 1, "ticket.commented", `{"body":"a\u0000b"}`)), 2, "NUL"},
