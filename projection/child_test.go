@@ -72,8 +72,7 @@ func runChild() int {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
 	if err != nil {
-		logger.Error("child: pool", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: pool", err)
 	}
 	defer pool.Close()
 	types := testevents.New()
@@ -82,8 +81,7 @@ func runChild() int {
 	kill, _ := strconv.ParseInt(os.Getenv(childKillAfterEmit), 10, 64)
 	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, Logger: logger})
 	if err != nil {
-		logger.Error("child: store", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: store", err)
 	}
 	projs := childProjections(store, types, batch, kill)
 	if n, _ := strconv.Atoi(os.Getenv(childPartitions)); n > 0 {
@@ -94,12 +92,10 @@ func runChild() int {
 	d, err := projection.New(projection.Config{Store: store, Projections: projs, Logger: logger,
 		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
 	if err != nil {
-		logger.Error("child: dispatcher", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: dispatcher", err)
 	}
 	if err := d.Start(ctx); err != nil {
-		logger.Error("child: start", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: start", err)
 	}
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

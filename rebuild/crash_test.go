@@ -35,8 +35,7 @@ func runChild() int {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
 	if err != nil {
-		logger.Error("child: pool", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: pool", err)
 	}
 	defer pool.Close()
 	types := testevents.New()
@@ -44,8 +43,7 @@ func runChild() int {
 	version, _ := strconv.Atoi(os.Getenv(childVersionEnv))
 	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, Logger: logger})
 	if err != nil {
-		logger.Error("child: store", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: store", err)
 	}
 	d, err := projection.New(projection.Config{Store: store, Logger: logger, PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond,
 		Projections: []*projection.Async{counter(types, schema+".counts", version, projection.AsyncConfig{BatchSize: 25})}})
@@ -53,8 +51,7 @@ func runChild() int {
 		err = d.Start(ctx)
 	}
 	if err != nil {
-		logger.Error("child: dispatcher", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: dispatcher", err)
 	}
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

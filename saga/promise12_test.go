@@ -50,15 +50,13 @@ func runChild() int {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
 	if err != nil {
-		logger.Error("child: pool", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: pool", err)
 	}
 	defer pool.Close()
 	ty := newTypes()
 	store, err := postgres.New(ctx, pool, postgres.Config{Schema: os.Getenv(childSchema), Registry: ty.Registry, Logger: logger})
 	if err != nil {
-		logger.Error("child: store", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: store", err)
 	}
 	// killStep > 0: SIGKILL this process right after the killStep-th
 	// handler decided, inside the step's open transaction.
@@ -85,27 +83,22 @@ func runChild() int {
 	}
 	p, err := s.Projection(store)
 	if err != nil {
-		logger.Error("child: saga", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: saga", err)
 	}
 	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, Logger: logger,
 		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
 	if err != nil {
-		logger.Error("child: dispatcher", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: dispatcher", err)
 	}
 	r, err := saga.NewRunner(saga.RunnerConfig{Store: store, Sagas: []saga.Definition{s}, Poll: 20 * time.Millisecond, Logger: logger})
 	if err != nil {
-		logger.Error("child: runner", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: runner", err)
 	}
 	if err := d.Start(ctx); err != nil {
-		logger.Error("child: start", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: start", err)
 	}
 	if err := r.Start(ctx); err != nil {
-		logger.Error("child: start runner", "error", err)
-		return 1
+		return pgtest.ChildFailed(ctx, logger, "child: start runner", err)
 	}
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

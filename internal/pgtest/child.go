@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -28,6 +29,20 @@ func ChildContext() (context.Context, context.CancelFunc) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	fmt.Fprintln(os.Stderr, childReady)
 	return ctx, stop
+}
+
+// ChildFailed is a child's exit when a step of its start or run fails with
+// err: 1, after logging it, unless ctx was cancelled, which means a SIGTERM
+// arrived meanwhile (the step failed because it was cancelled) and the
+// child stops gracefully, with 0, as Terminate expects of a child
+// terminated while it still starts.
+func ChildFailed(ctx context.Context, logger *slog.Logger, msg string, err error) int {
+	if ctx.Err() != nil {
+		logger.Info(msg+": stopped by SIGTERM", "error", err)
+		return 0
+	}
+	logger.Error(msg, "error", err)
+	return 1
 }
 
 // Child is the test binary run again as a helper process — a dispatcher, a
