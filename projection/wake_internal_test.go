@@ -2,6 +2,8 @@ package projection
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +34,8 @@ type wakeRig struct {
 	id      ShardID
 	applied chan string
 	waits   chan passKind
+	// failing makes the handler fail the comment "bad".
+	failing atomic.Bool
 }
 
 func newWakeRig(t *testing.T) *wakeRig {
@@ -41,8 +45,11 @@ func newWakeRig(t *testing.T) *wakeRig {
 	store := pgtest.Store(t, types.Registry)
 	r := &wakeRig{t: t, ctx: ctx, store: store, id: ShardID{Consumer: "w", Instance: SharedInstance},
 		applied: make(chan string, 100), waits: make(chan passKind, 100)}
-	p := NewAsync("w", AsyncConfig{})
+	p := NewAsync("w", AsyncConfig{MaxAttempts: 1})
 	if err := On(p, types.Commented, func(_ context.Context, _ pgx.Tx, _ projector.Event, c testevents.TicketCommented) error {
+		if c.Body == "bad" && r.failing.Load() {
+			return errors.New("bad comment")
+		}
 		r.applied <- c.Body
 		return nil
 	}); err != nil {
@@ -155,6 +162,22 @@ func TestEnableWakesDispatcher(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.awaitApplied("e2", wakeWithin, "the enable did not wake the dispatcher")
+}
+
+// An operator's restart of a dead shard wakes the dispatcher at once: the
+// event that killed it, fixed meanwhile, is applied well before the
+// Recheck the dispatcher's loop was waiting for.
+func TestRestartWakesDispatcher(t *testing.T) {
+	t.Parallel()
+	r := newWakeRig(t)
+	r.failing.Store(true)
+	r.append("bad")
+	r.awaitWait(passDead)
+	r.failing.Store(false) // the handler is fixed
+	if err := NewAdmin(r.store).Restart(r.ctx, r.id); err != nil {
+		t.Fatal(err)
+	}
+	r.awaitApplied("bad", wakeWithin, "the restart did not wake the dispatcher")
 }
 
 // A shard whose lock someone else held (an operator's command, a search
