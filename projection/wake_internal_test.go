@@ -34,18 +34,29 @@ type wakeRig struct {
 	id      ShardID
 	applied chan string
 	waits   chan passKind
+	// waitIDs are the shards of those waits, one for one.
+	waitIDs chan ShardID
 	// failing makes the handler fail the comment "bad".
 	failing atomic.Bool
 }
 
-func newWakeRig(t *testing.T) *wakeRig {
+func newWakeRig(t *testing.T) *wakeRig { return newWakeRigOf(t, 0) }
+
+// newWakeRigOf is newWakeRig of a consumer with partitions partitions
+// (none when below 2); its waits are reported for each of them.
+func newWakeRigOf(t *testing.T, partitions int) *wakeRig {
 	t.Helper()
 	ctx := context.Background()
 	types := testevents.New()
 	store := pgtest.Store(t, types.Registry)
+	if partitions > 1 {
+		if err := store.CreatePartitionIndex(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	r := &wakeRig{t: t, ctx: ctx, store: store, id: ShardID{Consumer: "w", Instance: SharedInstance},
-		applied: make(chan string, 100), waits: make(chan passKind, 100)}
-	p := NewAsync("w", AsyncConfig{MaxAttempts: 1})
+		applied: make(chan string, 100), waits: make(chan passKind, 100), waitIDs: make(chan ShardID, 100)}
+	p := NewAsync("w", AsyncConfig{MaxAttempts: 1, Partitions: partitions})
 	if err := On(p, types.Commented, func(_ context.Context, _ pgx.Tx, _ projector.Event, c testevents.TicketCommented) error {
 		if c.Body == "bad" && r.failing.Load() {
 			return errors.New("bad comment")
@@ -60,11 +71,12 @@ func newWakeRig(t *testing.T) *wakeRig {
 		t.Fatal(err)
 	}
 	d.waiting = func(id ShardID, kind passKind) {
-		if id != r.id || kind == passCaughtUp || kind == passMore {
+		if id.Consumer != r.id.Consumer || (partitions < 2 && id != r.id) || kind == passCaughtUp || kind == passMore {
 			return
 		}
 		select {
 		case r.waits <- kind:
+			r.waitIDs <- id
 		default: // the test looks for the first few only
 		}
 	}
@@ -134,6 +146,7 @@ func (r *wakeRig) awaitWait(kind passKind) {
 	for {
 		select {
 		case got := <-r.waits:
+			<-r.waitIDs
 			if got == kind {
 				return
 			}
@@ -219,4 +232,41 @@ func TestReleasedLockWakesDispatcher(t *testing.T) {
 			r.awaitApplied("e2", wakeWithin, "the released lock's wake did not wake the dispatcher")
 		})
 	}
+}
+
+// The same for a partition: an operator's enable of a partitioned
+// consumer's partitions wakes their loops at once.
+func TestEnablePartitionWakesDispatcher(t *testing.T) {
+	t.Parallel()
+	r := newWakeRigOf(t, 2)
+	r.append("e1")
+	r.awaitApplied("e1", 10*time.Second, "the dispatcher does not run")
+	admin := NewAdmin(r.store)
+	parts := []ShardID{{Consumer: "w", Instance: PartitionInstance(0, 2)}, {Consumer: "w", Instance: PartitionInstance(1, 2)}}
+	for _, id := range parts {
+		if err := admin.Disable(r.ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.append("e2")
+	// Both partitions' loops stand aside, so whichever holds e2 waits.
+	disabled := map[ShardID]bool{}
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	for len(disabled) < len(parts) {
+		select {
+		case kind := <-r.waits:
+			if id := <-r.waitIDs; kind == passDisabled {
+				disabled[id] = true
+			}
+		case <-timer.C:
+			t.Fatalf("only %v of the partitions stood aside disabled", disabled)
+		}
+	}
+	for _, id := range parts {
+		if err := admin.Enable(r.ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.awaitApplied("e2", wakeWithin, "the partitions' enable did not wake the dispatcher")
 }
