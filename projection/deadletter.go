@@ -454,6 +454,8 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		}
 		return nil
 	})
+	// The shard's lock is free again: a pass that found it taken looks now.
+	_ = WakeShards(ctx, store, ShardID{Consumer: dl.Consumer, Instance: dl.Instance})
 	if errors.Is(err, errNoRequest) {
 		return RetryResult{ID: id}, false, nil
 	}

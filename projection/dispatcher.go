@@ -215,6 +215,12 @@ type Dispatcher struct {
 	// relayout asks the balancing loop for a round now: a partitioned
 	// consumer's layout changed (layoutnotify.go).
 	relayout chan struct{}
+	// waiting, when set (by tests), is told each time a shard's loop
+	// starts to wait after a pass that left it with kind.
+	waiting func(ShardID, passKind)
+	// listened, when set (by tests), is called each time the dispatcher
+	// starts listening for layout changes and shard wakes.
+	listened func()
 }
 
 // shard is one consumer shard run by this dispatcher.
@@ -250,7 +256,9 @@ type shard struct {
 	segment  postgres.Segment
 	balancer *balancer
 	// kick wakes the shard's loop when this process takes the partition,
-	// or when the partition is split or merged away.
+	// when the partition is split or merged away, or when a shard wake
+	// (WakeShards) names the shard: an operator enabled or restarted it,
+	// or released its lock.
 	kick chan struct{}
 	// removed is set once the partition was split or merged away: its
 	// loop ends.
@@ -402,7 +410,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		if p.cfg.Delivery == PerInstance {
 			id.Instance = d.instance
 		}
-		d.shards = append(d.shards, &shard{id: id, proj: p, lockKey: shardLockKey(cfg.Store.Schema(), id)})
+		d.shards = append(d.shards, &shard{id: id, proj: p, lockKey: shardLockKey(cfg.Store.Schema(), id), kick: make(chan struct{}, 1)})
 	}
 	if len(d.balancers) > 0 {
 		// A process that dies is passed over once it misses LiveHeartbeats
@@ -608,7 +616,7 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		case res.kind == passNotMine:
 			dbFailures = 0
 			wait, wake = d.cfg.Recheck, false
-		default: // locked elsewhere, dead, disabled
+		default: // locked elsewhere, dead, disabled: until a shard wake (layoutnotify.go) or Recheck
 			dbFailures = 0
 			wait, wake = d.cfg.Recheck, false
 		}
@@ -619,12 +627,15 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		if !wake {
 			woken = nil
 		}
+		if d.waiting != nil && err == nil {
+			d.waiting(sh.id, res.kind)
+		}
 		select {
 		case <-soft.Done():
 			timer.Stop()
 			return
 		case <-woken:
-		case <-sh.kick: // this process took the partition
+		case <-sh.kick: // this process took the partition, or a shard wake (layoutnotify.go)
 		case <-timer.C:
 		}
 		timer.Stop()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,7 +13,8 @@ import (
 )
 
 // Telling running dispatchers that a partitioned consumer's layout changed
-// (docs/scaling.md, "Splitting and merging live").
+// (docs/scaling.md, "Splitting and merging live"), or that a shard they
+// stood aside from can run again (docs/operations.md, "Waking up").
 //
 // A split or merge commits new partition rows; the dispatchers running the
 // consumer read the layout on their balancing round, every Recheck. Waiting
@@ -20,15 +22,26 @@ import (
 // Recheck (about ten batches at the default second): the parent's loop had
 // stopped, and its halves, or the merged parent, had no loop yet. So every
 // layout change also sends a NOTIFY in its transaction, delivered at its
-// commit, and each dispatcher running a partitioned consumer LISTENs on a
-// connection of its own and runs its balancing round at once. The
-// notification only hurries the round: a dispatcher that missed it (its
+// commit, and each dispatcher LISTENs on a connection of its own and runs
+// its balancing round at once.
+//
+// A shard's loop that finds its shard disabled, dead, or locked by someone
+// else waits a Recheck too; an operator's enable, restart or skip, a dead
+// letter's or a park's retry, a rebuild request, `search verify`'s held
+// read or a reindex (anything that took the shard's lock from outside a
+// pass, WakeShards) ends by sending a shard wake on the same channel once
+// its transaction ended, committed or not, so its lock is free by then:
+// the loop of that shard, in each dispatcher running it, tries again at
+// once.
+//
+// The notifications only hurry things: a dispatcher that missed one (its
 // listening connection dropped, or a pooler in transaction mode that does
-// not carry LISTEN) still reads the layout on its next Recheck.
+// not carry LISTEN) still reads the layout and looks at its shards on its
+// next Recheck, and one that starts listening (again) looks at once.
 //
 // NOTIFY is kept off the append path (its commit-time lock serialises
-// committers, docs/performance.md); a layout change is an operator's rare
-// command, where that lock costs nothing.
+// committers, docs/performance.md); a layout change or an operator's
+// command is rare, where that lock costs nothing.
 
 // layoutChannel is the NOTIFY channel of layout changes, shared by every
 // schema: the payload names the schema and the consumer.
@@ -38,6 +51,67 @@ const layoutChannel = "projector_partition_layout"
 // joined by the unit separator, which neither contains.
 func layoutPayload(schema, consumer string) string {
 	return schema + "\x1f" + consumer
+}
+
+// shardWakePayload is a shard wake's NOTIFY payload: schema, consumer and
+// instance id (empty for every shard of the consumer) joined by the unit
+// separator, which none contains; a third field tells it from a layout
+// change's.
+func shardWakePayload(schema string, id ShardID) string {
+	return schema + "\x1f" + id.Consumer + "\x1f" + id.Instance
+}
+
+// notifyShardsSQL sends one shard wake per payload of $2, in one
+// statement (one commit, so the notification lock is taken once).
+const notifyShardsSQL = `SELECT count(pg_notify($1, p)) FROM unnest($2::text[]) p`
+
+// wakeTimeout bounds WakeShards' round trip: it runs after the caller's
+// work, whose context may have ended.
+const wakeTimeout = 5 * time.Second
+
+// WakeShards tells the dispatchers running shards ids of store's schema to
+// look at them now rather than at their next Recheck. Call it after the
+// transaction that took their locks ([LockShard], [LockPartitions]) or
+// changed their state ended, committed or rolled back: a pass that found
+// the lock taken, or the shard disabled or dead, stood aside for a whole
+// Recheck. Best effort, in a statement of its own (so on no append path
+// and in no caller's transaction, which would take a transaction id for
+// it): a dispatcher that misses it still looks at its Recheck. It runs
+// even when ctx has ended (the work it follows may have been cancelled),
+// bounded by a few seconds.
+func WakeShards(ctx context.Context, store *postgres.Store, ids ...ShardID) error {
+	payloads := make([]string, 0, len(ids))
+	for _, id := range ids {
+		id = id.normal()
+		if validName(id.Consumer) != nil || validInstance(id.Instance) != nil {
+			continue // no shard has that id
+		}
+		payloads = append(payloads, shardWakePayload(store.Schema(), id))
+	}
+	return sendWakes(ctx, store, payloads)
+}
+
+// WakeConsumer is [WakeShards] for every shard of consumer (its
+// partitions, its per-instance shards): for a holder that locked shards
+// of it it did not name one by one.
+func WakeConsumer(ctx context.Context, store *postgres.Store, consumer string) error {
+	if validName(consumer) != nil {
+		return nil
+	}
+	return sendWakes(ctx, store, []string{shardWakePayload(store.Schema(), ShardID{Consumer: consumer, Instance: ""})})
+}
+
+// sendWakes sends the shard wakes payloads (see WakeShards).
+func sendWakes(ctx context.Context, store *postgres.Store, payloads []string) error {
+	if len(payloads) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
+	defer cancel()
+	if _, err := store.Pool().Exec(ctx, notifyShardsSQL, layoutChannel, payloads); err != nil {
+		return fmt.Errorf("wake the dispatchers: %w", err)
+	}
+	return nil
 }
 
 // notifyLayout tells, at tx's commit, every dispatcher running consumer
@@ -70,13 +144,27 @@ func (d *Dispatcher) relayoutNow() {
 // meanwhile.
 const layoutListenEvery = 30 * time.Second
 
-// layoutListenLoop keeps a session LISTENing for layout changes of this
-// dispatcher's partitioned consumers and asks for a balancing round on
-// each (see above).
-func (d *Dispatcher) layoutListenLoop(ctx context.Context) {
-	if len(d.balancers) == 0 {
-		return
+// kickShard wakes the loop of this dispatcher's shard id, if it runs it;
+// of every shard of its consumer if id.Instance is empty (WakeConsumer).
+func (d *Dispatcher) kickShard(id ShardID) {
+	for _, sh := range d.allShards() {
+		if sh.id == id || (id.Instance == "" && sh.id.Consumer == id.Consumer) {
+			sh.wake()
+		}
 	}
+}
+
+// kickAll wakes the loop of every shard this dispatcher runs.
+func (d *Dispatcher) kickAll() {
+	for _, sh := range d.allShards() {
+		sh.wake()
+	}
+}
+
+// layoutListenLoop keeps a session LISTENing for layout changes of this
+// dispatcher's partitioned consumers, asking for a balancing round on
+// each, and for wakes of its shards, waking their loops (see above).
+func (d *Dispatcher) layoutListenLoop(ctx context.Context) {
 	mine := map[string]bool{}
 	for _, b := range d.balancers {
 		mine[layoutPayload(d.store.Schema(), b.consumer)] = true
@@ -93,7 +181,7 @@ func (d *Dispatcher) layoutListenLoop(ctx context.Context) {
 		if failures > 1 {
 			level = slog.LevelDebug // said once per outage, not every retry
 		}
-		d.logger.Log(ctx, level, "projection dispatcher: listening for partition layout changes failed; the balancing round every Recheck still sees them",
+		d.logger.Log(ctx, level, "projection dispatcher: listening for partition layout changes and shard wakes failed; the balancing round and the shards' looks every Recheck still see them",
 			slog.Any("error", err), slog.Duration("retry_in", wait))
 		timer := time.NewTimer(wait)
 		select {
@@ -124,16 +212,41 @@ func (d *Dispatcher) listenLayout(ctx context.Context, mine map[string]bool, lis
 		return fmt.Errorf("listen: %w", err)
 	}
 	listening()
-	// A change committed before this session listened (at start, or while
-	// it reconnected) is read by a round now.
-	d.relayoutNow()
+	// A change committed, or a wake sent, before this session listened (at
+	// start, or while it reconnected) is seen by a round and a look now.
+	if len(d.balancers) > 0 {
+		d.relayoutNow()
+	}
+	d.kickAll()
+	if d.listened != nil {
+		d.listened()
+	}
+	schema := d.store.Schema()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
-		if n.Channel == layoutChannel && mine[n.Payload] {
+		if n.Channel != layoutChannel {
+			continue
+		}
+		if mine[n.Payload] {
 			d.relayoutNow()
+			continue
+		}
+		if s, consumer, instance, ok := parseShardWake(n.Payload); ok && s == schema {
+			d.kickShard(ShardID{Consumer: consumer, Instance: instance})
 		}
 	}
+}
+
+// parseShardWake splits a shardWakePayload; ok is false for any other
+// payload (a layout change's).
+func parseShardWake(payload string) (schema, consumer, instance string, ok bool) {
+	schema, rest, ok := strings.Cut(payload, "\x1f")
+	if !ok {
+		return "", "", "", false
+	}
+	consumer, instance, ok = strings.Cut(rest, "\x1f")
+	return schema, consumer, instance, ok
 }

@@ -549,6 +549,8 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		}
 		return nil
 	})
+	// The shard's lock is free again: a pass that found it taken looks now.
+	_ = WakeShards(ctx, store, ShardID{Consumer: pk.Consumer, Instance: pk.Instance})
 	if errors.Is(err, errNoRequest) {
 		return ParkRetryResult{ID: id}, false, nil
 	}
@@ -606,6 +608,7 @@ func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string
 		}
 		return nil
 	})
+	_ = WakeShards(ctx, store, ShardID{Consumer: pk.Consumer, Instance: pk.Instance}) // its lock is free again
 	if err != nil {
 		return Park{}, err
 	}

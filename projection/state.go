@@ -449,6 +449,9 @@ func (a *Admin) transition(ctx context.Context, id ShardID, op string, allowed [
 		_, err = tx.Exec(ctx, a.sql.update, id.Consumer, id.Instance, s.Status, s.Attempts, s.Cursor.TxID, s.Cursor.Seq, lastError)
 		return err
 	})
+	// The shard's lock is free again and, unless refused, the shard may
+	// run: a pass that stood aside looks now rather than at its Recheck.
+	_ = WakeShards(ctx, a.store, id)
 	if err != nil {
 		var te *TransitionError
 		if errors.As(err, &te) || errors.Is(err, projector.ErrNotFound) {

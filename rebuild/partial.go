@@ -150,6 +150,9 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 		res.Held = time.Since(locked)
 		return nil
 	})
+	// The consumer's locks are free again: its passes that found them
+	// taken look now rather than at their dispatcher's next Recheck.
+	_ = projection.WakeConsumer(ctx, store, p.Name())
 	if err != nil {
 		return res, err
 	}

@@ -251,6 +251,10 @@ func Request(ctx context.Context, store *postgres.Store, name string, opts Optio
 		out, err = get(ctx, tx, store, id)
 		return err
 	})
+	// The consumer's locks are free again (and an in-place rebuild's
+	// replay may start): its passes look now rather than at their
+	// dispatcher's next Recheck.
+	_ = projection.WakeConsumer(ctx, store, name)
 	return out, err
 }
 

@@ -144,7 +144,11 @@ func sameLayout(a, b cursors) bool {
 // fenceLock is the consumer's fence lock (its unpartitioned shard's, which
 // every split, merge and partitioned registration takes) held by a
 // transaction of its own that takes nothing else.
-type fenceLock struct{ tx pgx.Tx }
+type fenceLock struct {
+	tx       pgx.Tx
+	store    *postgres.Store
+	consumer string
+}
 
 // lockFence waits for consumer's fence lock: for a split or merge under
 // way to finish, and keeps the next one waiting until release.
@@ -157,7 +161,7 @@ func lockFence(ctx context.Context, store *postgres.Store, consumer string) (fen
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return fenceLock{}, fmt.Errorf("hold the partitions' layout: %w", err)
 	}
-	return fenceLock{tx: tx}, nil
+	return fenceLock{tx: tx, store: store, consumer: consumer}, nil
 }
 
 // check fails if the lock's session is gone (killed, or ended by an
@@ -174,8 +178,11 @@ func (f fenceLock) check(ctx context.Context) error {
 	return nil
 }
 
-// release lets splits and merges run again (rolls the transaction back:
-// it wrote nothing).
+// release lets splits and merges, and an unpartitioned consumer's passes,
+// run again (rolls the transaction back: it wrote nothing), and wakes the
+// consumer's passes that found the lock taken rather than leave them to
+// their next Recheck.
 func (f fenceLock) release(ctx context.Context) {
 	_ = f.tx.Rollback(context.WithoutCancel(ctx))
+	_ = projection.WakeConsumer(ctx, f.store, f.consumer)
 }

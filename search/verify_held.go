@@ -30,7 +30,8 @@ import (
 // so the page holds exactly what the cursors say. The consumer's passes
 // are held off for as long: the wait for a batch in flight, the replay of
 // the events it applied and one listing of the page (a pass that found a
-// lock taken tries again at the dispatcher's next recheck). The locks are
+// lock taken tries again once they are released, woken by
+// projection.WakeConsumer). The locks are
 // taken in a transaction that writes nothing, so it holds back no
 // horizon. ok is false, and nothing read, when the layout changed since
 // from (partitioned, split or merged since): the locks taken are then not
@@ -41,7 +42,12 @@ func (p *Projection) readPageHeld(ctx context.Context, store *postgres.Store, ad
 	if err != nil {
 		return cursors{}, 0, nil, false, fmt.Errorf("hold the consumer: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		// The locks are free again: a pass that found one taken looks
+		// now rather than at its dispatcher's next Recheck.
+		_ = projection.WakeConsumer(ctx, store, p.name)
+	}()
 	ids := from.shards(p.name)
 	if from.partitioned() {
 		parts := make([]string, len(ids))
