@@ -33,6 +33,20 @@ func BenchmarkOpenSealedEvent(b *testing.B) {
 			}
 		}
 	})
+	one := allocPersonal
+	one.OneEnvelope = true
+	event, err := one.SealWith(allocPayload, "c-7", c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("one-pass-event", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, _, err := one.OpenStoredBy(event, byID); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("two-pass", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
