@@ -264,7 +264,8 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			continue
 		case epoch > 0:
 			tenant = ev.Stream.Tenant
-			data, id, forgotten, err := p.OpenStoredBy(ev.Data, trusted)
+			// In place: a read's payloads are pgx's fresh slices, its own.
+			data, id, forgotten, err := p.OpenStoredByInPlace(ev.Data, trusted)
 			switch {
 			case err == nil:
 				ev.Data, ev.Forgotten = data, forgotten
