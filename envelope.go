@@ -100,6 +100,10 @@ func (c *KeyCipher) appendSealed(dst []byte, subject string, field, plain, scrat
 	return append(dst, '"'), scratch, nil
 }
 
+// strictBase64 decodes envelopes: made once, where Strict() copies the
+// whole Encoding on every call. It is never modified.
+var strictBase64 = base64.RawURLEncoding.Strict()
+
 // scratchPool holds the buffers envelopes are sealed and opened in, so a
 // payload's fields cost no allocation of their own: each result is copied
 // into the payload before the buffer is used again.
@@ -141,7 +145,7 @@ func (c *KeyCipher) open(subject string, field, envelope, buf []byte) (plain, sc
 		buf = make([]byte, need+64)
 	}
 	raw := buf[:size]
-	n, err := base64.RawURLEncoding.Strict().Decode(raw, enc)
+	n, err := strictBase64.Decode(raw, enc)
 	if err != nil {
 		return nil, buf, fmt.Errorf("%w: envelope encoding: %w", ErrSealed, err)
 	}

@@ -195,7 +195,7 @@ func (c *KeyCipher) openEvent(subject string, ms []member, idx []int, env, buf [
 	}
 	buf = buf[:cap(buf)]
 	raw := buf[:size]
-	n, err := base64.RawURLEncoding.Strict().Decode(raw, enc)
+	n, err := strictBase64.Decode(raw, enc)
 	if err != nil {
 		return buf, fmt.Errorf("%w: event envelope encoding: %w", ErrSealed, err)
 	}
@@ -226,8 +226,11 @@ func (c *KeyCipher) openEvent(subject string, ms []member, idx []int, env, buf [
 
 // openMembers returns data with its sealed members ms (in the payload's
 // order, v holding each envelope) opened under c, or set to null when c is
-// nil (forgotten), into a result of data's size plus room for nulls.
-func openMembers(data []byte, subject string, c *KeyCipher, ms []member) (out []byte, forgotten bool, err error) {
+// nil (forgotten), into a result of data's size plus room for nulls; with
+// inPlace, over data itself when every opened value is at hand before the
+// first byte is written and no write passes what is still to be read
+// (fitsInPlace). data is left as it was on an error.
+func openMembers(data []byte, subject string, c *KeyCipher, ms []member, inPlace bool) (out []byte, forgotten bool, err error) {
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
 	if c != nil {
@@ -255,9 +258,13 @@ func openMembers(data []byte, subject string, c *KeyCipher, ms []member) (out []
 			}
 		}
 	}
-	// An opened value is shorter than its envelope; a placeholder (6
-	// bytes) may be shorter than null (4) plus nothing: room for nulls.
-	out = make([]byte, 0, len(data)+len(jsonNull))
+	if inPlace && fitsInPlace(ms, c) {
+		out = data[:0]
+	} else {
+		// An opened value is shorter than its envelope; a placeholder (7
+		// bytes) may be shorter than null (4) plus nothing: room for nulls.
+		out = make([]byte, 0, len(data)+len(jsonNull))
+	}
 	last := 0
 	for i := range ms {
 		m := &ms[i]
@@ -278,6 +285,31 @@ func openMembers(data []byte, subject string, c *KeyCipher, ms []member) (out []
 		}
 	}
 	return append(out, data[last:]...), forgotten, nil
+}
+
+// fitsInPlace reports whether ms, opened (their v the opened values) or
+// set to null (c nil), can be written over the payload they were read
+// from, front to back: no field envelope is left to open while writing
+// (it would be decrypted from bytes already overwritten), and after each
+// member the result ends at or before the member's end in the payload, so
+// what is still to be read is never overwritten.
+func fitsInPlace(ms []member, c *KeyCipher) bool {
+	shrunk := 0 // how far the result's end is ahead of the payload's
+	for i := range ms {
+		m := &ms[i]
+		n := len(jsonNull)
+		if c != nil {
+			if m.kind == fieldEnvelope {
+				return false
+			}
+			n = len(m.v)
+		}
+		shrunk += (m.end - m.start) - n
+		if shrunk < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // sealedMembers returns data's sealed members, in order, in few when they

@@ -310,7 +310,7 @@ func openWith(data json.RawMessage, subject string, c *KeyCipher, valid bool) (o
 		if !ok {
 			return nil, false, fmt.Errorf("%w: an event envelope in a payload the scanner does not follow", ErrSealed)
 		}
-		return openMembers(data, subject, c, ms)
+		return openMembers(data, subject, c, ms, false)
 	}
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
@@ -343,6 +343,19 @@ func openWith(data json.RawMessage, subject string, c *KeyCipher, valid bool) (o
 // returned whenever it was found, with cipher's error too, so a caller
 // whose cipher had no key at hand can fetch it and call OpenStored.
 func (p Personal) OpenStoredBy(data json.RawMessage, cipher func(subject string) (*KeyCipher, error)) (out json.RawMessage, subject string, forgotten bool, err error) {
+	return p.openStoredBy(data, cipher, false)
+}
+
+// OpenStoredByInPlace is [Personal.OpenStoredBy] for data the caller owns
+// and gives up: when the opened payload fits, it is written over data,
+// which saves the result's allocation (a read's events are opened so).
+// After a call that returns no error, use out, never data; on an error
+// data is left as it was.
+func (p Personal) OpenStoredByInPlace(data json.RawMessage, cipher func(subject string) (*KeyCipher, error)) (out json.RawMessage, subject string, forgotten bool, err error) {
+	return p.openStoredBy(data, cipher, true)
+}
+
+func (p Personal) openStoredBy(data json.RawMessage, cipher func(subject string) (*KeyCipher, error), inPlace bool) (out json.RawMessage, subject string, forgotten bool, err error) {
 	var few [4]member // on the stack while the event has at most four
 	ms := few[:0]
 	var raw []byte
@@ -380,7 +393,7 @@ func (p Personal) OpenStoredBy(data json.RawMessage, cipher func(subject string)
 	if err != nil {
 		return nil, subject, false, err
 	}
-	out, forgotten, err = openMembers(data, subject, c, ms)
+	out, forgotten, err = openMembers(data, subject, c, ms, inPlace)
 	return out, subject, forgotten, err
 }
 

@@ -169,6 +169,12 @@ func FuzzOpenEvent(f *testing.F) {
 					t.Fatalf("%q: OpenStoredBy %q, OpenStored %q (%v)", data, got, want, werr)
 				}
 			}
+			// In place: the same result, and data as it was on an error.
+			own := bytes.Clone(data)
+			in, _, _, ierr := p.OpenStoredByInPlace(own, byID)
+			if (ierr == nil) != (err == nil) || err == nil && !bytes.Equal(in, got) || err != nil && !bytes.Equal(own, data) {
+				t.Fatalf("%q: OpenStoredByInPlace %q (%v), left %q; OpenStoredBy %q (%v)", data, in, ierr, own, got, err)
+			}
 		}
 	})
 }
@@ -202,5 +208,63 @@ func TestOneEnvelopeIsOptIn(t *testing.T) {
 	}
 	if strings.Contains(string(sealed), "pjx2.") || strings.Count(string(sealed), `"pjx1.`) != 2 {
 		t.Fatalf("sealed by default: %s, want one pjx1 envelope per field", sealed)
+	}
+}
+
+// TestOpenStoredByInPlace: opening over the payload itself gives what
+// opening into a new one gives — in the order jsonb keeps (the envelope
+// first), in one where a kept field's long value comes before the envelope
+// (it does not fit: a new payload), forgotten, and in the form of a field
+// per envelope — and it writes over the payload only when it fits.
+func TestOpenStoredByInPlace(t *testing.T) {
+	t.Parallel()
+	p := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}, OneEnvelope: true}
+	c, err := projector.NewKeyCipher(bytes.Repeat([]byte{7}, projector.DataKeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("Ada Lovelace ", 4)
+	envFirst, err := p.SealWith(json.RawMessage(`{"name": "`+long+`", "plan": "pro", "email": "a@x", "customer": "c-1"}`), "c-1", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The envelope in email, the name kept in it, and the name first.
+	sealed, err := p.SealWith(json.RawMessage(`{"email": "a@x", "name": "`+long+`", "customer": "c-1"}`), "c-1", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]string
+	if err := json.Unmarshal(sealed, &m); err != nil || m["name"] != "pjx2." {
+		t.Fatalf("sealed %s: want the name kept in the email's envelope", sealed)
+	}
+	placeholderFirst := json.RawMessage(`{"name": "pjx2.", "email": "` + m["email"] + `", "customer": "c-1"}`)
+	perField, err := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}}.SealWith(json.RawMessage(`{"name": "Ada", "email": "a@x", "customer": "c-1"}`), "c-1", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		data    json.RawMessage
+		key     *projector.KeyCipher
+		inPlace bool
+	}{
+		{envFirst, c, true},
+		{placeholderFirst, c, false},
+		{placeholderFirst, nil, true},
+		{perField, c, false},
+		{perField, nil, true},
+	} {
+		byID := func(string) (*projector.KeyCipher, error) { return tc.key, nil }
+		want, _, wantGone, err := p.OpenStoredBy(tc.data, byID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := bytes.Clone(tc.data)
+		got, subject, gone, err := p.OpenStoredByInPlace(own, byID)
+		if err != nil || subject != "c-1" || gone != wantGone || !bytes.Equal(got, want) {
+			t.Fatalf("%s in place: %s %q %v (%v), want %s %v", tc.data, got, subject, gone, err, want, wantGone)
+		}
+		if over := &got[:1][0] == &own[0]; over != tc.inPlace {
+			t.Errorf("%s (key %v): written over the payload %v, want %v", tc.data, tc.key != nil, over, tc.inPlace)
+		}
 	}
 }

@@ -43,11 +43,23 @@ const DefaultKeyCacheSize = 4096
 //
 // The wrapped bytes hold a random nonce, so two keys never share them: a
 // match means the very key row the entry was made from.
+//
+// The cache also remembers subjects a read found forgotten (their key row
+// there, its wrapped NULL), each with the key epoch of that read's
+// snapshot: a read at that same epoch takes the subject as forgotten
+// without reading its key row again. Bringing a destroyed key back — an
+// UPDATE of wrapped, or a DELETE and a new row — moves the epoch (a
+// DELETE does, and the new row can only follow it), so the entry is never
+// used across a move: after a forget commits no read opens the subject's
+// fields (promise 19), and a key restored by hand is read again.
 type keyCache struct {
 	mu      sync.Mutex
 	max     int
 	order   *list.List // front: most recently used
 	entries map[SubjectRef]*list.Element
+	// forgotten maps subjects a read saw forgotten to that read's key
+	// epoch; at most max of them, cleared when full.
+	forgotten map[SubjectRef]int64
 }
 
 type cachedKey struct {
@@ -122,6 +134,39 @@ func (c *keyCache) confirm(ref SubjectRef, wrapped []byte, epoch int64) {
 	}
 }
 
+// forgottenAt reports whether a read at epoch, the key epoch of the
+// caller's snapshot, saw the subject forgotten.
+func (c *keyCache) forgottenAt(ref SubjectRef, epoch int64) bool {
+	if c == nil || epoch <= 0 {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.forgotten[ref]
+	return ok && e == epoch
+}
+
+// sawForgotten records that a read at epoch saw the subject's key row
+// forgotten (wrapped NULL), and drops the subject's key if cached.
+func (c *keyCache) sawForgotten(ref SubjectRef, epoch int64) {
+	if c == nil || epoch <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.entries[ref]; ok {
+		c.order.Remove(el)
+		delete(c.entries, ref)
+	}
+	if c.forgotten == nil || len(c.forgotten) >= c.max {
+		// Cleared rather than ordered: an entry only saves a read of
+		// a key row, and a full map means the epoch moved meanwhile or
+		// the process reads more forgotten subjects than it caches.
+		c.forgotten = map[SubjectRef]int64{}
+	}
+	c.forgotten[ref] = epoch
+}
+
 // put remembers e, evicting the least recently used entry when full.
 func (c *keyCache) put(e cachedKey) {
 	if c == nil {
@@ -129,6 +174,7 @@ func (c *keyCache) put(e cachedKey) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.forgotten, e.ref)
 	if el, ok := c.entries[e.ref]; ok {
 		el.Value = e
 		c.order.MoveToFront(el)
@@ -149,6 +195,7 @@ func (c *keyCache) drop(ref SubjectRef) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.forgotten, ref)
 	if el, ok := c.entries[ref]; ok {
 		c.order.Remove(el)
 		delete(c.entries, ref)

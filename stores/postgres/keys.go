@@ -321,7 +321,9 @@ func (k *KeyTable) DataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 }
 
 // dataKeys is DataKeys with each key's cache entry, confirmed at the key
-// epoch of the statement's snapshot (keyCache).
+// epoch of the statement's snapshot (keyCache). The statement brings the
+// forgotten subjects' rows too, without a key: the cache remembers them
+// as forgotten at that epoch, and they are absent from the result.
 func (k *KeyTable) dataKeys(ctx context.Context, db DBTX, subjects []SubjectRef) (map[SubjectRef]cachedKey, error) {
 	if len(subjects) == 0 {
 		return nil, nil
@@ -333,8 +335,7 @@ func (k *KeyTable) dataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 	}
 	rows, err := db.Query(ctx, `SELECT k.tenant_id, k.subject, k.master_key_id, k.wrapped, (SELECT ep.epoch FROM `+k.epochTable+` ep)
 		FROM `+k.table+` k
-		JOIN unnest($1::text[], $2::text[]) AS s(tenant_id, subject) USING (tenant_id, subject)
-		WHERE k.wrapped IS NOT NULL`, tenants, ids)
+		JOIN unnest($1::text[], $2::text[]) AS s(tenant_id, subject) USING (tenant_id, subject)`, tenants, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read data keys: %w", err)
 	}
@@ -344,6 +345,11 @@ func (k *KeyTable) dataKeys(ctx context.Context, db DBTX, subjects []SubjectRef)
 	var wrapped []byte
 	var epoch pgtype.Int8
 	_, err = pgx.ForEachRow(rows, []any{&ref.Tenant, &ref.ID, &keyID, &wrapped, &epoch}, func() error {
+		if wrapped == nil {
+			k.cache.sawForgotten(ref, epoch.Int64)
+			k.sawEpoch(epoch.Int64)
+			return nil
+		}
 		e, err := k.unwrapAt(ref, keyID, wrapped, epoch.Int64)
 		if err != nil {
 			return err

@@ -206,17 +206,42 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		epoch = rowKeys[0].epoch.Int64 // one per statement
 	}
 	// trusted is the cipher of the event at hand's subject when the cache
-	// trusts its key at the read's epoch; errUntrusted otherwise.
+	// trusts its key at the read's epoch, nil when it saw the subject
+	// forgotten at that epoch; errUntrusted otherwise. The last subject's
+	// answer is kept for the read: a stream's events mostly share one.
 	var tenant string
+	var last struct {
+		ref    SubjectRef
+		cipher *projector.KeyCipher
+		ok     bool
+	}
 	trusted := func(id string) (*projector.KeyCipher, error) {
-		if e, ok := kt.cache.trusted(SubjectRef{Tenant: tenant, ID: id}, epoch); ok {
+		if last.ok && last.ref.ID == id && last.ref.Tenant == tenant {
+			return last.cipher, nil
+		}
+		ref := SubjectRef{Tenant: tenant, ID: id}
+		if e, ok := kt.cache.trusted(ref, epoch); ok {
+			last.ref, last.cipher, last.ok = ref, e.cipher, true
 			return e.cipher, nil
+		}
+		if kt.cache.forgottenAt(ref, epoch) {
+			last.ref, last.cipher, last.ok = ref, nil, true
+			return nil, nil
 		}
 		return nil, errUntrusted
 	}
+	// The declaration of the last type seen, for the read: the registry's
+	// lookup takes its lock.
+	var lastType string
+	var lastP projector.Personal
+	var lastOK bool
 	for i := range events {
 		ev := &events[i]
-		p, ok := s.registry.PersonalOf(ev.Type)
+		if ev.Type != lastType || i == 0 {
+			lastType = ev.Type
+			lastP, lastOK = s.registry.PersonalOf(ev.Type)
+		}
+		p, ok := lastP, lastOK
 		if !ok || !projector.IsSealed(ev.Data) {
 			continue
 		}
@@ -232,12 +257,15 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 					return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 				}
 				t.cipher = e.cipher
-			} // else forgotten: no key
+			} else { // forgotten: no key
+				kt.cache.sawForgotten(t.ref, rk.epoch.Int64)
+			}
 			todo = append(todo, t)
 			continue
 		case epoch > 0:
 			tenant = ev.Stream.Tenant
-			data, id, forgotten, err := p.OpenStoredBy(ev.Data, trusted)
+			// In place: a read's payloads are pgx's fresh slices, its own.
+			data, id, forgotten, err := p.OpenStoredByInPlace(ev.Data, trusted)
 			switch {
 			case err == nil:
 				ev.Data, ev.Forgotten = data, forgotten
@@ -249,6 +277,7 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 				// A trusted key of a transaction that rolled back
 				// (keyCache): read the subject's key row.
 				kt.cache.drop(SubjectRef{Tenant: tenant, ID: id})
+				last.ok = false
 			default:
 				return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 			}

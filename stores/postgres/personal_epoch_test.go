@@ -276,3 +276,80 @@ func TestSealedReadAfterTheEpochMoved(t *testing.T) {
 		t.Fatalf("the other subject after the forget: %+v", evs)
 	}
 }
+
+// TestForgottenSubjectReadAtOneEpoch: once a read has found a subject
+// forgotten, a read at the same key epoch takes it as forgotten without
+// reading its key row again (one statement, the key epoch's alone), and a
+// move of the epoch ends that: a key put back by hand (an UPDATE of the
+// row, which moves the epoch) opens the subject's fields on the next read.
+func TestForgottenSubjectReadAtOneEpoch(t *testing.T) {
+	t.Parallel()
+	types := testevents.NewPersonal()
+	cfg := pgtest.PoolConfig(t)
+	var count statementCounter
+	cfg.ConnConfig.Tracer = &count
+	ctx := context.Background()
+	store, err := postgres.New(ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: pgtest.Schema(t), Registry: types.Registry,
+		MasterKey: masterKey(t, "k1", "one")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: store.Schema(), Registry: types.Registry, MasterKey: masterKey(t, "k1", "one")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := store.Pool().Acquire(ctx) // one connection: no pool pings counted
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	both := projector.TenantStream("acme", "customer", "both")
+	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@x", Plan: "pro"}
+	bob := testevents.CustomerRegistered{Customer: "c-2", Name: "Bob", Email: "bob@x", Plan: "pro"}
+	for _, c := range []testevents.CustomerRegistered{ada, bob} {
+		if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+			_, err := store.Append(ctx, tx, both, projector.AnyVersion, c)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(want int64) []projector.Event {
+		t.Helper()
+		start := count.n.Load()
+		evs, err := store.ReadStreamTx(ctx, conn, both, postgres.StreamQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := count.n.Load() - start; n != want {
+			t.Errorf("the read sent %d statements, want %d", n, want)
+		}
+		if len(evs) != 2 || evs[1].Payload != bob || evs[1].Forgotten {
+			t.Fatalf("the other subject's event: %+v", evs)
+		}
+		return evs
+	}
+	forgotten := func(evs []projector.Event) bool {
+		return evs[0].Forgotten && evs[0].Payload.(testevents.CustomerRegistered).Name == ""
+	}
+	read(1) // brings the key rows: the process knows no epoch yet
+	var wrapped []byte
+	if err := other.Pool().QueryRow(ctx, `SELECT wrapped FROM `+store.Schema()+`.projector_subject_keys WHERE subject = 'c-1'`).Scan(&wrapped); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Forget(ctx, postgres.SubjectRef{Tenant: "acme", ID: "c-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if evs := read(2); !forgotten(evs) { // the epoch moved: both keys read again
+		t.Fatalf("after the forget: %+v", evs)
+	}
+	if evs := read(1); !forgotten(evs) { // the same epoch: c-1 known forgotten
+		t.Fatalf("after the forget, again: %+v", evs)
+	}
+	if _, err := other.Pool().Exec(ctx, `UPDATE `+store.Schema()+`.projector_subject_keys SET wrapped = $1, forgotten_at = NULL WHERE subject = 'c-1'`, wrapped); err != nil {
+		t.Fatal(err)
+	}
+	if evs := read(2); evs[0].Forgotten || evs[0].Payload != ada {
+		t.Fatalf("after the key was put back (the epoch moved): %+v", evs)
+	}
+}
