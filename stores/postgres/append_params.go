@@ -75,17 +75,11 @@ func (a uuidArray) IndexType() any { return (*uuidElem)(nil) }
 // query modes that send parameters as text of an unknown type (see
 // uuidParam).
 func (a uuidArray) TextValue() (pgtype.Text, error) {
-	var b strings.Builder
-	b.Grow(1 + 37*len(a))
-	b.WriteByte('{')
+	ids := make([]string, len(a))
 	for i, id := range a {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(uuid.UUID(id).String())
+		ids[i] = uuid.UUID(id).String()
 	}
-	b.WriteByte('}')
-	return pgtype.Text{String: b.String(), Valid: true}, nil
+	return pgtype.Text{String: arrayLiteral(ids), Valid: true}, nil
 }
 
 // textArray is a text[] parameter.

@@ -34,3 +34,18 @@ func TestNewIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestArrayLiteral: the text form the exec and simple-protocol modes send
+// for a text[] quotes every element and escapes its quotes and
+// backslashes, so an element holding a comma, a brace, a quote or nothing
+// stays one element.
+func TestArrayLiteral(t *testing.T) {
+	got := arrayLiteral([]string{`a"b`, `c\d`, "", "x,y", "{z}"})
+	want := `{"a\"b","c\\d","","x,y","{z}"}`
+	if got != want {
+		t.Fatalf("arrayLiteral = %s, want %s", got, want)
+	}
+	if got := arrayLiteral(nil); got != "{}" {
+		t.Fatalf("arrayLiteral(nil) = %s, want {}", got)
+	}
+}
