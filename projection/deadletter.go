@@ -308,15 +308,18 @@ func DiscardDeadLetters(ctx context.Context, store *postgres.Store, ids []int64)
 }
 
 // RequestDeadLetterRetry records a retry request on open dead letters, for
-// a dispatcher that has the consumer's projection registered to carry out
-// (it polls every Recheck): a binary without the projection's code cannot
-// run its handlers. All or none, refused like [DiscardDeadLetters]; an
+// a dispatcher that has the consumer's projection registered to carry out:
+// a binary without the projection's code cannot run its handlers. Once
+// committed it wakes the dispatchers' retry loops, which otherwise look
+// only every Recheck. All or none, refused like [DiscardDeadLetters]; an
 // event pruned meanwhile matches [ErrEventPruned].
 func RequestDeadLetterRetry(ctx context.Context, store *postgres.Store, ids []int64) error {
 	if len(ids) == 0 {
 		return fmt.Errorf("%w: retry: no dead-letter ids", ErrInvalidFilter)
 	}
-	return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+	var consumers []string
+	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		consumers = consumers[:0]
 		for _, id := range ids {
 			dl, err := getDeadLetter(ctx, tx, store, id, true)
 			if err != nil {
@@ -339,9 +342,15 @@ func RequestDeadLetterRetry(ctx context.Context, store *postgres.Store, ids []in
 				SET retry_requested_at = now() WHERE id = $1`, id); err != nil {
 				return fmt.Errorf("request retry of dead letter %d: %w", id, err)
 			}
+			consumers = append(consumers, dl.Consumer)
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	_ = wakeRetries(ctx, store, consumers...)
+	return nil
 }
 
 // RetryResult is what one retry of a dead letter did.
@@ -685,6 +694,7 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
+		case <-d.retryKick: // a request was committed (layoutnotify.go)
 		}
 	}
 }

@@ -215,6 +215,9 @@ type Dispatcher struct {
 	// relayout asks the balancing loop for a round now: a partitioned
 	// consumer's layout changed (layoutnotify.go).
 	relayout chan struct{}
+	// retryKick asks the retry loop to look for retry requests now: one
+	// was committed (layoutnotify.go).
+	retryKick chan struct{}
 	// waiting, when set (by tests), is told each time a shard's loop
 	// starts to wait after a pass that left it with kind.
 	waiting func(ShardID, passKind)
@@ -370,6 +373,7 @@ func New(cfg Config) (*Dispatcher, error) {
 
 		remeasure: make(chan struct{}, 1),
 		relayout:  make(chan struct{}, 1),
+		retryKick: make(chan struct{}, 1),
 	}
 	d.tracer = tracing.Tracer(cfg.TracerProvider)
 	d.instance = cmp.Or(cfg.InstanceID, os.Getenv(EnvInstanceID))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +35,15 @@ import (
 // the loop of that shard, in each dispatcher running it, tries again at
 // once.
 //
+// A retry request (`dead-letters retry` or `parked retry` without --here,
+// [RequestDeadLetterRetry], [RequestParkRetry]) is carried out by the
+// retry loop of a dispatcher running the consumer, which polls for them
+// every Recheck; the request sends a retry wake once it committed, on a
+// channel of its own (retryChannel), and that loop looks at once. Not on
+// the shard wakes' channel: the retry a loop carries out ends with a
+// shard wake of its own, which must not start the loop again (a request
+// left to another binary's version would be polled for in a loop).
+//
 // The notifications only hurry things: a dispatcher that missed one (its
 // listening connection dropped, or a pooler in transaction mode that does
 // not carry LISTEN) still reads the layout and looks at its shards on its
@@ -59,6 +69,16 @@ func layoutPayload(schema, consumer string) string {
 // change's.
 func shardWakePayload(schema string, id ShardID) string {
 	return schema + "\x1f" + id.Consumer + "\x1f" + id.Instance
+}
+
+// retryChannel is the NOTIFY channel of retry requests; the payload is
+// retryWakePayload.
+const retryChannel = "projector_retry_request"
+
+// retryWakePayload is a retry request's NOTIFY payload: schema and
+// consumer joined by the unit separator, which neither contains.
+func retryWakePayload(schema, consumer string) string {
+	return schema + "\x1f" + consumer
 }
 
 // notifyShardsSQL sends one shard wake per payload of $2, in one
@@ -101,14 +121,33 @@ func WakeConsumer(ctx context.Context, store *postgres.Store, consumer string) e
 	return sendWakes(ctx, store, []string{shardWakePayload(store.Schema(), ShardID{Consumer: consumer, Instance: ""})})
 }
 
+// wakeRetries tells the dispatchers running consumers that retry requests
+// of theirs were committed, so their retry loops look now rather than at
+// their next Recheck. Best effort, like WakeShards: a dispatcher that
+// misses it carries the request out at its Recheck.
+func wakeRetries(ctx context.Context, store *postgres.Store, consumers ...string) error {
+	payloads := make([]string, 0, len(consumers))
+	for _, c := range consumers {
+		if p := retryWakePayload(store.Schema(), c); validName(c) == nil && !slices.Contains(payloads, p) {
+			payloads = append(payloads, p)
+		}
+	}
+	return notifyAll(ctx, store, retryChannel, payloads)
+}
+
 // sendWakes sends the shard wakes payloads (see WakeShards).
 func sendWakes(ctx context.Context, store *postgres.Store, payloads []string) error {
+	return notifyAll(ctx, store, layoutChannel, payloads)
+}
+
+// notifyAll sends payloads on channel in one statement of its own.
+func notifyAll(ctx context.Context, store *postgres.Store, channel string, payloads []string) error {
 	if len(payloads) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
 	defer cancel()
-	if _, err := store.Pool().Exec(ctx, notifyShardsSQL, layoutChannel, payloads); err != nil {
+	if _, err := store.Pool().Exec(ctx, notifyShardsSQL, channel, payloads); err != nil {
 		return fmt.Errorf("wake the dispatchers: %w", err)
 	}
 	return nil
@@ -150,6 +189,19 @@ func (d *Dispatcher) kickShard(id ShardID) {
 	for _, sh := range d.allShards() {
 		if sh.id == id || (id.Instance == "" && sh.id.Consumer == id.Consumer) {
 			sh.wake()
+		}
+	}
+}
+
+// kickRetries wakes this dispatcher's retry loop if it runs consumer.
+func (d *Dispatcher) kickRetries(consumer string) {
+	for _, sh := range d.allShards() {
+		if sh.id.Consumer == consumer && sh.shadow == nil {
+			select {
+			case d.retryKick <- struct{}{}:
+			default: // one is pending already
+			}
+			return
 		}
 	}
 }
@@ -208,8 +260,10 @@ func (d *Dispatcher) listenLayout(ctx context.Context, mine map[string]bool, lis
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	if _, err := conn.Exec(ctx, `LISTEN `+layoutChannel); err != nil {
-		return fmt.Errorf("listen: %w", err)
+	for _, ch := range []string{layoutChannel, retryChannel} {
+		if _, err := conn.Exec(ctx, `LISTEN `+ch); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
 	}
 	listening()
 	// A change committed, or a wake sent, before this session listened (at
@@ -218,6 +272,10 @@ func (d *Dispatcher) listenLayout(ctx context.Context, mine map[string]bool, lis
 		d.relayoutNow()
 	}
 	d.kickAll()
+	select {
+	case d.retryKick <- struct{}{}:
+	default:
+	}
 	if d.listened != nil {
 		d.listened()
 	}
@@ -226,6 +284,12 @@ func (d *Dispatcher) listenLayout(ctx context.Context, mine map[string]bool, lis
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
+		}
+		if n.Channel == retryChannel {
+			if s, consumer, ok := strings.Cut(n.Payload, "\x1f"); ok && s == schema {
+				d.kickRetries(consumer)
+			}
+			continue
 		}
 		if n.Channel != layoutChannel {
 			continue

@@ -616,21 +616,24 @@ func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string
 }
 
 // RequestParkRetry records a retry request on an open park, for a
-// dispatcher that has the consumer's projection to carry out (it polls
-// every Recheck) with by as who retried it. A park that is not open is
+// dispatcher that has the consumer's projection to carry out with by as
+// who retried it; it wakes the dispatchers' retry loops, which otherwise
+// look only every Recheck. A park that is not open is
 // refused with [projector.ErrInvalidTransition], one of a rebuild's shadow
 // shard with [ErrParkNotLive].
 func RequestParkRetry(ctx context.Context, store *postgres.Store, id int64, by string) error {
 	if err := validBy(by); err != nil {
 		return err
 	}
-	tag, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_parks")+` SET retry_requested_at = now(), resolved_by = $2
-		WHERE id = $1 AND status = 'parked' AND instance_id <> '`+RebuildInstance+`'`, id, by)
-	if err != nil {
-		return fmt.Errorf("request retry of park %d: %w", id, err)
-	}
-	if tag.RowsAffected() == 1 {
+	var consumer string
+	err := store.Pool().QueryRow(ctx, `UPDATE `+store.Table("projector_parks")+` SET retry_requested_at = now(), resolved_by = $2
+		WHERE id = $1 AND status = 'parked' AND instance_id <> '`+RebuildInstance+`' RETURNING consumer`, id, by).Scan(&consumer)
+	if err == nil {
+		_ = wakeRetries(ctx, store, consumer)
 		return nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("request retry of park %d: %w", id, err)
 	}
 	pk, err := getPark(ctx, store.Pool(), store, id, false)
 	if err != nil {

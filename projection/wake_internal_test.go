@@ -16,10 +16,10 @@ import (
 )
 
 // wakeRecheck is the dispatchers' Recheck in the shard wake tests: far
-// above wakeWithin, so a shard that is not woken fails the test instead
-// of running at its Recheck.
+// above wakeWithin, so a shard (or a retry request) that is not woken
+// fails the test instead of running at its Recheck.
 const (
-	wakeRecheck = 30 * time.Second
+	wakeRecheck = time.Hour
 	wakeWithin  = 5 * time.Second
 )
 
@@ -40,11 +40,12 @@ type wakeRig struct {
 	failing atomic.Bool
 }
 
-func newWakeRig(t *testing.T) *wakeRig { return newWakeRigOf(t, 0) }
+func newWakeRig(t *testing.T) *wakeRig { return newWakeRigOf(t, 0, HaltOnError) }
 
 // newWakeRigOf is newWakeRig of a consumer with partitions partitions
-// (none when below 2); its waits are reported for each of them.
-func newWakeRigOf(t *testing.T, partitions int) *wakeRig {
+// (none when below 2), whose handler errors do what mode says; its waits
+// are reported for each of them.
+func newWakeRigOf(t *testing.T, partitions int, mode ErrorMode) *wakeRig {
 	t.Helper()
 	ctx := context.Background()
 	types := testevents.New()
@@ -56,7 +57,7 @@ func newWakeRigOf(t *testing.T, partitions int) *wakeRig {
 	}
 	r := &wakeRig{t: t, ctx: ctx, store: store, id: ShardID{Consumer: "w", Instance: SharedInstance},
 		applied: make(chan string, 100), waits: make(chan passKind, 100), waitIDs: make(chan ShardID, 100)}
-	p := NewAsync("w", AsyncConfig{MaxAttempts: 1, Partitions: partitions})
+	p := NewAsync("w", AsyncConfig{MaxAttempts: 1, Partitions: partitions, ErrorMode: mode})
 	if err := On(p, types.Commented, func(_ context.Context, _ pgx.Tx, _ projector.Event, c testevents.TicketCommented) error {
 		if c.Body == "bad" && r.failing.Load() {
 			return errors.New("bad comment")
@@ -238,7 +239,7 @@ func TestReleasedLockWakesDispatcher(t *testing.T) {
 // consumer's partitions wakes their loops at once.
 func TestEnablePartitionWakesDispatcher(t *testing.T) {
 	t.Parallel()
-	r := newWakeRigOf(t, 2)
+	r := newWakeRigOf(t, 2, HaltOnError)
 	r.append("e1")
 	r.awaitApplied("e1", 10*time.Second, "the dispatcher does not run")
 	admin := NewAdmin(r.store)
@@ -269,4 +270,49 @@ func TestEnablePartitionWakesDispatcher(t *testing.T) {
 		}
 	}
 	r.awaitApplied("e2", wakeWithin, "the partitions' enable did not wake the dispatcher")
+}
+
+// A dead letter's retry request (`dead-letters retry` without --here)
+// wakes the dispatchers' retry loop at once: the dead-lettered event,
+// fixed meanwhile, is applied well before the Recheck the loop polls at.
+func TestDeadLetterRetryRequestWakesDispatcher(t *testing.T) {
+	t.Parallel()
+	r := newWakeRigOf(t, 0, SkipApplyErrors)
+	r.failing.Store(true)
+	r.append("bad")
+	var dls []DeadLetter
+	pgtest.Eventually(t, 10*time.Second, "the dead letter of \"bad\"", func() bool {
+		var err error
+		if dls, err = ListDeadLetters(r.ctx, r.store, DeadLetterFilter{Consumer: "w", Status: DeadLetterOpen}); err != nil {
+			t.Fatal(err)
+		}
+		return len(dls) == 1
+	})
+	r.failing.Store(false) // the handler is fixed
+	if err := RequestDeadLetterRetry(r.ctx, r.store, []int64{dls[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	r.awaitApplied("bad", wakeWithin, "the retry request did not wake the dispatcher")
+}
+
+// A park's retry request (`parked retry` without --here) wakes the
+// dispatchers' retry loop at once, the same.
+func TestParkRetryRequestWakesDispatcher(t *testing.T) {
+	t.Parallel()
+	r := newWakeRigOf(t, 0, ParkStream)
+	r.failing.Store(true)
+	r.append("bad")
+	var parks []Park
+	pgtest.Eventually(t, 10*time.Second, "the park of \"bad\"'s stream", func() bool {
+		var err error
+		if parks, err = ListParks(r.ctx, r.store, ParkFilter{Consumer: "w", Status: ParkOpen}); err != nil {
+			t.Fatal(err)
+		}
+		return len(parks) == 1
+	})
+	r.failing.Store(false)
+	if err := RequestParkRetry(r.ctx, r.store, parks[0].ID, "wake test"); err != nil {
+		t.Fatal(err)
+	}
+	r.awaitApplied("bad", wakeWithin, "the retry request did not wake the dispatcher")
 }
