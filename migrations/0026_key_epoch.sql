@@ -3,12 +3,15 @@
 -- key cache").
 --
 -- A process keeps the data keys it unwrapped in a cache, each marked with
--- the epoch of the read that last saw its key row. A keyed read sends the
--- epoch its process knows and gets back the epoch of its own snapshot: when
--- the two are equal, no key was destroyed since, and the read skips looking
--- up each event's key row (one index probe per event, a third of a sealed
--- read's cost) and opens the fields with the keys cached at that epoch.
--- When they differ, the read looks the key rows up as before.
+-- the epoch of the snapshot in which a read last saw its key row. Until
+-- its process knows an epoch, a read brings each sealed event's key row
+-- (one index probe per event) and the epoch of its snapshot. From then on
+-- a read brings no key rows and no key join at all, only one more row
+-- carrying its snapshot's epoch: a subject whose key was cached at that
+-- very epoch (no key destroyed since) is opened with the cached key, and
+-- the keys of the other subjects (cached at another epoch, or not at all)
+-- are read in one more statement, once per subject, which confirms them at
+-- its own epoch (stores/postgres/sql.go, personal.go; docs/privacy.md).
 --
 -- A forget sets wrapped to NULL (UPDATE OF wrapped); a row deleted or the
 -- table truncated by hand destroys keys too; a rewrap replaces wrapped. The
