@@ -85,8 +85,19 @@ func countingHandler(schema, consumer string) projection.HandlerFunc {
 
 // counting returns an async projection counting every test event type.
 func counting(schema string, types testevents.Types, name string, cfg projection.AsyncConfig) *projection.Async {
+	return countingThrough(schema, types, name, cfg, nil)
+}
+
+// countingThrough is counting with each event passed to the counting
+// handler through wrap when it is not nil (a hold a test keeps its passes
+// in, passHold).
+func countingThrough(schema string, types testevents.Types, name string, cfg projection.AsyncConfig,
+	wrap func(projection.HandlerFunc) projection.HandlerFunc) *projection.Async {
 	p := projection.NewAsync(name, cfg)
 	h := countingHandler(schema, name)
+	if wrap != nil {
+		h = wrap(h)
+	}
 	must(projection.OnEvent(p, types.Opened, h))
 	must(projection.OnEvent(p, types.Commented, h))
 	must(projection.OnEvent(p, types.Closed, h))

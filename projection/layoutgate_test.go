@@ -28,44 +28,19 @@ import (
 func TestSplitOfEveryPartitionStopsNewBatchesWhileItWaits(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	var armed atomic.Bool
-	entered := make(chan struct{}, 1)
-	unblock := make(chan struct{})
-	count := countingHandler(e.schema, "gated")
-	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-		if armed.Load() {
-			select {
-			case entered <- struct{}{}:
-			default:
-			}
-			select {
-			case <-unblock:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return count(ctx, tx, ev)
-	}
-	p := projection.NewAsync("gated", projection.AsyncConfig{Partitions: 2, BatchSize: 5})
-	must(projection.OnEvent(p, e.types.Opened, h))
-	must(projection.OnEvent(p, e.types.Commented, h))
-	must(projection.OnEvent(p, e.types.Closed, h))
+	hold := newPassHold()
+	defer hold.release()
+	p := countingThrough(e.schema, e.types, "gated", projection.AsyncConfig{Partitions: 2, BatchSize: 5}, hold.wrap)
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	versions := appendWith(t, e.ctx, e.store, 1, 40, 20, "a")
 	e.catchUp(d)
 
 	release0 := sync.OnceFunc(e.holdShardLock("gated", projection.PartitionInstance(0, 2)))
 	defer release0()
-	unblock1 := sync.OnceFunc(func() { close(unblock) })
-	defer unblock1()
-	armed.Store(true)
+	hold.armed.Store(true)
 	// Many batches of 1/2's: its passes would follow one another at once.
 	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 120, 40, "b"))
-	select {
-	case <-entered: // 1/2's pass runs, held in its handler
-	case <-time.After(time.Minute):
-		t.Fatal("no pass of 1/2 ran")
-	}
+	hold.awaitEntered(t, "1/2") // 1/2's pass runs, held in its handler
 	before := e.advisoryWaiters()
 	type result struct {
 		changes []projection.PartitionChange
@@ -78,7 +53,7 @@ func TestSplitOfEveryPartitionStopsNewBatchesWhileItWaits(t *testing.T) {
 	}()
 	eventually(t, 30*time.Second, "the split waits", func() bool { return e.advisoryWaiters() > before })
 	held := e.partitionShards("gated")[1]
-	unblock1()
+	hold.release()
 	var ended projector.Position
 	eventually(t, 30*time.Second, "1/2's held batch commits", func() bool {
 		s := e.partitionShards("gated")[1]
@@ -110,28 +85,9 @@ func TestSplitOfEveryPartitionStopsNewBatchesWhileItWaits(t *testing.T) {
 func TestFailedChangeOfEveryPartitionWakesThePartitionsItRefused(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	var armed atomic.Bool
-	entered := make(chan struct{}, 1)
-	unblock := make(chan struct{})
-	count := countingHandler(e.schema, "refused")
-	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-		if armed.Load() {
-			select {
-			case entered <- struct{}{}:
-			default:
-			}
-			select {
-			case <-unblock:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return count(ctx, tx, ev)
-	}
-	p := projection.NewAsync("refused", projection.AsyncConfig{Partitions: 2, BatchSize: 5})
-	must(projection.OnEvent(p, e.types.Opened, h))
-	must(projection.OnEvent(p, e.types.Commented, h))
-	must(projection.OnEvent(p, e.types.Closed, h))
+	hold := newPassHold()
+	defer hold.release()
+	p := countingThrough(e.schema, e.types, "refused", projection.AsyncConfig{Partitions: 2, BatchSize: 5}, hold.wrap)
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Recheck: projection.MaxPoll})
 	versions := appendWith(t, e.ctx, e.store, 1, 40, 20, "a")
 	e.catchUp(d)
@@ -143,15 +99,9 @@ func TestFailedChangeOfEveryPartitionWakesThePartitionsItRefused(t *testing.T) {
 
 	release1 := sync.OnceFunc(e.holdShardLock("refused", half.Instance))
 	defer release1()
-	unblock0 := sync.OnceFunc(func() { close(unblock) })
-	defer unblock0()
-	armed.Store(true)
+	hold.armed.Store(true)
 	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 120, 40, "b"))
-	select {
-	case <-entered: // 0/2's pass runs, held in its handler
-	case <-time.After(time.Minute):
-		t.Fatal("no pass of 0/2 ran")
-	}
+	hold.awaitEntered(t, "0/2") // 0/2's pass runs, held in its handler
 	before := e.advisoryWaiters()
 	done := make(chan error, 1)
 	go func() {
@@ -160,7 +110,7 @@ func TestFailedChangeOfEveryPartitionWakesThePartitionsItRefused(t *testing.T) {
 	}()
 	eventually(t, 30*time.Second, "the merge waits for the gate", func() bool { return e.advisoryWaiters() > before })
 	held := e.partitionShards("refused")[0]
-	unblock0()
+	hold.release()
 	eventually(t, 30*time.Second, "0/2's held batch commits", func() bool { return e.partitionShards("refused")[0].Processed > held.Processed })
 	committed := e.partitionShards("refused")[0].Processed
 	release1() // the merge reads 1/2's row, disabled: refused
@@ -180,4 +130,50 @@ func TestFailedChangeOfEveryPartitionWakesThePartitionsItRefused(t *testing.T) {
 	}
 	e.catchUp(e.dispatcher(projection.Config{Projections: []*projection.Async{p}}))
 	e.checkCounts("refused", versions)
+}
+
+// passHold keeps a projection's passes in their handler once armed: the
+// first event handled after that reports on entered, and every handler
+// then waits until release (or its batch's context ends).
+type passHold struct {
+	armed   atomic.Bool
+	entered chan struct{}
+	unblock chan struct{}
+	// release lets the held handlers go on; once, so a test may call it
+	// and defer it.
+	release func()
+}
+
+func newPassHold() *passHold {
+	h := &passHold{entered: make(chan struct{}, 1), unblock: make(chan struct{})}
+	h.release = sync.OnceFunc(func() { close(h.unblock) })
+	return h
+}
+
+// wrap holds next's events while h is armed (countingThrough).
+func (h *passHold) wrap(next projection.HandlerFunc) projection.HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if h.armed.Load() {
+			select {
+			case h.entered <- struct{}{}:
+			default:
+			}
+			select {
+			case <-h.unblock:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return next(ctx, tx, ev)
+	}
+}
+
+// awaitEntered waits for a pass of partition to be held in its handler.
+func (h *passHold) awaitEntered(t *testing.T, partition string) {
+	t.Helper()
+	select {
+	case <-h.entered:
+	case <-time.After(time.Minute):
+		t.Fatalf("no pass of %s ran", partition)
+	}
 }

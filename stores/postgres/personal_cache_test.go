@@ -89,7 +89,6 @@ func TestKeyCacheRolledBackKey(t *testing.T) {
 	}
 }
 
-// statementCounter counts the statements a pool sends.
 // statementCounter counts the statements sent and keeps the last one's SQL.
 type statementCounter struct {
 	n    atomic.Int64
@@ -110,21 +109,8 @@ func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQu
 // events is one statement (the keys come with the rows).
 func TestPersonalRoundTrips(t *testing.T) {
 	t.Parallel()
-	types := testevents.NewPersonal()
-	cfg := pgtest.PoolConfig(t)
-	var count statementCounter
-	cfg.ConnConfig.Tracer = &count
-	ctx := context.Background()
-	store, err := postgres.New(ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: pgtest.Schema(t), Registry: types.Registry,
-		MasterKey: masterKey(t, "k1", "one")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := store.Pool().Acquire(ctx) // one connection: no pool pings counted
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	f, count, conn := countedPersonalSetup(t)
+	ctx, store, types := f.ctx, f.store, f.types
 	stream := projector.TenantStream("acme", "customer", "c-3")
 	ada := testevents.CustomerRegistered{Customer: "c-3", Name: "Ada", Email: "ada@x", Plan: "pro"}
 	var appended string // the SQL of the last append

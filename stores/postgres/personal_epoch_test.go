@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
-	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -36,10 +35,7 @@ func TestSealedReadTrustsConfirmedKeys(t *testing.T) {
 	for _, id := range []string{"c-1", "c-2", "c-3"} {
 		c := testevents.CustomerRegistered{Customer: id, Name: "Name " + id, Email: id + "@x", Plan: "pro"}
 		people = append(people, c)
-		if err := pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
-			_, err := f.store.Append(f.ctx, tx, projector.TenantStream("acme", "customer", "all"), projector.AnyVersion, c)
-			return err
-		}); err != nil {
+		if err := f.appendCustomer(f.store, projector.TenantStream("acme", "customer", "all"), c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -216,25 +212,8 @@ func TestKeyEpochOfRolledBackForget(t *testing.T) {
 // trusts the other subject's key at the new epoch again.
 func TestSealedReadAfterTheEpochMoved(t *testing.T) {
 	t.Parallel()
-	types := testevents.NewPersonal()
-	cfg := pgtest.PoolConfig(t)
-	var count statementCounter
-	cfg.ConnConfig.Tracer = &count
-	ctx := context.Background()
-	store, err := postgres.New(ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: pgtest.Schema(t), Registry: types.Registry,
-		MasterKey: masterKey(t, "k1", "one")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: store.Schema(), Registry: types.Registry, MasterKey: masterKey(t, "k1", "one")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := store.Pool().Acquire(ctx) // one connection: no pool pings counted
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	f, count, conn := countedPersonalSetup(t)
+	ctx, store, other := f.ctx, f.store, f.otherProcess(t)
 	both, bobs := projector.TenantStream("acme", "customer", "both"), projector.TenantStream("acme", "customer", "c-2")
 	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@x", Plan: "pro"}
 	bob := testevents.CustomerRegistered{Customer: "c-2", Name: "Bob", Email: "bob@x", Plan: "pro"}
@@ -242,10 +221,7 @@ func TestSealedReadAfterTheEpochMoved(t *testing.T) {
 		stream projector.StreamRef
 		c      testevents.CustomerRegistered
 	}{{both, ada}, {both, bob}, {bobs, bob}} {
-		if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-			_, err := store.Append(ctx, tx, a.stream, projector.AnyVersion, a.c)
-			return err
-		}); err != nil {
+		if err := f.appendCustomer(store, a.stream, a.c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -284,33 +260,13 @@ func TestSealedReadAfterTheEpochMoved(t *testing.T) {
 // row, which moves the epoch) opens the subject's fields on the next read.
 func TestForgottenSubjectReadAtOneEpoch(t *testing.T) {
 	t.Parallel()
-	types := testevents.NewPersonal()
-	cfg := pgtest.PoolConfig(t)
-	var count statementCounter
-	cfg.ConnConfig.Tracer = &count
-	ctx := context.Background()
-	store, err := postgres.New(ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: pgtest.Schema(t), Registry: types.Registry,
-		MasterKey: masterKey(t, "k1", "one")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: store.Schema(), Registry: types.Registry, MasterKey: masterKey(t, "k1", "one")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := store.Pool().Acquire(ctx) // one connection: no pool pings counted
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	f, count, conn := countedPersonalSetup(t)
+	ctx, store, other := f.ctx, f.store, f.otherProcess(t)
 	both := projector.TenantStream("acme", "customer", "both")
 	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@x", Plan: "pro"}
 	bob := testevents.CustomerRegistered{Customer: "c-2", Name: "Bob", Email: "bob@x", Plan: "pro"}
 	for _, c := range []testevents.CustomerRegistered{ada, bob} {
-		if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-			_, err := store.Append(ctx, tx, both, projector.AnyVersion, c)
-			return err
-		}); err != nil {
+		if err := f.appendCustomer(store, both, c); err != nil {
 			t.Fatal(err)
 		}
 	}

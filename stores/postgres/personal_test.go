@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -48,10 +49,52 @@ func (f personalFixture) storeOn(t *testing.T, master *postgres.MasterKey) *post
 	return s
 }
 
+// countedPersonalSetup is personalSetup with the store on a pool of its
+// own whose statements count counts, and conn one connection of it, held
+// for the test: a test of how many statements an append or a read sends
+// runs them on conn, so no pool ping is counted.
+func countedPersonalSetup(t *testing.T) (f personalFixture, count *statementCounter, conn *pgxpool.Conn) {
+	t.Helper()
+	f = personalFixture{ctx: context.Background(), types: testevents.NewPersonal()}
+	cfg := pgtest.PoolConfig(t)
+	count = &statementCounter{}
+	cfg.ConnConfig.Tracer = count
+	var err error
+	if f.store, err = postgres.New(f.ctx, pgtest.PoolFromConfig(t, cfg), postgres.Config{Schema: pgtest.Schema(t),
+		Registry: f.types.Registry, MasterKey: masterKey(t, "k1", "one")}); err != nil {
+		t.Fatal(err)
+	}
+	if conn, err = f.store.Pool().Acquire(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	return f, count, conn
+}
+
+// otherProcess opens another store on f's schema with f's master key over
+// a pool of its own, as another process has: its statements are not
+// counted (countedPersonalSetup) and its cache is its own.
+func (f personalFixture) otherProcess(t *testing.T) *postgres.Store {
+	t.Helper()
+	s, err := postgres.New(f.ctx, pgtest.Pool(t), postgres.Config{Schema: f.store.Schema(), Registry: f.types.Registry,
+		MasterKey: masterKey(t, "k1", "one")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// register appends c to its customer's own stream of tenant through s.
 func (f personalFixture) register(t *testing.T, s *postgres.Store, tenant string, c testevents.CustomerRegistered) error {
 	t.Helper()
+	return f.appendCustomer(s, projector.TenantStream(tenant, "customer", c.Customer), c)
+}
+
+// appendCustomer appends c to stream through s, in a transaction of its
+// own.
+func (f personalFixture) appendCustomer(s *postgres.Store, stream projector.StreamRef, c testevents.CustomerRegistered) error {
 	return pgx.BeginFunc(f.ctx, s.Pool(), func(tx pgx.Tx) error {
-		_, err := s.Append(f.ctx, tx, projector.TenantStream(tenant, "customer", c.Customer), projector.AnyVersion, c)
+		_, err := s.Append(f.ctx, tx, stream, projector.AnyVersion, c)
 		return err
 	})
 }
