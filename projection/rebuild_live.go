@@ -123,7 +123,7 @@ func (d *Dispatcher) capShadow(ctx context.Context, tx pgx.Tx, sh *shard, switch
 			latest = f.at
 		}
 	}
-	skip := switching && !sh.shadow.noSkip && fs[0].partitioned && earliest != latest
+	skip := switching && fs[0].partitioned && earliest != latest
 	reach := earliest
 	if skip {
 		reach = latest
