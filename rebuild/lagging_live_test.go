@@ -2,9 +2,11 @@ package rebuild_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,9 +27,15 @@ import (
 func (e *env) sideEffects(version, partitions, rebuildBatch int) *projection.Async {
 	effects := pgx.Identifier{e.schema, "effects"}.Sanitize()
 	p := projection.NewAsync("counter", projection.AsyncConfig{Version: version, Tables: []string{e.table}, Partitions: partitions,
-		RebuildBatchSize: rebuildBatch})
+		RebuildBatchSize: rebuildBatch, RetryBackoff: 10 * time.Millisecond})
 	count := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-		if _, shadow := projection.ShadowRebuild(ctx); projection.Replaying(ctx) && !shadow {
+		_, shadow := projection.ShadowRebuild(ctx)
+		if shadow && e.shadowFault != nil {
+			if err := e.shadowFault(ev); err != nil {
+				return err
+			}
+		}
+		if projection.Replaying(ctx) && !shadow {
 			// A live shard replaying: what it applied was behind the
 			// model readers saw a moment before.
 			if _, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event, version) VALUES ($1, $2)`,
@@ -131,6 +139,29 @@ func TestBlueGreenSwitchAtLaggingLivePartitionsHandlesTheRestLive(t *testing.T) 
 func TestBlueGreenSwitchAtLaggingLivePartitionsBeyondOneBatch(t *testing.T) {
 	t.Parallel()
 	testLaggingLive(t, partitionedEnv(t), 2, 2)
+}
+
+// A handler of the new version failing in the switching pass's gap (on
+// an event the partition further on had handled live) refuses the switch:
+// the pass rolls back, the failure is retried on the shadow shard, and the
+// switch that follows still leaves no partition to replay after it.
+func TestBlueGreenSwitchRefusedWhileAGapEventFails(t *testing.T) {
+	t.Parallel()
+	e := partitionedEnv(t)
+	var failures atomic.Int32
+	e.shadowFault = func(ev projector.Event) error {
+		// s4…s7 were appended while partition 1 was stopped: a shadow
+		// applies their events (those of partition 0) only in the gap.
+		if ev.Stream.ID >= "s4" && ev.Stream.ID <= "s7" && ev.Version == 2 && failures.Load() < 2 {
+			failures.Add(1)
+			return errors.New("version 2 fails in the gap")
+		}
+		return nil
+	}
+	testLaggingLive(t, e, 2, 2)
+	if n := failures.Load(); n != 2 {
+		t.Fatalf("the gap event failed %d times; want 2 (the switch retried after each)", n)
+	}
 }
 
 func testLaggingLive(t *testing.T, e *env, partitions, rebuildBatch int) {

@@ -41,6 +41,9 @@ type env struct {
 	store  *postgres.Store
 	schema string
 	table  string // schema.counts, as declared
+	// shadowFault, if set, is asked before sideEffects' handlers apply an
+	// event in a shadow pass: an error it returns fails the handler.
+	shadowFault func(projector.Event) error
 }
 
 func newEnv(t *testing.T) *env {
