@@ -28,10 +28,14 @@ func (e *env) sideEffects(version, partitions, rebuildBatch int) *projection.Asy
 	effects := pgx.Identifier{e.schema, "effects"}.Sanitize()
 	p := projection.NewAsync("counter", projection.AsyncConfig{Version: version, Tables: []string{e.table}, Partitions: partitions,
 		RebuildBatchSize: rebuildBatch, RetryBackoff: 10 * time.Millisecond})
+	if version == 2 && e.batchTimeout > 0 {
+		p = projection.NewAsync("counter", projection.AsyncConfig{Version: version, Tables: []string{e.table}, Partitions: partitions,
+			RebuildBatchSize: rebuildBatch, RetryBackoff: 10 * time.Millisecond, BatchTimeout: e.batchTimeout})
+	}
 	count := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
 		_, shadow := projection.ShadowRebuild(ctx)
 		if shadow && e.shadowFault != nil {
-			if err := e.shadowFault(ev); err != nil {
+			if err := e.shadowFault(ctx, ev); err != nil {
 				return err
 			}
 		}
@@ -149,7 +153,7 @@ func TestBlueGreenSwitchRefusedWhileAGapEventFails(t *testing.T) {
 	t.Parallel()
 	e := partitionedEnv(t)
 	var failures atomic.Int32
-	e.shadowFault = func(ev projector.Event) error {
+	e.shadowFault = func(_ context.Context, ev projector.Event) error {
 		// s4…s7 were appended while partition 1 was stopped: a shadow
 		// applies their events (those of partition 0) only in the gap.
 		if ev.Stream.ID >= "s4" && ev.Stream.ID <= "s7" && ev.Version == 2 && failures.Load() < 2 {
@@ -161,6 +165,29 @@ func TestBlueGreenSwitchRefusedWhileAGapEventFails(t *testing.T) {
 	testLaggingLive(t, e, 2, 2)
 	if n := failures.Load(); n != 2 {
 		t.Fatalf("the gap event failed %d times; want 2 (the switch retried after each)", n)
+	}
+}
+
+// A gap event whose handler outlasts the switching pass's BatchTimeout,
+// alone in its batch, is recorded as a failure with the shadow's cursor
+// where the pass found it, not just before that event: the events before
+// it in the gap include partition 1's, which the pass left to it, and a
+// cursor past them would leave them to no version.
+func TestBlueGreenSwitchGapTimeoutKeepsTheShadowCursor(t *testing.T) {
+	t.Parallel()
+	e := partitionedEnv(t)
+	e.batchTimeout = time.Second
+	var blocked atomic.Bool
+	e.shadowFault = func(ctx context.Context, ev projector.Event) error {
+		if ev.Stream.ID >= "s4" && ev.Stream.ID <= "s7" && ev.Version == 2 && blocked.CompareAndSwap(false, true) {
+			<-ctx.Done() // the batch deadline
+			return ctx.Err()
+		}
+		return nil
+	}
+	testLaggingLive(t, e, 2, 1)
+	if !blocked.Load() {
+		t.Fatal("no gap event's handler was held past the deadline")
 	}
 }
 
