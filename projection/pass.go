@@ -274,15 +274,20 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if st.held {
 		next = holdBatch(&batch, next, st.hold)
 	}
-	leaving := false // a switching shadow pass that leaves events to their partitions
 	if sh.shadow != nil {
 		// Never replay past what the live model handled live
 		// (rebuild_live.go).
+		leaving := false // a switching shadow pass that leaves events to their partitions
 		if next, leaving, err = d.capShadow(ctx, tx, sh, switching, &batch, st.cursor, next); err != nil {
 			return passResult{}, err
 		}
+		if leaving {
+			// It reads on to every partition's frontier, batch after
+			// batch, and switches (rebuild_gap.go).
+			return d.switchThroughGap(ctx, tx, sh, st, q, batch, next)
+		}
 	}
-	if batch.Full && !leaving {
+	if batch.Full {
 		d.startPrefetch(ctx, sh, q, next)
 	}
 	if sh.keyed() {
@@ -311,9 +316,6 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 				}
 				return res, err
 			}
-			if leaving {
-				return sh.skippedNoSwitch(), nil // rolled back
-			}
 		}
 		caughtUp := passCaughtUp
 		if sh.shadow != nil {
@@ -338,82 +340,15 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	}
 
 	started := time.Now()
-	// Handlers get a deadline: a pass with a transaction id holds back
-	// every reader's horizon while it runs, so a hung handler must fail
-	// (and be retried, or go dead) rather than stall the fleet.
-	spanCtx, span := d.startBatchSpan(ctx, sh, st.attempts, batch.Events, replaying)
-	defer span.End()
-	handlerCtx, cancel := context.WithTimeout(spanCtx, cfg.BatchTimeout)
-	defer cancel()
-	r := newRun(d, tx, sh, projector.SystemTenant, handlerCtx)
-	// The savepoint sent with the lock predates the parked rows, which a
-	// handler's failure must not roll back.
-	r.savepointed = sh.shadow == nil && parked == 0
-	if replaying {
-		r.handlerCtx = withReplay(r.handlerCtx, sh.replayState())
+	ap := batchApply{parked: parked}
+	if res, ended, err := d.applyEvents(ctx, tx, sh, st, batch.Events, replaying, &ap, started); ended || err != nil {
+		return res, err
 	}
-	rest, deadLetters := batch.Events, 0
-	var done []projector.Event // applied, for AfterCommit
-	for len(rest) > 0 {
-		k, herr := r.applyUntil(ctx, rest, 0)
-		if (r.timedOut || r.abort != nil) && errors.Is(handlerCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && r.current != nil {
-			return d.batchTimedOut(ctx, tx, sh, st, batch.Events, *r.current, herr, started)
-		}
-		if r.abort != nil {
-			return passResult{}, r.abort
-		}
-		if k < 0 {
-			done = append(done, rest...)
-			break
-		}
-		done = append(done, rest[:k]...)
-		failing := rest[k]
-		batchEventFailed(span, failing, herr)
-		if err := r.unscope(ctx); err != nil {
-			return passResult{}, err
-		}
-		if attempts := failedAttempts(st, failing); sh.parking() && !IsSystemic(herr) && attempts >= cfg.MaxAttempts {
-			var n int
-			if rest, n, err = d.parkFailed(ctx, tx, sh, failing, herr, attempts, rest[k+1:]); err != nil {
-				return passResult{}, err
-			}
-			parked += n
-			continue
-		}
-		if cfg.ErrorMode != SkipApplyErrors || IsSystemic(herr) {
-			if leaving {
-				// The cursor cannot stop before failing with events left
-				// to their partitions behind it: roll back, and switch
-				// without leaving any (rebuild_live.go).
-				sh.shadow.noSkip = true
-				return passResult{kind: passMore}, nil
-			}
-			// A systemic failure would fail every event behind this one:
-			// dead-lettering them all would bury the cause, so the shard
-			// stops here in either mode (recordFailure).
-			return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, failing, herr, done, started)
-		}
-		if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
-			failing.Position.Seq, failing.Type, failing.Stream.Tenant, failing.Stream.Type, failing.Stream.ID, failing.Version,
-			herr.Error()); err != nil {
-			return passResult{}, fmt.Errorf("write dead letter: %w", err)
-		}
-		deadLetters++
-		d.logger.WarnContext(ctx, "projection dispatcher: event dead-lettered (continuous mode)",
-			slog.String("consumer", sh.id.String()), slog.String("event_id", failing.ID.String()),
-			slog.String("type", failing.Type), slog.Any("error", herr))
-		rest = rest[k+1:]
-	}
-	if err := r.unscope(ctx); err != nil {
-		return passResult{}, err
-	}
+	done, deadLetters := ap.done, ap.deadLetters
 	switched := false
-	if switching && (!batch.Full || leaving) {
+	if switching && !batch.Full {
 		if switched, err = d.switchShadow(ctx, tx, sh, st.cursor, next); err != nil {
 			return passResult{}, err
-		}
-		if !switched && leaving {
-			return sh.skippedNoSwitch(), nil // rolled back
 		}
 	}
 	kind := passCaughtUp
@@ -471,8 +406,12 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 //
 // Either way the shard's cursor stays right before the first event not
 // applied, which is what lets Skip move past exactly the failing event.
+//
+// A switching shadow pass reading a gap (gap: rebuild_gap.go) keeps the
+// shadow's cursor where the pass found it instead, since the events before
+// failing may include some it left to their partitions.
 func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, events []projector.Event,
-	failing projector.Event, herr error, started time.Time,
+	failing projector.Event, herr error, started time.Time, gap bool,
 ) (passResult, error) {
 	// When the deadline cut off a running statement, pgx closed the
 	// connection and sent PostgreSQL a cancel request for its backend, so
@@ -496,7 +435,11 @@ func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st
 			slog.String("running", failing.ID.String()), slog.Any("error", herr))
 		return passResult{kind: passMore}, nil
 	}
-	return d.recordTimeout(ctx, sh, st, events[0], herr, started)
+	at := events[0].Position.Before()
+	if gap {
+		at = st.cursor
+	}
+	return d.recordFailureApart(ctx, sh, st, at, events[0], herr, started)
 }
 
 // readBatch reads the pass's batch in tx, or takes it from the shard's
@@ -653,7 +596,13 @@ func failedAttempts(st shardRow, failing projector.Event) int {
 func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, attempts int, prevFailed uuid.UUID,
 	failing projector.Event, herr error, applied []projector.Event, started time.Time,
 ) (passResult, error) {
-	cursor := failing.Position.Before()
+	return d.recordFailureAt(ctx, tx, sh, attempts, prevFailed, failing.Position.Before(), failing, herr, applied, started)
+}
+
+// recordFailureAt is recordFailure with the cursor at cursor.
+func (d *Dispatcher) recordFailureAt(ctx context.Context, tx pgx.Tx, sh *shard, attempts int, prevFailed uuid.UUID, cursor projector.Position,
+	failing projector.Event, herr error, applied []projector.Event, started time.Time,
+) (passResult, error) {
 	if failing.ID == prevFailed {
 		attempts++
 	} else {
@@ -695,27 +644,31 @@ func (d *Dispatcher) recordFailure(ctx context.Context, tx pgx.Tx, sh *shard, at
 	return res, nil
 }
 
-// recordTimeout records a failure of the first event of a batch, which
-// alone outlasted the batch timeout, in a transaction of its own: the
-// pass's transaction cannot be used after its deadline.
-func (d *Dispatcher) recordTimeout(ctx context.Context, sh *shard, st shardRow, failing projector.Event, herr error, started time.Time) (passResult, error) {
+// recordFailureApart records a failure of failing, with the shard's cursor
+// at cursor, in a transaction of its own: the pass's transaction cannot be
+// used after its deadline (the first event of a batch alone outlasted it),
+// or was rolled back (a switching shadow pass that failed in a gap:
+// switchFailed).
+func (d *Dispatcher) recordFailureApart(ctx context.Context, sh *shard, st shardRow, cursor projector.Position, failing projector.Event,
+	herr error, started time.Time,
+) (passResult, error) {
 	tx, err := d.store.Pool().Begin(ctx)
 	if err != nil {
-		return passResult{}, fmt.Errorf("record timeout: %w", err)
+		return passResult{}, fmt.Errorf("record failure: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '10s'`); err != nil {
-		return passResult{}, fmt.Errorf("record timeout: %w", err)
+		return passResult{}, fmt.Errorf("record failure: %w", err)
 	}
 	if _, err := tx.Exec(ctx, d.sql.waitLock, sh.lockKey); err != nil {
-		return passResult{}, fmt.Errorf("record timeout: %w", err)
+		return passResult{}, fmt.Errorf("record failure: %w", err)
 	}
 	var cur projector.Position
 	if err := tx.QueryRow(ctx, d.sql.cursor, sh.id.Consumer, sh.id.Instance).Scan(&cur.TxID, &cur.Seq, new(Status)); err != nil {
-		return passResult{}, fmt.Errorf("record timeout: %w", err)
+		return passResult{}, fmt.Errorf("record failure: %w", err)
 	}
 	if cur != st.cursor {
 		return passResult{kind: passMore}, nil // someone moved the shard meanwhile; start over
 	}
-	return d.recordFailure(ctx, tx, sh, st.attempts, st.failedEvent, failing, herr, nil, started)
+	return d.recordFailureAt(ctx, tx, sh, st.attempts, st.failedEvent, cursor, failing, herr, nil, started)
 }

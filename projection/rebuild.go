@@ -41,10 +41,6 @@ type shadow struct {
 	// live are the live shards the last switching pass locked
 	// (rebuild_partition.go).
 	live []ShardID
-	// noSkip is set once a switching pass that left events to their
-	// partitions met a handler failure: later ones stop at the earliest
-	// partition instead (rebuild_live.go).
-	noSkip bool
 	// misfit is set once a switch was refused because the live consumer
 	// is partitioned otherwise than this version (said once).
 	misfit bool

@@ -18,16 +18,13 @@ package projection
 // and an event is a replay only at or below its own partition's. Outside
 // the switch (no partition lock held, so every frontier may still move)
 // the shadow's passes stop at the earliest frontier. The switching pass,
-// which holds every partition's lock, reads on to the latest and applies
-// only the events at or below their own partition's frontier, leaving the
-// others to their partition; it must then switch in that transaction (or
-// roll back), since its cursor has passed events it did not apply. Each
-// partition keeps its own cursor. Where the switching pass could not read
-// to the latest frontier (more than one batch between the partitions) or
-// gave up skipping (a handler failure), a partition further on gets the
-// shadow's cursor with a replay mark at its frontier (the in-place
-// rebuild's replay_until): it replays its own events up to there, as
-// replays, and handles the later ones live.
+// which holds every partition's lock, reads on to the latest, batch after
+// batch however many it takes (rebuild_gap.go), and applies only the events
+// at or below their own partition's frontier, leaving the others to their
+// partition; it must then switch in that transaction (or roll back, a
+// handler failure included), since its cursor has passed events it did
+// not apply. Each partition keeps its own cursor, and none has anything
+// to replay after the switch.
 
 import (
 	"context"
@@ -106,9 +103,10 @@ func (d *Dispatcher) liveFrontiers(ctx context.Context, tx pgx.Tx, sh *shard) ([
 // A pass stops at the earliest live frontier; a switching pass of a
 // partitioned consumer whose partitions stand apart, holding every
 // partition's lock, at the latest, keeping only the events at or below
-// their own partition's frontier (unless sh.shadow.noSkip). A shadow already past a frontier (started by a
-// release that replayed to the log's end, or a cursor moved back since)
-// stays where it is; the switch says so.
+// their own partition's frontier; it calls capShadow again for each later
+// batch of that gap (switchThroughGap). A shadow already past a frontier
+// (started by a release that replayed to the log's end, or a cursor moved
+// back since) stays where it is; the switch says so.
 func (d *Dispatcher) capShadow(ctx context.Context, tx pgx.Tx, sh *shard, switching bool, batch *postgres.LogBatch, cursor, next projector.Position) (projector.Position, bool, error) {
 	fs, err := d.liveFrontiers(ctx, tx, sh)
 	if err != nil || len(fs) == 0 {
@@ -123,7 +121,7 @@ func (d *Dispatcher) capShadow(ctx context.Context, tx pgx.Tx, sh *shard, switch
 			latest = f.at
 		}
 	}
-	skip := switching && !sh.shadow.noSkip && fs[0].partitioned && earliest != latest
+	skip := switching && fs[0].partitioned && earliest != latest
 	reach := earliest
 	if skip {
 		reach = latest
@@ -166,11 +164,13 @@ func (d *Dispatcher) partitionHash(p *Async, ev projector.Event) uint32 {
 // a cursor: the shadow applied every event up to from (its cursor before
 // this pass) and, of those up to next, each one at or below its shard's
 // frontier. So a shard whose frontier lies between from and next keeps
-// it; one further on takes next with a replay mark at its frontier (it
-// replays its events up to there, handled live before, and handles the
-// later ones live); one behind from (the shadow replayed past it: the
-// events between were handled live by no version, which is said) takes
-// from.
+// it, which is every shard since a switching pass reads on to the latest
+// frontier (switchThroughGap); one behind from (the shadow replayed past
+// it: the events between were handled live by no version, which is said)
+// takes from. One further on than next would take next with a replay mark
+// at its frontier (it would replay its events up to there, behind what
+// readers saw, and handle the later ones live): no switch leaves one now,
+// the mark is kept as the safe answer should a frontier ever outrun next.
 func (d *Dispatcher) moveLiveCursors(ctx context.Context, tx pgx.Tx, sh *shard, from, next projector.Position) error {
 	c := d.store.Table("projector_consumers")
 	live := instances(sh.shadow.live)

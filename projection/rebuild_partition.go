@@ -22,12 +22,11 @@ import (
 // The shadow shard builds unpartitioned: one cursor over the whole log, as
 // for any consumer, replaying no further than the earliest partition's
 // cursor (rebuild_live.go). It switches in under every live partition's
-// lock, in the transaction that has just applied everything up to that
-// cursor (none can move while its lock is held): every partition takes the
-// shadow's cursor and the new version, with a replay mark at its own
-// cursor if that is further on, so it replays what the old version handled
-// live and handles the rest live. The fence row (version
-// PartitionedVersion) stays.
+// lock (none can move while its lock is held), in the transaction that has
+// just applied, from there on to the latest partition's cursor, each event
+// at or below its own partition's (rebuild_gap.go): every partition keeps
+// its own cursor, at the new version, and handles the rest live. The fence
+// row (version PartitionedVersion) stays.
 // The partitions are the rows the consumer has when the switch locks them,
 // whatever segments they are; a version that declares no partitions never
 // switches a partitioned consumer (nor a partitioned version an
@@ -195,8 +194,8 @@ func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (boo
 // liveFits reports whether the live shards sh's shadow switches in for
 // are what its projection expects (partitioned into as many partitions, or
 // not partitioned) and none is held for a merge, read under their locks.
-// Their cursors may be ahead of the shadow's: the switch gives each a
-// replay mark up to its own (moveLiveCursors, rebuild_live.go).
+// Their cursors may be ahead of the shadow's: the switching pass applies
+// the gap and each keeps its own (rebuild_gap.go).
 //
 // A partition held for a merge (split.go) postpones the switch: the merge
 // waits for both halves to stand at their hold, which a switch moving

@@ -41,6 +41,11 @@ type env struct {
 	store  *postgres.Store
 	schema string
 	table  string // schema.counts, as declared
+	// shadowFault, if set, is asked before sideEffects' handlers apply an
+	// event in a shadow pass: an error it returns fails the handler.
+	shadowFault func(context.Context, projector.Event) error
+	// batchTimeout, if set, is sideEffects' version-2 BatchTimeout.
+	batchTimeout time.Duration
 }
 
 func newEnv(t *testing.T) *env {
