@@ -242,7 +242,15 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			lastP, lastOK = s.registry.PersonalOf(ev.Type)
 		}
 		p, ok := lastP, lastOK
-		if !ok || !projector.IsSealed(ev.Data) {
+		if !ok {
+			continue
+		}
+		// A readEpoch read's opening finds the sealed fields in its own
+		// pass (nothing sealed: the payload comes back as it is), so only
+		// the other reads scan for them first: a sealed payload is not
+		// read once more just to learn that it is.
+		opensInPass := epoch > 0 && (rowKeys == nil || rowKeys[i].keyID == nil)
+		if !opensInPass && !projector.IsSealed(ev.Data) {
 			continue
 		}
 		t := sealed{i: i, ref: SubjectRef{Tenant: ev.Stream.Tenant}}
@@ -269,6 +277,10 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			switch {
 			case err == nil:
 				ev.Data, ev.Forgotten = data, forgotten
+				continue
+			case !projector.IsSealed(ev.Data):
+				// Nothing sealed (data is as it was on an error): left
+				// alone, whatever its subject field holds.
 				continue
 			case id == "":
 				return fmt.Errorf("event %s (%s): %w", ev.ID, ev.Type, err)
