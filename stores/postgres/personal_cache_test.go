@@ -93,9 +93,16 @@ func TestKeyCacheRolledBackKey(t *testing.T) {
 type statementCounter struct {
 	n    atomic.Int64
 	last atomic.Pointer[string]
+	// only, when set, limits the count to one connection's statements:
+	// the store's own background work on other connections of the pool
+	// (a post-commit NOTIFY of an earlier append) is not the read's.
+	only atomic.Pointer[pgx.Conn]
 }
 
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+func (c *statementCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if only := c.only.Load(); only != nil && only != conn {
+		return ctx
+	}
 	c.n.Add(1)
 	c.last.Store(&d.SQL)
 	return ctx

@@ -50,9 +50,10 @@ func (f personalFixture) storeOn(t *testing.T, master *postgres.MasterKey) *post
 }
 
 // countedPersonalSetup is personalSetup with the store on a pool of its
-// own whose statements count counts, and conn one connection of it, held
-// for the test: a test of how many statements an append or a read sends
-// runs them on conn, so no pool ping is counted.
+// own and conn one connection of it, held for the test; count counts the
+// statements sent on conn only: a test of how many statements an append or
+// a read sends runs them on conn, so nothing the store or the pool sends on
+// another connection meanwhile is counted.
 func countedPersonalSetup(t *testing.T) (f personalFixture, count *statementCounter, conn *pgxpool.Conn) {
 	t.Helper()
 	f = personalFixture{ctx: context.Background(), types: testevents.NewPersonal()}
@@ -68,6 +69,7 @@ func countedPersonalSetup(t *testing.T) (f personalFixture, count *statementCoun
 		t.Fatal(err)
 	}
 	t.Cleanup(conn.Release)
+	count.only.Store(conn.Conn())
 	return f, count, conn
 }
 
