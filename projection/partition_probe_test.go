@@ -88,6 +88,13 @@ func newBenchPool(b *testing.B, admin *pgxpool.Pool, conns int32) *benchPool {
 	cfg.MaxConns = conns
 	app := fmt.Sprintf("projector-bench-%d-%d", os.Getpid(), time.Now().UnixNano())
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	if ms := os.Getenv("PROJECTOR_BENCH_AUTO_EXPLAIN_MS"); ms != "" {
+		// Diagnosis: the server logs the plans of the bench's slow
+		// statements (its reads), as they ran (superuser only).
+		cfg.ConnConfig.RuntimeParams["session_preload_libraries"] = "auto_explain"
+		cfg.ConnConfig.RuntimeParams["auto_explain.log_min_duration"] = ms
+		cfg.ConnConfig.RuntimeParams["auto_explain.log_analyze"] = "on"
+	}
 	trips := &roundTrips{}
 	if os.Getenv("PROJECTOR_BENCH_TRACE_SQL") != "" {
 		trips.bySQL = map[string]int{}
