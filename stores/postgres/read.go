@@ -195,11 +195,11 @@ func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, e
 	if q.Partition.Bits > BucketBits || q.Partition.Value >= uint32(q.Partition.Count()) {
 		return LogBatch{}, fmt.Errorf("read log: partition segment %d bits, value %d: want at most %d bits and a value below 2^bits", q.Partition.Bits, q.Partition.Value, BucketBits)
 	}
-	sql, args := s.readLogQuery(q, limit)
+	sql, args, merged := s.readLogQuery(q, limit)
 	var batch LogBatch
 	var err error
-	if b, ok := db.(batcher); ok && q.Partition.Bits > 0 {
-		batch.Events, err = s.readPartition(ctx, b, sql, args, &batch.Horizon, q.Raw)
+	if b, ok := db.(batcher); ok && merged {
+		batch.Events, err = s.readMerged(ctx, b, sql, args, &batch.Horizon, q.Raw)
 	} else {
 		var rows pgx.Rows
 		if rows, err = db.Query(ctx, sql, args...); err == nil {
@@ -219,39 +219,42 @@ type batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// Planner settings a partition's read runs under, and puts back after it.
+// Planner settings the merged reads (a partition's, readLogPartitionSQL;
+// a few types', readLogTypesSQL) run under, and put back after them.
 //
-// Each bucket's branch of the read (readLogPartitionSQL) must be an ordered
-// walk of the partition index, merged lazily, so that a batch reads the
-// events it returns. The planner chooses that only when it expects a
-// bucket to hold more events after the cursor than the batch takes; when it
-// expects fewer (a log not analyzed yet, a bucket's share of a small or
-// young log, a batch larger than a bucket's estimate), a bitmap scan of the
-// bucket, sorted, and the buckets appended and sorted again, look cheaper,
-// and that plan reads every event of the partition after the cursor for
-// each batch: a catch-up then costs the square of its backlog (issue 21:
-// 4,573 rows read for a batch of 500, 74 ms). Turning sorts and bitmap
+// Each branch of such a read (a bucket of the partition index, or a type of
+// the type index) must be an ordered walk of its index, merged lazily, so
+// that a batch reads the events it returns. The planner chooses that only
+// when it expects a branch to hold more events after the cursor than the
+// batch takes; when it expects fewer (a log not analyzed yet, a bucket's
+// share of a small or young log, a batch larger than a branch's estimate),
+// a bitmap scan of the branch, sorted, and the branches appended and sorted
+// again, look cheaper, and that plan reads every event of the partition (or
+// of the types) after the cursor for each batch: a catch-up then costs the
+// square of its backlog (issue 21: 4,573 rows read for a batch of 500 of a
+// partition, 74 ms; the three types of the same benchmark's unpartitioned
+// consumer planned the same way). Turning sorts and bitmap
 // scans off for the statement leaves the ordered walks as its only plan
 // without a sort. The settings are the transaction's own (set_config's
 // is_local) and put back to what they were, before and after the read in
 // the same round trip, so the caller's later statements (a pass's handlers)
 // are planned as before.
 const (
-	partitionPlanSaveSQL = `SELECT set_config('projector.read_plan', current_setting('enable_sort') || ' ' || current_setting('enable_bitmapscan'), true)`
-	partitionPlanSetSQL  = `SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)`
-	partitionPlanBackSQL = `SELECT set_config('enable_sort', split_part(current_setting('projector.read_plan'), ' ', 1), true),
+	mergedPlanSaveSQL = `SELECT set_config('projector.read_plan', current_setting('enable_sort') || ' ' || current_setting('enable_bitmapscan'), true)`
+	mergedPlanSetSQL  = `SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+	mergedPlanBackSQL = `SELECT set_config('enable_sort', split_part(current_setting('projector.read_plan'), ' ', 1), true),
 		set_config('enable_bitmapscan', split_part(current_setting('projector.read_plan'), ' ', 2), true)`
 )
 
-// readPartition runs a partition's read (sql, args) under the planner
-// settings above, in one round trip, and collects its events as
-// collectWithHorizon does.
-func (s *Store) readPartition(ctx context.Context, db batcher, sql string, args []any, horizon *uint64, raw bool) ([]projector.Event, error) {
+// readMerged runs a merged read (sql, args) under the planner settings
+// above, in one round trip, and collects its events as collectWithHorizon
+// does.
+func (s *Store) readMerged(ctx context.Context, db batcher, sql string, args []any, horizon *uint64, raw bool) ([]projector.Event, error) {
 	b := &pgx.Batch{}
-	b.Queue(partitionPlanSaveSQL)
-	b.Queue(partitionPlanSetSQL)
+	b.Queue(mergedPlanSaveSQL)
+	b.Queue(mergedPlanSetSQL)
 	b.Queue(sql, args...)
-	b.Queue(partitionPlanBackSQL)
+	b.Queue(mergedPlanBackSQL)
 	br := db.SendBatch(ctx, b)
 	var events []projector.Event
 	var keys []rowKey
@@ -303,9 +306,11 @@ func checkFilter(names []string, what string, sentinel error) error {
 	return nil
 }
 
-// readLogQuery is the statement and arguments of a log read: the per-type
-// merge for a consumer of a few types, the filtered scan otherwise.
-func (s *Store) readLogQuery(q LogQuery, limit int) (string, []any) {
+// readLogQuery is the statement and arguments of a log read: the
+// partition's merge of its buckets, the per-type merge for a consumer of a
+// few types, the filtered scan otherwise. merged says it is one of the
+// merges (readMerged).
+func (s *Store) readLogQuery(q LogQuery, limit int) (sql string, args []any, merged bool) {
 	mode, keyArgs := s.readKeys()
 	reads := &s.sql.read[mode]
 	sql, logTypes, logPartition := reads.log, reads.logTypes, &reads.logPartition
@@ -314,13 +319,13 @@ func (s *Store) readLogQuery(q LogQuery, limit int) (string, []any) {
 	}
 	types := q.EventTypes
 	if q.Partition.Bits > 0 {
-		return logPartition[q.Partition.Bits], append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}, keyArgs...)
+		return logPartition[q.Partition.Bits], append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}, keyArgs...), true
 	}
 	if k := len(types); k > 0 && k <= maxMergedTypes {
 		types = distinct(types)
-		sql = logTypes[len(types)-1]
+		sql, merged = logTypes[len(types)-1], true
 	}
-	return sql, append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(types), nilIfEmpty(q.StreamTypes)}, keyArgs...)
+	return sql, append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(types), nilIfEmpty(q.StreamTypes)}, keyArgs...), merged
 }
 
 // distinct returns names without repeats (a repeated type would be read
