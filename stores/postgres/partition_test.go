@@ -283,12 +283,12 @@ func TestReadLogPartitionReadsWhatItReturns(t *testing.T) {
 					return err
 				}
 				// The settings the read changed for its plan are back as they were.
-				var sort, bitmap string
-				if err := tx.QueryRow(f.ctx, `SELECT current_setting('enable_sort'), current_setting('enable_bitmapscan')`).Scan(&sort, &bitmap); err != nil {
+				var sort, bitmap, cache string
+				if err := tx.QueryRow(f.ctx, `SELECT current_setting('enable_sort'), current_setting('enable_bitmapscan'), current_setting('plan_cache_mode')`).Scan(&sort, &bitmap, &cache); err != nil {
 					return err
 				}
-				if sort != "on" || bitmap != "on" {
-					t.Fatalf("%s: after the read enable_sort = %s, enable_bitmapscan = %s: want both on, as before it", c.name, sort, bitmap)
+				if sort != "on" || bitmap != "on" || cache != "auto" {
+					t.Fatalf("%s: after the read enable_sort = %s, enable_bitmapscan = %s, plan_cache_mode = %s: want on, on, auto, as before it", c.name, sort, bitmap, cache)
 				}
 				return nil
 			}); err != nil {
@@ -320,6 +320,16 @@ func TestReadLogPartitionReadsWhatItReturns(t *testing.T) {
 					c.name, round, limit, scanned, c.holds, most)
 			}
 		}
+	}
+	// The reads were planned once each, not once per batch: planning a
+	// merge of 16 branches cost more than running it.
+	var custom, generic int64
+	if err := pool.QueryRow(f.ctx, `SELECT coalesce(sum(custom_plans), 0), coalesce(sum(generic_plans), 0) FROM pg_prepared_statements
+		WHERE statement LIKE '%WITH h AS MATERIALIZED%'`).Scan(&custom, &generic); err != nil {
+		t.Fatal(err)
+	}
+	if custom != 0 || generic < 14 {
+		t.Fatalf("the 14 reads were planned %d times as custom plans and ran %d times on their generic plan: want 0 and at least 14", custom, generic)
 	}
 }
 

@@ -239,11 +239,21 @@ type batcher interface {
 // is_local) and put back to what they were, before and after the read in
 // the same round trip, so the caller's later statements (a pass's handlers)
 // are planned as before.
+//
+// The same settings make the read's generic plan (plan_cache_mode): its
+// shape no longer depends on the cursor or the limit, and planning it anew
+// for each batch cost more than running it (a partition of 4 over 64
+// buckets is 16 branches: 11–16 ms of planning against 4–5 ms of execution
+// for a batch of 500, about 25 µs of the server's CPU per event). The
+// generic plan is made once per connection and statement, where pgx caches
+// the statement (its default mode); in the modes that prepare nothing
+// (QueryExecModeExec, the simple protocol), each read is planned as before.
 const (
-	mergedPlanSaveSQL = `SELECT set_config('projector.read_plan', current_setting('enable_sort') || ' ' || current_setting('enable_bitmapscan'), true)`
-	mergedPlanSetSQL  = `SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+	mergedPlanSaveSQL = `SELECT set_config('projector.read_plan', current_setting('enable_sort') || ' ' || current_setting('enable_bitmapscan') || ' ' || current_setting('plan_cache_mode'), true)`
+	mergedPlanSetSQL  = `SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
 	mergedPlanBackSQL = `SELECT set_config('enable_sort', split_part(current_setting('projector.read_plan'), ' ', 1), true),
-		set_config('enable_bitmapscan', split_part(current_setting('projector.read_plan'), ' ', 2), true)`
+		set_config('enable_bitmapscan', split_part(current_setting('projector.read_plan'), ' ', 2), true),
+		set_config('plan_cache_mode', split_part(current_setting('projector.read_plan'), ' ', 3), true)`
 )
 
 // readMerged runs a merged read (sql, args) under the planner settings
