@@ -75,21 +75,30 @@ func BenchmarkPartitionsBatch(b *testing.B) {
 		SELECT $1, s, n, v FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(s, n, v)
 		ON CONFLICT (consumer, stream_id) DO UPDATE SET n = c.n + excluded.n, last_version = excluded.last_version`
 	run := 0
+	consumer := func(n int) (*projection.Async, string) {
+		run++
+		name := fmt.Sprintf("batch-%d", run)
+		p := projection.NewAsync(name, projection.AsyncConfig{Partitions: n})
+		must(projection.OnBatch(p, func(ctx context.Context, tx pgx.Tx, batch projection.Batch) error {
+			ids, ns, vs := make([]string, 0, len(batch.Streams)), make([]int, 0, len(batch.Streams)), make([]int64, 0, len(batch.Streams))
+			for _, s := range batch.Streams {
+				ids, ns, vs = append(ids, s.Stream.ID), append(ns, len(s.Events)), append(vs, s.Events[len(s.Events)-1].Version)
+			}
+			_, err := tx.Exec(ctx, upsert, name, ids, ns, vs)
+			return err
+		}, e.types.Opened, e.types.Commented, e.types.Closed))
+		return p, name
+	}
+	// One catch-up unmeasured first: the first sub-benchmark would
+	// otherwise pay alone for the new log's first reads, its statements'
+	// preparation and the table's first analyze.
+	warm, warmName := consumer(0)
+	catchUp(b, e, pool, store, warm, warmName, 0, want)
 	for _, n := range []int{0, 1, 2, 4, 8} {
 		b.Run(fmt.Sprintf("partitions=%d", n), func(b *testing.B) {
 			var ours window
 			for b.Loop() {
-				run++
-				name := fmt.Sprintf("batch-%d", run)
-				p := projection.NewAsync(name, projection.AsyncConfig{Partitions: n})
-				must(projection.OnBatch(p, func(ctx context.Context, tx pgx.Tx, batch projection.Batch) error {
-					ids, ns, vs := make([]string, 0, len(batch.Streams)), make([]int, 0, len(batch.Streams)), make([]int64, 0, len(batch.Streams))
-					for _, s := range batch.Streams {
-						ids, ns, vs = append(ids, s.Stream.ID), append(ns, len(s.Events)), append(vs, s.Events[len(s.Events)-1].Version)
-					}
-					_, err := tx.Exec(ctx, upsert, name, ids, ns, vs)
-					return err
-				}, e.types.Opened, e.types.Commented, e.types.Closed))
+				p, name := consumer(n)
 				ours = ours.add(catchUp(b, e, pool, store, p, name, n, want))
 			}
 			events := float64(want) * float64(b.N)
