@@ -22,11 +22,19 @@ func (s *Store) ImportWorkers(ctx context.Context, r io.Reader, opts ImportOptio
 var PositionColumns = positionColumns
 
 // ExplainReadLog runs EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) on the statement
-// ReadLog sends for q, for tests of what a read costs.
+// ReadLog sends for q, for tests of what a read costs, under the planner
+// settings ReadLog runs it with.
 func (s *Store) ExplainReadLog(ctx context.Context, q LogQuery) ([]byte, error) {
-	sql, args := s.readLogQuery(q, q.Limit)
+	sql, args, merged := s.readLogQuery(q, q.Limit)
 	var plan []byte
-	err := s.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&plan)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if merged {
+			if _, err := tx.Exec(ctx, mergedPlanSetSQL); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&plan)
+	})
 	return plan, err
 }
 

@@ -89,7 +89,9 @@ func TestKeyCacheRolledBackKey(t *testing.T) {
 	}
 }
 
-// statementCounter counts the statements sent and keeps the last one's SQL.
+// statementCounter counts the round trips a pool makes, a statement or a
+// pipelined batch of them each, and keeps the last one's SQL (a batch's
+// statements joined).
 type statementCounter struct {
 	n    atomic.Int64
 	last atomic.Pointer[string]
@@ -109,6 +111,25 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, 
 }
 
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *statementCounter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	if only := c.only.Load(); only != nil && only != conn {
+		return ctx
+	}
+	c.n.Add(1)
+	var sql []string
+	if d.Batch != nil {
+		for _, q := range d.Batch.QueuedQueries {
+			sql = append(sql, q.SQL)
+		}
+	}
+	all := strings.Join(sql, ";\n")
+	c.last.Store(&all)
+	return ctx
+}
+
+func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // TestPersonalRoundTrips: once a subject's key exists, an append of a
 // personal event is one statement, as a plain one is (the key comes from
