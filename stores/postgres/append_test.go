@@ -333,6 +333,26 @@ func TestAppendEveryQueryExecMode(t *testing.T) {
 					t.Errorf("event %d: read %+v, appended %+v", i, ev, want)
 				}
 			}
+			// The merged log reads (a partition's buckets, a few types) are
+			// pipelined with their planner settings: in every mode too.
+			for p := range 2 {
+				seg, err := postgres.SegmentOf(p, 2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := 0
+				if seg.Contains(postgres.StreamHash("acme", "ticket", "t-1")) {
+					want = len(appended)
+				}
+				readLogN(t, ctx, store, postgres.LogQuery{Partition: seg}, want)
+				if b, err := store.ReadLog(ctx, postgres.LogQuery{Partition: seg}); err != nil || len(b.Events) != want {
+					t.Errorf("partition %s read %d events (%v), want %d", seg, len(b.Events), err, want)
+				}
+			}
+			if got := readLogN(t, ctx, store, postgres.LogQuery{EventTypes: []string{"ticket.opened", "ticket.closed"}}, 2); len(got) != 2 ||
+				got[0].ID != appended[0].ID || got[1].ID != appended[3].ID {
+				t.Errorf("two types read %+v, want the first and the last event", got)
+			}
 		})
 	}
 }
