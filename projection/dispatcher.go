@@ -402,7 +402,7 @@ func New(cfg Config) (*Dispatcher, error) {
 			for i := range n {
 				ids[i] = PartitionInstance(i, n)
 			}
-			d.syncLayout(b, ids)
+			d.syncLayout(b, ids, time.Time{})
 			d.balancers = append(d.balancers, b)
 			continue
 		}
