@@ -249,6 +249,10 @@ type shard struct {
 	prefetch *prefetch
 	// prefetched counts the batches a pass took from a prefetch.
 	prefetched int
+	// halves are the shards of a partition's halves, made by a pass that
+	// is to split it (prefetchHalves), each with the read of its first
+	// batch under way; nil otherwise. Only the shard's own loop touches it.
+	halves []*shard
 	// spanName is the name of the shard's batch spans (batchSpanName).
 	spanName string
 	// segment is a partition's hash segment; zero for an unpartitioned

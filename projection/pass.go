@@ -117,6 +117,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if sh.removed.Load() {
 		return passResult{kind: passGone}, nil // a partition split or merged away (balance.go)
 	}
+	dropHalves(sh) // read for a split an earlier pass did not make
 	if sh.balancer != nil && !sh.balancer.owns(sh.id.Instance) {
 		return passResult{kind: passNotMine}, nil
 	}
@@ -285,7 +286,11 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 	}
 	if batch.Full && !leaving {
-		d.startPrefetch(ctx, sh, q, next)
+		if st.splitMark {
+			d.prefetchHalves(ctx, sh, q, next) // the batch after this one is theirs (splithandoff.go)
+		} else {
+			d.startPrefetch(ctx, sh, q, next)
+		}
 	}
 	if sh.keyed() {
 		batch.Events = d.ownEvents(sh, batch.Events) // the cursor still passes the others' (partitionkey.go)

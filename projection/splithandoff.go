@@ -305,13 +305,21 @@ func (d *Dispatcher) startHalves(sh *shard) {
 	b.mu.Lock()
 	now := time.Now()
 	b.local[sh.id.Instance] = now
-	for _, seg := range []postgres.Segment{lo, hi} {
+	warm := sh.halves
+	sh.halves = nil
+	for i, seg := range []postgres.Segment{lo, hi} {
 		b.local[segmentInstance(seg)] = now
 		id := segmentInstance(seg)
 		if cur := b.shards[id]; cur != nil && !cur.removed.Load() {
+			if len(warm) == 2 && warm[i].prefetch != nil {
+				warm[i].prefetch.cancel() // a round started it meanwhile
+			}
 			continue
 		}
 		half := newPartitionShard(d.store.Schema(), b.proj, b, seg)
+		if len(warm) == 2 {
+			half = warm[i] // its first batch read while the parent applied its last
+		}
 		b.shards[id], b.owned[id] = half, true
 		added = append(added, half)
 	}
@@ -357,4 +365,39 @@ func orderChanges(changes []PartitionChange, targets []postgres.Segment) []Parti
 		return slices.Index(targets, x.From[0]) - slices.Index(targets, y.From[0])
 	})
 	return changes
+}
+
+// prefetchHalves starts, in the pass of a partition marked to split, the
+// read of each half's first batch (the batch after next, in the half's
+// segment) while the pass applies its own: the halves' first passes then
+// find their batches read, as the parent's next pass would have found its
+// own (prefetch.go). The halves' shards are made now, to be started by
+// startHalves if the split commits; a pass that did not split drops them.
+// Nothing is read when the pool has no connection to spare.
+func (d *Dispatcher) prefetchHalves(ctx context.Context, sh *shard, q postgres.LogQuery, next projector.Position) {
+	lo, hi, ok := sh.segment.Children()
+	if !ok || sh.balancer == nil || sh.shadow != nil || sh.keyed() {
+		d.startPrefetch(ctx, sh, q, next)
+		return
+	}
+	sh.halves = []*shard{newPartitionShard(d.store.Schema(), sh.proj, sh.balancer, lo), newPartitionShard(d.store.Schema(), sh.proj, sh.balancer, hi)}
+	for _, half := range sh.halves {
+		if st := d.store.Pool().Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
+			return
+		}
+		hq := q
+		hq.After, hq.Partition = next, half.readSegment()
+		d.launchPrefetch(ctx, half, hq)
+	}
+}
+
+// dropHalves cancels the reads prefetchHalves started for a split that did
+// not happen.
+func dropHalves(sh *shard) {
+	for _, half := range sh.halves {
+		if half.prefetch != nil {
+			half.prefetch.cancel()
+		}
+	}
+	sh.halves = nil
 }
