@@ -243,9 +243,19 @@ func (a *Admin) readPartitions(ctx context.Context, tx pgx.Tx, consumer string, 
 
 // Split splits partitions of consumer in two, each child starting at its
 // parent's cursor: the partitions only names (each must exist), or every
-// partition when none is named, all in one transaction. A partition of
-// 1/[postgres.MaxPartitions] of the streams cannot split. It returns the
-// splits done; an error changes nothing.
+// partition when none is named. A partition of 1/[postgres.MaxPartitions]
+// of the streams cannot split. It returns the splits done.
+//
+// When a live dispatcher runs every one of them (healthy, not held for a
+// merge, not replaying), Split marks them and each partition's own pass
+// splits it at the end of its batch, so nothing waits for a running batch
+// (splithandoff.go); Split returns once every one is split, each in its
+// own commit, the Cursor of each change then being where its halves stood
+// when Split saw them (at or after where they started). Those the passes
+// have not split within 5 s it splits itself. Otherwise it splits them
+// all in one transaction, waiting for their running batches, and an error
+// changes nothing; after a hand-off an error lifts the marks left, and
+// names the splits the passes made before it.
 func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Segment) ([]PartitionChange, error) {
 	var out []PartitionChange
 	var marked []postgres.Segment
