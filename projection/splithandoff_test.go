@@ -69,6 +69,13 @@ func TestSplitHandedOffToThePassesWaitsForNoRunningBatch(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("no pass of 1/2 ran")
 	}
+	// 0/2 caught up first, so what it applies once the split began is the
+	// events appended after.
+	last := e.lastPosition()
+	eventually(t, time.Minute, "0/2 catches up", func() bool {
+		s := e.partitionShards("handoff")[0]
+		return !s.Cursor.Less(last) && s.Status == projection.StatusIdle
+	})
 	before := e.advisoryWaiters()
 	type result struct {
 		changes []projection.PartitionChange
