@@ -98,10 +98,13 @@ func (a *App) splitCmd(partition *string) *cobra.Command {
 		Long: `Split replaces a partition by its two halves (P/N by 2P/2N and 2P+1/2N), each
 starting at the partition's cursor, with its dead letters, parks and a failure
 being retried going to the half that holds their stream. Without --partition every
-partition splits, in one transaction. It waits only for a running batch of the
-partitions it splits; running dispatchers take the halves on their next balancing
-round (within a second), with no restart and no rebuild. Refused (exit code 3)
-when another split or merge changed the partitions first.`,
+partition splits. When a live dispatcher runs every partition to split, the command
+marks them and each partition's own pass splits it at the end of its batch, so
+nothing waits for a running batch (each split is its own commit; the command
+returns once all are done, and splits what is left itself after 5 s); otherwise it
+splits them in one transaction, waiting for their running batches. Running
+dispatchers start the halves at once, with no restart and no rebuild. Refused
+(exit code 3) when another split or merge changed the partitions first.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withAdmin(cmd, func(admin *projection.Admin) error {

@@ -56,10 +56,16 @@ type balancer struct {
 	mu     sync.Mutex
 	shards map[string]*shard // by instance id
 	owned  map[string]bool
+	// local is when this process changed a partition's shard itself,
+	// by instance id: a split by its own pass ended the parent's and
+	// started the halves' (startHalves). A round whose layout was read
+	// before then leaves that shard as it is, rather than stop the
+	// halves and start the parent again until its next round.
+	local map[string]time.Time
 }
 
 func newBalancer(p *Async) *balancer {
-	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}}
+	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}, local: map[string]time.Time{}}
 }
 
 // member is what the instances row lists for a process that balances the
@@ -123,7 +129,7 @@ func newPartitionShard(schema string, p *Async, b *balancer, seg postgres.Segmen
 // syncLayout makes b's partitions those of ids (every partition row of the
 // consumer): new ones get a shard, started at once when the dispatcher's
 // loops run; those split or merged away are told to stop.
-func (d *Dispatcher) syncLayout(b *balancer, ids []string) {
+func (d *Dispatcher) syncLayout(b *balancer, ids []string, readAt time.Time) {
 	want := map[string]postgres.Segment{}
 	for _, id := range ids {
 		if seg, ok := partitionSegment(id); ok {
@@ -131,6 +137,16 @@ func (d *Dispatcher) syncLayout(b *balancer, ids []string) {
 		}
 	}
 	b.mu.Lock()
+	for id, at := range b.local {
+		switch {
+		case at.Before(readAt):
+			delete(b.local, id) // the layout read saw it
+		case b.shards[id] != nil && !b.shards[id].removed.Load():
+			want[id], _ = partitionSegment(id) // a half started since the read
+		default:
+			delete(want, id) // a parent split since the read
+		}
+	}
 	var added, removed []*shard
 	for id, seg := range want {
 		cur := b.shards[id]
@@ -235,6 +251,7 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 	var all, ids, owners []string
 	var versions []int
 	var live []string
+	readAt := time.Now()
 	batch := &pgx.Batch{}
 	batch.Queue(d.bsql.owners, b.consumer).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
@@ -260,7 +277,7 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 	if err := d.store.Pool().SendBatch(ctx, batch).Close(); err != nil {
 		return err
 	}
-	d.syncLayout(b, all)
+	d.syncLayout(b, all, readAt)
 	// Partitions at another model version (a blue/green rebuild has not
 	// switched them to this one yet, or switched them past it) are not
 	// this process's to work: it balances the others among the processes

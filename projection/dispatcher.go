@@ -252,6 +252,10 @@ type shard struct {
 	prefetch *prefetch
 	// prefetched counts the batches a pass took from a prefetch.
 	prefetched int
+	// halves are the shards of a partition's halves, made by a pass that
+	// is to split it (prefetchHalves), each with the read of its first
+	// batch under way; nil otherwise. Only the shard's own loop touches it.
+	halves []*shard
 	// spanName is the name of the shard's batch spans (batchSpanName).
 	spanName string
 	// segment is a partition's hash segment; zero for an unpartitioned
@@ -406,7 +410,7 @@ func New(cfg Config) (*Dispatcher, error) {
 			for i := range n {
 				ids[i] = PartitionInstance(i, n)
 			}
-			d.syncLayout(b, ids)
+			d.syncLayout(b, ids, time.Time{})
 			d.balancers = append(d.balancers, b)
 			continue
 		}

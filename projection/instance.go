@@ -106,7 +106,7 @@ func (d *Dispatcher) register(ctx context.Context) error {
 		return fmt.Errorf("projection dispatcher: %w", err)
 	}
 	for i, b := range d.balancers {
-		d.syncLayout(b, layouts[i]) // the layout the consumer has, live splits and merges included
+		d.syncLayout(b, layouts[i], time.Time{}) // the layout the consumer has, live splits and merges included
 	}
 	return nil
 }

@@ -74,6 +74,7 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				coalesce(c.next_retry_at > now(), false), coalesce(c.next_retry_at, 'epoch'),
 				c.version, coalesce(c.replay_until_tx_id, '0'), coalesce(c.replay_until_seq, 0), coalesce(c.shadow_schema, ''),
 				coalesce(c.owner, ''), c.hold_tx_id IS NOT NULL, coalesce(c.hold_tx_id, '0'), coalesce(c.hold_seq, 0),
+				c.split_requested_at IS NOT NULL,
 				EXISTS (SELECT 1 FROM (SELECT a.tx_id, a.seq FROM ` + store.Table("projector_events_archive") + ` a ORDER BY a.tx_id DESC, a.seq DESC LIMIT 1) m
 					WHERE (m.tx_id, m.seq) > (c.cursor_tx_id, c.cursor_seq))
 			FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2`,
@@ -116,6 +117,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if sh.removed.Load() {
 		return passResult{kind: passGone}, nil // a partition split or merged away (balance.go)
 	}
+	dropHalves(sh) // read for a split an earlier pass did not make
 	if sh.balancer != nil && !sh.balancer.owns(sh.id.Instance) {
 		return passResult{kind: passNotMine}, nil
 	}
@@ -153,7 +155,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	exists := true
 	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt,
-			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.held, &st.hold.TxID, &st.hold.Seq, &st.archived)
+			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.held, &st.hold.TxID, &st.hold.Seq, &st.splitMark, &st.archived)
 		if errors.Is(err, pgx.ErrNoRows) {
 			exists = false
 			return nil
@@ -255,6 +257,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	if err != nil {
 		return passResult{}, err
 	}
+
 	replaying := sh.shadow != nil
 	if st.replayUntil != projector.Start && st.cursor.Less(st.replayUntil) {
 		// Replaying in place: a batch stops at the position the rebuild
@@ -288,7 +291,11 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		}
 	}
 	if batch.Full {
-		d.startPrefetch(ctx, sh, q, next)
+		if st.splitMark {
+			d.prefetchHalves(ctx, sh, q, next) // the batch after this one is theirs (splithandoff.go)
+		} else {
+			d.startPrefetch(ctx, sh, q, next)
+		}
 	}
 	if sh.keyed() {
 		batch.Events = d.ownEvents(sh, batch.Events) // the cursor still passes the others' (partitionkey.go)
@@ -330,13 +337,21 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 				res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
 				return sh.shadowResult(res), err
 			}
-			return passResult{kind: passCaughtUp}, nil // nothing to write
+			if !st.splitMark {
+				return passResult{kind: passCaughtUp}, nil // nothing to write
+			}
 		}
-		if err := d.advanceCommit(ctx, tx, sh, next, status, 0); err != nil {
+		split, err := d.advanceCommitSplit(ctx, tx, sh, st, next, status, 0)
+		if err != nil {
 			return passResult{}, err
 		}
 		committed = true
-		return sh.shadowResult(d.committed(sh, caughtUp, nil, 0, 0, time.Time{})), nil
+		res := sh.shadowResult(d.committed(sh, caughtUp, nil, 0, 0, time.Time{}))
+		if split {
+			d.startHalves(sh)
+			return passResult{kind: passGone}, nil
+		}
+		return res, nil
 	}
 
 	started := time.Now()
@@ -359,11 +374,16 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 		kind = passMore
 	}
 	var res passResult
+	split := false
 	if switched {
 		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
-	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done)); err == nil {
+	} else if split, err = d.advanceCommitSplit(ctx, tx, sh, st, next, status, len(done)); err == nil {
 		committed = true
 		res = d.committed(sh, kind, done, 0, deadLetters, started)
+		if split {
+			d.startHalves(sh)
+			return passResult{kind: passGone}, nil
+		}
 	}
 	if err == nil {
 		sh.grow(size)
@@ -478,14 +498,21 @@ func (d *Dispatcher) commit(ctx context.Context, tx pgx.Tx, sh *shard, kind pass
 // pipeline's end) and the transaction aborted, for the caller's rollback.
 // After it returns nil the transaction is committed on the server and must
 // not be rolled back or committed again through tx.
-func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position, status Status, processed int) error {
+//
+// also, when set, queues statements between the advance and the COMMIT.
+func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position, status Status, processed int, also func(*pgx.Batch)) error {
 	b := &pgx.Batch{}
 	b.Queue(d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, processed)
+	if also != nil {
+		also(b)
+	}
 	b.Queue("COMMIT")
 	br := tx.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return fmt.Errorf("advance cursor: %w", err)
+	for range b.Len() - 1 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("advance cursor: %w", err)
+		}
 	}
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil {
@@ -500,6 +527,20 @@ func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, ne
 		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
 	}
 	return nil
+}
+
+// advanceCommitSplit is advanceCommit, with the split of sh's partition
+// in the same round trip when it is marked to split and may
+// (splithandoff.go); split says it was.
+func (d *Dispatcher) advanceCommitSplit(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, next projector.Position, status Status, processed int) (split bool, err error) {
+	if split, err = d.splitAtEnd(ctx, tx, sh, st); err != nil {
+		return false, err
+	}
+	var also func(*pgx.Batch)
+	if split {
+		also = func(b *pgx.Batch) { d.queueSplitSelf(b, sh) }
+	}
+	return split, d.advanceCommit(ctx, tx, sh, next, status, processed, also)
 }
 
 // committed reports a pass whose transaction committed: metrics and the
@@ -536,6 +577,9 @@ type shardRow struct {
 	// merge (split.go): its cursor never passes it.
 	held bool
 	hold projector.Position
+	// splitMark says `consumer split` asked this partition's pass to
+	// split it at its end (splithandoff.go).
+	splitMark bool
 	// archived says the archive holds events after the cursor: the pass
 	// reads it too.
 	archived bool

@@ -87,7 +87,7 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 		layout: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
 		rows: `SELECT instance_id, cursor_tx_id, cursor_seq, status, attempts, coalesce(failed_tx_id, '0'), coalesce(failed_seq, 0),
 				hold_tx_id IS NOT NULL, coalesce(hold_tx_id, '0'), coalesce(hold_seq, 0), version, processed, coalesce(owner, ''),
-				replay_until_tx_id IS NOT NULL
+				replay_until_tx_id IS NOT NULL, split_requested_at IS NOT NULL
 			FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2) FOR UPDATE`,
 		failedHash: `SELECT ` + hash + ` FROM ` + store.Table("projector_events") + ` WHERE tx_id = $1 AND seq = $2`,
 		// $3 the child; $4 whether it carries the parent's failure (the
@@ -120,6 +120,7 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 type partRow struct {
 	cursor, failedAt, hold projector.Position
 	held, replaying        bool
+	splitMark              bool // a split handed to its pass (splithandoff.go)
 	status                 Status
 	attempts, version      int
 	processed              int64
@@ -231,7 +232,7 @@ func (a *Admin) readPartitions(ctx context.Context, tx pgx.Tx, consumer string, 
 	var id string
 	var r partRow
 	_, err = pgx.ForEachRow(rows, []any{&id, &r.cursor.TxID, &r.cursor.Seq, &r.status, &r.attempts, &r.failedAt.TxID, &r.failedAt.Seq,
-		&r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner, &r.replaying}, func() error {
+		&r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner, &r.replaying, &r.splitMark}, func() error {
 		if s, ok := partitionSegment(id); ok {
 			out[s] = r
 		}
@@ -242,13 +243,25 @@ func (a *Admin) readPartitions(ctx context.Context, tx pgx.Tx, consumer string, 
 
 // Split splits partitions of consumer in two, each child starting at its
 // parent's cursor: the partitions only names (each must exist), or every
-// partition when none is named, all in one transaction. A partition of
-// 1/[postgres.MaxPartitions] of the streams cannot split. It returns the
-// splits done; an error changes nothing.
+// partition when none is named. A partition of 1/[postgres.MaxPartitions]
+// of the streams cannot split. It returns the splits done.
+//
+// When a live dispatcher runs every one of them (healthy, not held for a
+// merge, not replaying), Split marks them and each partition's own pass
+// splits it at the end of its batch, so nothing waits for a running batch
+// (splithandoff.go); Split returns once every one is split, each in its
+// own commit, the Cursor of each change then being where its halves stood
+// when Split saw them (at or after where they started). Those the passes
+// have not split within 5 s it splits itself. Otherwise it splits them
+// all in one transaction, waiting for their running batches, and an error
+// changes nothing; after a hand-off an error lifts the marks left, and
+// names the splits the passes made before it.
 func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Segment) ([]PartitionChange, error) {
 	var out []PartitionChange
+	var marked []postgres.Segment
+	handed := false
 	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
-		out = nil
+		out, marked, handed = nil, nil, false
 		layout, err := a.lockLayout(ctx, tx, consumer)
 		if err != nil {
 			return err
@@ -266,12 +279,24 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 					projector.ErrInvalidTransition, projector.Printable(consumer), s, postgres.MaxPartitions)
 			}
 		}
+		// A live dispatcher running every one of them splits each at the
+		// end of its own batch (splithandoff.go): nothing waits for a
+		// running batch.
+		if handed, err = a.splitHandedOff(ctx, tx, consumer, targets); err != nil || handed {
+			marked = targets
+			return err
+		}
 		out, err = a.splitMany(ctx, tx, consumer, targets, true, everyPartition(layout, targets))
 		return err
 	})
 	if err != nil {
 		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("split consumer %s: %w", projector.Printable(consumer), err)
+	}
+	if handed {
+		if out, err = a.handedOffSplit(ctx, consumer, marked); err != nil {
+			return nil, fmt.Errorf("split consumer %s: %w", projector.Printable(consumer), err)
+		}
 	}
 	return out, nil
 }
@@ -494,6 +519,9 @@ func (a *Admin) holdPair(consumer string, p *mergePair, read map[postgres.Segmen
 		}
 		if err := mergeable(consumer, s, r); err != nil {
 			return err
+		}
+		if r.splitMark {
+			return layoutChanged(consumer, "partition "+s.String()+" is to split (a `consumer split` under way)")
 		}
 		if r.replaying {
 			// Each half replays its own streams up to its own mark; the

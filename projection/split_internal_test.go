@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -100,7 +101,7 @@ func TestSyncLayoutRevivesEndedPartition(t *testing.T) {
 	b := d.balancers[0]
 	first := b.shards[PartitionInstance(0, 2)]
 	first.removed.Store(true) // what its pass does on finding the row gone
-	d.syncLayout(b, []string{PartitionInstance(0, 2), PartitionInstance(1, 2)})
+	d.syncLayout(b, []string{PartitionInstance(0, 2), PartitionInstance(1, 2)}, time.Time{})
 	var live []*shard
 	for _, sh := range d.allShards() {
 		if sh.id.Instance == PartitionInstance(0, 2) {

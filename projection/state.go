@@ -181,11 +181,14 @@ type Admin struct {
 	store *postgres.Store
 	sql   adminSQL
 	split splitSQL
+	// handOff is a split handed to the partitions' own passes
+	// (splithandoff.go).
+	handOff handOffSQL
 }
 
 // NewAdmin returns the ops functions for the consumers of store's schema.
 func NewAdmin(store *postgres.Store) *Admin {
-	return &Admin{store: store, sql: buildAdminSQL(store), split: buildSplitSQL(store)}
+	return &Admin{store: store, sql: buildAdminSQL(store), split: buildSplitSQL(store), handOff: buildHandOffSQL(store)}
 }
 
 type adminSQL struct {

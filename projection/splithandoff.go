@@ -1,0 +1,403 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// A split handed off to the partition's own pass (docs/scaling.md,
+// "Splitting and merging live").
+//
+// A split the command carries out itself waits for the running batch of
+// each partition it splits (behind the layout gate when it splits every
+// partition, which also refuses every new batch meanwhile), and the halves
+// then start from nothing: the partitions involved stood still for the
+// running batch, the change's round trips, the NOTIFY and the halves'
+// balancing round, and the halves' first batch (about four batches, docs/
+// performance.md). When a live dispatcher runs every partition to split,
+// the command instead marks them (split_requested_at), under the fence
+// lock, and returns once they are split. The pass of each marked partition
+// does its batch as always and, at its end, in the same transaction and
+// under its own lock, replaces its row by its two halves' rows at the
+// cursor it just wrote: the same statements as the command's split
+// (insertChild, the dead letters' and parks' moves, the removal, the layout
+// NOTIFY), pipelined with the cursor advance and the COMMIT. Nothing waits
+// for a running batch; the parent's last batch and the split are one
+// commit; and the dispatcher that ran the parent starts its halves' loops
+// at once, owned by it as the parent was, without waiting for the NOTIFY's
+// balancing round.
+//
+// Exclusion is unchanged. The pass splits only once it also holds the
+// consumer's fence lock (shared with other splitting passes), which it
+// tries without waiting (every layout
+// change and every registration holds the fence while it waits for shard
+// locks, so a pass waiting for it could deadlock), and only when its row
+// is still marked as read after the fence is held: a command that gives up
+// lifts the marks under the fence, so no pass splits after it said nothing
+// changed. A pass that finds the fence taken leaves the mark for its next
+// batch. A pass that is failing, held for a merge, a shadow's, or of a
+// consumer partitioned by key does not split; a command that asked for
+// one of those did not hand it off in the first place.
+//
+// The command falls back to splitting the rest itself when the passes have
+// not split them within splitHandOff (a dispatcher of an older release
+// ignores the mark; one stalled, or one that stopped after the mark): by
+// then it holds the fence, so no pass splits concurrently, and it waits for
+// their running batches as before.
+
+// splitHandOff bounds how long [Admin.Split] waits for the passes to split
+// the partitions it marked before it splits the rest itself.
+const splitHandOff = 5 * time.Second
+
+type handOffSQL struct {
+	handOff, mark, unmark, watch, recheck string
+}
+
+func buildHandOffSQL(store *postgres.Store) handOffSQL {
+	c, i := store.Table("projector_consumers"), store.Table("projector_instances")
+	return handOffSQL{
+		// How many of partitions $2 a live dispatcher of their model
+		// version runs, healthy and not held for a merge: the split is
+		// handed off only when that is all of them.
+		handOff: `SELECT count(*) FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = ANY($2)
+				AND c.hold_tx_id IS NULL AND c.status IN ('idle', 'processing') AND c.attempts = 0 AND c.replay_until_tx_id IS NULL
+				AND EXISTS (SELECT 1 FROM ` + i + ` i WHERE i.instance_id = c.owner AND i.stopped_at IS NULL
+					AND i.last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * i.heartbeat_every
+					AND c.name || '/partitions@v' || c.version::text = ANY(i.consumers))`,
+		mark:   `UPDATE ` + c + ` SET split_requested_at = now() WHERE name = $1 AND instance_id = ANY($2)`,
+		unmark: `UPDATE ` + c + ` SET split_requested_at = NULL WHERE name = $1 AND instance_id = ANY($2) AND split_requested_at IS NOT NULL`,
+		watch:  `SELECT instance_id, cursor_tx_id, cursor_seq FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
+		// A pass's look at its mark once it holds the fence: a statement
+		// of its own, so its snapshot follows the lock.
+		recheck: `SELECT coalesce(split_requested_at IS NOT NULL, false) FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
+	}
+}
+
+// splitHandedOff marks targets (partitions of consumer, each with
+// children, checked under the fence lock tx holds) for their passes to
+// split, and reports true, when a live dispatcher runs every one of them;
+// otherwise it changes nothing and reports false, for the command to split
+// them itself.
+func (a *Admin) splitHandedOff(ctx context.Context, tx pgx.Tx, consumer string, targets []postgres.Segment) (bool, error) {
+	ids := segmentIDs(targets)
+	var n int
+	if err := tx.QueryRow(ctx, a.handOff.handOff, consumer, ids).Scan(&n); err != nil {
+		return false, err
+	}
+	if n != len(ids) {
+		return false, nil
+	}
+	_, err := tx.Exec(ctx, a.handOff.mark, consumer, ids)
+	return err == nil, err
+}
+
+// segmentIDs returns the instance ids of segs.
+func segmentIDs(segs []postgres.Segment) []string {
+	ids := make([]string, len(segs))
+	for i, s := range segs {
+		ids[i] = segmentInstance(s)
+	}
+	return ids
+}
+
+// splitWatch reads which of targets their passes split, with the cursor of
+// the halves of each (the earlier of the two: where they stood when
+// read, at or after where they started), and which are still to split.
+func (a *Admin) splitWatch(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, consumer string, targets []postgres.Segment,
+) (done []PartitionChange, pending []postgres.Segment, err error) {
+	var ids []string
+	for _, s := range targets {
+		lo, hi, _ := s.Children()
+		ids = append(ids, segmentInstance(s), segmentInstance(lo), segmentInstance(hi))
+	}
+	rows, err := q.Query(ctx, a.handOff.watch, consumer, ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	at := map[string]projector.Position{}
+	var id string
+	var cursor projector.Position
+	if _, err := pgx.ForEachRow(rows, []any{&id, &cursor.TxID, &cursor.Seq}, func() error {
+		at[id] = cursor
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	for _, s := range targets {
+		lo, hi, _ := s.Children()
+		if _, ok := at[segmentInstance(s)]; ok {
+			pending = append(pending, s)
+			continue
+		}
+		l, okLo := at[segmentInstance(lo)]
+		h, okHi := at[segmentInstance(hi)]
+		if !okLo || !okHi {
+			return nil, nil, layoutChanged(consumer, "partition "+s.String()+" was split and its halves changed meanwhile")
+		}
+		if h.Less(l) {
+			l = h
+		}
+		done = append(done, PartitionChange{From: []postgres.Segment{s}, To: []postgres.Segment{lo, hi}, Cursor: l})
+	}
+	return done, pending, nil
+}
+
+// awaitSplits waits up to wait for the passes to split every partition of
+// targets, looking every holdPoll.
+func (a *Admin) awaitSplits(ctx context.Context, consumer string, targets []postgres.Segment, wait time.Duration) ([]PartitionChange, []postgres.Segment, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	tick := time.NewTicker(holdPoll)
+	defer tick.Stop()
+	for {
+		done, pending, err := a.splitWatch(ctx, a.store.Pool(), consumer, targets)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			return nil, nil, err
+		case err == nil && len(pending) == 0:
+			return done, nil, nil
+		}
+		select {
+		case <-ctx.Done():
+			return done, pending, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// finishSplits splits, under the fence lock, the partitions of targets the
+// passes did not split within splitHandOff, as a command without a
+// dispatcher does; an error lifts their marks, so no pass splits them
+// after the command returned it.
+func (a *Admin) finishSplits(ctx context.Context, consumer string, targets []postgres.Segment) ([]PartitionChange, error) {
+	var out []PartitionChange
+	var rest []postgres.Segment
+	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		out, rest = nil, nil
+		layout, err := a.lockLayout(ctx, tx, consumer)
+		if err != nil {
+			return err
+		}
+		done, pending, err := a.splitWatch(ctx, tx, consumer, targets)
+		if err != nil {
+			return err
+		}
+		out, rest = done, pending
+		if len(rest) == 0 {
+			return nil
+		}
+		more, err := a.splitMany(ctx, tx, consumer, rest, true, everyPartition(layout, rest))
+		out = append(out, more...)
+		return err
+	})
+	if err != nil {
+		a.notifyAborted(ctx, consumer)
+		if uerr := a.unmarkSplits(ctx, consumer, targets); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("lift the split marks: %w", uerr))
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// unmarkSplits lifts the split marks of targets that remain, under the
+// fence lock (a pass splits only while it holds the fence and still finds
+// its mark), and says which of them their passes had split by then.
+func (a *Admin) unmarkSplits(ctx context.Context, consumer string, targets []postgres.Segment) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
+	defer cancel()
+	var done []PartitionChange
+	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: SharedInstance})); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, a.handOff.unmark, consumer, segmentIDs(targets)); err != nil {
+			return err
+		}
+		var err error
+		done, _, err = a.splitWatch(ctx, tx, consumer, targets)
+		return err
+	})
+	if err == nil && len(done) > 0 {
+		names := make([]string, len(done))
+		for i, c := range done {
+			names[i] = c.String()
+		}
+		return fmt.Errorf("%w: their own passes had split some before the command gave up: %s", ErrLayoutChanged, strings.Join(names, ", "))
+	}
+	return err
+}
+
+// tryFenceSharedSQL is a splitting pass's hold on its consumer's fence:
+// shared, so the passes of several partitions split at once (each writes
+// only its own row and its halves'), while a command or a registration,
+// which takes the fence exclusively, excludes them all.
+const tryFenceSharedSQL = `SELECT pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0))`
+
+// splitAtEnd reports whether this pass of sh splits its partition when it
+// commits (see above): its row is marked, it may split, and the consumer's
+// fence lock was free (tx now holds it until its end) and the mark is
+// still there under it. It costs a round trip only for a marked partition.
+func (d *Dispatcher) splitAtEnd(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow) (bool, error) {
+	if !st.splitMark || sh.balancer == nil || sh.shadow != nil || sh.keyed() || st.held || st.replayUntil != projector.Start {
+		return false, nil
+	}
+	if _, _, ok := sh.segment.Children(); !ok {
+		return false, nil
+	}
+	var fenced, marked bool
+	b := &pgx.Batch{}
+	b.Queue(tryFenceSharedSQL, shardLockKey(d.store.Schema(), ShardID{Consumer: sh.id.Consumer, Instance: SharedInstance})).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&fenced)
+	})
+	b.Queue(d.admin.handOff.recheck, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&marked)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return false, fmt.Errorf("split by the pass: %w", err)
+	}
+	return fenced && marked, nil
+}
+
+// queueSplitSelf queues on b, after the pass's cursor advance, the
+// replacement of sh's row by its halves' rows at that cursor (the
+// command's statements, splitMany), and the layout NOTIFY.
+func (d *Dispatcher) queueSplitSelf(b *pgx.Batch, sh *shard) {
+	lo, hi, _ := sh.segment.Children()
+	consumer, parent := sh.id.Consumer, sh.id.Instance
+	s := d.admin.split
+	// The advance cleared any failure, so both halves start clean.
+	b.Queue(s.insertChild, consumer, parent, segmentInstance(lo), false)
+	b.Queue(s.insertChild, consumer, parent, segmentInstance(hi), false)
+	shift, count := 32-int(lo.Bits), lo.Count()
+	b.Queue(s.moveDeadLetters, consumer, parent, shift, count)
+	b.Queue(s.moveParks, consumer, parent, shift, count)
+	b.Queue(s.remove, consumer, []string{parent})
+	queueNotifyLayout(b, d.store, consumer)
+}
+
+// startHalves, once sh's pass committed its split, ends sh's loop (its
+// pass returns passGone) and starts its halves' at once in this dispatcher, which owns them as it
+// owned sh (the rows carry its owner): the layout NOTIFY's balancing round
+// then finds them running. A round that read the layout before the commit
+// may stop them meanwhile; the next round starts them again (a stopped
+// shard's pass never runs).
+func (d *Dispatcher) startHalves(sh *shard) {
+	b := sh.balancer
+	lo, hi, _ := sh.segment.Children()
+	sh.removed.Store(true)
+	var added []*shard
+	b.mu.Lock()
+	now := time.Now()
+	b.local[sh.id.Instance] = now
+	warm := sh.halves
+	sh.halves = nil
+	for i, seg := range []postgres.Segment{lo, hi} {
+		b.local[segmentInstance(seg)] = now
+		id := segmentInstance(seg)
+		if cur := b.shards[id]; cur != nil && !cur.removed.Load() {
+			if len(warm) == 2 && warm[i].prefetch != nil {
+				warm[i].prefetch.cancel() // a round started it meanwhile
+			}
+			continue
+		}
+		half := newPartitionShard(d.store.Schema(), b.proj, b, seg)
+		if len(warm) == 2 {
+			half = warm[i] // its first batch read while the parent applied its last
+		}
+		b.shards[id], b.owned[id] = half, true
+		added = append(added, half)
+	}
+	b.mu.Unlock()
+	// sh stays listed, stopped, until the round the NOTIFY brings drops
+	// it and its metrics, as after a split the command made: its last
+	// batch, which the split committed with, stays visible until then.
+	d.replaceShards(added, nil)
+}
+
+// handedOffSplit is the part of Split after the marks committed: wake the
+// marked partitions' loops (a caught-up one waits for new events or a
+// Recheck), wait for their passes, and split what they did not.
+func (a *Admin) handedOffSplit(ctx context.Context, consumer string, targets []postgres.Segment) ([]PartitionChange, error) {
+	ids := make([]ShardID, len(targets))
+	for i, s := range targets {
+		ids[i] = ShardID{Consumer: consumer, Instance: segmentInstance(s)}
+	}
+	_ = WakeShards(ctx, a.store, ids...) // best effort: the passes also come at their next batch or Recheck
+	done, pending, err := a.awaitSplits(ctx, consumer, targets, splitHandOff)
+	switch {
+	case err == nil:
+		return orderChanges(done, targets), nil
+	case ctx.Err() != nil:
+		if uerr := a.unmarkSplits(ctx, consumer, pending); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+		return nil, err
+	case !errors.Is(err, context.DeadlineExceeded):
+		return nil, errors.Join(err, a.unmarkSplits(ctx, consumer, targets))
+	}
+	out, err := a.finishSplits(ctx, consumer, targets)
+	if err != nil {
+		return nil, err
+	}
+	return orderChanges(out, targets), nil
+}
+
+// orderChanges puts changes in the order of targets, as the command's own
+// split returns them.
+func orderChanges(changes []PartitionChange, targets []postgres.Segment) []PartitionChange {
+	slices.SortFunc(changes, func(x, y PartitionChange) int {
+		return slices.Index(targets, x.From[0]) - slices.Index(targets, y.From[0])
+	})
+	return changes
+}
+
+// prefetchHalves starts, in the pass of a partition marked to split, the
+// read of each half's first batch (the batch after next, in the half's
+// segment) while the pass applies its own: the halves' first passes then
+// find their batches read, as the parent's next pass would have found its
+// own (prefetch.go). The halves' shards are made now, to be started by
+// startHalves if the split commits; a pass that did not split drops them.
+// Nothing is read when the pool has no connection to spare.
+func (d *Dispatcher) prefetchHalves(ctx context.Context, sh *shard, q postgres.LogQuery, next projector.Position) {
+	lo, hi, ok := sh.segment.Children()
+	if !ok || sh.balancer == nil || sh.shadow != nil || sh.keyed() {
+		d.startPrefetch(ctx, sh, q, next)
+		return
+	}
+	sh.halves = []*shard{newPartitionShard(d.store.Schema(), sh.proj, sh.balancer, lo), newPartitionShard(d.store.Schema(), sh.proj, sh.balancer, hi)}
+	for _, half := range sh.halves {
+		if st := d.store.Pool().Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
+			return
+		}
+		hq := q
+		hq.After, hq.Partition = next, half.readSegment()
+		d.launchPrefetch(ctx, half, hq)
+	}
+}
+
+// dropHalves cancels the reads prefetchHalves started for a split that did
+// not happen.
+func dropHalves(sh *shard) {
+	for _, half := range sh.halves {
+		if half.prefetch != nil {
+			half.prefetch.cancel()
+		}
+	}
+	sh.halves = nil
+}

@@ -1,0 +1,131 @@
+package projection_test
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// A split of every partition, with a dispatcher running them, is carried
+// out by each partition's own pass at the end of its batch
+// (splithandoff.go): while 1/2's batch runs (held in its handler), 0/2 is
+// split by its pass and its halves, 0/4 and 1/4, go on applying events.
+// Before, the split closed the layout gate and waited for 1/2's batch, and
+// neither 0/2 nor any half applied anything until it ended (the test
+// failed so: "0/2's streams applied nothing while the split waited").
+func TestSplitHandedOffToThePassesWaitsForNoRunningBatch(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	var armed atomic.Bool
+	entered := make(chan struct{}, 1)
+	unblock := make(chan struct{})
+	count := countingHandler(e.schema, "handoff")
+	one := projection.PartitionInstance(1, 2)
+	seg1 := segment(t, 1, 2)
+	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if armed.Load() && seg1.Contains(postgres.StreamHash(ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID)) {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			select {
+			case <-unblock:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return count(ctx, tx, ev)
+	}
+	var applied0 atomic.Int64 // events of 0/2's streams committed
+	p := projection.NewAsync("handoff", projection.AsyncConfig{Partitions: 2, BatchSize: 5, AfterCommit: func(evs []projector.Event) {
+		for _, ev := range evs {
+			if !seg1.Contains(postgres.StreamHash(ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID)) {
+				applied0.Add(1)
+			}
+		}
+	}})
+	must(projection.OnEvent(p, e.types.Opened, h))
+	must(projection.OnEvent(p, e.types.Commented, h))
+	must(projection.OnEvent(p, e.types.Closed, h))
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	versions := appendWith(t, e.ctx, e.store, 1, 40, 20, "a")
+	e.catchUp(d)
+
+	unblock1 := sync.OnceFunc(func() { close(unblock) })
+	defer unblock1()
+	armed.Store(true)
+	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 40, 20, "b"))
+	select {
+	case <-entered: // 1/2's pass runs, held in its handler
+	case <-time.After(time.Minute):
+		t.Fatal("no pass of 1/2 ran")
+	}
+	// 0/2 caught up first, so what it applies once the split began is the
+	// events appended after.
+	last := e.lastPosition()
+	eventually(t, time.Minute, "0/2 catches up", func() bool {
+		s := e.partitionShards("handoff")[0]
+		return !s.Cursor.Less(last) && s.Status == projection.StatusIdle
+	})
+	before := e.advisoryWaiters()
+	type result struct {
+		changes []projection.PartitionChange
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		changes, err := projection.NewAdmin(e.store).Split(e.ctx, "handoff")
+		done <- result{changes, err}
+	}()
+	eventually(t, 30*time.Second, "the split waits", func() bool {
+		return e.advisoryWaiters() > before || e.splitMarked("handoff", one)
+	})
+	waiting := applied0.Load()
+	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 40, 20, "c"))
+	// Within the hand-off's wait (splitHandOff, 5 s), before the command
+	// would split anything itself.
+	eventually(t, 4*time.Second, "0/2's streams applied nothing while the split waited for 1/2's running batch", func() bool {
+		return applied0.Load() > waiting
+	})
+	select {
+	case r := <-done:
+		t.Fatalf("the split returned (%v, %v) while 1/2's batch still ran", r.changes, r.err)
+	default:
+	}
+	unblock1()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.changes) != 2 || r.changes[0].From[0] != segment(t, 0, 2) || r.changes[1].From[0] != segment(t, 1, 2) {
+		t.Errorf("changes %v, want 0/2 and 1/2 split, in that order", r.changes)
+	}
+	s := e.partitionShards("handoff")
+	if len(s) != 4 {
+		t.Errorf("partitions after the split: %v, want 4", s)
+	}
+	e.catchUp(d)
+	e.checkCounts("handoff", versions)
+}
+
+// gateWaiters counts the requests waiting for consumer's layout gate
+// (layoutgate.go), by the lock's own key.
+func (e *env) gateWaiters(consumer string) int {
+	e.t.Helper()
+	var n int
+	key := "projector.partition-gate\x1f" + e.schema + "\x1f" + consumer
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND NOT l.granted
+		AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($1::text, 0)`, key).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
