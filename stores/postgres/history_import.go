@@ -367,7 +367,7 @@ func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, b *importBatch, se
 	for i, k := range seen {
 		ids[i] = b.events[k].ID
 	}
-	rows, err := tx.Query(ctx, s.sqlFor(importExistingSQL), ids)
+	rows, err := tx.Query(ctx, s.sqlFor(importExistingSQL), uuidArray(ids))
 	if err != nil {
 		return fmt.Errorf("look up imported events: %w", err)
 	}
@@ -399,7 +399,7 @@ func (s *Store) checkArchivedIDs(ctx context.Context, tx pgx.Tx, b *importBatch,
 		ids[i] = b.events[k].ID
 	}
 	var found [16]byte
-	err := tx.QueryRow(ctx, s.sqlFor(importArchivedIDSQL), ids).Scan(&found)
+	err := tx.QueryRow(ctx, s.sqlFor(importArchivedIDSQL), uuidArray(ids)).Scan(&found)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
@@ -432,7 +432,7 @@ func (s *Store) importCopyError(ctx context.Context, b *importBatch, keep []int,
 		ids[i] = b.events[k].ID
 	}
 	var found [16]byte
-	qerr := s.pool.QueryRow(ctx, s.sqlFor(`SELECT id FROM {{s}}.projector_events WHERE id = ANY($1::uuid[]) LIMIT 1`), ids).Scan(&found)
+	qerr := s.pool.QueryRow(ctx, s.sqlFor(`SELECT id FROM {{s}}.projector_events WHERE id = ANY($1::uuid[]) LIMIT 1`), uuidArray(ids)).Scan(&found)
 	if qerr == nil {
 		for _, k := range keep {
 			if b.events[k].ID == found {
