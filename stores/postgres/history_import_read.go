@@ -363,12 +363,5 @@ func (s *Store) importCopySQL() string {
 	return s.sqlFor(`COPY {{s}}.projector_events (` + strings.Join(importColumns, ", ") + `) FROM STDIN (FORMAT binary)`)
 }
 
-// importWorkers is how many goroutines decode a batch's lines: one fewer
-// than GOMAXPROCS (at least one), so that a processor is always free for
-// the goroutines that feed the COPY (pgconn's reader of importCopy and its
-// socket writer). With a worker on every processor, a chunk's decoding
-// (milliseconds of CPU) held the processors while the server sat waiting
-// for rows, and the COPY ran slower than a raw one of the same rows; one
-// worker decodes several times faster than the server inserts, so the
-// batch ahead is still ready in time.
-func importWorkers() int { return max(1, runtime.GOMAXPROCS(0)-1) }
+// importWorkers is how many goroutines decode a batch's lines.
+func importWorkers() int { return runtime.GOMAXPROCS(0) }
