@@ -269,11 +269,12 @@ func (s *Store) writeBatchOnce(ctx context.Context, b *importBatch, inline bool)
 	if len(b.spans) == 0 {
 		return 0, 0, 0, b.readErr
 	}
-	tx, err := s.pool.Begin(ctx)
+	applyInline := inline && len(s.inline) > 0
+	tx, err := s.beginImportTx(ctx, applyInline)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer tx.close(context.WithoutCancel(ctx))
 
 	tenants, types, ids := make([]string, len(b.refs)), make([]string, len(b.refs)), make([]string, len(b.refs))
 	for i, r := range b.refs {
@@ -283,14 +284,11 @@ func (s *Store) writeBatchOnce(ctx context.Context, b *importBatch, inline bool)
 	var archived bool
 	var written int64
 	var txID uint64
-	rows, err := tx.Query(ctx, s.sqlFor(importPrepareSQL), tenants, types, ids, b.last)
-	if err == nil {
-		var v int64
-		_, err = pgx.ForEachRow(rows, []any{&v, &archived, &written, &txID}, func() error {
-			c.current = append(c.current, v)
-			return nil
-		})
-	}
+	var v int64
+	err = tx.prepare(ctx, s.sqlFor(importPrepareSQL), []any{tenants, types, ids, b.last}, []any{&v, &archived, &written, &txID}, func() error {
+		c.current = append(c.current, v)
+		return nil
+	})
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("read stream versions and advance their heads: %w", mapError(projector.StreamRef{}, projector.AnyVersion, err))
 	}
@@ -304,7 +302,7 @@ func (s *Store) writeBatchOnce(ctx context.Context, b *importBatch, inline bool)
 		return 0, 0, 0, &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
 			Reason: fmt.Sprintf("%d of %d streams were appended to during the import, or by a younger transaction; run the import again", advanced-written, advanced)}
 	}
-	tag, err := tx.Conn().PgConn().CopyFrom(ctx, c, s.importCopySQL())
+	tag, err := tx.pgConn().CopyFrom(ctx, c, s.importCopySQL())
 	if c.err != nil {
 		return c.lines, 0, 0, c.err
 	}
@@ -331,12 +329,12 @@ func (s *Store) writeBatchOnce(ctx context.Context, b *importBatch, inline bool)
 			return lines, 0, 0, err
 		}
 	}
-	if inline && len(s.inline) > 0 {
-		if err := s.applyInlineImported(ctx, tx, b, c.keep); err != nil {
+	if applyInline {
+		if err := s.applyInlineImported(ctx, tx.tx, b, c.keep); err != nil {
 			return lines, 0, 0, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		return lines, 0, 0, fmt.Errorf("commit: %w", err)
 	}
 	s.appended(txID)
@@ -395,7 +393,7 @@ func (s *Store) applyInlineImported(ctx context.Context, tx pgx.Tx, b *importBat
 
 // checkImported checks that events at versions their streams already have
 // are the very events the log holds there.
-func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, b *importBatch, seen []int) error {
+func (s *Store) checkImported(ctx context.Context, tx *importTx, b *importBatch, seen []int) error {
 	type stored struct {
 		stream  projector.StreamRef
 		version int64
@@ -404,7 +402,7 @@ func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, b *importBatch, se
 	for i, k := range seen {
 		ids[i] = b.events[k].ID
 	}
-	rows, err := tx.Query(ctx, s.sqlFor(importExistingSQL), ids)
+	rows, err := tx.Query(ctx, s.sqlFor(importExistingSQL), uuidArray(ids))
 	if err != nil {
 		return fmt.Errorf("look up imported events: %w", err)
 	}
@@ -430,13 +428,13 @@ func (s *Store) checkImported(ctx context.Context, tx pgx.Tx, b *importBatch, se
 
 // checkArchivedIDs refuses, at its line, a new event whose id an archived
 // event holds.
-func (s *Store) checkArchivedIDs(ctx context.Context, tx pgx.Tx, b *importBatch, keep []int) error {
+func (s *Store) checkArchivedIDs(ctx context.Context, tx *importTx, b *importBatch, keep []int) error {
 	ids := make([][16]byte, len(keep))
 	for i, k := range keep {
 		ids[i] = b.events[k].ID
 	}
 	var found [16]byte
-	err := tx.QueryRow(ctx, s.sqlFor(importArchivedIDSQL), ids).Scan(&found)
+	err := tx.QueryRow(ctx, s.sqlFor(importArchivedIDSQL), uuidArray(ids)).Scan(&found)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
@@ -469,7 +467,7 @@ func (s *Store) importCopyError(ctx context.Context, b *importBatch, keep []int,
 		ids[i] = b.events[k].ID
 	}
 	var found [16]byte
-	qerr := s.pool.QueryRow(ctx, s.sqlFor(`SELECT id FROM {{s}}.projector_events WHERE id = ANY($1::uuid[]) LIMIT 1`), ids).Scan(&found)
+	qerr := s.pool.QueryRow(ctx, s.sqlFor(`SELECT id FROM {{s}}.projector_events WHERE id = ANY($1::uuid[]) LIMIT 1`), uuidArray(ids)).Scan(&found)
 	if qerr == nil {
 		for _, k := range keep {
 			if b.events[k].ID == found {
