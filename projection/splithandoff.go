@@ -339,12 +339,16 @@ func (a *Admin) handedOffSplit(ctx context.Context, consumer string, targets []p
 		ids[i] = ShardID{Consumer: consumer, Instance: segmentInstance(s)}
 	}
 	_ = WakeShards(ctx, a.store, ids...) // best effort: the passes also come at their next batch or Recheck
-	done, pending, err := a.awaitSplits(ctx, consumer, targets, splitHandOff)
+	done, _, err := a.awaitSplits(ctx, consumer, targets, splitHandOff)
 	switch {
 	case err == nil:
 		return orderChanges(done, targets), nil
 	case ctx.Err() != nil:
-		if uerr := a.unmarkSplits(ctx, consumer, pending); uerr != nil {
+		// Every target, not pending: a cancellation that lands in a
+		// look (splitWatch) leaves pending empty, and the marks would
+		// stay for the passes to split after the command said it
+		// failed. The unmark touches only rows still marked.
+		if uerr := a.unmarkSplits(ctx, consumer, targets); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 		return nil, err

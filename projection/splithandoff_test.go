@@ -2,6 +2,7 @@ package projection_test
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -128,4 +129,66 @@ func (e *env) gateWaiters(consumer string) int {
 		e.t.Fatal(err)
 	}
 	return n
+}
+
+// A split cancelled while it waits for the passes it handed the split to
+// lifts every mark before it returns, also when the cancellation lands in
+// one of its looks at the partitions (the look fails and knows nothing of
+// which are still marked): a mark left behind would have a pass split its
+// partition after the command reported that it failed. The passes cannot
+// split here (the test holds both partitions' locks), and the look is
+// held in a lock wait when the context is cancelled.
+func TestSplitCancelledWhileHandedOffLiftsItsMarks(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	p := counting(e.schema, e.types, "cancelled", projection.AsyncConfig{Partitions: 2})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	appendWith(t, e.ctx, e.store, 1, 10, 5, "a")
+	e.catchUp(d)
+	for i := range 2 {
+		defer e.holdShardLock("cancelled", projection.PartitionInstance(i, 2))()
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := projection.NewAdmin(e.store).Split(ctx, "cancelled")
+		done <- err
+	}()
+	eventually(t, 30*time.Second, "the split marks both partitions", func() bool {
+		return e.splitMarked("cancelled", projection.PartitionInstance(0, 2)) && e.splitMarked("cancelled", projection.PartitionInstance(1, 2))
+	})
+	consumers := e.store.Table("projector_consumers")
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+consumers+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(prefix string) func() bool {
+		return func() bool {
+			var n int
+			if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE $1 || '%' AND position($2 in query) > 0`, prefix, consumers).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		}
+	}
+	eventually(t, 30*time.Second, "the split's look waits for the table", waiting("SELECT instance_id, cursor_tx_id, cursor_seq FROM"))
+	cancel()
+	eventually(t, 30*time.Second, "the cancelled split lifts its marks", waiting("UPDATE "+consumers+" SET split_requested_at = NULL"))
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled split returned %v, want context.Canceled", err)
+	}
+	for i := range 2 {
+		if id := projection.PartitionInstance(i, 2); e.splitMarked("cancelled", id) {
+			t.Errorf("partition %s is still marked to split after the split was cancelled", id)
+		}
+	}
 }
