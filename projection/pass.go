@@ -36,7 +36,7 @@ type passResult struct {
 }
 
 type dispatchSQL struct {
-	register, unregister, tryLock, state, waitLock, advance, fail, deadLetter, probe, cursor, cursors string
+	register, unregister, tryLock, state, waitLock, advance, advanceShadow, fail, deadLetter, probe, cursor, cursors string
 }
 
 func buildDispatchSQL(store *postgres.Store) dispatchSQL {
@@ -90,6 +90,7 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				replay_until_tx_id = CASE WHEN ($3::xid8, $4::bigint) >= (replay_until_tx_id, replay_until_seq) THEN NULL ELSE replay_until_tx_id END,
 				replay_until_seq = CASE WHEN ($3::xid8, $4::bigint) >= (replay_until_tx_id, replay_until_seq) THEN NULL ELSE replay_until_seq END
 			WHERE name = $1 AND instance_id = $2`,
+		advanceShadow: advanceShadowSQL(c),
 		fail: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = $6,
 				last_error = $7, last_error_at = now(), failed_tx_id = $8, failed_seq = $9, failed_event_id = $10,
 				next_retry_at = CASE WHEN $5 = 'dead' THEN NULL ELSE now() + make_interval(secs => $11) END,
@@ -331,7 +332,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			}
 			sh.shadow.final = true
 		}
-		if next == st.cursor && st.status == StatusIdle && st.attempts == 0 {
+		if next == st.cursor && (st.status == StatusIdle && st.attempts == 0 || sh.shadow != nil && st.attempts > 0) {
 			if sh.shadow != nil {
 				// The rebuild may have moved to ready.
 				res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
@@ -501,8 +502,12 @@ func (d *Dispatcher) commit(ctx context.Context, tx pgx.Tx, sh *shard, kind pass
 //
 // also, when set, queues statements between the advance and the COMMIT.
 func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, next projector.Position, status Status, processed int, also func(*pgx.Batch)) error {
+	advance := d.sql.advance
+	if sh.shadow != nil {
+		advance = d.sql.advanceShadow // a refused switch's failure stands (rebuild_gap.go)
+	}
 	b := &pgx.Batch{}
-	b.Queue(d.sql.advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, processed)
+	b.Queue(advance, sh.id.Consumer, sh.id.Instance, next.TxID, next.Seq, status, processed)
 	if also != nil {
 		also(b)
 	}

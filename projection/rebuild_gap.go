@@ -108,3 +108,27 @@ func (d *Dispatcher) switchFailed(ctx context.Context, tx pgx.Tx, sh *shard, st 
 	}
 	return res, nil
 }
+
+// advanceShadowSQL is the cursor advance of a shadow shard (c is the
+// qualified projector_consumers), with the arguments of the advance: a
+// failure it records stands until its cursor passes the failing event. A
+// refused switch records its failure with the shadow's cursor where the
+// pass found it (switchFailed), before the failing event, which the
+// passes between two switching tries do not reach (they stop at the
+// earliest partition's frontier): clearing the failure there, as a live
+// shard's advance does, would start its attempts over at every such pass,
+// and a switch refused on every try would never go dead after MaxAttempts.
+func advanceShadowSQL(c string) string {
+	keep := `(failed_tx_id IS NOT NULL AND ($3::xid8, $4::bigint) < (failed_tx_id, failed_seq))`
+	return `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4,
+			status = CASE WHEN ` + keep + ` AND attempts > 0 THEN status ELSE $5 END,
+			attempts = CASE WHEN ` + keep + ` THEN attempts ELSE 0 END,
+			last_error = CASE WHEN ` + keep + ` THEN last_error END,
+			last_error_at = CASE WHEN ` + keep + ` THEN last_error_at END,
+			failed_tx_id = CASE WHEN ` + keep + ` THEN failed_tx_id END,
+			failed_seq = CASE WHEN ` + keep + ` THEN failed_seq END,
+			failed_event_id = CASE WHEN ` + keep + ` THEN failed_event_id END,
+			next_retry_at = CASE WHEN ` + keep + ` THEN next_retry_at END,
+			processed = processed + $6, updated_at = now()
+		WHERE name = $1 AND instance_id = $2`
+}

@@ -26,12 +26,12 @@ import (
 // how often a version handled it live.
 func (e *env) sideEffects(version, partitions, rebuildBatch int) *projection.Async {
 	effects := pgx.Identifier{e.schema, "effects"}.Sanitize()
-	p := projection.NewAsync("counter", projection.AsyncConfig{Version: version, Tables: []string{e.table}, Partitions: partitions,
-		RebuildBatchSize: rebuildBatch, RetryBackoff: 10 * time.Millisecond})
-	if version == 2 && e.batchTimeout > 0 {
-		p = projection.NewAsync("counter", projection.AsyncConfig{Version: version, Tables: []string{e.table}, Partitions: partitions,
-			RebuildBatchSize: rebuildBatch, RetryBackoff: 10 * time.Millisecond, BatchTimeout: e.batchTimeout})
+	cfg := projection.AsyncConfig{Version: version, Tables: []string{e.table}, Partitions: partitions,
+		RebuildBatchSize: rebuildBatch, RetryBackoff: 10 * time.Millisecond}
+	if version == 2 {
+		cfg.BatchTimeout, cfg.MaxAttempts = e.batchTimeout, e.maxAttempts
 	}
+	p := projection.NewAsync("counter", cfg)
 	count := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
 		_, shadow := projection.ShadowRebuild(ctx)
 		if shadow && e.shadowFault != nil {

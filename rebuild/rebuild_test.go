@@ -46,6 +46,8 @@ type env struct {
 	shadowFault func(context.Context, projector.Event) error
 	// batchTimeout, if set, is sideEffects' version-2 BatchTimeout.
 	batchTimeout time.Duration
+	// maxAttempts, if set, is sideEffects' version-2 MaxAttempts.
+	maxAttempts int
 }
 
 func newEnv(t *testing.T) *env {
