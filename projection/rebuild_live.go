@@ -28,6 +28,7 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -159,6 +160,15 @@ func (d *Dispatcher) partitionHash(p *Async, ev projector.Event) uint32 {
 	return h
 }
 
+// errFrontierPastSwitch is a switch refused because a live shard had
+// handled events live past the switch's cursor, which the switching pass's
+// locks rule out (they keep every live frontier where capShadow read it):
+// something moved a live cursor outside a pass (SQL, a tool that ignores
+// the shard locks). Switching it back to the shadow's cursor would let
+// readers see its streams go back, so the switch is rolled back, loudly,
+// and the next switching pass reads the frontiers again.
+var errFrontierPastSwitch = errors.New("a live shard's cursor is past the switch's: it moved while the switch held its lock")
+
 // moveLiveCursors, in the switch's transaction, gives the live shards
 // (every partition's row, for a partitioned consumer) the new version and
 // a cursor: the shadow applied every event up to from (its cursor before
@@ -167,19 +177,28 @@ func (d *Dispatcher) partitionHash(p *Async, ev projector.Event) uint32 {
 // it, which is every shard since a switching pass reads on to the latest
 // frontier (switchThroughGap); one behind from (the shadow replayed past
 // it: the events between were handled live by no version, which is said)
-// takes from. One further on than next would take next with a replay mark
-// at its frontier (it would replay its events up to there, behind what
-// readers saw, and handle the later ones live): no switch leaves one now,
-// the mark is kept as the safe answer should a frontier ever outrun next.
+// takes from. One further on than next cannot be under the pass's locks:
+// the switch is refused with errFrontierPastSwitch, never switched with
+// its cursor behind what readers saw.
 func (d *Dispatcher) moveLiveCursors(ctx context.Context, tx pgx.Tx, sh *shard, from, next projector.Position) error {
 	c := d.store.Table("projector_consumers")
 	live := instances(sh.shadow.live)
 	ftx, fseq := frontierSQL("l")
 	frontier := `(` + ftx + `, ` + fseq + `)`
+	before := frontier + ` < ($3::xid8, $4::bigint)`
 	var behind int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+c+` l WHERE l.name = $1 AND l.instance_id = ANY($2)
-		AND `+frontier+` < ($3::xid8, $4::bigint)`, sh.id.Consumer, live, from.TxID, from.Seq).Scan(&behind); err != nil {
+	var past []string
+	if err := tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE `+before+`),
+			coalesce(array_agg(l.instance_id ORDER BY l.instance_id) FILTER (WHERE `+frontier+` > ($5::xid8, $6::bigint)), '{}')
+		FROM `+c+` l WHERE l.name = $1 AND l.instance_id = ANY($2)`,
+		sh.id.Consumer, live, from.TxID, from.Seq, next.TxID, next.Seq).Scan(&behind, &past); err != nil {
 		return fmt.Errorf("switch: read the live cursors: %w", err)
+	}
+	if len(past) > 0 {
+		d.logger.ErrorContext(ctx, "projection dispatcher: rebuild switch refused: a live shard had handled events past the switch's cursor, though the switch held its lock (moved outside a pass?); the switch is rolled back and tried again",
+			slog.String("consumer", sh.id.Consumer), slog.Int64("rebuild", sh.shadow.rebuildID), slog.Any("shards", past),
+			slog.String("cursor", next.String()))
+		return fmt.Errorf("switch of %s: %v: %w", sh.id.Consumer, past, errFrontierPastSwitch)
 	}
 	if behind > 0 {
 		d.logger.WarnContext(ctx, "projection dispatcher: rebuild switch: the shadow had replayed past live cursors (a rebuild started by an earlier release, or a cursor moved back): the events between were handled live by no version, their Emit calls appended nothing (docs/rebuilds.md)",
@@ -187,18 +206,17 @@ func (d *Dispatcher) moveLiveCursors(ctx context.Context, tx pgx.Tx, sh *shard, 
 	}
 	// A disabled live shard stays disabled (ignored until `consumer
 	// enable`, as after an in-place rewind); any other state was the old
-	// model's, and the new one starts idle.
-	before, after := frontier+` < ($3::xid8, $4::bigint)`, frontier+` > ($5::xid8, $6::bigint)`
-	if _, err := tx.Exec(ctx, `UPDATE `+c+` l SET version = $7,
-			cursor_tx_id = CASE WHEN `+before+` THEN $3 WHEN `+after+` THEN $5 ELSE `+ftx+` END,
-			cursor_seq = CASE WHEN `+before+` THEN $4 WHEN `+after+` THEN $6 ELSE `+fseq+` END,
-			replay_until_tx_id = CASE WHEN `+after+` THEN `+ftx+` END,
-			replay_until_seq = CASE WHEN `+after+` THEN `+fseq+` END,
+	// model's, and the new one starts idle. None replays: its cursor is
+	// its frontier, at or past any replay mark.
+	if _, err := tx.Exec(ctx, `UPDATE `+c+` l SET version = $5,
+			cursor_tx_id = CASE WHEN `+before+` THEN $3 ELSE `+ftx+` END,
+			cursor_seq = CASE WHEN `+before+` THEN $4 ELSE `+fseq+` END,
+			replay_until_tx_id = NULL, replay_until_seq = NULL,
 			status = CASE WHEN l.status = 'disabled' THEN 'disabled' ELSE 'idle' END, attempts = 0,
 			last_error = NULL, last_error_at = NULL, failed_tx_id = NULL, failed_seq = NULL, failed_event_id = NULL,
 			next_retry_at = NULL, updated_at = now()
 		WHERE l.name = $1 AND l.instance_id = ANY($2)`,
-		sh.id.Consumer, live, from.TxID, from.Seq, next.TxID, next.Seq, sh.proj.cfg.Version); err != nil {
+		sh.id.Consumer, live, from.TxID, from.Seq, sh.proj.cfg.Version); err != nil {
 		return fmt.Errorf("switch: move the live cursors: %w", err)
 	}
 	return nil

@@ -50,41 +50,10 @@ func TestBlueGreenSwitchRefusedMaxAttemptsTimesGoesDead(t *testing.T) {
 		}
 		return errors.New("version 2 fails in the gap")
 	}
-	e.exec(`CREATE TABLE ` + pgx.Identifier{e.schema, "effects"}.Sanitize() + ` (event text NOT NULL, version int NOT NULL)`)
-	appendStreams := func(from, to int) {
-		for i := from; i < to; i++ {
-			id := fmt.Sprintf("s%d", i)
-			e.appendOne(id, testevents.TicketOpened{Title: id})
-			e.appendOne(id, testevents.TicketCommented{Body: "2"})
-		}
-	}
-	appendStreams(0, 4)
-	v1 := startDispatcher(t, e.store, projection.Config{InstanceID: "v1"}, e.sideEffects(1, 2, 0))
+	before := e.laggingPartitions()
+	admin := projection.NewAdmin(e.store)
 	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
 	defer cancel()
-	if err := v1.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	admin := projection.NewAdmin(e.store)
-	lagging := projection.ShardID{Consumer: "counter", Instance: projection.PartitionPrefix + "1/2"}
-	if err := admin.Disable(e.ctx, lagging); err != nil {
-		t.Fatal(err)
-	}
-	appendStreams(4, 8)
-	if err := v1.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.Enable(e.ctx, lagging); err != nil {
-		t.Fatal(err)
-	}
-	appendStreams(8, 12)
-	before := e.tryCounts()
-	if before == nil {
-		t.Fatal("read the model's counts failed")
-	}
 
 	v2 := startDispatcher(t, e.store, projection.Config{InstanceID: "v2"}, e.sideEffects(2, 2, 0))
 	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
@@ -236,4 +205,51 @@ func (h *heldPartition) passWithoutSwitch(shadow projection.ShardID) projection.
 		e.t.Fatal(err)
 	}
 	return s
+}
+
+// laggingPartitions sets the stage of the partitioned lagging-live tests:
+// streams s0…s3 handled by both partitions of version 1, s4…s7 by
+// partition 0 alone (partition 1 disabled meanwhile), version 1's
+// dispatcher stopped, and s8…s11 appended after. It returns the model's
+// counts.
+func (e *env) laggingPartitions() map[string]int {
+	t := e.t
+	t.Helper()
+	e.exec(`CREATE TABLE ` + pgx.Identifier{e.schema, "effects"}.Sanitize() + ` (event text NOT NULL, version int NOT NULL)`)
+	appendStreams := func(from, to int) {
+		for i := from; i < to; i++ {
+			id := fmt.Sprintf("s%d", i)
+			e.appendOne(id, testevents.TicketOpened{Title: id})
+			e.appendOne(id, testevents.TicketCommented{Body: "2"})
+		}
+	}
+	appendStreams(0, 4)
+	v1 := startDispatcher(t, e.store, projection.Config{InstanceID: "v1"}, e.sideEffects(1, 2, 0))
+	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	defer cancel()
+	if err := v1.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := projection.NewAdmin(e.store)
+	lagging := projection.ShardID{Consumer: "counter", Instance: projection.PartitionPrefix + "1/2"}
+	if err := admin.Disable(e.ctx, lagging); err != nil {
+		t.Fatal(err)
+	}
+	appendStreams(4, 8)
+	if err := v1.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Enable(e.ctx, lagging); err != nil {
+		t.Fatal(err)
+	}
+	appendStreams(8, 12)
+	counts := e.tryCounts()
+	if counts == nil {
+		t.Fatal("read the model's counts failed")
+	}
+	return counts
+
 }

@@ -249,32 +249,7 @@ func testLaggingLive(t *testing.T, e *env, partitions, rebuildBatch int) {
 
 	// A reader of the model from before the rebuild until the new version
 	// caught up: no stream's count may go back (promise 11).
-	stopReading, wentBack := make(chan struct{}), make(chan string, 1)
-	seen := e.tryCounts()
-	if seen == nil {
-		t.Fatal("read the model's counts failed")
-	}
-	go func() {
-		defer close(wentBack)
-		for {
-			select {
-			case <-stopReading:
-				return
-			default:
-			}
-			now := e.tryCounts()
-			if now == nil {
-				continue
-			}
-			for id, n := range seen {
-				if now[id] < n {
-					wentBack <- fmt.Sprintf("stream %s: count %d after %d", id, now[id], n)
-					return
-				}
-			}
-			seen = now
-		}
-	}()
+	wentBack := e.watchCounts()
 	v2 := startDispatcher(t, e.store, projection.Config{InstanceID: "v2"}, e.sideEffects(2, partitions, rebuildBatch))
 	if _, err := rebuild.Request(e.ctx, e.store, "counter", rebuild.Options{}); err != nil {
 		t.Fatal(err)
@@ -286,8 +261,7 @@ func testLaggingLive(t *testing.T, e *env, partitions, rebuildBatch int) {
 	if err := v2.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
-	close(stopReading)
-	if msg, ok := <-wentBack; ok {
+	if msg := wentBack(); msg != "" {
 		t.Fatalf("a reader saw the model go back in time across the switch: %s", msg)
 	}
 
@@ -368,5 +342,42 @@ func TestInPlaceRebuildKeepsAReplayMarkPastTheCursor(t *testing.T) {
 	}
 	if until != mark {
 		t.Fatalf("in-place rebuild replays up to %v; want the shard's mark %v (its cursor was %v)", until, mark, second)
+	}
+}
+
+// watchCounts reads the model's counts over and over until the returned
+// function is called, which says how a stream's count went back, if one
+// did ("" if none).
+func (e *env) watchCounts() func() string {
+	e.t.Helper()
+	stop, wentBack := make(chan struct{}), make(chan string, 1)
+	seen := e.tryCounts()
+	if seen == nil {
+		e.t.Fatal("read the model's counts failed")
+	}
+	go func() {
+		defer close(wentBack)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			now := e.tryCounts()
+			if now == nil {
+				continue
+			}
+			for id, n := range seen {
+				if now[id] < n {
+					wentBack <- fmt.Sprintf("stream %s: count %d after %d", id, now[id], n)
+					return
+				}
+			}
+			seen = now
+		}
+	}()
+	return func() string {
+		close(stop)
+		return <-wentBack
 	}
 }
