@@ -332,18 +332,22 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 			}
 			sh.shadow.final = true
 		}
-		if next == st.cursor && (st.status == StatusIdle && st.attempts == 0 || sh.shadow != nil && st.attempts > 0) {
-			if sh.shadow != nil {
-				// The rebuild may have moved to ready.
-				res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
-				return sh.shadowResult(res), err
-			}
-			if !st.splitMark {
-				return passResult{kind: passCaughtUp}, nil // nothing to write
-			}
+		unchanged := next == st.cursor && st.status == StatusIdle && st.attempts == 0
+		if sh.shadow != nil && (unchanged || next == st.cursor && st.attempts > 0) {
+			// The rebuild may have moved to ready.
+			res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
+			return sh.shadowResult(res), err
 		}
-		split, err := d.advanceCommitSplit(ctx, tx, sh, st, next, status, 0)
+		split, err := d.splitAtEnd(ctx, tx, sh, st)
 		if err != nil {
+			return passResult{}, err
+		}
+		if unchanged && !split {
+			// Nothing to write, also for a partition marked to split
+			// that cannot split now (its next pass tries again).
+			return passResult{kind: passCaughtUp}, nil
+		}
+		if err := d.advanceCommit(ctx, tx, sh, next, status, 0, d.splitSelf(sh, split)); err != nil {
 			return passResult{}, err
 		}
 		committed = true
@@ -541,11 +545,16 @@ func (d *Dispatcher) advanceCommitSplit(ctx context.Context, tx pgx.Tx, sh *shar
 	if split, err = d.splitAtEnd(ctx, tx, sh, st); err != nil {
 		return false, err
 	}
-	var also func(*pgx.Batch)
-	if split {
-		also = func(b *pgx.Batch) { d.queueSplitSelf(b, sh) }
+	return split, d.advanceCommit(ctx, tx, sh, next, status, processed, d.splitSelf(sh, split))
+}
+
+// splitSelf returns what advanceCommit queues for a pass that splits sh
+// (queueSplitSelf), nil for one that does not.
+func (d *Dispatcher) splitSelf(sh *shard, split bool) func(*pgx.Batch) {
+	if !split {
+		return nil
 	}
-	return split, d.advanceCommit(ctx, tx, sh, next, status, processed, also)
+	return func(b *pgx.Batch) { d.queueSplitSelf(b, sh) }
 }
 
 // committed reports a pass whose transaction committed: metrics and the
