@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,11 +66,25 @@ func (e *env) holdShardLock(consumer, instance string) (release func()) {
 	}
 }
 
-// advisoryWaiters counts sessions waiting for an advisory lock.
+// advisoryWaiters counts sessions waiting for an advisory lock of this
+// test's schema: the lock of one of its consumers' shards (a consumer's
+// fence, the lock of its unpartitioned row, included) or a consumer's
+// layout gate, the keys of shardLockKey and gateLockKey. Waits of other
+// tests and sessions on the shared server are not counted: a test that
+// waits for the count to rise would otherwise see theirs.
 func (e *env) advisoryWaiters() int {
 	e.t.Helper()
+	c := e.store.Table("projector_consumers")
 	var n int
-	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+	if err := e.store.Pool().QueryRow(e.ctx, `WITH names AS (SELECT DISTINCT name FROM `+c+`),
+		keys AS (
+			SELECT hashtextextended(concat_ws(chr(31), 'projector.shard', $1::text, name, instance_id), 0) AS k FROM `+c+`
+			UNION SELECT hashtextextended(concat_ws(chr(31), 'projector.shard', $1::text, name, $2::text), 0) FROM names
+			UNION SELECT hashtextextended(concat_ws(chr(31), 'projector.partition-gate', $1::text, name), 0) FROM names)
+		SELECT count(*) FROM pg_locks l JOIN keys ON (l.classid::bigint << 32) | l.objid::bigint = keys.k
+		WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND NOT l.granted
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+		e.schema, projection.SharedInstance).Scan(&n); err != nil {
 		e.t.Fatal(err)
 	}
 	return n
@@ -583,5 +598,66 @@ func TestPartitionCountRaisedWaitsWithoutXID(t *testing.T) {
 	}
 	if got := e.layout("raisewait"); len(got) != 4 {
 		t.Errorf("after the start declaring 4: %v, want 4 partitions", got)
+	}
+}
+
+// advisoryWaiters counts the waits for this test's locks and no other
+// session's: another session waiting for an advisory lock of its own, as
+// other tests do on the shared server, is not counted (it was, and tests
+// waiting for the count to rise went on before their own wait began).
+func TestAdvisoryWaitersCountsOnlyTheTestsLocks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.exec(`INSERT INTO `+e.store.Table("projector_consumers")+` (name, instance_id, cursor_tx_id, cursor_seq, version)
+		VALUES ('own', $1, '0', 0, 1)`, projection.SharedInstance)
+	// A session waiting for a lock of nobody's schema.
+	key := rand.Int64()
+	holder, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(e.ctx) }()
+	if _, err := holder.Exec(e.ctx, `SELECT pg_advisory_xact_lock($1)`, key); err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := waiter.Conn().PgConn().PID()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := waiter.Exec(e.ctx, `SELECT pg_advisory_xact_lock($1)`, key)
+		waited <- errors.Join(err, waiter.Rollback(e.ctx))
+	}()
+	eventually(t, 30*time.Second, "the other session to wait", func() bool {
+		var n int
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	if n := e.advisoryWaiters(); n != 0 {
+		t.Fatalf("advisoryWaiters counts %d waits; want 0: only another session waits, for a lock of no shard of this test", n)
+	}
+	// A wait for a shard lock of this test's schema is counted.
+	release := sync.OnceFunc(e.holdShardLock("own", projection.SharedInstance))
+	defer release()
+	mine := make(chan error, 1)
+	go func() {
+		mine <- pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
+			return projection.LockShard(e.ctx, tx, e.store, projection.ShardID{Consumer: "own", Instance: projection.SharedInstance})
+		})
+	}()
+	eventually(t, 30*time.Second, "advisoryWaiters to count the wait for the test's shard lock", func() bool { return e.advisoryWaiters() == 1 })
+	release()
+	if err := <-mine; err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
 	}
 }
