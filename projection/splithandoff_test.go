@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -90,11 +91,18 @@ func TestSplitHandedOffToThePassesWaitsForNoRunningBatch(t *testing.T) {
 	eventually(t, 30*time.Second, "the split waits", func() bool {
 		return e.advisoryWaiters() > before || e.splitMarked("handoff", one)
 	})
+	// 0/2 is split while 1/2's batch still runs, so by its own pass: the
+	// command's own split of what is left (after the hand-off's wait,
+	// splitHandOff) cannot commit before 1/2's batch ends. Events, not a
+	// window of time: under load the appends and passes below may outlast
+	// the hand-off's wait, and the command then splits only 1/2 itself,
+	// leaving 0/2's halves to run.
+	eventually(t, time.Minute, "0/2 split by its own pass while the split waited for 1/2's running batch", func() bool {
+		return slices.Equal(e.layout("handoff"), []string{"0/4", "1/4", "1/2"})
+	})
 	waiting := applied0.Load()
 	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 40, 20, "c"))
-	// Within the hand-off's wait (splitHandOff, 5 s), before the command
-	// would split anything itself.
-	eventually(t, 4*time.Second, "0/2's streams applied nothing while the split waited for 1/2's running batch", func() bool {
+	eventually(t, time.Minute, "0/2's streams applied nothing while the split waited for 1/2's running batch", func() bool {
 		return applied0.Load() > waiting
 	})
 	select {
