@@ -101,11 +101,13 @@ func preStreams(from, step, n int) []projector.StreamRef {
 
 // churn archives and unarchives streams pre-0 … pre-(n-1), a few per
 // batch, until done is closed (or for two minutes at most), and returns
-// how many streams moved. Archive batches move only what every consumer
-// shard has passed (promise 9).
-func (e *env) churn(n int, done <-chan struct{}) (moved func() int64) {
+// how many streams moved, and a channel closed once one did. Archive
+// batches move only what every consumer shard has passed (promise 9).
+func (e *env) churn(n int, done <-chan struct{}) (moved func() int64, first <-chan struct{}) {
 	var wg sync.WaitGroup
 	var total int64
+	once := make(chan struct{})
+	signal := sync.OnceFunc(func() { close(once) })
 	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 	wg.Go(func() {
 		defer cancel()
@@ -129,11 +131,13 @@ func (e *env) churn(n int, done <-chan struct{}) (moved func() int64) {
 				}
 				return
 			}
-			total += a.Streams + u.Streams
+			if total += a.Streams + u.Streams; total > 0 {
+				signal()
+			}
 		}
 	})
 	e.t.Cleanup(func() { cancel(); wg.Wait() })
-	return func() int64 { wg.Wait(); return total }
+	return func() int64 { wg.Wait(); return total }, once
 }
 
 // Rebuilds replay the archive (issue 26: archived events stay readable
@@ -234,6 +238,22 @@ func TestRebuildReplayRacingArchiveMoves(t *testing.T) {
 			if _, err := rebuild.Request(e.ctx, e.store, "ordered", rebuild.Options{Mode: mode}); err != nil {
 				t.Fatal(err)
 			}
+			// The replaying shard (the live one rewound in place, or the
+			// shadow) stands still until a stream moved: a replay that
+			// finished before the churn's first move (it did, under load)
+			// raced nothing.
+			replaying := projection.ShardID{Consumer: "ordered", Instance: projection.RebuildInstance}
+			if mode == rebuild.InPlace {
+				replaying.Instance = projection.SharedInstance
+			}
+			hold, err := e.store.Pool().Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = hold.Rollback(e.ctx) }()
+			if err := projection.LockShard(e.ctx, hold, e.store, replaying); err != nil {
+				t.Fatal(err)
+			}
 			var done sync.WaitGroup
 			var final rebuild.Rebuild
 			var werr error
@@ -242,7 +262,17 @@ func TestRebuildReplayRacingArchiveMoves(t *testing.T) {
 				defer close(finished)
 				final, werr = rebuild.Wait(ctx, e.store, "ordered", 5*time.Millisecond, nil)
 			})
-			moved := e.churn(streams, finished)
+			moved, first := e.churn(streams, finished)
+			select {
+			case <-first:
+			case <-finished:
+				t.Fatalf("the rebuild ended while its shard's lock was held: %+v, %v", final, werr)
+			case <-time.After(3 * time.Minute):
+				t.Fatal("no stream moved in three minutes")
+			}
+			if err := hold.Rollback(e.ctx); err != nil {
+				t.Fatal(err)
+			}
 			done.Wait()
 			n := moved()
 			if werr != nil || (final.Status != rebuild.Switched && final.Status != rebuild.Done) {
@@ -278,7 +308,7 @@ func TestLateConsumerReadsTheArchive(t *testing.T) {
 	p := e.ordered("late", projection.AsyncConfig{BatchSize: 5})
 	d := e.dispatcher(p)
 	caughtUp := make(chan struct{})
-	moved := e.churn(streams, caughtUp)
+	moved, _ := e.churn(streams, caughtUp)
 	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Minute)
 	defer cancel()
 	err := d.CatchUp(ctx)
