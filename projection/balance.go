@@ -208,6 +208,7 @@ func (d *Dispatcher) balanceLoop(ctx context.Context) {
 	defer timer.Stop()
 	relayout := false
 	for {
+		d.round("", roundIdle, nil)
 		select {
 		case <-ctx.Done():
 			return
@@ -227,6 +228,7 @@ func (d *Dispatcher) balanceLoop(ctx context.Context) {
 				b.wakeOwned()
 			}
 		}
+		d.round("", roundStart, nil)
 		for _, b := range d.balancers {
 			if err := d.balance(ctx, b); err != nil && ctx.Err() == nil {
 				d.logger.WarnContext(ctx, "projection dispatcher: balancing partitions failed; will retry",
@@ -277,6 +279,7 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 	if err := d.store.Pool().SendBatch(ctx, batch).Close(); err != nil {
 		return err
 	}
+	d.round(b.consumer, roundRead, all)
 	d.syncLayout(b, all, readAt)
 	// Partitions at another model version (a blue/green rebuild has not
 	// switched them to this one yet, or switched them past it) are not
@@ -291,11 +294,20 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 		live = append(live, d.instance) // this process runs, whatever its last heartbeat says
 	}
 	plan := planBalance(d.instance, owners, live)
+	if len(plan.release) > 0 {
+		released := make([]string, len(plan.release))
+		for i, p := range plan.release {
+			released[i] = ids[p]
+		}
+		d.round(b.consumer, roundRelease, released)
+	}
 	for _, p := range plan.release {
+		// Not this process's before the release commits: a pass of it
+		// that ends after that wakes the new owner (runShard).
+		b.set(ids[p], false)
 		if _, err := d.store.Pool().Exec(ctx, d.bsql.release, b.consumer, ids[p], d.instance); err != nil {
 			return err
 		}
-		b.set(ids[p], false)
 		d.logger.DebugContext(ctx, "projection dispatcher: partition released", slog.String("consumer", b.consumer+"@"+ids[p]))
 	}
 	for _, p := range plan.claim {
@@ -315,6 +327,23 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 		}
 	}
 	return nil
+}
+
+// roundStage is a step of the balancing loop, told to Dispatcher.rounds.
+type roundStage int
+
+const (
+	roundIdle    roundStage = iota // the loop waits for its timer or a layout NOTIFY
+	roundStart                     // it woke: a round of every partitioned consumer follows
+	roundRead                      // a round read the consumer's partitions (ids)
+	roundRelease                   // a round is about to release ids
+)
+
+// round tells the test hook Dispatcher.rounds, when set.
+func (d *Dispatcher) round(consumer string, stage roundStage, ids []string) {
+	if d.rounds != nil {
+		d.rounds(consumer, stage, ids)
+	}
 }
 
 // balancePlan is what one process does in a round: partitions to give up

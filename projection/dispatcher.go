@@ -224,6 +224,9 @@ type Dispatcher struct {
 	// listened, when set (by tests), is called each time the dispatcher
 	// starts listening for layout changes and shard wakes.
 	listened func()
+	// rounds, when set (by tests), is told of each step of the balancing
+	// loop (roundStage) with the partitions it concerns.
+	rounds func(consumer string, stage roundStage, ids []string)
 }
 
 // shard is one consumer shard run by this dispatcher.
@@ -591,6 +594,14 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		<-d.sem
 		if soft.Err() != nil {
 			return
+		}
+		if res.held && res.kind != passGone && sh.balancer != nil && !sh.balancer.owns(sh.id.Instance) {
+			// The partition was released (or taken) while this pass held
+			// its lock: its new owner's pass may have found the lock taken
+			// and be waiting a Recheck. The lock is free now: wake it.
+			if err := WakeShards(hard, d.store, sh.id); err != nil {
+				log.DebugContext(soft, "projection dispatcher: wake the partition's new owner", slog.Any("error", err))
+			}
 		}
 
 		var wait time.Duration

@@ -33,6 +33,9 @@ const (
 type passResult struct {
 	kind    passKind
 	retryAt time.Time
+	// held: the pass took the shard's lock (a process that tried it
+	// meanwhile found it taken; see runShard).
+	held bool
 }
 
 type dispatchSQL struct {
@@ -114,7 +117,7 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 // it, advance the cursor, commit. A handler failure is not an error of the
 // pass (it is recorded on the shard); an error means the database failed
 // and the transaction rolled back.
-func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
+func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err error) {
 	if sh.removed.Load() {
 		return passResult{kind: passGone}, nil // a partition split or merged away (balance.go)
 	}
@@ -179,6 +182,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	b.Queue("SAVEPOINT " + savepointName(0))
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return passResult{}, fmt.Errorf("lock shard: %w", err)
+	}
+	if locked {
+		defer func() { res.held = true }()
 	}
 	switch {
 	case !locked:
@@ -378,7 +384,6 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (passResult, error) {
 	case batch.Full:
 		kind = passMore
 	}
-	var res passResult
 	split := false
 	if switched {
 		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)

@@ -1,0 +1,260 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// The wake-ups of balancing: a partition one process gives up must be
+// taken, and worked, by the process that gets it at once, not at that
+// process's next balancing round or Recheck (wakeRecheck, an hour, here).
+// The rig's dispatchers report each step of their balancing loops, so a
+// test can order a round of one before a round of the other instead of
+// hoping for it.
+
+// balanceRig runs processes of one partitioned consumer whose handler
+// reports each comment's body, and blocks on the body "block" until the
+// test lets it go.
+type balanceRig struct {
+	t        *testing.T
+	ctx      context.Context
+	store    *postgres.Store
+	types    testevents.Types
+	consumer string
+	n        int
+	applied  chan string
+	entered  chan struct{}
+	unblock  func()
+	blocked  chan struct{}
+	seen     map[string]bool // applied bodies awaitApplied read
+}
+
+func newBalanceRig(t *testing.T, consumer string, partitions int) *balanceRig {
+	t.Helper()
+	ctx := context.Background()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	if err := store.CreatePartitionIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := &balanceRig{t: t, ctx: ctx, store: store, types: types, consumer: consumer, n: partitions,
+		applied: make(chan string, 1000), entered: make(chan struct{}, 10), blocked: make(chan struct{}), seen: map[string]bool{}}
+	r.unblock = sync.OnceFunc(func() { close(r.blocked) })
+	t.Cleanup(r.unblock) // before the dispatchers stop (cleanups run last first)
+	return r
+}
+
+// rigProc is one process of the rig: its dispatcher and what its
+// balancing loop and shard loops reported.
+type rigProc struct {
+	r  *balanceRig
+	d  *Dispatcher
+	mu sync.Mutex
+	// listened: the dispatcher listens for layout NOTIFYs; idle: its
+	// balancing loop waits; starts counts the loop's wake-ups.
+	listened, idle bool
+	starts         int
+	layouts        [][]string
+	waits          map[ShardID][]passKind
+	// onRelease, when set, runs before a round releases ids.
+	onRelease func(ids []string)
+}
+
+// start starts process id.
+func (r *balanceRig) start(id string) *rigProc {
+	r.t.Helper()
+	p := NewAsync(r.consumer, AsyncConfig{Partitions: r.n, MaxAttempts: 1})
+	if err := On(p, r.types.Commented, func(_ context.Context, _ pgx.Tx, _ projector.Event, c testevents.TicketCommented) error {
+		if c.Body == "block" {
+			r.entered <- struct{}{}
+			<-r.blocked
+		}
+		r.applied <- c.Body
+		return nil
+	}); err != nil {
+		r.t.Fatal(err)
+	}
+	d, err := New(Config{Store: r.store, Projections: []*Async{p}, Recheck: wakeRecheck, InstanceID: id})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	rp := &rigProc{r: r, d: d, waits: map[ShardID][]passKind{}}
+	d.listened = func() {
+		rp.mu.Lock()
+		rp.listened = true
+		rp.mu.Unlock()
+	}
+	d.rounds = func(_ string, stage roundStage, ids []string) {
+		rp.mu.Lock()
+		switch stage {
+		case roundIdle:
+			rp.idle = true
+		case roundStart:
+			rp.idle = false
+			rp.starts++
+		case roundRead:
+			rp.layouts = append(rp.layouts, ids)
+		}
+		hook := rp.onRelease
+		rp.mu.Unlock()
+		if stage == roundRelease && hook != nil {
+			hook(ids)
+		}
+	}
+	d.waiting = func(id ShardID, kind passKind) {
+		rp.mu.Lock()
+		rp.waits[id] = append(rp.waits[id], kind)
+		rp.mu.Unlock()
+	}
+	if err := d.Start(r.ctx); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() {
+		stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = d.Stop(stop)
+	})
+	return rp
+}
+
+// quiet reports whether p's balancing loop has run a round since it had
+// started after rounds (its start count), waits, and has no round asked
+// for: it runs no other until its Recheck or a layout NOTIFY.
+func (p *rigProc) quiet(after int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.listened && p.idle && p.starts > after && len(p.d.relayout) == 0
+}
+
+func (p *rigProc) startCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.starts
+}
+
+// stoodAside reports whether p's loop of partition instance waited after
+// a pass of kind.
+func (p *rigProc) stoodAside(instance string, kind passKind) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Contains(p.waits[ShardID{Consumer: p.r.consumer, Instance: instance}], kind)
+}
+
+// await polls cond until it holds, failing the test after 20 s.
+func (r *balanceRig) await(what string, cond func() bool) {
+	r.t.Helper()
+	if !pollUntil(20*time.Second, cond) {
+		r.t.Fatalf("timed out waiting for: %s", what)
+	}
+}
+
+func pollUntil(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
+}
+
+// owners lists each partition's owner ("-" for none), by instance id.
+func (r *balanceRig) owners() string {
+	r.t.Helper()
+	rows, err := r.store.Pool().Query(r.ctx, `SELECT coalesce(owner, '-') FROM `+r.store.Table("projector_consumers")+`
+		WHERE name = $1 AND instance_id LIKE '`+PartitionPrefix+`%' ORDER BY instance_id`, r.consumer)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return strings.Join(got, " ")
+}
+
+// append commits a comment body in a stream of its own in partition p of n.
+func (r *balanceRig) append(p, n int, body string) {
+	r.t.Helper()
+	seg, err := postgres.SegmentOf(p, n)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	id := ""
+	for i := 0; id == ""; i++ {
+		if c := fmt.Sprintf("%s-%d", body, i); seg.Contains(postgres.StreamHash(projector.SystemTenant, "ticket", c)) {
+			id = c
+		}
+	}
+	if err := pgx.BeginFunc(r.ctx, r.store.Pool(), func(tx pgx.Tx) error {
+		_, err := r.store.Append(r.ctx, tx, projector.Stream("ticket", id), projector.ExactVersion(0), testevents.TicketCommented{Body: body})
+		return err
+	}); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// awaitApplied waits up to within for body to be applied.
+func (r *balanceRig) awaitApplied(body string, within time.Duration, why string) {
+	r.t.Helper()
+	timer := time.NewTimer(within)
+	defer timer.Stop()
+	for !r.seen[body] {
+		select {
+		case got := <-r.applied:
+			r.seen[got] = true
+		case <-timer.C:
+			r.t.Fatalf("%s not applied within %v (Recheck %v; owners %s): %s", body, within, wakeRecheck, r.owners(), why)
+		}
+	}
+}
+
+// A process whose pass of a partition holds its lock while its balancing
+// round releases the partition wakes the partition's new owner once that
+// pass ended: the new owner's pass found the lock taken and otherwise
+// waited its Recheck (an hour here). Here a's pass of 1/2 is held in its
+// handler while a's round gives 1/2 up and b's round takes it; b's pass
+// of 1/2 stands aside (locked), and the event appended once a's pass
+// committed must be applied by b at once. Before, it was not applied
+// within the test's deadline.
+func TestReleasedPartitionsNewOwnerWokenWhenTheOldPassEnds(t *testing.T) {
+	t.Parallel()
+	r := newBalanceRig(t, "rp", 2)
+	a := r.start("a")
+	r.await("a alone owns both partitions", func() bool { return r.owners() == "a a" && a.quiet(0) })
+	r.append(1, 2, "block")
+	select {
+	case <-r.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a's pass of 1/2 never ran")
+	}
+	b := r.start("b")
+	r.await("b's first rounds are over", func() bool { return b.quiet(0) })
+	na := a.startCount()
+	a.d.relayoutNow() // a round that sees b: a gives up 1/2, the last of its two
+	r.await("a released 1/2", func() bool { return r.owners() == "a -" && a.quiet(na) })
+	b.d.relayoutNow() // whether or not a's release told b
+	r.await("b's pass of 1/2 found a's lock", func() bool { return b.stoodAside(PartitionInstance(1, 2), passLocked) })
+	if got := r.owners(); got != "a b" {
+		t.Fatalf("owners %s, want a b", got)
+	}
+	r.unblock()
+	r.awaitApplied("block", wakeWithin, "a's pass did not end")
+	r.append(1, 2, "after")
+	r.awaitApplied("after", wakeWithin, "b, the new owner of 1/2, was not woken when a's pass let its lock go")
+}
