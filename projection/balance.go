@@ -190,9 +190,10 @@ func buildBalanceSQL(store *postgres.Store) balanceSQL {
 		owners: `SELECT instance_id, coalesce(owner, ''), version FROM ` + c + ` WHERE name = $1 AND instance_id LIKE '` + PartitionPrefix + `%' ORDER BY instance_id`,
 		live: `SELECT instance_id FROM ` + i + ` WHERE $1 = ANY(consumers) AND stopped_at IS NULL
 			AND last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * heartbeat_every`,
-		claim:      `UPDATE ` + c + ` SET owner = $3 WHERE name = $1 AND instance_id = $2 AND coalesce(owner, '') = $4`,
-		release:    `UPDATE ` + c + ` SET owner = NULL WHERE name = $1 AND instance_id = $2 AND owner = $3`,
-		releaseAll: `UPDATE ` + c + ` SET owner = NULL WHERE name = ANY($1) AND instance_id LIKE '` + PartitionPrefix + `%' AND owner = $2`,
+		claim:   `UPDATE ` + c + ` SET owner = $3 WHERE name = $1 AND instance_id = $2 AND coalesce(owner, '') = $4`,
+		release: `UPDATE ` + c + ` SET owner = NULL WHERE name = $1 AND instance_id = $2 AND owner = $3`,
+		releaseAll: `WITH r AS (UPDATE ` + c + ` SET owner = NULL WHERE name = ANY($1) AND instance_id LIKE '` + PartitionPrefix + `%' AND owner = $2 RETURNING name)
+			SELECT DISTINCT name FROM r`,
 	}
 }
 
@@ -301,14 +302,24 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 		}
 		d.round(b.consumer, roundRelease, released)
 	}
-	for _, p := range plan.release {
-		// Not this process's before the release commits: a pass of it
-		// that ends after that wakes the new owner (runShard).
-		b.set(ids[p], false)
-		if _, err := d.store.Pool().Exec(ctx, d.bsql.release, b.consumer, ids[p], d.instance); err != nil {
-			return err
+	if len(plan.release) > 0 {
+		// The releases and one layout NOTIFY, in one round trip and one
+		// commit: the process that is to take a partition (below its
+		// share, or the one a merge's parent is to go to) runs its round
+		// at once rather than at its Recheck. Its pass may still find the
+		// lock of a pass of this process's (runShard wakes it then).
+		batch := &pgx.Batch{}
+		for _, p := range plan.release {
+			b.set(ids[p], false) // before the commit: a pass ending after it sees the partition gone
+			batch.Queue(d.bsql.release, b.consumer, ids[p], d.instance)
 		}
-		d.logger.DebugContext(ctx, "projection dispatcher: partition released", slog.String("consumer", b.consumer+"@"+ids[p]))
+		queueNotifyLayout(batch, d.store, b.consumer)
+		if err := d.store.Pool().SendBatch(ctx, batch).Close(); err != nil {
+			return err // the next round finds what it still owns
+		}
+		for _, p := range plan.release {
+			d.logger.DebugContext(ctx, "projection dispatcher: partition released", slog.String("consumer", b.consumer+"@"+ids[p]))
+		}
 	}
 	for _, p := range plan.claim {
 		tag, err := d.store.Pool().Exec(ctx, d.bsql.claim, b.consumer, ids[p], d.instance, owners[p])
@@ -418,16 +429,38 @@ func planBalance(me string, owners []string, live []string) balancePlan {
 
 // releasePartitions gives up every partition this process owns, at a
 // graceful stop, so the others take them at once rather than after missed
-// heartbeats.
-func (d *Dispatcher) releasePartitions(ctx context.Context) {
+// heartbeats; it returns the consumers it released partitions of, for
+// notifyReleased once the instance is marked stopped.
+func (d *Dispatcher) releasePartitions(ctx context.Context) []string {
 	if len(d.balancers) == 0 {
-		return
+		return nil
 	}
 	names := make([]string, len(d.balancers))
 	for i, b := range d.balancers {
 		names[i] = b.consumer
 	}
-	if _, err := d.store.Pool().Exec(ctx, d.bsql.releaseAll, names, d.instance); err != nil {
+	rows, err := d.store.Pool().Query(ctx, d.bsql.releaseAll, names, d.instance)
+	if err == nil {
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
 		d.logger.WarnContext(ctx, "projection dispatcher: release partitions", slog.Any("error", err))
+		return nil
+	}
+	return names
+}
+
+// notifyReleased sends the layout NOTIFY of each consumer a graceful stop
+// released partitions of, once its instance is marked stopped: the other
+// processes' rounds then count it out and take all of them, rather than
+// their share of a fleet it still seemed part of, at once rather than at
+// their Recheck.
+func (d *Dispatcher) notifyReleased(ctx context.Context, consumers []string) {
+	payloads := make([]string, len(consumers))
+	for i, c := range consumers {
+		payloads[i] = layoutPayload(d.store.Schema(), c)
+	}
+	if err := notifyAll(ctx, d.store, layoutChannel, payloads); err != nil {
+		d.logger.WarnContext(ctx, "projection dispatcher: tell the others of the partitions released", slog.Any("error", err))
 	}
 }

@@ -52,7 +52,6 @@ func newBalanceRig(t *testing.T, consumer string, partitions int) *balanceRig {
 	r := &balanceRig{t: t, ctx: ctx, store: store, types: types, consumer: consumer, n: partitions,
 		applied: make(chan string, 1000), entered: make(chan struct{}, 10), blocked: make(chan struct{}), seen: map[string]bool{}}
 	r.unblock = sync.OnceFunc(func() { close(r.blocked) })
-	t.Cleanup(r.unblock) // before the dispatchers stop (cleanups run last first)
 	return r
 }
 
@@ -76,10 +75,14 @@ type rigProc struct {
 func (r *balanceRig) start(id string) *rigProc {
 	r.t.Helper()
 	p := NewAsync(r.consumer, AsyncConfig{Partitions: r.n, MaxAttempts: 1})
-	if err := On(p, r.types.Commented, func(_ context.Context, _ pgx.Tx, _ projector.Event, c testevents.TicketCommented) error {
+	if err := On(p, r.types.Commented, func(ctx context.Context, _ pgx.Tx, _ projector.Event, c testevents.TicketCommented) error {
 		if c.Body == "block" {
 			r.entered <- struct{}{}
-			<-r.blocked
+			select {
+			case <-r.blocked:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		r.applied <- c.Body
 		return nil
@@ -126,6 +129,7 @@ func (r *balanceRig) start(id string) *rigProc {
 		defer cancel()
 		_ = d.Stop(stop)
 	})
+	r.t.Cleanup(r.unblock) // before the dispatcher stops (cleanups run last first)
 	return rp
 }
 
@@ -142,6 +146,18 @@ func (p *rigProc) startCount() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.starts
+}
+
+// read reports whether a round of p read a layout with partition id.
+func (p *rigProc) read(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.layouts {
+		if slices.Contains(l, id) {
+			return true
+		}
+	}
+	return false
 }
 
 // stoodAside reports whether p's loop of partition instance waited after
@@ -186,6 +202,17 @@ func (r *balanceRig) owners() string {
 		r.t.Fatal(err)
 	}
 	return strings.Join(got, " ")
+}
+
+// setOwners sets the owner of each partition in owners (by instance id).
+func (r *balanceRig) setOwners(owners map[string]string) {
+	r.t.Helper()
+	for id, o := range owners {
+		if _, err := r.store.Pool().Exec(r.ctx, `UPDATE `+r.store.Table("projector_consumers")+` SET owner = $3 WHERE name = $1 AND instance_id = $2`,
+			r.consumer, id, o); err != nil {
+			r.t.Fatal(err)
+		}
+	}
 }
 
 // append commits a comment body in a stream of its own in partition p of n.
@@ -247,7 +274,7 @@ func TestReleasedPartitionsNewOwnerWokenWhenTheOldPassEnds(t *testing.T) {
 	r.await("b's first rounds are over", func() bool { return b.quiet(0) })
 	na := a.startCount()
 	a.d.relayoutNow() // a round that sees b: a gives up 1/2, the last of its two
-	r.await("a released 1/2", func() bool { return r.owners() == "a -" && a.quiet(na) })
+	r.await("a released 1/2", func() bool { o := r.owners(); return (o == "a -" || o == "a b") && a.quiet(na) })
 	b.d.relayoutNow() // whether or not a's release told b
 	r.await("b's pass of 1/2 found a's lock", func() bool { return b.stoodAside(PartitionInstance(1, 2), passLocked) })
 	if got := r.owners(); got != "a b" {
@@ -257,4 +284,79 @@ func TestReleasedPartitionsNewOwnerWokenWhenTheOldPassEnds(t *testing.T) {
 	r.awaitApplied("block", wakeWithin, "a's pass did not end")
 	r.append(1, 2, "after")
 	r.awaitApplied("after", wakeWithin, "b, the new owner of 1/2, was not woken when a's pass let its lock go")
+}
+
+// Merging two pairs whose lower halves one process works gives that
+// process both merged parents; its next round gives one up. The other
+// process, below its share, must take it at once: here its own round of
+// the merge's NOTIFY is over before the release (the release waits for
+// it, which the two processes otherwise race for), so only a NOTIFY of the
+// release gets it a round before its Recheck. Before the balancing round
+// that released sent one, the parent it gave up applied nothing within
+// the test's deadline (its events waited for an hour's Recheck); without
+// the ordering it failed so 2 runs of 3.
+func TestMergedParentPickedUpAtOnceByTheProcessThatGetsIt(t *testing.T) {
+	t.Parallel()
+	r := newBalanceRig(t, "mp", 4)
+	a := r.start("a")
+	r.await("a alone owns the four partitions", func() bool { return r.owners() == "a a a a" && a.quiet(0) })
+	b := r.start("b")
+	r.await("b's first rounds are over", func() bool { return b.quiet(0) })
+	// Each works one half of each pair: a the lower ones, which the
+	// merged parents inherit the owner of.
+	r.setOwners(map[string]string{PartitionInstance(0, 4): "a", PartitionInstance(1, 4): "b", PartitionInstance(2, 4): "a", PartitionInstance(3, 4): "b"})
+	na, nb := a.startCount(), b.startCount()
+	a.d.relayoutNow()
+	b.d.relayoutNow()
+	r.await("both processes read the owners set", func() bool { return a.quiet(na) && b.quiet(nb) })
+	for p := range 4 {
+		body := fmt.Sprintf("before-%d", p)
+		r.append(p, 4, body)
+		r.awaitApplied(body, wakeWithin, "the partitions do not run")
+	}
+	var once sync.Once
+	a.mu.Lock()
+	a.onRelease = func(ids []string) {
+		if !slices.ContainsFunc(ids, func(id string) bool { return strings.HasSuffix(id, "/2") }) {
+			return
+		}
+		once.Do(func() {
+			if !pollUntil(20*time.Second, func() bool { return b.read(PartitionInstance(0, 2)) && b.quiet(0) }) {
+				t.Errorf("b never ran its round of the merged layout")
+			}
+		})
+	}
+	a.mu.Unlock()
+	if _, err := NewAdmin(r.store).Merge(r.ctx, r.consumer, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r.append(0, 2, "after-0")
+	r.append(1, 2, "after-1")
+	r.awaitApplied("after-0", wakeWithin, "the merged parent 0/2 does not run")
+	r.awaitApplied("after-1", wakeWithin, "the merged parent 1/2 does not run")
+	r.await("one merged parent each", func() bool { return r.owners() == "a b" || r.owners() == "b a" })
+}
+
+// A process that stops gracefully releases its partitions, and the one
+// left takes all of them at once: the stop's layout NOTIFY, sent once the
+// instance is marked stopped, runs its round. Before, it took them at its
+// next Recheck (an hour here), and the events appended meanwhile were not
+// applied within the test's deadline.
+func TestStoppedProcessPartitionsTakenAtOnce(t *testing.T) {
+	t.Parallel()
+	r := newBalanceRig(t, "gs", 2)
+	a := r.start("a")
+	r.await("a alone owns both partitions", func() bool { return r.owners() == "a a" && a.quiet(0) })
+	b := r.start("b")
+	r.await("b's first rounds are over", func() bool { return b.quiet(0) })
+	stop, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+	defer cancel()
+	if err := a.d.Stop(stop); err != nil {
+		t.Fatal(err)
+	}
+	r.append(0, 2, "after-0")
+	r.append(1, 2, "after-1")
+	r.awaitApplied("after-0", wakeWithin, "b did not take 0/2")
+	r.awaitApplied("after-1", wakeWithin, "b did not take 1/2")
+	r.await("b owns both", func() bool { return r.owners() == "b b" })
 }

@@ -119,7 +119,8 @@ func (d *Dispatcher) register(ctx context.Context) error {
 func (d *Dispatcher) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	d.releasePartitions(ctx)
+	released := d.releasePartitions(ctx)
+	defer d.notifyReleased(ctx, released) // after the instance is marked stopped or removed
 	if !d.randomID {
 		if _, err := d.store.Pool().Exec(ctx, d.isql.stopped, d.instance); err != nil {
 			d.logger.WarnContext(ctx, "projection dispatcher: mark instance stopped", slog.String("instance_id", d.instance), slog.Any("error", err))

@@ -24,7 +24,9 @@ import (
 // stopped, and its halves, or the merged parent, had no loop yet. So every
 // layout change also sends a NOTIFY in its transaction, delivered at its
 // commit, and each dispatcher LISTENs on a connection of its own and runs
-// its balancing round at once.
+// its balancing round at once. A balancing round that releases partitions,
+// and a graceful stop, send the same NOTIFY (balance.go): the process that
+// is to take them would otherwise wait for its own round.
 //
 // A shard's loop that finds its shard disabled, dead, or locked by someone
 // else waits a Recheck too; an operator's enable, restart or skip, a dead
