@@ -79,9 +79,14 @@ type latencyRecorder struct {
 	calls   []applyCall
 }
 
-func streamSeg4(id string) uint32 {
-	return postgres.StreamHash("", "ticket", id) >> 30
+// streamHash is the partition hash of the test's stream id (type ticket,
+// no tenant).
+func streamHash(id string) uint32 {
+	return postgres.StreamHash(projector.SystemTenant, "ticket", id)
 }
+
+// streamSeg4 is the partition of 4 stream id belongs to.
+func streamSeg4(id string) uint32 { return streamHash(id) >> 30 }
 
 // afterCommit is the projection's AfterCommit.
 func (r *latencyRecorder) afterCommit(events []projector.Event) {
@@ -130,6 +135,9 @@ type latencyPhase struct {
 	// server seen during the phase (sampled every 10 ms): what held the
 	// horizon back.
 	oldestTx time.Duration
+	// worstCommit and worstApply place the event of the longest wait
+	// against the phase's start.
+	worstCommit, worstApply time.Duration
 }
 
 // latencyResult is one run's figures.
@@ -357,6 +365,11 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 	applied := map[evKey]time.Time{}
 	for _, c := range rec.calls {
 		for _, k := range c.events {
+			if s := streamSeg4(k.stream); s != c.seg4 {
+				// A batch is one partition's, and a half's streams
+				// are its parent's.
+				t.Errorf("%s (partition %d/4) applied in one batch with partition %d/4's streams", k.stream, s, c.seg4)
+			}
 			if _, dup := applied[k]; dup {
 				t.Errorf("%s v%d passed AfterCommit twice", k.stream, k.version)
 			}
@@ -380,6 +393,40 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 	for k, at := range applied {
 		if k.version > 1 && applied[evKey{k.stream, k.version - 1}].After(at) {
 			res.inversions++
+		}
+	}
+
+	if os.Getenv("PROJECTOR_TEST_LATENCY_TIMELINE") != "" {
+		// Every batch of partition 0/4's streams around each change:
+		// when it committed, the halves (of 8) its events belong to, and
+		// when its oldest event was committed, against the change's start.
+		for _, w := range []struct {
+			name     string
+			from, to time.Time
+		}{{"split", splitAt, splitEnd}, {"merge", mergeAt, mergeEnd}} {
+			for _, c := range rec.calls {
+				if c.seg4 != 0 || c.at.Before(w.from.Add(-100*time.Millisecond)) || c.at.After(w.to.Add(100*time.Millisecond)) {
+					continue
+				}
+				halves := map[uint32]int{}
+				oldest := c.at
+				for _, k := range c.events {
+					halves[streamHash(k.stream)>>29]++
+					if ct := rec.commits[k]; ct.Before(oldest) {
+						oldest = ct
+					}
+				}
+				t.Logf("%s timeline: batch at %+6.1f ms, %2d events (by half of 8: %v), oldest committed at %+6.1f ms",
+					w.name, float64(c.at.Sub(w.from))/1e6, len(c.events), halves, float64(oldest.Sub(w.from))/1e6)
+			}
+			t.Logf("%s timeline: ends at %+6.1f ms; first batches: %v", w.name, float64(w.to.Sub(w.from))/1e6, func() (out []string) {
+				for _, id := range append(slices.Clone(all4), all8...) {
+					if f := ml.firstAfter(id, w.from); !f.IsZero() && f.Before(w.to.Add(time.Millisecond)) {
+						out = append(out, fmt.Sprintf("%s %+.1f ms", id, float64(f.Sub(w.from))/1e6))
+					}
+				}
+				return out
+			}())
 		}
 	}
 
@@ -431,6 +478,11 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 			waits[i] = append(waits[i], wait{c, a})
 			s := streamSeg4(k.stream)
 			res.phases[i].perPartition[s] = max(res.phases[i].perPartition[s], d)
+			if d >= res.phases[i].max {
+				// The longest wait, placed against the phase's start.
+				res.phases[i].max = d
+				res.phases[i].worstCommit, res.phases[i].worstApply = c.Sub(ph.w.from), a.Sub(ph.w.from)
+			}
 			break
 		}
 	}
@@ -445,7 +497,6 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 		}
 		res.phases[i].p50 = l[len(l)/2]
 		res.phases[i].p99 = l[min(len(l)-1, len(l)*99/100)]
-		res.phases[i].max = l[len(l)-1]
 	}
 	for _, o := range oldests {
 		for i, ph := range phases {
@@ -501,8 +552,9 @@ func (r latencyResult) log(t testing.TB) {
 	}
 	for _, i := range []int{1, 3} {
 		ph := r.phases[i]
-		t.Logf("%s: longest latency %s batches; a steady window of its length before it: %s batches (median of %d); excess %s batches (target: at most 1)",
-			ph.name, inBatches(ph.max, r.batch), inBatches(ph.baseline, r.batch), ph.windows, inBatches(ph.max-ph.baseline, r.batch))
+		t.Logf("%s: longest latency %s batches (an event committed at %+.0f ms from the change's start, applied at %+.0f ms); a steady window of its length before it: %s batches (median of %d); excess %s batches (target: at most 1)",
+			ph.name, inBatches(ph.max, r.batch), float64(ph.worstCommit)/float64(time.Millisecond), float64(ph.worstApply)/float64(time.Millisecond),
+			inBatches(ph.baseline, r.batch), ph.windows, inBatches(ph.max-ph.baseline, r.batch))
 	}
 	sp, mp := r.phases[1], r.phases[3]
 	t.Logf("summary: batch %s | steady p50/p99/max %s/%s/%s | split p50/p99/max %s/%s/%s = %s batches, steady window %s, excess %s | merge p50/p99/max %s/%s/%s = %s batches, steady window %s, excess %s | split took %s, merge %s",
