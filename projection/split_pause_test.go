@@ -25,7 +25,7 @@ type batchLog struct {
 }
 
 // sample reads the batch counts once and records the new batches.
-func (b *batchLog) sample(t *testing.T, reg *prometheus.Registry, consumer string) {
+func (b *batchLog) sample(t testing.TB, reg *prometheus.Registry, consumer string) {
 	families, err := reg.Gather()
 	if err != nil {
 		t.Error(err)
