@@ -56,6 +56,13 @@ type balancer struct {
 	mu     sync.Mutex
 	shards map[string]*shard // by instance id
 	owned  map[string]bool
+	// sets counts, by instance id, the rounds' decisions about it (set):
+	// a pass that finds the partition another's stands aside only if
+	// no round decided since the pass began (standAside).
+	sets map[string]uint64
+	// standing, when set (by tests), is called when a pass is about to
+	// stand aside from a partition it found another's, or no one's.
+	standing func(instance string)
 	// local is when this process changed a partition's shard itself,
 	// by instance id: a split by its own pass ended the parent's and
 	// started the halves' (startHalves). A round whose layout was read
@@ -65,7 +72,8 @@ type balancer struct {
 }
 
 func newBalancer(p *Async) *balancer {
-	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}, local: map[string]time.Time{}}
+	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}, sets: map[string]uint64{},
+		local: map[string]time.Time{}}
 }
 
 // member is what the instances row lists for a process that balances the
@@ -85,15 +93,44 @@ func (b *balancer) version() int { return b.proj.cfg.Version }
 // owns reports whether this process works the partition, as the last round
 // decided.
 func (b *balancer) owns(instance string) bool {
+	own, _ := b.ownership(instance)
+	return own
+}
+
+// ownership is owns, and the count of decisions it is as of, for
+// standAside.
+func (b *balancer) ownership(instance string) (bool, uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.owned[instance]
+	return b.owned[instance], b.sets[instance]
+}
+
+// standAside marks the partition not this process's, as its pass found
+// it, unless a round decided about it since the pass read ownership at
+// as: a round that claimed it after the pass's state read (the pass saw
+// it free) must not be undone until its next round, the partition idle
+// meanwhile. It reports whether it did.
+func (b *balancer) standAside(instance string, as uint64) bool {
+	b.mu.Lock()
+	hook := b.standing
+	b.mu.Unlock()
+	if hook != nil {
+		hook(instance)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sets[instance] != as {
+		return false
+	}
+	b.owned[instance] = false
+	return true
 }
 
 func (b *balancer) set(instance string, own bool) {
 	b.mu.Lock()
 	was := b.owned[instance]
 	b.owned[instance] = own
+	b.sets[instance]++
 	sh := b.shards[instance]
 	b.mu.Unlock()
 	if own && !was && sh != nil {

@@ -208,7 +208,7 @@ func (r *balanceRig) owners() string {
 func (r *balanceRig) setOwners(owners map[string]string) {
 	r.t.Helper()
 	for id, o := range owners {
-		if _, err := r.store.Pool().Exec(r.ctx, `UPDATE `+r.store.Table("projector_consumers")+` SET owner = $3 WHERE name = $1 AND instance_id = $2`,
+		if _, err := r.store.Pool().Exec(r.ctx, `UPDATE `+r.store.Table("projector_consumers")+` SET owner = NULLIF($3, '') WHERE name = $1 AND instance_id = $2`,
 			r.consumer, id, o); err != nil {
 			r.t.Fatal(err)
 		}
@@ -359,4 +359,59 @@ func TestStoppedProcessPartitionsTakenAtOnce(t *testing.T) {
 	r.awaitApplied("after-0", wakeWithin, "b did not take 0/2")
 	r.awaitApplied("after-1", wakeWithin, "b did not take 1/2")
 	r.await("b owns both", func() bool { return r.owners() == "b b" })
+}
+
+// A pass that read its partition's row before this process's balancing
+// round claimed the partition (it saw it free) does not undo the claim
+// when it stands aside: the partition is worked at once, not left idle
+// until the next round. Here a's pass of 1/2 finds 1/2 released behind
+// a's back, and a's round runs in the gap between that pass's state read
+// and its standing aside, claiming 1/2 again. Before, the pass then marked
+// 1/2 not a's, though a owned its row, and the event it was woken for was
+// not applied within the test's deadline (Recheck an hour).
+func TestPassStandingAsideKeepsARoundsClaim(t *testing.T) {
+	t.Parallel()
+	r := newBalanceRig(t, "sa", 2)
+	a := r.start("a")
+	r.await("a owns both partitions", func() bool { return r.owners() == "a a" && a.quiet(0) })
+	b := a.d.balancers[0]
+	var once sync.Once
+	b.mu.Lock()
+	b.standing = func(instance string) {
+		if instance != PartitionInstance(1, 2) {
+			return
+		}
+		once.Do(func() {
+			if err := a.d.balance(r.ctx, b); err != nil {
+				t.Errorf("balancing round: %v", err)
+			}
+		})
+	}
+	b.mu.Unlock()
+	// 1/2 released behind a's back and an event appended, under 1/2's
+	// lock: a pass of 1/2 running now ends first, and none reads 1/2's
+	// row before the release or x after it.
+	id := ShardID{Consumer: r.consumer, Instance: PartitionInstance(1, 2)}
+	tx, err := r.store.Pool().Begin(r.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(r.ctx) }()
+	if err := LockShard(r.ctx, tx, r.store, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(r.ctx, `UPDATE `+r.store.Table("projector_consumers")+` SET owner = NULL WHERE name = $1 AND instance_id = $2`, id.Consumer, id.Instance); err != nil {
+		t.Fatal(err)
+	}
+	r.append(1, 2, "x")
+	if err := tx.Commit(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := WakeShards(r.ctx, r.store, id); err != nil {
+		t.Fatal(err)
+	}
+	r.awaitApplied("x", wakeWithin, "a's pass undid its round's claim of 1/2")
+	if got := r.owners(); got != "a a" {
+		t.Fatalf("owners %s, want a a", got)
+	}
 }

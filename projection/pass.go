@@ -122,8 +122,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		return passResult{kind: passGone}, nil // a partition split or merged away (balance.go)
 	}
 	dropHalves(sh) // read for a split an earlier pass did not make
-	if sh.balancer != nil && !sh.balancer.owns(sh.id.Instance) {
-		return passResult{kind: passNotMine}, nil
+	// The balancer's decisions about the partition as of now (standAside).
+	var decided uint64
+	if sh.balancer != nil {
+		var mine bool
+		if mine, decided = sh.balancer.ownership(sh.id.Instance); !mine {
+			return passResult{kind: passNotMine}, nil
+		}
 	}
 	// The connection is held apart from the transaction so that the cursor
 	// advance and the COMMIT can go out in one round trip (advanceCommit),
@@ -205,9 +210,14 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		return d.superseded(ctx, sh, st.version), nil
 	case sh.balancer != nil && st.owner != d.instance:
 		// Another process took the partition since this one's last
-		// balancing round: stand aside at once (the lock kept this pass
-		// from overlapping with its passes).
-		sh.balancer.set(sh.id.Instance, false)
+		// balancing round, or this one's released it: stand aside at
+		// once (the lock kept this pass from overlapping with its
+		// passes). Unless this process's round decided about it since
+		// the pass began (it may have claimed it after the state read):
+		// then look again.
+		if !sh.balancer.standAside(sh.id.Instance, decided) {
+			return passResult{kind: passMore}, nil
+		}
 		return passResult{kind: passNotMine}, nil
 	}
 	if sh.shadow == nil && sh.proj.cfg.External != nil {
