@@ -144,8 +144,16 @@ func BenchmarkImport(b *testing.B) {
 		}
 		r := benchmark.Throughput{RawEvents: int64(n), ProjectorEvents: int64(n), RawTime: raw, ProjectorTime: imp}
 		ratios = append(ratios, r.Ratio())
-		b.Logf("round %d (%s first): import %.0f events/s, raw %.0f events/s, %.1f %%-of-raw",
-			round, map[bool]string{true: "import", false: "raw"}[round%2 == 1], r.ProjectorRate(), r.RawRate(), 100*r.Ratio())
+		side := "import"
+		if control {
+			side = "control (raw)"
+		}
+		first := side
+		if round%2 == 0 {
+			first = "raw"
+		}
+		b.Logf("round %d (%s first): %s %.0f events/s, raw %.0f events/s, %.1f %%-of-raw",
+			round, first, side, r.ProjectorRate(), r.RawRate(), 100*r.Ratio())
 		t.Add(r)
 	}
 	t.Report(b)
