@@ -99,7 +99,12 @@ func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions,
 	}
 	var res ImportResult
 	analyzed := false
-	for b := range s.readBatches(ctx, dec, size, workers) {
+	// Batches written are given back to the reader, to read into again,
+	// unless inline projections were handed their events (and could keep
+	// their bytes).
+	free := make(chan *importBatch, 2)
+	reuse := opts.WithoutInline || len(s.inline) == 0
+	for b := range s.readBatches(ctx, dec, size, workers, free) {
 		lines, imported, skipped, err := s.writeBatch(ctx, b, !opts.WithoutInline)
 		res.Lines += int64(lines)
 		if err != nil {
@@ -118,6 +123,12 @@ func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions,
 		}
 		if opts.Progress != nil && lines > 0 {
 			opts.Progress(res)
+		}
+		if reuse {
+			select {
+			case free <- b:
+			default:
+			}
 		}
 	}
 	return res, ctx.Err()

@@ -28,13 +28,26 @@ import (
 // batch that ends the reading (an I/O error), or once ctx ends (the
 // caller's deferred cancel on return); a read blocked on r returns when r
 // does.
-func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size, workers int) <-chan *importBatch {
+//
+// A batch the writer is done with and sends on free is read into again,
+// its buffers (the lines' text, the events, the COPY rows) reused rather
+// than allocated anew: on two cores shared with the server, the fresh
+// memory of each batch (14 MB for 10,000 exported events, zeroed and
+// faulted in) was a large share of the client's CPU per line
+// (docs/performance.md "History import").
+func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size, workers int, free <-chan *importBatch) <-chan *importBatch {
 	out := make(chan *importBatch, 1)
 	go func() {
 		defer close(out)
 		hint := 0
 		for {
-			b := &importBatch{}
+			var b *importBatch
+			select {
+			case b = <-free:
+				b.reset()
+			default:
+				b = &importBatch{}
+			}
 			done := b.read(dec, size, hint)
 			hint = len(b.text)
 			wait := b.decode(s.registry, workers)
@@ -43,7 +56,8 @@ func (s *Store) readBatches(ctx context.Context, dec *HistoryDecoder, size, work
 			case <-ctx.Done():
 			}
 			// The next batch's lines are read once this one's are
-			// decoded: the workers are never left running, and at most
+			// decoded: the workers are never left running (so a batch
+			// given back to free has no worker left on it), and at most
 			// two batches are held besides the one being written.
 			wait()
 			if done || b.readErr != nil || ctx.Err() != nil {
@@ -86,6 +100,9 @@ type importBatch struct {
 	// chunk's buffer.
 	rows   [][]byte
 	chunks []*importChunk
+	// spare are the chunks of the batch's previous use, whose buffers
+	// the new chunks take over.
+	spare []*importChunk
 }
 
 // preLine is a line's stream (an index into importBatch.refs, -1 for a
@@ -108,11 +125,15 @@ type importChunk struct {
 // read reads up to size lines into the batch and prescans each for its
 // stream and version; done reports the end of the file.
 func (b *importBatch) read(dec *HistoryDecoder, size, hint int) (done bool) {
-	b.text = make([]byte, 0, hint)
+	if cap(b.text) < hint {
+		b.text = make([]byte, 0, hint)
+	}
 	// Sized for the batch (up to a bound, for a small file read with a
 	// large batch size), so that the line index is not copied as it grows.
-	b.spans, b.lines = make([][2]int, 0, min(size, 1<<14)), make([]int, 0, min(size, 1<<14))
-	b.pre = make([]preLine, 0, min(size, 1<<14))
+	if b.spans == nil {
+		b.spans, b.lines = make([][2]int, 0, min(size, 1<<14)), make([]int, 0, min(size, 1<<14))
+		b.pre = make([]preLine, 0, min(size, 1<<14))
+	}
 	index, refs := map[string]int{}, map[projector.StreamRef]int{}
 	for len(b.spans) < size {
 		line, n, err := dec.nextLine()
@@ -196,6 +217,32 @@ func (b *importBatch) replan() {
 	}
 }
 
+// reset empties a batch the writer is done with for reading into again,
+// keeping its buffers: the lines' text and index, the events, the COPY
+// rows and each chunk's buffer and errors. Nothing may hold on to what
+// the batch held (the writer gives back only a batch written without
+// inline projections, which are handed its events' bytes).
+func (b *importBatch) reset() {
+	b.spare = append(b.spare, b.chunks...)
+	clear(b.payloads) // decoded values, not to be kept alive
+	clear(b.data)
+	*b = importBatch{
+		text: b.text[:0], spans: b.spans[:0], lines: b.lines[:0], pre: b.pre[:0],
+		refs: b.refs[:0], last: b.last[:0], firstAt: b.firstAt[:0],
+		events: b.events[:0], payloads: b.payloads[:0], data: b.data[:0], rows: b.rows[:0],
+		chunks: b.chunks[:0], spare: b.spare,
+	}
+}
+
+// grow returns s at length n, reusing its array when it is large enough.
+// The elements are not cleared: the caller sets each one.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
 func (b *importBatch) chunkOf(i int) *importChunk { return b.chunks[i/importChunkLines] }
 
 func (b *importBatch) waitDecoded() {
@@ -208,10 +255,21 @@ func (b *importBatch) waitDecoded() {
 // chunk in file order, and returns a function waiting for them.
 func (b *importBatch) decode(reg *projector.Registry, workers int) (wait func()) {
 	n := len(b.spans)
-	b.events, b.payloads, b.data, b.rows = make([]HistoryEvent, n), make([]any, n), make([][]byte, n), make([][]byte, n)
+	// Every line's event and row is set by its worker; the payloads and
+	// data only for good lines, and errs only for bad ones, so those
+	// start cleared.
+	b.events, b.payloads, b.data, b.rows = grow(b.events, n), grow(b.payloads, n), grow(b.data, n), grow(b.rows, n)
+	clear(b.payloads)
+	clear(b.data)
 	for lo := 0; lo < n; lo += importChunkLines {
 		hi := min(lo+importChunkLines, n)
-		b.chunks = append(b.chunks, &importChunk{lo: lo, hi: hi, errs: make([]error, hi-lo), done: make(chan struct{})})
+		c := &importChunk{}
+		if k := len(b.spare); k > 0 {
+			c, b.spare = b.spare[k-1], b.spare[:k-1]
+		}
+		*c = importChunk{lo: lo, hi: hi, buf: c.buf[:0], errs: grow(c.errs, hi-lo), done: make(chan struct{})}
+		clear(c.errs)
+		b.chunks = append(b.chunks, c)
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -235,7 +293,9 @@ func (b *importBatch) decode(reg *projector.Registry, workers int) (wait func())
 func (b *importBatch) decodeChunk(reg *projector.Registry, c *importChunk) {
 	// A row is about as long as its line, plus the field lengths; sized
 	// once, the buffer is not copied over and over as it grows.
-	c.buf = make([]byte, 0, b.spans[c.hi-1][1]-b.spans[c.lo][0]+64*(c.hi-c.lo))
+	if need := b.spans[c.hi-1][1] - b.spans[c.lo][0] + 64*(c.hi-c.lo); cap(c.buf) < need {
+		c.buf = make([]byte, 0, need)
+	}
 	starts := make([]int, 0, c.hi-c.lo+1)
 	// The batch's text outlives its events' use, so payloads stay in it;
 	// and the registry parses each payload whole (json.Unmarshal checks

@@ -135,7 +135,14 @@ func BenchmarkDecodeHistoryLine(b *testing.B) {
 // 10,000 exported lines, without a database: reading and prescanning the
 // lines, then decoding, checking and encoding them as COPY rows on one
 // worker; per event.
-func BenchmarkImportBatchDecode(b *testing.B) {
+func BenchmarkImportBatchDecode(b *testing.B) { benchImportBatchDecode(b, false) }
+
+// BenchmarkImportBatchDecodeReused is BenchmarkImportBatchDecode reading
+// each time into the same batch, reset, as an import reads into the
+// batches its writer is done with.
+func BenchmarkImportBatchDecodeReused(b *testing.B) { benchImportBatchDecode(b, true) }
+
+func benchImportBatchDecode(b *testing.B, reuse bool) {
 	const n = 10_000
 	types := testevents.New()
 	var buf bytes.Buffer
@@ -157,12 +164,17 @@ func BenchmarkImportBatchDecode(b *testing.B) {
 	}
 	file := buf.Bytes()
 	b.ReportAllocs()
+	batch := &importBatch{}
 	for b.Loop() {
 		dec := NewHistoryDecoder(bytes.NewReader(file))
 		if _, err := dec.Header(); err != nil {
 			b.Fatal(err)
 		}
-		batch := &importBatch{}
+		if reuse {
+			batch.reset()
+		} else {
+			batch = &importBatch{}
+		}
 		if done := batch.read(dec, n, len(file)); batch.readErr != nil || done {
 			b.Fatalf("read: %v, done %v", batch.readErr, done)
 		}
