@@ -171,6 +171,8 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		}
 		return err
 	})
+	var sc splitCheck
+	d.queueSplitCheck(b, sh, &sc) // a marked partition's fence, before its read (splithandoff.go)
 	// The first handler savepoint goes out in the same round trip: taking
 	// it before the log read changes nothing (the read writes nothing), it
 	// takes no transaction id, and a pass that stops here rolls it back
@@ -308,7 +310,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		}
 	}
 	if batch.Full {
-		if st.splitMark {
+		if splitAtEnd(sh, st, sc) {
 			d.prefetchHalves(ctx, sh, q, next) // the batch after this one is theirs (splithandoff.go)
 		} else {
 			d.startPrefetch(ctx, sh, q, next)
@@ -354,10 +356,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 			res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
 			return sh.shadowResult(res), err
 		}
-		split, err := d.splitAtEnd(ctx, tx, sh, st)
-		if err != nil {
-			return passResult{}, err
-		}
+		split := splitAtEnd(sh, st, sc)
 		if unchanged && !split {
 			// Nothing to write, also for a partition marked to split
 			// that cannot split now (its next pass tries again).
@@ -394,10 +393,10 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 	case batch.Full:
 		kind = passMore
 	}
-	split := false
+	split := !switched && splitAtEnd(sh, st, sc)
 	if switched {
 		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
-	} else if split, err = d.advanceCommitSplit(ctx, tx, sh, st, next, status, len(done)); err == nil {
+	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done), d.splitSelf(sh, split)); err == nil {
 		committed = true
 		res = d.committed(sh, kind, done, 0, deadLetters, started)
 		if split {
@@ -551,16 +550,6 @@ func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, ne
 		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
 	}
 	return nil
-}
-
-// advanceCommitSplit is advanceCommit, with the split of sh's partition
-// in the same round trip when it is marked to split and may
-// (splithandoff.go); split says it was.
-func (d *Dispatcher) advanceCommitSplit(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, next projector.Position, status Status, processed int) (split bool, err error) {
-	if split, err = d.splitAtEnd(ctx, tx, sh, st); err != nil {
-		return false, err
-	}
-	return split, d.advanceCommit(ctx, tx, sh, next, status, processed, d.splitSelf(sh, split))
 }
 
 // splitSelf returns what advanceCommit queues for a pass that splits sh
