@@ -78,6 +78,9 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				c.version, coalesce(c.replay_until_tx_id, '0'), coalesce(c.replay_until_seq, 0), coalesce(c.shadow_schema, ''),
 				coalesce(c.owner, ''), c.hold_tx_id IS NOT NULL, coalesce(c.hold_tx_id, '0'), coalesce(c.hold_seq, 0),
 				c.split_requested_at IS NOT NULL,
+				-- A marked partition's try of its consumer's fence (splithandoff.go):
+				-- only when marked, and only for a pass that may split ($3).
+				CASE WHEN c.split_requested_at IS NOT NULL AND $3::bool THEN pg_try_advisory_xact_lock_shared(hashtextextended($4::text, 0)) ELSE false END,
 				EXISTS (SELECT 1 FROM (SELECT a.tx_id, a.seq FROM ` + store.Table("projector_events_archive") + ` a ORDER BY a.tx_id DESC, a.seq DESC LIMIT 1) m
 					WHERE (m.tx_id, m.seq) > (c.cursor_tx_id, c.cursor_seq))
 			FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2`,
@@ -162,17 +165,17 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		b.Queue(d.sql.tryLock, sh.lockKey).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
 	}
 	exists := true
-	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
+	var sc splitCheck
+	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance, sh.mayHandOff(), d.fenceKey(sh)).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt,
-			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.held, &st.hold.TxID, &st.hold.Seq, &st.splitMark, &st.archived)
+			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.held, &st.hold.TxID, &st.hold.Seq, &st.splitMark, &sc.fenced, &st.archived)
 		if errors.Is(err, pgx.ErrNoRows) {
 			exists = false
 			return nil
 		}
 		return err
 	})
-	var sc splitCheck
-	d.queueSplitCheck(b, sh, &sc) // a marked partition's fence, before its read (splithandoff.go)
+	d.queueSplitCheck(b, sh, &sc) // a marked partition's look at its mark under the fence (splithandoff.go)
 	// The first handler savepoint goes out in the same round trip: taking
 	// it before the log read changes nothing (the read writes nothing), it
 	// takes no transaction id, and a pass that stops here rolls it back

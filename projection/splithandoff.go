@@ -62,7 +62,7 @@ import (
 const splitHandOff = 5 * time.Second
 
 type handOffSQL struct {
-	handOff, mark, unmark, watch, recheck, fence string
+	handOff, mark, unmark, watch, recheck string
 }
 
 func buildHandOffSQL(store *postgres.Store) handOffSQL {
@@ -82,7 +82,6 @@ func buildHandOffSQL(store *postgres.Store) handOffSQL {
 		// A pass's look at its mark once it holds the fence: a statement
 		// of its own, so its snapshot follows the lock.
 		recheck: `SELECT coalesce(split_requested_at IS NOT NULL, false) FROM ` + c + ` WHERE name = $1 AND instance_id = $2`,
-		fence:   splitFenceSQL(c),
 	}
 }
 
@@ -243,16 +242,14 @@ func (a *Admin) unmarkSplits(ctx context.Context, consumer string, targets []pos
 	return err
 }
 
-// splitFenceSQL is a splitting pass's hold on its consumer's fence:
-// shared, so the passes of several partitions split at once (each writes
+// fenceKey is the key of the consumer's fence lock, which a splitting
+// pass holds shared: several partitions' passes split at once (each writes
 // only its own row and its halves'), while a command or a registration,
-// which takes the fence exclusively, excludes them all. Tried without
-// waiting, and only when the partition's row is marked to split,
-// as read by this statement, whose snapshot follows the shard's lock (the
-// pipeline's first statement); false, with nothing taken, otherwise.
-func splitFenceSQL(c string) string {
-	return `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $1 AND instance_id = $2 AND split_requested_at IS NOT NULL)
-		THEN pg_try_advisory_xact_lock_shared(hashtextextended($3::text, 0)) ELSE false END`
+// which takes the fence exclusively, excludes them all. The pass's state
+// read tries it without waiting, and only when the partition's row is
+// marked to split (dispatchSQL.state).
+func (d *Dispatcher) fenceKey(sh *shard) string {
+	return shardLockKey(d.store.Schema(), ShardID{Consumer: sh.id.Consumer, Instance: SharedInstance})
 }
 
 // splitCheck is what a pass that may split learns in its first round trip
@@ -270,20 +267,17 @@ func (sh *shard) mayHandOff() bool {
 	return ok
 }
 
-// queueSplitCheck queues on b, the pass's first round trip after the
-// shard's lock and state read, the try of the consumer's fence lock (when
-// the row is marked) and the look at the mark under it, a statement of its
-// own so its snapshot follows the fence. A marked pass so learns whether it
-// splits before its read, at no round trip of its own, and holds the fence
-// (shared) until its commit; an unmarked one takes nothing.
+// queueSplitCheck queues on b, the pass's first round trip, after its
+// state read (which tried the consumer's fence when the row was marked),
+// the look at the mark under the fence: a statement of its own, so its
+// snapshot follows the fence. A marked pass so learns whether it splits
+// before its read, at no round trip of its own, and holds the fence
+// (shared) until its commit; an unmarked one takes nothing, and its pass
+// pays this one primary-key lookup in the pipeline.
 func (d *Dispatcher) queueSplitCheck(b *pgx.Batch, sh *shard, into *splitCheck) {
 	if !sh.mayHandOff() {
 		return
 	}
-	fence := shardLockKey(d.store.Schema(), ShardID{Consumer: sh.id.Consumer, Instance: SharedInstance})
-	b.Queue(d.admin.handOff.fence, sh.id.Consumer, sh.id.Instance, fence).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&into.fenced)
-	})
 	b.Queue(d.admin.handOff.recheck, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&into.marked)
 		if errors.Is(err, pgx.ErrNoRows) {
