@@ -69,11 +69,18 @@ type balancer struct {
 	// before then leaves that shard as it is, rather than stop the
 	// halves and start the parent again until its next round.
 	local map[string]time.Time
+	// warm are the halves' shards a pass about to split its partition
+	// made, each with its first batch being read (prefetchHalves), by
+	// instance id: whichever starts a half first, the pass's startHalves
+	// or a round that saw the split's rows before it, starts this shard
+	// and its read rather than a cold one. Once taken from here a shard
+	// is its own loop's alone.
+	warm map[string]*shard
 }
 
 func newBalancer(p *Async) *balancer {
 	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}, sets: map[string]uint64{},
-		local: map[string]time.Time{}}
+		local: map[string]time.Time{}, warm: map[string]*shard{}}
 }
 
 // member is what the instances row lists for a process that balances the
@@ -195,7 +202,11 @@ func (d *Dispatcher) syncLayout(b *balancer, ids []string, readAt time.Time) {
 			cur = nil
 		}
 		if cur == nil {
-			sh := newPartitionShard(d.store.Schema(), b.proj, b, seg)
+			sh := b.warm[id] // read while its parent applied its last batch
+			delete(b.warm, id)
+			if sh == nil {
+				sh = newPartitionShard(d.store.Schema(), b.proj, b, seg)
+			}
 			b.shards[id] = sh
 			added = append(added, sh)
 		}

@@ -78,6 +78,9 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				c.version, coalesce(c.replay_until_tx_id, '0'), coalesce(c.replay_until_seq, 0), coalesce(c.shadow_schema, ''),
 				coalesce(c.owner, ''), c.hold_tx_id IS NOT NULL, coalesce(c.hold_tx_id, '0'), coalesce(c.hold_seq, 0),
 				c.split_requested_at IS NOT NULL,
+				-- A marked partition's try of its consumer's fence (splithandoff.go):
+				-- only when marked, and only for a pass that may split ($3).
+				CASE WHEN c.split_requested_at IS NOT NULL AND $3::bool THEN pg_try_advisory_xact_lock_shared(hashtextextended($4::text, 0)) ELSE false END,
 				EXISTS (SELECT 1 FROM (SELECT a.tx_id, a.seq FROM ` + store.Table("projector_events_archive") + ` a ORDER BY a.tx_id DESC, a.seq DESC LIMIT 1) m
 					WHERE (m.tx_id, m.seq) > (c.cursor_tx_id, c.cursor_seq))
 			FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2`,
@@ -162,15 +165,17 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		b.Queue(d.sql.tryLock, sh.lockKey).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
 	}
 	exists := true
-	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
+	var sc splitCheck
+	b.Queue(d.sql.state, sh.id.Consumer, sh.id.Instance, sh.mayHandOff(), d.fenceKey(sh)).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&st.cursor.TxID, &st.cursor.Seq, &st.status, &st.attempts, &st.failedEvent, &st.waiting, &st.retryAt,
-			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.held, &st.hold.TxID, &st.hold.Seq, &st.splitMark, &st.archived)
+			&st.version, &st.replayUntil.TxID, &st.replayUntil.Seq, &st.shadowSchema, &st.owner, &st.held, &st.hold.TxID, &st.hold.Seq, &st.splitMark, &sc.fenced, &st.archived)
 		if errors.Is(err, pgx.ErrNoRows) {
 			exists = false
 			return nil
 		}
 		return err
 	})
+	d.queueSplitCheck(b, sh, &sc) // a marked partition's look at its mark under the fence (splithandoff.go)
 	// The first handler savepoint goes out in the same round trip: taking
 	// it before the log read changes nothing (the read writes nothing), it
 	// takes no transaction id, and a pass that stops here rolls it back
@@ -308,7 +313,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		}
 	}
 	if batch.Full {
-		if st.splitMark {
+		if splitAtEnd(sh, st, sc) {
 			d.prefetchHalves(ctx, sh, q, next) // the batch after this one is theirs (splithandoff.go)
 		} else {
 			d.startPrefetch(ctx, sh, q, next)
@@ -354,10 +359,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 			res, err := d.commit(ctx, tx, sh, caughtUp, nil, 0, 0, time.Time{})
 			return sh.shadowResult(res), err
 		}
-		split, err := d.splitAtEnd(ctx, tx, sh, st)
-		if err != nil {
-			return passResult{}, err
-		}
+		split := splitAtEnd(sh, st, sc)
 		if unchanged && !split {
 			// Nothing to write, also for a partition marked to split
 			// that cannot split now (its next pass tries again).
@@ -394,10 +396,10 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 	case batch.Full:
 		kind = passMore
 	}
-	split := false
+	split := !switched && splitAtEnd(sh, st, sc)
 	if switched {
 		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
-	} else if split, err = d.advanceCommitSplit(ctx, tx, sh, st, next, status, len(done)); err == nil {
+	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done), d.splitSelf(sh, split)); err == nil {
 		committed = true
 		res = d.committed(sh, kind, done, 0, deadLetters, started)
 		if split {
@@ -551,16 +553,6 @@ func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, ne
 		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
 	}
 	return nil
-}
-
-// advanceCommitSplit is advanceCommit, with the split of sh's partition
-// in the same round trip when it is marked to split and may
-// (splithandoff.go); split says it was.
-func (d *Dispatcher) advanceCommitSplit(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, next projector.Position, status Status, processed int) (split bool, err error) {
-	if split, err = d.splitAtEnd(ctx, tx, sh, st); err != nil {
-		return false, err
-	}
-	return split, d.advanceCommit(ctx, tx, sh, next, status, processed, d.splitSelf(sh, split))
 }
 
 // splitSelf returns what advanceCommit queues for a pass that splits sh

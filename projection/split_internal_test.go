@@ -133,3 +133,51 @@ func TestEveryPartition(t *testing.T) {
 		}
 	}
 }
+
+// A round that sees a split's rows before the splitting pass's startHalves
+// runs (the pass's commit reached the server, its answer not yet the pass)
+// starts the halves with the shards that pass made, whose first batches it
+// read while applying its last, and the pass's startHalves then leaves
+// their reads alone. Before, the round started cold shards and startHalves
+// cancelled the warm reads: the halves read again.
+func TestSyncLayoutStartsWarmHalves(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	p := NewAsync("warmhalves", AsyncConfig{Partitions: 2})
+	if err := OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Store: store, Projections: []*Async{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := d.balancers[0]
+	parent := b.shards[PartitionInstance(0, 2)]
+	q := postgres.LogQuery{Limit: 10, EventTypes: p.t.types, Raw: true, Partition: parent.readSegment()}
+	d.prefetchHalves(t.Context(), parent, q, projector.Start)
+	if len(parent.halves) != 2 {
+		t.Fatalf("the marked pass made %d halves, want 2", len(parent.halves))
+	}
+	warm := slices.Clone(parent.halves)
+	lo, hi, _ := parent.segment.Children()
+	d.syncLayout(b, []string{segmentInstance(lo), segmentInstance(hi), PartitionInstance(1, 2)}, time.Now())
+	d.startHalves(parent)
+	for i, seg := range []postgres.Segment{lo, hi} {
+		id := segmentInstance(seg)
+		if got := b.shards[id]; got != warm[i] {
+			t.Errorf("half %s runs a shard the pass did not make (its first batch read again)", id)
+		}
+		pf := warm[i].prefetch
+		if pf == nil {
+			continue // the pool had no connection to spare for it
+		}
+		<-pf.done
+		if pf.err != nil {
+			t.Errorf("half %s: its first batch's read was dropped: %v", id, pf.err)
+		}
+	}
+	if len(b.warm) != 0 {
+		t.Errorf("%d warm halves left behind", len(b.warm))
+	}
+}

@@ -38,7 +38,10 @@ import (
 //
 // Exclusion is unchanged. The pass splits only once it also holds the
 // consumer's fence lock (shared with other splitting passes), which it
-// tries without waiting (every layout
+// tries without waiting, in its first round trip beside its shard lock and
+// state read when its row is marked (queueSplitCheck: a marked pass so
+// spends no round trip of its own on it, and knows before its read whether
+// it splits, so it reads its halves' first batches only then) (every layout
 // change and every registration holds the fence while it waits for shard
 // locks, so a pass waiting for it could deadlock), and only when its row
 // is still marked as read after the fence is held: a command that gives up
@@ -239,39 +242,57 @@ func (a *Admin) unmarkSplits(ctx context.Context, consumer string, targets []pos
 	return err
 }
 
-// tryFenceSharedSQL is a splitting pass's hold on its consumer's fence:
-// shared, so the passes of several partitions split at once (each writes
+// fenceKey is the key of the consumer's fence lock, which a splitting
+// pass holds shared: several partitions' passes split at once (each writes
 // only its own row and its halves'), while a command or a registration,
-// which takes the fence exclusively, excludes them all.
-const tryFenceSharedSQL = `SELECT pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0))`
+// which takes the fence exclusively, excludes them all. The pass's state
+// read tries it without waiting, and only when the partition's row is
+// marked to split (dispatchSQL.state).
+func (d *Dispatcher) fenceKey(sh *shard) string {
+	return shardLockKey(d.store.Schema(), ShardID{Consumer: sh.id.Consumer, Instance: SharedInstance})
+}
 
-// splitAtEnd reports whether this pass of sh splits its partition when it
-// commits (see above): its row is marked, it may split, and the consumer's
-// fence lock was free (tx now holds it until its end) and the mark is
-// still there under it. It costs a round trip only for a marked partition.
-func (d *Dispatcher) splitAtEnd(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow) (bool, error) {
-	if !st.splitMark || sh.balancer == nil || sh.shadow != nil || sh.keyed() || st.held || st.replayUntil != projector.Start {
-		return false, nil
+// splitCheck is what a pass that may split learns in its first round trip
+// (queueSplitCheck): whether it holds the consumer's fence, and whether
+// its row is still marked as read once it did.
+type splitCheck struct{ fenced, marked bool }
+
+// mayHandOff reports whether sh's pass may split its partition when it is
+// marked: the shard kinds a command hands a split to (handOff).
+func (sh *shard) mayHandOff() bool {
+	if sh.balancer == nil || sh.shadow != nil || sh.keyed() {
+		return false
 	}
-	if _, _, ok := sh.segment.Children(); !ok {
-		return false, nil
+	_, _, ok := sh.segment.Children()
+	return ok
+}
+
+// queueSplitCheck queues on b, the pass's first round trip, after its
+// state read (which tried the consumer's fence when the row was marked),
+// the look at the mark under the fence: a statement of its own, so its
+// snapshot follows the fence. A marked pass so learns whether it splits
+// before its read, at no round trip of its own, and holds the fence
+// (shared) until its commit; an unmarked one takes nothing, and its pass
+// pays this one primary-key lookup in the pipeline.
+func (d *Dispatcher) queueSplitCheck(b *pgx.Batch, sh *shard, into *splitCheck) {
+	if !sh.mayHandOff() {
+		return
 	}
-	var fenced, marked bool
-	b := &pgx.Batch{}
-	b.Queue(tryFenceSharedSQL, shardLockKey(d.store.Schema(), ShardID{Consumer: sh.id.Consumer, Instance: SharedInstance})).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&fenced)
-	})
 	b.Queue(d.admin.handOff.recheck, sh.id.Consumer, sh.id.Instance).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&marked)
+		err := row.Scan(&into.marked)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		return err
 	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return false, fmt.Errorf("split by the pass: %w", err)
-	}
-	return fenced && marked, nil
+}
+
+// splitAtEnd reports whether this pass of sh splits its partition when it
+// commits (see above): its row is marked, it may split, and the consumer's
+// fence lock was free (the pass now holds it until its end) and the mark
+// was still there under it (queueSplitCheck).
+func splitAtEnd(sh *shard, st shardRow, c splitCheck) bool {
+	return st.splitMark && sh.mayHandOff() && !st.held && st.replayUntil == projector.Start && c.fenced && c.marked
 }
 
 // queueSplitSelf queues on b, after the pass's cursor advance, the
@@ -305,20 +326,23 @@ func (d *Dispatcher) startHalves(sh *shard) {
 	b.mu.Lock()
 	now := time.Now()
 	b.local[sh.id.Instance] = now
-	warm := sh.halves
 	sh.halves = nil
-	for i, seg := range []postgres.Segment{lo, hi} {
-		b.local[segmentInstance(seg)] = now
+	for _, seg := range []postgres.Segment{lo, hi} {
 		id := segmentInstance(seg)
+		b.local[id] = now
+		warm := b.warm[id] // its first batch read while the parent applied its last
+		delete(b.warm, id)
 		if cur := b.shards[id]; cur != nil && !cur.removed.Load() {
-			if len(warm) == 2 && warm[i].prefetch != nil {
-				warm[i].prefetch.cancel() // a round started it meanwhile
+			// A round started it meanwhile: with the warm shard when it
+			// was still here, so this one is another's read.
+			if warm != nil && warm.prefetch != nil {
+				warm.prefetch.cancel()
 			}
 			continue
 		}
-		half := newPartitionShard(d.store.Schema(), b.proj, b, seg)
-		if len(warm) == 2 {
-			half = warm[i] // its first batch read while the parent applied its last
+		half := warm
+		if half == nil {
+			half = newPartitionShard(d.store.Schema(), b.proj, b, seg)
 		}
 		b.shards[id], b.owned[id] = half, true
 		added = append(added, half)
@@ -387,21 +411,38 @@ func (d *Dispatcher) prefetchHalves(ctx context.Context, sh *shard, q postgres.L
 	sh.halves = []*shard{newPartitionShard(d.store.Schema(), sh.proj, sh.balancer, lo), newPartitionShard(d.store.Schema(), sh.proj, sh.balancer, hi)}
 	for _, half := range sh.halves {
 		if st := d.store.Pool().Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
-			return
+			break
 		}
 		hq := q
 		hq.After, hq.Partition = next, half.readSegment()
 		d.launchPrefetch(ctx, half, hq)
 	}
+	b := sh.balancer
+	b.mu.Lock()
+	for _, half := range sh.halves {
+		b.warm[half.id.Instance] = half
+	}
+	b.mu.Unlock()
 }
 
 // dropHalves cancels the reads prefetchHalves started for a split that did
 // not happen.
 func dropHalves(sh *shard) {
+	if len(sh.halves) == 0 {
+		return
+	}
+	b := sh.balancer
+	b.mu.Lock()
 	for _, half := range sh.halves {
-		if half.prefetch != nil {
-			half.prefetch.cancel()
+		// Only those no round took (balancer.warm): a taken one is its
+		// own loop's, and its pass checks its read against its cursor.
+		if b.warm[half.id.Instance] == half {
+			delete(b.warm, half.id.Instance)
+			if half.prefetch != nil {
+				half.prefetch.cancel()
+			}
 		}
 	}
+	b.mu.Unlock()
 	sh.halves = nil
 }
