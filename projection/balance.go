@@ -349,8 +349,6 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 			released[i] = ids[p]
 		}
 		d.round(b.consumer, roundRelease, released)
-	}
-	if len(plan.release) > 0 {
 		// The releases and one layout NOTIFY, in one round trip and one
 		// commit: the process that is to take a partition (below its
 		// share, or the one a merge's parent is to go to) runs its round

@@ -171,11 +171,11 @@ func (p *rigProc) stoodAside(instance string, kind passKind) bool {
 // await polls cond until it holds, failing the test after 20 s.
 func (r *balanceRig) await(what string, cond func() bool) {
 	r.t.Helper()
-	if !pollUntil(20*time.Second, cond) {
-		r.t.Fatalf("timed out waiting for: %s", what)
-	}
+	pgtest.Eventually(r.t, 20*time.Second, what, cond)
 }
 
+// pollUntil is pgtest.Eventually for a goroutine other than the test's,
+// which may not end the test: it reports whether cond came to hold.
 func pollUntil(within time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(within)
 	tick := time.NewTicker(5 * time.Millisecond)
