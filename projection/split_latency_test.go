@@ -131,10 +131,15 @@ type latencyPhase struct {
 	// longest latency (an event counted in a window its wait overlaps).
 	baseline time.Duration
 	windows  int // how many windows the baseline is the median of
-	// oldestTx is the age of the oldest transaction with an xid on the
-	// server seen during the phase (sampled every 10 ms): what held the
-	// horizon back.
+	// oldestTx is the age, since its BEGIN, of the oldest transaction
+	// with an xid on the server seen during the phase (sampled every
+	// 10 ms). It overstates what held the horizon back: a pass begins
+	// with its lock and reads and takes its id only at its first write.
 	oldestTx time.Duration
+	// oldestXID is the longest the oldest transaction id was seen held
+	// (since the sample that first saw it): how long the horizon stood
+	// behind one transaction, within 10 ms.
+	oldestXID time.Duration
 	// worstCommit and worstApply place the event of the longest wait
 	// against the phase's start.
 	worstCommit, worstApply time.Duration
@@ -197,6 +202,9 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 		dc := projection.Config{Projections: []*projection.Async{p}, Registerer: reg, Concurrency: 8, Recheck: time.Second}
 		if cfg.dispatchers > 1 {
 			dc.Store = e.storeOn(pgtest.NewPool(t, 6))
+			if horizonSampling() {
+				dc.Store = horizonStore(t, e, "latency-dispatcher-"+strconv.Itoa(i), 6)
+			}
 			dc.InstanceID = "lat-" + strconv.Itoa(i)
 		}
 		ds = append(ds, e.dispatcher(dc))
@@ -204,6 +212,10 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
+	var hs *horizonSampler // what holds the horizon (split_horizon_test.go)
+	if horizonSampling() {
+		hs = startHorizonSampler(t, e.ctx, e.schema, consumer, stop, &bg)
+	}
 	versions := make([]map[string]int64, cfg.writers)
 	for w := range cfg.writers {
 		versions[w] = map[string]int64{}
@@ -229,8 +241,15 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 						payloads[i] = testevents.TicketCommented{Body: "c", N: i}
 					}
 				}
+				var txID uint64
 				err := pgx.BeginFunc(e.ctx, e.store.Pool(), func(tx pgx.Tx) error {
-					_, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", id), projector.ExactVersion(v), payloads...)
+					if horizonSampling() { // named for the horizon's sampler, before the append takes an id
+						if _, err := tx.Exec(e.ctx, `SELECT set_config('application_name', $1, true)`, appWriter); err != nil {
+							return err
+						}
+					}
+					res, err := e.store.Append(e.ctx, tx, projector.Stream("ticket", id), projector.ExactVersion(v), payloads...)
+					txID = res.Position().TxID
 					return err
 				})
 				at := time.Now()
@@ -239,13 +258,16 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 					return
 				}
 				rec.committed(id, v+1, v+int64(n), at)
+				if hs != nil {
+					hs.committed(id, v+1, v+int64(n), txID)
+				}
 				versions[w][id] = v + int64(n)
 			}
 		})
 	}
 	type oldest struct {
-		at  time.Time
-		age time.Duration
+		at       time.Time
+		age, xid time.Duration
 	}
 	var oldestMu sync.Mutex
 	var oldests []oldest
@@ -253,9 +275,13 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 		// The age of the oldest transaction holding an xid on the whole
 		// server, any session's: the horizon every partition reads below
 		// waits for it, so a long one (another test's, on a shared
-		// server) delays every event, changing layout or not.
+		// server) delays every event, changing layout or not. Two ages:
+		// since its BEGIN (xact_start), and since its id was first seen
+		// here (a pass begins with its lock and reads, and takes an id
+		// only at its first write: the horizon waits from then on).
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
+		first := map[string]time.Time{} // pid/xid: when first seen
 		for {
 			select {
 			case <-stop:
@@ -263,13 +289,26 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 			case <-tick.C:
 			}
 			var secs float64
-			if err := e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(extract(epoch FROM max(clock_timestamp() - xact_start)), 0)::float8
-				FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&secs); err != nil {
+			var ids []string // oldest first
+			if err := e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(extract(epoch FROM max(clock_timestamp() - xact_start)), 0)::float8,
+					coalesce(array_agg(pid::text || '/' || backend_xid::text ORDER BY age(backend_xid) DESC), '{}')
+				FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&secs, &ids); err != nil {
 				t.Error(err)
 				return
 			}
+			now := time.Now()
+			var xidAge time.Duration
+			for i, id := range ids {
+				f, ok := first[id]
+				if !ok {
+					f, first[id] = now, now
+				}
+				if i == 0 {
+					xidAge = now.Sub(f)
+				}
+			}
 			oldestMu.Lock()
-			oldests = append(oldests, oldest{time.Now(), time.Duration(secs * float64(time.Second))})
+			oldests = append(oldests, oldest{now, time.Duration(secs * float64(time.Second)), xidAge})
 			oldestMu.Unlock()
 		}
 	})
@@ -327,6 +366,9 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 	warm := steady("every partition commits batches", all4, time.Time{})
 	splitAt := steady("steady state on 4 partitions", all4, warm)
 	admin := projection.NewAdmin(e.store)
+	if hs != nil {
+		admin = projection.NewAdmin(horizonStore(t, e, appCommand, 2))
+	}
 	if _, err := admin.Split(e.ctx, consumer); err != nil {
 		t.Fatal(err)
 	}
@@ -465,6 +507,7 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 	type wait struct{ c, a time.Time }
 	waits := make([][]wait, len(phases))
 	res.phases = make([]latencyPhase, len(phases))
+	hevs := make([][]horizonEvent, len(phases))
 	for k, a := range applied {
 		c := rec.commits[k]
 		for i, ph := range phases {
@@ -473,6 +516,9 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 			}
 			d := max(a.Sub(c), 0) // an apply may beat the writer's return from Commit by a hair
 			lat[i] = append(lat[i], d)
+			if hs != nil {
+				hevs[i] = append(hevs[i], horizonEvent{k, c, a})
+			}
 			waits[i] = append(waits[i], wait{c, a})
 			s := streamSeg4(k.stream)
 			res.phases[i].perPartition[s] = max(res.phases[i].perPartition[s], d)
@@ -500,8 +546,16 @@ func runSplitMergeLatency(t testing.TB, cfg latencyConfig) latencyResult {
 		for i, ph := range phases {
 			if !o.at.Before(ph.w.from) && !o.at.After(ph.w.to) {
 				res.phases[i].oldestTx = max(res.phases[i].oldestTx, o.age)
+				res.phases[i].oldestXID = max(res.phases[i].oldestXID, o.xid)
 			}
 		}
+	}
+	if hs != nil {
+		var ws []horizonWindow
+		for i, ph := range phases {
+			ws = append(ws, horizonWindow{ph.name, ph.w.from, ph.w.to, hevs[i]})
+		}
+		hs.report(t, ws)
 	}
 	for _, i := range []int{1, 3} {
 		steady, length := phases[i-1].w, phases[i].w.to.Sub(phases[i].w.from)
@@ -545,8 +599,8 @@ func (r latencyResult) log(t testing.TB) {
 		for i, d := range ph.perPartition {
 			parts[i] = fmt.Sprintf("%d/4 %s", i, inBatches(d, r.batch))
 		}
-		t.Logf("%-27s %5d events: p50 %s, p99 %s, max %s (%s batches); per partition max, batches: %s; oldest transaction on the server %s",
-			ph.name, ph.events, ms(ph.p50), ms(ph.p99), ms(ph.max), inBatches(ph.max, r.batch), strings.Join(parts, ", "), ms(ph.oldestTx))
+		t.Logf("%-27s %5d events: p50 %s, p99 %s, max %s (%s batches); per partition max, batches: %s; oldest transaction on the server %s (its id held %s)",
+			ph.name, ph.events, ms(ph.p50), ms(ph.p99), ms(ph.max), inBatches(ph.max, r.batch), strings.Join(parts, ", "), ms(ph.oldestTx), ms(ph.oldestXID))
 	}
 	for _, i := range []int{1, 3} {
 		ph := r.phases[i]
@@ -560,11 +614,12 @@ func (r latencyResult) log(t testing.TB) {
 		ms(sp.p50), ms(sp.p99), ms(sp.max), inBatches(sp.max, r.batch), inBatches(sp.baseline, r.batch), inBatches(sp.max-sp.baseline, r.batch),
 		ms(mp.p50), ms(mp.p99), ms(mp.max), inBatches(mp.max, r.batch), inBatches(mp.baseline, r.batch), inBatches(mp.max-mp.baseline, r.batch),
 		ms(r.splitTook), ms(r.mergeTook))
-	var oldest []string
+	var oldest, held []string
 	for _, ph := range r.phases {
 		oldest = append(oldest, ms(ph.oldestTx))
+		held = append(held, ms(ph.oldestXID))
 	}
-	t.Logf("summary: oldest transaction on the server per phase: %s", strings.Join(oldest, " / "))
+	t.Logf("summary: oldest transaction on the server per phase: %s; its id held: %s", strings.Join(oldest, " / "), strings.Join(held, " / "))
 }
 
 // TestPartitionSplitMergeEventLatency: split 4 → 8 and merge back while
