@@ -533,6 +533,19 @@ func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, ne
 		also(b)
 	}
 	b.Queue("COMMIT")
+	if also != nil {
+		// Statements new to the connection (a split's): one round trip,
+		// with no Describe of them after the batch's writes took an id
+		// (execbatch.go).
+		tag, err := execPipeline(ctx, tx, b)
+		if err != nil {
+			return fmt.Errorf("advance cursor and commit: %w", err)
+		}
+		if tag.String() != "COMMIT" {
+			return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
+		}
+		return nil
+	}
 	br := tx.SendBatch(ctx, b)
 	for range b.Len() - 1 {
 		if _, err := br.Exec(); err != nil {
