@@ -22,12 +22,14 @@ import (
 // cursor advance with them and the COMMIT, cost it that extra round trip
 // after its batch's writes gave it a transaction id: while it lasted the
 // oldest running transaction was likely this one, and every partition of
-// every consumer in the cluster read below it (promise 3). Measured with
-// TestPartitionSplitMergeEventLatency's horizon sampler (3 December), the
-// splitting pass's last pipeline took a median of 6.6 ms against 0.3 ms
-// for an ordinary pass's advance and COMMIT, and the statements' Describe
-// was about half of it; the sampler caught splitting passes idle in
-// transaction, waiting for the client, right after Parse of the NOTIFY.
+// every consumer in the cluster read below it (promise 3). The latency
+// test's horizon sampler (PROJECTOR_TEST_LATENCY_HORIZON) caught splitting
+// passes idle in transaction, waiting for the client, right after Parse of
+// the NOTIFY: that round trip. It is one part of the pipeline's time
+// (a median of 7-10 ms under that test's load against under 1 ms for an
+// ordinary pass's advance and COMMIT; docs/performance.md), the rest being
+// the statements, the NOTIFY's commit-time lock and the COMMIT amid the
+// work the split starts.
 //
 // execPipeline sends such a pipeline in one round trip whatever the
 // connection has seen: each statement unnamed, its parameters in text
