@@ -260,7 +260,7 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 	var out []PartitionChange
 	var marked []postgres.Segment
 	handed := false
-	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+	err := a.inTx(ctx, func(tx pgx.Tx) error {
 		out, marked, handed = nil, nil, false
 		layout, err := a.lockLayout(ctx, tx, consumer)
 		if err != nil {
@@ -281,7 +281,7 @@ func (a *Admin) Split(ctx context.Context, consumer string, only ...postgres.Seg
 		}
 		// A live dispatcher running every one of them splits each at the
 		// end of its own batch (splithandoff.go): nothing waits for a
-		// running batch.
+		// running batch. The marks commit with them (errTxDone).
 		if handed, err = a.splitHandedOff(ctx, tx, consumer, targets); err != nil || handed {
 			marked = targets
 			return err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -90,6 +91,15 @@ func buildHandOffSQL(store *postgres.Store) handOffSQL {
 // split, and reports true, when a live dispatcher runs every one of them;
 // otherwise it changes nothing and reports false, for the command to split
 // them itself.
+//
+// The marks go out pipelined with the COMMIT, which ends tx (inTx then
+// commits nothing): the UPDATE gives the transaction an id and locks the
+// partitions' rows, and with the COMMIT a round trip later both were held
+// for that round trip. A pass that ended its batch meanwhile waited for
+// them at its cursor advance, holding its own id, and every partition of
+// every consumer read below the older of the two (promise 3): the latency
+// test's horizon sampler saw a pass wait so on Lock/transactionid for the
+// command, idle in transaction after its marks.
 func (a *Admin) splitHandedOff(ctx context.Context, tx pgx.Tx, consumer string, targets []postgres.Segment) (bool, error) {
 	ids := segmentIDs(targets)
 	var n int
@@ -99,8 +109,62 @@ func (a *Admin) splitHandedOff(ctx context.Context, tx pgx.Tx, consumer string, 
 	if n != len(ids) {
 		return false, nil
 	}
-	_, err := tx.Exec(ctx, a.handOff.mark, consumer, ids)
-	return err == nil, err
+	b := &pgx.Batch{}
+	b.Queue(a.handOff.mark, consumer, ids)
+	b.Queue("COMMIT")
+	if err := commitBatch(ctx, tx, b); err != nil {
+		return false, err
+	}
+	return true, errTxDone
+}
+
+// errTxDone tells inTx that its function committed the transaction itself,
+// pipelined with its last statements.
+var errTxDone = errors.New("transaction committed")
+
+// inTx runs fn in a transaction on a connection of a's pool and commits it,
+// unless fn returned errTxDone (it sent the COMMIT itself, pipelined: the
+// server's transaction has ended, pgx's has not, so neither COMMIT nor
+// ROLLBACK is sent through it). Any other error rolls it back.
+func (a *Admin) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	conn, err := a.store.Pool().Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	switch err := fn(tx); {
+	case errors.Is(err, errTxDone):
+		return nil
+	case err != nil:
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// commitBatch sends b, whose last statement is a COMMIT, on tx, and
+// reports an error unless every statement succeeded and the COMMIT
+// committed. After an error the transaction is aborted, for a rollback.
+func commitBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
+	br := tx.SendBatch(ctx, b)
+	var tag pgconn.CommandTag
+	var err error
+	for range b.Len() {
+		if tag, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback
+	}
+	return err
 }
 
 // segmentIDs returns the instance ids of segs.
