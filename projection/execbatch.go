@@ -3,12 +3,9 @@ package projection
 import (
 	"context"
 	"fmt"
-	"reflect"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // A pipeline sent without describing its statements first.
@@ -32,11 +29,12 @@ import (
 // work the split starts.
 //
 // execPipeline sends such a pipeline in one round trip whatever the
-// connection has seen: each statement unnamed, its parameters in text
-// format and of types the server infers from the statement (as it does
-// for pgx's Describe), one Sync at the end. As in pgx's batch, a failing
-// statement makes the server skip the rest, the COMMIT included, and the
-// transaction is left aborted for the caller's rollback.
+// connection has seen: each statement unnamed, its parameters encoded by
+// pgx as in its QueryExecModeExec (text format, types the server infers
+// from the statement, as it does for pgx's Describe), one Sync at the end.
+// As in pgx's batch, a failing statement makes the server skip the rest,
+// the COMMIT included, and the transaction is left aborted for the
+// caller's rollback.
 
 // execPipeline runs b's statements (none may read rows into a callback)
 // on tx's connection in one round trip and returns the last one's command
@@ -48,15 +46,13 @@ func execPipeline(ctx context.Context, tx pgx.Tx, b *pgx.Batch) (pgconn.CommandT
 		if q.Fn != nil {
 			return pgconn.CommandTag{}, fmt.Errorf("execPipeline: %q reads its result", q.SQL)
 		}
-		params := make([][]byte, len(q.Arguments))
-		for i, a := range q.Arguments {
-			v, err := textParam(conn.TypeMap(), a)
-			if err != nil {
-				return pgconn.CommandTag{}, fmt.Errorf("execPipeline: %q parameter $%d: %w", q.SQL, i+1, err)
-			}
-			params[i] = v
+		// A builder per statement: Build reuses its buffers, and the
+		// batch keeps every statement's parameters until it is sent.
+		var eqb pgx.ExtendedQueryBuilder
+		if err := eqb.Build(conn.TypeMap(), nil, q.Arguments); err != nil {
+			return pgconn.CommandTag{}, fmt.Errorf("execPipeline: %q: %w", q.SQL, err)
 		}
-		pb.ExecParams(q.SQL, params, nil, nil, nil)
+		pb.ExecParams(q.SQL, eqb.ParamValues, nil, eqb.ParamFormats, eqb.ResultFormats)
 	}
 	results, err := conn.PgConn().ExecBatch(ctx, pb).ReadAll()
 	if err != nil {
@@ -71,28 +67,4 @@ func execPipeline(ctx context.Context, tx pgx.Tx, b *pgx.Batch) (pgconn.CommandT
 		return pgconn.CommandTag{}, fmt.Errorf("execPipeline: %d results for %d statements", len(results), len(b.QueuedQueries))
 	}
 	return results[len(results)-1].CommandTag, nil
-}
-
-// textParam renders a parameter in PostgreSQL's text input format: the
-// kinds the split's statements pass (strings, integers, booleans, string
-// arrays, NULL).
-func textParam(m *pgtype.Map, a any) ([]byte, error) {
-	if a == nil {
-		return nil, nil
-	}
-	switch v := reflect.ValueOf(a); v.Kind() {
-	case reflect.String:
-		return []byte(v.String()), nil
-	case reflect.Bool:
-		return []byte(strconv.FormatBool(v.Bool())), nil
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		return []byte(strconv.FormatInt(v.Int(), 10)), nil
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return []byte(strconv.FormatUint(v.Uint(), 10)), nil
-	case reflect.Slice:
-		if ss, ok := a.([]string); ok {
-			return m.Encode(pgtype.TextArrayOID, pgtype.TextFormatCode, ss, nil)
-		}
-	}
-	return nil, fmt.Errorf("no text form for %T", a)
 }
