@@ -275,9 +275,12 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 	}
 	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.readSegment(),
 		IncludeArchived: st.archived}
-	batch, err := d.readBatch(ctx, tx, sh, q)
-	if err != nil {
-		return passResult{}, err
+	var batch postgres.LogBatch
+	if !st.held || st.cursor != st.hold || sh.shadow != nil {
+		// (A half standing at its hold reads nothing: it only tries the merge.)
+		if batch, err = d.readBatch(ctx, tx, sh, q); err != nil {
+			return passResult{}, err
+		}
 	}
 
 	replaying := sh.shadow != nil
@@ -360,18 +363,23 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 			return sh.shadowResult(res), err
 		}
 		split := splitAtEnd(sh, st, sc)
-		if unchanged && !split {
+		merge, err := d.mergeAtHold(ctx, tx, sh, st, next, status, 0) // held at the hold (mergehandoff.go)
+		if err != nil {
+			return passResult{}, err
+		}
+		if unchanged && !split && merge == nil {
 			// Nothing to write, also for a partition marked to split
-			// that cannot split now (its next pass tries again).
+			// (or held) that cannot split (or merge) now: its next pass
+			// tries again.
 			return passResult{kind: passCaughtUp}, nil
 		}
-		if err := d.advanceCommit(ctx, tx, sh, next, status, 0, d.splitSelf(sh, split)); err != nil {
+		if err := d.advanceCommit(ctx, tx, sh, next, status, 0, d.atEnd(sh, split, merge)); err != nil {
 			return passResult{}, err
 		}
 		committed = true
 		res := sh.shadowResult(d.committed(sh, caughtUp, nil, 0, 0, time.Time{}))
-		if split {
-			d.startHalves(sh)
+		if split || merge != nil {
+			d.changedAtEnd(sh, split, merge)
 			return passResult{kind: passGone}, nil
 		}
 		return res, nil
@@ -397,13 +405,19 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		kind = passMore
 	}
 	split := !switched && splitAtEnd(sh, st, sc)
+	var merge *mergeAtEnd
+	if !switched {
+		if merge, err = d.mergeAtHold(ctx, tx, sh, st, next, status, len(done)); err != nil {
+			return passResult{}, err
+		}
+	}
 	if switched {
 		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
-	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done), d.splitSelf(sh, split)); err == nil {
+	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done), d.atEnd(sh, split, merge)); err == nil {
 		committed = true
 		res = d.committed(sh, kind, done, 0, deadLetters, started)
-		if split {
-			d.startHalves(sh)
+		if split || merge != nil {
+			d.changedAtEnd(sh, split, merge)
 			return passResult{kind: passGone}, nil
 		}
 	}
