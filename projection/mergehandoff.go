@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -141,6 +142,8 @@ func (d *Dispatcher) atEnd(sh *shard, split bool, m *mergeAtEnd) func(*pgx.Batch
 // loops of the partitions that replace sh's.
 func (d *Dispatcher) changedAtEnd(sh *shard, split bool, m *mergeAtEnd) {
 	if m != nil {
+		d.logger.Debug("projection dispatcher: partitions merged by the pass of the half that reached the hold second",
+			slog.String("consumer", sh.id.Consumer), slog.String("merge", m.child.String()), slog.String("cursor", m.pair.hold.String()))
 		d.startParent(sh, m)
 	} else if split {
 		d.startHalves(sh)
