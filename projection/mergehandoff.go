@@ -129,6 +129,25 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	return &mergeAtEnd{pair: p, swap: swap, child: change}, nil
 }
 
+// atHold is the kind of a pass of sh that did not merge (kind otherwise):
+// one that brought its half to the hold looks again at once (its sibling's
+// running pass may have refused it its lock: now it is free, or the
+// sibling's own look merges); one that stood there already waits for a
+// shard wake (a layout NOTIFY: a merge's swap, a lifted hold) or Recheck,
+// not for every new event, which it could not apply: a half standing at
+// its hold would otherwise run a pass for each, holding its lock, and the
+// pass of its sibling arriving then would find that lock taken.
+func atHold(sh *shard, st shardRow, next projector.Position, kind passKind) passKind {
+	switch {
+	case !st.held || next != st.hold || !sh.mayMerge() || kind != passCaughtUp:
+		return kind
+	case st.cursor != st.hold:
+		return passMore
+	default:
+		return passAtHold
+	}
+}
+
 // atEnd returns what advanceCommit queues after the cursor advance of a
 // pass that splits or merges its partition, nil for one that does neither.
 func (d *Dispatcher) atEnd(sh *shard, split bool, m *mergeAtEnd) func(*pgx.Batch) {
@@ -255,6 +274,8 @@ func (a *Admin) unholdFenced(ctx context.Context, consumer string, pairs []merge
 				b.Queue(a.split.unhold, consumer, id, p.hold.TxID, p.hold.Seq)
 			}
 		}
+		// The halves standing at the hold wait for a wake (atHold).
+		queueNotifyLayout(b, a.store, consumer)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}

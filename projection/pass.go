@@ -28,6 +28,7 @@ const (
 	passSuperseded // the consumer's model is of another version than this projection
 	passGone       // a shadow shard whose rebuild ended: its loop stops
 	passNotMine    // a partition another process works (balance.go)
+	passAtHold     // a held half at its hold, not merged: until a shard wake or Recheck (mergehandoff.go)
 )
 
 type passResult struct {
@@ -371,13 +372,13 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 			// Nothing to write, also for a partition marked to split
 			// (or held) that cannot split (or merge) now: its next pass
 			// tries again.
-			return passResult{kind: passCaughtUp}, nil
+			return passResult{kind: atHold(sh, st, next, passCaughtUp)}, nil
 		}
 		if err := d.advanceCommit(ctx, tx, sh, next, status, 0, d.atEnd(sh, split, merge)); err != nil {
 			return passResult{}, err
 		}
 		committed = true
-		res := sh.shadowResult(d.committed(sh, caughtUp, nil, 0, 0, time.Time{}))
+		res := sh.shadowResult(d.committed(sh, atHold(sh, st, next, caughtUp), nil, 0, 0, time.Time{}))
 		if split || merge != nil {
 			d.changedAtEnd(sh, split, merge)
 			return passResult{kind: passGone}, nil
@@ -415,7 +416,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
 	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done), d.atEnd(sh, split, merge)); err == nil {
 		committed = true
-		res = d.committed(sh, kind, done, 0, deadLetters, started)
+		res = d.committed(sh, atHold(sh, st, next, kind), done, 0, deadLetters, started)
 		if split || merge != nil {
 			d.changedAtEnd(sh, split, merge)
 			return passResult{kind: passGone}, nil

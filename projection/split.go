@@ -406,7 +406,7 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 // some, the error names them (a merge of several pairs is not all or
 // nothing).
 func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, only ...postgres.Segment) ([]PartitionChange, error) {
-	// The command's claim on its pairs, held until it returns (mergeClaim).
+	// The command's claims on its pairs, held until it returns (claimPairs).
 	conn, err := a.store.Pool().Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
@@ -417,14 +417,17 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
-	merged, err := a.awaitHolds(ctx, consumer, pairs, wait)
+	merged, err := a.awaitHolds(ctx, conn, consumer, pairs, wait)
 	if err != nil {
 		if uerr := a.unholdFenced(ctx, consumer, pairs); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
-	err = pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+	if !slices.Contains(merged, false) {
+		return mergedChanges(pairs, merged), nil // every pair by its passes
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		layout, err := a.lockLayout(ctx, tx, consumer)
 		if err != nil {
 			return err
@@ -648,7 +651,7 @@ const holdPoll = 5 * time.Millisecond
 // awaitHolds polls until both halves of every pair stand at its hold, or
 // the pair was merged (its parent there, its halves gone: by the pass of
 // the half there second, mergehandoff.go). It returns which were merged.
-func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePair, wait time.Duration) ([]bool, error) {
+func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer string, pairs []mergePair, wait time.Duration) ([]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var ids []string
@@ -663,7 +666,7 @@ func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePa
 	tick := time.NewTicker(holdPoll)
 	defer tick.Stop()
 	for {
-		rows, err := a.store.Pool().Query(ctx, a.split.poll, consumer, ids)
+		rows, err := conn.Query(ctx, a.split.poll, consumer, ids)
 		if err != nil {
 			return nil, waitErr(ctx, err, "")
 		}
