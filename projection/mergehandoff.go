@@ -91,7 +91,7 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	var locked bool
 	var rows map[postgres.Segment]partRow
 	b := &pgx.Batch{}
-	b.Queue(d.admin.split.mergeTry, d.fenceKey(sh), siblingKey).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+	b.Queue(d.admin.split.mergeTry, d.fenceKey(sh), siblingKey, sh.id.Consumer, segmentInstance(sibling), st.hold.TxID, st.hold.Seq).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
 	// A statement of its own, so its snapshot follows the locks.
 	b.Queue(d.admin.split.peek, sh.id.Consumer, p.ids()).Query(func(r pgx.Rows) error {
 		var err error
@@ -102,7 +102,7 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 		return nil, fmt.Errorf("merge at the hold: %w", err)
 	}
 	if !locked {
-		return nil, nil // the fence (a command) or the sibling's pass: a later pass or the command merges
+		return nil, nil // the sibling not there, the fence (a command) or the sibling's pass: a later pass or the command merges
 	}
 	own, ok := rows[sh.segment]
 	if !ok || !own.held || own.hold != st.hold || own.cursor != st.cursor {

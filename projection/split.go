@@ -125,10 +125,16 @@ func buildSplitSQLs(store *postgres.Store) splitSQL {
 			VALUES ($1, $2, $3, $4, 'idle', $5, $6, NULLIF($7, ''))`,
 		joinDeadLetters: `UPDATE ` + store.Table("projector_dead_letters") + ` SET instance_id = $2 WHERE consumer = $1 AND instance_id = ANY($3)`,
 		joinParks:       `UPDATE ` + store.Table("projector_parks") + ` SET instance_id = $2 WHERE consumer = $1 AND instance_id = ANY($3)`,
-		// The fence shared ($1), then, only when it was free, the
-		// sibling's shard lock ($2): neither waited for.
-		mergeTry: `SELECT CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0))
-			THEN pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) ELSE false END`,
+		// Only when the sibling ($4) stands at the hold ($5, $6) as this
+		// statement sees it: the fence shared ($1), then, only when it
+		// was free, the sibling's shard lock ($2), neither waited for. A
+		// sibling not there yet keeps its lock: its own pass, refused it,
+		// would stand aside until a wake (passLocked).
+		mergeTry: `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $3 AND instance_id = $4
+				AND hold_tx_id = $5 AND hold_seq = $6 AND cursor_tx_id = $5 AND cursor_seq = $6)
+			THEN CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0))
+				THEN pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) ELSE false END
+			ELSE false END`,
 		// Which of partitions $2 are there (mergeWatch).
 		present: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
 	}
