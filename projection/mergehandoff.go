@@ -91,7 +91,8 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	var locked bool
 	var rows map[postgres.Segment]partRow
 	b := &pgx.Batch{}
-	b.Queue(d.admin.split.mergeTry, d.fenceKey(sh), siblingKey, sh.id.Consumer, segmentInstance(sibling), st.hold.TxID, st.hold.Seq).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+	b.Queue(d.admin.split.mergeTry, d.fenceKey(sh), siblingKey, sh.id.Consumer, segmentInstance(sibling), st.hold.TxID, st.hold.Seq,
+		mergeClaimKey(d.store.Schema(), sh.id.Consumer, parent)).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
 	// A statement of its own, so its snapshot follows the locks.
 	b.Queue(d.admin.split.peek, sh.id.Consumer, p.ids()).Query(func(r pgx.Rows) error {
 		var err error

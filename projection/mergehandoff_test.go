@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,11 +16,26 @@ import (
 )
 
 // holdByHand holds consumer's partitions 0/2 and 1/2 for a merge as
-// `consumer merge` does (holdPairs), with no command to wait or swap: under
-// both shard locks (waiting for their running passes), at the cursor of
-// the one ahead. It returns the hold.
-func (e *env) holdByHand(consumer string) projector.Position {
+// `consumer merge` does (holdPairs), with no command to look or swap: its
+// claim on the pair (a session advisory lock, held until the test ends, as
+// a command waiting for the passes holds it) and, under both shard locks
+// (waiting for their running passes), the holds at the cursor of the one
+// ahead. It returns the hold and the release of the claim.
+func (e *env) holdByHand(consumer string) (projector.Position, func()) {
 	e.t.Helper()
+	conn, err := e.store.Pool().Acquire(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	claim := "projector.merge\x1f" + e.schema + "\x1f" + consumer + "\x1f" + projection.PartitionInstance(0, 1)
+	if _, err := conn.Exec(e.ctx, `SELECT pg_advisory_lock(hashtextextended($1::text, 0))`, claim); err != nil {
+		e.t.Fatal(err)
+	}
+	release := sync.OnceFunc(func() {
+		_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
+		conn.Release()
+	})
+	e.t.Cleanup(release)
 	tx, err := e.store.Pool().Begin(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)
@@ -45,7 +61,7 @@ func (e *env) holdByHand(consumer string) projector.Position {
 	if err := tx.Commit(e.ctx); err != nil {
 		e.t.Fatal(err)
 	}
-	return hold
+	return hold, release
 }
 
 // addDeadLetter gives consumer's partition instance a dead letter, to see
@@ -92,7 +108,7 @@ func TestMergeSwappedByThePassOfTheHalfThereSecond(t *testing.T) {
 	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
 	e.catchUp(d)
 	e.addDeadLetter("passmerge", projection.PartitionInstance(1, 2))
-	hold := e.holdByHand("passmerge")
+	hold, _ := e.holdByHand("passmerge")
 	// New events wake the halves: the one behind reaches the hold and
 	// merges; the events after the hold are the parent's.
 	maps.Copy(versions, appendWith(t, e.ctx, e.store, 2, 100, 20, "b"))
@@ -131,7 +147,7 @@ func TestMergeSwappedByAPassAcrossTwoProcesses(t *testing.T) {
 	})
 	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
 	eventually(t, time.Minute, "every event applied", func() bool { return e.applied("twoproc") >= total(versions) })
-	e.holdByHand("twoproc")
+	_, _ = e.holdByHand("twoproc")
 	maps.Copy(versions, appendWith(t, e.ctx, e.store, 2, 100, 20, "b"))
 	eventually(t, 30*time.Second, "a pass merges the held pair", func() bool {
 		return slices.Equal(e.layout("twoproc"), []string{"0/1"})
@@ -152,7 +168,7 @@ func TestMergeLeftToTheCommandWhenTheSiblingIsLocked(t *testing.T) {
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
 	e.catchUp(d)
-	hold := e.holdByHand("locked")
+	hold, unclaim := e.holdByHand("locked")
 	s := e.partitionShards("locked")
 	ahead, behind := 0, 1
 	if s[0].Cursor.Less(s[1].Cursor) {
@@ -169,6 +185,7 @@ func TestMergeLeftToTheCommandWhenTheSiblingIsLocked(t *testing.T) {
 	if st := e.partitionShards("locked")[behind]; st.Status != projection.StatusIdle || st.Attempts != 0 {
 		t.Fatalf("the half behind is %s (attempts %d), want idle", st.Status, st.Attempts)
 	}
+	unclaim() // the command's own claim follows
 	done := make(chan error, 1)
 	var changes []projection.PartitionChange
 	go func() {

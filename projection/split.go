@@ -130,10 +130,19 @@ func buildSplitSQLs(store *postgres.Store) splitSQL {
 		// was free, the sibling's shard lock ($2), neither waited for. A
 		// sibling not there yet keeps its lock: its own pass, refused it,
 		// would stand aside until a wake (passLocked).
+		// And only while a merge command of this release holds its
+		// claim on the pair ($7, claimPairs): the passes finish a merge
+		// for a command waiting for it, not one killed (its holds wait
+		// for it to be run again) nor one of an older release (which
+		// swaps itself, and would take a pass's swap for another's).
 		mergeTry: `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $3 AND instance_id = $4
 				AND hold_tx_id = $5 AND hold_seq = $6 AND cursor_tx_id = $5 AND cursor_seq = $6)
-			THEN CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0))
-				THEN pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) ELSE false END
+			THEN CASE WHEN EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+					AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($7::text, 0))
+				THEN CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0))
+					THEN pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) ELSE false END
+				ELSE false END
 			ELSE false END`,
 		// Which of partitions $2 are there (mergeWatch).
 		present: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
