@@ -96,7 +96,8 @@ func (e *env) deadLetterInstances(consumer string) []string {
 
 // A held pair is swapped for its parent by the pass of the half that
 // reaches the hold second, in its own commit (mergehandoff.go): here no
-// command waits to swap it (the hold is set by hand), and the parent must
+// command looks or swaps (the hold and a command's claim on the pair are
+// set by hand), and the parent must
 // still appear, at or after the hold, with the halves' dead letters, and
 // every event applied once. Before, only the command swapped: the halves
 // stood at the hold for ever ("the pass merges the held pair" timed out).
@@ -129,8 +130,8 @@ func TestMergeSwappedByThePassOfTheHalfThereSecond(t *testing.T) {
 // Two processes, each running one half: whichever half reaches the hold
 // second, its process swaps the pair (trying the other process's lock) and
 // runs the parent; the other process's half stops when its row is gone.
-// Every event is applied once. Before, with no command to swap, the halves
-// stood at the hold for ever.
+// Every event is applied once. Before, with no command to swap (the hold
+// and the claim set by hand), the halves stood at the hold for ever.
 func TestMergeSwappedByAPassAcrossTwoProcesses(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
