@@ -26,7 +26,11 @@ import (
 // which stands at it already, so that two halves arriving at once in two
 // processes still merge) tries, in one round trip before its commit and
 // without waiting, the consumer's fence lock (shared, as a splitting pass
-// does) and its sibling's shard lock, and reads both rows under them. When
+// does) and its sibling's shard lock, and reads both rows under them; it
+// tries them only when the sibling stands at the hold (a sibling refused
+// its own lock would stand aside until a wake) and a merge command holds
+// its claim on the pair (claimPairs: no pass finishes a merge that was
+// killed, or one of an older release's command, which swaps itself). When
 // its own row is still held at the hold it read at its start and its
 // sibling stands at the same hold, mergeable, it pipelines after its
 // cursor advance the command's own swap (mergeOne: the parent's row at the
