@@ -28,6 +28,7 @@ const (
 	passSuperseded // the consumer's model is of another version than this projection
 	passGone       // a shadow shard whose rebuild ended: its loop stops
 	passNotMine    // a partition another process works (balance.go)
+	passAtHold     // a held half at its hold, not merged: until a shard wake or Recheck (mergehandoff.go)
 )
 
 type passResult struct {
@@ -275,9 +276,12 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 	}
 	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.readSegment(),
 		IncludeArchived: st.archived}
-	batch, err := d.readBatch(ctx, tx, sh, q)
-	if err != nil {
-		return passResult{}, err
+	var batch postgres.LogBatch
+	if !st.held || st.cursor != st.hold || sh.shadow != nil {
+		// (A half standing at its hold reads nothing: it only tries the merge.)
+		if batch, err = d.readBatch(ctx, tx, sh, q); err != nil {
+			return passResult{}, err
+		}
 	}
 
 	replaying := sh.shadow != nil
@@ -360,18 +364,23 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 			return sh.shadowResult(res), err
 		}
 		split := splitAtEnd(sh, st, sc)
-		if unchanged && !split {
-			// Nothing to write, also for a partition marked to split
-			// that cannot split now (its next pass tries again).
-			return passResult{kind: passCaughtUp}, nil
+		merge, err := d.mergeAtHold(ctx, tx, sh, st, next, status, 0) // held at the hold (mergehandoff.go)
+		if err != nil {
+			return passResult{}, err
 		}
-		if err := d.advanceCommit(ctx, tx, sh, next, status, 0, d.splitSelf(sh, split)); err != nil {
+		if unchanged && !split && merge == nil {
+			// Nothing to write, also for a partition marked to split
+			// (or held) that cannot split (or merge) now: its next pass
+			// tries again.
+			return passResult{kind: atHold(sh, st, next, passCaughtUp)}, nil
+		}
+		if err := d.advanceCommit(ctx, tx, sh, next, status, 0, d.atEnd(sh, split, merge)); err != nil {
 			return passResult{}, err
 		}
 		committed = true
-		res := sh.shadowResult(d.committed(sh, caughtUp, nil, 0, 0, time.Time{}))
-		if split {
-			d.startHalves(sh)
+		res := sh.shadowResult(d.committed(sh, atHold(sh, st, next, caughtUp), nil, 0, 0, time.Time{}))
+		if split || merge != nil {
+			d.changedAtEnd(sh, split, merge)
 			return passResult{kind: passGone}, nil
 		}
 		return res, nil
@@ -397,13 +406,19 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		kind = passMore
 	}
 	split := !switched && splitAtEnd(sh, st, sc)
+	var merge *mergeAtEnd
+	if !switched {
+		if merge, err = d.mergeAtHold(ctx, tx, sh, st, next, status, len(done)); err != nil {
+			return passResult{}, err
+		}
+	}
 	if switched {
 		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
-	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done), d.splitSelf(sh, split)); err == nil {
+	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done), d.atEnd(sh, split, merge)); err == nil {
 		committed = true
-		res = d.committed(sh, kind, done, 0, deadLetters, started)
-		if split {
-			d.startHalves(sh)
+		res = d.committed(sh, atHold(sh, st, next, kind), done, 0, deadLetters, started)
+		if split || merge != nil {
+			d.changedAtEnd(sh, split, merge)
 			return passResult{kind: passGone}, nil
 		}
 	}

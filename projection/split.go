@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -75,9 +76,20 @@ func layoutChanged(consumer, what string) error {
 type splitSQL struct {
 	fence, layout, rows, failedHash, insertChild, moveDeadLetters, moveParks, remove,
 	hold, unhold, poll, insertParent, joinDeadLetters, joinParks string
+	// A held half's pass that merges at the hold (mergehandoff.go).
+	mergeTry, peek, present string
 }
 
 func buildSplitSQL(store *postgres.Store) splitSQL {
+	out := buildSplitSQLs(store)
+	// rows without FOR UPDATE, for a pass that may merge (mergeAtHold): it
+	// takes no row lock before its advance, so the sibling's row stays
+	// free for the sibling's pass when it does not merge.
+	out.peek = strings.TrimSuffix(out.rows, " FOR UPDATE")
+	return out
+}
+
+func buildSplitSQLs(store *postgres.Store) splitSQL {
 	c, s := store.Table("projector_consumers"), store.Schema()
 	hash := s + `.projector_stream_hash(tenant_id, stream_type, stream_id)`
 	// $2 the parent, $3 the child bits' shift (32 - bits), $4 the count.
@@ -113,6 +125,27 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 			VALUES ($1, $2, $3, $4, 'idle', $5, $6, NULLIF($7, ''))`,
 		joinDeadLetters: `UPDATE ` + store.Table("projector_dead_letters") + ` SET instance_id = $2 WHERE consumer = $1 AND instance_id = ANY($3)`,
 		joinParks:       `UPDATE ` + store.Table("projector_parks") + ` SET instance_id = $2 WHERE consumer = $1 AND instance_id = ANY($3)`,
+		// Only when the sibling ($4) stands at the hold ($5, $6) as this
+		// statement sees it: the fence shared ($1), then, only when it
+		// was free, the sibling's shard lock ($2), neither waited for. A
+		// sibling not there yet keeps its lock: its own pass, refused it,
+		// would stand aside until a wake (passLocked).
+		// And only while a merge command of this release holds its
+		// claim on the pair ($7, claimPairs): the passes finish a merge
+		// for a command waiting for it, not one killed (its holds wait
+		// for it to be run again) nor one of an older release (which
+		// swaps itself, and would take a pass's swap for another's).
+		mergeTry: `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $3 AND instance_id = $4
+				AND hold_tx_id = $5 AND hold_seq = $6 AND cursor_tx_id = $5 AND cursor_seq = $6)
+			THEN CASE WHEN EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+					AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($7::text, 0))
+				THEN CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0))
+					THEN pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) ELSE false END
+				ELSE false END
+			ELSE false END`,
+		// Which of partitions $2 are there (mergeWatch).
+		present: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
 	}
 }
 
@@ -228,10 +261,16 @@ func (a *Admin) readPartitions(ctx context.Context, tx pgx.Tx, consumer string, 
 	if err != nil {
 		return nil, err
 	}
+	return scanPartRows(rows)
+}
+
+// scanPartRows reads the partitions' rows of a splitSQL.rows query (or
+// mergeHandOffSQL.rows) by segment.
+func scanPartRows(rows pgx.Rows) (map[postgres.Segment]partRow, error) {
 	out := map[postgres.Segment]partRow{}
 	var id string
 	var r partRow
-	_, err = pgx.ForEachRow(rows, []any{&id, &r.cursor.TxID, &r.cursor.Seq, &r.status, &r.attempts, &r.failedAt.TxID, &r.failedAt.Seq,
+	_, err := pgx.ForEachRow(rows, []any{&id, &r.cursor.TxID, &r.cursor.Seq, &r.status, &r.attempts, &r.failedAt.TxID, &r.failedAt.Seq,
 		&r.held, &r.hold.TxID, &r.hold.Seq, &r.version, &r.processed, &r.owner, &r.replaying, &r.splitMark}, func() error {
 		if s, ok := partitionSegment(id); ok {
 			out[s] = r
@@ -371,61 +410,96 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 // Merge merges pairs of sibling partitions of consumer into their parents:
 // the pair of each partition only names (with its sibling, which must
 // exist), or every pair whose two halves exist when none is named. It holds
-// each pair at one position (holdPair), waits up to wait for both halves
+// each pair at one position (holdPair) and waits up to wait for both halves
 // to stand there (a dispatcher running the consumer brings them: nothing
-// is applied by Merge), and then swaps each pair for its parent in
-// one transaction. On timeout or cancellation it lifts the holds it set and
-// changes nothing. It returns the merges done.
+// is applied by Merge). The pass of the half there second swaps the pair
+// for its parent in its own commit (mergehandoff.go); Merge swaps, in one
+// transaction, the pairs whose halves both stand at the hold and which no
+// pass swapped (a dispatcher of an older release never does). It returns
+// the merges done, the Cursor of each its hold. On timeout or cancellation
+// it lifts the holds of the pairs not merged; when the passes had merged
+// some, the error names them (a merge of several pairs is not all or
+// nothing).
 func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, only ...postgres.Segment) ([]PartitionChange, error) {
-	pairs, err := a.holdPairs(ctx, consumer, only)
+	// The command's claims on its pairs, held until it returns (claimPairs).
+	conn, err := a.store.Pool().Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
+	}
+	defer releaseClaims(ctx, conn)
+	pairs, err := a.holdPairs(ctx, conn, consumer, only)
 	if err != nil {
 		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
-	if err := a.awaitHolds(ctx, consumer, pairs, wait); err != nil {
-		a.unhold(context.WithoutCancel(ctx), consumer, pairs)
+	merged, err := a.awaitHolds(ctx, conn, consumer, pairs, wait)
+	if err != nil {
+		if uerr := a.unholdFenced(ctx, consumer, pairs); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
-	var out []PartitionChange
-	err = pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
-		out = nil
+	if !slices.Contains(merged, false) {
+		return mergedChanges(pairs, merged), nil // every pair by its passes
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		layout, err := a.lockLayout(ctx, tx, consumer)
 		if err != nil {
 			return err
 		}
-		halves := pairSegments(pairs)
+		// Under the fence no pass swaps: a pair its pass swapped since
+		// the look is merged, the others are the command's to swap.
+		ids := make([]string, 0, len(layout))
+		for _, s := range layout {
+			ids = append(ids, segmentInstance(s))
+		}
+		done := mergedPairs(pairs, ids)
+		var rest []mergePair
+		for i, p := range pairs {
+			if !done[i] && !merged[i] {
+				rest = append(rest, p)
+			}
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		halves := pairSegments(rest)
 		rows, err := a.readPartitions(ctx, tx, consumer, everyPartition(layout, halves), halves...)
 		if err != nil {
 			return err
 		}
 		writes := &pgx.Batch{}
-		for _, p := range pairs {
-			c, err := a.mergeOne(consumer, p, rows, writes)
-			if err != nil {
+		for _, p := range rest {
+			if _, err := a.mergeOne(consumer, p, rows, writes); err != nil {
 				return err
 			}
-			out = append(out, c)
 		}
 		queueNotifyLayout(writes, a.store, consumer)
 		return tx.SendBatch(ctx, writes).Close()
 	})
 	if err != nil {
 		if !errors.Is(err, ErrLayoutChanged) {
-			a.unhold(context.WithoutCancel(ctx), consumer, pairs)
+			if uerr := a.unholdFenced(ctx, consumer, pairs); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
 		}
 		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
-	return out, nil
+	all := make([]bool, len(pairs))
+	for i := range all {
+		all[i] = true
+	}
+	return mergedChanges(pairs, all), nil
 }
 
 // holdPairs picks the pairs to merge and holds each at the cursor of the
 // one ahead, in one transaction. A pair another merge holds already keeps
 // its hold, so two operators merging at once wait for the same thing and
 // one of them swaps the rows.
-func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.Segment) ([]mergePair, error) {
+func (a *Admin) holdPairs(ctx context.Context, conn *pgxpool.Conn, consumer string, only []postgres.Segment) ([]mergePair, error) {
 	var pairs []mergePair
-	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		pairs = nil
 		layout, err := a.lockLayout(ctx, tx, consumer)
 		if err != nil {
@@ -455,6 +529,9 @@ func (a *Admin) holdPairs(ctx context.Context, consumer string, only []postgres.
 			if len(pairs) == 0 {
 				return fmt.Errorf("%w: consumer %s has no two sibling partitions to merge", projector.ErrInvalidTransition, projector.Printable(consumer))
 			}
+		}
+		if err := a.claimPairs(ctx, tx, consumer, pairs); err != nil {
+			return err
 		}
 		halves := pairSegments(pairs)
 		rows, err := a.readPartitions(ctx, tx, consumer, everyPartition(layout, halves), halves...)
@@ -586,13 +663,16 @@ func mergeable(consumer string, s postgres.Segment, r partRow) error {
 // a few rows, for the few batches a merge waits.
 const holdPoll = 5 * time.Millisecond
 
-// awaitHolds polls until both halves of every pair stand at its hold.
-func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePair, wait time.Duration) error {
+// awaitHolds polls until both halves of every pair stand at its hold, or
+// the pair was merged (its parent there, its halves gone: by the pass of
+// the half there second, mergehandoff.go). It returns which were merged.
+func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer string, pairs []mergePair, wait time.Duration) ([]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var ids []string
 	holds := map[string]projector.Position{}
 	for _, p := range pairs {
+		ids = append(ids, segmentInstance(p.parent))
 		for _, id := range p.ids() {
 			ids = append(ids, id)
 			holds[id] = p.hold
@@ -601,19 +681,23 @@ func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePa
 	tick := time.NewTicker(holdPoll)
 	defer tick.Stop()
 	for {
-		rows, err := a.store.Pool().Query(ctx, a.split.poll, consumer, ids)
+		rows, err := conn.Query(ctx, a.split.poll, consumer, ids)
 		if err != nil {
-			return waitErr(ctx, err, "")
+			return nil, waitErr(ctx, err, "")
 		}
 		var id string
 		var cursor, hold projector.Position
 		var held bool
 		var status Status
 		var attempts int
-		seen, at := 0, 0
+		var there []string
+		at := map[string]bool{}
 		behind := ""
 		_, err = pgx.ForEachRow(rows, []any{&id, &cursor.TxID, &cursor.Seq, &status, &attempts, &held, &hold.TxID, &hold.Seq}, func() error {
-			seen++
+			there = append(there, id)
+			if _, half := holds[id]; !half {
+				return nil // a parent: merged when its halves are gone
+			}
 			s, _ := partitionSegment(id)
 			if !held || hold != holds[id] {
 				return layoutChanged(consumer, "the hold of partition "+s.String()+" was lifted (another merge gave up)")
@@ -622,23 +706,33 @@ func (a *Admin) awaitHolds(ctx context.Context, consumer string, pairs []mergePa
 				return err
 			}
 			if cursor == hold {
-				at++
+				at[id] = true
 			} else {
 				behind = fmt.Sprintf("partition %s stands at %s, behind %s", s, cursor, hold)
 			}
 			return nil
 		})
-		switch {
-		case err != nil:
-			return waitErr(ctx, err, behind)
-		case seen < len(ids):
-			return layoutChanged(consumer, "its partitions were merged or split meanwhile")
-		case at == len(ids):
-			return nil
+		if err != nil {
+			return nil, waitErr(ctx, err, behind)
+		}
+		merged := mergedPairs(pairs, there)
+		ready := true
+		for i, p := range pairs {
+			switch {
+			case merged[i]:
+			case at[segmentInstance(p.lo)] && at[segmentInstance(p.hi)]:
+			case !slices.Contains(there, segmentInstance(p.lo)) || !slices.Contains(there, segmentInstance(p.hi)):
+				return nil, layoutChanged(consumer, "its partitions were merged or split meanwhile")
+			default:
+				ready = false
+			}
+		}
+		if ready {
+			return merged, nil
 		}
 		select {
 		case <-ctx.Done():
-			return waitErr(ctx, ctx.Err(), behind)
+			return nil, waitErr(ctx, ctx.Err(), behind)
 		case <-tick.C:
 		}
 	}
@@ -650,15 +744,6 @@ func waitErr(ctx context.Context, err error, behind string) error {
 		return err
 	}
 	return fmt.Errorf("%w: %s (does a dispatcher run the consumer? the holds were lifted; nothing changed)", err, behind)
-}
-
-// unhold lifts the holds a merge set, where they are still its own.
-func (a *Admin) unhold(ctx context.Context, consumer string, pairs []mergePair) {
-	for _, p := range pairs {
-		for _, id := range p.ids() {
-			_, _ = a.store.Pool().Exec(ctx, a.split.unhold, consumer, id, p.hold.TxID, p.hold.Seq)
-		}
-	}
 }
 
 // mergeOne queues on writes the swap of pair p for its parent, both halves

@@ -1,0 +1,350 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// A merge swapped by the pass of the half that reaches the hold second
+// (docs/scaling.md, "Splitting and merging live").
+//
+// A merge holds both halves at one position (split.go). The command used to
+// swap them for their parent itself, once its look (every holdPoll) found
+// both there: the half there first stood still until that look, the swap's
+// transaction (behind the layout gate when every partition merges) and the
+// NOTIFY's balancing round, and the parent's first pass started from
+// nothing. Now the pass of a held half whose batch ends at its hold (or
+// which stands at it already, so that two halves arriving at once in two
+// processes still merge) tries, in one round trip before its commit and
+// without waiting, the consumer's fence lock (shared, as a splitting pass
+// does) and its sibling's shard lock, and reads both rows under them; it
+// tries them only when the sibling stands at the hold (a sibling refused
+// its own lock would stand aside until a wake) and a merge command holds
+// its claim on the pair (claimPairs: no pass finishes a merge that was
+// killed, or one of an older release's command, which swaps itself). When
+// its own row is still held at the hold it read at its start and its
+// sibling stands at the same hold, mergeable, it pipelines after its
+// cursor advance the command's own swap (mergeOne: the parent's row at the
+// hold, the dead letters' and parks' join, the halves' removal) and the
+// layout NOTIFY, then the COMMIT: the last batch of the half there second
+// and the merge are one commit. The dispatcher that made it starts the
+// parent's loop at once, owned by it, and ends its half's (and the
+// sibling's, when it runs it too); a sibling run by another process finds
+// its row gone at its next pass and stops, as after the command's swap.
+//
+// Exclusion: both halves' cursors stand at the hold and neither can move
+// (the pass holds both shard locks), so the parent at the hold applies
+// every event of both exactly once. The fence, held shared, excludes a
+// command (which takes it exclusively): one that lifts the holds after its
+// wait (unholdFenced) or swaps itself never interleaves with a swapping
+// pass, and the pass reads the rows only once it holds the fence. Anything
+// refused (a lock taken, the sibling not there yet, a failure) leaves the
+// merge to a later pass or to the command; a pass never waits for a lock.
+//
+// The command still swaps what the passes did not (a dispatcher of an
+// older release never swaps, and two passes trying each other's locks at
+// once both give up): it races them under the locks. Its look counts a
+// pair whose parent is there and whose halves are gone as merged, and so
+// does its swap transaction, which reads the layout under the fence.
+
+// mayMerge reports whether sh's pass may swap its partition and its
+// sibling for their parent: the shard kinds a merge holds.
+func (sh *shard) mayMerge() bool {
+	if sh.balancer == nil || sh.shadow != nil || sh.keyed() {
+		return false
+	}
+	_, ok := sh.segment.Parent()
+	return ok
+}
+
+// mergeAtEnd is a pass's swap of its held partition and its sibling, made
+// in its own commit (see above).
+type mergeAtEnd struct {
+	pair  mergePair
+	swap  *pgx.Batch // the command's statements (mergeOne) and the NOTIFY
+	child PartitionChange
+}
+
+// mergeAtHold tries, in tx (the pass of sh, which read st at its start
+// and is to commit its cursor at next with status, having applied
+// processed events), the swap of sh's partition and its sibling for their
+// parent. It returns nil when this pass does not merge: not held, not at
+// its hold after this batch, a lock taken, the sibling not at the hold, or
+// either not mergeable. An error is the database's.
+func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, next projector.Position, status Status, processed int) (*mergeAtEnd, error) {
+	if !st.held || next != st.hold || st.replayUntil != projector.Start || !sh.mayMerge() {
+		return nil, nil
+	}
+	parent, _ := sh.segment.Parent()
+	lo, hi, _ := parent.Children()
+	sibling := lo
+	if sibling == sh.segment {
+		sibling = hi
+	}
+	p := mergePair{parent: parent, lo: lo, hi: hi, hold: st.hold}
+	siblingKey := shardLockKey(d.store.Schema(), ShardID{Consumer: sh.id.Consumer, Instance: segmentInstance(sibling)})
+	var locked bool
+	var rows map[postgres.Segment]partRow
+	b := &pgx.Batch{}
+	b.Queue(d.admin.split.mergeTry, d.fenceKey(sh), siblingKey, sh.id.Consumer, segmentInstance(sibling), st.hold.TxID, st.hold.Seq,
+		mergeClaimKey(d.store.Schema(), sh.id.Consumer, parent)).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+	// A statement of its own, so its snapshot follows the locks.
+	b.Queue(d.admin.split.peek, sh.id.Consumer, p.ids()).Query(func(r pgx.Rows) error {
+		var err error
+		rows, err = scanPartRows(r)
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("merge at the hold: %w", err)
+	}
+	if !locked {
+		return nil, nil // the sibling not there, the fence (a command) or the sibling's pass: a later pass or the command merges
+	}
+	own, ok := rows[sh.segment]
+	if !ok || !own.held || own.hold != st.hold || own.cursor != st.cursor {
+		return nil, nil // a command lifted the hold since the pass began
+	}
+	if sib, ok := rows[sibling]; !ok || sib.replaying || sib.splitMark {
+		return nil, nil
+	}
+	// This row as the advance leaves it; the parent is this process's,
+	// which starts its loop at once (startParent).
+	own.cursor, own.status, own.attempts = next, status, 0
+	own.processed += int64(processed)
+	rows[sh.segment] = own
+	for s, r := range rows {
+		r.owner = d.instance
+		rows[s] = r
+	}
+	swap := &pgx.Batch{}
+	change, err := d.admin.mergeOne(sh.id.Consumer, p, rows, swap)
+	if err != nil {
+		return nil, nil // the sibling is not at the hold yet, or not mergeable: the command decides
+	}
+	queueNotifyLayout(swap, d.store, sh.id.Consumer)
+	return &mergeAtEnd{pair: p, swap: swap, child: change}, nil
+}
+
+// atHold is the kind of a pass of sh that did not merge (kind otherwise):
+// one that brought its half to the hold looks again at once (its sibling's
+// running pass may have refused it its lock: now it is free, or the
+// sibling's own look merges); one that stood there already waits for a
+// shard wake (a layout NOTIFY: a merge's swap, a lifted hold) or Recheck,
+// not for every new event, which it could not apply: a half standing at
+// its hold would otherwise run a pass for each, holding its lock, and the
+// pass of its sibling arriving then would find that lock taken.
+func atHold(sh *shard, st shardRow, next projector.Position, kind passKind) passKind {
+	switch {
+	case !st.held || next != st.hold || !sh.mayMerge() || kind != passCaughtUp:
+		return kind
+	case st.cursor != st.hold:
+		return passMore
+	default:
+		return passAtHold
+	}
+}
+
+// atEnd returns what advanceCommit queues after the cursor advance of a
+// pass that splits or merges its partition, nil for one that does neither.
+func (d *Dispatcher) atEnd(sh *shard, split bool, m *mergeAtEnd) func(*pgx.Batch) {
+	if m != nil {
+		return func(b *pgx.Batch) { b.QueuedQueries = append(b.QueuedQueries, m.swap.QueuedQueries...) }
+	}
+	return d.splitSelf(sh, split)
+}
+
+// changedAtEnd starts, once sh's pass committed its split or merge, the
+// loops of the partitions that replace sh's.
+func (d *Dispatcher) changedAtEnd(sh *shard, split bool, m *mergeAtEnd) {
+	if m != nil {
+		d.logger.Debug("projection dispatcher: partitions merged by the pass of the half that reached the hold second",
+			slog.String("consumer", sh.id.Consumer), slog.String("merge", m.child.String()), slog.String("cursor", m.pair.hold.String()))
+		d.startParent(sh, m)
+	} else if split {
+		d.startHalves(sh)
+	}
+}
+
+// startParent, once sh's pass committed its merge, ends sh's loop (its pass
+// returns passGone) and its sibling's when this dispatcher runs it, and
+// starts the parent's at once in this dispatcher, which owns it (the row
+// names it): the layout NOTIFY's balancing round then finds it running. A
+// round that read the layout before the commit leaves it so (balancer.local).
+func (d *Dispatcher) startParent(sh *shard, m *mergeAtEnd) {
+	b := sh.balancer
+	sh.removed.Store(true)
+	var added []*shard
+	var stop *shard
+	b.mu.Lock()
+	now := time.Now()
+	for _, s := range []postgres.Segment{m.pair.lo, m.pair.hi} {
+		id := segmentInstance(s)
+		b.local[id] = now
+		if half := b.shards[id]; half != nil && half != sh {
+			stop = half
+		}
+	}
+	id := segmentInstance(m.pair.parent)
+	b.local[id] = now
+	if cur := b.shards[id]; cur == nil || cur.removed.Load() {
+		parent := newPartitionShard(d.store.Schema(), b.proj, b, m.pair.parent)
+		b.shards[id], b.owned[id] = parent, true
+		b.sets[id]++
+		added = append(added, parent)
+	}
+	b.mu.Unlock()
+	if stop != nil {
+		// Its row is gone: its next pass would find so and stop; stop it
+		// now rather than at its next wake.
+		stop.removed.Store(true)
+		stop.wake()
+	}
+	// The halves stay listed, stopped, until the round the NOTIFY brings
+	// drops them and their metrics, as after the command's swap.
+	d.replaceShards(added, nil)
+}
+
+// mergeWatch reads, for each pair of pairs, whether it was merged (its
+// parent's row there, its halves' gone): by a pass, or by another
+// command's swap.
+func (a *Admin) mergeWatch(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, consumer string, pairs []mergePair,
+) ([]bool, error) {
+	var ids []string
+	for _, p := range pairs {
+		ids = append(ids, segmentInstance(p.parent), segmentInstance(p.lo), segmentInstance(p.hi))
+	}
+	rows, err := q.Query(ctx, a.split.present, consumer, ids)
+	if err != nil {
+		return nil, err
+	}
+	there, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	return mergedPairs(pairs, there), nil
+}
+
+// mergedPairs says which of pairs were merged, with there the partitions
+// present.
+func mergedPairs(pairs []mergePair, there []string) []bool {
+	has := map[string]bool{}
+	for _, id := range there {
+		has[id] = true
+	}
+	out := make([]bool, len(pairs))
+	for i, p := range pairs {
+		out[i] = has[segmentInstance(p.parent)] && !has[segmentInstance(p.lo)] && !has[segmentInstance(p.hi)]
+	}
+	return out
+}
+
+// mergedChanges returns the changes of the pairs merged, in pairs' order.
+func mergedChanges(pairs []mergePair, merged []bool) []PartitionChange {
+	var out []PartitionChange
+	for i, p := range pairs {
+		if merged[i] {
+			out = append(out, PartitionChange{From: []postgres.Segment{p.lo, p.hi}, To: []postgres.Segment{p.parent}, Cursor: p.hold})
+		}
+	}
+	return out
+}
+
+// unholdFenced lifts the holds of pairs that remain, under the fence lock
+// (a pass swaps only while it holds the fence, shared, and finds its row
+// still held under it), and says which of them the passes had merged by
+// then: a merge of several pairs handed to the passes is not all or
+// nothing.
+func (a *Admin) unholdFenced(ctx context.Context, consumer string, pairs []mergePair) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
+	defer cancel()
+	var merged []bool
+	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: SharedInstance})); err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		for _, p := range pairs {
+			for _, id := range p.ids() {
+				b.Queue(a.split.unhold, consumer, id, p.hold.TxID, p.hold.Seq)
+			}
+		}
+		// The halves standing at the hold wait for a wake (atHold).
+		queueNotifyLayout(b, a.store, consumer)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		var err error
+		merged, err = a.mergeWatch(ctx, tx, consumer, pairs)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("lift the holds: %w", err)
+	}
+	if done := mergedChanges(pairs, merged); len(done) > 0 {
+		names := make([]string, len(done))
+		for i, c := range done {
+			names[i] = c.String()
+		}
+		return fmt.Errorf("%w: the partitions' own passes had merged some before the command gave up (the holds of the others were lifted): %s",
+			ErrLayoutChanged, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// A merge command's claim on its pairs: a session-level advisory lock per
+// pair (key: the consumer and the parent), taken without waiting in its
+// hold transaction and held until it returns. A second command merging a
+// pair another command is merging is refused at once (ErrLayoutChanged, as
+// it was when it found the halves gone after the first one's swap), so a
+// command holding the claim knows that a pair merged meanwhile was merged
+// by a pass, and reports it done. A command killed outright loses its
+// claims with its session: running the merge again finishes it.
+
+// mergeClaimKey names the claim on merging consumer's pair into parent.
+func mergeClaimKey(schema, consumer string, parent postgres.Segment) string {
+	return "projector.merge\x1f" + schema + "\x1f" + consumer + "\x1f" + segmentInstance(parent)
+}
+
+// claimPairs takes the claims on pairs in tx's session, or refuses the
+// merge when another command holds one.
+func (a *Admin) claimPairs(ctx context.Context, tx pgx.Tx, consumer string, pairs []mergePair) error {
+	keys := make([]string, len(pairs))
+	for i, p := range pairs {
+		keys[i] = mergeClaimKey(a.store.Schema(), consumer, p.parent)
+	}
+	var taken []string
+	rows, err := tx.Query(ctx, `SELECT k FROM unnest($1::text[]) k WHERE NOT pg_try_advisory_lock(hashtextextended(k, 0))`, keys)
+	if err != nil {
+		return err
+	}
+	if taken, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		return err
+	}
+	if len(taken) > 0 {
+		return layoutChanged(consumer, "another `consumer merge` of the same partitions is under way")
+	}
+	return nil
+}
+
+// releaseClaims lifts the claims of a merge command on conn and gives the
+// connection back to the pool (closed, when the unlock failed, so no claim
+// outlives the command in a pooled session).
+func releaseClaims(ctx context.Context, conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
+	defer cancel()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+		_ = conn.Conn().Close(ctx)
+	}
+	conn.Release()
+}
