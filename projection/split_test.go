@@ -56,6 +56,10 @@ func (e *env) holdShardLock(consumer, instance string) (release func()) {
 		e.t.Fatal(err)
 	}
 	key := "projector.shard\x1f" + e.schema + "\x1f" + consumer + "\x1f" + instance
+	// A test that fails before it releases must not leave the transaction
+	// open: it would hold every later CREATE INDEX CONCURRENTLY of the
+	// package (which waits for older transactions) until the timeout.
+	e.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	if _, err := tx.Exec(e.ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`, key); err != nil {
 		e.t.Fatal(err)
 	}
