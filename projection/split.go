@@ -494,9 +494,9 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 }
 
 // holdPairs picks the pairs to merge and holds each at the cursor of the
-// one ahead, in one transaction. A pair another merge holds already keeps
-// its hold, so two operators merging at once wait for the same thing and
-// one of them swaps the rows.
+// one ahead, in one transaction, and claims each pair for this command
+// (claimPairs): a pair another merge command is merging is refused at
+// once, so of two operators merging at once one wins (promise 10).
 func (a *Admin) holdPairs(ctx context.Context, conn *pgxpool.Conn, consumer string, only []postgres.Segment) ([]mergePair, error) {
 	var pairs []mergePair
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
