@@ -88,16 +88,7 @@ func TestHoldBatch(t *testing.T) {
 // ended one.
 func TestSyncLayoutRevivesEndedPartition(t *testing.T) {
 	t.Parallel()
-	types := testevents.New()
-	store := pgtest.Store(t, types.Registry)
-	p := NewAsync("revive", AsyncConfig{Partitions: 2})
-	if err := OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(Config{Store: store, Projections: []*Async{p}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, _ := twoPartitionDispatcher(t, "revive")
 	b := d.balancers[0]
 	first := b.shards[PartitionInstance(0, 2)]
 	first.removed.Store(true) // what its pass does on finding the row gone
@@ -142,16 +133,7 @@ func TestEveryPartition(t *testing.T) {
 // cancelled the warm reads: the halves read again.
 func TestSyncLayoutStartsWarmHalves(t *testing.T) {
 	t.Parallel()
-	types := testevents.New()
-	store := pgtest.Store(t, types.Registry)
-	p := NewAsync("warmhalves", AsyncConfig{Partitions: 2})
-	if err := OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(Config{Store: store, Projections: []*Async{p}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, p := twoPartitionDispatcher(t, "warmhalves")
 	b := d.balancers[0]
 	parent := b.shards[PartitionInstance(0, 2)]
 	q := postgres.LogQuery{Limit: 10, EventTypes: p.t.types, Raw: true, Partition: parent.readSegment()}
@@ -180,4 +162,22 @@ func TestSyncLayoutStartsWarmHalves(t *testing.T) {
 	if len(b.warm) != 0 {
 		t.Errorf("%d warm halves left behind", len(b.warm))
 	}
+}
+
+// twoPartitionDispatcher is a dispatcher, not started, of one consumer
+// named name in two partitions, on a store of its own; its handler does
+// nothing.
+func twoPartitionDispatcher(t *testing.T, name string) (*Dispatcher, *Async) {
+	t.Helper()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	p := NewAsync(name, AsyncConfig{Partitions: 2})
+	if err := OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Store: store, Projections: []*Async{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, p
 }
