@@ -33,19 +33,7 @@ func TestSplittingPassDescribesNoStatementAfterItsWrites(t *testing.T) {
 	want := e.appendMany(2, 60, 12)
 	e.catchUp(d)
 
-	started := time.Now()
-	changes, err := projection.NewAdmin(e.store).Split(e.ctx, "splitcommit")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The command splits what the passes did not after 5 s: quicker, the
-	// passes split both.
-	if took := time.Since(started); len(changes) != 2 || took > 4*time.Second {
-		t.Fatalf("split %v in %v: not handed to the passes", changes, took)
-	}
-	maps.Copy(want, appendWith(t, e.ctx, e.store, 2, 40, 12, "b"))
-	e.catchUp(d)
-	e.checkCounts("splitcommit", want)
+	e.splitByThePasses(projection.NewAdmin(e.store), d, "splitcommit", want)
 	if err := d.Stop(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -128,17 +116,7 @@ func TestSplitMarksCommitInTheirRoundTrip(t *testing.T) {
 	trace := &markTrace{}
 	cfg.ConnConfig.Tracer = trace
 	admin := projection.NewAdmin(e.storeOn(pgtest.PoolFromConfig(t, cfg)))
-	started := time.Now()
-	changes, err := admin.Split(e.ctx, "splitmark")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if took := time.Since(started); len(changes) != 2 || took > 4*time.Second {
-		t.Fatalf("split %v in %v: not handed to the passes", changes, took)
-	}
-	maps.Copy(want, appendWith(t, e.ctx, e.store, 2, 40, 12, "b"))
-	e.catchUp(d)
-	e.checkCounts("splitmark", want)
+	e.splitByThePasses(admin, d, "splitmark", want)
 	trace.mu.Lock()
 	defer trace.mu.Unlock()
 	if trace.withCommit != 1 || trace.separate != 0 {
@@ -147,4 +125,24 @@ func TestSplitMarksCommitInTheirRoundTrip(t *testing.T) {
 	if len(e.partitionShards("splitmark")) != 4 {
 		t.Errorf("partitions after the split: %v", e.partitionShards("splitmark"))
 	}
+}
+
+// splitByThePasses splits consumer's two partitions with admin and fails
+// unless the passes did it (the command splits what the passes did not
+// only after 5 s: quicker, the passes split both); then appends more,
+// catches d up and checks that every event of want and of the new ones was
+// applied once.
+func (e *env) splitByThePasses(admin *projection.Admin, d *projection.Dispatcher, consumer string, want map[string]int64) {
+	e.t.Helper()
+	started := time.Now()
+	changes, err := admin.Split(e.ctx, consumer)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if took := time.Since(started); len(changes) != 2 || took > 4*time.Second {
+		e.t.Fatalf("split %v in %v: not handed to the passes", changes, took)
+	}
+	maps.Copy(want, appendWith(e.t, e.ctx, e.store, 2, 40, 12, "b"))
+	e.catchUp(d)
+	e.checkCounts(consumer, want)
 }
