@@ -249,12 +249,17 @@ func mergedPairs(pairs []mergePair, there []string) []bool {
 	return out
 }
 
+// change is pair p's merge, as a merge reports it.
+func (p mergePair) change() PartitionChange {
+	return PartitionChange{From: []postgres.Segment{p.lo, p.hi}, To: []postgres.Segment{p.parent}, Cursor: p.hold}
+}
+
 // mergedChanges returns the changes of the pairs merged, in pairs' order.
 func mergedChanges(pairs []mergePair, merged []bool) []PartitionChange {
 	var out []PartitionChange
 	for i, p := range pairs {
 		if merged[i] {
-			out = append(out, PartitionChange{From: []postgres.Segment{p.lo, p.hi}, To: []postgres.Segment{p.parent}, Cursor: p.hold})
+			out = append(out, p.change())
 		}
 	}
 	return out

@@ -486,11 +486,11 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
-	all := make([]bool, len(pairs))
-	for i := range all {
-		all[i] = true
+	out := make([]PartitionChange, len(pairs))
+	for i, p := range pairs {
+		out[i] = p.change()
 	}
-	return mergedChanges(pairs, all), nil
+	return out, nil
 }
 
 // holdPairs picks the pairs to merge and holds each at the cursor of the
@@ -769,5 +769,5 @@ func (a *Admin) mergeOne(consumer string, p mergePair, read map[postgres.Segment
 	writes.Queue(a.split.joinDeadLetters, consumer, parent, p.ids())
 	writes.Queue(a.split.joinParks, consumer, parent, p.ids())
 	writes.Queue(a.split.remove, consumer, p.ids())
-	return PartitionChange{From: []postgres.Segment{p.lo, p.hi}, To: []postgres.Segment{p.parent}, Cursor: p.hold}, nil
+	return p.change(), nil
 }
