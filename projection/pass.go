@@ -553,32 +553,18 @@ func (d *Dispatcher) advanceCommit(ctx context.Context, tx pgx.Tx, sh *shard, ne
 		// with no Describe of them after the batch's writes took an id
 		// (execbatch.go).
 		tag, err := execPipeline(ctx, tx, b)
+		if err == nil && tag.String() != "COMMIT" {
+			err = pgx.ErrTxCommitRollback
+		}
 		if err != nil {
 			return fmt.Errorf("advance cursor and commit: %w", err)
 		}
-		if tag.String() != "COMMIT" {
-			return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
-		}
 		return nil
 	}
-	br := tx.SendBatch(ctx, b)
-	for range b.Len() - 1 {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return fmt.Errorf("advance cursor: %w", err)
-		}
-	}
-	tag, err := br.Exec()
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	if tag.String() != "COMMIT" {
-		// A deferred constraint or the like turned the COMMIT into a
-		// rollback: nothing of the pass is in place.
-		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
+	// A COMMIT that a deferred constraint or the like turned into a
+	// rollback fails too: nothing of the pass is in place (commitBatch).
+	if err := commitBatch(ctx, tx, b); err != nil {
+		return fmt.Errorf("advance cursor and commit: %w", err)
 	}
 	return nil
 }
