@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
 )
 
 // ImportWorkers is Import with workers goroutines decoding each batch,
@@ -95,4 +98,13 @@ var errRollback = errors.New("rolled back")
 // key rows and its update of them (batch counts from 1).
 func (k *KeyTable) SetRewrapHook(hook func(ctx context.Context, batch int) error) {
 	k.rewrapHook = hook
+}
+
+// StreamReadSQL is the statement and arguments ReadStream sends for a
+// whole stream, for benchmarks that time the read without the opening and
+// decoding of its rows.
+func (s *Store) StreamReadSQL(stream projector.StreamRef) (string, []any) {
+	mode, keyArgs := s.readKeys()
+	args := append([]any{stream.Tenant, stream.Type, stream.ID, int64(1), int64(math.MaxInt64), (*time.Time)(nil)}, keyArgs...)
+	return s.sql.read[mode].stream, args
 }

@@ -29,7 +29,10 @@ import (
 // baseline, one whose registry declares nothing personal, so its reads
 // carry no key join at all. It reports the rates and the ratios to the
 // baseline (ratio: the default store; uncached-ratio: the other), the
-// figures in docs/performance.md.
+// figures in docs/performance.md. wire splits decode's gap: the same
+// reads beside their statements alone, rows drained unopened and
+// undecoded, which tells the sealed rows' cost on the server and the wire
+// (longer payloads, the key epoch row) from the opening's.
 func BenchmarkPersonalFields(b *testing.B) {
 	ctx := context.Background()
 	types := testevents.NewPersonal()
@@ -121,6 +124,78 @@ func BenchmarkPersonalFields(b *testing.B) {
 		}
 		report(b, n, personal, slow, plain)
 	})
+	b.Run("wire", func(b *testing.B) {
+		runs++
+		read := fmt.Sprintf("read-%d", runs)
+		sealed, clear := projector.Stream("customer", read), projector.Stream("plain", read)
+		for i := range 100 {
+			p, q := payloads(i)
+			appendOne(store, sealed, p)
+			appendOne(plainStore, clear, q)
+		}
+		full := func(s *postgres.Store, stream projector.StreamRef) time.Duration {
+			start := time.Now()
+			if evs, err := s.ReadStream(ctx, stream, postgres.StreamQuery{}); err != nil || len(evs) != 100 {
+				b.Fatalf("read %d events: %v", len(evs), err)
+			}
+			return time.Since(start)
+		}
+		var personal, plain, personalWire, plainWire time.Duration
+		var personalBytes, plainBytes, n int
+		for b.Loop() {
+			personal += full(store, sealed)
+			plain += full(plainStore, clear)
+			d, size := drainStream(b, store, sealed)
+			personalWire, personalBytes = personalWire+d, size
+			d, size = drainStream(b, plainStore, clear)
+			plainWire, plainBytes = plainWire+d, size
+			n += 100
+		}
+		reportWire(b, n, personal, plain, personalWire, plainWire, personalBytes, plainBytes)
+	})
+}
+
+// drainStream sends the statement ReadStream sends for stream and reads
+// its rows without scanning, opening or decoding them: the server's and the
+// wire's share of a read. It returns the time and the bytes of the rows'
+// values.
+func drainStream(b *testing.B, s *postgres.Store, stream projector.StreamRef) (time.Duration, int) {
+	sql, args := s.StreamReadSQL(stream)
+	start := time.Now()
+	rows, err := s.Pool().Query(context.Background(), sql, args...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	size := 0
+	for rows.Next() {
+		for _, v := range rows.RawValues() {
+			size += len(v)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start), size
+}
+
+// reportWire reports the wire sub-benchmark: the whole reads' rates and
+// ratio as decode does, the drained reads' microseconds per event and bytes
+// per event, and the ceiling: the ratio the whole read would reach if
+// opening cost nothing and only the sealed rows' extra time on the server
+// and the wire were left (plain / (plain + personal wire − plain wire)).
+func reportWire(b *testing.B, n int, personal, plain, personalWire, plainWire time.Duration, personalBytes, plainBytes int) {
+	if n == 0 || personal <= 0 || plain <= 0 {
+		return
+	}
+	perEvent := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(n) }
+	b.ReportMetric(float64(n)/personal.Seconds(), "personal-events/s")
+	b.ReportMetric(float64(n)/plain.Seconds(), "plain-events/s")
+	b.ReportMetric(plain.Seconds()/personal.Seconds(), "ratio")
+	b.ReportMetric(perEvent(personalWire), "personal-wire-µs/event")
+	b.ReportMetric(perEvent(plainWire), "plain-wire-µs/event")
+	b.ReportMetric(float64(personalBytes)/100, "personal-bytes/event")
+	b.ReportMetric(float64(plainBytes)/100, "plain-bytes/event")
+	b.ReportMetric(plain.Seconds()/(plain+personalWire-plainWire).Seconds(), "ceiling-ratio")
 }
 
 // otherKeyStore hides the key table behind another KeyStore: the store
