@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -81,6 +82,10 @@ type mergeAtEnd struct {
 // its hold after this batch, a lock taken, the sibling not at the hold, or
 // either not mergeable. An error is the database's.
 func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, next projector.Position, status Status, processed int) (*mergeAtEnd, error) {
+	if !sh.holdBusy {
+		sh.holdBusySince = time.Time{} // a new wait for a busy sibling starts at its first refusal
+	}
+	sh.holdBusy = false
 	if !st.held || next != st.hold || st.replayUntil != projector.Start || !sh.mayMerge() {
 		return nil, nil
 	}
@@ -92,11 +97,11 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	}
 	p := mergePair{parent: parent, lo: lo, hi: hi, hold: st.hold}
 	siblingKey := shardLockKey(d.store.Schema(), ShardID{Consumer: sh.id.Consumer, Instance: segmentInstance(sibling)})
-	var locked bool
+	var try int
 	var rows map[postgres.Segment]partRow
 	b := &pgx.Batch{}
 	b.Queue(d.admin.split.mergeTry, d.fenceKey(sh), siblingKey, sh.id.Consumer, segmentInstance(sibling), st.hold.TxID, st.hold.Seq,
-		mergeClaimKey(d.store.Schema(), sh.id.Consumer, parent)).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+		mergeClaimKey(d.store.Schema(), sh.id.Consumer, parent)).QueryRow(func(row pgx.Row) error { return row.Scan(&try) })
 	// A statement of its own, so its snapshot follows the locks.
 	b.Queue(d.admin.split.peek, sh.id.Consumer, p.ids()).Query(func(r pgx.Rows) error {
 		var err error
@@ -106,7 +111,8 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("merge at the hold: %w", err)
 	}
-	if !locked {
+	sh.holdBusy = try == mergeTrySiblingBusy // look again soon (atHold)
+	if try != mergeTryLocked {
 		return nil, nil // the sibling not there, the fence (a command) or the sibling's pass: a later pass or the command merges
 	}
 	own, ok := rows[sh.segment]
@@ -134,6 +140,33 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	return &mergeAtEnd{pair: p, swap: swap, child: change}, nil
 }
 
+// What a merge try (splitSQL.mergeTry) got to.
+const (
+	mergeTryNotYet      = iota // the sibling not at the hold, or no command's claim
+	mergeTryFenced             // a command holds the fence
+	mergeTrySiblingBusy        // the sibling stands at the hold, its lock taken (its pass runs)
+	mergeTryLocked             // the fence and the sibling's lock held: merge
+)
+
+// Two halves standing at their hold are woken together (a layout NOTIFY,
+// another pair's swap), and their passes, each holding its own lock, try
+// each other's at once and both find it taken; each then waited for the
+// next wake, which woke both again. A half refused so looks again after
+// holdPoll, jittered (the two then part), while its sibling stands at the
+// hold and for holdBusyFor at most: a sibling's lock held longer is not a
+// pass at the hold but a running batch elsewhere (a rebuild, an older
+// release) or a command, which swaps the pair itself.
+const holdBusyFor = 2 * time.Second
+
+// holdRetry gives a pass of sh that atHold sent to look again soon
+// (passRetryAt) its time.
+func holdRetry(sh *shard, res passResult) passResult {
+	if res.kind == passRetryAt && sh.holdBusy {
+		res.retryAt = time.Now().Add(holdPoll/2 + rand.N(holdPoll))
+	}
+	return res
+}
+
 // atHold is the kind of a pass of sh that did not merge (kind otherwise):
 // one that brought its half to the hold looks again at once (its sibling's
 // running pass may have refused it its lock: now it is free, or the
@@ -146,6 +179,16 @@ func atHold(sh *shard, st shardRow, next projector.Position, kind passKind) pass
 	switch {
 	case !st.held || next != st.hold || !sh.mayMerge() || kind != passCaughtUp:
 		return kind
+	case sh.holdBusy:
+		// Its sibling at the hold too, its lock taken by its pass: look
+		// again soon (holdRetry), for holdBusyFor at most.
+		if sh.holdBusySince.IsZero() {
+			sh.holdBusySince = time.Now()
+		}
+		if time.Since(sh.holdBusySince) < holdBusyFor {
+			return passRetryAt
+		}
+		return passAtHold
 	case st.cursor != st.hold:
 		return passMore
 	default:
@@ -211,6 +254,30 @@ func (d *Dispatcher) startParent(sh *shard, m *mergeAtEnd) {
 	// The halves stay listed, stopped, until the round the NOTIFY brings
 	// drops them and their metrics, as after the command's swap.
 	d.replaceShards(added, nil)
+}
+
+// mergeAtOnce queues, in the hold's transaction, the swap of pair p whose
+// halves both stand at its hold already (read and locked in read): the
+// pair is merged there, at its own position, whatever the other pairs of
+// the command wait for. Before, it stood at its hold until every pair's
+// halves stood at theirs (awaitHolds), then waited for the command's swap
+// or for its halves' passes, which, both standing at the hold and woken
+// together, tried each other's locks at once and each found the other's
+// taken. It reports whether it swapped p.
+func (a *Admin) mergeAtOnce(consumer string, p mergePair, read map[postgres.Segment]partRow, writes *pgx.Batch) (bool, error) {
+	lo, hi := read[p.lo], read[p.hi]
+	if lo.cursor != p.hold || hi.cursor != p.hold || lo.version != hi.version {
+		return false, nil
+	}
+	for _, s := range []postgres.Segment{p.lo, p.hi} {
+		r := read[s]
+		r.held, r.hold = true, p.hold // as the hold just queued leaves it
+		read[s] = r
+	}
+	if _, err := a.mergeOne(consumer, p, read, writes); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // mergeWatch reads, for each pair of pairs, whether it was merged (its
@@ -301,7 +368,7 @@ func (a *Admin) unholdFenced(ctx context.Context, consumer string, pairs []merge
 		for i, c := range done {
 			names[i] = c.String()
 		}
-		return fmt.Errorf("%w: the partitions' own passes had merged some before the command gave up (the holds of the others were lifted): %s",
+		return fmt.Errorf("%w: some pairs were merged (at once, standing at one cursor, or by their own passes) before the command gave up (the holds of the others were lifted): %s",
 			ErrLayoutChanged, strings.Join(names, ", "))
 	}
 	return nil
