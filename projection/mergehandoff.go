@@ -73,6 +73,9 @@ type mergeAtEnd struct {
 	pair  mergePair
 	swap  *pgx.Batch // the command's statements (mergeOne) and the NOTIFY
 	child PartitionChange
+	// first is the parent's first read (at the hold, in its segment),
+	// begun as soon as the swap committed (startParent).
+	first postgres.LogQuery
 }
 
 // mergeAtHold tries, in tx (the pass of sh, which read st at its start
@@ -137,7 +140,9 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 		return nil, nil // the sibling is not at the hold yet, or not mergeable: the command decides
 	}
 	queueNotifyLayout(swap, d.store, sh.id.Consumer)
-	return &mergeAtEnd{pair: p, swap: swap, child: change}, nil
+	first := postgres.LogQuery{After: p.hold, Limit: sh.proj.cfg.BatchSize, EventTypes: sh.proj.t.types, Raw: true,
+		Partition: parent, IncludeArchived: st.archived}
+	return &mergeAtEnd{pair: p, swap: swap, child: change, first: first}, nil
 }
 
 // What a merge try (splitSQL.mergeTry) got to.
@@ -207,11 +212,11 @@ func (d *Dispatcher) atEnd(sh *shard, split bool, m *mergeAtEnd) func(*pgx.Batch
 
 // changedAtEnd starts, once sh's pass committed its split or merge, the
 // loops of the partitions that replace sh's.
-func (d *Dispatcher) changedAtEnd(sh *shard, split bool, m *mergeAtEnd) {
+func (d *Dispatcher) changedAtEnd(ctx context.Context, sh *shard, split bool, m *mergeAtEnd) {
 	if m != nil {
-		d.logger.Debug("projection dispatcher: partitions merged by the pass of the half that reached the hold second",
+		d.logger.DebugContext(ctx, "projection dispatcher: partitions merged by the pass of the half that reached the hold second",
 			slog.String("consumer", sh.id.Consumer), slog.String("merge", m.child.String()), slog.String("cursor", m.pair.hold.String()))
-		d.startParent(sh, m)
+		d.startParent(ctx, sh, m)
 	} else if split {
 		d.startHalves(sh)
 	}
@@ -222,7 +227,16 @@ func (d *Dispatcher) changedAtEnd(sh *shard, split bool, m *mergeAtEnd) {
 // starts the parent's at once in this dispatcher, which owns it (the row
 // names it): the layout NOTIFY's balancing round then finds it running. A
 // round that read the layout before the commit leaves it so (balancer.local).
-func (d *Dispatcher) startParent(sh *shard, m *mergeAtEnd) {
+//
+// The parent's first read (m.first, from the hold) is begun here, on a
+// connection of its own, while its loop starts and its first pass takes its
+// lock and reads its state: that pass finds it read (takePrefetch), as a
+// split's halves find theirs. Unlike a prefetch taken while a pass applies,
+// it is used even when it is not a full batch (firstRead): it was read after
+// the swap committed, so it is as new as the pass's own read, within the
+// round trip it saves, and its horizon bounds where the cursor moves as any
+// read's does (promise 3).
+func (d *Dispatcher) startParent(ctx context.Context, sh *shard, m *mergeAtEnd) {
 	b := sh.balancer
 	sh.removed.Store(true)
 	var added []*shard
@@ -240,6 +254,11 @@ func (d *Dispatcher) startParent(sh *shard, m *mergeAtEnd) {
 	b.local[id] = now
 	if cur := b.shards[id]; cur == nil || cur.removed.Load() {
 		parent := newPartitionShard(d.store.Schema(), b.proj, b, m.pair.parent)
+		if st := d.store.Pool().Stat(); st.IdleConns() > 0 || st.TotalConns() < st.MaxConns() {
+			q := m.first
+			q.Partition = parent.readSegment()
+			d.launchRead(ctx, parent, q, true)
+		}
 		b.shards[id], b.owned[id] = parent, true
 		b.sets[id]++
 		added = append(added, parent)

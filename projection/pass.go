@@ -380,7 +380,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		committed = true
 		res := holdRetry(sh, sh.shadowResult(d.committed(sh, atHold(sh, st, next, caughtUp), nil, 0, 0, time.Time{})))
 		if split || merge != nil {
-			d.changedAtEnd(sh, split, merge)
+			d.changedAtEnd(ctx, sh, split, merge)
 			return passResult{kind: passGone}, nil
 		}
 		return res, nil
@@ -418,7 +418,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		committed = true
 		res = holdRetry(sh, d.committed(sh, atHold(sh, st, next, kind), done, 0, deadLetters, started))
 		if split || merge != nil {
-			d.changedAtEnd(sh, split, merge)
+			d.changedAtEnd(ctx, sh, split, merge)
 			return passResult{kind: passGone}, nil
 		}
 	}
