@@ -259,6 +259,11 @@ type shard struct {
 	// is to split it (prefetchHalves), each with the read of its first
 	// batch under way; nil otherwise. Only the shard's own loop touches it.
 	halves []*shard
+	// holdBusy says the pass's merge try found its sibling at the hold
+	// with its lock taken, since holdBusySince (mergehandoff.go, atHold).
+	// Only the shard's own loop touches them.
+	holdBusy      bool
+	holdBusySince time.Time
 	// spanName is the name of the shard's batch spans (batchSpanName).
 	spanName string
 	// segment is a partition's hash segment; zero for an unpartitioned

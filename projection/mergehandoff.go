@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -72,6 +73,9 @@ type mergeAtEnd struct {
 	pair  mergePair
 	swap  *pgx.Batch // the command's statements (mergeOne) and the NOTIFY
 	child PartitionChange
+	// first is the parent's first read (at the hold, in its segment),
+	// begun as soon as the swap committed (startParent).
+	first postgres.LogQuery
 }
 
 // mergeAtHold tries, in tx (the pass of sh, which read st at its start
@@ -81,6 +85,10 @@ type mergeAtEnd struct {
 // its hold after this batch, a lock taken, the sibling not at the hold, or
 // either not mergeable. An error is the database's.
 func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, next projector.Position, status Status, processed int) (*mergeAtEnd, error) {
+	if !sh.holdBusy {
+		sh.holdBusySince = time.Time{} // a new wait for a busy sibling starts at its first refusal
+	}
+	sh.holdBusy = false
 	if !st.held || next != st.hold || st.replayUntil != projector.Start || !sh.mayMerge() {
 		return nil, nil
 	}
@@ -92,11 +100,11 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	}
 	p := mergePair{parent: parent, lo: lo, hi: hi, hold: st.hold}
 	siblingKey := shardLockKey(d.store.Schema(), ShardID{Consumer: sh.id.Consumer, Instance: segmentInstance(sibling)})
-	var locked bool
+	var try int
 	var rows map[postgres.Segment]partRow
 	b := &pgx.Batch{}
 	b.Queue(d.admin.split.mergeTry, d.fenceKey(sh), siblingKey, sh.id.Consumer, segmentInstance(sibling), st.hold.TxID, st.hold.Seq,
-		mergeClaimKey(d.store.Schema(), sh.id.Consumer, parent)).QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+		mergeClaimKey(d.store.Schema(), sh.id.Consumer, parent)).QueryRow(func(row pgx.Row) error { return row.Scan(&try) })
 	// A statement of its own, so its snapshot follows the locks.
 	b.Queue(d.admin.split.peek, sh.id.Consumer, p.ids()).Query(func(r pgx.Rows) error {
 		var err error
@@ -106,7 +114,8 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("merge at the hold: %w", err)
 	}
-	if !locked {
+	sh.holdBusy = try == mergeTrySiblingBusy // look again soon (atHold)
+	if try != mergeTryLocked {
 		return nil, nil // the sibling not there, the fence (a command) or the sibling's pass: a later pass or the command merges
 	}
 	own, ok := rows[sh.segment]
@@ -131,7 +140,36 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 		return nil, nil // the sibling is not at the hold yet, or not mergeable: the command decides
 	}
 	queueNotifyLayout(swap, d.store, sh.id.Consumer)
-	return &mergeAtEnd{pair: p, swap: swap, child: change}, nil
+	first := postgres.LogQuery{After: p.hold, Limit: sh.proj.cfg.BatchSize, EventTypes: sh.proj.t.types, Raw: true,
+		Partition: parent, IncludeArchived: st.archived}
+	return &mergeAtEnd{pair: p, swap: swap, child: change, first: first}, nil
+}
+
+// What a merge try (splitSQL.mergeTry) got to.
+const (
+	mergeTryNotYet      = iota // the sibling not at the hold, or no command's claim
+	mergeTryFenced             // a command holds the fence
+	mergeTrySiblingBusy        // the sibling stands at the hold, its lock taken (its pass runs)
+	mergeTryLocked             // the fence and the sibling's lock held: merge
+)
+
+// Two halves standing at their hold are woken together (a layout NOTIFY,
+// another pair's swap), and their passes, each holding its own lock, try
+// each other's at once and both find it taken; each then waited for the
+// next wake, which woke both again. A half refused so looks again after
+// holdPoll, jittered (the two then part), while its sibling stands at the
+// hold and for holdBusyFor at most: a sibling's lock held longer is not a
+// pass at the hold but a running batch elsewhere (a rebuild, an older
+// release) or a command, which swaps the pair itself.
+const holdBusyFor = 2 * time.Second
+
+// holdRetry gives a pass of sh that atHold sent to look again soon
+// (passRetryAt) its time.
+func holdRetry(sh *shard, res passResult) passResult {
+	if res.kind == passRetryAt && sh.holdBusy {
+		res.retryAt = time.Now().Add(holdPoll/2 + rand.N(holdPoll))
+	}
+	return res
 }
 
 // atHold is the kind of a pass of sh that did not merge (kind otherwise):
@@ -146,6 +184,16 @@ func atHold(sh *shard, st shardRow, next projector.Position, kind passKind) pass
 	switch {
 	case !st.held || next != st.hold || !sh.mayMerge() || kind != passCaughtUp:
 		return kind
+	case sh.holdBusy:
+		// Its sibling at the hold too, its lock taken by its pass: look
+		// again soon (holdRetry), for holdBusyFor at most.
+		if sh.holdBusySince.IsZero() {
+			sh.holdBusySince = time.Now()
+		}
+		if time.Since(sh.holdBusySince) < holdBusyFor {
+			return passRetryAt
+		}
+		return passAtHold
 	case st.cursor != st.hold:
 		return passMore
 	default:
@@ -164,11 +212,11 @@ func (d *Dispatcher) atEnd(sh *shard, split bool, m *mergeAtEnd) func(*pgx.Batch
 
 // changedAtEnd starts, once sh's pass committed its split or merge, the
 // loops of the partitions that replace sh's.
-func (d *Dispatcher) changedAtEnd(sh *shard, split bool, m *mergeAtEnd) {
+func (d *Dispatcher) changedAtEnd(ctx context.Context, sh *shard, split bool, m *mergeAtEnd) {
 	if m != nil {
-		d.logger.Debug("projection dispatcher: partitions merged by the pass of the half that reached the hold second",
+		d.logger.DebugContext(ctx, "projection dispatcher: partitions merged by the pass of the half that reached the hold second",
 			slog.String("consumer", sh.id.Consumer), slog.String("merge", m.child.String()), slog.String("cursor", m.pair.hold.String()))
-		d.startParent(sh, m)
+		d.startParent(ctx, sh, m)
 	} else if split {
 		d.startHalves(sh)
 	}
@@ -179,7 +227,16 @@ func (d *Dispatcher) changedAtEnd(sh *shard, split bool, m *mergeAtEnd) {
 // starts the parent's at once in this dispatcher, which owns it (the row
 // names it): the layout NOTIFY's balancing round then finds it running. A
 // round that read the layout before the commit leaves it so (balancer.local).
-func (d *Dispatcher) startParent(sh *shard, m *mergeAtEnd) {
+//
+// The parent's first read (m.first, from the hold) is begun here, on a
+// connection of its own, while its loop starts and its first pass takes its
+// lock and reads its state: that pass finds it read (takePrefetch), as a
+// split's halves find theirs. Unlike a prefetch taken while a pass applies,
+// it is used even when it is not a full batch (firstRead): it was read after
+// the swap committed, so it is as new as the pass's own read, within the
+// round trip it saves, and its horizon bounds where the cursor moves as any
+// read's does (promise 3).
+func (d *Dispatcher) startParent(ctx context.Context, sh *shard, m *mergeAtEnd) {
 	b := sh.balancer
 	sh.removed.Store(true)
 	var added []*shard
@@ -197,6 +254,11 @@ func (d *Dispatcher) startParent(sh *shard, m *mergeAtEnd) {
 	b.local[id] = now
 	if cur := b.shards[id]; cur == nil || cur.removed.Load() {
 		parent := newPartitionShard(d.store.Schema(), b.proj, b, m.pair.parent)
+		if st := d.store.Pool().Stat(); st.IdleConns() > 0 || st.TotalConns() < st.MaxConns() {
+			q := m.first
+			q.Partition = parent.readSegment()
+			d.launchRead(ctx, parent, q, true)
+		}
 		b.shards[id], b.owned[id] = parent, true
 		b.sets[id]++
 		added = append(added, parent)
@@ -211,6 +273,30 @@ func (d *Dispatcher) startParent(sh *shard, m *mergeAtEnd) {
 	// The halves stay listed, stopped, until the round the NOTIFY brings
 	// drops them and their metrics, as after the command's swap.
 	d.replaceShards(added, nil)
+}
+
+// mergeAtOnce queues, in the hold's transaction, the swap of pair p whose
+// halves both stand at its hold already (read and locked in read): the
+// pair is merged there, at its own position, whatever the other pairs of
+// the command wait for. Before, it stood at its hold until every pair's
+// halves stood at theirs (awaitHolds), then waited for the command's swap
+// or for its halves' passes, which, both standing at the hold and woken
+// together, tried each other's locks at once and each found the other's
+// taken. It reports whether it swapped p.
+func (a *Admin) mergeAtOnce(consumer string, p mergePair, read map[postgres.Segment]partRow, writes *pgx.Batch) (bool, error) {
+	lo, hi := read[p.lo], read[p.hi]
+	if lo.cursor != p.hold || hi.cursor != p.hold || lo.version != hi.version {
+		return false, nil
+	}
+	for _, s := range []postgres.Segment{p.lo, p.hi} {
+		r := read[s]
+		r.held, r.hold = true, p.hold // as the hold just queued leaves it
+		read[s] = r
+	}
+	if _, err := a.mergeOne(consumer, p, read, writes); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // mergeWatch reads, for each pair of pairs, whether it was merged (its
@@ -301,7 +387,7 @@ func (a *Admin) unholdFenced(ctx context.Context, consumer string, pairs []merge
 		for i, c := range done {
 			names[i] = c.String()
 		}
-		return fmt.Errorf("%w: the partitions' own passes had merged some before the command gave up (the holds of the others were lifted): %s",
+		return fmt.Errorf("%w: some pairs were merged (at once, standing at one cursor, or by their own passes) before the command gave up (the holds of the others were lifted): %s",
 			ErrLayoutChanged, strings.Join(names, ", "))
 	}
 	return nil

@@ -372,15 +372,15 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 			// Nothing to write, also for a partition marked to split
 			// (or held) that cannot split (or merge) now: its next pass
 			// tries again.
-			return passResult{kind: atHold(sh, st, next, passCaughtUp)}, nil
+			return holdRetry(sh, passResult{kind: atHold(sh, st, next, passCaughtUp)}), nil
 		}
 		if err := d.advanceCommit(ctx, tx, sh, next, status, 0, d.atEnd(sh, split, merge)); err != nil {
 			return passResult{}, err
 		}
 		committed = true
-		res := sh.shadowResult(d.committed(sh, atHold(sh, st, next, caughtUp), nil, 0, 0, time.Time{}))
+		res := holdRetry(sh, sh.shadowResult(d.committed(sh, atHold(sh, st, next, caughtUp), nil, 0, 0, time.Time{})))
 		if split || merge != nil {
-			d.changedAtEnd(sh, split, merge)
+			d.changedAtEnd(ctx, sh, split, merge)
 			return passResult{kind: passGone}, nil
 		}
 		return res, nil
@@ -416,9 +416,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		res, err = d.commit(ctx, tx, sh, kind, done, 0, deadLetters, started)
 	} else if err = d.advanceCommit(ctx, tx, sh, next, status, len(done), d.atEnd(sh, split, merge)); err == nil {
 		committed = true
-		res = d.committed(sh, atHold(sh, st, next, kind), done, 0, deadLetters, started)
+		res = holdRetry(sh, d.committed(sh, atHold(sh, st, next, kind), done, 0, deadLetters, started))
 		if split || merge != nil {
-			d.changedAtEnd(sh, split, merge)
+			d.changedAtEnd(ctx, sh, split, merge)
 			return passResult{kind: passGone}, nil
 		}
 	}

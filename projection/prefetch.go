@@ -39,6 +39,9 @@ type prefetch struct {
 	batch   postgres.LogBatch
 	shared  bool // the batch came from another shard's read (sharedReads)
 	err     error
+	// firstRead: a merged parent's first read, begun once the swap
+	// committed (startParent, mergehandoff.go), used full or not.
+	firstRead bool
 }
 
 // startPrefetch reads the batch after next, the cursor the running pass
@@ -55,8 +58,14 @@ func (d *Dispatcher) startPrefetch(ctx context.Context, sh *shard, q postgres.Lo
 
 // launchPrefetch starts the read of q for sh's next pass.
 func (d *Dispatcher) launchPrefetch(ctx context.Context, sh *shard, q postgres.LogQuery) {
+	d.launchRead(ctx, sh, q, false)
+}
+
+// launchRead starts the read of q for sh's next pass; firstRead as in
+// prefetch.
+func (d *Dispatcher) launchRead(ctx context.Context, sh *shard, q postgres.LogQuery, firstRead bool) {
 	ctx, cancel := context.WithCancel(ctx)
-	pf := &prefetch{q: q, reading: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+	pf := &prefetch{q: q, reading: make(chan struct{}), cancel: cancel, done: make(chan struct{}), firstRead: firstRead}
 	sh.prefetch = pf
 	decode := !sh.proj.cfg.RawPayloads
 	reg := d.store.Registry()
@@ -80,7 +89,7 @@ func (d *Dispatcher) launchPrefetch(ctx context.Context, sh *shard, q postgres.L
 		} else {
 			pf.batch, pf.err = read()
 		}
-		if pf.err != nil || !pf.batch.Full || !decode {
+		if pf.err != nil || !pf.batch.Full && !pf.firstRead || !decode {
 			return
 		}
 		// The decoding apply would do, done here while the pass's writes
@@ -125,7 +134,7 @@ func (d *Dispatcher) takePrefetch(ctx context.Context, sh *shard, q postgres.Log
 	case <-ctx.Done():
 		return postgres.LogBatch{}, false, false, ctx.Err()
 	}
-	if pf.err != nil || !pf.batch.Full {
+	if pf.err != nil || !pf.batch.Full && !pf.firstRead {
 		return postgres.LogBatch{}, false, false, nil
 	}
 	return pf.batch, true, pf.shared, nil

@@ -135,15 +135,19 @@ func buildSplitSQLs(store *postgres.Store) splitSQL {
 		// for a command waiting for it, not one killed (its holds wait
 		// for it to be run again) nor one of an older release (which
 		// swaps itself, and would take a pass's swap for another's).
-		mergeTry: `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $3 AND instance_id = $4
-				AND hold_tx_id = $5 AND hold_seq = $6 AND cursor_tx_id = $5 AND cursor_seq = $6)
-			THEN CASE WHEN EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+		// The answer says how far it got: 0 the sibling not at the
+		// hold or no claim, 1 the fence refused (a command holds it), 2
+		// the sibling's lock refused (its pass, at the hold too, runs),
+		// 3 both held. CASE tries the locks in that order, each only when
+		// the conditions before it hold.
+		mergeTry: `SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $3 AND instance_id = $4
+				AND hold_tx_id = $5 AND hold_seq = $6 AND cursor_tx_id = $5 AND cursor_seq = $6) THEN 0
+			WHEN NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-					AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($7::text, 0))
-				THEN CASE WHEN pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0))
-					THEN pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) ELSE false END
-				ELSE false END
-			ELSE false END`,
+					AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($7::text, 0)) THEN 0
+			WHEN NOT pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0)) THEN 1
+			WHEN NOT pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) THEN 2
+			ELSE 3 END`,
 		// Which of partitions $2 are there (mergeWatch).
 		present: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
 	}
@@ -403,6 +407,9 @@ func (a *Admin) splitMany(ctx context.Context, tx pgx.Tx, consumer string, segs 
 type mergePair struct {
 	parent, lo, hi postgres.Segment
 	hold           projector.Position
+	// atOnce: its halves stood at one cursor when the command held them,
+	// and it was swapped in the hold's transaction (mergeAtOnce).
+	atOnce bool
 }
 
 func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segmentInstance(p.hi)} }
@@ -410,9 +417,11 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 // Merge merges pairs of sibling partitions of consumer into their parents:
 // the pair of each partition only names (with its sibling, which must
 // exist), or every pair whose two halves exist when none is named. It holds
-// each pair at one position (holdPair) and waits up to wait for both halves
-// to stand there (a dispatcher running the consumer brings them: nothing
-// is applied by Merge). The pass of the half there second swaps the pair
+// each pair at a position of its own (holdPair); a pair whose halves stand
+// at one cursor already is swapped in the same transaction (mergeAtOnce).
+// For the others it waits up to wait for both halves to stand at their
+// hold (a dispatcher running the consumer brings them: nothing is applied
+// by Merge). The pass of the half there second swaps the pair
 // for its parent in its own commit (mergehandoff.go); Merge swaps, in one
 // transaction, the pairs whose halves both stand at the hold and which no
 // pass swapped (a dispatcher of an older release never does). It returns
@@ -432,15 +441,27 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
+	all := pairs
+	pairs = slices.DeleteFunc(slices.Clone(pairs), func(p mergePair) bool { return p.atOnce })
+	every := func() []PartitionChange {
+		out := make([]PartitionChange, len(all))
+		for i, p := range all {
+			out[i] = p.change()
+		}
+		return out
+	}
+	if len(pairs) == 0 {
+		return every(), nil // every pair at one cursor, swapped with its hold
+	}
 	merged, err := a.awaitHolds(ctx, conn, consumer, pairs, wait)
 	if err != nil {
-		if uerr := a.unholdFenced(ctx, consumer, pairs); uerr != nil {
+		if uerr := a.unholdFenced(ctx, consumer, all); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
 	if !slices.Contains(merged, false) {
-		return mergedChanges(pairs, merged), nil // every pair by its passes
+		return every(), nil // every other pair by its passes
 	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		layout, err := a.lockLayout(ctx, tx, consumer)
@@ -479,18 +500,14 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 	})
 	if err != nil {
 		if !errors.Is(err, ErrLayoutChanged) {
-			if uerr := a.unholdFenced(ctx, consumer, pairs); uerr != nil {
+			if uerr := a.unholdFenced(ctx, consumer, all); uerr != nil {
 				err = errors.Join(err, uerr)
 			}
 		}
 		a.notifyAborted(ctx, consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
-	out := make([]PartitionChange, len(pairs))
-	for i, p := range pairs {
-		out[i] = p.change()
-	}
-	return out, nil
+	return every(), nil
 }
 
 // holdPairs picks the pairs to merge and holds each at the cursor of the
@@ -547,9 +564,13 @@ func (a *Admin) holdPairs(ctx context.Context, conn *pgxpool.Conn, consumer stri
 			if err := a.holdPair(consumer, &pairs[i], rows, now, writes); err != nil {
 				return err
 			}
+			if pairs[i].atOnce, err = a.mergeAtOnce(consumer, pairs[i], rows, writes); err != nil {
+				return err
+			}
 		}
 		// The halves' passes that found their locks taken here wait a
-		// Recheck before they try again; the one behind must not.
+		// Recheck before they try again; the one behind must not. The
+		// pairs swapped at once: their parents start at the NOTIFY.
 		queueNotifyLayout(writes, a.store, consumer)
 		return tx.SendBatch(ctx, writes).Close()
 	})
