@@ -131,13 +131,16 @@ func (a *App) mergeCmd(partition *string) *cobra.Command {
 		Short: "Merge a partition (--partition) with its sibling, or every sibling pair, live, once their cursors meet",
 		Long: `Merge replaces two sibling partitions (2P/2N and 2P+1/2N) by their parent P/N.
 The parent's cursor must mean both halves applied every event up to it, so merge
-holds both at one position (their common cursor; when both are caught up, the
-horizon at the hold; else the cursor of the one ahead), waits for the running
-dispatchers to bring both there (--wait), and swaps the rows; dead
-letters and parks go to the parent. Nothing is applied by the command. Without
---partition every pair whose halves both exist merges. On timeout the holds are
-lifted and nothing changes (exit code 1); a failing, dead or disabled half, or
-another operator's split or merge winning, is refused (exit code 3).`,
+holds each pair at a position of its own (their common cursor; when both are
+caught up, the horizon at the hold; else the cursor of the one ahead). A pair
+whose halves stand there already is swapped at once; for the others it waits for
+the running dispatchers to bring both there (--wait), and the pass of the half
+there second, or the command, swaps the rows; dead letters and parks go to the
+parent. Nothing is applied by the command. Without --partition every pair whose
+halves both exist merges. On timeout the holds of the pairs not merged are lifted
+(exit code 1; the error names the pairs merged by then); a failing, dead or
+disabled half, or another operator's split or merge winning, is refused (exit
+code 3).`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if wait < minMergeWait || wait > maxMergeWait {
