@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -112,8 +113,19 @@ func lockPartitionsGated(ctx context.Context, tx pgx.Tx, store *postgres.Store, 
 // otherwise wait for their next Recheck. Best effort, outside the
 // change's transaction.
 func (a *Admin) notifyAborted(ctx context.Context, consumer string) {
+	a.notifyAbortedOn(ctx, a.store.Pool(), consumer)
+}
+
+// notifyAbortedOn is notifyAborted through db: a command that holds a
+// connection of its pool while it runs (a merge's claims) sends it on that
+// one, since a pool of one connection would never give it another.
+func (a *Admin) notifyAbortedOn(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, consumer string) {
 	if validName(consumer) != nil {
 		return
 	}
-	_, _ = a.store.Pool().Exec(context.WithoutCancel(ctx), notifyLayoutSQL, layoutChannel, layoutPayload(a.store.Schema(), consumer))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
+	defer cancel()
+	_, _ = db.Exec(ctx, notifyLayoutSQL, layoutChannel, layoutPayload(a.store.Schema(), consumer))
 }

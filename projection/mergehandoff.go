@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
@@ -356,11 +357,15 @@ func mergedChanges(pairs []mergePair, merged []bool) []PartitionChange {
 // still held under it), and says which of them the passes had merged by
 // then: a merge of several pairs handed to the passes is not all or
 // nothing.
-func (a *Admin) unholdFenced(ctx context.Context, consumer string, pairs []mergePair) error {
+//
+// It runs on conn, the connection holding the command's claims, which a
+// pool of one connection would never give it a second of; on the pool
+// when conn was closed (a cancelled statement closes its connection).
+func (a *Admin) unholdFenced(ctx context.Context, conn *pgxpool.Conn, consumer string, pairs []mergePair) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
 	defer cancel()
 	var merged []bool
-	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, a.claimsConn(conn), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, a.sql.waitLock, shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: SharedInstance})); err != nil {
 			return err
 		}
@@ -391,6 +396,21 @@ func (a *Admin) unholdFenced(ctx context.Context, consumer string, pairs []merge
 			ErrLayoutChanged, strings.Join(names, ", "))
 	}
 	return nil
+}
+
+// claimsConn is what a merge command runs its statements on after its
+// hold: conn, the connection holding its claims, or the pool once conn was
+// closed (a cancelled statement closes its connection). Never a second
+// connection of the pool while conn is open: a pool of one would wait for
+// conn, which the command gives back only when it returns.
+func (a *Admin) claimsConn(conn *pgxpool.Conn) interface {
+	Begin(context.Context) (pgx.Tx, error)
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+} {
+	if conn.Conn().IsClosed() {
+		return a.store.Pool()
+	}
+	return conn
 }
 
 // A merge command's claim on its pairs: a session-level advisory lock per

@@ -438,7 +438,7 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 	defer releaseClaims(ctx, conn)
 	pairs, err := a.holdPairs(ctx, conn, consumer, only)
 	if err != nil {
-		a.notifyAborted(ctx, consumer)
+		a.notifyAbortedOn(ctx, a.claimsConn(conn), consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
 	all := pairs
@@ -455,7 +455,7 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 	}
 	merged, err := a.awaitHolds(ctx, conn, consumer, pairs, wait)
 	if err != nil {
-		if uerr := a.unholdFenced(ctx, consumer, all); uerr != nil {
+		if uerr := a.unholdFenced(ctx, conn, consumer, all); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
@@ -500,11 +500,11 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 	})
 	if err != nil {
 		if !errors.Is(err, ErrLayoutChanged) {
-			if uerr := a.unholdFenced(ctx, consumer, all); uerr != nil {
+			if uerr := a.unholdFenced(ctx, conn, consumer, all); uerr != nil {
 				err = errors.Join(err, uerr)
 			}
 		}
-		a.notifyAborted(ctx, consumer)
+		a.notifyAbortedOn(ctx, a.claimsConn(conn), consumer)
 		return nil, fmt.Errorf("merge consumer %s: %w", projector.Printable(consumer), err)
 	}
 	return every(), nil
