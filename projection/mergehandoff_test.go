@@ -237,6 +237,14 @@ func TestMergeLeftToTheCommandWhenTheSiblingIsLocked(t *testing.T) {
 		changes, err = projection.NewAdmin(e.store).Merge(e.ctx, "locked", 30*time.Second)
 		done <- err
 	}()
+	// The sibling's lock is given back once the command waits for it,
+	// holding the fence: given back before, the half at the hold, which
+	// looks again every few milliseconds, could find it free and the hand
+	// claim, released just before, still listed in the same statement
+	// (pg_locks is read before the lock tries), and swap the pair before
+	// the command read its layout (it did, once, under CI's load).
+	aheadKey := "projector.shard\x1f" + e.schema + "\x1f" + "locked" + "\x1f" + ids[ahead]
+	eventually(t, 30*time.Second, "the command waits for the sibling's lock", func() bool { return e.lockWaiters(aheadKey) > 0 })
 	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -130,8 +130,13 @@ func TestSplitHandedOffToThePassesWaitsForNoRunningBatch(t *testing.T) {
 // (layoutgate.go), by the lock's own key.
 func (e *env) gateWaiters(consumer string) int {
 	e.t.Helper()
+	return e.lockWaiters("projector.partition-gate\x1f" + e.schema + "\x1f" + consumer)
+}
+
+// lockWaiters counts the sessions waiting for the advisory lock of key.
+func (e *env) lockWaiters(key string) int {
+	e.t.Helper()
 	var n int
-	key := "projector.partition-gate\x1f" + e.schema + "\x1f" + consumer
 	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND NOT l.granted
 		AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($1::text, 0)`, key).Scan(&n); err != nil {
 		e.t.Fatal(err)
