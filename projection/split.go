@@ -91,6 +91,10 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 
 func buildSplitSQLs(store *postgres.Store) splitSQL {
 	c, s := store.Table("projector_consumers"), store.Schema()
+	// A merge command's claim ($7, claimPairs), held by any session.
+	claimHeld := `SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+					AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($7::text, 0)`
 	hash := s + `.projector_stream_hash(tenant_id, stream_type, stream_id)`
 	// $2 the parent, $3 the child bits' shift (32 - bits), $4 the count.
 	child := `'` + PartitionPrefix + `' || (` + hash + ` >> $3::int)::text || '/' || $4::int::text`
@@ -140,13 +144,24 @@ func buildSplitSQLs(store *postgres.Store) splitSQL {
 		// the sibling's lock refused (its pass, at the hold too, runs),
 		// 3 both held. CASE tries the locks in that order, each only when
 		// the conditions before it hold.
+		// The claim is looked for twice: before the locks, so that a
+		// pass with no command to finish for takes none, and again
+		// once both are held, which is the look that counts. With the
+		// first alone, a command killed between it and the lock tries
+		// (and the sibling's pass giving its lock back meanwhile) had
+		// its merge finished for it, which its claim is there to
+		// prevent (TestMergeTryLooksForTheClaimUnderTheLocks). pg_locks
+		// is read anew by each look (an InitPlan is evaluated when CASE
+		// first needs it); a command that dies after the second look
+		// died after the merge, as far as anyone can tell. A claim gone
+		// by the second look leaves the locks held until the pass
+		// commits, which it does at once.
 		mergeTry: `SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $3 AND instance_id = $4
 				AND hold_tx_id = $5 AND hold_seq = $6 AND cursor_tx_id = $5 AND cursor_seq = $6) THEN 0
-			WHEN NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-					AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($7::text, 0)) THEN 0
+			WHEN NOT EXISTS (` + claimHeld + `) THEN 0
 			WHEN NOT pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0)) THEN 1
 			WHEN NOT pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) THEN 2
+			WHEN NOT EXISTS (` + claimHeld + `) THEN 0
 			ELSE 3 END`,
 		// Which of partitions $2 are there (mergeWatch).
 		present: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
