@@ -91,10 +91,6 @@ func buildSplitSQL(store *postgres.Store) splitSQL {
 
 func buildSplitSQLs(store *postgres.Store) splitSQL {
 	c, s := store.Table("projector_consumers"), store.Schema()
-	// A merge command's claim ($7, claimPairs), held by any session.
-	claimHeld := `SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-					AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($7::text, 0)`
 	hash := s + `.projector_stream_hash(tenant_id, stream_type, stream_id)`
 	// $2 the parent, $3 the child bits' shift (32 - bits), $4 the count.
 	child := `'` + PartitionPrefix + `' || (` + hash + ` >> $3::int)::text || '/' || $4::int::text`
@@ -129,40 +125,7 @@ func buildSplitSQLs(store *postgres.Store) splitSQL {
 			VALUES ($1, $2, $3, $4, 'idle', $5, $6, NULLIF($7, ''))`,
 		joinDeadLetters: `UPDATE ` + store.Table("projector_dead_letters") + ` SET instance_id = $2 WHERE consumer = $1 AND instance_id = ANY($3)`,
 		joinParks:       `UPDATE ` + store.Table("projector_parks") + ` SET instance_id = $2 WHERE consumer = $1 AND instance_id = ANY($3)`,
-		// Only when the sibling ($4) stands at the hold ($5, $6) as this
-		// statement sees it: the fence shared ($1), then, only when it
-		// was free, the sibling's shard lock ($2), neither waited for. A
-		// sibling not there yet keeps its lock: its own pass, refused it,
-		// would stand aside until a wake (passLocked).
-		// And only while a merge command of this release holds its
-		// claim on the pair ($7, claimPairs): the passes finish a merge
-		// for a command waiting for it, not one killed (its holds wait
-		// for it to be run again) nor one of an older release (which
-		// swaps itself, and would take a pass's swap for another's).
-		// The answer says how far it got: 0 the sibling not at the
-		// hold or no claim, 1 the fence refused (a command holds it), 2
-		// the sibling's lock refused (its pass, at the hold too, runs),
-		// 3 both held. CASE tries the locks in that order, each only when
-		// the conditions before it hold.
-		// The claim is looked for twice: before the locks, so that a
-		// pass with no command to finish for takes none, and again
-		// once both are held, which is the look that counts. With the
-		// first alone, a command killed between it and the lock tries
-		// (and the sibling's pass giving its lock back meanwhile) had
-		// its merge finished for it, which its claim is there to
-		// prevent (TestMergeTryLooksForTheClaimUnderTheLocks). pg_locks
-		// is read anew by each look (an InitPlan is evaluated when CASE
-		// first needs it); a command that dies after the second look
-		// died after the merge, as far as anyone can tell. A claim gone
-		// by the second look leaves the locks held until the pass
-		// commits, which it does at once.
-		mergeTry: `SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM ` + c + ` WHERE name = $3 AND instance_id = $4
-				AND hold_tx_id = $5 AND hold_seq = $6 AND cursor_tx_id = $5 AND cursor_seq = $6) THEN 0
-			WHEN NOT EXISTS (` + claimHeld + `) THEN 0
-			WHEN NOT pg_try_advisory_xact_lock_shared(hashtextextended($1::text, 0)) THEN 1
-			WHEN NOT pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) THEN 2
-			WHEN NOT EXISTS (` + claimHeld + `) THEN 0
-			ELSE 3 END`,
+		mergeTry:        mergeTrySQL(c),
 		// Which of partitions $2 are there (mergeWatch).
 		present: `SELECT instance_id FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
 	}
