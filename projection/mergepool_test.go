@@ -22,8 +22,52 @@ import (
 // single connection, and must return the refusal, not hang.
 func TestMergeOnAOneConnectionPoolReturns(t *testing.T) {
 	t.Parallel()
-	e := partitioned(t)
-	p := countingThrough(e.schema, e.types, "single", projection.AsyncConfig{Partitions: 2, BatchSize: 50}, nil)
+	e, admin, closePool := oneConnectionMerge(t, "single")
+	half := projection.ShardID{Consumer: "single", Instance: projection.PartitionInstance(1, 2)}
+	if err := admin.Disable(e.ctx, half); err != nil {
+		t.Fatal(err)
+	}
+	err := mergeWithin30s(t, admin, "single", time.Second, closePool)
+	if !errors.Is(err, projector.ErrInvalidTransition) {
+		t.Fatalf("merge with a disabled half on a one-connection pool: %v, want ErrInvalidTransition", err)
+	}
+}
+
+// The same on the timeout's path: one half stands behind its hold and no
+// dispatcher runs, so the merge gives up after its wait and lifts the
+// holds under the fence (unholdFenced) through the claims' connection. It
+// returns the timeout, not hang, and leaves both halves unheld and the
+// layout as it was.
+func TestMergeTimingOutOnAOneConnectionPoolReturns(t *testing.T) {
+	t.Parallel()
+	e, admin, closePool := oneConnectionMerge(t, "lapsed")
+	// The half 1/2 back at the start: the pair cannot be swapped at once,
+	// and with no dispatcher running it never reaches the hold.
+	e.exec(`UPDATE `+e.table("projector_consumers")+` SET cursor_tx_id = '0', cursor_seq = 0 WHERE name = 'lapsed' AND instance_id = $1`,
+		projection.PartitionInstance(1, 2))
+	err := mergeWithin30s(t, admin, "lapsed", 300*time.Millisecond, closePool)
+	if err == nil || errors.Is(err, projection.ErrLayoutChanged) {
+		t.Fatalf("merge of a half that cannot reach its hold: %v, want its timeout", err)
+	}
+	if got := e.layout("lapsed"); len(got) != 2 {
+		t.Fatalf("layout %v after a merge that timed out, want both halves", got)
+	}
+	var held int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.table("projector_consumers")+` WHERE name = 'lapsed' AND hold_tx_id IS NOT NULL`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Fatalf("%d partitions still held after the merge timed out", held)
+	}
+}
+
+// oneConnectionMerge makes consumer, two partitions, caught up by a
+// dispatcher that is stopped again, and an admin on a pool of one
+// connection, which closePool closes.
+func oneConnectionMerge(t *testing.T, consumer string) (e *env, admin *projection.Admin, closePool func()) {
+	t.Helper()
+	e = partitioned(t)
+	p := countingThrough(e.schema, e.types, consumer, projection.AsyncConfig{Partitions: 2, BatchSize: 50}, nil)
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	appendWith(t, e.ctx, e.store, 1, 40, 20, "a")
 	e.catchUp(d)
@@ -44,25 +88,27 @@ func TestMergeOnAOneConnectionPoolReturns(t *testing.T) {
 		pool.Close()
 		t.Fatal(err)
 	}
-	admin := projection.NewAdmin(one)
-	half := projection.ShardID{Consumer: "single", Instance: projection.PartitionInstance(1, 2)}
-	if err := admin.Disable(e.ctx, half); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(e.ctx, time.Minute)
+	return e, projection.NewAdmin(one), pool.Close
+}
+
+// mergeWithin30s runs admin's merge of consumer and returns its error,
+// failing the test when it has not returned in 30 s; closePool runs once
+// it returned.
+func mergeWithin30s(t *testing.T, admin *projection.Admin, consumer string, wait time.Duration, closePool func()) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := admin.Merge(ctx, "single", time.Second)
+		_, err := admin.Merge(ctx, consumer, wait)
 		done <- err
 	}()
 	select {
 	case err := <-done:
-		pool.Close()
-		if !errors.Is(err, projector.ErrInvalidTransition) {
-			t.Fatalf("merge with a disabled half on a one-connection pool: %v, want ErrInvalidTransition", err)
-		}
+		closePool()
+		return err
 	case <-time.After(30 * time.Second):
 		t.Fatal("merge on a one-connection pool did not return within 30 s (its own connection held while it waits for another)")
+		return nil
 	}
 }
