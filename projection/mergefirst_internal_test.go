@@ -37,13 +37,7 @@ func TestMergedParentFirstReadPrefetched(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Config{Store: store, Projections: []*Async{p}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.register(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d := registered(t, Config{Store: store, Projections: []*Async{p}})
 	b := d.balancers[0]
 	parent := postgres.Segment{}
 	lo, hi, _ := parent.Children()

@@ -39,13 +39,7 @@ func TestMergeTryLooksForTheClaimUnderTheLocks(t *testing.T) {
 	if err := OnEvent(p, types.Opened, func(context.Context, pgx.Tx, projector.Event) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Config{Store: store, Projections: []*Async{p}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.register(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d := registered(t, Config{Store: store, Projections: []*Async{p}})
 	parent := postgres.Segment{}
 	_, hi, _ := parent.Children()
 	sibling := segmentInstance(hi)

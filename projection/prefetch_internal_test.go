@@ -32,13 +32,7 @@ func TestPrefetchGapSafe(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Config{Store: store, Projections: []*Async{p}, Concurrency: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.register(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d := registered(t, Config{Store: store, Projections: []*Async{p}, Concurrency: 1})
 	sh := d.shards[0]
 	appendIn := func(tx pgx.Tx, stream string, bodies ...string) {
 		t.Helper()
@@ -188,13 +182,7 @@ func TestPrefetchThroughSharedReads(t *testing.T) {
 		}
 		projs = append(projs, p)
 	}
-	d, err := New(Config{Store: store, Projections: projs, Concurrency: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.register(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d := registered(t, Config{Store: store, Projections: projs, Concurrency: 1})
 	if d.shared == nil {
 		t.Fatal("two shards of one filter, and no shared reads")
 	}
@@ -269,6 +257,20 @@ func TestPrefetchThroughSharedReads(t *testing.T) {
 			t.Errorf("%s took no batch from a prefetch: the test did not exercise it", name)
 		}
 	}
+}
+
+// registered returns a dispatcher of cfg whose shards are registered but
+// not started: a test drives its passes itself.
+func registered(t *testing.T, cfg Config) *Dispatcher {
+	t.Helper()
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.register(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // waitHorizon waits for the cluster's horizon to pass every event committed
