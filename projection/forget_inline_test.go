@@ -123,3 +123,64 @@ func TestInlineAppendRacingForget(t *testing.T) {
 		})
 	}
 }
+
+// TestInlineAppendAfterForget: an append for a subject forgotten before it
+// writes the personal fields to the log as null, and its inline projection
+// is handed the event as every read returns it — fields zero, marked
+// Forgotten — not the caller's values in the clear, which would put the
+// forgotten subject's name back in the read model (promise 19).
+func TestInlineAppendAfterForget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ty := testevents.NewPersonal()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	customers := pgx.Identifier{schema, "customers"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+customers+` (tenant_id text, customer_id text, name text, forgotten bool)`); err != nil {
+		t.Fatal(err)
+	}
+	p := projection.NewInline("customers")
+	must(projection.On(p, ty.Registered, func(ctx context.Context, tx pgx.Tx, ev projector.Event, e testevents.CustomerRegistered) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+customers+` VALUES ($1, $2, $3, $4)`, ev.Stream.Tenant, e.Customer, e.Name, ev.Forgotten)
+		return err
+	}))
+	must(projection.OnForgotten(p, projection.ForgetRows{Table: schema + ".customers", SubjectColumn: "customer_id", TenantColumn: "tenant_id"}))
+	master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: ty.Registry, MasterKey: master,
+		Inline: []postgres.InlineProjection{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := projector.TenantStream("acme", "customer", "c-1")
+	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada Lovelace", Email: "ada@example.com", Plan: "pro"}
+	appendOne := func() projector.Event {
+		var res postgres.AppendResult
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			res, err = store.Append(ctx, tx, stream, projector.AnyVersion, ada)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return res.Events[0]
+	}
+	appendOne()
+	if _, err := store.Forget(ctx, postgres.SubjectRef{Tenant: "acme", ID: "c-1"}); err != nil {
+		t.Fatal(err)
+	}
+	ev := appendOne()
+	var name string
+	var forgotten bool
+	if err := pool.QueryRow(ctx, `SELECT coalesce(name, ''), forgotten FROM `+customers+` WHERE customer_id = 'c-1'`).Scan(&name, &forgotten); err != nil {
+		t.Fatal(err)
+	}
+	if name != "" || !forgotten {
+		t.Fatalf("the inline projection of an append after the forget wrote name %q (forgotten %v), want none, forgotten", name, forgotten)
+	}
+	if got, ok := ev.Payload.(testevents.CustomerRegistered); !ok || got.Name != "" || got.Email != "" || got.Plan != "pro" || !ev.Forgotten {
+		t.Fatalf("the append returned %+v (forgotten %v), want the personal fields zero, the rest kept, forgotten", ev.Payload, ev.Forgotten)
+	}
+}
