@@ -135,13 +135,14 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 			return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
 		}
 		data := enc.Data
+		forgotten := false
 		if s.registry.HasPersonal() {
 			// Sealed in Go before the insert: the events table never sees
 			// a personal field in the clear (docs/privacy.md).
 			if keys == nil {
 				keys = s.newSealing(cached)
 			}
-			if data, err = s.seal(ctx, tx, stream.Tenant, enc, keys); err != nil {
+			if data, forgotten, err = s.seal(ctx, tx, stream.Tenant, enc, keys); err != nil {
 				return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
 			}
 		}
@@ -155,6 +156,16 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 		events[i] = projector.Event{
 			ID: ids[i], Stream: stream, Type: enc.Type, SchemaVersion: enc.SchemaVersion,
 			Data: enc.Data, Payload: deref(p), Metadata: md,
+		}
+		if forgotten {
+			// The subject was forgotten: the inline projections (and the
+			// caller) get the event as every read returns it, fields null
+			// and marked Forgotten, not the values the log never held.
+			payload, _, err := s.registry.Decode(enc.Type, enc.SchemaVersion, data)
+			if err != nil {
+				return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
+			}
+			events[i].Data, events[i].Payload, events[i].Forgotten = data, payload, true
 		}
 	}
 	all := stored.String()

@@ -198,7 +198,11 @@ func validatePayload(payload any) error {
 // created (at version 0 in the log) or advanced only from the version just
 // read, and only by a transaction no older than the one that last appended
 // to it (promise 4), so imported and appended events keep version order
-// equal to log order. The heads are written before the events, as an
+// equal to log order. An archived stream's head is not advanced, as an
+// append's head write refuses it: the check is in the UPDATE, on the row
+// as it is once locked, so an archive that committed after the versions
+// were read is seen, and one that comes after skips the locked head. The
+// heads are written before the events, as an
 // append writes them: a concurrent appender of the same stream waits on
 // the head row, or the import on the appender's, and the loser's check
 // fails. A batch the client then refuses (a version gap, an event that is
@@ -225,7 +229,7 @@ WITH t AS (
 	FROM t
 	WHERE t.current > 0 AND t.last > t.current
 	  AND s.tenant_id = t.tenant AND s.stream_type = t.stream_type AND s.stream_id = t.stream_id
-	  AND s.version = t.current AND s.last_tx_id <= pg_current_xact_id()
+	  AND s.version = t.current AND s.last_tx_id <= pg_current_xact_id() AND s.archived_at IS NULL
 	RETURNING 1
 ), created AS (
 	INSERT INTO {{s}}.projector_streams (tenant_id, stream_type, stream_id, version, last_tx_id)
@@ -310,6 +314,9 @@ func (s *Store) writeBatchOnce(ctx context.Context, b *importBatch, inline bool)
 		}
 	}
 	if written != advanced {
+		if err := s.importArchived(ctx, tx, b, c.current); err != nil {
+			return 0, 0, 0, err
+		}
 		return 0, 0, 0, &projector.ConcurrencyError{Actual: -1, Expected: projector.AnyVersion,
 			Reason: fmt.Sprintf("%d of %d streams were appended to during the import, or by a younger transaction; run the import again", advanced-written, advanced)}
 	}
@@ -400,6 +407,32 @@ func (s *Store) applyInlineImported(ctx context.Context, tx pgx.Tx, b *importBat
 		start = end
 	}
 	return s.ScopeTx(ctx, tx, projector.SystemTenant)
+}
+
+// importArchived says why a batch's heads fell short when an archived
+// stream is the reason: ErrStreamArchived naming the first of the streams
+// the batch would advance (versions past current) whose head is archived.
+// A batch never continues an archived stream: its events would go to the
+// hot log of a stream whose earlier events are in the archive, and a plain
+// read would return them as the stream's whole history.
+func (s *Store) importArchived(ctx context.Context, tx *importTx, b *importBatch, current []int64) error {
+	var tenants, types, ids []string
+	for r, ref := range b.refs {
+		if b.last[r] > current[r] {
+			tenants, types, ids = append(tenants, ref.Tenant), append(types, ref.Type), append(ids, ref.ID)
+		}
+	}
+	var ref projector.StreamRef
+	err := tx.QueryRow(ctx, s.sqlFor(`SELECT s.tenant_id, s.stream_type, s.stream_id FROM {{s}}.projector_streams s
+		JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(t, st, id) ON s.tenant_id = k.t AND s.stream_type = k.st AND s.stream_id = k.id
+		WHERE s.archived_at IS NOT NULL ORDER BY 1, 2, 3 LIMIT 1`), tenants, types, ids).Scan(&ref.Tenant, &ref.Type, &ref.ID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up archived streams: %w", err)
+	}
+	return fmt.Errorf("%w (the import continues it past its archived events)", archivedError(ref))
 }
 
 // checkImported checks that events at versions their streams already have

@@ -82,6 +82,10 @@ type KeyStore interface {
 	// tx when the subject has none, so the key commits with the events
 	// sealed under it; two transactions racing for a new subject must end
 	// with one key. A forgotten subject returns a nil key and no error.
+	// The key it returns must stay the subject's until tx ends: a Destroy
+	// of it in another transaction waits for tx (the key table locks the
+	// row FOR SHARE), so nothing tx writes with the key in the clear, such
+	// as an inline projection's row, commits after the forget.
 	DataKey(ctx context.Context, tx pgx.Tx, subject SubjectRef) ([]byte, error)
 	// DataKeys returns the keys of subjects for opening their fields. A
 	// subject that was forgotten, or has no key, is absent from the map.
@@ -277,9 +281,15 @@ func (k *KeyTable) DataKey(ctx context.Context, tx pgx.Tx, subject SubjectRef) (
 	}
 	// Found, or inserted; when neither, another transaction inserted the
 	// row after this statement's snapshot was taken and committed while
-	// the insert waited on it: the next statement sees it.
+	// the insert waited on it: the next statement sees it. A found row is
+	// locked FOR SHARE until tx ends: a forget's Destroy (an UPDATE of the
+	// row) waits for this transaction, so what it writes with the key —
+	// an inline projection's copy of the fields in the clear — is committed
+	// and seen by the forget's own OnForgotten, never committed after it.
+	// A forget that committed first is seen through the lock (the row is
+	// read again as it is once locked): the fields are written as null.
 	sql := `WITH found AS (
-		SELECT master_key_id, wrapped FROM ` + k.table + ` WHERE tenant_id = $1 AND subject = $2
+		SELECT master_key_id, wrapped FROM ` + k.table + ` WHERE tenant_id = $1 AND subject = $2 FOR SHARE
 	), ins AS (
 		INSERT INTO ` + k.table + ` (tenant_id, subject, master_key_id, wrapped)
 		SELECT $1, $2, $3, $4 WHERE NOT EXISTS (SELECT FROM found)

@@ -127,15 +127,16 @@ func (s *Store) checkGuard(ctx context.Context, tx pgx.Tx, tenant string, st *se
 // seal encrypts the personal fields of an encoded payload under its
 // subject's key: one this append already has, one from the process's
 // cache (guarded, see sealing), or one read or created in tx. The payload
-// is left as it is when its type declares no personal fields.
-func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projector.Encoded, st *sealing) (json.RawMessage, error) {
+// is left as it is when its type declares no personal fields. forgotten
+// reports a subject that was forgotten: its fields are written as null.
+func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projector.Encoded, st *sealing) (_ json.RawMessage, forgotten bool, _ error) {
 	p, ok := s.registry.PersonalOf(enc.Type)
 	if !ok {
-		return enc.Data, nil
+		return enc.Data, false, nil
 	}
 	id, err := p.SubjectOf(enc.Data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", enc.Type, err)
+		return nil, false, fmt.Errorf("%s: %w", enc.Type, err)
 	}
 	ref := SubjectRef{Tenant: tenant, ID: id}
 	c, ok := st.keys[ref]
@@ -145,11 +146,12 @@ func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projecto
 			st.guardSubjects = append(st.guardSubjects, id)
 			st.guardWrapped = append(st.guardWrapped, e.wrapped)
 		} else if c, err = s.dataKeyCipher(ctx, tx, ref); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		st.keys[ref] = c
 	}
-	return p.SealWith(enc.Data, id, c)
+	data, err := p.SealWith(enc.Data, id, c)
+	return data, c == nil, err
 }
 
 // dataKeyCipher reads or creates ref's key in tx: the key table's cached

@@ -122,17 +122,21 @@ const appendValues = `VALUES ($1, $2, $3, $4, pg_current_xact_id())`
 // bytes are $%[2]d[i] — not forgotten, and committed (or this
 // transaction's own). The guarded statements make the head write, and so
 // the whole append, conditional on it: a failed guard writes nothing,
-// returns no row, and the append starts over without the cache.
+// returns no row, and the append starts over without the cache. A key row
+// that holds lets the append go on locked FOR SHARE until it ends, as
+// KeyTable.DataKey locks it: a forget waits for the append, so the fields
+// an inline projection copied in the clear commit before the forget's
+// OnForgotten runs, and it deletes them.
 const appendGuardSQL = `NOT EXISTS (SELECT FROM unnest($%[1]d::text[], $%[2]d::bytea[]) AS g(subject, wrapped)
 		WHERE NOT EXISTS (SELECT FROM {{s}}.projector_subject_keys k
-			WHERE k.tenant_id = $1 AND k.subject = g.subject AND k.wrapped = g.wrapped))`
+			WHERE k.tenant_id = $1 AND k.subject = g.subject AND k.wrapped = g.wrapped FOR SHARE OF k))`
 
 // appendGuardOneSQL is appendGuardSQL for an append whose sealed fields
 // are all one subject's, the common case: one probe of the key table by
 // its primary key, with the subject and wrapped bytes as scalars, where
 // the general guard encodes two arrays and unnests them.
 const appendGuardOneSQL = `EXISTS (SELECT FROM {{s}}.projector_subject_keys k
-		WHERE k.tenant_id = $1 AND k.subject = $%[1]d::text AND k.wrapped = $%[2]d::bytea)`
+		WHERE k.tenant_id = $1 AND k.subject = $%[1]d::text AND k.wrapped = $%[2]d::bytea FOR SHARE OF k)`
 
 // appendGuardedValues is appendValues when guarded: a row only when the
 // guard holds.

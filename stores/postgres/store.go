@@ -328,6 +328,21 @@ func (s *Store) checkTenantRole(ctx context.Context) error {
 		return fmt.Errorf("postgres store: tenant role %q owns (or has the privileges of the owner of) %v in schema %q, "+
 			"so row-level security would not apply to it there; use a role that owns nothing (docs/tenancy.md)", s.role, owned, s.schema)
 	}
+	// An append of personal fields locks its subjects' key rows FOR SHARE
+	// (KeyTable.DataKey), which needs an UPDATE privilege that
+	// GrantTenantRole grants since this lock came: one granted before fails
+	// every tenant-scoped append of them. Said here, at start.
+	if _, ok := s.keys.(*KeyTable); ok && s.registry.HasPersonal() {
+		var may bool
+		if err := s.pool.QueryRow(ctx, `SELECT has_column_privilege($1, $2::regclass, 'tenant_id', 'UPDATE')`,
+			s.role, s.Table("projector_subject_keys")).Scan(&may); err != nil {
+			return fmt.Errorf("postgres store: look up tenant role %q's privileges: %w", s.role, err)
+		}
+		if !may {
+			return fmt.Errorf("postgres store: tenant role %q may not lock data subjects' keys, which a tenant-scoped append of "+
+				"personal fields does (so that a forget waits for it); run postgres.GrantTenantRole for it again (docs/tenancy.md)", s.role)
+		}
+	}
 	return nil
 }
 

@@ -101,8 +101,12 @@ FROM outer_role`
 // GrantTenantRole grants role what it needs on Projector's own tables for
 // handlers that append events while scoped to a tenant — usage of the
 // schema, reading and writing the log and the stream heads, reading,
-// writing and pruning aggregate snapshots, reading and creating data
-// subjects' keys (personal fields), and reading archived events (loads
+// writing and pruning aggregate snapshots, reading, creating and locking
+// data subjects' keys (personal fields: an append locks its subjects' key
+// rows FOR SHARE, so a forget waits for it, which PostgreSQL allows only
+// with an UPDATE privilege; the one granted is of the tenant_id column,
+// which the role's tenant policy lets it set to nothing but the value it
+// has), and reading archived events (loads
 // with IncludeArchived; archiving itself is an operator's job) — and puts
 // row-level security on those five tables so that role only ever reaches
 // the rows of the tenant
@@ -134,6 +138,7 @@ func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 GRANT SELECT, INSERT, UPDATE ON ` + q + `.projector_events, ` + q + `.projector_streams TO ` + r + `;
 GRANT SELECT, INSERT, DELETE ON ` + q + `.projector_snapshots TO ` + r + `;
 GRANT SELECT, INSERT ON ` + q + `.projector_subject_keys TO ` + r + `;
+GRANT UPDATE (tenant_id) ON ` + q + `.projector_subject_keys TO ` + r + `;
 GRANT SELECT ON ` + q + `.projector_key_epoch TO ` + r + `;
 GRANT SELECT ON ` + q + `.projector_events_archive TO ` + r + `;
 `)
