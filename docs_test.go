@@ -7,6 +7,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,6 +133,7 @@ func TestDocSnippetsCompile(t *testing.T) {
 	if total == 0 {
 		t.Fatal("no ```go blocks found: is the test running in the module root?")
 	}
+	checkSnippetDeps(t, overlay)
 	ov, err := json.Marshal(map[string]any{"Replace": overlay})
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +156,41 @@ func TestDocSnippetsCompile(t *testing.T) {
 	if err != nil {
 		t.Errorf("%d Go blocks of README.md and docs/ do not all compile (go %s):\n%s",
 			total, strings.Join(args, " "), strings.ReplaceAll(string(out), root+string(filepath.Separator), ""))
+	}
+}
+
+// modulePath is the import path of this module.
+const modulePath = "github.com/projectorhq/projector"
+
+// checkSnippetDeps fails the test if a snippet (a file of overlay) imports
+// a package of the module that docs_deps_test.go does not: that package
+// would be compiled twice by a suite run, once by `go test` and once by the
+// snippets' build beside it.
+func checkSnippetDeps(t *testing.T, overlay map[string]string) {
+	t.Helper()
+	linked := map[string]bool{modulePath: true}
+	deps, err := parser.ParseFile(token.NewFileSet(), "docs_deps_test.go", nil, parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, imp := range deps.Imports {
+		linked[strings.Trim(imp.Path.Value, `"`)] = true
+	}
+	missing := map[string]bool{}
+	for _, src := range overlay {
+		f, err := parser.ParseFile(token.NewFileSet(), src, nil, parser.ImportsOnly)
+		if err != nil {
+			continue // the build below reports it, with the page's line
+		}
+		for _, imp := range f.Imports {
+			p := strings.Trim(imp.Path.Value, `"`)
+			if (p == modulePath || strings.HasPrefix(p, modulePath+"/")) && !linked[p] {
+				missing[p] = true
+			}
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(missing)) {
+		t.Errorf("a docs snippet imports %s: add it to docs_deps_test.go, so that the suite compiles it once, before this test", p)
 	}
 }
 

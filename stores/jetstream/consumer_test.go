@@ -163,6 +163,7 @@ func (m lostAck) DoubleAck(ctx context.Context) error {
 // the middle of its transaction — never apply an effect twice; every event
 // is applied once, per stream in version order.
 func TestPromise14_ClaimsApplyOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.relay(e.relayConfig())
 	d := e.dispatcher(r.Async())

@@ -27,6 +27,7 @@ import (
 // every park through the fixed handler (the deploy), every event is
 // applied exactly once, in stream order.
 func TestPromise18_ClaimsConsumerParksSurviveKills(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.relay(e.relayConfig())
 	e.dispatcher(r.Async())

@@ -97,6 +97,7 @@ func TestConsumerStopsOnSystemicFailure(t *testing.T) {
 // event: the message is neither dead-lettered (however low MaxDeliver is)
 // nor does it stop the consumer; it is applied on redelivery.
 func TestConsumerGoesOnAfterConnectionLoss(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.relay(e.relayConfig())
 	d := e.dispatcher(r.Async())
