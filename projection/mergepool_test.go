@@ -61,6 +61,62 @@ func TestMergeTimingOutOnAOneConnectionPoolReturns(t *testing.T) {
 	}
 }
 
+// The same, with the wait's deadline falling while a look at the halves is
+// under way: the look is held up by a lock on the consumers table taken by
+// hand once the halves are held, and given back only once the deadline
+// passed. The look must finish rather than be cancelled, for a statement
+// cancelled midway closes its connection, the one holding the claims,
+// through which the holds are lifted; the merge then waited for a second
+// connection a pool of one never gives, and left both halves held (the
+// test failed so, as the timeout test above did once under CI's load).
+func TestMergeTimingOutDuringALookOnAOneConnectionPool(t *testing.T) {
+	t.Parallel()
+	e, admin, closePool := oneConnectionMerge(t, "looking")
+	consumers := e.table("projector_consumers")
+	e.exec(`UPDATE `+consumers+` SET cursor_tx_id = '0', cursor_seq = 0 WHERE name = 'looking' AND instance_id = $1`,
+		projection.PartitionInstance(1, 2))
+	const wait = 500 * time.Millisecond
+	started := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- mergeWithin30s(t, admin, "looking", wait, closePool) }()
+	held := func() int {
+		var n int
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+consumers+` WHERE name = 'looking' AND hold_tx_id IS NOT NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	eventually(t, 30*time.Second, "the merge holds both halves", func() bool { return held() == 2 })
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+consumers+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a look waits for the table", func() bool {
+		var waiting bool
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = $1::regclass)`, consumers).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	// The deadline passes while the look waits: waiting on the clock is
+	// the point here.
+	time.Sleep(2*wait - time.Since(started))
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if err == nil || errors.Is(err, projection.ErrLayoutChanged) {
+		t.Fatalf("merge of a half that cannot reach its hold: %v, want its timeout", err)
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("%d partitions still held after the merge timed out during a look", n)
+	}
+}
+
 // oneConnectionMerge makes consumer, two partitions, caught up by a
 // dispatcher that is stopped again, and an admin on a pool of one
 // connection, which closePool closes.

@@ -666,7 +666,12 @@ const holdPoll = 5 * time.Millisecond
 // the pair was merged (its parent there, its halves gone: by the pass of
 // the half there second, mergehandoff.go). It returns which were merged.
 func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer string, pairs []mergePair, wait time.Duration) ([]bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, wait)
+	// The wait's end stops the wait between looks, never a look under way:
+	// a statement cancelled midway closes its connection, the one holding
+	// the claims, through which the holds are then lifted (unholdFenced);
+	// a pool of one connection has no other (TestMergeTimingOutOnAOneConnectionPoolReturns
+	// failed under load when the deadline fell during a look).
+	waited, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var ids []string
 	holds := map[string]projector.Position{}
@@ -682,7 +687,7 @@ func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer str
 	for {
 		rows, err := conn.Query(ctx, a.split.poll, consumer, ids)
 		if err != nil {
-			return nil, waitErr(ctx, err, "")
+			return nil, waitErr(waited, err, "")
 		}
 		var id string
 		var cursor, hold projector.Position
@@ -712,7 +717,7 @@ func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer str
 			return nil
 		})
 		if err != nil {
-			return nil, waitErr(ctx, err, behind)
+			return nil, waitErr(waited, err, behind)
 		}
 		merged := mergedPairs(pairs, there)
 		ready := true
@@ -730,8 +735,8 @@ func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer str
 			return merged, nil
 		}
 		select {
-		case <-ctx.Done():
-			return nil, waitErr(ctx, ctx.Err(), behind)
+		case <-waited.Done():
+			return nil, waitErr(waited, waited.Err(), behind)
 		case <-tick.C:
 		}
 	}
