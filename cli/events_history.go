@@ -69,7 +69,7 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 				if output != "" && output != "-" {
 					f, err := os.Create(output)
 					if err != nil {
-						return err
+						return printablePathError(err)
 					}
 					defer f.Close()
 					w = f
@@ -143,7 +143,7 @@ them; --without-inline skips them (faster), and they must then be rebuilt
 			if args[0] != "-" {
 				f, err := os.Open(args[0])
 				if err != nil {
-					return usageError{err}
+					return usageError{printablePathError(err)}
 				}
 				defer f.Close()
 				in = f

@@ -1,0 +1,92 @@
+package cli
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// events tail's --stream-type and --stream take names PostgreSQL text can
+// hold: an unstorable one is a bad command line (exit 2), shown escaped.
+// --stream-type "a\x00" once came back from the driver as exit 1 and
+// --stream "a\x00" as exit 0 with nothing printed, a filter no stream can
+// match.
+func TestTailUnstorableFiltersAreUsageErrors(t *testing.T) {
+	t.Parallel()
+	store := pgtest.Store(t, projector.NewRegistry())
+	long := strings.Repeat("s", projector.MaxNameLength+1)
+	for _, bad := range []string{"x\xffy", "x\x00y", long} {
+		for _, args := range [][]string{
+			{"events", "tail", "--no-follow", "--stream-type", bad},
+			{"events", "tail", "--no-follow", "--stream-type", "order", "--stream", bad},
+		} {
+			out, code := runIn(t, store.Schema(), nil, args...)
+			if code != ExitUsage || !strings.Contains(out, "--stream") {
+				t.Errorf("%q: exit %d, want %d naming the flag\n%s", args, code, ExitUsage, out)
+			}
+			if strings.Contains(out, bad) || strings.Contains(out, "SQLSTATE") {
+				t.Errorf("%q: raw bytes or a driver error in the output: %q", args, out)
+			}
+		}
+	}
+}
+
+// A file name events export or import cannot open is echoed made
+// printable: the error once carried the name's bytes as typed, so a name
+// holding an escape sequence rewrote the operator's terminal.
+func TestHistoryFileNamesArePrintedEscaped(t *testing.T) {
+	t.Parallel()
+	store := pgtest.Store(t, projector.NewRegistry())
+	name := filepath.Join(t.TempDir(), "no-such-dir", "x\x1b]0;owned\x07\x1b[2J\ny")
+	for _, args := range [][]string{
+		{"events", "export", "-o", name},
+		{"events", "import", name},
+	} {
+		out, code := runIn(t, store.Schema(), nil, args...)
+		if code == ExitOK || !strings.Contains(out, "no such file or directory") {
+			t.Errorf("%q: exit %d, want the open's failure\n%s", args, code, out)
+		}
+		if strings.ContainsAny(out, "\x1b\x07") || strings.Count(out, "\n") != 1 {
+			t.Errorf("%q: the file name reached the terminal unescaped: %q", args, out)
+		}
+	}
+}
+
+// A subject id subjects forget can never forget (its stream
+// projector.subject/ID would be over the name limit) is a bad command line
+// (exit 2) and writes nothing: it once got as far as the append and failed
+// with exit 1.
+func TestForgetOverlongSubjectIsUsageError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.NewPersonal()
+	master, err := postgres.NewMasterKey("cli", testevents.MasterKey("cli"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
+	long := strings.Repeat("c", projector.MaxNameLength+1)
+	for _, args := range [][]string{
+		{"subjects", "forget", long},
+		{"subjects", "forget", "c-1", "--tenant", strings.Repeat("t", projector.MaxNameLength+1)},
+	} {
+		out, code := runIn(t, store.Schema(), types.Registry, args...)
+		if code != ExitUsage || !strings.Contains(out, "255") {
+			t.Errorf("%q: exit %d, want %d stating the limit\n%s", args[:2], code, ExitUsage, out)
+		}
+	}
+	var n int
+	if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT count(*) FROM `+store.Table("projector_events")).Scan(&n)
+	}); err != nil || n != 0 {
+		t.Fatalf("events written: %d, %v", n, err)
+	}
+}
