@@ -90,3 +90,24 @@ func TestForgetOverlongSubjectIsUsageError(t *testing.T) {
 		t.Fatalf("events written: %d, %v", n, err)
 	}
 }
+
+// A wrong count of arguments is a bad command line (exit 2): events import
+// with no file, or two, and rebuild list with two names came back as exit
+// 1 (cobra's own argument checks return errors ExitCode did not know).
+func TestArgumentCountIsUsageError(t *testing.T) {
+	t.Parallel()
+	store := pgtest.Store(t, projector.NewRegistry())
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"events", "import"}, "history file"},
+		{[]string{"events", "import", "a.jsonl", "b.jsonl"}, "history file"},
+		{[]string{"rebuild", "list", "a", "b"}, "arg"},
+	} {
+		out, code := runIn(t, store.Schema(), nil, c.args...)
+		if code != ExitUsage || !strings.Contains(out, c.want) {
+			t.Errorf("%q: exit %d, want %d with %q\n%s", c.args, code, ExitUsage, c.want, out)
+		}
+	}
+}
