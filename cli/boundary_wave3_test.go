@@ -111,3 +111,29 @@ func TestArgumentCountIsUsageError(t *testing.T) {
 		}
 	}
 }
+
+// bench's out-of-range sizes name the flag, once: benchmark.Config.Validate
+// checks each append figure and each phase apart, so --writers 100000000
+// came back as "writers 100000000 outside 1..1000" twice (once per default
+// --events-per-tx). A measuring time is at most an hour: 1000000h was
+// taken. (--rate is out of range too in that case, so a bench that took the
+// duration stops at it instead of running.)
+func TestBenchOutOfRangeNamesTheFlag(t *testing.T) {
+	t.Parallel()
+	store := pgtest.Store(t, projector.NewRegistry())
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--writers", "100000000"}, "--writers 100000000: want 1..1000\n"},
+		{[]string{"bench", "--events-per-tx", "20000"}, "--events-per-tx 20000: want 1..10000\n"},
+		{[]string{"bench", "--rebuild-batch-size", "9999999999"}, "--rebuild-batch-size 9999999999: want 1..100000\n"},
+		{[]string{"bench", "--append-duration", "1000000h", "--rate", "2000000000"}, "--append-duration 1000000h0m0s: want more than 0 and at most 1h0m0s\n"},
+		{[]string{"bench", "--latency-duration", "1000000h", "--rate", "2000000000"}, "--latency-duration 1000000h0m0s: want more than 0 and at most 1h0m0s\n"},
+	} {
+		out, code := runIn(t, store.Schema(), nil, c.args...)
+		if code != ExitUsage || out != c.want {
+			t.Errorf("%q: exit %d, want %d with %q\n%q", c.args, code, ExitUsage, c.want, out)
+		}
+	}
+}
