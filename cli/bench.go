@@ -7,7 +7,9 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -88,8 +90,16 @@ primary. See docs/performance.md for what each line means.`,
 			if cfg.RebuildBatchSize < 0 {
 				return usageError{errors.New("--rebuild-batch-size must not be negative (0 is the projection's default)")}
 			}
+			for _, d := range []struct {
+				name string
+				v    time.Duration
+			}{{"append-duration", cfg.AppendDuration}, {"latency-duration", cfg.LatencyDuration}} {
+				if d.v > maxBenchDuration {
+					return usageError{fmt.Errorf("--%s %v: want more than 0 and at most %v", d.name, d.v, maxBenchDuration)}
+				}
+			}
 			if err := cfg.Validate(); err != nil {
-				return usageError{err}
+				return usageError{benchFlagError(err)}
 			}
 			pool, err := a.Pool(cmd.Context())
 			if err != nil {
@@ -121,6 +131,40 @@ primary. See docs/performance.md for what each line means.`,
 	f.BoolVar(&cfg.Tracing, "tracing", false, "also measure appends and a catch-up with the no-op provider, an SDK sampling nothing and every span recorded, each beside the same work untraced")
 	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	return cmd
+}
+
+// maxBenchDuration bounds --append-duration and --latency-duration: each
+// is measured several times over, so a mistyped unit (1000000h) would load
+// the database for longer than anyone means.
+const maxBenchDuration = time.Hour
+
+// benchFlagNames maps the names benchmark.Config.Validate gives its
+// sizes to the flags that set them, longest first ("rebuild batch size"
+// before "batch size").
+var benchFlagNames = []struct{ what, flag string }{
+	{"events per transaction", "--events-per-tx"}, {"rebuild batch size", "--rebuild-batch-size"},
+	{"rebuild events", "--rebuild-events"}, {"backlog events", "--events"}, {"batch size", "--batch-size"},
+	{"writers", "--writers"}, {"rate", "--rate"},
+}
+
+// benchFlagError is benchmark.Config.Validate's error naming the flags:
+// it checks each append figure and each phase on its own, so a bad
+// --writers or --batch-size came back once per figure, under the
+// internal name of the size.
+func benchFlagError(err error) error {
+	var lines []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		for _, n := range benchFlagNames {
+			if rest, ok := strings.CutPrefix(l, n.what+" "); ok {
+				l = n.flag + " " + strings.Replace(rest, " outside ", ": want ", 1)
+				break
+			}
+		}
+		if l != "" && !slices.Contains(lines, l) {
+			lines = append(lines, l)
+		}
+	}
+	return &hiddenError{msg: strings.Join(lines, "; "), err: err}
 }
 
 // BenchJSON is the output of `bench -o json`.

@@ -237,10 +237,19 @@ type usageError struct{ error }
 func (u usageError) Unwrap() error { return u.error }
 
 // isCobraUsage recognises the usage errors cobra returns untyped: an
-// unknown subcommand and a missing required flag.
+// unknown subcommand, a missing required flag, and a wrong count of
+// arguments from its own checks (cobra.ExactArgs, MaximumNArgs,
+// MinimumNArgs, RangeArgs), which a command tree mounted through
+// [Config.Commands] may use too.
 func isCobraUsage(err error) bool {
 	msg := err.Error()
-	return strings.HasPrefix(msg, "unknown command ") || strings.HasPrefix(msg, "required flag(s) ")
+	switch {
+	case strings.HasPrefix(msg, "unknown command "), strings.HasPrefix(msg, "required flag(s) "):
+		return true
+	case strings.HasPrefix(msg, "accepts "), strings.HasPrefix(msg, "requires at least "):
+		return strings.Contains(msg, " arg(s)")
+	}
+	return false
 }
 
 func oneLine(err error) string {

@@ -190,6 +190,16 @@ The hot log only, unless --include-archived: then the events of archived streams
 			if len(f.streams) > 0 && len(f.streamTypes) == 0 {
 				return usageError{errors.New("--stream needs --stream-type: a stream id is only unique within its type")}
 			}
+			for _, v := range f.streamTypes {
+				if err := checkName("--stream-type", v); err != nil {
+					return err
+				}
+			}
+			for _, v := range f.streams {
+				if err := checkName("--stream", v); err != nil {
+					return err
+				}
+			}
 			// Types the binary does not define are looked for in the log
 			// once connected; an empty registry knows no types at all.
 			var undefined []string

@@ -69,7 +69,7 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 				if output != "" && output != "-" {
 					f, err := os.Create(output)
 					if err != nil {
-						return err
+						return printablePathError(err)
 					}
 					defer f.Close()
 					w = f
@@ -134,7 +134,12 @@ and consumers process them like appended ones.
 The application's inline projections are applied to each batch, as appends apply
 them; --without-inline skips them (faster), and they must then be rebuilt
 (` + "`rebuild`" + `) before their read models hold the imported events.`,
-		Args: cobra.ExactArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("want one history file, or - for standard input; got %d arguments (usage: %s)", len(args), cmd.UseLine())}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.BatchSize < 1 || opts.BatchSize > postgres.MaxImportBatchSize {
 				return usageError{fmt.Errorf("--batch-size %d: want 1 to %d", opts.BatchSize, postgres.MaxImportBatchSize)}
@@ -143,7 +148,7 @@ them; --without-inline skips them (faster), and they must then be rebuilt
 			if args[0] != "-" {
 				f, err := os.Open(args[0])
 				if err != nil {
-					return usageError{err}
+					return usageError{printablePathError(err)}
 				}
 				defer f.Close()
 				in = f

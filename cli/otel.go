@@ -3,7 +3,9 @@ package cli
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	neturl "net/url"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -80,6 +82,11 @@ func newTracerProvider(ctx context.Context, getenv func(string) string, opts ...
 	if protocol != "" && protocol != otlpProtocolHTTP {
 		return nil, usageError{fmt.Errorf("$%s=%s: projector run exports OTLP over %s only", envOTLPProtocol, quoted(protocol), otlpProtocolHTTP)}
 	}
+	for _, key := range []string{envOTLPEndpoint, envOTLPTracesEndpoint} {
+		if err := checkOTLPEndpoint(getenv(key)); err != nil {
+			return nil, usageError{fmt.Errorf("$%s: %w", key, err)}
+		}
+	}
 	exporter, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
@@ -96,4 +103,25 @@ func newTracerProvider(ctx context.Context, getenv func(string) string, opts ...
 	// The sampler defaults to parent-based always-on and follows
 	// OTEL_TRACES_SAMPLER when set (the SDK reads it).
 	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res)), nil
+}
+
+// checkOTLPEndpoint refuses an OTLP endpoint that is not an http or https
+// URL with a host ("" is unset). The exporter itself logs one it cannot
+// parse whole to standard error, password included, and exports to its
+// default endpoint instead; so the message here never holds the URL or
+// the parser's error, which quotes it.
+func checkOTLPEndpoint(v string) error {
+	if v == "" {
+		return nil
+	}
+	u, err := neturl.Parse(v)
+	switch {
+	case err != nil:
+		return errors.New("not a URL (not printed: it may hold credentials): want http(s)://host:port")
+	case u.Scheme != "http" && u.Scheme != "https":
+		return errors.New("not an http or https URL (not printed: it may hold credentials): want http(s)://host:port")
+	case u.Host == "":
+		return errors.New("a URL without a host (not printed: it may hold credentials): want http(s)://host:port")
+	}
+	return nil
 }

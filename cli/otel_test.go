@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,6 +105,35 @@ func TestRunTracingServiceName(t *testing.T) {
 		_ = tp.Shutdown(ctx)
 		if os.Getenv(envOTelServiceName) == "" && got.AsString() != want {
 			t.Errorf("OTEL_SERVICE_NAME=%q: service.name %q, want %q", env, got.AsString(), want)
+		}
+	}
+}
+
+// An OTLP endpoint that is not an http(s) URL with a host is a bad
+// command line (exit 2) whose message never holds the URL, which may carry
+// credentials: the exporter took it, logged it whole to standard error
+// (password included) and exported to its default endpoint instead.
+func TestRunTracingBadEndpointIsUsageErrorWithoutTheURL(t *testing.T) {
+	t.Parallel()
+	for _, endpoint := range []string{
+		"http://user:s3cret@127.0.0.1:badport",
+		"http://user:s3cret@[::1",
+		"http://user:s3cret%zz@127.0.0.1:4318",
+		"user:s3cret@127.0.0.1:4318",
+		"ftp://user:s3cret@127.0.0.1:4318",
+		"http://user:s3cret@/v1/traces",
+	} {
+		for _, key := range []string{envOTLPEndpoint, envOTLPTracesEndpoint} {
+			tp, err := newTracerProvider(context.Background(), envOf(map[string]string{key: endpoint}))
+			if tp != nil {
+				_ = tp.Shutdown(context.Background())
+			}
+			if ExitCode(err) != ExitUsage || !strings.Contains(oneLine(err), key) {
+				t.Errorf("%s=%s: err %v, want a usage error naming the variable", key, endpoint, err)
+			}
+			if err != nil && strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("%s: the error shows the password: %v", key, err)
+			}
 		}
 	}
 }

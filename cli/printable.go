@@ -1,6 +1,9 @@
 package cli
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
 	"strings"
 
 	"github.com/projectorhq/projector"
@@ -39,3 +42,24 @@ func names(list []string) string {
 
 // quoted is projector.Quoted, short for the many sentences here.
 func quoted(s string) string { return projector.Quoted(s) }
+
+// checkName refuses, as a bad command line naming flag, a name filter no
+// stored name can match: not valid UTF-8, holding a NUL byte (PostgreSQL
+// text cannot store either) or over projector.MaxNameLength bytes.
+func checkName(flag, v string) error {
+	if err := projector.ValidText(v); err != nil || len(v) > projector.MaxNameLength {
+		return usageError{fmt.Errorf("%s %s: not a name (valid UTF-8 without NUL, at most %d bytes)", flag, projector.Printable(v), projector.MaxNameLength)}
+	}
+	return nil
+}
+
+// printablePathError is err with the file name of an *fs.PathError made
+// printable: the name is what the operator typed, and os puts it into the
+// error as it is, escape sequences and newlines included.
+func printablePathError(err error) error {
+	var pe *fs.PathError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	return &hiddenError{msg: fmt.Sprintf("%s %s: %v", pe.Op, projector.Printable(pe.Path), pe.Err), err: err}
+}

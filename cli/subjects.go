@@ -40,6 +40,12 @@ is refused (exit 3); nothing is written either way. No master key is needed.`,
 			if err := ref.Validate(); err != nil {
 				return usageError{err}
 			}
+			// The forgotten event goes to the stream projector.subject/ID of
+			// the tenant: a subject whose stream cannot exist (a name over
+			// the limit) cannot be forgotten, whatever the database holds.
+			if err := projector.TenantStream(tenant, projector.SubjectStreamType, args[0]).Validate(); err != nil {
+				return usageError{fmt.Errorf("subject %s: %w", ref, err)}
+			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				res, err := store.Forget(cmd.Context(), ref)
 				if err != nil {

@@ -131,17 +131,17 @@ func TestBenchBadFlags(t *testing.T) {
 	}{
 		{"zero writers", []string{"--writers", "0"}, "--writers must be positive"},
 		{"zero among writer counts", []string{"--writers", "1,0,16"}, "--writers must be positive"},
-		{"writers out of range", []string{"--writers", "4,5000"}, "writers 5000"},
+		{"writers out of range", []string{"--writers", "4,5000"}, "--writers 5000: want 1..1000"},
 		{"negative rate", []string{"--rate", "-5"}, "--rate must be positive"},
-		{"rate out of range", []string{"--rate", "1000000"}, "rate 1000000"},
+		{"rate out of range", []string{"--rate", "1000000"}, "--rate 1000000: want 1..100000"},
 		{"not a number", []string{"--events", "lots"}, "--events"},
 		{"duration without unit", []string{"--latency-duration", "5"}, "--latency-duration"},
 		{"unknown format", []string{"-o", "yaml"}, "--output"},
 		{"zero events per transaction", []string{"--events-per-tx", "1,0"}, "--events-per-tx must be positive"},
-		{"events per transaction out of range", []string{"--events-per-tx", "4,20000"}, "events per transaction 20000"},
+		{"events per transaction out of range", []string{"--events-per-tx", "4,20000"}, "--events-per-tx 20000: want 1..10000"},
 		{"zero rebuild log", []string{"--rebuild-events", "0"}, "--rebuild-events must be positive"},
 		{"negative rebuild batch", []string{"--rebuild-batch-size", "-1"}, "--rebuild-batch-size must not be negative"},
-		{"rebuild batch out of range", []string{"--rebuild-batch-size", "1000000"}, "rebuild batch size 1000000"},
+		{"rebuild batch out of range", []string{"--rebuild-batch-size", "1000000"}, "--rebuild-batch-size 1000000: want 1..100000"},
 		{"extra argument", []string{"now"}, "unknown command"},
 	}
 	for _, tc := range cases {
