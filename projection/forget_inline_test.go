@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -36,29 +37,8 @@ func TestInlineAppendRacingForget(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			ty := testevents.NewPersonal()
-			schema := pgtest.Schema(t)
-			pool := pgtest.Pool(t)
-			customers := pgx.Identifier{schema, "customers"}.Sanitize()
-			if _, err := pool.Exec(ctx, `CREATE TABLE `+customers+` (tenant_id text, customer_id text, name text)`); err != nil {
-				t.Fatal(err)
-			}
-			p := projection.NewInline("customers")
-			must(projection.On(p, ty.Registered, func(ctx context.Context, tx pgx.Tx, ev projector.Event, e testevents.CustomerRegistered) error {
-				_, err := tx.Exec(ctx, `INSERT INTO `+customers+` VALUES ($1, $2, $3)`, ev.Stream.Tenant, e.Customer, e.Name)
-				return err
-			}))
-			must(projection.OnForgotten(p, projection.ForgetRows{Table: schema + ".customers", SubjectColumn: "customer_id", TenantColumn: "tenant_id"}))
-			master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: ty.Registry, MasterKey: master,
-				Inline: []postgres.InlineProjection{p}, KeyCacheSize: c.cache})
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := newCustomersInline(t, c.cache)
+			ctx, ty, schema, pool, customers, p, master, store := f.ctx, f.ty, f.schema, f.pool, f.customers, f.p, f.master, f.store
 			// The operator's process: a store of its own.
 			operator, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: ty.Registry, MasterKey: master,
 				Inline: []postgres.InlineProjection{p}})
@@ -131,29 +111,8 @@ func TestInlineAppendRacingForget(t *testing.T) {
 // forgotten subject's name back in the read model (promise 19).
 func TestInlineAppendAfterForget(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	ty := testevents.NewPersonal()
-	schema := pgtest.Schema(t)
-	pool := pgtest.Pool(t)
-	customers := pgx.Identifier{schema, "customers"}.Sanitize()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+customers+` (tenant_id text, customer_id text, name text, forgotten bool)`); err != nil {
-		t.Fatal(err)
-	}
-	p := projection.NewInline("customers")
-	must(projection.On(p, ty.Registered, func(ctx context.Context, tx pgx.Tx, ev projector.Event, e testevents.CustomerRegistered) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+customers+` VALUES ($1, $2, $3, $4)`, ev.Stream.Tenant, e.Customer, e.Name, ev.Forgotten)
-		return err
-	}))
-	must(projection.OnForgotten(p, projection.ForgetRows{Table: schema + ".customers", SubjectColumn: "customer_id", TenantColumn: "tenant_id"}))
-	master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: ty.Registry, MasterKey: master,
-		Inline: []postgres.InlineProjection{p}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := newCustomersInline(t, 0)
+	ctx, pool, customers, store := f.ctx, f.pool, f.customers, f.store
 	stream := projector.TenantStream("acme", "customer", "c-1")
 	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada Lovelace", Email: "ada@example.com", Plan: "pro"}
 	appendOne := func() projector.Event {
@@ -183,4 +142,44 @@ func TestInlineAppendAfterForget(t *testing.T) {
 	if got, ok := ev.Payload.(testevents.CustomerRegistered); !ok || got.Name != "" || got.Email != "" || got.Plan != "pro" || !ev.Forgotten {
 		t.Fatalf("the append returned %+v (forgotten %v), want the personal fields zero, the rest kept, forgotten", ev.Payload, ev.Forgotten)
 	}
+}
+
+// customersInline is a schema whose store keeps an inline read model of
+// customers (tenant, id, name, whether the event came forgotten) that
+// forgets a subject's rows (OnForgotten).
+type customersInline struct {
+	ctx       context.Context
+	ty        testevents.PersonalTypes
+	schema    string
+	pool      *pgxpool.Pool
+	customers string
+	p         *projection.Inline
+	master    *postgres.MasterKey
+	store     *postgres.Store
+}
+
+// newCustomersInline makes it, its store's key cache of cache entries
+// (negative: none).
+func newCustomersInline(t *testing.T, cache int) customersInline {
+	t.Helper()
+	f := customersInline{ctx: context.Background(), ty: testevents.NewPersonal(), schema: pgtest.Schema(t), pool: pgtest.Pool(t)}
+	f.customers = pgx.Identifier{f.schema, "customers"}.Sanitize()
+	if _, err := f.pool.Exec(f.ctx, `CREATE TABLE `+f.customers+` (tenant_id text, customer_id text, name text, forgotten bool)`); err != nil {
+		t.Fatal(err)
+	}
+	f.p = projection.NewInline("customers")
+	must(projection.On(f.p, f.ty.Registered, func(ctx context.Context, tx pgx.Tx, ev projector.Event, e testevents.CustomerRegistered) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+f.customers+` VALUES ($1, $2, $3, $4)`, ev.Stream.Tenant, e.Customer, e.Name, ev.Forgotten)
+		return err
+	}))
+	must(projection.OnForgotten(f.p, projection.ForgetRows{Table: f.schema + ".customers", SubjectColumn: "customer_id", TenantColumn: "tenant_id"}))
+	var err error
+	if f.master, err = postgres.NewMasterKey("k1", testevents.MasterKey("one")); err != nil {
+		t.Fatal(err)
+	}
+	if f.store, err = postgres.New(f.ctx, f.pool, postgres.Config{Schema: f.schema, Registry: f.ty.Registry, MasterKey: f.master,
+		Inline: []postgres.InlineProjection{f.p}, KeyCacheSize: cache}); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
