@@ -30,6 +30,7 @@ const (
 	envOTelServiceName     = "OTEL_SERVICE_NAME"
 	otlpProtocolHTTP       = "http/protobuf"
 	defaultOTelServiceName = "projector"
+	defaultOTLPTracesURL   = "http://localhost:4318/v1/traces"
 )
 
 // otelWanted reports whether the environment asks for trace export: an OTLP
@@ -86,6 +87,12 @@ func newTracerProvider(ctx context.Context, getenv func(string) string, opts ...
 		if err := checkOTLPEndpoint(getenv(key)); err != nil {
 			return nil, usageError{fmt.Errorf("$%s: %w", key, err)}
 		}
+	}
+	if getenv(envOTLPEndpoint) == "" && getenv(envOTLPTracesEndpoint) == "" {
+		// The specification's default for OTLP/HTTP is plain HTTP; the Go
+		// exporter's own is https://localhost:4318, which a local collector
+		// or Jaeger (plain HTTP on 4318) refuses.
+		opts = append([]otlptracehttp.Option{otlptracehttp.WithEndpointURL(defaultOTLPTracesURL)}, opts...)
 	}
 	exporter, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {

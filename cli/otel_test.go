@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -134,6 +135,51 @@ func TestRunTracingBadEndpointIsUsageErrorWithoutTheURL(t *testing.T) {
 			if err != nil && strings.Contains(err.Error(), "s3cret") {
 				t.Errorf("%s: the error shows the password: %v", key, err)
 			}
+		}
+	}
+}
+
+// recordingTransport answers every request with 200 and remembers its URLs.
+type recordingTransport struct {
+	mu   sync.Mutex
+	urls []string
+}
+
+func (rt *recordingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	rt.mu.Lock()
+	rt.urls = append(rt.urls, r.URL.String())
+	rt.mu.Unlock()
+	return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Header: http.Header{}, Request: r}, nil
+}
+
+// OTEL_TRACES_EXPORTER=otlp with no endpoint exports to the specification's
+// default, http://localhost:4318, as docs/observability.md says: the plain
+// HTTP a local collector or Jaeger serves. The Go exporter's own default is
+// https://localhost:4318, which such a collector refuses, so a `run` with
+// only OTEL_TRACES_EXPORTER=otlp exported nothing.
+func TestRunTracingDefaultEndpointIsPlainHTTP(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rt := &recordingTransport{}
+	tp, err := newTracerProvider(ctx, envOf(map[string]string{envOTelTracesExporter: "otlp"}),
+		otlptracehttp.WithHTTPClient(&http.Client{Transport: rt}))
+	if err != nil || tp == nil {
+		t.Fatalf("provider %v, err %v", tp, err)
+	}
+	_, span := tp.Tracer("test").Start(ctx, "batch")
+	span.End()
+	if err := tp.Shutdown(ctx); err != nil { // flushes
+		t.Fatal(err)
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if len(rt.urls) == 0 {
+		t.Fatal("nothing exported")
+	}
+	for _, u := range rt.urls {
+		if u != "http://localhost:4318/v1/traces" {
+			t.Errorf("exported to %s, want http://localhost:4318/v1/traces", u)
 		}
 	}
 }
