@@ -46,6 +46,13 @@ is refused (exit 3); nothing is written either way. No master key is needed.`,
 			if err := projector.TenantStream(tenant, projector.SubjectStreamType, args[0]).Validate(); err != nil {
 				return usageError{fmt.Errorf("subject %s: %w", ref, err)}
 			}
+			if !a.cfg.Registry.HasPersonal() {
+				// The stock binary on an application's schema: the forgotten
+				// event and the personal types are the application's.
+				return fmt.Errorf("forget subject %s: %w: this binary's registry defines no event type with personal fields; "+
+					"run the command from your application's binary (package cli, with your event types in cli.Config.Registry; docs/operations.md)",
+					ref, projector.ErrUnknownEventType)
+			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				res, err := store.Forget(cmd.Context(), ref)
 				if err != nil {

@@ -56,6 +56,38 @@ func TestSubjectsForget(t *testing.T) {
 	}
 }
 
+// `subjects forget` from a binary whose registry defines no personal event
+// type (the stock projector on an application's schema) says to run it from
+// the application's binary, and writes nothing. It said only "the registry
+// defines no event type with personal fields", which left an operator
+// holding the stock binary, as the docs show it, without the next step.
+func TestSubjectsForgetFromABinaryWithoutTheTypes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.NewPersonal()
+	master, err := postgres.NewMasterKey("cli", testevents.MasterKey("cli"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
+	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", "c-1"), projector.NoStream,
+			testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@example.com"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code := runIn(t, store.Schema(), projector.NewRegistry(), "subjects", "forget", "c-1", "--tenant", "acme")
+	if code != ExitError || !strings.Contains(out, "application's binary") || !strings.Contains(out, "cli.Config.Registry") {
+		t.Errorf("exit %d, want %d with a pointer to the application's binary:\n%s", code, ExitError, out)
+	}
+	evs, err := store.ReadStream(ctx, projector.TenantStream("acme", "customer", "c-1"), postgres.StreamQuery{})
+	if err != nil || evs[0].Forgotten {
+		t.Fatalf("forgotten by a refused forget: %+v %v", evs, err)
+	}
+}
+
 // `subjects rewrap` rotates the master key: bad keys fail (exit 1) and
 // change nothing, a malformed key, no master key or a bad batch size are a
 // bad command line (exit 2), the rewrap moves every key to the new master
