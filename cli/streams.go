@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -126,8 +127,13 @@ archived. --dry-run counts what would move.`
 				}
 				fmt.Fprintln(a.out)
 				if res.HeldBack > 0 {
-					fmt.Fprintf(a.out, "held back %d %s: a consumer shard has not passed all their events, or one has an open dead letter (see status, dead-letters list)\n",
+					fmt.Fprintf(a.out, "held back %d %s: a consumer shard has not passed all their events, or one has an open dead letter or park\n",
 						res.HeldBack, plural(res.HeldBack, "stream"))
+					shards, err := projection.NewAdmin(store).List(cmd.Context(), "")
+					if err != nil {
+						return err
+					}
+					fmt.Fprint(a.out, archiveAdvice(a.cfg.Name, shards))
 				}
 				if res.Skipped > 0 {
 					fmt.Fprintf(a.out, "skipped %d %s: being appended to, appended to since chosen, or not in a state to move\n",
@@ -192,4 +198,43 @@ func (c *logSizeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(hot), "hot")
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(archived), "archive")
+}
+
+// archiveAdvice is what `streams archive` prints after holding streams back:
+// the slowest shard that is not disabled, which the guard compares every
+// stream with (a stale per-instance shard included, unlike prune's), what to
+// do about it, and where the other causes show.
+func archiveAdvice(name string, shards []projection.ShardState) string {
+	var slowest *projection.ShardState
+	for i, s := range shards {
+		if s.Status == projection.StatusDisabled || s.Fence() {
+			continue
+		}
+		if slowest == nil || s.Cursor.Less(slowest.Cursor) {
+			slowest = &shards[i]
+		}
+	}
+	var sb strings.Builder
+	if slowest != nil {
+		b := slowest
+		id := projector.Printable(b.Consumer)
+		if b.Instance != projection.SharedInstance {
+			id += " --instance " + projector.Printable(b.Instance)
+		}
+		fmt.Fprintf(&sb, "slowest shard: consumer %s (instance %s, %s, dispatcher %s) at %s, %d events behind.\n",
+			projector.Printable(b.Consumer), projector.Printable(b.Instance), projector.Printable(string(b.Status)),
+			projector.Printable(string(b.Dispatcher)), cursor(b.Cursor), b.LagEvents)
+		switch {
+		case b.Status == projection.StatusDead:
+			fmt.Fprintf(&sb, "It is dead: see why with `%s consumer status %s`, then `%s consumer restart %s` or `%s consumer skip %s`.\n",
+				name, id, name, id, name, id)
+		case b.Dispatcher == projection.DispatcherLive:
+			fmt.Fprintf(&sb, "A live dispatcher is applying it: archive again once it has caught up (`%s status`).\n", name)
+		default:
+			fmt.Fprintf(&sb, "No live dispatcher runs it: start one, or if its process is gone for good (a stopped `run`'s per-instance shard), `%s consumer remove %s` (or `%s consumer disable %s`).\n",
+				name, id, name, id)
+		}
+	}
+	fmt.Fprintf(&sb, "Streams every shard has passed are held by an open dead letter or park: `%s dead-letters list`, `%s parked list`.\n", name, name)
+	return sb.String()
 }

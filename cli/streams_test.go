@@ -108,3 +108,43 @@ func TestStreamsArchiveCommand(t *testing.T) {
 		t.Fatalf("unarchive: exit %d\n%s", code, out)
 	}
 }
+
+// `streams archive` that holds streams back names the slowest shard that is
+// not disabled, and what to do about it. It said only "a consumer shard has
+// not passed all their events", which left the operator to find the shard: a
+// stale per-instance shard of a stopped `run` (its console_tail, or a
+// PerInstance projection under a fixed --instance-id) holds archiving back
+// until it is removed, and nothing said so.
+func TestStreamsArchiveHeldBackNamesTheShard(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(ctx, tx, projector.Stream("ticket", "1"), projector.NoStream, testevents.TicketOpened{Title: "x"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A per-instance shard at the start of the log whose instance is gone,
+	// and a disabled one, which holds nothing back.
+	if _, err := store.Pool().Exec(ctx, `INSERT INTO `+store.Table("projector_consumers")+` (name, instance_id, status)
+		VALUES ('console_tail', 'proc-gone', 'idle'), ('retired', '__shared__', 'disabled')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, dry := range []bool{true, false} {
+		args := []string{"streams", "archive", "--stream", "ticket/1"}
+		if dry {
+			args = append(args, "--dry-run")
+		}
+		out, code := runIn(t, store.Schema(), types.Registry, args...)
+		for _, want := range []string{"held back 1 stream", "console_tail (instance proc-gone", "consumer remove console_tail --instance proc-gone", "dead-letters list", "parked list"} {
+			if code != 0 || !strings.Contains(out, want) {
+				t.Errorf("%q: exit %d, want %q in:\n%s", args, code, want, out)
+			}
+		}
+		if strings.Contains(out, "retired") {
+			t.Errorf("%q: names the disabled shard:\n%s", args, out)
+		}
+	}
+}
