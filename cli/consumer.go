@@ -670,19 +670,52 @@ func exactArgs(n int) cobra.PositionalArgs {
 	}
 }
 
+// restarter is what restartDeadPartitions asks of [projection.Admin].
+type restarter interface {
+	Restart(context.Context, projection.ShardID) error
+	List(context.Context, string) ([]projection.ShardState, error)
+}
+
 // restartDeadPartitions is `consumer restart NAME` on a partitioned
 // consumer without --partition: it restarts the dead partitions only, and
 // is refused (exit code 3) when none is dead.
-func (a *App) restartDeadPartitions(ctx context.Context, admin *projection.Admin, name string, parts []projection.ShardState) error {
+//
+// parts is the layout as listed before it acts: a dead partition split
+// since (a `consumer split`, which takes dead partitions too) is gone, its
+// failure carried by the child whose streams hold the failing event (both
+// children when that event was archived), the other starting clean. Its
+// restart found no row and failed the whole command ("not found"); now the
+// layout is read again and the dead partitions that lie inside the one gone
+// are restarted in its place, each named as it is. A merge takes no dead
+// partition, so a dead one gone was split (or removed, leaving nothing).
+func (a *App) restartDeadPartitions(ctx context.Context, admin restarter, name string, parts []projection.ShardState) error {
 	restarted := 0
+	var todo []projection.ShardState
 	for _, s := range parts {
-		if s.Status != projection.StatusDead {
+		if s.Status == projection.StatusDead {
+			todo = append(todo, s)
+		}
+	}
+	tried := map[string]bool{}
+	for len(todo) > 0 {
+		s := todo[0]
+		todo = todo[1:]
+		if tried[s.Instance] {
 			continue
 		}
-		if err := admin.Restart(ctx, s.ShardID); err != nil {
-			if errors.Is(err, projector.ErrInvalidTransition) {
-				continue // restarted by someone else meanwhile
+		tried[s.Instance] = true
+		err := admin.Restart(ctx, s.ShardID)
+		switch {
+		case errors.Is(err, projector.ErrInvalidTransition):
+			continue // restarted by someone else meanwhile
+		case errors.Is(err, projector.ErrNotFound):
+			inside, err := deadInside(ctx, admin, name, s)
+			if err != nil {
+				return err
 			}
+			todo = append(todo, inside...)
+			continue
+		case err != nil:
 			return err
 		}
 		restarted++
@@ -693,4 +726,28 @@ func (a *App) restartDeadPartitions(ctx context.Context, admin *projection.Admin
 			Allowed: []projection.Status{projection.StatusDead}, Detail: "no partition is dead (name one with --partition P)"}
 	}
 	return nil
+}
+
+// deadInside lists consumer name's partitions again and returns the dead
+// ones inside gone, a partition listed before whose row is gone: its
+// children (or theirs) once it was split.
+func deadInside(ctx context.Context, admin restarter, name string, gone projection.ShardState) ([]projection.ShardState, error) {
+	outer, err := postgres.SegmentOf(gone.Partition, gone.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	shards, err := admin.List(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var out []projection.ShardState
+	for _, s := range shards {
+		if s.Partitions == 0 || s.Status != projection.StatusDead {
+			continue
+		}
+		if seg, err := postgres.SegmentOf(s.Partition, s.Partitions); err == nil && outer.Covers(seg) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }

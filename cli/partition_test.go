@@ -274,3 +274,97 @@ func checkFenceShown(t *testing.T, run func(int, ...string) string, status strin
 		t.Errorf("status -o json has no fence row for parts: %+v", all.Shards)
 	}
 }
+
+// splitBeforeFirstRestart is an Admin whose first Restart splits the
+// partition it is asked to restart first: the command listed the
+// partitions, and a `consumer split` ran before it acted on them.
+type splitBeforeFirstRestart struct {
+	*projection.Admin
+	t     *testing.T
+	split []projection.PartitionChange
+}
+
+func (s *splitBeforeFirstRestart) Restart(ctx context.Context, id projection.ShardID) error {
+	if s.split == nil {
+		p, n, ok := projection.ParsePartition(id.Instance)
+		if !ok {
+			s.t.Fatalf("restart of %s: not a partition", id)
+		}
+		seg, err := postgres.SegmentOf(p, n)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if s.split, err = s.Admin.Split(ctx, id.Consumer, seg); err != nil {
+			s.t.Fatalf("split %s between the listing and the restart: %v", seg, err)
+		}
+	}
+	return s.Admin.Restart(ctx, id)
+}
+
+// `consumer restart NAME` lists the partitions, then restarts the dead
+// ones; a dead partition split in between (its row gone, its failure
+// carried by the child whose streams hold the failing event) failed the
+// whole command with "not found". It must restart that child instead,
+// name it, and leave the other child, which started clean, as it was.
+func TestRestartDeadPartitionSplitMeanwhile(t *testing.T) {
+	t.Parallel()
+	_, store := registeredPartitions(t, "cli-restart-split", projection.AsyncConfig{Partitions: 4}, "parts")
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		for i := range 40 {
+			if _, err := store.Append(ctx, tx, projector.Stream("ticket", "t-"+strconv.Itoa(i)), projector.NoStream, testevents.TicketOpened{Title: "t"}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Partition 2/4 dead on an event of its streams.
+	dead := projection.PartitionInstance(2, 4)
+	if _, err := store.Pool().Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` c SET status = 'dead', attempts = 3, last_error = 'boom', last_error_at = now(),
+			failed_tx_id = e.tx_id, failed_seq = e.seq, failed_event_id = e.id
+		FROM (SELECT tx_id, seq, id FROM `+store.Table("projector_events")+`
+			WHERE `+store.Schema()+`.projector_stream_bucket(tenant_id, stream_type, stream_id) / 16 = 2 ORDER BY tx_id, seq LIMIT 1) e
+		WHERE c.name = 'parts' AND c.instance_id = $1`, dead); err != nil {
+		t.Fatal(err)
+	}
+	admin := &splitBeforeFirstRestart{Admin: projection.NewAdmin(store), t: t}
+	listed, err := admin.List(ctx, "parts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []projection.ShardState
+	for _, s := range listed {
+		if s.Partitions > 0 {
+			parts = append(parts, s)
+		}
+	}
+	var out strings.Builder
+	a := &App{out: &out}
+	if err := a.restartDeadPartitions(ctx, admin, "parts", parts); err != nil {
+		t.Fatalf("restart with partition 2/4 split after the listing: %v\n%s", err, out.String())
+	}
+	if len(admin.split) != 1 {
+		t.Fatalf("split %v, want 2/4's", admin.split)
+	}
+	after, err := admin.List(ctx, "parts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted := 0
+	for _, s := range after {
+		if s.Partitions == 0 {
+			continue
+		}
+		if s.Status == projection.StatusDead {
+			t.Errorf("partition %d/%d still dead after the restart:\n%s", s.Partition, s.Partitions, out.String())
+		}
+		if s.Partitions == 8 && s.Attempts == 0 && strings.Contains(out.String(), "partition "+strconv.Itoa(s.Partition)+"/8") {
+			restarted++
+		}
+	}
+	if restarted != 1 || strings.Contains(out.String(), "partition 2/4") {
+		t.Errorf("restart named %d of 2/4's children (want the one that carried its failure) or the vanished 2/4:\n%s", restarted, out.String())
+	}
+}

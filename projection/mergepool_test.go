@@ -117,6 +117,72 @@ func TestMergeTimingOutDuringALookOnAOneConnectionPool(t *testing.T) {
 	}
 }
 
+// A merge cancelled by its caller (Ctrl-C of `consumer merge`) while a look
+// at the halves is under way: the look is held up by a lock on the
+// consumers table taken by hand once the halves are held, the caller's
+// context is cancelled, and the lock given back. The merge must stop,
+// lift the holds and return the cancellation promptly, on a pool of one
+// connection too. Before, the cancellation cut the look midway, which
+// closed the connection holding the claims; the holds were then to be
+// lifted through a second connection the pool never gave, and both halves
+// stayed held (standing still) until someone ran the merge again.
+func TestMergeCancelledDuringALookLiftsTheHolds(t *testing.T) {
+	t.Parallel()
+	e, admin, closePool := oneConnectionMerge(t, "cancelled")
+	consumers := e.table("projector_consumers")
+	e.exec(`UPDATE `+consumers+` SET cursor_tx_id = '0', cursor_seq = 0 WHERE name = 'cancelled' AND instance_id = $1`,
+		projection.PartitionInstance(1, 2))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := admin.Merge(ctx, "cancelled", time.Hour)
+		done <- err
+	}()
+	held := func() int {
+		var n int
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+consumers+` WHERE name = 'cancelled' AND hold_tx_id IS NOT NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	eventually(t, 30*time.Second, "the merge holds both halves", func() bool { return held() == 2 })
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+consumers+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a look waits for the table", func() bool {
+		var waiting bool
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = $1::regclass)`, consumers).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	cancel()
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-done:
+		closePool()
+	case <-time.After(30 * time.Second):
+		t.Fatal("a cancelled merge did not return within 30 s")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled merge: %v, want context.Canceled", err)
+	}
+	if got := e.layout("cancelled"); len(got) != 2 {
+		t.Fatalf("layout %v after a cancelled merge, want both halves", got)
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("%d partitions still held after the merge was cancelled during a look", n)
+	}
+}
+
 // oneConnectionMerge makes consumer, two partitions, caught up by a
 // dispatcher that is stopped again, and an admin on a pool of one
 // connection, which closePool closes.

@@ -406,7 +406,12 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 // the merges done, the Cursor of each its hold. On timeout or cancellation
 // it lifts the holds of the pairs not merged; when the passes had merged
 // some, the error names them (a merge of several pairs is not all or
-// nothing).
+// nothing). Cancelled, it stops between its statements (one under way is
+// given 5 s to finish: cut midway, it would close the connection through
+// which the holds are lifted) and returns an error matching the context's;
+// a swap under way when ctx is cancelled that commits is a merge done. A
+// process killed outright leaves its holds: running the merge again
+// finishes it.
 func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, only ...postgres.Segment) ([]PartitionChange, error) {
 	// The command's claims on its pairs, held until it returns (claimPairs).
 	conn, err := a.store.Pool().Acquire(ctx)
@@ -441,7 +446,13 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 	if !slices.Contains(merged, false) {
 		return every(), nil // every other pair by its passes
 	}
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	// The swap runs on to its end when the caller cancels meanwhile
+	// (within mergeGrace): cut midway, it would close the claims'
+	// connection, through which the holds are lifted if it fails.
+	swapCtx, stopSwap := graceful(ctx)
+	defer stopSwap()
+	err = pgx.BeginFunc(swapCtx, conn, func(tx pgx.Tx) error {
+		ctx := swapCtx
 		layout, err := a.lockLayout(ctx, tx, consumer)
 		if err != nil {
 			return err
@@ -492,10 +503,34 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 // one ahead, in one transaction, and claims each pair for this command
 // (claimPairs): a pair another merge command is merging is refused at
 // once, so of two operators merging at once one wins (promise 10).
+//
+// A cancellation during its statements rolls it back (nothing held), but
+// not during its COMMIT, which could then have held the pairs with the
+// command told it failed, its claims' connection closed: the commit runs
+// on to its end (within mergeGrace), and the command, cancelled, lifts the
+// holds (awaitHolds looks at its context first).
 func (a *Admin) holdPairs(ctx context.Context, conn *pgxpool.Conn, consumer string, only []postgres.Segment) ([]mergePair, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pairs, err := a.holdPairsIn(ctx, tx, consumer, only)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	commit, stop := graceful(ctx)
+	defer stop()
+	if err := tx.Commit(commit); err != nil {
+		return nil, err
+	}
+	return pairs, nil
+}
+
+// holdPairsIn is holdPairs's transaction, tx.
+func (a *Admin) holdPairsIn(ctx context.Context, tx pgx.Tx, consumer string, only []postgres.Segment) ([]mergePair, error) {
 	var pairs []mergePair
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		pairs = nil
+	err := func() error {
 		layout, err := a.lockLayout(ctx, tx, consumer)
 		if err != nil {
 			return err
@@ -551,7 +586,7 @@ func (a *Admin) holdPairs(ctx context.Context, conn *pgxpool.Conn, consumer stri
 		// pairs swapped at once: their parents start at the NOTIFY.
 		queueNotifyLayout(writes, a.store, consumer)
 		return tx.SendBatch(ctx, writes).Close()
-	})
+	}()
 	return pairs, err
 }
 
@@ -654,100 +689,6 @@ func mergeable(consumer string, s postgres.Segment, r partRow) error {
 			Detail:  "a failing, dead or disabled partition cannot merge: restart, skip or enable it first"}
 	}
 	return nil
-}
-
-// holdPoll is how often a merge looks whether the halves stand at their
-// hold. The half that got there first stands still until the next look
-// finds its sibling there too, so the look is frequent: one indexed read of
-// a few rows, for the few batches a merge waits.
-const holdPoll = 5 * time.Millisecond
-
-// awaitHolds polls until both halves of every pair stand at its hold, or
-// the pair was merged (its parent there, its halves gone: by the pass of
-// the half there second, mergehandoff.go). It returns which were merged.
-func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer string, pairs []mergePair, wait time.Duration) ([]bool, error) {
-	// The wait's end stops the wait between looks, never a look under way:
-	// a statement cancelled midway closes its connection, the one holding
-	// the claims, through which the holds are then lifted (unholdFenced);
-	// a pool of one connection has no other (TestMergeTimingOutOnAOneConnectionPoolReturns
-	// failed under load when the deadline fell during a look).
-	waited, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	var ids []string
-	holds := map[string]projector.Position{}
-	for _, p := range pairs {
-		ids = append(ids, segmentInstance(p.parent))
-		for _, id := range p.ids() {
-			ids = append(ids, id)
-			holds[id] = p.hold
-		}
-	}
-	tick := time.NewTicker(holdPoll)
-	defer tick.Stop()
-	for {
-		rows, err := conn.Query(ctx, a.split.poll, consumer, ids)
-		if err != nil {
-			return nil, waitErr(waited, err, "")
-		}
-		var id string
-		var cursor, hold projector.Position
-		var held bool
-		var status Status
-		var attempts int
-		var there []string
-		at := map[string]bool{}
-		behind := ""
-		_, err = pgx.ForEachRow(rows, []any{&id, &cursor.TxID, &cursor.Seq, &status, &attempts, &held, &hold.TxID, &hold.Seq}, func() error {
-			there = append(there, id)
-			if _, half := holds[id]; !half {
-				return nil // a parent: merged when its halves are gone
-			}
-			s, _ := partitionSegment(id)
-			if !held || hold != holds[id] {
-				return layoutChanged(consumer, "the hold of partition "+s.String()+" was lifted (another merge gave up)")
-			}
-			if err := mergeable(consumer, s, partRow{status: status, attempts: attempts}); err != nil {
-				return err
-			}
-			if cursor == hold {
-				at[id] = true
-			} else {
-				behind = fmt.Sprintf("partition %s stands at %s, behind %s", s, cursor, hold)
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, waitErr(waited, err, behind)
-		}
-		merged := mergedPairs(pairs, there)
-		ready := true
-		for i, p := range pairs {
-			switch {
-			case merged[i]:
-			case at[segmentInstance(p.lo)] && at[segmentInstance(p.hi)]:
-			case !slices.Contains(there, segmentInstance(p.lo)) || !slices.Contains(there, segmentInstance(p.hi)):
-				return nil, layoutChanged(consumer, "its partitions were merged or split meanwhile")
-			default:
-				ready = false
-			}
-		}
-		if ready {
-			return merged, nil
-		}
-		select {
-		case <-waited.Done():
-			return nil, waitErr(waited, waited.Err(), behind)
-		case <-tick.C:
-		}
-	}
-}
-
-// waitErr says what a merge was waiting for when its wait ended.
-func waitErr(ctx context.Context, err error, behind string) error {
-	if ctx.Err() == nil || behind == "" {
-		return err
-	}
-	return fmt.Errorf("%w: %s (does a dispatcher run the consumer? the holds were lifted; nothing changed)", err, behind)
 }
 
 // mergeOne queues on writes the swap of pair p for its parent, both halves
