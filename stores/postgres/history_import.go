@@ -285,11 +285,20 @@ func (s *Store) writeBatchOnce(ctx context.Context, b *importBatch, inline bool)
 		return 0, 0, 0, b.readErr
 	}
 	applyInline := inline && len(s.inline) > 0
-	tx, err := s.beginImportTx(ctx, applyInline)
+	// Personal fields are sealed, or checked, in the batch's transaction
+	// before anything else (history_import_personal.go): a key it creates
+	// is taken before the stream heads, in the order an append takes them.
+	personal := s.registry.HasPersonal()
+	tx, err := s.beginImportTx(ctx, applyInline || personal)
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	defer tx.close(context.WithoutCancel(ctx))
+	if personal {
+		if err := s.sealImported(ctx, tx.tx, b); err != nil {
+			return 0, 0, 0, err
+		}
+	}
 
 	tenants, types, ids := make([]string, len(b.refs)), make([]string, len(b.refs)), make([]string, len(b.refs))
 	for i, r := range b.refs {

@@ -100,6 +100,10 @@ type importBatch struct {
 	// chunk's buffer.
 	rows   [][]byte
 	chunks []*importChunk
+	// sealedFrom holds the payloads as read of the lines whose clear
+	// personal fields a transaction of the batch sealed (sealImported), to
+	// seal again should the batch be written once more (a replan).
+	sealedFrom map[int]json.RawMessage
 	// spare are the chunks of the batch's previous use, whose buffers
 	// the new chunks take over.
 	spare []*importChunk
