@@ -36,8 +36,18 @@ var ErrUnarchiveConflict = errors.New("projector: an archived event's id is alre
 const MaxArchiveBatchSize = 10_000
 
 // archivedError is the error of an append to, or read of, archived stream.
+// It names the command that restores this very stream.
 func archivedError(stream projector.StreamRef) error {
-	return fmt.Errorf("%w: %s", ErrStreamArchived, stream)
+	return fmt.Errorf("%w: %s (%s)", ErrStreamArchived, stream, unarchiveCommand(stream))
+}
+
+// unarchiveCommand is the CLI command that unarchives stream.
+func unarchiveCommand(stream projector.StreamRef) string {
+	cmd := "projector streams unarchive --stream " + projector.Printable(stream.Type) + "/" + projector.Printable(stream.ID)
+	if stream.Tenant != projector.SystemTenant {
+		cmd += " --tenant " + projector.Printable(stream.Tenant)
+	}
+	return cmd
 }
 
 // ArchiveOptions says which streams to archive (or unarchive): either

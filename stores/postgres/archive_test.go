@@ -79,8 +79,10 @@ func TestPromise9_ArchiveNeverOutrunsAConsumer(t *testing.T) {
 	}
 
 	closed := projector.Stream("ticket", "0")
-	if err := f.tryAppend(closed, testevents.TicketCommented{Body: "late"}); !errors.Is(err, postgres.ErrStreamArchived) {
-		t.Fatalf("append to an archived stream: %v, want ErrStreamArchived", err)
+	// The error names the command that restores this very stream.
+	const restore = "projector streams unarchive --stream ticket/0"
+	if err := f.tryAppend(closed, testevents.TicketCommented{Body: "late"}); !errors.Is(err, postgres.ErrStreamArchived) || !strings.Contains(err.Error(), restore) {
+		t.Fatalf("append to an archived stream: %v, want ErrStreamArchived naming %q", err, restore)
 	}
 	if err := pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
 		_, err := f.store.Append(f.ctx, tx, closed, projector.ExactVersion(2), testevents.TicketCommented{Body: "late"})
@@ -88,8 +90,8 @@ func TestPromise9_ArchiveNeverOutrunsAConsumer(t *testing.T) {
 	}); !errors.Is(err, postgres.ErrStreamArchived) {
 		t.Fatalf("append at the exact version to an archived stream: %v, want ErrStreamArchived", err)
 	}
-	if _, err := f.store.ReadStream(f.ctx, closed, postgres.StreamQuery{}); !errors.Is(err, postgres.ErrStreamArchived) {
-		t.Fatalf("plain read of an archived stream: %v, want ErrStreamArchived", err)
+	if _, err := f.store.ReadStream(f.ctx, closed, postgres.StreamQuery{}); !errors.Is(err, postgres.ErrStreamArchived) || !strings.Contains(err.Error(), restore) {
+		t.Fatalf("plain read of an archived stream: %v, want ErrStreamArchived naming %q", err, restore)
 	}
 	got, err := f.store.ReadStream(f.ctx, closed, postgres.StreamQuery{IncludeArchived: true})
 	if err != nil {

@@ -79,7 +79,7 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 		return nil, fmt.Errorf("read stream %s: %w", stream, err)
 	}
 	if archived && len(events) == 0 {
-		return nil, fmt.Errorf("read stream %s: %w", stream, ErrStreamArchived)
+		return nil, fmt.Errorf("read stream %s: %w (read it with StreamQuery.IncludeArchived, or restore it: %s)", stream, ErrStreamArchived, unarchiveCommand(stream))
 	}
 	return events, nil
 }
