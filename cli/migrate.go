@@ -43,13 +43,19 @@ func (a *App) migrateCmd() *cobra.Command {
 			return w.Flush()
 		},
 	}
+	index := &cobra.Command{
+		Use:   "partition-index",
+		Short: "Create the events table's partition index that partitioned consumers need (CONCURRENTLY: appends go on)",
+		Args:  noArgs,
+		RunE:  a.migratePartitionIndex,
+	}
 	m := &cobra.Command{
 		Use:   "migrate [up|status]",
 		Short: "Create or update Projector's schema (default: up)",
 		Args:  noArgs,
 		RunE:  a.migrateUp,
 	}
-	m.AddCommand(up, status)
+	m.AddCommand(up, status, index)
 	return m
 }
 
@@ -69,4 +75,22 @@ func (a *App) migrateUp(cmd *cobra.Command, _ []string) error {
 	}
 	fmt.Fprintf(a.out, "schema %s: applied migrations %v\n", a.schema, applied)
 	return nil
+}
+
+// migratePartitionIndex creates the partition index (Store.CreatePartitionIndex),
+// which no migration creates: it costs every append, and only partitioned
+// consumers need it (docs/scaling.md). Its role must own the events table.
+func (a *App) migratePartitionIndex(cmd *cobra.Command, _ []string) error {
+	return a.withStore(cmd, func(store *postgres.Store) error {
+		if err := store.CheckPartitionIndex(cmd.Context()); err == nil {
+			fmt.Fprintf(a.out, "schema %s: the partition index %s exists\n", a.schema, postgres.PartitionIndex)
+			return nil
+		}
+		fmt.Fprintf(a.out, "schema %s: creating the partition index %s concurrently (appends go on; a large log takes a while)\n", a.schema, postgres.PartitionIndex)
+		if err := store.CreatePartitionIndex(cmd.Context()); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.out, "schema %s: the partition index %s is ready\n", a.schema, postgres.PartitionIndex)
+		return nil
+	})
 }

@@ -118,7 +118,7 @@ func (s *Store) CheckPartitionIndex(ctx context.Context) error {
 		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, s.schema, PartitionIndex).Scan(&valid)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("%w (schema %s): partitioned consumers need it; create it once, without blocking appends, with\n  %s\n(or call Store.CreatePartitionIndex)", ErrNoPartitionIndex, s.schema, s.PartitionIndexSQL())
+		return fmt.Errorf("%w (schema %s): partitioned consumers need it; create it once, without blocking appends, with\n  %s\n(or run `projector migrate partition-index`, or call Store.CreatePartitionIndex)", ErrNoPartitionIndex, s.schema, s.PartitionIndexSQL())
 	case err != nil:
 		return fmt.Errorf("check the partition index: %w", err)
 	case valid == nil || !*valid:
