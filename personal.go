@@ -229,9 +229,36 @@ func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.R
 // sized up front for the fields' growth: sealing a payload allocates the
 // result alone (TestSealAllocs).
 func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (json.RawMessage, error) {
+	out, _, err := p.sealWith(data, subject, c, jsonNull)
+	return out, err
+}
+
+// SealPayload is [Personal.SealWith] for an event's payload on its way to
+// the log. Under a nil c (the subject was forgotten) each personal field
+// that holds a value is written as the envelope that never opens,
+// "pjx1." alone, rather than as null: every read then takes the field
+// for one sealed under the destroyed key, returns it as null and marks the
+// event Forgotten, as it does for the events written before the forget.
+// A field with no value (absent, or null) is left as it is. forgotten
+// reports that such a field was written: exactly when a read marks the
+// event Forgotten. Opening the result with a nil cipher ([OpenWith])
+// gives the payload every read returns.
+func (p Personal) SealPayload(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
+	return p.sealWith(data, subject, c, forgottenEnvelope)
+}
+
+// forgottenEnvelope is what [Personal.SealPayload] writes for a forgotten
+// subject's field: the field-envelope prefix alone, which reads of every
+// release take for an envelope (null, Forgotten, without a key) and which
+// no key opens.
+var forgottenEnvelope = json.RawMessage(`"` + sealedPrefix + `"`)
+
+// sealWith is SealWith, writing forgotten in place of each field's value
+// under a nil c; nulled reports that it did.
+func (p Personal) sealWith(data json.RawMessage, subject string, c *KeyCipher, forgotten json.RawMessage) (_ json.RawMessage, nulled bool, _ error) {
 	if c != nil && p.OneEnvelope {
 		if out, ok, err := p.sealEvent(data, subject, c); err != nil || ok {
-			return out, err
+			return out, false, err
 		}
 	}
 	sc := scratchPool.Get().(*scratch)
@@ -239,7 +266,7 @@ func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (
 	// A value of n bytes becomes at most n/3 + 46 bytes longer: quotes,
 	// prefix, and base64 of nonce and tag around its ciphertext.
 	size := len(data) + len(data)/3 + 46*len(p.Fields)
-	return rewriteMembers(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
+	out, err := rewriteMembers(data, func(name []byte, v json.RawMessage) (json.RawMessage, bool, error) {
 		if !hasName(p.Fields, name) {
 			if startsSealed(v) {
 				// Reads open any top-level envelope, so a field that is
@@ -252,7 +279,8 @@ func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (
 			return nil, false, nil
 		}
 		if c == nil {
-			return jsonNull, true, nil
+			nulled = true
+			return forgotten, true, nil
 		}
 		var err error
 		sc.text, sc.crypto, err = c.appendSealed(sc.text[:0], subject, name, v, sc.crypto)
@@ -261,6 +289,10 @@ func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (
 		}
 		return sc.text, true, nil
 	}, false, size)
+	if err != nil {
+		return nil, false, err
+	}
+	return out, nulled, nil
 }
 
 // cipherOf returns key's cipher, nil for a nil key (forgotten).

@@ -284,3 +284,41 @@ func TestOpenStoredBy(t *testing.T) {
 		}
 	}
 }
+
+// TestSealPayloadForgotten: under no key, SealPayload writes each personal
+// field holding a value as the envelope no key opens and says so; opening
+// the result without a key gives null and forgotten, which is what reads
+// do. A payload with no value in any personal field comes back as it is,
+// not forgotten.
+func TestSealPayloadForgotten(t *testing.T) {
+	t.Parallel()
+	p := projector.Personal{Subject: "customer", Fields: []string{"name", "address"}}
+	for _, c := range []struct {
+		in, stored, opened string
+		forgotten          bool
+	}{
+		{`{"customer":"c-1","name":"Ada","plan":"pro"}`, `{"customer":"c-1","name":"pjx1.","plan":"pro"}`, `{"customer":"c-1","name":null,"plan":"pro"}`, true},
+		{`{"customer":"c-1","name":null,"address":{"city":"x"}}`, `{"customer":"c-1","name":null,"address":"pjx1."}`, `{"customer":"c-1","name":null,"address":null}`, true},
+		{`{"customer":"c-1","name":null,"plan":"pro"}`, `{"customer":"c-1","name":null,"plan":"pro"}`, `{"customer":"c-1","name":null,"plan":"pro"}`, false},
+		{`{"customer":"c-1","plan":"pro"}`, `{"customer":"c-1","plan":"pro"}`, `{"customer":"c-1","plan":"pro"}`, false},
+	} {
+		stored, forgotten, err := p.SealPayload(json.RawMessage(c.in), "c-1", nil)
+		if err != nil || string(stored) != c.stored || forgotten != c.forgotten {
+			t.Fatalf("SealPayload(%s) = %s, %v, %v; want %s, %v", c.in, stored, forgotten, err, c.stored, c.forgotten)
+		}
+		opened, forgotten, err := projector.OpenWith(stored, "c-1", nil)
+		if err != nil || string(opened) != c.opened || forgotten != c.forgotten {
+			t.Fatalf("OpenWith(%s) = %s, %v, %v; want %s, %v", stored, opened, forgotten, err, c.opened, c.forgotten)
+		}
+		key, err := projector.NewDataKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := projector.Open(stored, "c-1", key); c.forgotten && !errors.Is(err, projector.ErrSealed) {
+			t.Fatalf("a key opened the forgotten field of %s: %v", stored, err)
+		}
+		if sealed, err := p.SealWith(json.RawMessage(c.in), "c-1", nil); err != nil || strings.Contains(string(sealed), "pjx") {
+			t.Fatalf("SealWith without a key wrote %s, %v; want the fields null", sealed, err)
+		}
+	}
+}

@@ -158,14 +158,19 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 			Data: enc.Data, Payload: deref(p), Metadata: md,
 		}
 		if forgotten {
-			// The subject was forgotten: the inline projections (and the
-			// caller) get the event as every read returns it, fields null
-			// and marked Forgotten, not the values the log never held.
-			payload, _, err := s.registry.Decode(enc.Type, enc.SchemaVersion, data)
+			// The subject was forgotten and a personal field held a value:
+			// the inline projections (and the caller) get the event as
+			// every read returns it, opened without a key (fields null,
+			// marked Forgotten), not the values the log never held.
+			view, _, err := projector.OpenWith(data, "", nil)
 			if err != nil {
 				return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
 			}
-			events[i].Data, events[i].Payload, events[i].Forgotten = data, payload, true
+			payload, _, err := s.registry.Decode(enc.Type, enc.SchemaVersion, view)
+			if err != nil {
+				return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
+			}
+			events[i].Data, events[i].Payload, events[i].Forgotten = view, payload, true
 		}
 	}
 	all := stored.String()

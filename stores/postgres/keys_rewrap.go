@@ -46,7 +46,8 @@ type RewrapResult struct {
 	// Forgotten is how many keys were forgotten between the rewrap's read
 	// and its write: left forgotten, not rewrapped.
 	Forgotten int64
-	// Batches is how many batches committed.
+	// Batches is how many batches committed, counting the one-key
+	// transactions that rewrap a key an append held during its batch.
 	Batches int
 	// Remaining is how many live keys are still wrapped by other master
 	// keys at the end: created meanwhile by a process still running with
@@ -59,6 +60,8 @@ type RewrapResult struct {
 type rewrapRow struct {
 	tenant, subject, keyID string
 	wrapped                []byte
+	// next is the data key wrapped by the master key, to write.
+	next []byte
 }
 
 // Rewrap wraps every live data key that another master key wrapped under
@@ -69,7 +72,11 @@ type rewrapRow struct {
 // Each batch reads its rows, unwraps them with the old master key they
 // name and writes them back rewrapped only where the row still holds the
 // wrapped bytes it read: a forget that commits between the read and the
-// write leaves the row forgotten. A rewrap that stops (a crash, a cancelled
+// write leaves the row forgotten. A batch locks only the rows no other
+// transaction holds, without waiting; a row an append holds (FOR SHARE,
+// until it ends) is rewrapped after the batch in a transaction of its own,
+// which waits for the append holding no other key row: a batch and an
+// append never deadlock, however many subjects the append seals for. A rewrap that stops (a crash, a cancelled
 // context) has committed whole batches only; running it again goes on
 // where it stopped, and running it when nothing is left is a no-op.
 //
@@ -158,9 +165,10 @@ func (k *KeyTable) rewrapPass(ctx context.Context, pool *pgxpool.Pool, batch int
 	var after rewrapRow // tenants are never empty: ("", "") is before every key
 	for {
 		var n, done int64
+		var busy []rewrapRow
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
-			n, done, after, err = k.rewrapBatch(ctx, tx, batch, after, res.Batches+1)
+			n, done, busy, after, err = k.rewrapBatch(ctx, tx, batch, after, res.Batches+1)
 			return err
 		})
 		if err != nil {
@@ -171,68 +179,137 @@ func (k *KeyTable) rewrapPass(ctx context.Context, pool *pgxpool.Pool, batch int
 		}
 		res.Batches++
 		res.Rewrapped += done
-		res.Forgotten += n - done
+		res.Forgotten += n - done - int64(len(busy))
 		if progress != nil {
 			progress(*res)
+		}
+		// The keys an append held: each in a transaction of its own,
+		// which waits for the append holding no other key row.
+		for _, r := range busy {
+			var done int64
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				done, err = k.rewrapRows(ctx, tx, []rewrapRow{r})
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("rewrap: %w", err)
+			}
+			res.Batches++
+			res.Rewrapped += done
+			res.Forgotten += 1 - done
+			if progress != nil {
+				progress(*res)
+			}
 		}
 	}
 }
 
 // rewrapBatch rewraps up to batch keys after the key after, inside tx: it
-// returns how many it read and how many it rewrapped, and the last one
-// read.
-func (k *KeyTable) rewrapBatch(ctx context.Context, tx pgx.Tx, batch int, after rewrapRow, number int) (read, rewrapped int64, last rewrapRow, err error) {
+// returns how many it read and how many it rewrapped, the ones it left
+// because another transaction held them (busy), and the last one read.
+func (k *KeyTable) rewrapBatch(ctx context.Context, tx pgx.Tx, batch int, after rewrapRow, number int) (read, rewrapped int64, busy []rewrapRow, last rewrapRow, err error) {
 	rows, err := tx.Query(ctx, `SELECT tenant_id, subject, master_key_id, wrapped FROM `+k.table+`
 		WHERE (tenant_id, subject) > ($1, $2) AND wrapped IS NOT NULL AND master_key_id <> $3
 		ORDER BY tenant_id, subject LIMIT $4`, after.tenant, after.subject, k.master.id, batch)
 	if err != nil {
-		return 0, 0, after, fmt.Errorf("read the keys: %w", err)
+		return 0, 0, nil, after, fmt.Errorf("read the keys: %w", err)
 	}
 	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (rewrapRow, error) {
 		var r rewrapRow
 		return r, row.Scan(&r.tenant, &r.subject, &r.keyID, &r.wrapped)
 	})
 	if err != nil {
-		return 0, 0, after, fmt.Errorf("read the keys: %w", err)
+		return 0, 0, nil, after, fmt.Errorf("read the keys: %w", err)
 	}
 	if len(got) == 0 {
-		return 0, 0, after, nil
+		return 0, 0, nil, after, nil
 	}
-	tenants := make([]string, len(got))
-	subjects := make([]string, len(got))
-	olds := make([][]byte, len(got))
-	news := make([][]byte, len(got))
-	for i, r := range got {
-		ref := SubjectRef{Tenant: r.tenant, ID: r.subject}
-		m, ok := k.old[r.keyID]
-		if !ok {
-			return 0, 0, after, fmt.Errorf("%w: the data key of subject %s is wrapped by master key %s, which is not among the old ones (%s)",
-				ErrUnknownMasterKey, ref, projector.Printable(r.keyID), OldMasterKeysEnv)
+	for i := range got {
+		if err := k.rewrapKey(&got[i]); err != nil {
+			return 0, 0, nil, after, err
 		}
-		key, err := m.unwrap(ref, r.keyID, r.wrapped)
-		if err != nil {
-			return 0, 0, after, err
-		}
-		if news[i], err = k.master.wrap(ref, key); err != nil {
-			return 0, 0, after, err
-		}
-		tenants[i], subjects[i], olds[i] = r.tenant, r.subject, r.wrapped
 	}
 	if k.rewrapHook != nil {
 		if err := k.rewrapHook(ctx, number); err != nil {
-			return 0, 0, after, err
+			return 0, 0, nil, after, err
 		}
 	}
-	// Only rows that still hold what was read: a row forgotten since (its
-	// wrapped NULL) or rewrapped by another run is left as it is.
+	// The batch locks the rows no one holds, never waiting: an append
+	// holds its subjects' key rows FOR SHARE until it ends, and a batch
+	// that waited for one of them while holding others could close a cycle
+	// with an append that seals for several subjects (PostgreSQL would
+	// fail one of the two with a deadlock, 40P01). The rows held are
+	// rewrapped afterwards, one per transaction.
+	lockRows, err := tx.Query(ctx, `SELECT k.tenant_id, k.subject FROM `+k.table+` k
+		JOIN unnest($1::text[], $2::text[]) AS u(tenant_id, subject) USING (tenant_id, subject)
+		FOR UPDATE OF k SKIP LOCKED`, column(got, func(r rewrapRow) string { return r.tenant }), column(got, func(r rewrapRow) string { return r.subject }))
+	if err != nil {
+		return 0, 0, nil, after, fmt.Errorf("lock the keys: %w", err)
+	}
+	locked := map[SubjectRef]bool{}
+	var ref SubjectRef
+	if _, err := pgx.ForEachRow(lockRows, []any{&ref.Tenant, &ref.ID}, func() error { locked[ref] = true; return nil }); err != nil {
+		return 0, 0, nil, after, fmt.Errorf("lock the keys: %w", err)
+	}
+	mine := make([]rewrapRow, 0, len(locked))
+	for _, r := range got {
+		if locked[SubjectRef{Tenant: r.tenant, ID: r.subject}] {
+			mine = append(mine, r)
+		} else {
+			busy = append(busy, r)
+		}
+	}
+	n, err := k.rewrapRows(ctx, tx, mine)
+	if err != nil {
+		return 0, 0, nil, after, err
+	}
+	return int64(len(got)), n, busy, got[len(got)-1], nil
+}
+
+// rewrapKey sets r.next, r's data key wrapped by the master key.
+func (k *KeyTable) rewrapKey(r *rewrapRow) error {
+	ref := SubjectRef{Tenant: r.tenant, ID: r.subject}
+	m, ok := k.old[r.keyID]
+	if !ok {
+		return fmt.Errorf("%w: the data key of subject %s is wrapped by master key %s, which is not among the old ones (%s)",
+			ErrUnknownMasterKey, ref, projector.Printable(r.keyID), OldMasterKeysEnv)
+	}
+	key, err := m.unwrap(ref, r.keyID, r.wrapped)
+	if err != nil {
+		return err
+	}
+	r.next, err = k.master.wrap(ref, key)
+	return err
+}
+
+// rewrapRows writes rows' keys rewrapped (next), in tx, where a row still
+// holds the wrapped bytes the rewrap read: a row forgotten since (its
+// wrapped NULL) or rewrapped by another run is left as it is. It returns
+// how many it wrote. A batch's rows are locked already; a row another
+// transaction held, rewrapped alone, is waited for here.
+func (k *KeyTable) rewrapRows(ctx context.Context, tx pgx.Tx, rows []rewrapRow) (int64, error) {
+	if len(rows) == 0 {
+		return 0, nil
+	}
 	tag, err := tx.Exec(ctx, `UPDATE `+k.table+` AS k SET master_key_id = $3, wrapped = u.new
 		FROM unnest($1::text[], $2::text[], $4::bytea[], $5::bytea[]) AS u(tenant_id, subject, old, new)
 		WHERE k.tenant_id = u.tenant_id AND k.subject = u.subject AND k.wrapped = u.old`,
-		tenants, subjects, k.master.id, olds, news)
+		column(rows, func(r rewrapRow) string { return r.tenant }), column(rows, func(r rewrapRow) string { return r.subject }),
+		k.master.id, column(rows, func(r rewrapRow) []byte { return r.wrapped }), column(rows, func(r rewrapRow) []byte { return r.next }))
 	if err != nil {
-		return 0, 0, after, fmt.Errorf("write the rewrapped keys: %w", err)
+		return 0, fmt.Errorf("write the rewrapped keys: %w", err)
 	}
-	return int64(len(got)), tag.RowsAffected(), got[len(got)-1], nil
+	return tag.RowsAffected(), nil
+}
+
+// column returns f of each row.
+func column[T any](rows []rewrapRow, f func(rewrapRow) T) []T {
+	out := make([]T, len(rows))
+	for i, r := range rows {
+		out[i] = f(r)
+	}
+	return out
 }
 
 // RewrapKeys rewraps the data keys of the store's key table under its

@@ -128,7 +128,11 @@ func (s *Store) checkGuard(ctx context.Context, tx pgx.Tx, tenant string, st *se
 // subject's key: one this append already has, one from the process's
 // cache (guarded, see sealing), or one read or created in tx. The payload
 // is left as it is when its type declares no personal fields. forgotten
-// reports a subject that was forgotten: its fields are written as null.
+// reports that the subject was forgotten and a personal field held a value:
+// that field is written as the envelope no key opens, which every read
+// returns as null with the event marked Forgotten
+// (projector.Personal.SealPayload). An event of a forgotten subject with
+// no value in any personal field is not forgotten, on append as on reads.
 func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projector.Encoded, st *sealing) (_ json.RawMessage, forgotten bool, _ error) {
 	p, ok := s.registry.PersonalOf(enc.Type)
 	if !ok {
@@ -150,8 +154,7 @@ func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projecto
 		}
 		st.keys[ref] = c
 	}
-	data, err := p.SealWith(enc.Data, id, c)
-	return data, c == nil, err
+	return p.SealPayload(enc.Data, id, c)
 }
 
 // dataKeyCipher reads or creates ref's key in tx: the key table's cached

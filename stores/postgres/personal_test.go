@@ -286,13 +286,13 @@ func TestForgetSubject(t *testing.T) {
 		}
 	}
 
-	// An append after the forget writes the fields as null, not a new key.
+	// An append after the forget writes the fields forgotten, not a new key.
 	if err := f.register(t, f.store, "acme", ada); err != nil {
 		t.Fatal(err)
 	}
 	evs := readCustomer(t, f.store, "acme", "c-1")
-	if last := evs[len(evs)-1]; last.Payload.(testevents.CustomerRegistered).Email != "" {
-		t.Fatalf("append after forget reads %+v", last.Payload)
+	if last := evs[len(evs)-1]; last.Payload.(testevents.CustomerRegistered).Email != "" || !last.Forgotten {
+		t.Fatalf("append after forget reads %+v (forgotten %v), want the fields zero, forgotten", last.Payload, last.Forgotten)
 	}
 	if n := f.count(t, "projector_subject_keys"); n != 3 {
 		t.Fatalf("%d key rows, want 3 (one a tombstone)", n)
