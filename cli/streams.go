@@ -136,8 +136,11 @@ archived. --dry-run counts what would move.`
 					fmt.Fprint(a.out, archiveAdvice(a.cfg.Name, shards))
 				}
 				if res.Skipped > 0 {
-					fmt.Fprintf(a.out, "skipped %d %s: being appended to, appended to since chosen, or not in a state to move\n",
-						res.Skipped, plural(res.Skipped, "stream"))
+					why := "already archived, no such stream, being appended to, or appended to since chosen"
+					if unarchive {
+						why = "not archived, no such stream, or being moved by another archive or unarchive"
+					}
+					fmt.Fprintf(a.out, "skipped %d %s: %s\n", res.Skipped, plural(res.Skipped, "stream"), why)
 				}
 				return nil
 			})

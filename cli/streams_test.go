@@ -107,6 +107,11 @@ func TestStreamsArchiveCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "unarchived 1 stream (2 events)") || hot() != 2 {
 		t.Fatalf("unarchive: exit %d\n%s", code, out)
 	}
+	// A stream that is not archived is skipped, and the command says why.
+	out, code = runIn(t, store.Schema(), types.Registry, "streams", "unarchive", "--stream", "ticket/1")
+	if code != 0 || !strings.Contains(out, "skipped 1 stream: not archived") {
+		t.Fatalf("unarchive of a live stream: exit %d\n%s", code, out)
+	}
 }
 
 // `streams archive` that holds streams back names the slowest shard that is
