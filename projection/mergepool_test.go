@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
@@ -79,36 +80,16 @@ func TestMergeTimingOutDuringALookOnAOneConnectionPool(t *testing.T) {
 	started := time.Now()
 	done := make(chan error, 1)
 	go func() { done <- mergeWithin30s(t, admin, "looking", wait, closePool) }()
-	held := func() int {
-		var n int
-		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+consumers+` WHERE name = 'looking' AND hold_tx_id IS NOT NULL`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	eventually(t, 30*time.Second, "the merge holds both halves", func() bool { return held() == 2 })
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := heldHalves(t, e, consumers, "looking")
+	tx := holdALook(t, e, consumers, held)
 	defer func() { _ = tx.Rollback(e.ctx) }()
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+consumers+` IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "a look waits for the table", func() bool {
-		var waiting bool
-		if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = $1::regclass)`, consumers).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		return waiting
-	})
 	// The deadline passes while the look waits: waiting on the clock is
 	// the point here.
 	time.Sleep(2*wait - time.Since(started))
 	if err := tx.Rollback(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	err = <-done
+	err := <-done
 	if err == nil || errors.Is(err, projection.ErrLayoutChanged) {
 		t.Fatalf("merge of a half that cannot reach its hold: %v, want its timeout", err)
 	}
@@ -139,33 +120,14 @@ func TestMergeCancelledDuringALookLiftsTheHolds(t *testing.T) {
 		_, err := admin.Merge(ctx, "cancelled", time.Hour)
 		done <- err
 	}()
-	held := func() int {
-		var n int
-		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+consumers+` WHERE name = 'cancelled' AND hold_tx_id IS NOT NULL`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	eventually(t, 30*time.Second, "the merge holds both halves", func() bool { return held() == 2 })
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := heldHalves(t, e, consumers, "cancelled")
+	tx := holdALook(t, e, consumers, held)
 	defer func() { _ = tx.Rollback(e.ctx) }()
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+consumers+` IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "a look waits for the table", func() bool {
-		var waiting bool
-		if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = $1::regclass)`, consumers).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		return waiting
-	})
 	cancel()
 	if err := tx.Rollback(e.ctx); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	select {
 	case err = <-done:
 		closePool()
@@ -233,4 +195,39 @@ func mergeWithin30s(t *testing.T, admin *projection.Admin, consumer string, wait
 		t.Fatal("merge on a one-connection pool did not return within 30 s (its own connection held while it waits for another)")
 		return nil
 	}
+}
+
+// heldHalves counts consumer name's partitions held by a merge.
+func heldHalves(t *testing.T, e *env, consumers, name string) func() int {
+	return func() int {
+		var n int
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+consumers+` WHERE name = $1 AND hold_tx_id IS NOT NULL`, name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+}
+
+// holdALook waits until a merge holds both halves, then locks the
+// consumers table in a transaction it returns, and waits until the merge's
+// next look waits for it: the look is under way until tx ends.
+func holdALook(t *testing.T, e *env, consumers string, held func() int) pgx.Tx {
+	t.Helper()
+	eventually(t, 30*time.Second, "the merge holds both halves", func() bool { return held() == 2 })
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+consumers+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		_ = tx.Rollback(e.ctx)
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a look waits for the table", func() bool {
+		var waiting bool
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = $1::regclass)`, consumers).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	return tx
 }
