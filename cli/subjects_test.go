@@ -19,21 +19,7 @@ import (
 // as a bad command line (exit 2); it needs no master key.
 func TestSubjectsForget(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	types := testevents.NewPersonal()
-	master, err := postgres.NewMasterKey("cli", testevents.MasterKey("cli"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
-	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-		_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", "c-1"), projector.NoStream,
-			testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@example.com"})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	types, store := customerAda(t)
 	for _, c := range []struct {
 		args []string
 		code int
@@ -50,7 +36,7 @@ func TestSubjectsForget(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d with %q:\n%s", c.args, code, c.code, c.out, out)
 		}
 	}
-	evs, err := store.ReadStream(ctx, projector.TenantStream("acme", "customer", "c-1"), postgres.StreamQuery{})
+	evs, err := store.ReadStream(context.Background(), projector.TenantStream("acme", "customer", "c-1"), postgres.StreamQuery{})
 	if err != nil || !evs[0].Forgotten {
 		t.Fatalf("after forget: %+v %v", evs, err)
 	}
@@ -63,26 +49,12 @@ func TestSubjectsForget(t *testing.T) {
 // holding the stock binary, as the docs show it, without the next step.
 func TestSubjectsForgetFromABinaryWithoutTheTypes(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	types := testevents.NewPersonal()
-	master, err := postgres.NewMasterKey("cli", testevents.MasterKey("cli"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
-	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-		_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", "c-1"), projector.NoStream,
-			testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@example.com"})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, store := customerAda(t)
 	out, code := runIn(t, store.Schema(), projector.NewRegistry(), "subjects", "forget", "c-1", "--tenant", "acme")
 	if code != ExitError || !strings.Contains(out, "application's binary") || !strings.Contains(out, "cli.Config.Registry") {
 		t.Errorf("exit %d, want %d with a pointer to the application's binary:\n%s", code, ExitError, out)
 	}
-	evs, err := store.ReadStream(ctx, projector.TenantStream("acme", "customer", "c-1"), postgres.StreamQuery{})
+	evs, err := store.ReadStream(context.Background(), projector.TenantStream("acme", "customer", "c-1"), postgres.StreamQuery{})
 	if err != nil || evs[0].Forgotten {
 		t.Fatalf("forgotten by a refused forget: %+v %v", evs, err)
 	}
@@ -167,4 +139,26 @@ func TestSubjectsRewrap(t *testing.T) {
 	if err != nil || len(evs) != 1 || evs[0].Payload.(testevents.CustomerRegistered).Name != "Name of c-2" {
 		t.Fatalf("read with k2 alone: %+v %v", evs, err)
 	}
+}
+
+// customerAda is a store of personal types with customer c-1 of tenant
+// acme registered.
+func customerAda(t *testing.T) (testevents.PersonalTypes, *postgres.Store) {
+	t.Helper()
+	ctx := context.Background()
+	types := testevents.NewPersonal()
+	master, err := postgres.NewMasterKey("cli", testevents.MasterKey("cli"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
+	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", "c-1"), projector.NoStream,
+			testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@example.com"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return types, store
 }
