@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -89,7 +90,9 @@ func TestImportSealedPersonalFieldsNeedTheirKeys(t *testing.T) {
 	if res, err := src.store.Export(src.ctx, &file, postgres.ExportOptions{}); err != nil || res.Events != 1 {
 		t.Fatalf("export: %+v, %v", res, err)
 	}
-	dst := personalSetup(t) // the same master key, another schema
+	capture := &captureInline{}
+	dst := personalFixture{ctx: src.ctx, types: src.types, // the same master key, another schema
+		store: pgtest.Store(t, src.types.Registry, postgres.Config{MasterKey: masterKey(t, "k1", "one"), Inline: []postgres.InlineProjection{capture}})}
 	_, err := dst.store.Import(dst.ctx, bytes.NewReader(file.Bytes()), postgres.ImportOptions{})
 	var lineErr *postgres.HistoryLineError
 	if !errors.As(err, &lineErr) || lineErr.Line != 2 || !strings.Contains(err.Error(), "projector_subject_keys") {
@@ -108,6 +111,11 @@ func TestImportSealedPersonalFieldsNeedTheirKeys(t *testing.T) {
 	evs := readCustomer(t, dst.store, projector.SystemTenant, "c-1")
 	if len(evs) != 1 || evs[0].Payload.(testevents.CustomerRegistered).Name != "Ada" {
 		t.Fatalf("imported event read as %+v", evs)
+	}
+	// The inline projection saw the event as the read gives it, not its
+	// envelopes.
+	if got := capture.last(); got.Payload.(testevents.CustomerRegistered).Name != "Ada" || !jsonEqual(t, got.Data, evs[0].Data) {
+		t.Fatalf("inline projection handed %+v (%s), the read gives %s", got.Payload, got.Data, evs[0].Data)
 	}
 }
 
