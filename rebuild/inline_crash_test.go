@@ -65,6 +65,7 @@ func runInlineChild() int {
 // refused because of a dead one, and the rebuild that finally runs to the
 // end resumes too and ends equal to the model built live.
 func TestInlineRebuildSIGKILL(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	// A log long enough for three kills of at most 55 events each and the
 	// final resumed run.

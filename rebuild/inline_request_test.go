@@ -22,6 +22,7 @@ import (
 // switches it: the model is exact, the record says switched with the old
 // schema, and a cancel afterwards finds nothing to cancel.
 func TestInlineRebuildRequestedServedCancelled(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	for i := range 200 {
 		if err := e.append(e.ctx, i%30, false); err != nil {
@@ -103,6 +104,7 @@ func TestInlineRebuildRequestedServedCancelled(t *testing.T) {
 // shadow; the replaying process stops at its next batch with ErrNotActive,
 // and the live model was never touched.
 func TestInlineRebuildCancelledWhileReplaying(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	for i := range 50 {
 		if err := e.append(e.ctx, i%10, false); err != nil {

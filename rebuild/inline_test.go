@@ -182,6 +182,7 @@ func (e *ienv) count(sql string) int {
 // before or after the switch (one blocked by the lock writes the new
 // tables). The SkipOnReplay "mail" never runs during the rebuild.
 func TestInlineRebuildExactUnderWriters(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	for i := range 300 {
 		if err := e.append(e.ctx, i%40, false); err != nil {
@@ -320,6 +321,7 @@ func TestInlineRebuildExactUnderWriters(t *testing.T) {
 // TestInlineRebuildRefusals: each refusal is a typed error and leaves the
 // live tables and the schema as they were.
 func TestInlineRebuildRefusals(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	if err := e.append(e.ctx, 1, false); err != nil {
 		t.Fatal(err)
@@ -383,6 +385,7 @@ func TestInlineRebuildRefusals(t *testing.T) {
 // TestInlineRebuildOneAtATime: a second rebuild of the projection while one
 // runs is ErrActive, and the first still completes.
 func TestInlineRebuildOneAtATime(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	if err := e.append(e.ctx, 1, false); err != nil {
 		t.Fatal(err)
@@ -419,6 +422,7 @@ func TestInlineRebuildOneAtATime(t *testing.T) {
 // table and not committed holds the switch back (its lock attempts time
 // out) until it commits; its event is then in the new model once.
 func TestInlineRebuildWaitsForOpenAppend(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	for i := range 20 {
 		if err := e.append(e.ctx, i, false); err != nil {
@@ -474,6 +478,7 @@ func TestInlineRebuildWaitsForOpenAppend(t *testing.T) {
 // event (it commits into the old table after the last read), so the test
 // above would fail if Inline stopped catching up under the lock.
 func TestInlineRebuildNaiveSwapLosesHeldAppend(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	for i := range 20 {
 		if err := e.append(e.ctx, i, false); err != nil {
@@ -545,6 +550,7 @@ func TestInlineRebuildNaiveSwapLosesHeldAppend(t *testing.T) {
 // with ErrInlineVersion; the live tables stay as they were and the shadow
 // schema is dropped.
 func TestInlineRebuildFenceAtSwitch(t *testing.T) {
+	t.Parallel()
 	e := newInlineEnv(t)
 	for i := range 10 {
 		if err := e.append(e.ctx, i, false); err != nil {
@@ -606,6 +612,9 @@ func TestInlineRebuildFenceAtSwitch(t *testing.T) {
 // switch would apply everything since under its lock. With more than
 // MaxUnderLock such events it waits, then refuses with ErrHorizonHeld and
 // switches nothing; once the transaction ends, the rebuild goes through.
+// Not parallel: the transaction it holds open holds the horizon of the whole
+// server, which every gap-safe read of the package's parallel tests would
+// wait behind, so it runs before them, with the other serial tests.
 func TestInlineRebuildRefusesWhileHorizonHeld(t *testing.T) {
 	e := newInlineEnv(t)
 	for i := range 5 {
