@@ -396,7 +396,7 @@ func (s *Store) applyInlineImported(ctx context.Context, tx pgx.Tx, b *importBat
 		run := make([]projector.Event, 0, end-start)
 		for _, k := range keep[start:end] {
 			ev := b.events[k].Event()
-			ev.Position, ev.Payload, ev.Data = positions[ev.ID], b.payloads[k], b.data[k]
+			ev.Position, ev.Payload, ev.Data, ev.Forgotten = positions[ev.ID], b.payloads[k], b.data[k], b.forgotten[k]
 			v, ok := info[ev.Type]
 			if !ok {
 				t, _ := s.registry.Lookup(ev.Type)

@@ -48,7 +48,7 @@ func (s *Store) sealImported(ctx context.Context, tx pgx.Tx, b *importBatch) err
 		b.events[i].Payload = orig
 		changed[b.chunkOf(i)] = true
 	}
-	b.sealedFrom = nil
+	b.sealedFrom, b.forgotten = nil, nil
 	kt, _ := s.keys.(*KeyTable)
 	type sealedLine struct {
 		i   int
@@ -76,7 +76,7 @@ func (s *Store) sealImported(ctx context.Context, tx pgx.Tx, b *importBatch) err
 				if !hasPersonalValue(p, h.Payload) {
 					continue
 				}
-				data, _, err := s.seal(ctx, tx, h.Stream.Tenant, projector.Encoded{Type: h.Type, SchemaVersion: h.SchemaVersion, Data: h.Payload}, st)
+				data, forgotten, err := s.seal(ctx, tx, h.Stream.Tenant, projector.Encoded{Type: h.Type, SchemaVersion: h.SchemaVersion, Data: h.Payload}, st)
 				if err != nil {
 					if ctx.Err() != nil {
 						return err
@@ -89,6 +89,18 @@ func (s *Store) sealImported(ctx context.Context, tx pgx.Tx, b *importBatch) err
 				}
 				b.sealedFrom[i], h.Payload = h.Payload, data
 				changed[ch] = true
+				if forgotten {
+					// The subject was forgotten here: its inline
+					// projections must not see the values the log
+					// never holds, as an append's do not.
+					view, _, err := projector.OpenWith(data, "", nil)
+					if err == nil {
+						err = s.viewAsRead(b, i, view, true)
+					}
+					if err != nil {
+						fail(err)
+					}
+				}
 				continue
 			}
 			if hasPersonalValue(p, h.Payload) {
@@ -125,25 +137,40 @@ func (s *Store) sealImported(ctx context.Context, tx pgx.Tx, b *importBatch) err
 					h.ID, ErrInvalidHistory, projector.Printable(l.ref.String()))
 				continue
 			}
-			opened, _, err := projector.OpenStored(h.Payload, l.ref.ID, ciphers[l.ref])
+			opened, forgotten, err := projector.OpenStored(h.Payload, l.ref.ID, ciphers[l.ref])
 			if err != nil {
 				*errp = fmt.Errorf("event %s: %w: subject %s's key in this schema does not open its personal fields (another subject's key under the same id?): %w",
 					h.ID, ErrInvalidHistory, projector.Printable(l.ref.String()), err)
 				continue
 			}
-			// The inline projections see it as a read does.
-			payload, data, err := s.registry.Decode(h.Type, h.SchemaVersion, opened)
-			if err != nil {
+			if err := s.viewAsRead(b, l.i, opened, forgotten); err != nil {
 				*errp = fmt.Errorf("event %s: %w", h.ID, err)
-				continue
 			}
-			b.payloads[l.i], b.data[l.i] = payload, data
 		}
 	}
 	for ch := range changed {
 		if err := b.encodeRows(ch); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// viewAsRead sets line i's event, as its inline projections are handed
+// it, to data (its payload as a read returns it), marked Forgotten when
+// forgotten.
+func (s *Store) viewAsRead(b *importBatch, i int, data json.RawMessage, forgotten bool) error {
+	h := &b.events[i]
+	payload, decoded, err := s.registry.Decode(h.Type, h.SchemaVersion, data)
+	if err != nil {
+		return err
+	}
+	b.payloads[i], b.data[i] = payload, decoded
+	if forgotten {
+		if b.forgotten == nil {
+			b.forgotten = map[int]bool{}
+		}
+		b.forgotten[i] = true
 	}
 	return nil
 }

@@ -20,16 +20,27 @@ import (
 // given payloads, one stream per payload's customer.
 func historyOf(t *testing.T, payloads ...string) *bytes.Buffer {
 	t.Helper()
+	return historyIn(t, "", payloads...)
+}
+
+// historyIn is historyOf with every event in stream customer/id, one after
+// another, when id is not empty.
+func historyIn(t *testing.T, id string, payloads ...string) *bytes.Buffer {
+	t.Helper()
 	var file bytes.Buffer
 	enc := postgres.NewHistoryEncoder(&file)
-	for _, p := range payloads {
+	for k, p := range payloads {
 		var c testevents.CustomerRegistered
 		if err := json.Unmarshal([]byte(p), &c); err != nil {
 			t.Fatal(err)
 		}
+		stream, version := c.Customer, int64(1)
+		if id != "" {
+			stream, version = id, int64(k+1)
+		}
 		if err := enc.Encode(postgres.HistoryEvent{
-			Stream:  postgres.HistoryStream{Tenant: projector.SystemTenant, Type: "customer", ID: c.Customer},
-			Version: 1, Type: "customer.registered", SchemaVersion: 1, ID: uuid.New(),
+			Stream:  postgres.HistoryStream{Tenant: projector.SystemTenant, Type: "customer", ID: stream},
+			Version: version, Type: "customer.registered", SchemaVersion: 1, ID: uuid.New(),
 			RecordedAt: time.Now().UTC().Truncate(time.Microsecond), Payload: json.RawMessage(p),
 		}); err != nil {
 			t.Fatal(err)
@@ -144,5 +155,51 @@ func TestImportSealedUnderAnotherKeyRefused(t *testing.T) {
 	}
 	if n := dst.count(t, "projector_events"); n != 1 {
 		t.Fatalf("%d events after the refused import, want the 1 appended", n)
+	}
+}
+
+// TestImportForForgottenSubjectHidesTheValuesFromInline: an import of a
+// forgotten subject's events hands its inline projections the events as
+// every read returns them (personal fields null, Forgotten), for clear
+// fields the import seals and for sealed ones alike. The import handed
+// them the file's clear values, which an inline projection would have
+// written into its model after the forget (promise 19).
+func TestImportForForgottenSubjectHidesTheValuesFromInline(t *testing.T) {
+	t.Parallel()
+	src := personalSetup(t)
+	if err := src.register(t, src.store, projector.SystemTenant, testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@example.com", Plan: "pro"}); err != nil {
+		t.Fatal(err)
+	}
+	var sealed bytes.Buffer
+	if _, err := src.store.Export(src.ctx, &sealed, postgres.ExportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	capture := &captureInline{}
+	dst := personalFixture{ctx: src.ctx, types: src.types,
+		store: pgtest.Store(t, src.types.Registry, postgres.Config{MasterKey: masterKey(t, "k1", "one"), Inline: []postgres.InlineProjection{capture}})}
+	if _, err := dst.store.Pool().Exec(dst.ctx, `INSERT INTO `+dst.store.Table("projector_subject_keys")+
+		` SELECT * FROM `+src.store.Table("projector_subject_keys")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dst.store.Forget(dst.ctx, postgres.SubjectRef{Tenant: projector.SystemTenant, ID: "c-1"}); err != nil {
+		t.Fatal(err)
+	}
+	for name, file := range map[string]*bytes.Buffer{
+		"sealed": &sealed,
+		"clear":  historyIn(t, "c-1-imported", `{"customer":"c-1","name":"Grace Hopper","email":"grace@example.com","plan":"free"}`),
+	} {
+		if res, err := dst.store.Import(dst.ctx, file, postgres.ImportOptions{}); err != nil || res.Imported != 1 {
+			t.Fatalf("%s import for a forgotten subject: %+v, %v", name, res, err)
+		}
+		got := capture.last()
+		c := got.Payload.(testevents.CustomerRegistered)
+		if !got.Forgotten || c.Name != "" || c.Email != "" || strings.Contains(string(got.Data), "@example.com") {
+			t.Fatalf("%s import: the inline projection was handed %+v (%s, Forgotten %v), want the personal fields null and Forgotten", name, c, got.Data, got.Forgotten)
+		}
+	}
+	for id, data := range dst.rawData(t) {
+		if strings.Contains(data, "Grace") || strings.Contains(data, "grace@") {
+			t.Fatalf("event %s stored in the clear: %s", id, data)
+		}
 	}
 }

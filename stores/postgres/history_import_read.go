@@ -104,6 +104,9 @@ type importBatch struct {
 	// personal fields a transaction of the batch sealed (sealImported), to
 	// seal again should the batch be written once more (a replan).
 	sealedFrom map[int]json.RawMessage
+	// forgotten marks the lines whose subject is forgotten, handed to the
+	// inline projections Forgotten as reads return them.
+	forgotten map[int]bool
 	// spare are the chunks of the batch's previous use, whose buffers
 	// the new chunks take over.
 	spare []*importChunk
