@@ -53,11 +53,7 @@ func TestMergeTimingOutOnAOneConnectionPoolReturns(t *testing.T) {
 	if got := e.layout("lapsed"); len(got) != 2 {
 		t.Fatalf("layout %v after a merge that timed out, want both halves", got)
 	}
-	var held int
-	if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM `+e.table("projector_consumers")+` WHERE name = 'lapsed' AND hold_tx_id IS NOT NULL`).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held != 0 {
+	if held := heldHalves(t, e, e.table("projector_consumers"), "lapsed")(); held != 0 {
 		t.Fatalf("%d partitions still held after the merge timed out", held)
 	}
 }
