@@ -141,8 +141,8 @@ func (p Personal) sealEvent(data json.RawMessage, subject string, c *KeyCipher) 
 	sortByName(idx, ms)
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
-	ns := c.aead.NonceSize()
-	sealedEnd := ns + plainLen + c.aead.Overhead()
+	ns := gcmNonceSize
+	sealedEnd := ns + plainLen + gcmTagSize
 	need := sealedEnd + len(eventPrefix) + len(subject) + 1
 	for _, m := range ms {
 		need += len(m.name) + 1
@@ -200,11 +200,11 @@ func (c *KeyCipher) openEvent(subject string, ms []member, idx []int, env, buf [
 		return buf, fmt.Errorf("%w: event envelope encoding: %w", ErrSealed, err)
 	}
 	raw = raw[:n]
-	if len(raw) < c.aead.NonceSize()+c.aead.Overhead() {
+	if len(raw) < gcmNonceSize+gcmTagSize {
 		return buf, fmt.Errorf("%w: event envelope of %d bytes is too short", ErrSealed, len(raw))
 	}
 	ad := appendEventAdditional(buf[size:size], subject, ms, idx)
-	nonce, ct := raw[:c.aead.NonceSize()], raw[c.aead.NonceSize():]
+	nonce, ct := raw[:gcmNonceSize], raw[gcmNonceSize:]
 	plain, err := c.aead.Open(ct[:0], nonce, ct, ad)
 	if err != nil {
 		return buf, fmt.Errorf("%w: the key does not open the event envelope (a changed key or a tampered row)", ErrSealed)
