@@ -1,12 +1,16 @@
 package projection_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
@@ -219,5 +223,91 @@ func TestPartitionedPassRacingForget(t *testing.T) {
 	}
 	if len(names) != 0 {
 		t.Fatalf("after the forget committed and every partition caught up, the read model holds the forgotten subject's name %q", names)
+	}
+}
+
+// TestPartitionedCatchesUpOverForgottenEventsWithoutValues: a forgotten
+// subject's event that held no personal value (nothing was sealed, so it
+// reads as not Forgotten) does not make a partition's pass read its batch
+// again and again: the guard against forgets (forgetguard.go) only looks
+// at subjects whose fields a handler was given opened. A guard that
+// looked at every event of a forgotten subject rolled such a batch back
+// for ever, and the consumer never caught up (CatchUp timed out).
+func TestPartitionedCatchesUpOverForgottenEventsWithoutValues(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.NewPersonal()
+	master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
+	if err := store.CreatePartitionIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", "c-1"), projector.AnyVersion,
+			testevents.CustomerRegistered{Customer: "c-1", Name: "Ada Lovelace", Plan: "pro"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// An event of the subject with no personal value at all (the Go type
+	// always writes its fields, so it comes from a history file): nothing
+	// of it is sealed, and it reads as not Forgotten after the forget.
+	var file bytes.Buffer
+	enc := postgres.NewHistoryEncoder(&file)
+	if err := enc.Encode(postgres.HistoryEvent{
+		Stream:  postgres.HistoryStream{Tenant: "acme", Type: "customer", ID: "c-1"},
+		Version: 2, Type: "customer.registered", SchemaVersion: 1, ID: uuid.New(),
+		RecordedAt: time.Now().UTC().Truncate(time.Microsecond), Payload: json.RawMessage(`{"customer":"c-1","plan":"free"}`),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := enc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := store.Import(ctx, &file, postgres.ImportOptions{}); err != nil || res.Imported != 1 {
+		t.Fatalf("import: %+v, %v", res, err)
+	}
+	if _, err := store.Forget(ctx, postgres.SubjectRef{Tenant: "acme", ID: "c-1"}); err != nil {
+		t.Fatal(err)
+	}
+	var seen, forgotten int
+	var mu sync.Mutex
+	p := projection.NewAsync("customers", projection.AsyncConfig{Partitions: 2})
+	must(projection.On(p, types.Registered, func(_ context.Context, _ pgx.Tx, ev projector.Event, _ testevents.CustomerRegistered) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen++
+		if ev.Forgotten {
+			forgotten++
+		}
+		return nil
+	}))
+	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, PollMax: 50 * time.Millisecond,
+		Recheck: 50 * time.Millisecond, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := d.CatchUp(cctx); err != nil {
+		t.Fatalf("catch up: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen != 2 || forgotten != 1 {
+		t.Fatalf("handlers saw %d events, %d Forgotten; want 2, the one with a name Forgotten", seen, forgotten)
 	}
 }

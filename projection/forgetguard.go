@@ -1,7 +1,9 @@
 package projection
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -62,7 +64,10 @@ func (d *Dispatcher) openedSubjectsForgotten(ctx context.Context, tx pgx.Tx, sh 
 			continue
 		}
 		p, ok := reg.PersonalOf(ev.Type)
-		if !ok {
+		if !ok || !holdsPersonalValue(p, ev.Data) {
+			// Nothing opened: an event with no personal value reads the
+			// same, and is not Forgotten, after its subject's forget, so
+			// looking at its subject would roll the batch back for ever.
 			continue
 		}
 		id, err := p.SubjectOf(ev.Data)
@@ -86,4 +91,20 @@ func (d *Dispatcher) openedSubjectsForgotten(ctx context.Context, tx pgx.Tx, sh 
 		return false, fmt.Errorf("lock the key rows of the subjects opened: %w", err)
 	}
 	return forgotten, nil
+}
+
+// holdsPersonalValue reports whether data, an opened payload (a JSON
+// object), holds a value other than null in one of p's personal fields:
+// one a handler was given in the clear.
+func holdsPersonalValue(p projector.Personal, data json.RawMessage) bool {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(data, &members) != nil {
+		return true // not an object: look at its subject all the same
+	}
+	for _, f := range p.Fields {
+		if v, ok := members[f]; ok && !bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+			return true
+		}
+	}
+	return false
 }
