@@ -84,8 +84,8 @@ A stream moves only when every consumer shard that is not disabled has passed al
 and none of them has an open dead letter; others are counted as held back (promise 9; a stale
 per-instance shard holds archiving back too: remove it with consumer remove). A stream being
 appended to at that moment is skipped. Appending to an archived stream fails (ErrStreamArchived),
-reading it needs IncludeArchived, and a rebuild of a projection reading its event types is
-refused until it is unarchived. --dry-run counts what would move.
+reading it needs IncludeArchived, and rebuilds replay it from the archive (docs/rebuilds.md).
+--dry-run counts what would move.
 
 DURATION is a Go duration (90m, 12h) or a number of days (30d).`
 	if unarchive {

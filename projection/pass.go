@@ -392,6 +392,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		return res, err
 	}
 	done, deadLetters := ap.done, ap.deadLetters
+	if forgotten, err := d.openedSubjectsForgotten(ctx, tx, sh, done); err != nil || forgotten {
+		return passResult{kind: passMore}, err // a forget committed meanwhile: read again (forgetguard.go)
+	}
 	switched := false
 	if switching && !batch.Full {
 		if switched, err = d.switchShadow(ctx, tx, sh, st.cursor, next); err != nil {
@@ -695,6 +698,9 @@ func (d *Dispatcher) recordFailureAt(ctx context.Context, tx pgx.Tx, sh *shard, 
 	}
 	if attempts >= cfg.MaxAttempts || systemic {
 		status = StatusDead
+	}
+	if forgotten, err := d.openedSubjectsForgotten(ctx, tx, sh, applied); err != nil || forgotten {
+		return passResult{kind: passMore}, err // a forget committed meanwhile: read again (forgetguard.go)
 	}
 	wait := sh.proj.backoff(attempts, rand.Float64())
 	if _, err := tx.Exec(ctx, d.sql.fail, sh.id.Consumer, sh.id.Instance, cursor.TxID, cursor.Seq, status, attempts,

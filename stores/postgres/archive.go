@@ -104,8 +104,8 @@ func (k *streamKeys) len() int { return len(k.ids) }
 // open dead letter (promise 9, as for [Store.Prune]); each batch locks the
 // consumers table in SHARE mode before reading the slowest cursor, so a
 // consumer registering or a rebuild rewinding meanwhile is either seen or
-// waits for the batch to commit, and a rebuild that starts later is
-// refused while events it would read are archived (package rebuild).
+// waits for the batch to commit; a rebuild that starts later reads the
+// archived events from the archive (docs/rebuilds.md).
 // Unlike prune, a stale per-instance shard is not passed over: it holds
 // archiving back until it is removed or disabled.
 //

@@ -192,6 +192,16 @@ func hasPersonalValue(p projector.Personal, data json.RawMessage) bool {
 // keyRows reports which of refs have a row in the key table, forgotten or
 // not; nil (every subject taken as present) for a key store of another
 // kind, which cannot tell a forgotten subject from one without a key.
+//
+// The rows are locked FOR SHARE until tx ends, as an append's key read
+// locks them (KeyTable.DataKey): a forget's Destroy of one of them waits
+// for the import, whose inline projections are handed the fields opened,
+// so the forget's own inline forget sees (and deletes) what they wrote.
+// Read without the lock, a forget could commit between this read and the
+// import's commit, deleting nothing, and the import then committed the
+// subject's fields in the clear into a read model after the forget. A
+// forget that committed first is seen through the lock: the key read that
+// follows, in a statement of its own, finds the subject forgotten.
 func (s *Store) keyRows(ctx context.Context, tx pgx.Tx, kt *KeyTable, refs []SubjectRef) (map[SubjectRef]bool, error) {
 	if kt == nil {
 		return nil, nil
@@ -201,7 +211,8 @@ func (s *Store) keyRows(ctx context.Context, tx pgx.Tx, kt *KeyTable, refs []Sub
 		tenants[i], subjects[i] = r.Tenant, r.ID
 	}
 	rows, err := tx.Query(ctx, s.sqlFor(`SELECT k.tenant_id, k.subject FROM {{s}}.projector_subject_keys k
-		JOIN unnest($1::text[], $2::text[]) AS u(tenant_id, subject) USING (tenant_id, subject)`), tenants, subjects)
+		JOIN unnest($1::text[], $2::text[]) AS u(tenant_id, subject) USING (tenant_id, subject)
+		ORDER BY k.tenant_id, k.subject FOR SHARE OF k`), tenants, subjects)
 	if err != nil {
 		return nil, fmt.Errorf("read the subjects' key rows: %w", err)
 	}
