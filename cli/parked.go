@@ -326,7 +326,7 @@ func parkErrorCell(status, by, lastErr string) string {
 	if status == projection.ParkOpen {
 		return text(lastErr, 80)
 	}
-	return text(status+" by "+by+"; last error before: "+lastErr, 80)
+	return status + " by " + text(by, cellText) + "; last error before: " + text(lastErr, 80)
 }
 
 func parkStream(p projection.Park) string {

@@ -186,6 +186,14 @@ func TestParkedCommand(t *testing.T) {
 	if p, _, err := projection.GetPark(e.ctx, store, again.ID); err != nil || p.Status != projection.ParkOpen || p.RetryRequestedAt != nil {
 		t.Fatalf("after the failing retry --wait: %+v, %v; want parked, no request left", p, err)
 	}
+	// A request no running dispatcher carries out (its consumer is none of
+	// theirs): --wait gives up at --timeout, exit 1, saying what to do.
+	e.exec(`UPDATE ` + store.Table("projector_parks") + ` SET consumer = 'elsewhere' WHERE id = ` + fmt.Sprint(again.ID))
+	if _, stderr, code := cli("parked", "retry", "--wait", "--timeout", "300ms", fmt.Sprint(again.ID)); code != ExitError ||
+		!strings.Contains(stderr, "no dispatcher carried out the retry within 300ms; the request stays") ||
+		!strings.Contains(stderr, "with consumer elsewhere") {
+		t.Fatalf("retry --wait with no dispatcher: exit %d: %s", code, stderr)
+	}
 }
 
 // Without $USER the operator is the OS account's name, else the uid.

@@ -40,21 +40,29 @@ func (a *App) retryParkAndWait(cmd *cobra.Command, store *postgres.Store, id int
 	if err := projection.RequestParkRetry(ctx, store, id, by); err != nil {
 		return err
 	}
-	fmt.Fprintf(a.out, "retry of park %d requested; waiting up to %v for a running dispatcher with the consumer to carry it out\n", id, timeout)
+	p, _, err := projection.GetPark(ctx, store, id)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.out, "retry of park %d requested; waiting up to %v for a running dispatcher with consumer %s to carry it out\n",
+		id, timeout, projector.Printable(p.Consumer))
 	waitCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var p projection.Park
-	err := poll(waitCtx, parkWaitPoll, func() (bool, error) {
-		var err error
-		p, _, err = projection.GetPark(waitCtx, store, id)
-		return err == nil && (p.Status != projection.ParkOpen || p.RetryRequestedAt == nil), err
+	err = poll(waitCtx, parkWaitPoll, func() (bool, error) {
+		seen, _, err := projection.GetPark(waitCtx, store, id)
+		if err != nil {
+			return false, err
+		}
+		p = seen
+		return p.Status != projection.ParkOpen || p.RetryRequestedAt == nil, nil
 	})
+	root := cmd.Root().Name()
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-		return fmt.Errorf("park %d: no dispatcher carried out the retry within %v; the request stays: is a dispatcher with consumer %s running (`projector run` in your application's binary)? Follow it with `parked show %d`, or retry with --here in that binary",
-			id, timeout, projector.Printable(p.Consumer), id)
+		return fmt.Errorf("park %d: no dispatcher carried out the retry within %v; the request stays: start one with consumer %s (`%s run`, in your application's binary), follow it with `%s parked show %d`, or retry with --here in that binary",
+			id, timeout, projector.Printable(p.Consumer), root, root, id)
 	case err != nil:
-		return fmt.Errorf("park %d: stopped waiting (the request stays; follow it with `parked show %d`): %w", id, id, err)
+		return fmt.Errorf("park %d: stopped waiting (the request stays; follow it with `%s parked show %d`): %w", id, root, id, err)
 	case p.Status == projection.ParkResolved:
 		fmt.Fprintf(a.out, "park %d: a dispatcher applied its %d events in order and resolved it; %s is live again\n", id, p.Events, parkStream(p))
 		return nil
