@@ -94,7 +94,8 @@ func TestParkedCommand(t *testing.T) {
 	if out, _, code := cli("consumer", "status", "parking"); code != ExitOK || !strings.Contains(out, "parked streams  3,") {
 		t.Fatalf("consumer status: exit %d:\n%s", code, out)
 	}
-	if out, _, code := cli("parked", "show", ids[0]); code != ExitOK || !strings.Contains(out, "sequence:   2 events") || !strings.Contains(out, poisons[0].ID.String()) {
+	if out, _, code := cli("parked", "show", ids[0]); code != ExitOK || !strings.Contains(out, "sequence:   2 events") || !strings.Contains(out, poisons[0].ID.String()) ||
+		!strings.Contains(out, " after 1 attempt\n") {
 		t.Fatalf("show: exit %d:\n%s", code, out)
 	}
 	for _, args := range [][]string{

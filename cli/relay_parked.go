@@ -91,7 +91,7 @@ func (a *App) relayParkedShowCmd() *cobra.Command {
 				w := a.out
 				fmt.Fprintf(w, "park %d of %s: %s\n", p.ID, projector.Printable(p.Subscription), p.Status)
 				fmt.Fprintf(w, "stream:     %s, parked from v%d (%s %s)\n", relayParkStream(p), p.Version, projector.Printable(p.EventType), p.EventID)
-				fmt.Fprintf(w, "parked:     %s after %d handler failures\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Failures)
+				fmt.Fprintf(w, "parked:     %s after %d handler %s\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Failures, plural(int64(p.Failures), "failure"))
 				if p.LastRetriedAt != nil {
 					fmt.Fprintf(w, "retried:    %s\n", p.LastRetriedAt.UTC().Format(time.RFC3339))
 				}
