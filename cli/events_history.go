@@ -85,7 +85,8 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 						return fmt.Errorf("write %s: %w", projector.Printable(output), err)
 					}
 				}
-				fmt.Fprintf(summary, "exported %d %s, up to log position %s\n", res.Events, plural(res.Events, "event"), res.Horizon)
+				fmt.Fprintf(summary, "exported %d %s, up to log position %s (`%s events export --after %[3]s` exports what comes after)\n",
+					res.Events, plural(res.Events, "event"), cursor(res.Horizon), cmd.Root().Name())
 				return nil
 			})
 		},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +33,10 @@ func TestEventsExportImport(t *testing.T) {
 	}
 	file := filepath.Join(t.TempDir(), "history.jsonl")
 	r := runEvents(t, writer.Registry, schema, "export", "-o", file, "--redact", "body")
-	if r.code != ExitOK || !strings.Contains(r.out.String(), "exported 5 events") {
+	// The summary gives the position as status prints cursors, and how
+	// to export what comes after it.
+	if r.code != ExitOK || !strings.Contains(r.out.String(), "exported 5 events") ||
+		!regexp.MustCompile(`up to log position (\d+/max) \(`+"`"+`projector events export --after (\d+/max)`+"`"+` exports what comes after\)`).MatchString(r.out.String()) {
 		t.Fatalf("export: exit %d\n%s%s", r.code, r.out.String(), r.errOut.String())
 	}
 	b, err := os.ReadFile(file)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"strconv"
 	"time"
 
@@ -47,7 +48,7 @@ id shown as --after for the next page.`,
 					for _, p := range parks {
 						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\tv%d\t%d\t%s\t%d\t%s\t%s\n", p.ID, projector.Printable(p.Consumer),
 							projector.Printable(p.Instance), parkStream(p), p.Version, p.Events, parkStatus(p), p.Attempts,
-							p.ParkedAt.UTC().Format(time.RFC3339), text(p.Error, 80))
+							p.ParkedAt.UTC().Format(time.RFC3339), parkErrorCell(p.Status, p.ResolvedBy, p.Error))
 					}
 				})
 			})
@@ -84,7 +85,7 @@ func (a *App) parkedShowCmd() *cobra.Command {
 				fmt.Fprintf(w, "park %d: %s\n", p.ID, parkStatus(p))
 				fmt.Fprintf(w, "consumer:   %s (instance %s)\n", projector.Printable(p.Consumer), projector.Printable(p.Instance))
 				fmt.Fprintf(w, "stream:     %s, parked from v%d (%s %s)\n", parkStream(p), p.Version, projector.Printable(p.EventType), p.EventID)
-				fmt.Fprintf(w, "parked:     %s after %d attempts\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts)
+				fmt.Fprintf(w, "parked:     %s after %d %s\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts, plural(int64(p.Attempts), "attempt"))
 				if p.LiveThrough >= p.Version {
 					// Handed over by a blue/green switch: say which events a
 					// retry replays (their Emit calls append nothing again).
@@ -93,10 +94,11 @@ func (a *App) parkedShowCmd() *cobra.Command {
 				if p.LastRetriedAt != nil {
 					fmt.Fprintf(w, "retried:    %s\n", p.LastRetriedAt.UTC().Format(time.RFC3339))
 				}
-				if p.ResolvedAt != nil {
-					fmt.Fprintf(w, "%s:   %s by %s, %d events\n", p.Status, p.ResolvedAt.UTC().Format(time.RFC3339), projector.Printable(p.ResolvedBy), p.Events)
+				if p.RetryRequestedAt != nil && p.Status == projection.ParkOpen {
+					fmt.Fprintf(w, "requested:  a retry, %s by %s (a running dispatcher with the consumer carries it out)\n",
+						p.RetryRequestedAt.UTC().Format(time.RFC3339), projector.Printable(p.ResolvedBy))
 				}
-				fmt.Fprintf(w, "error:      %s\n", text(p.Error, lineText))
+				writeParkOutcome(w, p.Status, p.ResolvedAt, p.ResolvedBy, p.Events, "events", p.Error)
 				if len(events) > 0 {
 					fmt.Fprintf(w, "sequence:   %d events, applied in this order by a retry\n", len(events))
 					for _, ev := range events {
@@ -113,8 +115,17 @@ func (a *App) parkedShowCmd() *cobra.Command {
 	}.command()
 }
 
+// Bounds of `parked retry --wait --timeout`.
+const (
+	minParkWait     = 100 * time.Millisecond
+	maxParkWait     = time.Hour
+	defaultParkWait = time.Minute
+	parkWaitPoll    = 100 * time.Millisecond
+)
+
 func (a *App) parkedRetryCmd() *cobra.Command {
-	var here bool
+	var here, wait bool
+	var timeout time.Duration
 	var by string
 	cmd := &cobra.Command{
 		Use:   "retry ID",
@@ -128,23 +139,34 @@ park that is resolved or discarded is refused (exit 3).
 The handlers are the projection's code: with --here the retry runs in this process,
 which must be your application's binary (cli.Config.Wire); without it the request is
 recorded and a running dispatcher that has the projection carries it out (check with
-` + "`parked list --status all`" + `).`,
+` + "`parked list --status all`" + `), or add --wait: the command then follows the park until
+the dispatcher has applied the sequence (exit 0) or the retry failed and the stream is
+parked again (exit 1, with the new error), for at most --timeout (exit 1; the request
+stays for a dispatcher that starts later).`,
 		Args: oneParkID,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseParkID(args[0])
 			if err != nil {
 				return err
 			}
+			if err := checkParkWait(cmd, here, wait, timeout); err != nil {
+				return err
+			}
 			if by, err = operatorName(by, a.getenv); err != nil {
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
+				if wait {
+					return a.retryParkAndWait(cmd, store, id, by, timeout)
+				}
 				return a.retryPark(cmd, store, id, by, here)
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&here, "here", false, "run the handlers in this process (your application's binary, cli.Config.Wire)")
-	cmd.Flags().StringVar(&by, "by", "", "who is retrying, for the record (default $USER@host)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "without --here: wait until a dispatcher has applied the sequence, or the retry failed (exit 1)")
+	cmd.Flags().DurationVar(&timeout, "timeout", defaultParkWait, fmt.Sprintf("with --wait: how long to wait (%v to %v)", minParkWait, maxParkWait))
+	cmd.Flags().StringVar(&by, "by", "", "who is retrying, for the record (default $USER@host; without $USER the OS user, else the uid)")
 	return cmd
 }
 
@@ -173,7 +195,7 @@ func (a *App) parkedDiscardCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&by, "by", "", "who is discarding, for the record (default $USER@host)")
+	cmd.Flags().StringVar(&by, "by", "", "who is discarding, for the record (default $USER@host; without $USER the OS user, else the uid)")
 	return cmd
 }
 
@@ -256,16 +278,55 @@ func parseParkID(s string) (int64, error) {
 	return id, nil
 }
 
-// operatorName is who acts, for a park's record: --by, else $USER@host.
+// operatorName is who acts, for a park's record: --by, else
+// defaultOperator's user@host.
 func operatorName(by string, getenv func(string) string) (string, error) {
 	if by == "" {
 		host, _ := os.Hostname()
-		by = cmp.Or(getenv("USER"), "unknown") + "@" + cmp.Or(host, "unknown")
+		by = defaultOperator(getenv, user.Current) + "@" + cmp.Or(host, "unknown")
 	}
 	if err := projection.ValidateOperator(by); err != nil {
 		return "", usageError{fmt.Errorf("--by: %w", err)}
 	}
 	return by, nil
+}
+
+// defaultOperator names the user running the command when --by is not
+// given: $USER, else the OS account's name (os/user: a shell without $USER,
+// cron, a container's exec), else "uid N".
+func defaultOperator(getenv func(string) string, current func() (*user.User, error)) string {
+	if u := getenv("USER"); u != "" {
+		return u
+	}
+	if u, err := current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "uid " + strconv.Itoa(os.Getuid())
+}
+
+// writeParkOutcome ends `parked show` and `relay parked show`: an open
+// park's error, or what closed it (a retry that applied the sequence, or a
+// discard) and, labelled as such, the error it had before.
+func writeParkOutcome(w io.Writer, status string, closedAt *time.Time, by string, n int, unit, lastErr string) {
+	switch {
+	case closedAt == nil:
+		fmt.Fprintf(w, "error:      %s\n", text(lastErr, lineText))
+		return
+	case status == projection.ParkResolved:
+		fmt.Fprintf(w, "resolved:   %s by %s: a retry applied its %d %s in order\n", closedAt.UTC().Format(time.RFC3339), projector.Printable(by), n, unit)
+	default:
+		fmt.Fprintf(w, "%s:  %s by %s: its %d %s were dropped, never applied\n", status, closedAt.UTC().Format(time.RFC3339), projector.Printable(by), n, unit)
+	}
+	fmt.Fprintf(w, "last error: %s (before it was %s; kept for the record)\n", text(lastErr, lineText), status)
+}
+
+// parkErrorCell is a park's ERROR cell in a list: an open park's error, or
+// for a closed one who closed it and, labelled, the error it had before.
+func parkErrorCell(status, by, lastErr string) string {
+	if status == projection.ParkOpen {
+		return text(lastErr, 80)
+	}
+	return status + " by " + text(by, cellText) + "; last error before: " + text(lastErr, 80)
 }
 
 func parkStream(p projection.Park) string {

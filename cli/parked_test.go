@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/user"
 	"strings"
 	"testing"
 	"time"
@@ -92,13 +94,16 @@ func TestParkedCommand(t *testing.T) {
 	if out, _, code := cli("consumer", "status", "parking"); code != ExitOK || !strings.Contains(out, "parked streams  3,") {
 		t.Fatalf("consumer status: exit %d:\n%s", code, out)
 	}
-	if out, _, code := cli("parked", "show", ids[0]); code != ExitOK || !strings.Contains(out, "sequence:   2 events") || !strings.Contains(out, poisons[0].ID.String()) {
+	if out, _, code := cli("parked", "show", ids[0]); code != ExitOK || !strings.Contains(out, "sequence:   2 events") || !strings.Contains(out, poisons[0].ID.String()) ||
+		!strings.Contains(out, " after 1 attempt\n") {
 		t.Fatalf("show: exit %d:\n%s", code, out)
 	}
 	for _, args := range [][]string{
 		{"parked", "list", "--limit", "0"}, {"parked", "list", "--limit", "10001"}, {"parked", "list", "--after", "-1"},
 		{"parked", "list", "--status", "open"}, {"parked", "show", "0"}, {"parked", "show", "x"}, {"parked", "retry"},
 		{"parked", "discard", ids[0], "--by", "\x1b[2J"}, {"parked", "list", "--consumer", "a\xffb"},
+		{"parked", "retry", ids[0], "--wait", "--timeout", "0s"}, {"parked", "retry", ids[0], "--wait", "--timeout", "2h"},
+		{"parked", "retry", ids[0], "--timeout", "1s"}, {"parked", "retry", ids[0], "--here", "--wait"},
 	} {
 		if _, stderr, code := cli(args...); code != ExitUsage {
 			t.Fatalf("%q: exit %d (%s), want %d", args, code, stderr, ExitUsage)
@@ -116,6 +121,17 @@ func TestParkedCommand(t *testing.T) {
 	if n := e.traced(poisons[0].ID); n != 1 {
 		t.Fatalf("retried event applied %d times", n)
 	}
+	// Its record says what resolved it; the error of the failed retry
+	// before is labelled as such, in show and in list.
+	if out, _, code := cli("parked", "show", ids[0]); code != ExitOK || !strings.Contains(out, "resolved:   ") ||
+		!strings.Contains(out, "a retry applied its 2 events in order") || strings.Contains(out, "\nerror:") ||
+		!strings.Contains(out, "last error: retry: ") || !strings.Contains(out, "(before it was resolved") {
+		t.Fatalf("show resolved: exit %d:\n%s", code, out)
+	}
+	if out, _, code := cli("parked", "list", "--status", "resolved"); code != ExitOK || !strings.Contains(out, "resolved by ") ||
+		!strings.Contains(out, "last error before: retry: ") {
+		t.Fatalf("list resolved: exit %d:\n%s", code, out)
+	}
 	if _, stderr, code := cli("parked", "retry", "--here", ids[0]); code != ExitRefused || !strings.Contains(stderr, "resolved already") {
 		t.Fatalf("second retry: exit %d: %s", code, stderr)
 	}
@@ -131,12 +147,72 @@ func TestParkedCommand(t *testing.T) {
 		t.Fatalf("show discarded: exit %d:\n%s", code, out)
 	}
 
-	// A retry request the running dispatcher carries out.
-	if out, stderr, code := cliAsTester("parked", "retry", ids[2]); code != ExitOK || !strings.Contains(out, "requested") {
-		t.Fatalf("retry request: exit %d: %s %s", code, out, stderr)
+	// A retry request the running dispatcher carries out, followed with
+	// --wait, by an operator whose shell has no $USER: the record names
+	// the OS user.
+	osUser, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
 	}
-	pgtest.Eventually(t, 30*time.Second, "the dispatcher carries out the retry request", func() bool {
-		p, _, err := projection.GetPark(e.ctx, store, listed[2].ID)
-		return err == nil && p.Status == projection.ParkResolved && strings.HasPrefix(p.ResolvedBy, "tester@")
+	out, stderr, code = runOpsProcess(t, e.ctx, []string{parkChildEnv + "=1", "USER="}, append(base, "parked", "retry", "--wait", ids[2])...)
+	if code != ExitOK || !strings.Contains(out, "requested") || !strings.Contains(out, "a dispatcher applied its 2 events in order and resolved it") {
+		t.Fatalf("retry --wait: exit %d: %s %s", code, out, stderr)
+	}
+	if p, _, err := projection.GetPark(e.ctx, store, listed[2].ID); err != nil || p.Status != projection.ParkResolved ||
+		!strings.HasPrefix(p.ResolvedBy, osUser.Username+"@") {
+		t.Fatalf("after retry --wait: %+v, %v; want resolved by %s@host", p, err, osUser.Username)
+	}
+
+	// A requested retry that fails again: --wait reports the new error,
+	// exit 1, and the park stays.
+	e.exec(`UPDATE ` + store.Table("poison_switch") + ` SET fail = true`)
+	if err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(e.ctx, tx, projector.Stream("ticket", "p3"), projector.NoStream, testevents.TicketOpened{Title: "poison"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var again projection.Park
+	pgtest.Eventually(t, 30*time.Second, "the new stream parked", func() bool {
+		open, err := projection.ListParks(e.ctx, store, projection.ParkFilter{Status: projection.ParkOpen})
+		if err == nil && len(open) == 1 {
+			again = open[0]
+		}
+		return again.ID != 0
 	})
+	if _, stderr, code := cli("parked", "retry", "--wait", "--timeout", "30s", fmt.Sprint(again.ID)); code != ExitError ||
+		!strings.Contains(stderr, "still parked") || !strings.Contains(stderr, "cannot digest poison") {
+		t.Fatalf("failing retry --wait: exit %d: %s", code, stderr)
+	}
+	if p, _, err := projection.GetPark(e.ctx, store, again.ID); err != nil || p.Status != projection.ParkOpen || p.RetryRequestedAt != nil {
+		t.Fatalf("after the failing retry --wait: %+v, %v; want parked, no request left", p, err)
+	}
+	// A request no running dispatcher carries out (its consumer is none of
+	// theirs): --wait gives up at --timeout, exit 1, saying what to do.
+	e.exec(`UPDATE ` + store.Table("projector_parks") + ` SET consumer = 'elsewhere' WHERE id = ` + fmt.Sprint(again.ID))
+	if _, stderr, code := cli("parked", "retry", "--wait", "--timeout", "300ms", fmt.Sprint(again.ID)); code != ExitError ||
+		!strings.Contains(stderr, "no dispatcher carried out the retry within 300ms; the request stays") ||
+		!strings.Contains(stderr, "with consumer elsewhere") {
+		t.Fatalf("retry --wait with no dispatcher: exit %d: %s", code, stderr)
+	}
+}
+
+// Without $USER the operator is the OS account's name, else the uid.
+func TestDefaultOperator(t *testing.T) {
+	t.Parallel()
+	noEnv := func(string) string { return "" }
+	if got := defaultOperator(func(string) string { return "ann" }, user.Current); got != "ann" {
+		t.Errorf("with $USER: %q, want ann", got)
+	}
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := defaultOperator(noEnv, user.Current); got != u.Username {
+		t.Errorf("without $USER: %q, want the OS user %q", got, u.Username)
+	}
+	noUser := func() (*user.User, error) { return nil, user.UnknownUserIdError(os.Getuid()) }
+	if got, want := defaultOperator(noEnv, noUser), fmt.Sprintf("uid %d", os.Getuid()); got != want {
+		t.Errorf("without $USER or an account: %q, want %q", got, want)
+	}
 }

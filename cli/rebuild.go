@@ -204,30 +204,21 @@ func (a *App) followRebuild(cmd *cobra.Command, store *postgres.Store, rb rebuil
 			moved = true // say it once
 		}
 	}
-	ticker := time.NewTicker(250 * time.Millisecond)
-	defer ticker.Stop()
-	for {
-		r, err := rebuild.Current(ctx, store, rb.Name)
+	var r rebuild.Rebuild
+	err := poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		var err error
+		r, err = rebuild.Current(ctx, store, rb.Name)
 		if err == nil && r.ID != rb.ID {
 			err = fmt.Errorf("rebuild %d of %s is gone: rebuild %d replaced it", rb.ID, rb.Name, r.ID)
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			return r, stopped(bar, a.out, rb, err)
+			return false, err
 		}
 		last := !r.Active() || (untilReady && r.Status == rebuild.Ready)
 		show(r, last)
-		if last {
-			return r, stopped(bar, a.out, rb, nil)
-		}
-		select {
-		case <-ctx.Done():
-			return r, stopped(bar, a.out, rb, ctx.Err())
-		case <-ticker.C:
-		}
-	}
+		return last, nil
+	})
+	return r, stopped(bar, a.out, rb, err)
 }
 
 // stopped ends the progress bar and words why following stopped.

@@ -44,7 +44,7 @@ func (a *App) relayParkedListCmd() *cobra.Command {
 					fmt.Fprintln(tw, "ID\tSTREAM\tFROM\tMESSAGES\tSTATUS\tFAILURES\tPARKED\tERROR")
 					for _, p := range parks {
 						fmt.Fprintf(tw, "%d\t%s\tv%d\t%d\t%s\t%d\t%s\t%s\n", p.ID, relayParkStream(p), p.Version, p.Messages, p.Status, p.Failures,
-							p.ParkedAt.UTC().Format(time.RFC3339), text(p.Error, 80))
+							p.ParkedAt.UTC().Format(time.RFC3339), parkErrorCell(p.Status, p.ResolvedBy, p.Error))
 					}
 				})
 			})
@@ -91,14 +91,11 @@ func (a *App) relayParkedShowCmd() *cobra.Command {
 				w := a.out
 				fmt.Fprintf(w, "park %d of %s: %s\n", p.ID, projector.Printable(p.Subscription), p.Status)
 				fmt.Fprintf(w, "stream:     %s, parked from v%d (%s %s)\n", relayParkStream(p), p.Version, projector.Printable(p.EventType), p.EventID)
-				fmt.Fprintf(w, "parked:     %s after %d handler failures\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Failures)
+				fmt.Fprintf(w, "parked:     %s after %d handler %s\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Failures, plural(int64(p.Failures), "failure"))
 				if p.LastRetriedAt != nil {
 					fmt.Fprintf(w, "retried:    %s\n", p.LastRetriedAt.UTC().Format(time.RFC3339))
 				}
-				if p.ResolvedAt != nil {
-					fmt.Fprintf(w, "%s:   %s by %s, %d messages\n", p.Status, p.ResolvedAt.UTC().Format(time.RFC3339), projector.Printable(p.ResolvedBy), p.Messages)
-				}
-				fmt.Fprintf(w, "error:      %s\n", text(p.Error, lineText))
+				writeParkOutcome(w, p.Status, p.ResolvedAt, p.ResolvedBy, p.Messages, "messages", p.Error)
 				if len(msgs) > 0 {
 					fmt.Fprintf(w, "sequence:   %d messages, applied in this order by a retry\n", len(msgs))
 					for _, m := range msgs {
@@ -148,7 +145,7 @@ cli.Config.JetStreamConsumers.`,
 		},
 	}
 	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
-	cmd.Flags().StringVar(&by, "by", "", "who is retrying, for the record (default $USER@host)")
+	cmd.Flags().StringVar(&by, "by", "", "who is retrying, for the record (default $USER@host; without $USER the OS user, else the uid)")
 	return cmd
 }
 
@@ -175,7 +172,7 @@ func (a *App) relayParkedDiscardCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&subscription, "subscription", "", "the consumer's subscription (required)")
-	cmd.Flags().StringVar(&by, "by", "", "who is discarding, for the record (default $USER@host)")
+	cmd.Flags().StringVar(&by, "by", "", "who is discarding, for the record (default $USER@host; without $USER the OS user, else the uid)")
 	return cmd
 }
 

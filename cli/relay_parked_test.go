@@ -172,7 +172,8 @@ func TestRelayParkedCommands(t *testing.T) {
 		t.Fatalf("list --status all: exit %d:\n%s", code, out)
 	}
 	out, code = e.run(Config{}, "relay", "parked", "show", fmt.Sprint(id2), "--subscription", "feed")
-	if code != ExitOK || !strings.Contains(out, "by bob, 2 messages") {
+	if code != ExitOK || !strings.Contains(out, "by bob: its 2 messages were dropped, never applied") ||
+		!strings.Contains(out, "last error: ") || strings.Contains(out, "\nerror:") {
 		t.Fatalf("show of the discarded park: exit %d:\n%s", code, out)
 	}
 }

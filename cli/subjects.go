@@ -55,11 +55,17 @@ is refused (exit 3); nothing is written either way. No master key is needed.`,
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				res, err := store.Forget(cmd.Context(), ref)
+				if errors.Is(err, projector.ErrNotFound) {
+					// Subjects are per tenant: the likeliest slip is the tenant.
+					return fmt.Errorf("%w; check the id, and the tenant: a subject is its tenant's (--tenant, here %s)", err, projector.Printable(tenant))
+				}
 				if err != nil {
 					return err
 				}
-				_, err = fmt.Fprintf(a.out, "forgot subject %s at %s (event %s at %s)\n",
-					res.Subject, res.At.UTC().Format(time.RFC3339), res.Event.ID, res.Event.Position)
+				_, err = fmt.Fprintf(a.out, "forgot subject %s at %s (event %s at %s)\n"+
+					"every read now finds its personal fields null; read models that copied them forget them when their consumers reach that event, "+
+					"if they handle subject.forgotten (projection.OnForgotten; `%s status` shows the lag; docs/privacy.md)\n",
+					res.Subject, res.At.UTC().Format(time.RFC3339), res.Event.ID, res.Event.Position, cmd.Root().Name())
 				return err
 			})
 		},

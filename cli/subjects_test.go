@@ -15,7 +15,8 @@ import (
 )
 
 // `subjects forget` forgets once (exit 0), refuses a second forget (exit
-// 3), does not find an unknown subject (exit 1) and takes an unstorable id
+// 3), does not find an unknown subject (exit 1, pointing at --tenant) and
+// says what forgets the read models' copies; it takes an unstorable id
 // as a bad command line (exit 2); it needs no master key.
 func TestSubjectsForget(t *testing.T) {
 	t.Parallel()
@@ -25,9 +26,9 @@ func TestSubjectsForget(t *testing.T) {
 		code int
 		out  string
 	}{
-		{[]string{"subjects", "forget", "c-1", "--tenant", "acme"}, ExitOK, "forgot subject acme/c-1"},
+		{[]string{"subjects", "forget", "c-1", "--tenant", "acme"}, ExitOK, "read models that copied them forget them when their consumers reach that event, if they handle subject.forgotten"},
 		{[]string{"subjects", "forget", "c-1", "--tenant", "acme"}, ExitRefused, "already forgotten"},
-		{[]string{"subjects", "forget", "c-1"}, ExitError, "no personal data"},
+		{[]string{"subjects", "forget", "c-1"}, ExitError, "no personal data (no key): projector: not found; check the id, and the tenant: a subject is its tenant's (--tenant, here __system__)"},
 		{[]string{"subjects", "forget", "c\x00-1", "--tenant", "acme"}, ExitUsage, "NUL"},
 		{[]string{"subjects", "forget"}, ExitUsage, "missing ID"},
 	} {

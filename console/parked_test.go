@@ -86,4 +86,9 @@ func TestParkedPageAndActions(t *testing.T) {
 		strings.Contains(list, `value="`+q+`"><button`) {
 		t.Errorf("the list of all parks lacks the discarded one, or offers it actions:\n%s", list)
 	}
+	// A closed park's error is the one it had before: labelled so, never
+	// shown as if the park still failed.
+	if _, list := c.do(http.MethodGet, "/parked?status=resolved", nil, nil); !strings.Contains(list, "last error, before it was resolved:") {
+		t.Errorf("the resolved park's error is not labelled as the one before it was resolved:\n%s", list)
+	}
 }
