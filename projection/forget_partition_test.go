@@ -127,21 +127,7 @@ func TestPartitionedPassRacingForget(t *testing.T) {
 		return waiter, err == nil
 	}
 
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, PollMax: 50 * time.Millisecond,
-		Recheck: 50 * time.Millisecond, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := d.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	d := (&env{t: t, ctx: ctx, store: store, schema: store.Schema()}).dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", target), projector.AnyVersion,
 			testevents.CustomerRegistered{Customer: target, Name: "Ada Lovelace", Email: "ada@example.com", Plan: "pro"})
@@ -285,21 +271,7 @@ func TestPartitionedCatchesUpOverForgottenEventsWithoutValues(t *testing.T) {
 		}
 		return nil
 	}))
-	d, err := projection.New(projection.Config{Store: store, Projections: []*projection.Async{p}, PollMax: 50 * time.Millisecond,
-		Recheck: 50 * time.Millisecond, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := d.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	d := (&env{t: t, ctx: ctx, store: store, schema: store.Schema()}).dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := d.CatchUp(cctx); err != nil {
