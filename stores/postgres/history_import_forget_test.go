@@ -61,14 +61,7 @@ func (g *gatedCustomers) ApplyInline(ctx context.Context, tx pgx.Tx, events []pr
 // import then committed the name in the clear into the read model.
 func TestImportRacingForget(t *testing.T) {
 	t.Parallel()
-	src := personalSetup(t)
-	if err := src.register(t, src.store, projector.SystemTenant, testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@example.com", Plan: "pro"}); err != nil {
-		t.Fatal(err)
-	}
-	var file bytes.Buffer
-	if res, err := src.store.Export(src.ctx, &file, postgres.ExportOptions{}); err != nil || res.Events != 1 {
-		t.Fatalf("export: %+v, %v", res, err)
-	}
+	src, file := adaExported(t)
 	ctx := src.ctx
 	pool := pgtest.Pool(t)
 	schema := pgtest.Schema(t)

@@ -93,14 +93,7 @@ func TestImportSealsClearPersonalFields(t *testing.T) {
 // imports them, and they open.
 func TestImportSealedPersonalFieldsNeedTheirKeys(t *testing.T) {
 	t.Parallel()
-	src := personalSetup(t)
-	if err := src.register(t, src.store, projector.SystemTenant, testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@example.com", Plan: "pro"}); err != nil {
-		t.Fatal(err)
-	}
-	var file bytes.Buffer
-	if res, err := src.store.Export(src.ctx, &file, postgres.ExportOptions{}); err != nil || res.Events != 1 {
-		t.Fatalf("export: %+v, %v", res, err)
-	}
+	src, file := adaExported(t)
 	capture := &captureInline{}
 	dst := personalFixture{ctx: src.ctx, types: src.types, // the same master key, another schema
 		store: pgtest.Store(t, src.types.Registry, postgres.Config{MasterKey: masterKey(t, "k1", "one"), Inline: []postgres.InlineProjection{capture}})}
@@ -202,4 +195,20 @@ func TestImportForForgottenSubjectHidesTheValuesFromInline(t *testing.T) {
 			t.Fatalf("event %s stored in the clear: %s", id, data)
 		}
 	}
+}
+
+// adaExported registers customer c-1 (Ada, sealed) in a fresh personal
+// store and exports its log: the source of the tests that import sealed
+// fields elsewhere.
+func adaExported(t *testing.T) (personalFixture, *bytes.Buffer) {
+	t.Helper()
+	src := personalSetup(t)
+	if err := src.register(t, src.store, projector.SystemTenant, testevents.CustomerRegistered{Customer: "c-1", Name: "Ada", Email: "ada@example.com", Plan: "pro"}); err != nil {
+		t.Fatal(err)
+	}
+	var file bytes.Buffer
+	if res, err := src.store.Export(src.ctx, &file, postgres.ExportOptions{}); err != nil || res.Events != 1 {
+		t.Fatalf("export: %+v, %v", res, err)
+	}
+	return src, &file
 }
