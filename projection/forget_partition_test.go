@@ -39,15 +39,7 @@ import (
 func TestPartitionedPassRacingForget(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	types := testevents.NewPersonal()
-	master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
-	if err := store.CreatePartitionIndex(ctx); err != nil {
-		t.Fatal(err)
-	}
+	types, store := partitionedPersonalStore(t)
 	pool := store.Pool()
 	schema := store.Schema()
 	customers := pgx.Identifier{schema, "customers"}.Sanitize()
@@ -222,15 +214,7 @@ func TestPartitionedPassRacingForget(t *testing.T) {
 func TestPartitionedCatchesUpOverForgottenEventsWithoutValues(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	types := testevents.NewPersonal()
-	master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
-	if err := store.CreatePartitionIndex(ctx); err != nil {
-		t.Fatal(err)
-	}
+	types, store := partitionedPersonalStore(t)
 	if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 		_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", "c-1"), projector.AnyVersion,
 			testevents.CustomerRegistered{Customer: "c-1", Name: "Ada Lovelace", Plan: "pro"})
@@ -282,4 +266,21 @@ func TestPartitionedCatchesUpOverForgottenEventsWithoutValues(t *testing.T) {
 	if seen != 2 || forgotten != 1 {
 		t.Fatalf("handlers saw %d events, %d Forgotten; want 2, the one with a name Forgotten", seen, forgotten)
 	}
+}
+
+// partitionedPersonalStore is a store of personal types, its master key
+// set and the partition index made: what a partitioned consumer over
+// personal data needs.
+func partitionedPersonalStore(t *testing.T) (testevents.PersonalTypes, *postgres.Store) {
+	t.Helper()
+	types := testevents.NewPersonal()
+	master, err := postgres.NewMasterKey("k1", testevents.MasterKey("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := pgtest.Store(t, types.Registry, postgres.Config{MasterKey: master})
+	if err := store.CreatePartitionIndex(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return types, store
 }
