@@ -41,7 +41,8 @@ switch would change (see 'rebuild diff').
 then partial model until it catches up (for development and small models).
 
 --wait follows the rebuild to its end with a progress bar (plain lines when not a
-terminal). --here, in a binary that has the projection compiled in, runs the
+terminal), then says how many streams are parked, if any (ParkStream; still exit 0).
+--here, in a binary that has the projection compiled in, runs the
 rebuild in this process (a dispatcher with only that projection) until it has
 switched or is done, then stops; run again, it resumes the rebuild.
 
