@@ -200,12 +200,40 @@ func Run(ctx context.Context, cfg Config, args []string, stdout, stderr io.Write
 	return ExitCode(err)
 }
 
-// message is err on one line without a leading "projector: ": Main prints
-// the binary's name first, and a bare sentinel of ours would otherwise read
-// "projector: projector: schema needs migrating".
+// message is err on one line without the "projector: " our sentinels
+// start with (errors.New("projector: not found")): Main prints the binary's
+// name first, and a sentinel, bare or wrapped mid-message, would otherwise
+// repeat it: "projector: import: projector: invalid history file". Each
+// error in err's tree, outermost first, whose text starts with the prefix
+// has its text replaced by the text without it, so only what an error of
+// ours contributed loses the prefix, never a name or value quoted in it.
+// The sentinels keep their text: errors.Is and library callers see them
+// as before.
 func message(err error) string {
-	return strings.TrimPrefix(oneLine(err), "projector: ")
+	s := err.Error()
+	var strip func(error)
+	strip = func(e error) {
+		if e == nil {
+			return
+		}
+		if m := e.Error(); strings.HasPrefix(m, sentinelPrefix) {
+			s = strings.ReplaceAll(s, m, strings.TrimPrefix(m, sentinelPrefix))
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			strip(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, inner := range u.Unwrap() {
+				strip(inner)
+			}
+		}
+	}
+	strip(err)
+	return strings.TrimPrefix(oneLineText(s), sentinelPrefix)
 }
+
+// sentinelPrefix starts the text of the module's sentinel errors.
+const sentinelPrefix = "projector: "
 
 // ExitCode maps an error from a command to its exit code.
 func ExitCode(err error) int {
@@ -250,10 +278,6 @@ func isCobraUsage(err error) bool {
 		return strings.Contains(msg, " arg(s)")
 	}
 	return false
-}
-
-func oneLine(err error) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " ")), " ")
 }
 
 // getenv looks up an environment variable through [Config.Getenv].

@@ -129,7 +129,7 @@ func TestRunTracingBadEndpointIsUsageErrorWithoutTheURL(t *testing.T) {
 			if tp != nil {
 				_ = tp.Shutdown(context.Background())
 			}
-			if ExitCode(err) != ExitUsage || !strings.Contains(oneLine(err), key) {
+			if ExitCode(err) != ExitUsage || !strings.Contains(message(err), key) {
 				t.Errorf("%s=%s: err %v, want a usage error naming the variable", key, endpoint, err)
 			}
 			if err != nil && strings.Contains(err.Error(), "s3cret") {

@@ -216,3 +216,48 @@ func TestDefaultOperator(t *testing.T) {
 		t.Errorf("without $USER or an account: %q, want %q", got, want)
 	}
 }
+
+// `parked retry --wait` on a park another operator discards while it
+// waits: exit 3, naming who discarded it. The command is started first;
+// the test discards the park once the retry request is in its row, so
+// the command has requested and is following the park, with no dispatcher
+// running to carry the request out.
+func TestParkedRetryWaitDiscardedMeanwhile(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t)}
+	e.exec(`CREATE TABLE ` + store.Table("trace") + ` (event_id uuid NOT NULL)`)
+	e.exec(`CREATE TABLE ` + store.Table("poison_switch") + ` (fail bool NOT NULL)`)
+	e.exec(`INSERT INTO ` + store.Table("poison_switch") + ` VALUES (true)`)
+	if err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
+		_, err := store.Append(e.ctx, tx, projector.Stream("ticket", "p0"), projector.NoStream, testevents.TicketOpened{Title: "poison"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d := caughtUpDispatcher(t, store, parking(store.Schema(), types))
+	if err := d.Stop(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	parks, err := projection.ListParks(e.ctx, store, projection.ParkFilter{Status: projection.ParkOpen})
+	if err != nil || len(parks) != 1 {
+		t.Fatalf("parks: %+v, %v; want the poisoned stream's", parks, err)
+	}
+	id := parks[0].ID
+
+	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+	defer cancel()
+	r := startCLI(ctx, t, types.Registry, store.Schema(), Wiring{}, "parked", "retry", "--wait", "--timeout", "1m", fmt.Sprint(id))
+	pgtest.Eventually(t, time.Minute, "the retry request in the park's row", func() bool {
+		p, _, err := projection.GetPark(e.ctx, store, id)
+		return err == nil && p.RetryRequestedAt != nil
+	})
+	if _, err := projection.DiscardPark(e.ctx, store, id, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	<-r.done
+	if r.code != ExitRefused || !strings.Contains(r.errOut.String(), fmt.Sprintf("park %d: discarded meanwhile by ann; its events are never applied", id)) {
+		t.Fatalf("exit %d, want %d naming the discard\nstdout:\n%s\nstderr:\n%s", r.code, ExitRefused, r.out.String(), r.errOut.String())
+	}
+}

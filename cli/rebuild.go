@@ -41,7 +41,8 @@ switch would change (see 'rebuild diff').
 then partial model until it catches up (for development and small models).
 
 --wait follows the rebuild to its end with a progress bar (plain lines when not a
-terminal). --here, in a binary that has the projection compiled in, runs the
+terminal), then says how many streams are parked, if any (ParkStream; still exit 0).
+--here, in a binary that has the projection compiled in, runs the
 rebuild in this process (a dispatcher with only that projection) until it has
 switched or is done, then stops; run again, it resumes the rebuild.
 
@@ -90,7 +91,10 @@ See docs/rebuilds.md.`,
 						return err
 					}
 					if r.Status != rebuild.Ready {
-						return endOfRebuild(a.out, r)
+						return a.finishRebuild(cmd, store, r)
+					}
+					if err := a.reportParks(cmd, store, r); err != nil {
+						return err
 					}
 					if err := a.printDiff(cmd, store, rb.Name, limit); err != nil {
 						return err
@@ -103,7 +107,7 @@ See docs/rebuilds.md.`,
 					if err != nil {
 						return err
 					}
-					return endOfRebuild(a.out, r)
+					return a.finishRebuild(cmd, store, r)
 				}
 				fmt.Fprintf(a.out, "follow it with `%s rebuild list %s`\n", cmd.Root().Name(), rb.Name)
 				return nil
@@ -629,6 +633,9 @@ func (a *App) rebuildHere(cmd *cobra.Command, name string, opts rebuild.Options,
 			return here(err)
 		}
 		if r.Status == rebuild.Ready {
+			if err := a.reportParks(cmd, store, r); err != nil {
+				return here(err)
+			}
 			if diff {
 				if err := a.printDiff(cmd, store, name, limit); err != nil {
 					return here(err)
@@ -651,7 +658,7 @@ func (a *App) rebuildHere(cmd *cobra.Command, name string, opts rebuild.Options,
 			return here(fmt.Errorf("rebuild %d of %s switched; catching the live consumer up: %w", r.ID, name, err))
 		}
 	}
-	return endOfRebuild(a.out, r)
+	return a.finishRebuild(cmd, store, r)
 }
 
 // rebuildHereInline is `rebuild NAME --here` for an inline projection: it

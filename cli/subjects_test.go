@@ -28,7 +28,7 @@ func TestSubjectsForget(t *testing.T) {
 	}{
 		{[]string{"subjects", "forget", "c-1", "--tenant", "acme"}, ExitOK, "read models that copied them forget them when their consumers reach that event, if they handle subject.forgotten"},
 		{[]string{"subjects", "forget", "c-1", "--tenant", "acme"}, ExitRefused, "already forgotten"},
-		{[]string{"subjects", "forget", "c-1"}, ExitError, "no personal data (no key): projector: not found; check the id, and the tenant: a subject is its tenant's (--tenant, here __system__)"},
+		{[]string{"subjects", "forget", "c-1"}, ExitError, "no personal data (no key): not found; check the id, and the tenant: a subject is its tenant's (--tenant, here __system__)"},
 		{[]string{"subjects", "forget", "c\x00-1", "--tenant", "acme"}, ExitUsage, "NUL"},
 		{[]string{"subjects", "forget"}, ExitUsage, "missing ID"},
 	} {
@@ -162,4 +162,34 @@ func customerAda(t *testing.T) (testevents.PersonalTypes, *postgres.Store) {
 		t.Fatal(err)
 	}
 	return types, store
+}
+
+// A failure names the binary once: sentinels of ours read "projector: ..."
+// and, wrapped mid-message, printed "projector: forget subject acme/c-1:
+// projector: unknown event type" (and "...: projector: not found"), the
+// binary's name again in the middle of the line; `events prune` and
+// `events import` did the same.
+func TestErrorsNameTheBinaryOnce(t *testing.T) {
+	t.Parallel()
+	types, store := customerAda(t)
+	for _, c := range []struct {
+		reg  *projector.Registry
+		args []string
+		code int
+		want string
+	}{
+		{types.Registry, []string{"subjects", "forget", "c-1"}, ExitError, "not found; check the id"},
+		{types.Registry, []string{"subjects", "forget", "c\x00-1", "--tenant", "acme"}, ExitUsage, "invalid payload"},
+		{projector.NewRegistry(), []string{"subjects", "forget", "c-1", "--tenant", "acme"}, ExitError, "unknown event type"},
+		{types.Registry, []string{"events", "prune", "--older-than", "1h", "--stream-type", "customer"}, ExitUsage, "prune would delete aggregate history"},
+		{types.Registry, []string{"events", "import", "/dev/null"}, ExitError, "invalid history file: empty file"},
+	} {
+		var out, errOut strings.Builder
+		args := append([]string{"--database-url", pgtest.URL(t), "--schema", store.Schema()}, c.args...)
+		code := Run(t.Context(), Config{Registry: c.reg, Getenv: func(string) string { return "" }}, args, &out, &errOut)
+		got := errOut.String()
+		if code != c.code || !strings.Contains(got, c.want) || strings.Count(got, "projector:") != 1 || !strings.HasPrefix(got, "projector: ") {
+			t.Errorf("%q: exit %d, want %d, and stderr naming the binary once, first, with %q:\n%s", c.args, code, c.code, c.want, got)
+		}
+	}
 }

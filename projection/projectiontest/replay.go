@@ -28,6 +28,9 @@ type ReplayConfig struct {
 	Store *postgres.Store
 	// Tables are the read-model tables compared, each with a primary key
 	// (rows are matched by it), as the projection's queries name them.
+	// The golden file keys its rows by these names as written, schema
+	// included: name them alike on every run (a golden file's table that
+	// Tables does not name fails the test).
 	Tables []string
 	// Golden is the file holding the model the old version of the
 	// projection built from the same history: one JSON object per row.
@@ -165,6 +168,22 @@ func ReplayTest(t testing.TB, file string, p *projection.Async, cfg ReplayConfig
 	golden, err := readGolden(cfg.Golden)
 	if err != nil {
 		t.Fatalf("projectiontest: replay: %v (record it with ReplayConfig.Update, running the version in production)", err)
+	}
+	// A table of the golden file that Tables does not name would be
+	// compared with nothing: recorded under another schema or spelling,
+	// its rows would read as extra in the replay, or, the table given
+	// being empty, the test would pass having compared nothing.
+	var unnamed []string
+	for table := range golden {
+		if !slices.Contains(cfg.Tables, table) {
+			unnamed = append(unnamed, table)
+		}
+	}
+	if len(unnamed) > 0 {
+		slices.Sort(unnamed)
+		t.Errorf("projectiontest: replay: %s holds the rows of %s, which ReplayConfig.Tables (%s) does not name: "+
+			"name the tables as when the golden file was recorded (same schema, same spelling), or record the golden file again with ReplayConfig.Update",
+			cfg.Golden, strings.Join(unnamed, ", "), strings.Join(cfg.Tables, ", "))
 	}
 	limit := cmp.Or(cfg.Limit, 20)
 	for _, table := range cfg.Tables {

@@ -155,3 +155,40 @@ func TestReplay_CatchesChangedRows(t *testing.T) {
 		t.Errorf("failure message names %d rows, want 3:\n%s", strings.Count(msg, "changed:"), msg)
 	}
 }
+
+// A golden file holding a table ReplayConfig.Tables does not name (recorded
+// under another schema, or another spelling of the name) fails the test,
+// naming both: the replay compared that table with nothing, and passed
+// when the table it was given is empty, or failed with every row "extra
+// in the replay" and no word of why.
+func TestReplay_GoldenOfOtherTables(t *testing.T) {
+	t.Parallel()
+	ty := testevents.New()
+	store := pgtest.Store(t, ty.Registry)
+	table := pgx.Identifier{store.Schema(), "replay_tickets"}.Sanitize()
+	other := pgx.Identifier{store.Schema(), "replay_other"}.Sanitize()
+	for _, tb := range []string{table, other} {
+		if _, err := store.Pool().Exec(context.Background(), `CREATE TABLE `+tb+` (tenant text, id text, events bigint NOT NULL,
+			comments bigint NOT NULL, status text NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	history, golden := filepath.Join(dir, "history.jsonl"), filepath.Join(dir, "tickets.golden.jsonl")
+	writeHistory(t, history, 4, 3, nil)
+	projectiontest.ReplayTest(t, history, ticketModel(t, ty, table, 1), projectiontest.ReplayConfig{Store: store, Tables: []string{table}, Golden: golden, Update: true})
+
+	// Compared as another table: the replay fills it (every row extra), or
+	// leaves it empty (nothing differs, yet nothing was compared).
+	for _, into := range []string{other, table} {
+		msg := run(t, func(ft testing.TB) {
+			projectiontest.ReplayTest(ft, history, ticketModel(t, ty, into, 1), projectiontest.ReplayConfig{Store: store, Tables: []string{other}, Golden: golden})
+		})
+		for _, want := range []string{golden + " holds the rows of " + table + ", which ReplayConfig.Tables (" + other + ") does not name",
+			"record the golden file again with ReplayConfig.Update"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("replayed into %s: failure message lacks %q:\n%s", into, want, msg)
+			}
+		}
+	}
+}

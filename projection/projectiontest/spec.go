@@ -38,8 +38,10 @@ type Config struct {
 	Inline *projection.Inline
 	// Tenant, when set, is the tenant of every event given on a stream of
 	// the system tenant (one made with [projector.Stream]), so a spec
-	// written without tenants runs as one tenant's, row-level security
-	// and all. Empty leaves streams as given.
+	// written without tenants runs as one tenant's, scoped as a dispatcher
+	// scopes it. Row-level security applies as in production: only with
+	// the store's TenantRole, or a login role that bypasses none. Empty
+	// leaves streams as given.
 	Tenant string
 	// Deterministic gives events ids derived from the test's name and the
 	// event's number in the spec, the same on every run and different
