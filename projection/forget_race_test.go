@@ -208,6 +208,53 @@ func (r *forgetRace) forgetWhileHeld(consumer string, g1, g2 *raceGate) {
 	}
 }
 
+// forgetAcross forgets the target in a transaction that takes its
+// transaction id (destroys the key, appends the forgotten event) before
+// start starts a transaction of consumer (partitioned in 2) that reads the
+// target's event, and commits while that transaction holds at g1, having
+// read the name (the forget had not committed). A transaction that took
+// its id before the forget's holds back every partition's reads of the
+// log behind it (their horizon), so the forgotten event is applied after
+// it commits; only one whose id is younger than the forget's can race it,
+// which is what this arranges. Then g1 is given back, the transaction
+// writes the name and holds at g2 until the subject's partition has
+// applied the forgotten event, whose OnForgotten cannot see the
+// uncommitted row.
+func (r *forgetRace) forgetAcross(consumer string, g1, g2 *raceGate, start func()) {
+	r.t.Helper()
+	tx, err := r.pool.Begin(r.ctx)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(r.ctx) }()
+	res, err := r.store.ForgetTx(r.ctx, tx, postgres.SubjectRef{Tenant: "acme", ID: r.target})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	start()
+	pgtest.Eventually(r.t, 30*time.Second, "the target's transaction to wait at the first gate", func() bool {
+		_, ok := r.waiter(g1)
+		return ok
+	})
+	if err := tx.Commit(r.ctx); err != nil {
+		r.t.Fatal(err)
+	}
+	g1.release()
+	pgtest.Eventually(r.t, 30*time.Second, "the target's transaction to wait at the second gate", func() bool {
+		_, ok := r.waiter(g2)
+		return ok
+	})
+	subject := projection.PartitionInstance(r.half(projector.SubjectStreamType, r.target), 2)
+	pgtest.Eventually(r.t, 30*time.Second, "the subject's partition to apply the forgotten event", func() bool {
+		st, err := projection.NewAdmin(r.store).Status(r.ctx, projection.ShardID{Consumer: consumer, Instance: subject})
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		return !st.Cursor.Less(res.Event.Position)
+	})
+	g2.release()
+}
+
 // noNameAfterCatchUp fails the test if, once d has caught up, the read
 // model holds the forgotten target's name.
 func (r *forgetRace) noNameAfterCatchUp(d *projection.Dispatcher) {
