@@ -41,7 +41,7 @@ func TestPartitionedPassRacingForget(t *testing.T) {
 	p := projection.NewAsync("customers", projection.AsyncConfig{Partitions: 2, Tables: []string{r.store.Schema() + ".customers"}})
 	r.copyNames(p, g1, g2, nil)
 	d := (&env{t: t, ctx: r.ctx, store: r.store, schema: r.store.Schema()}).dispatcher(projection.Config{Projections: []*projection.Async{p}})
-	r.register()
+	r.register(r.target)
 	r.forgetWhileHeld("customers", g1, g2)
 	r.noNameAfterCatchUp(d)
 }

@@ -106,7 +106,8 @@ func (r *forgetRace) waiter(g *raceGate) (int32, bool) {
 
 // copyNames makes p copy customers' names into the read model and forget
 // them with OnForgotten. The target's event, read with its name, waits at
-// g1 before the handler writes the name and at g2 after; while failing
+// g1 before the handler writes the name and at g2 after (a nil gate is
+// not waited at); while failing
 // (nil: never) says so, the handler fails on it instead.
 func (r *forgetRace) copyNames(p *projection.Async, g1, g2 *raceGate, failing *atomic.Bool) {
 	must(projection.On(p, r.types.Registered, func(ctx context.Context, tx pgx.Tx, ev projector.Event, c testevents.CustomerRegistered) error {
@@ -114,7 +115,7 @@ func (r *forgetRace) copyNames(p *projection.Async, g1, g2 *raceGate, failing *a
 		if held && failing != nil && failing.Load() {
 			return errors.New("cannot take the customer yet")
 		}
-		if held {
+		if held && g1 != nil {
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, g1.key); err != nil {
 				return err
 			}
@@ -122,7 +123,7 @@ func (r *forgetRace) copyNames(p *projection.Async, g1, g2 *raceGate, failing *a
 		if _, err := tx.Exec(ctx, `INSERT INTO `+r.customers+` VALUES ($1, $2, $3)`, ev.Stream.Tenant, c.Customer, c.Name); err != nil {
 			return err
 		}
-		if held {
+		if held && g2 != nil {
 			_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, g2.key)
 			return err
 		}
@@ -131,13 +132,18 @@ func (r *forgetRace) copyNames(p *projection.Async, g1, g2 *raceGate, failing *a
 	must(projection.OnForgotten(p, projection.ForgetRows{Table: r.store.Schema() + ".customers", SubjectColumn: "customer_id", TenantColumn: "tenant_id"}))
 }
 
-// register appends the target's registration, with its name.
-func (r *forgetRace) register() {
+// register appends the registrations of customers ids, with their
+// names, in one transaction.
+func (r *forgetRace) register(ids ...string) {
 	r.t.Helper()
 	if err := pgx.BeginFunc(r.ctx, r.pool, func(tx pgx.Tx) error {
-		_, err := r.store.Append(r.ctx, tx, projector.TenantStream("acme", "customer", r.target), projector.AnyVersion,
-			testevents.CustomerRegistered{Customer: r.target, Name: "Ada Lovelace", Email: "ada@example.com", Plan: "pro"})
-		return err
+		for _, id := range ids {
+			if _, err := r.store.Append(r.ctx, tx, projector.TenantStream("acme", "customer", id), projector.AnyVersion,
+				testevents.CustomerRegistered{Customer: id, Name: "Ada Lovelace", Email: "ada@example.com", Plan: "pro"}); err != nil {
+				return err
+			}
+		}
+		return nil
 	}); err != nil {
 		r.t.Fatal(err)
 	}
@@ -256,15 +262,16 @@ func (r *forgetRace) forgetAcross(consumer string, g1, g2 *raceGate, start func(
 }
 
 // noNameAfterCatchUp fails the test if, once d has caught up, the read
-// model holds the forgotten target's name.
-func (r *forgetRace) noNameAfterCatchUp(d *projection.Dispatcher) {
+// model holds the name of the forgotten target or of another of ids.
+func (r *forgetRace) noNameAfterCatchUp(d *projection.Dispatcher, ids ...string) {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
 	defer cancel()
 	if err := d.CatchUp(ctx); err != nil {
 		r.t.Fatal(err)
 	}
-	rows, err := r.pool.Query(r.ctx, `SELECT name FROM `+r.customers+` WHERE customer_id = $1 AND name IS NOT NULL AND name <> ''`, r.target)
+	rows, err := r.pool.Query(r.ctx, `SELECT name FROM `+r.customers+` WHERE customer_id = ANY($1) AND name IS NOT NULL AND name <> ''`,
+		append(ids, r.target))
 	if err != nil {
 		r.t.Fatal(err)
 	}

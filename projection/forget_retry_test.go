@@ -43,7 +43,7 @@ func retryRacingForget(t *testing.T, mode projection.ErrorMode,
 	g1, g2 := r.gate(), r.gate()
 	r.copyNames(p, g1, g2, failing)
 	d := (&env{t: t, ctx: r.ctx, store: r.store, schema: r.store.Schema()}).dispatcher(projection.Config{Projections: []*projection.Async{p}})
-	r.register()
+	r.register(r.target)
 	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
 	defer cancel()
 	if err := d.CatchUp(ctx); err != nil {
