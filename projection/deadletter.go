@@ -382,8 +382,10 @@ type RetryResult struct {
 // The event is applied as live, not as a replay: it never was applied, so
 // [Replaying] is false and [Emit] appends. AfterCommit is not called. The
 // dead letter must belong to p (matched by name); an event pruned
-// meanwhile matches [ErrEventPruned]. logger receives handler panics; nil
-// means slog.Default().
+// meanwhile matches [ErrEventPruned]. On a partition, a forget of the
+// event's subject committed while the retry ran makes it apply the event
+// again as it reads now (applyGuarded). logger receives handler panics;
+// nil means slog.Default().
 func RetryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id int64, logger *slog.Logger) (RetryResult, error) {
 	res, _, err := retryDeadLetter(ctx, store, p, id, logger, false)
 	return res, err

@@ -417,8 +417,11 @@ type ParkRetryResult struct {
 // [ErrParkNotLive] (the switch hands it over). The events are applied as
 // live, not as replays, except those a model before had applied live: an
 // in-place rebuild's replay held them before the event that parked the
-// stream, or a blue/green switch marked them (applyParked). logger receives
-// handler panics; nil means slog.Default().
+// stream, or a blue/green switch marked them (applyParked). On a partition,
+// a forget of a subject whose fields the handlers were given, committed
+// while the retry ran, makes it apply the events again as they read now
+// (applyGuarded). logger receives handler panics; nil means
+// slog.Default().
 func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, by string, logger *slog.Logger) (ParkRetryResult, error) {
 	res, _, err := retryPark(ctx, store, p, id, by, logger, false)
 	return res, err
