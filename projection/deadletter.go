@@ -382,8 +382,10 @@ type RetryResult struct {
 // The event is applied as live, not as a replay: it never was applied, so
 // [Replaying] is false and [Emit] appends. AfterCommit is not called. The
 // dead letter must belong to p (matched by name); an event pruned
-// meanwhile matches [ErrEventPruned]. logger receives handler panics; nil
-// means slog.Default().
+// meanwhile matches [ErrEventPruned]. On a partition, a forget of the
+// event's subject committed while the retry ran makes it apply the event
+// again as it reads now (applyGuarded). logger receives handler panics;
+// nil means slog.Default().
 func RetryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id int64, logger *slog.Logger) (RetryResult, error) {
 	res, _, err := retryDeadLetter(ctx, store, p, id, logger, false)
 	return res, err
@@ -430,12 +432,15 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		if err != nil {
 			return err
 		}
-		ev, err := deadLetterEvent(ctx, tx, store, dl)
-		if err != nil {
-			return err
-		}
-		if ev == nil {
-			return fmt.Errorf("retry dead letter %d (%s %s): %w; discard it", id, dl.EventType, dl.EventID, ErrEventPruned)
+		read := func() ([]projector.Event, error) {
+			ev, err := deadLetterEvent(ctx, tx, store, dl)
+			if err != nil {
+				return nil, err
+			}
+			if ev == nil {
+				return nil, fmt.Errorf("retry dead letter %d (%s %s): %w; discard it", id, dl.EventType, dl.EventID, ErrEventPruned)
+			}
+			return []projector.Event{*ev}, nil
 		}
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_events")+` e
 				JOIN `+store.Table("projector_consumers")+` c ON c.name = $4 AND c.instance_id = $5
@@ -444,7 +449,12 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 			dl.Tenant, dl.StreamType, dl.StreamID, dl.Consumer, dl.Instance, dl.Version).Scan(&res.OutOfOrder); err != nil {
 			return fmt.Errorf("retry dead letter %d: check order: %w", id, err)
 		}
-		herr, err := applyLive(ctx, tx, store, p, shardID, []projector.Event{*ev}, logger)
+		// On a partition, a forget of the event's subject is guarded
+		// against (forgetguard.go).
+		_, herr, err := applyGuarded(ctx, tx, store, retryGuardsForgets(store, p, shardID), fmt.Sprintf("dead letter %d", id), read,
+			func(events []projector.Event) (error, error) {
+				return applyLive(ctx, tx, store, p, shardID, events, logger)
+			})
 		if err != nil {
 			return err
 		}

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -38,170 +36,14 @@ import (
 // so an unpartitioned consumer is not affected.
 func TestPartitionedPassRacingForget(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	types, store := partitionedPersonalStore(t)
-	pool := store.Pool()
-	schema := store.Schema()
-	customers := pgx.Identifier{schema, "customers"}.Sanitize()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+customers+` (tenant_id text, customer_id text, name text)`); err != nil {
-		t.Fatal(err)
-	}
-	// A customer whose stream and subject stream are in different halves.
-	half := func(typ, id string) int {
-		var h int64
-		if err := pool.QueryRow(ctx, `SELECT `+pgx.Identifier{schema, "projector_stream_hash"}.Sanitize()+`($1, $2, $3)`,
-			"acme", typ, id).Scan(&h); err != nil {
-			t.Fatal(err)
-		}
-		return int(h >> 31)
-	}
-	var target string
-	for i := 0; target == ""; i++ {
-		if id := fmt.Sprintf("c-%d", i); half("customer", id) != half(projector.SubjectStreamType, id) {
-			target = id
-		}
-	}
-	gate1, gate2 := rand.Int64N(1<<62)+1, rand.Int64N(1<<62)+1
-	p := projection.NewAsync("customers", projection.AsyncConfig{Partitions: 2, Tables: []string{schema + ".customers"}})
-	must(projection.On(p, types.Registered, func(ctx context.Context, tx pgx.Tx, ev projector.Event, c testevents.CustomerRegistered) error {
-		held := ev.Stream.ID == target && !ev.Forgotten
-		if held {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, gate1); err != nil {
-				return err
-			}
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+customers+` VALUES ($1, $2, $3)`, ev.Stream.Tenant, c.Customer, c.Name); err != nil {
-			return err
-		}
-		if held {
-			_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, gate2)
-			return err
-		}
-		return nil
-	}))
-	must(projection.OnForgotten(p, projection.ForgetRows{Table: schema + ".customers", SubjectColumn: "customer_id", TenantColumn: "tenant_id"}))
-
-	// The gates, each on a connection of its own, so each is given back
-	// on its own and a pass waiting at it is found by its blocker.
-	gates := make([]*struct {
-		pid      uint32
-		release  func()
-		released bool
-	}, 2)
-	for i, key := range []int64{gate1, gate2} {
-		conn, err := pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, key); err != nil {
-			t.Fatal(err)
-		}
-		g := &struct {
-			pid      uint32
-			release  func()
-			released bool
-		}{pid: conn.Conn().PgConn().PID()}
-		g.release = func() {
-			if !g.released {
-				g.released = true
-				if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
-					t.Error(err)
-				}
-				conn.Release()
-			}
-		}
-		gates[i] = g
-		defer g.release()
-	}
-	blockedBy := func(pid uint32) (int32, bool) {
-		var waiter int32
-		err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)) LIMIT 1`, int32(pid)).Scan(&waiter)
-		return waiter, err == nil
-	}
-
-	d := (&env{t: t, ctx: ctx, store: store, schema: store.Schema()}).dispatcher(projection.Config{Projections: []*projection.Async{p}})
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := store.Append(ctx, tx, projector.TenantStream("acme", "customer", target), projector.AnyVersion,
-			testevents.CustomerRegistered{Customer: target, Name: "Ada Lovelace", Email: "ada@example.com", Plan: "pro"})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	var pass int32
-	pgtest.Eventually(t, 30*time.Second, "the customer's pass to wait at the first gate", func() bool {
-		var ok bool
-		pass, ok = blockedBy(gates[0].pid)
-		return ok
-	})
-
-	type forgotten struct {
-		res postgres.ForgetResult
-		err error
-	}
-	forgot := make(chan forgotten, 1)
-	go func() {
-		res, err := store.Forget(ctx, postgres.SubjectRef{Tenant: "acme", ID: target})
-		forgot <- forgotten{res, err}
-	}()
-	// The forget commits now, or waits for the pass (which a fix may
-	// make it do).
-	var f *forgotten
-	pgtest.Eventually(t, 30*time.Second, "the forget to finish or wait for the pass", func() bool {
-		select {
-		case r := <-forgot:
-			f = &r
-			return true
-		default:
-		}
-		var waiting bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`, pass).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		return waiting
-	})
-	gates[0].release()
-	if f != nil {
-		if f.err != nil {
-			t.Fatal(f.err)
-		}
-		// The pass wrote the name, and waits again; the subject's
-		// partition applies the forgotten event meanwhile.
-		pgtest.Eventually(t, 30*time.Second, "the customer's pass to wait at the second gate", func() bool {
-			_, ok := blockedBy(gates[1].pid)
-			return ok
-		})
-		subject := projection.PartitionInstance(half(projector.SubjectStreamType, target), 2)
-		pgtest.Eventually(t, 30*time.Second, "the subject's partition to apply the forgotten event", func() bool {
-			st, err := projection.NewAdmin(store).Status(ctx, projection.ShardID{Consumer: "customers", Instance: subject})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return !st.Cursor.Less(f.res.Event.Position)
-		})
-	}
-	gates[1].release()
-	if f == nil {
-		r := <-forgot
-		if f = &r; f.err != nil {
-			t.Fatal(f.err)
-		}
-	}
-	cctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := d.CatchUp(cctx); err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	rows, err := pool.Query(ctx, `SELECT name FROM `+customers+` WHERE customer_id = $1 AND name IS NOT NULL AND name <> ''`, target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if names, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-		t.Fatal(err)
-	}
-	if len(names) != 0 {
-		t.Fatalf("after the forget committed and every partition caught up, the read model holds the forgotten subject's name %q", names)
-	}
+	r := newForgetRace(t)
+	g1, g2 := r.gate(), r.gate()
+	p := projection.NewAsync("customers", projection.AsyncConfig{Partitions: 2, Tables: []string{r.store.Schema() + ".customers"}})
+	r.copyNames(p, g1, g2, nil)
+	d := (&env{t: t, ctx: r.ctx, store: r.store, schema: r.store.Schema()}).dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	r.register(r.target)
+	r.forgetWhileHeld("customers", g1, g2)
+	r.noNameAfterCatchUp(d)
 }
 
 // TestPartitionedCatchesUpOverForgottenEventsWithoutValues: a forgotten

@@ -417,8 +417,11 @@ type ParkRetryResult struct {
 // [ErrParkNotLive] (the switch hands it over). The events are applied as
 // live, not as replays, except those a model before had applied live: an
 // in-place rebuild's replay held them before the event that parked the
-// stream, or a blue/green switch marked them (applyParked). logger receives
-// handler panics; nil means slog.Default().
+// stream, or a blue/green switch marked them (applyParked). On a partition,
+// a forget of a subject whose fields the handlers were given, committed
+// while the retry ran, makes it apply the events again as they read now
+// (applyGuarded). logger receives handler panics; nil means
+// slog.Default().
 func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, by string, logger *slog.Logger) (ParkRetryResult, error) {
 	res, _, err := retryPark(ctx, store, p, id, by, logger, false)
 	return res, err
@@ -513,25 +516,18 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if err != nil {
 			return err
 		}
-		events, err := parkedEvents(ctx, tx, store, pk)
+		// All or nothing: applyLive keeps the events before a failing one,
+		// which must not commit without the rest; and on a partition, a
+		// forget of a subject they opened is guarded against (forgetguard.go).
+		events, herr, err := applyGuarded(ctx, tx, store, retryGuardsForgets(store, p, shardID), fmt.Sprintf("park %d", id),
+			func() ([]projector.Event, error) { return parkedEvents(ctx, tx, store, pk) },
+			func(events []projector.Event) (error, error) {
+				return applyParked(context.WithValue(ctx, retryingKey{}, pk), tx, store, p, shardID, pk, events, logger)
+			})
 		if err != nil {
 			return err
 		}
 		res.Events, res.Attempts = len(events), pk.Attempts+1
-		// All or nothing: applyLive keeps the events before a failing one,
-		// which must not commit without the rest.
-		if _, err := tx.Exec(ctx, `SAVEPOINT projector_park_retry`); err != nil {
-			return fmt.Errorf("retry park %d: %w", id, err)
-		}
-		herr, err := applyParked(context.WithValue(ctx, retryingKey{}, pk), tx, store, p, shardID, pk, events, logger)
-		if err != nil {
-			return err
-		}
-		if herr != nil {
-			if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT projector_park_retry`); err != nil {
-				return fmt.Errorf("retry park %d: roll back the failed retry: %w", id, err)
-			}
-		}
 		if herr == nil {
 			res.Resolved = true
 			if _, err := tx.Exec(ctx, `DELETE FROM `+et+` WHERE park_id = $1`, id); err != nil {
