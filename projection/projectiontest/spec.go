@@ -247,8 +247,21 @@ type Row []any
 // the test with the events applied, the rows wanted and the rows found.
 func (s *Spec) ThenRows(query string, want ...Row) *Spec {
 	s.t.Helper()
+	return s.thenRows(query, nil, want)
+}
+
+// ThenRowsArgs is [Spec.ThenRows] for a query with parameters: args are
+// its $1, $2…, as pgx takes them, so a value a test computes (an id, a
+// time) needs no quoting into the query text.
+func (s *Spec) ThenRowsArgs(query string, args []any, want ...Row) *Spec {
+	s.t.Helper()
+	return s.thenRows(query, args, want)
+}
+
+func (s *Spec) thenRows(query string, args []any, want []Row) *Spec {
+	s.t.Helper()
 	s.flush()
-	found, err := s.query(query)
+	found, err := s.query(query, args)
 	if err != nil {
 		s.t.Errorf("projectiontest: %s: %v\n%s", oneLine(query), err, s.describeEvents())
 		return s
@@ -291,8 +304,8 @@ func (s *Spec) ThenFails(want string) *Spec {
 	return s
 }
 
-func (s *Spec) query(query string) ([][]string, error) {
-	rows, err := s.tx.Query(s.ctx, query)
+func (s *Spec) query(query string, args []any) ([][]string, error) {
+	rows, err := s.tx.Query(s.ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}

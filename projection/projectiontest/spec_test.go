@@ -156,6 +156,19 @@ func TestSpec_GivenThenRows(t *testing.T) {
 	}
 }
 
+// ThenRowsArgs passes its arguments to the query: only the row of the
+// stream asked for comes back, and the values need no quoting.
+func TestSpec_ThenRowsArgs(t *testing.T) {
+	t.Parallel()
+	k := setup(t)
+	s := projectiontest.New(t, projectiontest.Config{Store: k.store, Async: k.async, Deterministic: true})
+	s.Given(projector.Stream("ticket", "args-a"), testevents.TicketOpened{Title: "it's jammed"}).
+		Given(projector.Stream("ticket", "args-b"), testevents.TicketOpened{Title: "VPN"}).
+		ThenRowsArgs(`SELECT id, title FROM `+k.tickets+` WHERE id = $1 OR title = $2 ORDER BY id`,
+			[]any{"args-b", "it's jammed"},
+			projectiontest.Row{"args-a", "it's jammed"}, projectiontest.Row{"args-b", "VPN"})
+}
+
 // The async projection's typed decoding runs the upcasters: a version 1
 // payload reaches the handler as the version 2 type.
 func TestSpec_Upcasters(t *testing.T) {
@@ -299,6 +312,10 @@ func TestSpec_FailureMessages(t *testing.T) {
 			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w2"), testevents.TicketOpened{Title: "a"}).
 				ThenRows(`SELECT id FROM `+k.tickets+` ORDER BY id`, projectiontest.Row{"w2"}, projectiontest.Row{"w3"})
 		}, []string{"row 2 missing: want (w3)", "found 1 rows:\n  (w2)"}},
+		{"wrong row, query with arguments", func(t testing.TB) {
+			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w8"), testevents.TicketOpened{Title: "Printer"}).
+				ThenRowsArgs(`SELECT id, title FROM `+k.tickets+` WHERE id = $1`, []any{"w8"}, projectiontest.Row{"w8", "Fax"})
+		}, []string{"row 1 differs: want (w8, Fax), found (w8, Printer)"}},
 		{"unexpected row", func(t testing.TB) {
 			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w4"), testevents.TicketOpened{Title: "a\x1b[2J"}).
 				ThenRows(`SELECT title FROM ` + k.tickets)
