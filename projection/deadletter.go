@@ -691,6 +691,11 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 				// dispatcher of the live model's version.
 				continue
 			}
+			if err != nil && ctx.Err() == nil && retryLater(err) {
+				d.logger.WarnContext(ctx, "projection dispatcher: a dead-letter retry request failed; trying again at the next look",
+					slog.Int64("id", r.id), slog.Any("error", err))
+				continue
+			}
 			if err != nil && ctx.Err() == nil {
 				// Clear the request, so one that cannot be carried out
 				// (pruned meanwhile) is not tried on every poll.

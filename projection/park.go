@@ -668,6 +668,11 @@ func (d *Dispatcher) parkRetryRequests(ctx context.Context, byName map[string]*A
 		if errors.Is(err, ErrWrongVersion) {
 			continue // a rolling deploy's other binary: leave it to one of the live version
 		}
+		if err != nil && ctx.Err() == nil && retryLater(err) {
+			d.logger.WarnContext(ctx, "projection dispatcher: a park retry request failed; trying again at the next look",
+				slog.Int64("id", r.id), slog.Any("error", err))
+			continue
+		}
 		if err != nil && ctx.Err() == nil {
 			// Clear the request, so one that cannot be carried out is not
 			// tried on every poll; the error is kept on the park.

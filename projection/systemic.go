@@ -106,6 +106,18 @@ func SystemicCode(code string) bool {
 	return false
 }
 
+// retryLater reports whether a dispatcher carrying out an operator's
+// retry request (of a dead letter, of a park) should leave the request
+// for its next look rather than clear it: the retry's transaction lost a
+// conflict with another (a serialization failure or a deadlock, SQLSTATE
+// class 40) or its connection (IsConnectionLoss), so nothing of it
+// committed and the same retry may well go through on the next look.
+// Any other failure clears the request, so one that cannot be carried out
+// is not tried on every look.
+func retryLater(err error) bool {
+	return strings.HasPrefix(sqlState(err), "40") || IsConnectionLoss(err)
+}
+
 // sqlState returns err's SQLSTATE, or "" when it carries none.
 func sqlState(err error) string {
 	var pgErr *pgconn.PgError
