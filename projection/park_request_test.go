@@ -2,12 +2,9 @@ package projection_test
 
 import (
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/projectorhq/projector"
-	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -23,18 +20,7 @@ import (
 func TestParkRetryRequestOutlivesADeadlock(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.traceTable()
-	var failing atomic.Bool
-	failing.Store(true)
-	p := poisoned(e, "parking", parkCfg, &failing)
-	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
-	e.appendOne("p", projector.NoStream, testevents.TicketOpened{Title: "poison"}, testevents.TicketCommented{Body: "after"})
-	e.catchUp(d)
-	parks := e.openParks("parking")
-	if len(parks) != 1 {
-		t.Fatalf("parks: %+v; want stream p parked", parks)
-	}
-	pk := parks[0]
+	_, pk, failing := e.parkedPoison()
 	failing.Store(false)
 
 	tx, err := e.store.Pool().Begin(e.ctx)

@@ -116,26 +116,36 @@ func TestParkStream_HoldsTheStreamUntilRetried(t *testing.T) {
 	}
 }
 
-// Discard drops the parked sequence with an audit record (who, when, how
-// many); the stream's next event is applied.
-func TestParkStream_Discard(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
+// parkedPoison starts a dispatcher running the "parking" consumer
+// (poisoned, ParkStream) and parks stream p at its poisoned first event,
+// followed by one more; it returns the dispatcher, the open park and the
+// switch that makes the poison digestible again (on: failing).
+func (e *env) parkedPoison() (*projection.Dispatcher, projection.Park, *atomic.Bool) {
+	e.t.Helper()
 	e.traceTable()
-	var failing atomic.Bool
+	failing := new(atomic.Bool)
 	failing.Store(true)
-	p := poisoned(e, "parking", parkCfg, &failing)
+	p := poisoned(e, "parking", parkCfg, failing)
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	e.appendOne("p", projector.NoStream, testevents.TicketOpened{Title: "poison"}, testevents.TicketCommented{Body: "after"})
 	e.catchUp(d)
 	parks := e.openParks("parking")
 	if len(parks) != 1 {
-		t.Fatalf("parks: %+v", parks)
+		e.t.Fatalf("parks: %+v; want stream p parked", parks)
 	}
-	if _, err := projection.DiscardPark(e.ctx, e.store, parks[0].ID, ""); !errors.Is(err, projector.ErrInvalidTransition) {
+	return d, parks[0], failing
+}
+
+// Discard drops the parked sequence with an audit record (who, when, how
+// many); the stream's next event is applied.
+func TestParkStream_Discard(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d, parked, _ := e.parkedPoison()
+	if _, err := projection.DiscardPark(e.ctx, e.store, parked.ID, ""); !errors.Is(err, projector.ErrInvalidTransition) {
 		t.Fatalf("discard without a name: %v; want a refusal", err)
 	}
-	pk, err := projection.DiscardPark(e.ctx, e.store, parks[0].ID, "alice")
+	pk, err := projection.DiscardPark(e.ctx, e.store, parked.ID, "alice")
 	if err != nil || pk.Status != projection.ParkDiscarded || pk.ResolvedBy != "alice" || pk.Events != 2 || pk.ResolvedAt == nil {
 		t.Fatalf("discard: %+v, %v", pk, err)
 	}
