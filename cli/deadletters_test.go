@@ -72,6 +72,20 @@ type dlEnv struct {
 	app, mode string
 }
 
+// newPoisonEnv makes a store of the test event types (returned too) with the tables the
+// poisoned consumers of these tests use: trace (the events applied) and
+// poison_switch (whether the poison still fails: true at first).
+func newPoisonEnv(t *testing.T) (*dlEnv, *postgres.Store, testevents.Types) {
+	t.Helper()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t)}
+	e.exec(`CREATE TABLE ` + store.Table("trace") + ` (event_id uuid NOT NULL)`)
+	e.exec(`CREATE TABLE ` + store.Table("poison_switch") + ` (fail bool NOT NULL)`)
+	e.exec(`INSERT INTO ` + store.Table("poison_switch") + ` VALUES (true)`)
+	return e, store, types
+}
+
 // cli runs the ops commands and returns standard output, standard error
 // and exit code.
 func (e *dlEnv) cli(args ...string) (string, string, int) {
@@ -112,12 +126,7 @@ func (e *dlEnv) traced(id fmt.Stringer) int {
 // running dispatcher carries out, and the exit code of every refusal.
 func TestDeadLettersCommand(t *testing.T) {
 	t.Parallel()
-	types := testevents.New()
-	store := pgtest.Store(t, types.Registry)
-	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t)}
-	e.exec(`CREATE TABLE ` + store.Table("trace") + ` (event_id uuid NOT NULL)`)
-	e.exec(`CREATE TABLE ` + store.Table("poison_switch") + ` (fail bool NOT NULL)`)
-	e.exec(`INSERT INTO ` + store.Table("poison_switch") + ` VALUES (true)`)
+	e, store, types := newPoisonEnv(t)
 	var poisons []projector.Event
 	for i := range 4 {
 		err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {

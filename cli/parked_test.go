@@ -224,12 +224,7 @@ func TestDefaultOperator(t *testing.T) {
 // running to carry the request out.
 func TestParkedRetryWaitDiscardedMeanwhile(t *testing.T) {
 	t.Parallel()
-	types := testevents.New()
-	store := pgtest.Store(t, types.Registry)
-	e := &dlEnv{t: t, ctx: context.Background(), store: store, url: pgtest.URL(t)}
-	e.exec(`CREATE TABLE ` + store.Table("trace") + ` (event_id uuid NOT NULL)`)
-	e.exec(`CREATE TABLE ` + store.Table("poison_switch") + ` (fail bool NOT NULL)`)
-	e.exec(`INSERT INTO ` + store.Table("poison_switch") + ` VALUES (true)`)
+	e, store, types := newPoisonEnv(t)
 	if err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
 		_, err := store.Append(e.ctx, tx, projector.Stream("ticket", "p0"), projector.NoStream, testevents.TicketOpened{Title: "poison"})
 		return err
