@@ -1,12 +1,9 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -15,23 +12,13 @@ import (
 // parkingCounter is the counter in ParkStream mode (one attempt) whose
 // version 2 cannot handle the opening of tickets t01 and t02.
 func (e *rebuildEnv) parkingCounter(version int) *projection.Async {
-	table := e.schema + ".counts"
-	p := projection.NewAsync("counter", projection.AsyncConfig{Version: version, Tables: []string{table}, ErrorMode: projection.ParkStream, MaxAttempts: 1})
-	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+	cfg := projection.AsyncConfig{Version: version, ErrorMode: projection.ParkStream, MaxAttempts: 1}
+	return e.counterWith(cfg, func(ev projector.Event) error {
 		if version == 2 && ev.Type == e.types.Opened.Name() && (ev.Stream.ID == "t01" || ev.Stream.ID == "t02") {
 			return errors.New("version 2 cannot open this ticket")
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, table)+` AS c (stream_id, n, v) VALUES ($1, 1, $2)
-			ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1, v = $2`, ev.Stream.ID, version)
-		return err
-	}
-	if err := projection.OnEvent(p, e.types.Opened, h); err != nil {
-		e.t.Fatal(err)
-	}
-	if err := projection.OnEvent(p, e.types.Commented, h); err != nil {
-		e.t.Fatal(err)
-	}
-	return p
+		return nil
+	})
 }
 
 // openParks returns the open parks of the counter.

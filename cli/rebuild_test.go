@@ -70,9 +70,22 @@ func newRebuildEnv(t *testing.T, tickets int) *rebuildEnv {
 
 // counter counts each ticket's events, marking its rows with the version.
 func (e *rebuildEnv) counter(version int) *projection.Async {
+	return e.counterWith(projection.AsyncConfig{Version: version}, nil)
+}
+
+// counterWith is counter with cfg (its Version marks the rows; Tables is
+// set), whose handler first asks refuse, if not nil, whether to fail.
+func (e *rebuildEnv) counterWith(cfg projection.AsyncConfig, refuse func(projector.Event) error) *projection.Async {
 	table := e.schema + ".counts"
-	p := projection.NewAsync("counter", projection.AsyncConfig{Version: version, Tables: []string{table}})
+	cfg.Tables = []string{table}
+	version := cfg.Version
+	p := projection.NewAsync("counter", cfg)
 	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
+		if refuse != nil {
+			if err := refuse(ev); err != nil {
+				return err
+			}
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO `+projection.Table(ctx, table)+` AS c (stream_id, n, v) VALUES ($1, 1, $2)
 			ON CONFLICT (stream_id) DO UPDATE SET n = c.n + 1, v = $2`, ev.Stream.ID, version)
 		return err
