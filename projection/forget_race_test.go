@@ -192,18 +192,7 @@ func (r *forgetRace) forgetWhileHeld(consumer string, g1, g2 *raceGate) {
 		if f.err != nil {
 			r.t.Fatal(f.err)
 		}
-		pgtest.Eventually(r.t, 30*time.Second, "the target's transaction to wait at the second gate", func() bool {
-			_, ok := r.waiter(g2)
-			return ok
-		})
-		subject := projection.PartitionInstance(r.half(projector.SubjectStreamType, r.target), 2)
-		pgtest.Eventually(r.t, 30*time.Second, "the subject's partition to apply the forgotten event", func() bool {
-			st, err := projection.NewAdmin(r.store).Status(r.ctx, projection.ShardID{Consumer: consumer, Instance: subject})
-			if err != nil {
-				r.t.Fatal(err)
-			}
-			return !st.Cursor.Less(f.res.Event.Position)
-		})
+		r.forgottenAppliedBehind(consumer, g2, f.res.Event.Position)
 	}
 	g2.release()
 	if f == nil {
@@ -246,6 +235,16 @@ func (r *forgetRace) forgetAcross(consumer string, g1, g2 *raceGate, start func(
 		r.t.Fatal(err)
 	}
 	g1.release()
+	r.forgottenAppliedBehind(consumer, g2, res.Event.Position)
+	g2.release()
+}
+
+// forgottenAppliedBehind waits until the target's transaction holds at g2
+// and the subject's partition of consumer (partitioned in 2) has applied
+// the forgotten event at pos: the forget is applied behind the held
+// transaction's back.
+func (r *forgetRace) forgottenAppliedBehind(consumer string, g2 *raceGate, pos projector.Position) {
+	r.t.Helper()
 	pgtest.Eventually(r.t, 30*time.Second, "the target's transaction to wait at the second gate", func() bool {
 		_, ok := r.waiter(g2)
 		return ok
@@ -256,9 +255,8 @@ func (r *forgetRace) forgetAcross(consumer string, g1, g2 *raceGate, start func(
 		if err != nil {
 			r.t.Fatal(err)
 		}
-		return !st.Cursor.Less(res.Event.Position)
+		return !st.Cursor.Less(pos)
 	})
-	g2.release()
 }
 
 // noNameAfterCatchUp fails the test if, once d has caught up, the read
