@@ -142,6 +142,9 @@ func TestBenchBadFlags(t *testing.T) {
 		{"zero rebuild log", []string{"--rebuild-events", "0"}, "--rebuild-events must be positive"},
 		{"negative rebuild batch", []string{"--rebuild-batch-size", "-1"}, "--rebuild-batch-size must not be negative"},
 		{"rebuild batch out of range", []string{"--rebuild-batch-size", "1000000"}, "--rebuild-batch-size 1000000: want 1..100000"},
+		{"zero tracing pairs", []string{"--tracing", "--tracing-pairs", "0"}, "--tracing-pairs must be positive"},
+		{"even tracing pairs", []string{"--tracing", "--tracing-pairs", "4"}, "--tracing-pairs 4: want an odd count"},
+		{"tracing pairs out of range", []string{"--tracing", "--tracing-pairs", "101"}, "--tracing-pairs 101: want 1..99"},
 		{"extra argument", []string{"now"}, "unknown command"},
 	}
 	for _, tc := range cases {
