@@ -61,7 +61,8 @@ recorded by the SDK (batch span processor, an exporter that discards). Each runs
 pairs with the untraced work, the two back to back (untraced first, then traced
 first, alternately), and its "% of untraced" is the median of the pairs' ratios,
 printed with their lowest and highest, so a load spike on a shared machine moves
-one pair, not the figure.
+one pair, not the figure. The catch-up runs --tracing-pairs pairs per mode
+(default 7, odd so the median is one pair's).
 
 It works in schemas of its own (projector_bench_<random>, one for the rebuild),
 created and migrated at the start and dropped at the end, also on failure or Ctrl-C; --schema is not
@@ -81,7 +82,7 @@ primary. See docs/performance.md for what each line means.`,
 				{"events-per-tx", len(cfg.EventsPerTx) > 0 && slices.Min(cfg.EventsPerTx) > 0},
 				{"events", cfg.Backlog > 0}, {"batch-size", cfg.BatchSize > 0},
 				{"rate", cfg.Rate > 0}, {"latency-duration", cfg.LatencyDuration > 0},
-				{"rebuild-events", cfg.RebuildEvents > 0},
+				{"rebuild-events", cfg.RebuildEvents > 0}, {"tracing-pairs", cfg.TracingPairs > 0},
 			} {
 				if !f.positive {
 					return usageError{fmt.Errorf("--%s must be positive", f.name)}
@@ -129,6 +130,7 @@ primary. See docs/performance.md for what each line means.`,
 	f.IntVar(&cfg.RebuildEvents, "rebuild-events", benchmark.DefaultRebuildEvents, "rebuild figures: events in the replayed log")
 	f.IntVar(&cfg.RebuildBatchSize, "rebuild-batch-size", 0, "rebuild figures: events per shadow transaction (0: the projection's default, 10× --batch-size)")
 	f.BoolVar(&cfg.Tracing, "tracing", false, "also measure appends and a catch-up with the no-op provider, an SDK sampling nothing and every span recorded, each beside the same work untraced")
+	f.IntVar(&cfg.TracingPairs, "tracing-pairs", benchmark.TracingCatchUpPairs, "with --tracing: untraced/traced pairs of catch-ups per mode, odd (the figure is their median)")
 	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	return cmd
 }
@@ -144,7 +146,7 @@ const maxBenchDuration = time.Hour
 var benchFlagNames = []struct{ what, flag string }{
 	{"events per transaction", "--events-per-tx"}, {"rebuild batch size", "--rebuild-batch-size"},
 	{"rebuild events", "--rebuild-events"}, {"backlog events", "--events"}, {"batch size", "--batch-size"},
-	{"writers", "--writers"}, {"rate", "--rate"},
+	{"writers", "--writers"}, {"rate", "--rate"}, {"tracing pairs", "--tracing-pairs"},
 }
 
 // benchFlagError is benchmark.Config.Validate's error naming the flags:

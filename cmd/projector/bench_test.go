@@ -48,11 +48,21 @@ func TestBenchTable(t *testing.T) {
 	if !strings.Contains(r.stderr, "bench: latency") {
 		t.Errorf("no progress on stderr: %q", r.stderr)
 	}
+	// Without --tracing, no tracing line (TestBenchJSON's run has them).
+	if strings.Contains(r.stdout, "tracing ") || strings.Contains(r.stderr, "tracing:") {
+		t.Errorf("tracing figures without --tracing:\n%s\n%s", r.stdout, r.stderr)
+	}
 }
 
+// TestBenchJSON: `bench -o json --tracing` prints the whole run as JSON,
+// the tracing figures after the 14 of a run without the flag, each beside
+// its untraced baseline with the pairs its ratio is the median of, and
+// says so in the configuration. That a run without --tracing has no
+// tracing figures is TestBenchTable's: one whole bench run, not two, for
+// what used to be this test and cli's TestBenchTracing.
 func TestBenchJSON(t *testing.T) {
 	t.Parallel()
-	r := run(t, benchEnv(t), append(tinyBench, "-o", "json")...)
+	r := run(t, benchEnv(t), append(tinyBench, "-o", "json", "--tracing", "--tracing-pairs", "3")...)
 	if r.code != 0 {
 		t.Fatalf("bench -o json: %+v", r)
 	}
@@ -64,18 +74,48 @@ func TestBenchJSON(t *testing.T) {
 		rb.LiveRate <= 0 || rb.RawRate <= 0 || rb.SpeedupVsLive <= 0 || rb.SwitchLockMS <= 0 || out.Config.RebuildEvents != 1500 {
 		t.Errorf("rebuild %+v, config %+v", rb, out.Config)
 	}
-	// Exactly the 14 figures of a run without --tracing: cli's
-	// TestBenchTracing relies on this test for "no tracing figures without
-	// the flag".
-	if len(out.Figures) != 14 || out.Config.Tracing || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
+	figs := out.Figures
+	var traced []cli.BenchFigureJSON
+	for i, f := range figs {
+		if strings.HasPrefix(f.Figure, "tracing ") {
+			figs, traced = figs[:i], figs[i:]
+			break
+		}
+	}
+	// Exactly 14 figures before the tracing ones, as a run without
+	// --tracing has: 2 sizes (the default 1,100) × raw and floor append,
+	// 4 catch-up, 4 latency, 2 rebuild.
+	if len(figs) != 14 || !out.Config.Tracing || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
 		t.Errorf("output %+v", out)
 	}
-	for _, f := range out.Figures {
+	for _, f := range figs {
 		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio <= 0) || (f.Baseline == "floor") != strings.HasPrefix(f.Figure, "append vs outbox floor") {
 			t.Errorf("figure %+v", f)
 		}
 		if catchUp := strings.HasPrefix(f.Figure, "catch-up"); catchUp != (f.RawDecoding > 0 && f.RatioDecoding > 0) {
 			t.Errorf("figure %+v: decoding baseline on the catch-up figures only", f)
+		}
+	}
+	// Each work with the no-op provider, an SDK that samples nothing and
+	// every span sampled, each in pairs with the work untraced.
+	var want []string
+	for _, work := range []string{"append, 1 event/tx, 1 writer", "append, 100 events/tx, 1 writer", "catch-up, batch handler, batches of 100"} {
+		for _, mode := range []string{"no-op", "sampled-out", "on"} {
+			want = append(want, "tracing "+mode+", "+work)
+		}
+	}
+	if len(traced) != len(want) {
+		t.Fatalf("--tracing: figures %+v, want %q", traced, want)
+	}
+	for i, f := range traced {
+		if f.Figure != want[i] || f.Unit != "events/s" || f.Baseline != "untraced" || f.Projector <= 0 || f.Raw <= 0 || f.Ratio <= 0 ||
+			f.RawDecoding != 0 || f.LowerIsBetter {
+			t.Errorf("tracing figure %+v, want %q beside its untraced baseline", f, want[i])
+		}
+		// The ratio is the median of the pairs, inside their spread; the
+		// catch-up runs --tracing-pairs of them.
+		if len(f.Pairs) < 3 || (strings.Contains(f.Figure, "catch-up") && len(f.Pairs) != 3) || f.RatioMin <= 0 || f.RatioMin > f.Ratio || f.Ratio > f.RatioMax {
+			t.Errorf("%s: pairs %v, ratio %v, spread %v–%v: want the median of at least 3 pairs", f.Figure, f.Pairs, f.Ratio, f.RatioMin, f.RatioMax)
 		}
 	}
 	if !strings.HasPrefix(out.Schema, "projector_bench_") || pgtest.SchemaExists(t, out.Schema) {
@@ -87,7 +127,9 @@ func TestBenchJSON(t *testing.T) {
 // the run was interrupted.
 func TestBenchInterrupted(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(binary, "bench", "--append-duration", "200ms", "--events", "200000")
+	// One append figure before the catch-up, not the default six (three
+	// writer counts × two sizes): what is interrupted is the catch-up.
+	cmd := exec.Command(binary, "bench", "--writers", "1", "--events-per-tx", "1", "--append-duration", "200ms", "--events", "200000")
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, benchEnv(t)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -142,6 +184,9 @@ func TestBenchBadFlags(t *testing.T) {
 		{"zero rebuild log", []string{"--rebuild-events", "0"}, "--rebuild-events must be positive"},
 		{"negative rebuild batch", []string{"--rebuild-batch-size", "-1"}, "--rebuild-batch-size must not be negative"},
 		{"rebuild batch out of range", []string{"--rebuild-batch-size", "1000000"}, "--rebuild-batch-size 1000000: want 1..100000"},
+		{"zero tracing pairs", []string{"--tracing", "--tracing-pairs", "0"}, "--tracing-pairs must be positive"},
+		{"even tracing pairs", []string{"--tracing", "--tracing-pairs", "4"}, "--tracing-pairs 4: want an odd count"},
+		{"tracing pairs out of range", []string{"--tracing", "--tracing-pairs", "101"}, "--tracing-pairs 101: want 1..99"},
 		{"extra argument", []string{"now"}, "unknown command"},
 	}
 	for _, tc := range cases {

@@ -3,6 +3,8 @@ package benchmark_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -169,11 +171,17 @@ func TestMeasureLatency(t *testing.T) {
 	}
 }
 
+// TestRunDropsItsSchema: a whole tiny run, with Config.Tracing (the one
+// whole run with it in this package: a run costs seconds under -race),
+// fills every figure and drops each schema it worked in. Config.Tracing
+// adds the tracing figures, each beside its untraced baseline, after the
+// others.
 func TestRunDropsItsSchema(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	var progress []string
 	cfg := tiny
+	cfg.Tracing, cfg.TracingPairs = true, 3
 	cfg.Progress = func(msg string) { progress = append(progress, msg) }
 	rep, err := benchmark.Run(context.Background(), pool, cfg)
 	if err != nil {
@@ -186,10 +194,18 @@ func TestRunDropsItsSchema(t *testing.T) {
 		t.Errorf("schema %s left behind", rep.Schema)
 	}
 	figs := rep.Figures()
-	if len(figs) != 14 {
-		t.Fatalf("%d figures, want 2×2 append (raw and floor) + 4 catch-up + 2×2 latency (hinted and polled) + 2 rebuild: %+v", len(figs), figs)
-	}
+	var traced []benchmark.Figure
 	for i, f := range figs {
+		if strings.HasPrefix(f.Name, "tracing ") {
+			traced = figs[i:]
+			figs = figs[:i]
+			break
+		}
+	}
+	if len(figs) != 14 {
+		t.Fatalf("%d figures before the tracing ones, want 2×2 append (raw and floor) + 4 catch-up + 2×2 latency (hinted and polled) + 2 rebuild: %+v", len(figs), figs)
+	}
+	for i, f := range append(figs, traced...) {
 		if f.Projector <= 0 || (!f.LowerIsBetter && f.Ratio() <= 0) || (f.Unit == "events/s") == f.LowerIsBetter {
 			t.Errorf("figure %+v (ratio %.2f)", f, f.Ratio())
 		}
@@ -198,16 +214,43 @@ func TestRunDropsItsSchema(t *testing.T) {
 			t.Errorf("figure %d %q: decoding baseline %v", i, f.Name, f.RawDecoding)
 		}
 	}
+	var want []string
+	for _, work := range []string{"append, 1 event/tx, 1 writer", "append, 10 events/tx, 1 writer", fmt.Sprintf("catch-up, batch handler, batches of %d", cfg.BatchSize)} {
+		for _, mode := range []string{"no-op", "sampled-out", "on"} {
+			want = append(want, "tracing "+mode+", "+work)
+		}
+	}
+	if len(traced) != len(want) {
+		t.Fatalf("tracing figures %+v, want %q", traced, want)
+	}
+	for i, f := range traced {
+		if f.Name != want[i] || f.Baseline != "untraced" || f.Ratio() <= 0 {
+			t.Errorf("tracing figure %+v, want %q beside its untraced baseline", f, want[i])
+		}
+	}
 	if r := rep.Rebuild; r.Events != 1500 || r.RebuildBatchSize != 400 || r.SwitchLock <= 0 {
 		t.Errorf("rebuild %+v", r)
 	}
-	_, after, _ := strings.Cut(progress[len(progress)-1], "in schema ")
-	rebuildSchema, _, _ := strings.Cut(after, ";")
+	var rebuildSchema string
+	if i := slices.IndexFunc(progress, func(p string) bool { return strings.HasPrefix(p, "rebuild:") }); i >= 0 {
+		_, after, _ := strings.Cut(progress[i], "in schema ")
+		rebuildSchema, _, _ = strings.Cut(after, ";")
+	}
 	if !strings.HasPrefix(rebuildSchema, benchmark.SchemaPrefix) || pgtest.SchemaExists(t, rebuildSchema) {
 		t.Errorf("rebuild schema %q: want a bench schema, dropped (progress %q)", rebuildSchema, progress)
 	}
-	if len(progress) != 6 || !strings.Contains(progress[0], rep.Schema) {
+	// working in, 2 append sizes, catch-up, latency, rebuild; then tracing:
+	// 2 append sizes, catch-up.
+	if len(progress) != 9 || !strings.Contains(progress[0], rep.Schema) || !strings.HasPrefix(progress[6], "tracing: ") {
 		t.Errorf("progress %q", progress)
+	}
+	// Every schema a progress line names is dropped.
+	for _, p := range progress {
+		if _, after, ok := strings.Cut(p, "schema "); ok {
+			if s := strings.TrimSuffix(strings.Fields(after)[0], ";"); pgtest.SchemaExists(t, s) {
+				t.Errorf("schema %s left behind", s)
+			}
+		}
 	}
 }
 
@@ -264,6 +307,13 @@ func TestConfigValidate(t *testing.T) {
 		{"negative duration", benchmark.Config{LatencyDuration: -time.Second}, false},
 		{"negative rebuild log", benchmark.Config{RebuildEvents: -1}, false},
 		{"huge rebuild batch", benchmark.Config{RebuildBatchSize: 1_000_000}, false},
+		{"three tracing pairs", benchmark.Config{TracingPairs: 3}, true},
+		{"even tracing pairs", benchmark.Config{TracingPairs: 4}, false},
+		{"negative tracing pairs", benchmark.Config{TracingPairs: -1}, false},
+		{"too many tracing pairs", benchmark.Config{TracingPairs: 101}, false},
+	}
+	if got := (benchmark.Config{}).WithDefaults().TracingPairs; got != 7 {
+		t.Errorf("default tracing pairs %d, want 7 (what bench has always run)", got)
 	}
 	for _, tc := range cases {
 		if err := tc.cfg.Validate(); (err == nil) != tc.ok {

@@ -46,6 +46,11 @@ type Config struct {
 	// catch-up with every span recorded, each beside the same work
 	// untraced, in a schema of their own.
 	Tracing bool
+	// TracingPairs is how many untraced/traced pairs of catch-ups each
+	// traced mode runs; default [TracingCatchUpPairs]. Odd, so the median
+	// is one pair's ratio; the suite's tests run the fewest a median of
+	// pairs needs (3).
+	TracingPairs int
 	// Progress, when set, is told what is about to be measured, so a
 	// person watching a long run knows where it is.
 	Progress func(msg string)
@@ -66,6 +71,7 @@ func (c Config) WithDefaults() Config {
 	c.Rate = cmp.Or(c.Rate, DefaultRate)
 	c.LatencyDuration = cmp.Or(c.LatencyDuration, DefaultLatencyDuration)
 	c.RebuildEvents = cmp.Or(c.RebuildEvents, DefaultRebuildEvents)
+	c.TracingPairs = cmp.Or(c.TracingPairs, TracingCatchUpPairs)
 	if c.Progress == nil {
 		c.Progress = func(string) {}
 	}
@@ -99,7 +105,10 @@ func (c Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.catchUpConfig().withDefaults().validate(), c.latencyConfig().validate(),
-		c.rebuildConfig().withDefaults().validate())
+		c.rebuildConfig().withDefaults().validate(), within("tracing pairs", c.TracingPairs, 1, maxTracingPairs))
+	if c.TracingPairs%2 == 0 {
+		errs = append(errs, fmt.Errorf("tracing pairs %d: want an odd count, so the median is one pair's ratio", c.TracingPairs))
+	}
 	return errors.Join(errs...)
 }
 

@@ -85,8 +85,13 @@ func (r TracingResult) Figure() Figure {
 }
 
 // TracingCatchUpPairs is how many untraced/traced pairs of catch-ups each
-// traced mode runs: odd, so the median is one pair's ratio.
+// traced mode runs by default ([Config].TracingPairs): odd, so the median
+// is one pair's ratio.
 const TracingCatchUpPairs = 7
+
+// maxTracingPairs bounds [Config].TracingPairs: each pair is two whole
+// catch-ups of the backlog per traced mode.
+const maxTracingPairs = 99
 
 // tracingSlice is the shortest half of a pair of appends: short, so a
 // stall of the database longer than a pair hits both its halves alike
@@ -201,7 +206,7 @@ func runPairs(ctx context.Context, name string, sides []tracingSide, pairs int,
 // of each of cfg.EventsPerTx events by one writer, each transaction of a
 // traced side under an application span as a request's would be, and a
 // catch-up of cfg.Backlog events in batches of cfg.BatchSize with the
-// batch form, every event carrying a sampled traceparent (one link per
+// batch form (cfg.TracingPairs pairs), every event carrying a sampled traceparent (one link per
 // event to a sampled batch span, up to the cap). store's schema must be
 // fresh (the catch-up's backlog goes into it).
 func MeasureTracing(ctx context.Context, store *postgres.Store, cfg Config) (res []TracingResult, err error) {
@@ -241,7 +246,7 @@ func MeasureTracing(ctx context.Context, store *postgres.Store, cfg Config) (res
 		` SET headers = jsonb_build_object('traceparent', '00-' || md5(id::text) || '-' || left(md5(id::text || 's'), 16) || '-01')`); err != nil {
 		return res, fmt.Errorf("tracing: traceparents for the backlog: %w", err)
 	}
-	r, err := runPairs(ctx, fmt.Sprintf("catch-up, batch handler, batches of %d", cfg.BatchSize), sides, TracingCatchUpPairs,
+	r, err := runPairs(ctx, fmt.Sprintf("catch-up, batch handler, batches of %d", cfg.BatchSize), sides, cfg.TracingPairs,
 		func(ctx context.Context, i int) (int64, time.Duration, error) {
 			took, err := c.WithTracerProvider(sides[i].tp).timeDispatcher(ctx, Batched)
 			return int64(cfg.Backlog), took, err

@@ -1,15 +1,11 @@
 package benchmark_test
 
 import (
-	"context"
-	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/projectorhq/projector/internal/benchmark"
-	"github.com/projectorhq/projector/internal/pgtest"
 )
 
 // TestMeasureTracing: the tracing mode measures each append size and a
@@ -21,7 +17,9 @@ import (
 func TestMeasureTracing(t *testing.T) {
 	t.Parallel()
 	ctx, store := setup(t)
-	cfg := benchmark.Config{EventsPerTx: []int{1, 10}, AppendDuration: 800 * time.Millisecond, Backlog: 1000, BatchSize: 100}
+	// Three catch-up pairs, the fewest a median of pairs needs; 5
+	// batches each.
+	cfg := benchmark.Config{EventsPerTx: []int{1, 10}, AppendDuration: 800 * time.Millisecond, Backlog: 500, BatchSize: 100, TracingPairs: 3}
 	res, err := benchmark.MeasureTracing(ctx, store, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -55,54 +53,9 @@ func TestMeasureTracing(t *testing.T) {
 			t.Errorf("%s: %d spans for %d traced transactions", r.Name, r.Spans, tx)
 		}
 	}
-	pairs := int64(benchmark.TracingCatchUpPairs)
+	pairs := int64(cfg.TracingPairs)
 	if c := res[len(res)-1]; c.Spans < pairs*int64(cfg.Backlog/cfg.BatchSize) || c.RawEvents != pairs*int64(cfg.Backlog) ||
 		len(c.Pairs) != int(pairs) {
 		t.Errorf("catch-up: %d spans, %d untraced events, %d pairs; want a span per batch of %d pairs of %d events", c.Spans, c.RawEvents, len(c.Pairs), pairs, cfg.Backlog)
-	}
-}
-
-// TestRunTracing: Config.Tracing adds the tracing figures to a run, each
-// beside its untraced baseline, and drops their schema too.
-func TestRunTracing(t *testing.T) {
-	t.Parallel()
-	pool := pgtest.Pool(t)
-	cfg := tiny
-	cfg.EventsPerTx, cfg.Tracing = []int{1}, true
-	var progress []string
-	cfg.Progress = func(msg string) { progress = append(progress, msg) }
-	rep, err := benchmark.Run(context.Background(), pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var traced []benchmark.Figure
-	for _, f := range rep.Figures() {
-		if strings.HasPrefix(f.Name, "tracing ") {
-			traced = append(traced, f)
-		}
-	}
-	want := []string{"tracing no-op, append, 1 event/tx, 1 writer", "tracing sampled-out, append, 1 event/tx, 1 writer",
-		"tracing on, append, 1 event/tx, 1 writer"}
-	for _, mode := range []string{"no-op", "sampled-out", "on"} {
-		want = append(want, fmt.Sprintf("tracing %s, catch-up, batch handler, batches of %d", mode, cfg.BatchSize))
-	}
-	if len(traced) != len(want) {
-		t.Fatalf("tracing figures %+v, want %q", traced, want)
-	}
-	for i, f := range traced {
-		if f.Name != want[i] || f.Baseline != "untraced" || f.Ratio() <= 0 {
-			t.Errorf("tracing figure %+v, want %q beside its untraced baseline", f, want[i])
-		}
-	}
-	var schemas []string
-	for _, p := range progress {
-		if _, after, ok := strings.Cut(p, "schema "); ok {
-			schemas = append(schemas, strings.Fields(after)[0])
-		}
-	}
-	for _, s := range append(schemas, rep.Schema) {
-		if pgtest.SchemaExists(t, strings.TrimSuffix(s, ";")) {
-			t.Errorf("schema %s left behind", s)
-		}
 	}
 }
