@@ -234,6 +234,7 @@ func TestReadLogPartitionReadsWhatItReturns(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitHorizonPast(t, f.store) // other tests' transactions may hold the reads back
 	const limit = 200
 	seg, _ := postgres.SegmentOf(0, 4)
 	// The read's own plan, as it ran, from auto_explain (superuser only).

@@ -323,17 +323,17 @@ func checkFilter(names []string, what string, sentinel error) error {
 func (s *Store) readLogQuery(q LogQuery, limit int) (sql string, args []any, merged bool) {
 	mode, keyArgs := s.readKeys()
 	reads := &s.sql.read[mode]
-	sql, logTypes, logPartition := reads.log, reads.logTypes, &reads.logPartition
+	sql, logTypes, logPartition := reads.log, reads.logTypes, reads.logPartition
 	if q.IncludeArchived {
-		sql, logTypes, logPartition = reads.archived.log, reads.archived.logTypes, &reads.archived.logPartition
+		sql, logTypes, logPartition = reads.archived.log, reads.archived.logTypes, reads.archived.logPartition
 	}
 	types := q.EventTypes
 	if q.Partition.Bits > 0 {
-		return logPartition[q.Partition.Bits], append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}, keyArgs...), true
+		return logPartition.get(int(q.Partition.Bits)), append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(distinct(types)), nilIfEmpty(q.StreamTypes), q.Partition.Buckets()[0]}, keyArgs...), true
 	}
 	if k := len(types); k > 0 && k <= maxMergedTypes {
 		types = distinct(types)
-		sql, merged = logTypes[len(types)-1], true
+		sql, merged = logTypes.get(len(types)-1), true
 	}
 	return sql, append([]any{q.After.TxID, q.After.Seq, limit, nilIfEmpty(types), nilIfEmpty(q.StreamTypes)}, keyArgs...), merged
 }

@@ -3,6 +3,7 @@ package postgres
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/projectorhq/projector"
 )
@@ -470,17 +471,46 @@ func buildStatements(schema string) statements {
 type readStatements struct {
 	stream string
 	log    string
-	// logTypes[k-1] is readLogTypesSQL for k event types.
-	logTypes []string
-	// logPartition[b] is readLogPartitionSQL for a segment of b bits.
-	logPartition [BucketBits + 1]string
+	// logTypes.get(k-1) is readLogTypesSQL for k event types.
+	logTypes *lazyStatements
+	// logPartition.get(b) is readLogPartitionSQL for a segment of b bits.
+	logPartition *lazyStatements
 	// archived holds the same reads over the hot log and the archive
 	// (LogQuery.IncludeArchived).
 	archived struct {
 		log          string
-		logTypes     []string
-		logPartition [BucketBits + 1]string
+		logTypes     *lazyStatements
+		logPartition *lazyStatements
 	}
+}
+
+// lazyStatements builds each of a family of statements the first time it
+// is asked for, and keeps it. The per-type and per-segment reads come in
+// hundreds of variants (up to maxMergedTypes types, each up to twice as
+// many branches, in three key modes, with and without the archive) of
+// which a process runs the few its consumers' type lists and partitions
+// need; built up front, they cost every [New] ~17 ms and 16 MB of
+// garbage (~100 ms under the race detector), paid by every CLI command and
+// every store a test makes.
+type lazyStatements struct {
+	build func(i int) string
+	built []atomic.Pointer[string]
+}
+
+func newLazyStatements(n int, build func(i int) string) *lazyStatements {
+	return &lazyStatements{build: build, built: make([]atomic.Pointer[string], n)}
+}
+
+// get returns statement i, building it on first use. Two goroutines
+// asking at once may both build it; they build the same text, and either
+// is kept.
+func (l *lazyStatements) get(i int) string {
+	if p := l.built[i].Load(); p != nil {
+		return *p
+	}
+	sql := l.build(i)
+	l.built[i].Store(&sql)
+	return sql
 }
 
 // readKeyed's key parameters follow each read's own: $7–$8 for a stream
@@ -504,9 +534,9 @@ const maxMergedTypes = 32
 
 // readLogTypesStatements builds readLogTypesSQL for 1 to maxMergedTypes
 // types; archived adds each type's read of the archive.
-func readLogTypesStatements(r *strings.Replacer, mode readMode, keys int, archived bool) []string {
-	out := make([]string, maxMergedTypes)
-	for k := 1; k <= maxMergedTypes; k++ {
+func readLogTypesStatements(r *strings.Replacer, mode readMode, keys int, archived bool) *lazyStatements {
+	return newLazyStatements(maxMergedTypes, func(i int) string {
+		k := i + 1
 		branches := make([]string, 0, 2*k)
 		for i := range k {
 			branches = append(branches, fmt.Sprintf(readLogTypeBranch, i+1))
@@ -516,16 +546,14 @@ func readLogTypesStatements(r *strings.Replacer, mode readMode, keys int, archiv
 				branches = append(branches, fmt.Sprintf(readLogArchiveTypeBranch, i+1))
 			}
 		}
-		out[k-1] = r.Replace(withKeys(fmt.Sprintf(readLogTypesSQL, strings.Join(branches, "\n\tUNION ALL ")), mode, keys))
-	}
-	return out
+		return r.Replace(withKeys(fmt.Sprintf(readLogTypesSQL, strings.Join(branches, "\n\tUNION ALL ")), mode, keys))
+	})
 }
 
 // readLogPartitionStatements builds readLogPartitionSQL for segments of 1
 // to BucketBits bits; archived adds the segment's read of the archive.
-func readLogPartitionStatements(r *strings.Replacer, mode readMode, keys int, archived bool) [BucketBits + 1]string {
-	var out [BucketBits + 1]string
-	for b := 1; b <= BucketBits; b++ {
+func readLogPartitionStatements(r *strings.Replacer, mode readMode, keys int, archived bool) *lazyStatements {
+	return newLazyStatements(BucketBits+1, func(b int) string {
 		n := 1 << (BucketBits - b)
 		branches := make([]string, n, n+1)
 		for i := range branches {
@@ -534,7 +562,6 @@ func readLogPartitionStatements(r *strings.Replacer, mode readMode, keys int, ar
 		if archived {
 			branches = append(branches, fmt.Sprintf(readLogArchiveBranch, fmt.Sprintf(readLogArchiveBucketFilter, n-1)))
 		}
-		out[b] = r.Replace(withKeys(fmt.Sprintf(readLogPartitionSQL, strings.Join(branches, "\n\tUNION ALL ")), mode, keys))
-	}
-	return out
+		return r.Replace(withKeys(fmt.Sprintf(readLogPartitionSQL, strings.Join(branches, "\n\tUNION ALL ")), mode, keys))
+	})
 }
