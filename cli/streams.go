@@ -172,6 +172,18 @@ func (a *App) writeLogSizes(ctx context.Context, store *postgres.Store) error {
 		return fmt.Sprintf("about %d", n)
 	}
 	fmt.Fprintf(a.out, "\nlog: %s events hot, %s archived (estimates from table statistics)\n", estimate(hot), estimate(archived))
+	var tables []string
+	for _, t := range []struct {
+		n    int64
+		name string
+	}{{hot, "projector_events"}, {archived, "projector_events_archive"}} {
+		if t.n < 0 {
+			tables = append(tables, "ANALYZE "+projector.Printable(store.Table(t.name)))
+		}
+	}
+	if len(tables) > 0 {
+		fmt.Fprintf(a.out, "  %s gives the estimate now (autovacuum does once enough rows changed)\n", strings.Join(tables, "; "))
+	}
 	return nil
 }
 
