@@ -2,6 +2,7 @@ package aggregate_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/projectorhq/projector"
@@ -26,8 +27,21 @@ func TestLoadArchivedStream(t *testing.T) {
 	if res, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{s}}); err != nil || res.Streams != 1 {
 		t.Fatalf("archive: %+v, %v", res, err)
 	}
-	if _, err := tickets.Load(f.ctx, s); !errors.Is(err, postgres.ErrStreamArchived) {
+	_, err = tickets.Load(f.ctx, s)
+	if !errors.Is(err, postgres.ErrStreamArchived) {
 		t.Fatalf("load of an archived stream: %v, want ErrStreamArchived", err)
+	}
+	// The message says how an aggregate loads it (not only the store's
+	// StreamQuery option, which a Repository's caller never builds) and
+	// names the command that restores this stream, once.
+	msg := err.Error()
+	for _, want := range []string{"aggregate.Query with Repository.LoadTx", "projector streams unarchive --stream ticket/T-9 --tenant acme"} {
+		if !strings.Contains(msg, want) {
+			t.Fatalf("load of an archived stream: %q, want it to say %q", msg, want)
+		}
+	}
+	if n := strings.Count(msg, "streams unarchive"); n != 1 {
+		t.Fatalf("load of an archived stream: %q, want the unarchive command once", msg)
 	}
 	got, err := tickets.LoadTx(f.ctx, f.store.Pool(), s, aggregate.Query{IncludeArchived: true})
 	if err != nil {

@@ -369,6 +369,12 @@ func unknownConsumer(ctx context.Context, admin *projection.Admin, consumer stri
 	return usageError{fmt.Errorf("%w; registered consumers: %s", err, names(consumers))}
 }
 
+// partitionUnattended is the advice for a partition no live dispatcher
+// runs (name, consumer, its --partition args): any dispatcher of the
+// consumer takes it, and a partition is never removed alone (its streams
+// would be cut out of the consumer), only with the whole consumer.
+const partitionUnattended = "No live dispatcher runs it: start one with this projection (`%[1]s run`; any process running it takes the partitions), or if the projection is retired, `%[1]s consumer remove %[2]s` (every partition; or `%[1]s consumer disable %[3]s` to pass over this partition, keeping its state).\n"
+
 // PruneAdvice is what `events prune` prints when a consumer shard held
 // events back: which, how far behind, and the fix that matches its state
 // and whether a live dispatcher runs it. Empty when nothing was held back.
@@ -377,10 +383,7 @@ func PruneAdvice(name string, res postgres.PruneResult) string {
 	if b == nil {
 		return ""
 	}
-	id := projector.Printable(b.Consumer)
-	if b.Instance != projection.SharedInstance {
-		id += " --instance " + projector.Printable(b.Instance)
-	}
+	id, partition := shardArgs(b.Consumer, b.Instance)
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "held back %d events: consumer %s (instance %s, %s, dispatcher %s) has not passed them; it is %d events behind at %s.\n",
 		res.HeldBack, projector.Printable(b.Consumer), projector.Printable(b.Instance), projector.Printable(b.Status),
@@ -391,6 +394,8 @@ func PruneAdvice(name string, res postgres.PruneResult) string {
 			name, id, name, id, name, id)
 	case b.Dispatcher == string(projection.DispatcherLive):
 		fmt.Fprintf(&sb, "A live dispatcher is applying it: it passes them as it catches up (`%s status --watch 5s` shows its lag); prune again later.\n", name)
+	case partition:
+		fmt.Fprintf(&sb, partitionUnattended, name, projector.Printable(b.Consumer), id)
 	default:
 		fmt.Fprintf(&sb, "No live dispatcher runs it: start one with this projection (`%s run`), or if the projection is retired, `%s consumer remove %s` (or `%s consumer disable %s` to keep its state).\n",
 			name, name, id, name, id)

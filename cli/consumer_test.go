@@ -112,3 +112,33 @@ func TestPruneAdvice(t *testing.T) {
 		t.Errorf("advice with nothing held back: %q", got)
 	}
 }
+
+// A partition holding retention or archiving back is named the way the
+// consumer commands take it (--partition P/N), and the advice for one no
+// dispatcher runs is to start a dispatcher of its consumer or remove the
+// whole consumer: never `consumer remove NAME --instance __partition__…`,
+// which would cut one partition's streams out of the consumer (the newcomer
+// pass was told exactly that by `streams archive` with its dispatchers
+// stopped).
+func TestAdviceNamesAPartitionByPartition(t *testing.T) {
+	inst := projection.PartitionInstance(3, 4)
+	prune := PruneAdvice("projector", postgres.PruneResult{HeldBack: 5, Blocker: &postgres.PruneBlocker{Consumer: "orders", Instance: inst,
+		Status: "idle", Dispatcher: "none", Cursor: projector.Horizon(4), Behind: 9}})
+	archive := archiveAdvice("projector", []projection.ShardState{{ShardID: projection.ShardID{Consumer: "orders", Instance: inst},
+		Status: projection.StatusIdle, Dispatcher: projection.DispatcherNone, Cursor: projector.Horizon(4), LagEvents: 9, Partition: 3, Partitions: 4}})
+	for what, got := range map[string]string{"prune": prune, "archive": archive} {
+		for _, want := range []string{"`projector consumer remove orders`", "`projector consumer disable orders --partition 3/4`"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("%s advice %q: want %q", what, got, want)
+			}
+		}
+		if strings.Contains(got, "--instance") {
+			t.Errorf("%s advice %q: names the partition with --instance", what, got)
+		}
+	}
+	dead := archiveAdvice("projector", []projection.ShardState{{ShardID: projection.ShardID{Consumer: "orders", Instance: inst},
+		Status: projection.StatusDead, Dispatcher: projection.DispatcherLive, Partition: 3, Partitions: 4}})
+	if !strings.Contains(dead, "`projector consumer restart orders --partition 3/4`") {
+		t.Errorf("archive advice for a dead partition %q: want restart --partition 3/4", dead)
+	}
+}

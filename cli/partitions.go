@@ -171,3 +171,17 @@ func (a *App) printChanges(op, name string, changes []projection.PartitionChange
 	}
 	fmt.Fprintf(a.out, "%s %s: %d done in %v\n", op, projector.Printable(name), len(changes), took.Round(time.Millisecond))
 }
+
+// shardArgs is how the consumer commands take a shard: NAME for a shared
+// one, NAME --partition P/N for a partition, NAME --instance ID otherwise;
+// partition says it is a partition. Advice prints it after a command name.
+func shardArgs(consumer, instance string) (args string, partition bool) {
+	args = projector.Printable(consumer)
+	switch {
+	case strings.HasPrefix(instance, projection.PartitionPrefix):
+		return args + " --partition " + projector.Printable(strings.TrimPrefix(instance, projection.PartitionPrefix)), true
+	case instance != projection.SharedInstance:
+		args += " --instance " + projector.Printable(instance)
+	}
+	return args, false
+}

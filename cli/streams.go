@@ -172,6 +172,18 @@ func (a *App) writeLogSizes(ctx context.Context, store *postgres.Store) error {
 		return fmt.Sprintf("about %d", n)
 	}
 	fmt.Fprintf(a.out, "\nlog: %s events hot, %s archived (estimates from table statistics)\n", estimate(hot), estimate(archived))
+	var tables []string
+	for _, t := range []struct {
+		n    int64
+		name string
+	}{{hot, "projector_events"}, {archived, "projector_events_archive"}} {
+		if t.n < 0 {
+			tables = append(tables, "ANALYZE "+projector.Printable(store.Table(t.name)))
+		}
+	}
+	if len(tables) > 0 {
+		fmt.Fprintf(a.out, "  %s gives the estimate now (autovacuum does once enough rows changed)\n", strings.Join(tables, "; "))
+	}
 	return nil
 }
 
@@ -220,10 +232,7 @@ func archiveAdvice(name string, shards []projection.ShardState) string {
 	var sb strings.Builder
 	if slowest != nil {
 		b := slowest
-		id := projector.Printable(b.Consumer)
-		if b.Instance != projection.SharedInstance {
-			id += " --instance " + projector.Printable(b.Instance)
-		}
+		id, partition := shardArgs(b.Consumer, b.Instance)
 		fmt.Fprintf(&sb, "slowest shard: consumer %s (instance %s, %s, dispatcher %s) at %s, %d events behind.\n",
 			projector.Printable(b.Consumer), projector.Printable(b.Instance), projector.Printable(string(b.Status)),
 			projector.Printable(string(b.Dispatcher)), cursor(b.Cursor), b.LagEvents)
@@ -233,6 +242,8 @@ func archiveAdvice(name string, shards []projection.ShardState) string {
 				name, id, name, id, name, id)
 		case b.Dispatcher == projection.DispatcherLive:
 			fmt.Fprintf(&sb, "A live dispatcher is applying it: archive again once it has caught up (`%s status`).\n", name)
+		case partition:
+			fmt.Fprintf(&sb, partitionUnattended, name, projector.Printable(b.Consumer), id)
 		default:
 			fmt.Fprintf(&sb, "No live dispatcher runs it: start one, or if its process is gone for good (a stopped `run`'s per-instance shard), `%s consumer remove %s` (or `%s consumer disable %s`).\n",
 				name, id, name, id)

@@ -141,6 +141,14 @@ func Horizon(ctx context.Context, db postgres.DBTX) (HorizonReport, error) {
 	if err := rows.Err(); err != nil {
 		return rep, fmt.Errorf("horizon: %w", err)
 	}
+	if rep.Holder == nil && allStats && len(rep.Others) > 0 {
+		// This role sees every session, so the snapshot's holder ended
+		// between the snapshot and the read of pg_stat_activity (ordinary
+		// traffic: every writing transaction holds the horizon while it
+		// runs). The oldest transaction still running holds it now.
+		h := rep.Others[0]
+		rep.Holder, rep.Others = &h, rep.Others[1:]
+	}
 	switch {
 	case rep.Holder != nil && rep.Holder.Hidden:
 		rep.Missing = "the holder is another role's session: this role may not see its state, transaction start (so the horizon's age) or query; " +

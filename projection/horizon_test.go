@@ -220,3 +220,42 @@ func TestHorizonHolderMetric(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "the holder series to go", func() bool { return holder() == nil })
 }
+
+// TestHorizonHolderThatEndsMidReportIsNotCalledInvisible: the report reads
+// the horizon from its snapshot and the sessions from pg_stat_activity, a
+// moment later. Under ordinary append traffic the holder often commits in
+// between; a role that sees every session must then not be told the holder
+// is "not visible to this role" (the newcomer pass saw that line, as a
+// superuser, from `projector horizon` while one process appended): the
+// oldest transaction still running holds the horizon now, and is named.
+// A repeatable-read transaction pins the snapshot before the holder ends,
+// so the race is taken every time.
+func TestHorizonHolderThatEndsMidReportIsNotCalledInvisible(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := ownCluster(t)
+	first := connect(t, srv.URL, "first-holder")
+	holdXid(t, first)
+	second := connect(t, srv.URL, "second-holder")
+	pid := holdXid(t, second)
+
+	reader := connect(t, srv.URL, "reporter")
+	tx, err := reader.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, `SELECT 1`); err != nil { // the snapshot: first holds the horizon
+		t.Fatal(err)
+	}
+	if _, err := first.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := projection.Horizon(ctx, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Missing != "" || rep.Holder == nil || uint32(rep.Holder.PID) != pid || len(rep.Others) != 0 {
+		t.Fatalf("report %+v (holder %+v): want the second session %d named as the holder, nothing missing", rep, rep.Holder, pid)
+	}
+}

@@ -19,7 +19,7 @@ import (
 // [StreamQuery.IncludeArchived] fails rather than reading as empty: an
 // empty read would let a command treat a closed stream as a new one.
 // `projector streams unarchive` ([Store.Unarchive]) makes it live again.
-var ErrStreamArchived = errors.New("projector: stream is archived; `projector streams unarchive` restores it")
+var ErrStreamArchived = errors.New("projector: stream is archived")
 
 // ErrInvalidArchive: an archive or unarchive's options are out of range or
 // contradict each other.
@@ -38,7 +38,7 @@ const MaxArchiveBatchSize = 10_000
 // archivedError is the error of an append to, or read of, archived stream.
 // It names the command that restores this very stream.
 func archivedError(stream projector.StreamRef) error {
-	return fmt.Errorf("%w: %s (%s)", ErrStreamArchived, stream, unarchiveCommand(stream))
+	return fmt.Errorf("%w: %s (restore it: %s)", ErrStreamArchived, stream, unarchiveCommand(stream))
 }
 
 // unarchiveCommand is the CLI command that unarchives stream.

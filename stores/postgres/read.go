@@ -79,7 +79,7 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 		return nil, fmt.Errorf("read stream %s: %w", stream, err)
 	}
 	if archived && len(events) == 0 {
-		return nil, fmt.Errorf("read stream %s: %w (read it with StreamQuery.IncludeArchived, or restore it: %s)", stream, ErrStreamArchived, unarchiveCommand(stream))
+		return nil, fmt.Errorf("read stream %s: %w (to read it, set IncludeArchived in postgres.StreamQuery, or in aggregate.Query with Repository.LoadTx; to restore it: %s)", stream, ErrStreamArchived, unarchiveCommand(stream))
 	}
 	return events, nil
 }
