@@ -168,6 +168,37 @@ func (r *Registry) PersonalSubjects() (types, subjects []string) {
 	return r.personalTypes, r.personalSubjects
 }
 
+// HoldsClearValue reports whether data, a JSON object, holds in one of
+// p's fields a value that is neither null nor sealed: one a reader of it
+// is given in the clear. An import asks it of a file's line (a clear value
+// needs the subject's key to seal it); a partitioned consumer's pass and
+// retries ask it of the events they opened (only a subject whose fields a
+// handler was given in the clear needs guarding against a forget). Not an
+// object: false.
+func (p Personal) HoldsClearValue(data json.RawMessage) bool {
+	clear := func(name string, v []byte) bool {
+		return slices.Contains(p.Fields, name) && !bytes.Equal(bytes.TrimSpace(v), []byte("null")) && !IsSealed(v)
+	}
+	found := false
+	if jsonscan.MembersBytes(data, func(name, v []byte, _, _ int) bool {
+		found = clear(string(name), v)
+		return !found
+	}) || found {
+		return found
+	}
+	// Not an object the scanner follows: encoding/json decides.
+	var members map[string]json.RawMessage
+	if json.Unmarshal(data, &members) != nil {
+		return false
+	}
+	for name, v := range members {
+		if clear(name, v) {
+			return true
+		}
+	}
+	return false
+}
+
 // SubjectOf returns the data subject's id in an encoded payload of a type
 // with personal fields: the value of its Subject field, which must be a
 // non-empty JSON string.

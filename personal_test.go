@@ -174,6 +174,35 @@ func TestPersonalSubjectOf(t *testing.T) {
 	}
 }
 
+// HoldsClearValue: a personal field's value a reader gets in the clear
+// (not null, not sealed, not another field's), however the payload spells
+// its member names.
+func TestPersonalHoldsClearValue(t *testing.T) {
+	t.Parallel()
+	p := projector.Personal{Subject: "customer", Fields: []string{"name", "email"}}
+	key := bytes.Repeat([]byte{1}, projector.DataKeySize)
+	sealed, err := p.Seal(json.RawMessage(`{"customer":"c-1","name":"Ada","email":"a@x"}`), "c-1", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for data, want := range map[string]bool{
+		`{"customer":"c-1","name":"Ada"}`:               true,
+		`{"customer":"c-1","name":null,"email":"a@x"}`:  true,
+		`{"customer":"c-1","email":{"home":"a@x"}}`:     true,
+		"{\"customer\":\"c-1\",\"na\\u006de\":\"Ada\"}": true, // an escaped member name
+		`{"customer":"c-1","name":null,"email":null}`:   false,
+		`{"customer":"c-1","plan":"pro"}`:               false,
+		`{"customer":"Ada"}`:                            false, // the subject is not personal
+		string(sealed):                                  false,
+		`["Ada"]`:                                       false,
+		`{"name":`:                                      false,
+	} {
+		if got := p.HoldsClearValue(json.RawMessage(data)); got != want {
+			t.Errorf("HoldsClearValue(%s) = %v, want %v", data, got, want)
+		}
+	}
+}
+
 // FuzzOpenValue holds the envelope decoder to never panicking and never
 // returning bytes for an envelope that was not sealed with the key, for
 // that subject and field.

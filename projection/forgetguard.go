@@ -1,9 +1,7 @@
 package projection
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -79,7 +77,7 @@ func openedForgotten(ctx context.Context, tx pgx.Tx, store *postgres.Store, even
 			continue
 		}
 		p, ok := reg.PersonalOf(ev.Type)
-		if !ok || !holdsPersonalValue(p, ev.Data) {
+		if !ok || !p.HoldsClearValue(ev.Data) {
 			// Nothing opened: an event with no personal value reads the
 			// same, and is not Forgotten, after its subject's forget, so
 			// looking at its subject would roll the batch back for ever.
@@ -106,22 +104,6 @@ func openedForgotten(ctx context.Context, tx pgx.Tx, store *postgres.Store, even
 		return false, fmt.Errorf("lock the key rows of the subjects opened: %w", err)
 	}
 	return forgotten, nil
-}
-
-// holdsPersonalValue reports whether data, an opened payload (a JSON
-// object), holds a value other than null in one of p's personal fields:
-// one a handler was given in the clear.
-func holdsPersonalValue(p projector.Personal, data json.RawMessage) bool {
-	var members map[string]json.RawMessage
-	if json.Unmarshal(data, &members) != nil {
-		return true // not an object: look at its subject all the same
-	}
-	for _, f := range p.Fields {
-		if v, ok := members[f]; ok && !bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
-			return true
-		}
-	}
-	return false
 }
 
 // applyGuarded is how a retry (of a park, of a dead letter) applies its

@@ -1,16 +1,13 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
-	"github.com/projectorhq/projector/internal/jsonscan"
 )
 
 // An import writes what a history file holds, and an event's declared
@@ -73,7 +70,7 @@ func (s *Store) sealImported(ctx context.Context, tx pgx.Tx, b *importBatch) err
 			}
 			fail := func(err error) { *errp = fmt.Errorf("event %s: %w", h.ID, err) }
 			if !projector.IsSealed(h.Payload) {
-				if !hasPersonalValue(p, h.Payload) {
+				if !p.HoldsClearValue(h.Payload) {
 					continue
 				}
 				data, forgotten, err := s.seal(ctx, tx, h.Stream.Tenant, projector.Encoded{Type: h.Type, SchemaVersion: h.SchemaVersion, Data: h.Payload}, st)
@@ -103,7 +100,7 @@ func (s *Store) sealImported(ctx context.Context, tx pgx.Tx, b *importBatch) err
 				}
 				continue
 			}
-			if hasPersonalValue(p, h.Payload) {
+			if p.HoldsClearValue(h.Payload) {
 				fail(fmt.Errorf("%w: personal fields partly sealed: every personal field with a value must be sealed, or none", ErrInvalidHistory))
 				continue
 			}
@@ -173,20 +170,6 @@ func (s *Store) viewAsRead(b *importBatch, i int, data json.RawMessage, forgotte
 		b.forgotten[i] = true
 	}
 	return nil
-}
-
-// hasPersonalValue reports whether data, a JSON object, holds a value other
-// than null in one of p's personal fields that is not sealed.
-func hasPersonalValue(p projector.Personal, data json.RawMessage) bool {
-	found := false
-	jsonscan.MembersBytes(data, func(name, v []byte, _, _ int) bool {
-		if slices.Contains(p.Fields, string(name)) && string(bytes.TrimSpace(v)) != "null" && !projector.IsSealed(v) {
-			found = true
-			return false
-		}
-		return true
-	})
-	return found
 }
 
 // keyRows reports which of refs have a row in the key table, forgotten or
