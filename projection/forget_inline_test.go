@@ -80,12 +80,7 @@ func TestInlineAppendRacingForget(t *testing.T) {
 					return true
 				default:
 				}
-				var waiting bool
-				if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))`,
-					appender).Scan(&waiting); err != nil {
-					t.Fatal(err)
-				}
-				return waiting
+				return blocking(t, ctx, pool, appender)
 			})
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)

@@ -181,11 +181,7 @@ func (r *forgetRace) forgetWhileHeld(consumer string, g1, g2 *raceGate) {
 			return true
 		default:
 		}
-		var waiting bool
-		if err := r.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`, holder).Scan(&waiting); err != nil {
-			r.t.Fatal(err)
-		}
-		return waiting
+		return blocking(r.t, r.ctx, r.pool, uint32(holder))
 	})
 	g1.release()
 	if f != nil {

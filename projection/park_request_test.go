@@ -1,9 +1,12 @@
 package projection_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector/projection"
 )
@@ -42,7 +45,7 @@ func TestParkRetryRequestOutlivesADeadlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, time.Minute, "the dispatcher's retry to wait at the parked events' lock", func() bool {
-		return blocked(t, e, holder)
+		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
 	})
 	// The cycle: the retry holds the shard's lock and waits for the table;
 	// the test holds the table and waits for the shard's lock.
@@ -79,12 +82,14 @@ func TestParkRetryRequestOutlivesADeadlock(t *testing.T) {
 	}
 }
 
-// blocked reports whether a backend waits for a lock holder's backend holds.
-func blocked(t *testing.T, e *env, holder int32) bool {
+// blocking reports whether a backend waits for a lock the backend pid
+// holds: how these tests see that the other actor reached the gap they
+// hold it in.
+func blocking(t testing.TB, ctx context.Context, pool *pgxpool.Pool, pid uint32) bool {
 	t.Helper()
 	var waiting bool
-	err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`,
-		holder).Scan(&waiting)
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`,
+		int32(pid)).Scan(&waiting)
 	if err != nil {
 		t.Fatal(err)
 	}
