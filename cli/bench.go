@@ -88,6 +88,9 @@ primary. See docs/performance.md for what each line means.`,
 					return usageError{fmt.Errorf("--%s must be positive", f.name)}
 				}
 			}
+			if cmd.Flags().Changed("tracing-pairs") && !cfg.Tracing {
+				return usageError{errors.New("--tracing-pairs counts the pairs of --tracing: add --tracing, or drop --tracing-pairs")}
+			}
 			if cfg.RebuildBatchSize < 0 {
 				return usageError{errors.New("--rebuild-batch-size must not be negative (0 is the projection's default)")}
 			}

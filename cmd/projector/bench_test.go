@@ -187,6 +187,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{"zero tracing pairs", []string{"--tracing", "--tracing-pairs", "0"}, "--tracing-pairs must be positive"},
 		{"even tracing pairs", []string{"--tracing", "--tracing-pairs", "4"}, "--tracing-pairs 4: want an odd count"},
 		{"tracing pairs out of range", []string{"--tracing", "--tracing-pairs", "101"}, "--tracing-pairs 101: want 1..99"},
+		{"tracing pairs without tracing", []string{"--tracing-pairs", "3"}, "--tracing-pairs counts the pairs of --tracing"},
 		{"extra argument", []string{"now"}, "unknown command"},
 	}
 	for _, tc := range cases {
