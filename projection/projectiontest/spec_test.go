@@ -316,6 +316,10 @@ func TestSpec_FailureMessages(t *testing.T) {
 			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w8"), testevents.TicketOpened{Title: "Printer"}).
 				ThenRowsArgs(`SELECT id, title FROM `+k.tickets+` WHERE id = $1`, []any{"w8"}, projectiontest.Row{"w8", "Fax"})
 		}, []string{"row 1 differs: want (w8, Fax), found (w8, Printer)"}},
+		{"query arguments missing", func(t testing.TB) {
+			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w9"), testevents.TicketOpened{Title: "Printer"}).
+				ThenRowsArgs(`SELECT id FROM `+k.tickets+` WHERE id = $1 AND title = $2`, []any{"w9"}, projectiontest.Row{"w9"})
+		}, []string{"WHERE id = $1 AND title = $2", "expected 2 arguments, got 1", "1. ticket.opened v1 of __system__/ticket/w9"}},
 		{"unexpected row", func(t testing.TB) {
 			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w4"), testevents.TicketOpened{Title: "a\x1b[2J"}).
 				ThenRows(`SELECT title FROM ` + k.tickets)
