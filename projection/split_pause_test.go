@@ -150,7 +150,7 @@ func (b *batchLog) medianGap(partitions []string, from, to time.Time) time.Durat
 //     involved: the test logs the longest pause of one (from its last batch
 //     before the change to its successor's first after), in batches of the
 //     same run (the median time between two batches of one partition),
-//     which docs/scaling.md records with the load it was measured under.
+//     which docs/performance.md records with the load it was measured under.
 func TestPartitionSplitMergePausesOnlyTheirPartitions(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
