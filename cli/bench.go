@@ -64,7 +64,7 @@ printed with their lowest and highest, so a load spike on a shared machine moves
 one pair, not the figure. The catch-up runs --tracing-pairs pairs per mode
 (default 7, odd so the median is one pair's).
 
-It works in schemas of its own (projector_bench_<random>, one for the rebuild),
+It works in schemas of its own (projector_bench_<random>, one for the rebuild, one for --tracing),
 created and migrated at the start and dropped at the end, also on failure or Ctrl-C; --schema is not
 used. It loads the database while it runs: do not point it at a busy production
 primary. See docs/performance.md for what each line means.`,

@@ -125,7 +125,7 @@ func TestAdviceNamesAPartitionByPartition(t *testing.T) {
 	prune := PruneAdvice("projector", postgres.PruneResult{HeldBack: 5, Blocker: &postgres.PruneBlocker{Consumer: "orders", Instance: inst,
 		Status: "idle", Dispatcher: "none", Cursor: projector.Horizon(4), Behind: 9}})
 	archive := archiveAdvice("projector", []projection.ShardState{{ShardID: projection.ShardID{Consumer: "orders", Instance: inst},
-		Status: projection.StatusIdle, Dispatcher: projection.DispatcherNone, Cursor: projector.Horizon(4), LagEvents: 9, Partition: 3, Partitions: 4}})
+		Status: projection.StatusIdle, Dispatcher: projection.DispatcherNone, Cursor: projector.Horizon(4), LagEvents: 9, Partition: 3, Partitions: 4}}, 0, 0)
 	for what, got := range map[string]string{"prune": prune, "archive": archive} {
 		for _, want := range []string{"`projector consumer remove orders`", "`projector consumer disable orders --partition 3/4`"} {
 			if !strings.Contains(got, want) {
@@ -137,7 +137,7 @@ func TestAdviceNamesAPartitionByPartition(t *testing.T) {
 		}
 	}
 	dead := archiveAdvice("projector", []projection.ShardState{{ShardID: projection.ShardID{Consumer: "orders", Instance: inst},
-		Status: projection.StatusDead, Dispatcher: projection.DispatcherLive, Partition: 3, Partitions: 4}})
+		Status: projection.StatusDead, Dispatcher: projection.DispatcherLive, Partition: 3, Partitions: 4}}, 0, 0)
 	if !strings.Contains(dead, "`projector consumer restart orders --partition 3/4`") {
 		t.Errorf("archive advice for a dead partition %q: want restart --partition 3/4", dead)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
@@ -133,12 +134,18 @@ archived. --dry-run counts what would move.`
 					if err != nil {
 						return err
 					}
-					fmt.Fprint(a.out, archiveAdvice(a.cfg.Name, shards))
+					var deadLetters, parks int64
+					if err := store.Pool().QueryRow(cmd.Context(), `SELECT
+						(SELECT count(*) FROM `+store.Table("projector_dead_letters")+` WHERE status = 'open'),
+						(SELECT count(*) FROM `+store.Table("projector_parks")+` WHERE status = 'parked')`).Scan(&deadLetters, &parks); err != nil {
+						return fmt.Errorf("held back streams; counting open dead letters and parks: %w", err)
+					}
+					fmt.Fprint(a.out, archiveAdvice(a.cfg.Name, shards, deadLetters, parks))
 				}
 				if res.Skipped > 0 {
-					why := "already archived, no such stream, being appended to, or appended to since chosen"
-					if unarchive {
-						why = "not archived, no such stream, or being moved by another archive or unarchive"
+					why, err := skippedWhy(cmd.Context(), store, opts, unarchive)
+					if err != nil {
+						return err
 					}
 					fmt.Fprintf(a.out, "skipped %d %s: %s\n", res.Skipped, plural(res.Skipped, "stream"), why)
 				}
@@ -155,6 +162,58 @@ archived. --dry-run counts what would move.`
 	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "count what would move; move nothing")
 	cmd.Flags().IntVar(&f.batch, "batch-size", 100, fmt.Sprintf("streams moved per transaction (1 to %d)", postgres.MaxArchiveBatchSize))
 	return cmd
+}
+
+// skippedWhy says why `streams archive` or `unarchive` skipped streams.
+// For one named stream it reads the stream's head after the fact and names
+// the reason that fits what it finds (at the time of the report: the store
+// does not say which stream it skipped why); otherwise it lists the
+// reasons the selection can have. It said "already archived, no such
+// stream, being appended to, or appended to since chosen" for anything,
+// the last cause impossible for a named stream and the operator left to
+// find which.
+func skippedWhy(ctx context.Context, store *postgres.Store, opts postgres.ArchiveOptions, unarchive bool) (string, error) {
+	named := map[projector.StreamRef]bool{}
+	for _, st := range opts.Streams {
+		named[st] = true
+	}
+	if len(named) != 1 {
+		switch {
+		case len(named) > 1 && unarchive:
+			return "not archived, no such stream, or being moved by another archive or unarchive at that moment", nil
+		case len(named) > 1 && opts.DryRun:
+			return "already archived, or no such stream", nil
+		case len(named) > 1:
+			return "already archived, no such stream, or being appended to (or moved by another archive) at that moment", nil
+		case unarchive:
+			return "being moved by another archive or unarchive at that moment, or unarchived since they were chosen", nil
+		case opts.DryRun:
+			return "archived by another archive since they were chosen", nil
+		}
+		return "being appended to (or moved by another archive) at that moment, appended to since they were chosen, or archived meanwhile", nil
+	}
+	st := opts.Streams[0]
+	var archived bool
+	err := store.Pool().QueryRow(ctx, `SELECT archived_at IS NOT NULL FROM `+store.Table("projector_streams")+`
+		WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3`, st.Tenant, st.Type, st.ID).Scan(&archived)
+	exists := err == nil
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("skipped %s; reading why: %w", projector.Printable(st.String()), err)
+	}
+	const now = " (so at the time of this report)"
+	switch {
+	case !exists:
+		return "no such stream" + now, nil
+	case unarchive && !archived:
+		return "not archived" + now, nil
+	case unarchive:
+		return "being moved by another archive or unarchive at that moment (it is archived at the time of this report: unarchive it again)", nil
+	case archived:
+		return "already archived" + now, nil
+	case opts.DryRun:
+		return "not a hot stream when counted, and a hot one at the time of this report (unarchived or created since): count again", nil
+	}
+	return "being appended to (or moved by another archive) at that moment; it is in the hot log at the time of this report: archive it again", nil
 }
 
 // writeLogSizes is status's line on the log: the estimated events in the
@@ -218,8 +277,11 @@ func (c *logSizeCollector) Collect(ch chan<- prometheus.Metric) {
 // archiveAdvice is what `streams archive` prints after holding streams back:
 // the slowest shard that is not disabled, which the guard compares every
 // stream with (a stale per-instance shard included, unlike prune's), what to
-// do about it, and where the other causes show.
-func archiveAdvice(name string, shards []projection.ShardState) string {
+// do about it, and, when there are open dead letters or parks (any
+// consumer's: the guard holds a stream back for any), how many and where
+// they show. The dead-letter/park line used to close every advice, also
+// with none open, sending the operator to look for what was not there.
+func archiveAdvice(name string, shards []projection.ShardState, deadLetters, parks int64) string {
 	var slowest *projection.ShardState
 	for i, s := range shards {
 		if s.Status == projection.StatusDisabled || s.Fence() {
@@ -249,6 +311,15 @@ func archiveAdvice(name string, shards []projection.ShardState) string {
 				name, id, name, id)
 		}
 	}
-	fmt.Fprintf(&sb, "Streams every shard has passed are held by an open dead letter or park: `%s dead-letters list`, `%s parked list`.\n", name, name)
+	var holds []string
+	if deadLetters > 0 {
+		holds = append(holds, fmt.Sprintf("%d dead %s (`%s dead-letters list`)", deadLetters, plural(deadLetters, "letter"), name))
+	}
+	if parks > 0 {
+		holds = append(holds, fmt.Sprintf("%d %s (`%s parked list`)", parks, plural(parks, "park"), name))
+	}
+	if len(holds) > 0 {
+		fmt.Fprintf(&sb, "Streams every shard has passed are held by an open dead letter or park of theirs; open now: %s.\n", strings.Join(holds, " and "))
+	}
 	return sb.String()
 }

@@ -148,7 +148,7 @@ func TestStreamsArchiveHeldBackNamesTheShard(t *testing.T) {
 			args = append(args, "--dry-run")
 		}
 		out, code := runIn(t, store.Schema(), types.Registry, args...)
-		for _, want := range []string{"held back 1 stream", "console_tail (instance proc-gone", "consumer remove console_tail --instance proc-gone", "dead-letters list", "parked list"} {
+		for _, want := range []string{"held back 1 stream", "console_tail (instance proc-gone", "consumer remove console_tail --instance proc-gone"} {
 			if code != 0 || !strings.Contains(out, want) {
 				t.Errorf("%q: exit %d, want %q in:\n%s", args, code, want, out)
 			}
@@ -156,5 +156,93 @@ func TestStreamsArchiveHeldBackNamesTheShard(t *testing.T) {
 		if strings.Contains(out, "retired") {
 			t.Errorf("%q: names the disabled shard:\n%s", args, out)
 		}
+		// No dead letter or park is open: the advice does not send the
+		// operator to look for one.
+		if strings.Contains(out, "dead-letters list") || strings.Contains(out, "parked list") {
+			t.Errorf("%q: advises dead letters or parks with none open:\n%s", args, out)
+		}
 	}
+	// With one open dead letter (of any consumer: the guard holds a stream
+	// back for any), the line says how many and where.
+	if _, err := store.Pool().Exec(ctx, `INSERT INTO `+store.Table("projector_dead_letters")+`
+		(consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id, stream_type, stream_id, version, error, attempts, reason)
+		VALUES ('gone', '__shared__', gen_random_uuid(), '1', 1, 'ticket.opened', '__system__', 'ticket', '9', 1, 'boom', 1, 'apply-error')`); err != nil {
+		t.Fatal(err)
+	}
+	out, code := runIn(t, store.Schema(), types.Registry, "streams", "archive", "--stream", "ticket/1")
+	if want := "open now: 1 dead letter (`projector dead-letters list`)."; code != 0 || !strings.Contains(out, want) || strings.Contains(out, "parked list") {
+		t.Errorf("archive with an open dead letter: exit %d, want %q and no parks line in:\n%s", code, want, out)
+	}
+}
+
+// The dead-letter/park line of the archive advice counts what is open and
+// names only the listing that has some.
+func TestArchiveAdviceCountsOpenHolds(t *testing.T) {
+	for _, c := range []struct {
+		dls, parks int64
+		want, not  string
+	}{
+		{0, 0, "", "held by"},
+		{2, 0, "open now: 2 dead letters (`projector dead-letters list`).", "parked list"},
+		{0, 1, "open now: 1 park (`projector parked list`).", "dead-letters list"},
+		{1, 3, "open now: 1 dead letter (`projector dead-letters list`) and 3 parks (`projector parked list`).", "\x00"},
+	} {
+		got := archiveAdvice("projector", nil, c.dls, c.parks)
+		if !strings.Contains(got, c.want) || strings.Contains(got, c.not) {
+			t.Errorf("%d dead letters, %d parks: advice %q; want %q, not %q", c.dls, c.parks, got, c.want, c.not)
+		}
+	}
+}
+
+// A stream `streams archive` or `unarchive` skips is named with the reason
+// that fits it, read after the fact: the command said "already archived, no
+// such stream, being appended to, or appended to since chosen" for any
+// skip, the last impossible for a named stream, and left the operator to
+// find which. A selection of several streams lists only the reasons it can
+// have.
+func TestStreamsArchiveSkippedSaysWhy(t *testing.T) {
+	t.Parallel()
+	types := testevents.New()
+	store := pgtest.Store(t, types.Registry)
+	ctx := context.Background()
+	for _, id := range []string{"1", "2"} {
+		if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+			_, err := store.Append(ctx, tx, projector.Stream("ticket", id), projector.NoStream, testevents.TicketOpened{Title: "x"})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(want, not string, args ...string) {
+		t.Helper()
+		out, code := runIn(t, store.Schema(), types.Registry, args...)
+		if code != 0 || !strings.Contains(out, want) || (not != "" && strings.Contains(out, not)) {
+			t.Errorf("%q: exit %d, want %q (and not %q) in:\n%s", args, code, want, not, out)
+		}
+	}
+	// The head held as an append holds it.
+	holdHead := func(ids ...string) func() {
+		t.Helper()
+		tx, err := store.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+store.Table("projector_streams")+` WHERE stream_type = 'ticket' AND stream_id = ANY($1) FOR UPDATE`, ids); err != nil {
+			t.Fatal(err)
+		}
+		return func() { _ = tx.Rollback(ctx) }
+	}
+	run("skipped 1 stream: no such stream (so at the time of this report)", "", "streams", "archive", "--stream", "ticket/9")
+	release := holdHead("1", "2")
+	run("skipped 1 stream: being appended to (or moved by another archive) at that moment; it is in the hot log at the time of this report", "", "streams", "archive", "--stream", "ticket/1")
+	run("skipped 2 streams: being appended to (or moved by another archive) at that moment, appended to since they were chosen, or archived meanwhile", "no such stream",
+		"streams", "archive", "--stream-type", "ticket", "--older-than", "1ns")
+	release()
+	run("archived 1 stream", "skipped", "streams", "archive", "--stream", "ticket/1")
+	run("skipped 1 stream: already archived (so at the time of this report)", "", "streams", "archive", "--stream", "ticket/1", "--dry-run")
+	run("skipped 1 stream: not archived (so at the time of this report)", "", "streams", "unarchive", "--stream", "ticket/2")
+	run("skipped 1 stream: already archived, no such stream, or being appended to", "appended to since", "streams", "archive", "--stream", "ticket/1", "--stream", "ticket/2")
+	release = holdHead("1")
+	run("skipped 1 stream: being moved by another archive or unarchive at that moment (it is archived at the time of this report", "", "streams", "unarchive", "--stream", "ticket/1")
+	release()
 }

@@ -145,6 +145,46 @@ func (b *balancer) set(instance string, own bool) {
 	}
 }
 
+// ownedSet is the partitions this process works, as last decided.
+func (b *balancer) ownedSet() map[string]bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string]bool, len(b.owned))
+	for id, own := range b.owned {
+		if own {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// logBalance writes one Info line when a round changed which partitions
+// this process works (before: those it worked when the round began):
+// those it took, those it gave up (released, taken by another, or gone in
+// a split or merge), and how many it works now. Nothing on a round that
+// changed nothing.
+func (d *Dispatcher) logBalance(ctx context.Context, b *balancer, before map[string]bool) {
+	after := b.ownedSet()
+	var took, gaveUp []string
+	for id := range after {
+		if !before[id] {
+			took = append(took, id)
+		}
+	}
+	for id := range before {
+		if !after[id] {
+			gaveUp = append(gaveUp, id)
+		}
+	}
+	if len(took) == 0 && len(gaveUp) == 0 {
+		return
+	}
+	slices.Sort(took)
+	slices.Sort(gaveUp)
+	d.logger.InfoContext(ctx, "projection dispatcher: partitions taken/given up", slog.String("consumer", b.consumer),
+		slog.Any("took", took), slog.Any("gave_up", gaveUp), slog.Int("owns", len(after)))
+}
+
 // wakeOwned wakes the loop of every partition this process works.
 func (b *balancer) wakeOwned() {
 	b.mu.Lock()
@@ -299,6 +339,8 @@ func (d *Dispatcher) balanceLoop(ctx context.Context) {
 // alive; follow a split or merge; release what is over this process's
 // share, claim what is free and within it.
 func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
+	before := b.ownedSet()
+	defer d.logBalance(ctx, b, before)
 	var all, ids, owners []string
 	var versions []int
 	var live []string

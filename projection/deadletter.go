@@ -458,6 +458,9 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		if err != nil {
 			return err
 		}
+		if handlerRetryLater(requested, herr) {
+			return fmt.Errorf("retry dead letter %d: %w", id, herr)
+		}
 		res.Attempts = dl.Attempts + 1
 		if herr == nil {
 			res.Resolved = true

@@ -547,10 +547,11 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	go func() {
 		d.wg.Wait()
 		d.cleanup()
+		d.logStopped(hard.Err() != nil) // before Stopped closes: a test's logger must not outlive it
 		hardCancel()
 		close(d.stopped)
 	}()
-	d.logger.InfoContext(ctx, "projection dispatcher: started", slog.String("instance_id", d.instance), slog.Int("shards", len(d.allShards())))
+	d.logStarted(ctx)
 	return nil
 }
 

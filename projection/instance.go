@@ -139,3 +139,40 @@ func (d *Dispatcher) cleanup() {
 		d.logger.WarnContext(ctx, "projection dispatcher: remove instance", slog.String("instance_id", d.instance), slog.Any("error", err))
 	}
 }
+
+// logStarted says what this dispatcher runs: its consumers, the shards it
+// runs whatever other processes do, and the partitions it declared, which
+// balancing rounds share among the processes running their consumer (each
+// round that takes or gives up some says so, logBalance). It said shards=N
+// counting every declared partition, so two processes of a consumer in 4
+// partitions each said 4 while each worked 2.
+func (d *Dispatcher) logStarted(ctx context.Context) {
+	consumers := map[string]bool{}
+	shards, partitions := 0, 0
+	for _, sh := range d.allShards() {
+		consumers[sh.id.Consumer] = true
+		if sh.balancer != nil {
+			partitions++
+		} else {
+			shards++
+		}
+	}
+	attrs := []any{slog.String("instance_id", d.instance), slog.Int("consumers", len(consumers)), slog.Int("shards", shards)}
+	if partitions > 0 {
+		attrs = append(attrs, slog.Int("partitions_declared", partitions),
+			slog.String("partitions_owned", "as balancing rounds decide (partitions taken/given up lines)"))
+	}
+	d.logger.InfoContext(ctx, "projection dispatcher: started", attrs...)
+}
+
+// logStopped is the dispatcher's last line, written by the goroutine that
+// closes Stopped just before it does, so nothing logs after Stop returns.
+func (d *Dispatcher) logStopped(rolledBack bool) {
+	ctx := context.Background()
+	if rolledBack {
+		d.logger.InfoContext(ctx, "projection dispatcher: stopped; batches running at the stop deadline were rolled back",
+			slog.String("instance_id", d.instance))
+		return
+	}
+	d.logger.InfoContext(ctx, "projection dispatcher: stopped", slog.String("instance_id", d.instance))
+}

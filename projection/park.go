@@ -527,6 +527,9 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if err != nil {
 			return err
 		}
+		if handlerRetryLater(requested, herr) {
+			return fmt.Errorf("retry park %d: %w", id, herr)
+		}
 		res.Events, res.Attempts = len(events), pk.Attempts+1
 		if herr == nil {
 			res.Resolved = true

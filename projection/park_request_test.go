@@ -19,9 +19,21 @@ import (
 // table in SHARE mode, so the retry, holding the shard's lock, waits at
 // its DELETE of the sequence; the test then asks for the shard's lock, and
 // with its own deadlock_timeout far longer, the retry's backend finds the
-// cycle and is the one aborted.
+// cycle and is the one aborted. The same with the handler's trace table
+// held, so the deadlock strikes the handler's INSERT: that was recorded as
+// the retry's failure (attempt counted, request cleared) until requested
+// retries returned a handler's class-40 failure as the transaction's.
 func TestParkRetryRequestOutlivesADeadlock(t *testing.T) {
 	t.Parallel()
+	for _, held := range []string{"projector_parked_events", "trace"} {
+		t.Run(held, func(t *testing.T) {
+			t.Parallel()
+			parkRetryRequestOutlivesADeadlock(t, held)
+		})
+	}
+}
+
+func parkRetryRequestOutlivesADeadlock(t *testing.T, held string) {
 	e := newEnv(t)
 	_, pk, failing := e.parkedPoison()
 	failing.Store(false)
@@ -38,13 +50,13 @@ func TestParkRetryRequestOutlivesADeadlock(t *testing.T) {
 	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.store.Table("projector_parked_events")+` IN SHARE MODE`); err != nil {
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.table(held)+` IN SHARE MODE`); err != nil {
 		t.Fatal(err)
 	}
 	if err := projection.RequestParkRetry(e.ctx, e.store, pk.ID, "tester"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the dispatcher's retry to wait at the parked events' lock", func() bool {
+	eventually(t, time.Minute, "the dispatcher's retry to wait at the held table's lock", func() bool {
 		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
 	})
 	// The cycle: the retry holds the shard's lock and waits for the table;
@@ -79,6 +91,79 @@ func TestParkRetryRequestOutlivesADeadlock(t *testing.T) {
 	}
 	if n := e.traced("parking", pk.EventID); n != 1 {
 		t.Fatalf("the parked event was applied %d times, want 1", n)
+	}
+}
+
+// The dead-letter twin of TestParkRetryRequestOutlivesADeadlock: a retry
+// request of a dead letter whose transaction PostgreSQL aborts as a
+// deadlock's victim stays requested (retryLater) and is carried out on a
+// later look, once, with the deadlock recorded nowhere. The test holds the
+// handler's trace table in SHARE mode, so the retry, holding the shard's
+// lock, waits at the handler's INSERT; the test then asks for the shard's
+// lock with a far longer deadlock_timeout, so the retry's backend finds the
+// cycle and is the one aborted.
+func TestDeadLetterRetryRequestOutlivesADeadlock(t *testing.T) {
+	t.Parallel()
+	e, _, failing, ids := deadLetterEnv(t)
+	failing.Store(false)
+	id := ids[0]
+	dl, _, err := projection.GetDeadLetter(e.ctx, e.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	var holder int32
+	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.table("trace")+` IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	if err := projection.RequestDeadLetterRetry(e.ctx, e.store, []int64{id}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the dispatcher's retry to wait at the trace table's lock", func() bool {
+		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
+	})
+	// The cycle: the retry holds the shard's lock and waits for the table;
+	// the test holds the table and waits for the shard's lock.
+	if err := projection.LockShard(e.ctx, tx, e.store, projection.ShardID{Consumer: dl.Consumer, Instance: dl.Instance}); err != nil {
+		t.Fatalf("the test's side of the deadlock: %v; want the dispatcher's retry aborted", err)
+	}
+	// The retry was aborted and gave the shard's lock back; its request
+	// must still be there for the next look.
+	got, _, err := projection.GetDeadLetter(e.ctx, e.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != projection.DeadLetterOpen || got.RetryRequestedAt == nil || got.Attempts != dl.Attempts {
+		t.Fatalf("dead letter while the test holds the table: %+v; want it open, still requested, no attempt counted", got)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the retry request carried out or dropped", func() bool {
+		if got, _, err = projection.GetDeadLetter(e.ctx, e.store, id); err != nil {
+			t.Fatal(err)
+		}
+		return got.Status != projection.DeadLetterOpen || got.RetryRequestedAt == nil
+	})
+	if got.Status != projection.DeadLetterResolved {
+		t.Fatalf("dead letter after the deadlock: status %s, error %q; want the request kept and carried out", got.Status, got.Error)
+	}
+	if strings.Contains(got.Error, "deadlock") {
+		t.Errorf("dead letter error %q: a retry the deadlock aborted was recorded as its failure", got.Error)
+	}
+	if n := e.traced("tolerant", dl.EventID); n != 1 {
+		t.Fatalf("the dead letter's event was applied %d times, want 1", n)
 	}
 }
 

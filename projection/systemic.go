@@ -118,6 +118,16 @@ func retryLater(err error) bool {
 	return strings.HasPrefix(sqlState(err), "40") || IsConnectionLoss(err)
 }
 
+// handlerRetryLater is retryLater for a handler's failure inside a
+// requested retry: a handler statement that was a deadlock's victim, lost a
+// serialization conflict or its connection says nothing about the event,
+// so the retry returns it as the transaction's error (nothing commits, the
+// request stays) instead of recording it as the retry's outcome, which
+// cleared the request and counted an attempt.
+func handlerRetryLater(requested bool, herr error) bool {
+	return requested && herr != nil && retryLater(herr)
+}
+
 // sqlState returns err's SQLSTATE, or "" when it carries none.
 func sqlState(err error) string {
 	var pgErr *pgconn.PgError

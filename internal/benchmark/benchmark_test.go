@@ -240,8 +240,8 @@ func TestRunDropsItsSchema(t *testing.T) {
 		t.Errorf("rebuild schema %q: want a bench schema, dropped (progress %q)", rebuildSchema, progress)
 	}
 	// working in, 2 append sizes, catch-up, latency, rebuild; then tracing:
-	// 2 append sizes, catch-up.
-	if len(progress) != 9 || !strings.Contains(progress[0], rep.Schema) || !strings.HasPrefix(progress[6], "tracing: ") {
+	// its schema, 2 append sizes, catch-up.
+	if len(progress) != 10 || !strings.Contains(progress[0], rep.Schema) || !strings.HasPrefix(progress[6], "tracing: in schema "+benchmark.SchemaPrefix) {
 		t.Errorf("progress %q", progress)
 	}
 	// Every schema a progress line names is dropped.
@@ -275,6 +275,37 @@ func TestRunCancelledDropsItsSchema(t *testing.T) {
 	}
 	if schema == "" || pgtest.SchemaExists(t, schema) {
 		t.Errorf("schema %q left behind", schema)
+	}
+}
+
+// Cancelling during the tracing measurement, as Ctrl-C in `bench
+// --tracing` does, drops the tracing schema too (and the others).
+func TestRunCancelledInTracingDropsItsSchemas(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var schemas []string
+	cfg := tiny
+	cfg.Tracing, cfg.TracingPairs = true, 1
+	cfg.Progress = func(msg string) {
+		if _, after, ok := strings.Cut(msg, "schema "); ok {
+			schemas = append(schemas, strings.TrimSuffix(strings.Fields(after)[0], ";"))
+		}
+		if strings.HasPrefix(msg, "tracing: append") {
+			cancel()
+		}
+	}
+	_, err := benchmark.Run(ctx, pgtest.Pool(t), cfg)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v, want cancelled", err)
+	}
+	if len(schemas) != 3 || !strings.HasPrefix(schemas[2], benchmark.SchemaPrefix) {
+		t.Fatalf("schemas named %q: want the run's, the rebuild's and the tracing one", schemas)
+	}
+	for _, s := range schemas {
+		if pgtest.SchemaExists(t, s) {
+			t.Errorf("schema %s left behind", s)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // Config sizes a full [Run]. Zero fields take the defaults of the
@@ -182,11 +183,15 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config) (rep Report, err e
 		return rep, err
 	}
 	if cfg.Tracing {
-		tstore, err := NewSchema(ctx, pool)
-		if err != nil {
+		// Assigned, not declared: the deferred drop must join its error
+		// into the named result (a := here shadowed it, and a failed drop
+		// of the tracing schema went unreported).
+		var tstore *postgres.Store
+		if tstore, err = NewSchema(ctx, pool); err != nil {
 			return rep, err
 		}
 		defer func() { err = errors.Join(err, DropSchema(ctx, tstore)) }()
+		cfg.Progress(fmt.Sprintf("tracing: in schema %s (dropped at the end)", tstore.Schema()))
 		if rep.Tracing, err = MeasureTracing(ctx, tstore, cfg); err != nil {
 			return rep, err
 		}
