@@ -292,7 +292,14 @@ func (d *Dispatcher) startParent(ctx context.Context, sh *shard, m *mergeAtEnd) 
 	}
 	id := segmentInstance(m.pair.parent)
 	b.local[id] = now
+	var gone []*shard
 	if cur := b.shards[id]; cur == nil || cur.removed.Load() {
+		if cur != nil {
+			// Split by its pass before a round dropped it: the new shard
+			// takes its name, so it leaves the dispatcher's list here
+			// (no round will find it under that name again).
+			gone = append(gone, cur)
+		}
 		parent := newPartitionShard(d.store.Schema(), b.proj, b, m.pair.parent)
 		if st := d.store.Pool().Stat(); st.IdleConns() > 0 || st.TotalConns() < st.MaxConns() {
 			q := m.first
@@ -312,7 +319,7 @@ func (d *Dispatcher) startParent(ctx context.Context, sh *shard, m *mergeAtEnd) 
 	}
 	// The halves stay listed, stopped, until the round the NOTIFY brings
 	// drops them and their metrics, as after the command's swap.
-	d.replaceShards(added, nil)
+	d.replaceShards(added, gone)
 }
 
 // mergeAtOnce queues, in the hold's transaction, the swap of pair p whose

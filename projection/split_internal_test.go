@@ -181,3 +181,40 @@ func twoPartitionDispatcher(t *testing.T, name string) (*Dispatcher, *Async) {
 	}
 	return d, p
 }
+
+// A partition split and merged back by passes before a balancing round ran
+// (a split's halves merged while the parent's stopped shard was still
+// listed) gets a new shard under the old one's name. The old one must leave
+// the dispatcher's list with it: left there, it stood for a partition that
+// never catches up, and CatchUp waited for it for ever
+// (TestMergeCommandRacingThePassesReportsItDone timed out so under load).
+func TestPassLayoutChangesBetweenRoundsLeaveNoStaleShard(t *testing.T) {
+	t.Parallel()
+	d, p := twoPartitionDispatcher(t, "stalelayout")
+	b := d.balancers[0]
+	first := b.shards[PartitionInstance(0, 2)]
+	lo, hi, _ := first.segment.Children()
+	d.startHalves(first) // 0/2 → 0/4 1/4 by its pass
+	half := b.shards[segmentInstance(lo)]
+	q := postgres.LogQuery{Limit: 10, EventTypes: p.t.types, Raw: true}
+	d.startParent(t.Context(), half, &mergeAtEnd{pair: mergePair{parent: first.segment, lo: lo, hi: hi}, first: q}) // and back, by a pass
+	again := b.shards[PartitionInstance(0, 2)]
+	if again == first {
+		t.Fatal("the merged parent runs the shard that was split: want a new one")
+	}
+	d.syncLayout(b, []string{PartitionInstance(0, 2), PartitionInstance(1, 2)}, time.Now().Add(time.Second))
+	var ids []string
+	for _, sh := range d.allShards() {
+		ids = append(ids, sh.id.Instance)
+		if sh == first {
+			t.Errorf("the split parent's stopped shard is still listed after the round")
+		}
+	}
+	if len(ids) != 2 {
+		t.Errorf("dispatcher lists %v, want the two partitions 0/2 and 1/2 once each", ids)
+	}
+	if pf := again.prefetch; pf != nil {
+		pf.cancel()
+		<-pf.done
+	}
+}

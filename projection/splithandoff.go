@@ -386,7 +386,7 @@ func (d *Dispatcher) startHalves(sh *shard) {
 	b := sh.balancer
 	lo, hi, _ := sh.segment.Children()
 	sh.removed.Store(true)
-	var added []*shard
+	var added, gone []*shard
 	b.mu.Lock()
 	now := time.Now()
 	b.local[sh.id.Instance] = now
@@ -404,6 +404,12 @@ func (d *Dispatcher) startHalves(sh *shard) {
 			}
 			continue
 		}
+		if cur := b.shards[id]; cur != nil {
+			// Merged away by its pass before a round dropped it: the half
+			// takes its name, so it leaves the dispatcher's list here
+			// (no round will find it under that name again).
+			gone = append(gone, cur)
+		}
 		half := warm
 		if half == nil {
 			half = newPartitionShard(d.store.Schema(), b.proj, b, seg)
@@ -415,7 +421,7 @@ func (d *Dispatcher) startHalves(sh *shard) {
 	// sh stays listed, stopped, until the round the NOTIFY brings drops
 	// it and its metrics, as after a split the command made: its last
 	// batch, which the split committed with, stays visible until then.
-	d.replaceShards(added, nil)
+	d.replaceShards(added, gone)
 }
 
 // handedOffSplit is the part of Split after the marks committed: wake the
