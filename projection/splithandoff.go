@@ -433,7 +433,11 @@ func (a *Admin) handedOffSplit(ctx context.Context, consumer string, targets []p
 		ids[i] = ShardID{Consumer: consumer, Instance: segmentInstance(s)}
 	}
 	_ = WakeShards(ctx, a.store, ids...) // best effort: the passes also come at their next batch or Recheck
-	done, _, err := a.awaitSplits(ctx, consumer, targets, splitHandOff)
+	wait := splitHandOff
+	if a.handOffWait > 0 {
+		wait = a.handOffWait
+	}
+	done, _, err := a.awaitSplits(ctx, consumer, targets, wait)
 	switch {
 	case err == nil:
 		return orderChanges(done, targets), nil

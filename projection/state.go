@@ -184,6 +184,9 @@ type Admin struct {
 	// handOff is a split handed to the partitions' own passes
 	// (splithandoff.go).
 	handOff handOffSQL
+	// handOffWait, when set, replaces splitHandOff (tests that must not
+	// depend on the passes splitting within its five seconds under load).
+	handOffWait time.Duration
 }
 
 // NewAdmin returns the ops functions for the consumers of store's schema.

@@ -1,0 +1,8 @@
+package projection
+
+import "time"
+
+// SetSplitHandOff sets how long a's Split waits for the passes to split the
+// partitions it marked before splitting the rest itself (splitHandOff by
+// default), for tests whose passes may be slower than that under load.
+func SetSplitHandOff(a *Admin, d time.Duration) { a.handOffWait = d }
