@@ -135,6 +135,7 @@ func TestBenchInterrupted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pgtest.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -252,6 +252,7 @@ func TestRunWithoutExampleAdoptsNothing(t *testing.T) {
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	pgtest.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

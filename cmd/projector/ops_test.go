@@ -85,6 +85,7 @@ func (o *opsEnv) startRun(extra ...string) (*exec.Cmd, string, *strings.Builder)
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	pgtest.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		o.t.Fatal(err)
 	}
@@ -285,6 +286,7 @@ func TestEventsPruneAndTail(t *testing.T) {
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, o.env...)
 	var out strings.Builder
 	cmd.Stdout = &out
+	pgtest.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

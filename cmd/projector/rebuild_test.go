@@ -397,6 +397,7 @@ func TestRebuildCLIWaitWarnsWhenNobodyPicksUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pgtest.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

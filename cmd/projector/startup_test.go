@@ -54,6 +54,7 @@ func startHeldRun(t *testing.T, o *opsEnv) *startupRun {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pgtest.DieWithParent(r.cmd)
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -62,6 +62,7 @@ func StartChild(t testing.TB, env ...string) *Child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
+	DieWithParent(cmd)
 	c := &Child{cmd: cmd, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = &c.out, &c.out
 	if err := cmd.Start(); err != nil {

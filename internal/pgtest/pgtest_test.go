@@ -17,7 +17,12 @@ import (
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
-func TestMain(m *testing.M) { Main(m) }
+func TestMain(m *testing.M) {
+	if parentDeathChild() {
+		return
+	}
+	Main(m)
+}
 
 // The sweeper finds the leftovers of every kind of schema the suite makes —
 // not only pgtest.Schema's pt_<unix>_… — once they are old enough, and

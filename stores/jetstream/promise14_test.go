@@ -130,6 +130,7 @@ func TestPromise14_SIGKILLBetweenPublishAndCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd.Stderr = os.Stderr
+		pgtest.DieWithParent(cmd)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
