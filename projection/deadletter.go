@@ -376,7 +376,10 @@ type RetryResult struct {
 // for (a second retry of a resolved one is refused with
 // [projector.ErrInvalidTransition]); a retry that fails rolls the handler's
 // writes back and keeps the dead letter open with the new error and one
-// more attempt (a nil error with Resolved false). It waits for the
+// more attempt (a nil error with Resolved false). A retry aborted by a
+// conflict (a deadlock, a serialization failure, in the handler or not, or
+// a lost connection) says nothing about the event: it is tried again, a
+// few times, and then returned as an error with nothing recorded. It waits for the
 // consumer shard's lock, so it never runs beside a pass of the same shard.
 //
 // The event is applied as live, not as a replay: it never was applied, so
@@ -387,7 +390,12 @@ type RetryResult struct {
 // again as it reads now (applyGuarded). logger receives handler panics;
 // nil means slog.Default().
 func RetryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id int64, logger *slog.Logger) (RetryResult, error) {
-	res, _, err := retryDeadLetter(ctx, store, p, id, logger, false)
+	var res RetryResult
+	err := retryConflicts(ctx, fmt.Sprintf("retry dead letter %d", id), func() error {
+		var err error
+		res, _, err = retryDeadLetter(ctx, store, p, id, logger, false)
+		return err
+	})
 	return res, err
 }
 
@@ -458,7 +466,7 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		if err != nil {
 			return err
 		}
-		if handlerRetryLater(requested, herr) {
+		if handlerRetryLater(herr) {
 			return fmt.Errorf("retry dead letter %d: %w", id, herr)
 		}
 		res.Attempts = dl.Attempts + 1

@@ -411,7 +411,8 @@ type ParkRetryResult struct {
 // and the first pass after it applies the stream's later events after the
 // parked ones, never ahead of them. A retry that fails rolls the handlers'
 // writes back and keeps the park open with the new error and one more
-// attempt (a nil error with Resolved false). A park that is not open is
+// attempt (a nil error with Resolved false); one aborted by a conflict is
+// tried again, as [RetryDeadLetter] says. A park that is not open is
 // refused with [projector.ErrInvalidTransition], so of racing retries and
 // discards exactly one wins; a park of a rebuild's shadow shard with
 // [ErrParkNotLive] (the switch hands it over). The events are applied as
@@ -423,7 +424,12 @@ type ParkRetryResult struct {
 // (applyGuarded). logger receives handler panics; nil means
 // slog.Default().
 func RetryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, by string, logger *slog.Logger) (ParkRetryResult, error) {
-	res, _, err := retryPark(ctx, store, p, id, by, logger, false)
+	var res ParkRetryResult
+	err := retryConflicts(ctx, fmt.Sprintf("retry park %d", id), func() error {
+		var err error
+		res, _, err = retryPark(ctx, store, p, id, by, logger, false)
+		return err
+	})
 	return res, err
 }
 
@@ -527,7 +533,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if err != nil {
 			return err
 		}
-		if handlerRetryLater(requested, herr) {
+		if handlerRetryLater(herr) {
 			return fmt.Errorf("retry park %d: %w", id, herr)
 		}
 		res.Events, res.Attempts = len(events), pk.Attempts+1

@@ -180,3 +180,79 @@ func blocking(t testing.TB, ctx context.Context, pool *pgxpool.Pool, pid uint32)
 	}
 	return waiting
 }
+
+// A direct retry (RetryDeadLetter, `dead-letter retry --here`) aborted as a
+// deadlock's victim in its handler is tried again, not recorded as the
+// event's failure: the deadlock says nothing about the event. (It used to
+// come back as a failed retry, "deadlock detected", with an attempt
+// counted, and the operator retried by hand.) The deadlock is made as in
+// TestDeadLetterRetryRequestOutlivesADeadlock; the retry's next try then
+// waits for the shard's lock the test holds, and goes through once the
+// test lets go.
+func TestDeadLetterRetryHereOutlivesADeadlock(t *testing.T) {
+	t.Parallel()
+	e, p, failing, ids := deadLetterEnv(t)
+	failing.Store(false)
+	id := ids[0]
+	dl, _, err := projection.GetDeadLetter(e.ctx, e.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	var holder int32
+	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.table("trace")+` IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		res projection.RetryResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := projection.RetryDeadLetter(e.ctx, e.store, p, id, nil)
+		done <- result{res, err}
+	}()
+	eventually(t, time.Minute, "the retry to wait at the trace table's lock", func() bool {
+		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
+	})
+	if err := projection.LockShard(e.ctx, tx, e.store, projection.ShardID{Consumer: dl.Consumer, Instance: dl.Instance}); err != nil {
+		t.Fatalf("the test's side of the deadlock: %v; want the retry aborted", err)
+	}
+	// The aborted try recorded nothing; the next one waits for the
+	// shard's lock the test now holds.
+	eventually(t, time.Minute, "the retry to try again and wait for the shard's lock", func() bool {
+		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
+	})
+	select {
+	case r := <-done:
+		t.Fatalf("the retry returned (%+v, %v) while the test held the shard's lock; want it tried again", r.res, r.err)
+	default:
+	}
+	got, _, err := projection.GetDeadLetter(e.ctx, e.store, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != projection.DeadLetterOpen || got.Attempts != dl.Attempts || strings.Contains(got.Error, "deadlock") {
+		t.Fatalf("dead letter after the aborted try: %+v; want it open as before, no attempt counted", got)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || !r.res.Resolved || r.res.Error != "" || r.res.Attempts != dl.Attempts+1 {
+		t.Fatalf("retry: (%+v, %v); want it resolved on its next try, %d attempts", r.res, r.err, dl.Attempts+1)
+	}
+	if n := e.traced("tolerant", dl.EventID); n != 1 {
+		t.Fatalf("the dead letter's event was applied %d times, want 1", n)
+	}
+}

@@ -1,8 +1,11 @@
 package projection
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -118,14 +121,45 @@ func retryLater(err error) bool {
 	return strings.HasPrefix(sqlState(err), "40") || IsConnectionLoss(err)
 }
 
-// handlerRetryLater is retryLater for a handler's failure inside a
-// requested retry: a handler statement that was a deadlock's victim, lost a
-// serialization conflict or its connection says nothing about the event,
-// so the retry returns it as the transaction's error (nothing commits, the
-// request stays) instead of recording it as the retry's outcome, which
-// cleared the request and counted an attempt.
-func handlerRetryLater(requested bool, herr error) bool {
-	return requested && herr != nil && retryLater(herr)
+// handlerRetryLater is retryLater for a handler's failure inside a retry:
+// a handler statement that was a deadlock's victim, lost a serialization
+// conflict or its connection says nothing about the event, so the retry
+// returns it as the transaction's error (nothing commits: a requested
+// retry's request stays, a direct one is tried again by retryConflicts)
+// instead of recording it as the retry's outcome, which counted an attempt,
+// and cleared the request or told the operator the event had failed.
+func handlerRetryLater(herr error) bool {
+	return herr != nil && retryLater(herr)
+}
+
+// conflictTries bounds how often retryConflicts runs a direct retry whose
+// transaction a conflict aborted.
+const conflictTries = 5
+
+// retryConflicts runs a direct (operator's, in-process) retry until it
+// returns an error retryLater does not take (nil included), conflictTries
+// times at most, waiting 50 ms, 100 ms, 200 ms… between tries, as a
+// dispatcher carrying out a request tries again on its next look. Each try
+// is a transaction of its own that committed nothing, so trying again
+// cannot apply anything twice. The last conflict is returned, saying that
+// nothing was recorded.
+func retryConflicts(ctx context.Context, what string, try func() error) error {
+	wait := 50 * time.Millisecond
+	for n := 1; ; n++ {
+		err := try()
+		if err == nil || !retryLater(err) {
+			return err
+		}
+		if n == conflictTries {
+			return fmt.Errorf("%s: aborted by a conflict %d times, nothing recorded (try again): %w", what, n, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: aborted by a conflict, nothing recorded: %w", what, errors.Join(err, ctx.Err()))
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
 }
 
 // sqlState returns err's SQLSTATE, or "" when it carries none.
