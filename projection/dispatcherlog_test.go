@@ -104,3 +104,45 @@ func TestDispatcherLogSaysWhatItOwns(t *testing.T) {
 		}
 	}
 }
+
+// A split the partitions' own passes carry out (a `consumer split` handed
+// off to them) changes what this process runs outside a balancing round:
+// the log says so at Info, naming the partition and its halves, as the
+// rounds' lines do for what they take. (It said nothing above Debug.)
+func TestDispatcherLogSaysWhatItsPassesSplit(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	var log logBuffer
+	p := counting(e.schema, e.types, "selfsplit", projection.AsyncConfig{Partitions: 2})
+	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{p}, InstanceID: "log-split",
+		PollMax: 50 * time.Millisecond, Recheck: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewJSONHandler(&log, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Stop(e.ctx) }()
+	eventually(t, time.Minute, "the process to own both partitions", func() bool { return e.owners("selfsplit")["log-split"] == 2 })
+	admin := projection.NewAdmin(e.store)
+	projection.SetSplitHandOff(admin, 2*time.Minute) // the passes split, not the command after its wait
+	if _, err := admin.Split(e.ctx, "selfsplit"); err != nil {
+		t.Fatal(err)
+	}
+	// The command returns once the splits committed; a pass logs just
+	// after its commit.
+	var split map[string]string
+	eventually(t, time.Minute, "both passes to say they split", func() bool {
+		split = map[string]string{}
+		for _, l := range log.lines(t) {
+			if l["msg"] == "projection dispatcher: partition split by its pass" && l["consumer"] == "selfsplit" {
+				split[l["partition"].(string)], _ = l["into"].(string)
+			}
+		}
+		return len(split) >= 2
+	})
+	if split["0/2"] != "0/4 1/4" || split["1/2"] != "2/4 3/4" || len(split) != 2 {
+		t.Errorf("split lines: %v; want 0/2 into 0/4 1/4 and 1/2 into 2/4 3/4", split)
+	}
+}

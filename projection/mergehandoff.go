@@ -254,10 +254,17 @@ func (d *Dispatcher) atEnd(sh *shard, split bool, m *mergeAtEnd) func(*pgx.Batch
 // loops of the partitions that replace sh's.
 func (d *Dispatcher) changedAtEnd(ctx context.Context, sh *shard, split bool, m *mergeAtEnd) {
 	if m != nil {
-		d.logger.DebugContext(ctx, "projection dispatcher: partitions merged by the pass of the half that reached the hold second",
-			slog.String("consumer", sh.id.Consumer), slog.String("merge", m.child.String()), slog.String("cursor", m.pair.hold.String()))
+		// Info, as the balancing rounds' lines are: the partitions this
+		// process runs changed outside a round.
+		d.logger.InfoContext(ctx, "projection dispatcher: partitions merged by the pass of the half that reached the hold second",
+			slog.String("consumer", sh.id.Consumer), slog.String("merged", m.pair.lo.String()+" "+m.pair.hi.String()),
+			slog.String("into", m.pair.parent.String()), slog.String("cursor", m.pair.hold.String()))
 		d.startParent(ctx, sh, m)
 	} else if split {
+		lo, hi, _ := sh.segment.Children()
+		d.logger.InfoContext(ctx, "projection dispatcher: partition split by its pass",
+			slog.String("consumer", sh.id.Consumer), slog.String("partition", sh.segment.String()),
+			slog.String("into", lo.String()+" "+hi.String()))
 		d.startHalves(sh)
 	}
 }
