@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector/projection"
@@ -38,21 +39,8 @@ func parkRetryRequestOutlivesADeadlock(t *testing.T, held string) {
 	_, pk, failing := e.parkedPoison()
 	failing.Store(false)
 
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx, holder := e.holdForDeadlock(t, held)
 	defer func() { _ = tx.Rollback(e.ctx) }()
-	var holder int32
-	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.table(held)+` IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
 	if err := projection.RequestParkRetry(e.ctx, e.store, pk.ID, "tester"); err != nil {
 		t.Fatal(err)
 	}
@@ -104,29 +92,10 @@ func parkRetryRequestOutlivesADeadlock(t *testing.T, held string) {
 // cycle and is the one aborted.
 func TestDeadLetterRetryRequestOutlivesADeadlock(t *testing.T) {
 	t.Parallel()
-	e, _, failing, ids := deadLetterEnv(t)
-	failing.Store(false)
-	id := ids[0]
-	dl, _, err := projection.GetDeadLetter(e.ctx, e.store, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, _, dl := healedDeadLetter(t)
+	id := dl.ID
+	tx, holder := e.holdForDeadlock(t, "trace")
 	defer func() { _ = tx.Rollback(e.ctx) }()
-	var holder int32
-	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.table("trace")+` IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
 	if err := projection.RequestDeadLetterRetry(e.ctx, e.store, []int64{id}); err != nil {
 		t.Fatal(err)
 	}
@@ -191,28 +160,10 @@ func blocking(t testing.TB, ctx context.Context, pool *pgxpool.Pool, pid uint32)
 // test lets go.
 func TestDeadLetterRetryHereOutlivesADeadlock(t *testing.T) {
 	t.Parallel()
-	e, p, failing, ids := deadLetterEnv(t)
-	failing.Store(false)
-	id := ids[0]
-	dl, _, err := projection.GetDeadLetter(e.ctx, e.store, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, p, dl := healedDeadLetter(t)
+	id := dl.ID
+	tx, holder := e.holdForDeadlock(t, "trace")
 	defer func() { _ = tx.Rollback(e.ctx) }()
-	var holder int32
-	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.table("trace")+` IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
 	type result struct {
 		res projection.RetryResult
 		err error
@@ -255,4 +206,44 @@ func TestDeadLetterRetryHereOutlivesADeadlock(t *testing.T) {
 	if n := e.traced("tolerant", dl.EventID); n != 1 {
 		t.Fatalf("the dead letter's event was applied %d times, want 1", n)
 	}
+}
+
+// holdForDeadlock begins a transaction that holds table (of the test's
+// schema) in SHARE mode, with a deadlock_timeout far longer than the
+// server's, so that when it later waits for a lock the other actor holds
+// while waiting for table, the other's backend finds the cycle and is the
+// one aborted. It returns the transaction and its backend's pid.
+func (e *env) holdForDeadlock(t *testing.T, table string) (pgx.Tx, int32) {
+	t.Helper()
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holder int32
+	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
+		_ = tx.Rollback(e.ctx)
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		_ = tx.Rollback(e.ctx)
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.table(table)+` IN SHARE MODE`); err != nil {
+		_ = tx.Rollback(e.ctx)
+		t.Fatal(err)
+	}
+	return tx, holder
+}
+
+// healedDeadLetter is deadLetterEnv with its handler healed: a retry of the
+// dead letter it returns succeeds unless something else aborts it.
+func healedDeadLetter(t *testing.T) (*env, *projection.Async, projection.DeadLetter) {
+	t.Helper()
+	e, p, failing, ids := deadLetterEnv(t)
+	failing.Store(false)
+	dl, _, err := projection.GetDeadLetter(e.ctx, e.store, ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, p, dl
 }
