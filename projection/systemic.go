@@ -3,11 +3,11 @@ package projection
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/projectorhq/projector/internal/pgretry"
 )
 
 // ErrSystemic marks a failure that is not about one event: a missing table
@@ -118,7 +118,7 @@ func SystemicCode(code string) bool {
 // Any other failure clears the request, so one that cannot be carried out
 // is not tried on every look.
 func retryLater(err error) bool {
-	return strings.HasPrefix(sqlState(err), "40") || IsConnectionLoss(err)
+	return pgretry.Conflict(err) || IsConnectionLoss(err)
 }
 
 // handlerRetryLater is retryLater for a handler's failure inside a retry:
@@ -132,34 +132,11 @@ func handlerRetryLater(herr error) bool {
 	return herr != nil && retryLater(herr)
 }
 
-// conflictTries bounds how often retryConflicts runs a direct retry whose
-// transaction a conflict aborted.
-const conflictTries = 5
-
-// retryConflicts runs a direct (operator's, in-process) retry until it
-// returns an error retryLater does not take (nil included), conflictTries
-// times at most, waiting 50 ms, 100 ms, 200 ms… between tries, as a
-// dispatcher carrying out a request tries again on its next look. Each try
-// is a transaction of its own that committed nothing, so trying again
-// cannot apply anything twice. The last conflict is returned, saying that
-// nothing was recorded.
+// retryConflicts runs a direct (operator's, in-process) retry again, as
+// a dispatcher carrying out a request tries again on its next look, when a
+// conflict or a lost connection aborted it (retryLater): pgretry.Do.
 func retryConflicts(ctx context.Context, what string, try func() error) error {
-	wait := 50 * time.Millisecond
-	for n := 1; ; n++ {
-		err := try()
-		if err == nil || !retryLater(err) {
-			return err
-		}
-		if n == conflictTries {
-			return fmt.Errorf("%s: aborted by a conflict %d times, nothing recorded (try again): %w", what, n, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: aborted by a conflict, nothing recorded: %w", what, errors.Join(err, ctx.Err()))
-		case <-time.After(wait):
-		}
-		wait *= 2
-	}
+	return pgretry.Do(ctx, what, retryLater, try)
 }
 
 // sqlState returns err's SQLSTATE, or "" when it carries none.

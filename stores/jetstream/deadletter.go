@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgretry"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -192,58 +193,21 @@ func collectOpen(rows pgx.Rows) ([]OpenDeadLetters, error) {
 // discarded already is [ErrDeadLetterNotOpen]. The row is locked for the
 // transaction, so a concurrent retry or [DiscardDeadLetter] of the same
 // dead letter waits and then finds it no longer open: an event is applied
-// once or discarded, never both.
+// once or discarded, never both. A retry aborted by a conflict with
+// another transaction (a deadlock or serialization failure, in the handler
+// or not) or by its lost connection says nothing about the event: it is
+// tried again, up to five times, and then returned as an error with
+// nothing recorded.
 func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 	table := c.cfg.Store.Table("projector_jetstream_dead_letters")
 	var herr error
 	var ev projector.Event
-	err := pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT `+deadLetterColumns+` FROM `+table+` WHERE id = $1 AND subscription = $2 FOR UPDATE`, id, c.cfg.Subscription)
-		if err != nil {
-			return fmt.Errorf("retry dead letter %d: %w", id, err)
-		}
-		d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("retry dead letter %d of %s: %w", id, c.cfg.Subscription, projector.ErrNotFound)
-		}
-		if err != nil {
-			return fmt.Errorf("retry dead letter %d: %w", id, err)
-		}
-		if d.Status != projection.DeadLetterOpen {
-			return fmt.Errorf("retry dead letter %d of %s: it is %s already (nothing applied again): %w", id, c.cfg.Subscription, d.Status, ErrDeadLetterNotOpen)
-		}
-		if ev, err = Decode(c.cfg.Store.Registry(), d.Header, d.Data); err != nil {
-			return fmt.Errorf("retry dead letter %d: %w", id, err)
-		}
-		// The handler runs in a savepoint, so that its failure (an SQL
-		// error aborts the transaction) rolls back its writes, the resolved
-		// status and the tenant scope, and leaves the transaction to record
-		// the failed retry. The status is written before the scope, which
-		// only ever narrows privileges: a tenant role needs no grant on
-		// this table.
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return fmt.Errorf("retry dead letter %d: %w", id, err)
-		}
-		if _, err := sp.Exec(ctx, `UPDATE `+table+` SET status = 'resolved', resolved_at = now(), last_retried_at = now() WHERE id = $1`, id); err != nil {
-			return fmt.Errorf("retry dead letter %d: mark it resolved: %w", id, err)
-		}
-		if err := c.cfg.Store.ScopeTx(ctx, sp, ev.Stream.Tenant); err != nil {
+	err := pgretry.Do(ctx, fmt.Sprintf("retry dead letter %d of %s", id, c.cfg.Subscription), retryLater, func() error {
+		return pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
+			var err error
+			ev, herr, err = c.retryDeadLetterTx(ctx, tx, table, id)
 			return err
-		}
-		if herr = c.handle(ctx, sp, ev); herr == nil {
-			if err := sp.Commit(ctx); err != nil {
-				return fmt.Errorf("retry dead letter %d: %w", id, err)
-			}
-			return nil
-		}
-		if err := sp.Rollback(ctx); err != nil {
-			return fmt.Errorf("retry dead letter %d: roll back the failed handler: %w", id, err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE `+table+` SET error = $2, last_retried_at = now() WHERE id = $1`, id, "retry: "+herr.Error()); err != nil {
-			return fmt.Errorf("retry dead letter %d: record the failed retry: %w", id, err)
-		}
-		return nil
+		})
 	})
 	if err != nil {
 		return err
@@ -255,6 +219,70 @@ func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 	c.logger.InfoContext(ctx, "jetstream consumer: dead letter retried and resolved", "subscription", c.cfg.Subscription, "id", id)
 	c.refreshMetrics(ctx)
 	return nil
+}
+
+// retryLater reports whether a retry's transaction was aborted by a
+// conflict with another transaction or by its lost connection: nothing of
+// it committed, and it is tried again (pgretry.Do) rather than recorded as
+// the handler's failure, which it says nothing about.
+func retryLater(err error) bool {
+	return pgretry.Conflict(err) || projection.IsConnectionLoss(err)
+}
+
+// retryDeadLetterTx is one try of [Consumer.RetryDeadLetter] in tx: it
+// returns the event and the handler's failure, recorded on the dead
+// letter, unless retryLater takes it: then it is tx's error (err), and the
+// whole transaction goes.
+func (c *Consumer) retryDeadLetterTx(ctx context.Context, tx pgx.Tx, table string, id int64) (ev projector.Event, herr, err error) {
+	rows, err := tx.Query(ctx, `SELECT `+deadLetterColumns+` FROM `+table+` WHERE id = $1 AND subscription = $2 FOR UPDATE`, id, c.cfg.Subscription)
+	if err != nil {
+		return ev, nil, fmt.Errorf("retry dead letter %d: %w", id, err)
+	}
+	d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ev, nil, fmt.Errorf("retry dead letter %d of %s: %w", id, c.cfg.Subscription, projector.ErrNotFound)
+	}
+	if err != nil {
+		return ev, nil, fmt.Errorf("retry dead letter %d: %w", id, err)
+	}
+	if d.Status != projection.DeadLetterOpen {
+		return ev, nil, fmt.Errorf("retry dead letter %d of %s: it is %s already (nothing applied again): %w", id, c.cfg.Subscription, d.Status, ErrDeadLetterNotOpen)
+	}
+	if ev, err = Decode(c.cfg.Store.Registry(), d.Header, d.Data); err != nil {
+		return ev, nil, fmt.Errorf("retry dead letter %d: %w", id, err)
+	}
+	// The handler runs in a savepoint, so that its failure (an SQL
+	// error aborts the transaction) rolls back its writes, the resolved
+	// status and the tenant scope, and leaves the transaction to record
+	// the failed retry. The status is written before the scope, which
+	// only ever narrows privileges: a tenant role needs no grant on
+	// this table.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return ev, nil, fmt.Errorf("retry dead letter %d: %w", id, err)
+	}
+	if _, err := sp.Exec(ctx, `UPDATE `+table+` SET status = 'resolved', resolved_at = now(), last_retried_at = now() WHERE id = $1`, id); err != nil {
+		return ev, nil, fmt.Errorf("retry dead letter %d: mark it resolved: %w", id, err)
+	}
+	if err := c.cfg.Store.ScopeTx(ctx, sp, ev.Stream.Tenant); err != nil {
+		return ev, nil, err
+	}
+	if herr = c.handle(ctx, sp, ev); herr == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return ev, nil, fmt.Errorf("retry dead letter %d: %w", id, err)
+		}
+		return ev, nil, nil
+	}
+	if retryLater(herr) {
+		return ev, nil, fmt.Errorf("retry dead letter %d: %w", id, herr) // the whole transaction goes
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return ev, nil, fmt.Errorf("retry dead letter %d: roll back the failed handler: %w", id, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+table+` SET error = $2, last_retried_at = now() WHERE id = $1`, id, "retry: "+herr.Error()); err != nil {
+		return ev, nil, fmt.Errorf("retry dead letter %d: record the failed retry: %w", id, err)
+	}
+	return ev, herr, nil
 }
 
 // RetryFailedError is [Consumer.RetryDeadLetter]'s error when the retry ran

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgretry"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -360,7 +361,8 @@ func (e *ParkRetryFailedError) Unwrap() error { return e.Err }
 // the retry waits and is then applied after the parked ones, never ahead,
 // never lost. If the handler fails on any event, every effect of the retry
 // rolls back, the park stays open with the new error and one more failure,
-// and a [*ParkRetryFailedError] is returned. A park that is not open is
+// and a [*ParkRetryFailedError] is returned; a retry aborted by a conflict
+// or a lost connection is tried again, as [Consumer.RetryDeadLetter] says. A park that is not open is
 // [ErrParkNotOpen] (of racing retries and discards exactly one wins); a
 // missing one projector.ErrNotFound. It returns how many events it applied.
 func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, error) {
@@ -372,65 +374,70 @@ func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, err
 	var herr error
 	var failed ParkedMessage
 	var n int
-	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-		p, err := lockParkedStream(ctx, tx, store, c.cfg.Subscription, id)
-		if err != nil {
-			return fmt.Errorf("retry: %w", err)
-		}
-		if p.Status != projection.ParkOpen {
-			return fmt.Errorf("retry jetstream park %d of %s: it is %s already (nothing applied again): %w", id, c.cfg.Subscription, p.Status, ErrParkNotOpen)
-		}
-		msgs, err := parkedMessages(ctx, tx, store, id)
-		if err != nil {
-			return err
-		}
-		n = len(msgs)
-		// The status and the effects in a savepoint: a failing handler
-		// (an SQL error aborts the transaction) rolls back all of them and
-		// the tenant scope, leaving the transaction to record the failure.
-		// The status is written before the scope, which only narrows
-		// privileges.
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return fmt.Errorf("retry jetstream park %d: %w", id, err)
-		}
-		if _, err := sp.Exec(ctx, `DELETE FROM `+mt+` WHERE park_id = $1`, id); err != nil {
-			return fmt.Errorf("retry jetstream park %d: %w", id, err)
-		}
-		if _, err := sp.Exec(ctx, `UPDATE `+pt+` SET status = 'resolved', resolved_at = now(), resolved_by = $2, events = $3, last_retried_at = now()
-			WHERE id = $1`, id, by, len(msgs)); err != nil {
-			return fmt.Errorf("retry jetstream park %d: mark it resolved: %w", id, err)
-		}
-		if err := store.ScopeTx(ctx, sp, p.Stream().Tenant); err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			ev, err := Decode(store.Registry(), m.Header, m.Data)
-			if err == nil {
-				err = c.handle(ctx, sp, ev)
-			}
+	err := pgretry.Do(ctx, fmt.Sprintf("retry jetstream park %d of %s", id, c.cfg.Subscription), retryLater, func() error {
+		herr = nil
+		return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+			p, err := lockParkedStream(ctx, tx, store, c.cfg.Subscription, id)
 			if err != nil {
-				herr, failed = err, m
-				break
+				return fmt.Errorf("retry: %w", err)
 			}
-		}
-		if herr == nil {
-			if err := sp.Commit(ctx); err != nil {
+			if p.Status != projection.ParkOpen {
+				return fmt.Errorf("retry jetstream park %d of %s: it is %s already (nothing applied again): %w", id, c.cfg.Subscription, p.Status, ErrParkNotOpen)
+			}
+			msgs, err := parkedMessages(ctx, tx, store, id)
+			if err != nil {
+				return err
+			}
+			n = len(msgs)
+			// The status and the effects in a savepoint: a failing handler
+			// (an SQL error aborts the transaction) rolls back all of them and
+			// the tenant scope, leaving the transaction to record the failure.
+			// The status is written before the scope, which only narrows
+			// privileges.
+			sp, err := tx.Begin(ctx)
+			if err != nil {
 				return fmt.Errorf("retry jetstream park %d: %w", id, err)
 			}
+			if _, err := sp.Exec(ctx, `DELETE FROM `+mt+` WHERE park_id = $1`, id); err != nil {
+				return fmt.Errorf("retry jetstream park %d: %w", id, err)
+			}
+			if _, err := sp.Exec(ctx, `UPDATE `+pt+` SET status = 'resolved', resolved_at = now(), resolved_by = $2, events = $3, last_retried_at = now()
+			WHERE id = $1`, id, by, len(msgs)); err != nil {
+				return fmt.Errorf("retry jetstream park %d: mark it resolved: %w", id, err)
+			}
+			if err := store.ScopeTx(ctx, sp, p.Stream().Tenant); err != nil {
+				return err
+			}
+			for _, m := range msgs {
+				ev, err := Decode(store.Registry(), m.Header, m.Data)
+				if err == nil {
+					err = c.handle(ctx, sp, ev)
+				}
+				if err != nil {
+					herr, failed = err, m
+					break
+				}
+			}
+			if herr == nil {
+				if err := sp.Commit(ctx); err != nil {
+					return fmt.Errorf("retry jetstream park %d: %w", id, err)
+				}
+				return nil
+			}
+			if projection.IsSystemic(herr) || retryLater(herr) {
+				e := herr
+				herr = nil
+				return e // nothing about this park: the whole transaction goes (tried again after a conflict)
+			}
+			if err := sp.Rollback(ctx); err != nil {
+				return fmt.Errorf("retry jetstream park %d: roll back the failed handler: %w", id, err)
+			}
+			if _, err := tx.Exec(ctx, `UPDATE `+pt+` SET error = $2, failures = failures + 1, last_retried_at = now() WHERE id = $1`,
+				id, fmt.Sprintf("retry: v%d: %v", failed.Version, herr)); err != nil {
+				return fmt.Errorf("retry jetstream park %d: record the failed retry: %w", id, err)
+			}
 			return nil
-		}
-		if projection.IsSystemic(herr) {
-			return herr // nothing about this park: the whole transaction goes
-		}
-		if err := sp.Rollback(ctx); err != nil {
-			return fmt.Errorf("retry jetstream park %d: roll back the failed handler: %w", id, err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE `+pt+` SET error = $2, failures = failures + 1, last_retried_at = now() WHERE id = $1`,
-			id, fmt.Sprintf("retry: v%d: %v", failed.Version, herr)); err != nil {
-			return fmt.Errorf("retry jetstream park %d: record the failed retry: %w", id, err)
-		}
-		return nil
+		})
 	})
 	if err != nil {
 		return 0, err

@@ -1,0 +1,106 @@
+package jetstream_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+	pjs "github.com/projectorhq/projector/stores/jetstream"
+)
+
+// A dead letter's retry aborted as a deadlock's victim in its handler is
+// tried again, not recorded as the event's failure: the deadlock says
+// nothing about the event. (The handler's savepoint rolled back and the
+// retry recorded "retry: deadlock detected" and returned a
+// RetryFailedError; the operator retried by hand.) The deadlock is made for
+// it: the test holds the handler's table in SHARE mode, so the retry,
+// holding the dead letter's row, waits at the handler's INSERT; the test
+// then asks for that row with a far longer deadlock_timeout, so the
+// retry's backend finds the cycle and is the one aborted. Its next try
+// waits for the row the test now holds, and goes through once the test
+// lets go.
+func TestDeadLetterRetryOutlivesADeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	snk := newSink(t, types.Registry)
+	c, err := pjs.NewConsumer(pjs.ConsumerConfig{Store: snk.store, Subscription: "feed", Handler: snk.record, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, ev := snk.deadLetter(t, "feed", "deadlocked")
+	before := snk.status(t, "feed", id)
+
+	tx, err := snk.store.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var holder int32
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+snk.effects+` IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.RetryDeadLetter(ctx, id) }()
+	pgtest.WaitForLockOn(t, pgtest.Pool(t), snk.effects) // the retry holds the row and waits at the INSERT
+	// The cycle: the test asks for the row the retry holds.
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+snk.store.Table("projector_jetstream_dead_letters")+` WHERE id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatalf("the test's side of the deadlock: %v; want the retry aborted", err)
+	}
+	// The retry's next try waits for the row the test now holds; a retry
+	// that recorded the deadlock has returned instead.
+	deadline := time.Now().Add(time.Minute)
+	for !blockedBy(t, holder) {
+		select {
+		case err := <-done:
+			t.Fatalf("the retry returned %v while the test held the dead letter; want it tried again", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the retry did not try again within a minute")
+		}
+		time.Sleep(5 * time.Millisecond) // polling pg_stat_activity
+	}
+	if got := snk.status(t, "feed", id); got.Status != projection.DeadLetterOpen || got.Error != before.Error {
+		t.Fatalf("dead letter after the aborted try: status %s, error %q; want it open, error %q as before", got.Status, got.Error, before.Error)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("retry: %v; want it resolved on its next try", err)
+	}
+	got := snk.status(t, "feed", id)
+	if got.Status != projection.DeadLetterResolved || strings.Contains(got.Error, "deadlock") {
+		t.Fatalf("dead letter: status %s, error %q; want resolved, the deadlock recorded nowhere", got.Status, got.Error)
+	}
+	var n int
+	if err := snk.store.Pool().QueryRow(ctx, `SELECT count(*) FROM `+snk.effects+` WHERE event_id = $1`, ev.ID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("the event's effect is there %d times, want 1", n)
+	}
+}
+
+// blockedBy reports whether some backend waits for a lock the backend pid
+// holds.
+func blockedBy(t *testing.T, pid int32) bool {
+	t.Helper()
+	var waiting bool
+	if err := pgtest.Pool(t).QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`, pid).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	return waiting
+}
