@@ -124,7 +124,9 @@ func TestDispatcherLogSaysWhatItsPassesSplit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = d.Stop(e.ctx) }()
-	eventually(t, time.Minute, "the process to own both partitions", func() bool { return e.owners("selfsplit")["log-split"] == 2 })
+	eventually(t, time.Minute, "the process to own both partitions and hold its alive lock", func() bool {
+		return e.owners("selfsplit")["log-split"] == 2 && e.aliveLockHeld("log-split")
+	})
 	admin := projection.NewAdmin(e.store)
 	projection.SetSplitHandOff(admin, 2*time.Minute) // the passes split, not the command after its wait
 	if _, err := admin.Split(e.ctx, "selfsplit"); err != nil {
@@ -145,4 +147,19 @@ func TestDispatcherLogSaysWhatItsPassesSplit(t *testing.T) {
 	if split["0/2"] != "0/4 1/4" || split["1/2"] != "2/4 3/4" || len(split) != 2 {
 		t.Errorf("split lines: %v; want 0/2 into 0/4 1/4 and 1/2 into 2/4 3/4", split)
 	}
+}
+
+// aliveLockHeld reports whether the listening session of the dispatcher
+// with instance id holds its alive lock (layoutnotify.go): until then a
+// split command splits its partitions itself rather than hand them to its
+// passes.
+func (e *env) aliveLockHeld(instance string) bool {
+	e.t.Helper()
+	var held bool
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+		AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended('projector.alive' || chr(31) || $1 || chr(31) || $2, 0))`,
+		e.schema, instance).Scan(&held); err != nil {
+		e.t.Fatal(err)
+	}
+	return held
 }

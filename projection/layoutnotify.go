@@ -208,6 +208,21 @@ func (d *Dispatcher) kickRetries(consumer string) {
 	}
 }
 
+// aliveLockKey is the key of the session advisory lock each dispatcher's
+// listening session holds: a sign of life that, unlike the heartbeat,
+// PostgreSQL drops the moment the process's connection goes, when it is
+// SIGKILLed or its machine dies. A split command hands a partition to its
+// owner's pass only while the owner holds it (splithandoff.go): a killed
+// owner's heartbeat stays recent for LiveHeartbeats heartbeats, during
+// which the partition would wait for a pass that never comes. Behind a
+// pooler in transaction mode the lock may stay with a pooled server
+// connection, which only makes the owner look alive, as the heartbeat did.
+func aliveLockKey(schema, instance string) string {
+	return aliveLockPrefix(schema) + instance
+}
+
+func aliveLockPrefix(schema string) string { return "projector.alive\x1f" + schema + "\x1f" }
+
 // kickAll wakes the loop of every shard this dispatcher runs.
 func (d *Dispatcher) kickAll() {
 	for _, sh := range d.allShards() {
@@ -266,6 +281,16 @@ func (d *Dispatcher) listenLayout(ctx context.Context, mine map[string]bool, lis
 		if _, err := conn.Exec(ctx, `LISTEN `+ch); err != nil {
 			return fmt.Errorf("listen: %w", err)
 		}
+	}
+	// The session's sign of life (aliveLockKey): held while it is open,
+	// dropped by PostgreSQL with the connection when the process dies.
+	var alive bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, aliveLockKey(d.store.Schema(), d.instance)).Scan(&alive); err != nil {
+		return fmt.Errorf("take the instance's alive lock: %w", err)
+	}
+	if !alive {
+		d.logger.DebugContext(ctx, "projection dispatcher: another session holds this instance id's alive lock (an instance id used twice?)",
+			slog.String("instance_id", d.instance))
 	}
 	listening()
 	// A change committed, or a wake sent, before this session listened (at

@@ -71,12 +71,17 @@ func buildHandOffSQL(store *postgres.Store) handOffSQL {
 	return handOffSQL{
 		// How many of partitions $2 a live dispatcher of their model
 		// version runs, healthy and not held for a merge: the split is
-		// handed off only when that is all of them.
+		// handed off only when that is all of them. Live: a recent
+		// heartbeat, and the alive lock ($3 is its key but the instance,
+		// aliveLockKey) held, which a killed process drops at once.
 		handOff: `SELECT count(*) FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = ANY($2)
 				AND c.hold_tx_id IS NULL AND c.status IN ('idle', 'processing') AND c.attempts = 0 AND c.replay_until_tx_id IS NULL
 				AND EXISTS (SELECT 1 FROM ` + i + ` i WHERE i.instance_id = c.owner AND i.stopped_at IS NULL
 					AND i.last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * i.heartbeat_every
-					AND c.name || '/partitions@v' || c.version::text = ANY(i.consumers))`,
+					AND c.name || '/partitions@v' || c.version::text = ANY(i.consumers))
+				AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+					AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended($3 || c.owner, 0))`,
 		mark:   `UPDATE ` + c + ` SET split_requested_at = now() WHERE name = $1 AND instance_id = ANY($2)`,
 		unmark: `UPDATE ` + c + ` SET split_requested_at = NULL WHERE name = $1 AND instance_id = ANY($2) AND split_requested_at IS NOT NULL`,
 		watch:  `SELECT instance_id, cursor_tx_id, cursor_seq FROM ` + c + ` WHERE name = $1 AND instance_id = ANY($2)`,
@@ -103,7 +108,7 @@ func buildHandOffSQL(store *postgres.Store) handOffSQL {
 func (a *Admin) splitHandedOff(ctx context.Context, tx pgx.Tx, consumer string, targets []postgres.Segment) (bool, error) {
 	ids := segmentIDs(targets)
 	var n int
-	if err := tx.QueryRow(ctx, a.handOff.handOff, consumer, ids).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, a.handOff.handOff, consumer, ids, aliveLockPrefix(a.store.Schema())).Scan(&n); err != nil {
 		return false, err
 	}
 	if n != len(ids) {
