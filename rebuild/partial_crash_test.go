@@ -139,11 +139,17 @@ func TestPartialRebuildSIGKILL(t *testing.T) {
 		if !child.Killed() {
 			continue // it committed just before the kill
 		}
-		kills++
 		eventually(t, time.Minute, "the killed child's backend to end", func() bool { return backends(false) == 0 })
 		if after := e.rows("tickets", "true"); strings.Join(after, "\n") != strings.Join(before, "\n") {
-			t.Fatalf("kill %d: a killed partial rebuild left changes behind", kills)
+			// Killed between its COMMIT and its exit: the rebuild is
+			// whole (the tenant's rows are the reference's), not half
+			// written, and this was no kill mid-rebuild.
+			if len(e.diff("tickets", "tickets_ref", "tenant_id = 'big'")) == 0 {
+				continue
+			}
+			t.Fatalf("kill %d: a killed partial rebuild left changes behind", kills+1)
 		}
+		kills++
 		// The live consumer is not stuck behind the dead rebuild's lock.
 		if err := e.ticket(projector.TenantStream("other", "ticket", fmt.Sprint(kills))); err != nil {
 			t.Fatal(err)
