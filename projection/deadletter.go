@@ -379,8 +379,9 @@ type RetryResult struct {
 // more attempt (a nil error with Resolved false). A retry aborted by a
 // conflict (a deadlock, a serialization failure, in the handler or not, or
 // a lost connection) says nothing about the event: it is tried again, a
-// few times, and then returned as an error with nothing recorded. It waits for the
-// consumer shard's lock, so it never runs beside a pass of the same shard.
+// few times, and then returned as an error with nothing recorded. It waits
+// for the consumer shard's lock, so it never runs beside a pass of the
+// same shard.
 //
 // The event is applied as live, not as a replay: it never was applied, so
 // [Replaying] is false and [Emit] appends. AfterCommit is not called. The

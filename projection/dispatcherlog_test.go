@@ -157,8 +157,8 @@ func (e *env) aliveLockHeld(instance string) bool {
 	e.t.Helper()
 	var held bool
 	if err := e.store.Pool().QueryRow(e.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-		AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended('projector.alive' || chr(31) || $1 || chr(31) || $2, 0))`,
-		e.schema, instance).Scan(&held); err != nil {
+		AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended($1, 0))`,
+		projection.AliveLockKey(e.schema, instance)).Scan(&held); err != nil {
 		e.t.Fatal(err)
 	}
 	return held

@@ -6,3 +6,7 @@ import "time"
 // partitions it marked before splitting the rest itself (splitHandOff by
 // default), for tests whose passes may be slower than that under load.
 func SetSplitHandOff(a *Admin, d time.Duration) { a.handOffWait = d }
+
+// AliveLockKey is the key of the alive lock the listening session of
+// instance holds (layoutnotify.go).
+var AliveLockKey = aliveLockKey

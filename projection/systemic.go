@@ -84,16 +84,7 @@ func rowRefused(e *pgconn.PgError) bool {
 // may well succeed: the dispatcher retries such a pass with backoff, and the
 // JetStream claims consumer leaves the message for redelivery and goes on,
 // where a missing table or grant stops them.
-func IsConnectionLoss(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
-	}
-	return errors.As(err, new(*pgconn.ConnectError))
-}
+func IsConnectionLoss(err error) bool { return pgretry.ConnectionLoss(err) }
 
 // SystemicCode reports whether a SQLSTATE code is one [IsSystemic] treats
 // as not about one event.
@@ -118,7 +109,7 @@ func SystemicCode(code string) bool {
 // Any other failure clears the request, so one that cannot be carried out
 // is not tried on every look.
 func retryLater(err error) bool {
-	return pgretry.Conflict(err) || IsConnectionLoss(err)
+	return pgretry.Retryable(err)
 }
 
 // handlerRetryLater is retryLater for a handler's failure inside a retry:

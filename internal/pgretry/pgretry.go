@@ -25,6 +25,29 @@ func Conflict(err error) bool {
 	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "40")
 }
 
+// ConnectionLoss reports whether err is a failure of the connection
+// itself: a failure to connect, a connection exception (08…) or an
+// operator's intervention (57P…: a terminated backend, a server shutting
+// down). The transaction it struck is gone; on a new connection the same
+// work may well succeed.
+func ConnectionLoss(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
+	}
+	return errors.As(err, new(*pgconn.ConnectError))
+}
+
+// Retryable reports whether err aborted a transaction for a reason that
+// says nothing about the work it did: a Conflict or a ConnectionLoss. Do
+// takes it as its retryable for an operator's retry.
+func Retryable(err error) bool {
+	return Conflict(err) || ConnectionLoss(err)
+}
+
 // Do runs try until it returns an error retryable does not take (nil
 // included), Tries times at most, waiting 50 ms, 100 ms, 200 ms… between
 // tries. Each try must be a transaction of its own that commits nothing

@@ -77,3 +77,18 @@ func TestConflict(t *testing.T) {
 		t.Error("Conflict of a non-PostgreSQL error is true")
 	}
 }
+
+func TestRetryable(t *testing.T) {
+	t.Parallel()
+	for code, want := range map[string]bool{"40001": true, "40P01": true, "08006": true, "57P01": true, "23505": false, "42P01": false} {
+		if got := Retryable(fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code})); got != want {
+			t.Errorf("Retryable(%q) = %v, want %v", code, got, want)
+		}
+	}
+	if !Retryable(&pgconn.ConnectError{}) {
+		t.Error("a failure to connect is not retryable")
+	}
+	if Retryable(nil) || Retryable(errors.New("x")) {
+		t.Error("nil or a plain error is retryable")
+	}
+}

@@ -202,7 +202,7 @@ func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 	table := c.cfg.Store.Table("projector_jetstream_dead_letters")
 	var herr error
 	var ev projector.Event
-	err := pgretry.Do(ctx, fmt.Sprintf("retry dead letter %d of %s", id, c.cfg.Subscription), retryLater, func() error {
+	err := pgretry.Do(ctx, fmt.Sprintf("retry dead letter %d of %s", id, c.cfg.Subscription), pgretry.Retryable, func() error {
 		return pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
 			var err error
 			ev, herr, err = c.retryDeadLetterTx(ctx, tx, table, id)
@@ -221,18 +221,10 @@ func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 	return nil
 }
 
-// retryLater reports whether a retry's transaction was aborted by a
-// conflict with another transaction or by its lost connection: nothing of
-// it committed, and it is tried again (pgretry.Do) rather than recorded as
-// the handler's failure, which it says nothing about.
-func retryLater(err error) bool {
-	return pgretry.Conflict(err) || projection.IsConnectionLoss(err)
-}
-
 // retryDeadLetterTx is one try of [Consumer.RetryDeadLetter] in tx: it
 // returns the event and the handler's failure, recorded on the dead
-// letter, unless retryLater takes it: then it is tx's error (err), and the
-// whole transaction goes.
+// letter, unless pgretry.Retryable takes it: then it is tx's error (err),
+// and the whole transaction goes.
 func (c *Consumer) retryDeadLetterTx(ctx context.Context, tx pgx.Tx, table string, id int64) (ev projector.Event, herr, err error) {
 	rows, err := tx.Query(ctx, `SELECT `+deadLetterColumns+` FROM `+table+` WHERE id = $1 AND subscription = $2 FOR UPDATE`, id, c.cfg.Subscription)
 	if err != nil {
@@ -273,7 +265,7 @@ func (c *Consumer) retryDeadLetterTx(ctx context.Context, tx pgx.Tx, table strin
 		}
 		return ev, nil, nil
 	}
-	if retryLater(herr) {
+	if pgretry.Retryable(herr) {
 		return ev, nil, fmt.Errorf("retry dead letter %d: %w", id, herr) // the whole transaction goes
 	}
 	if err := sp.Rollback(ctx); err != nil {

@@ -362,81 +362,22 @@ func (e *ParkRetryFailedError) Unwrap() error { return e.Err }
 // never lost. If the handler fails on any event, every effect of the retry
 // rolls back, the park stays open with the new error and one more failure,
 // and a [*ParkRetryFailedError] is returned; a retry aborted by a conflict
-// or a lost connection is tried again, as [Consumer.RetryDeadLetter] says. A park that is not open is
-// [ErrParkNotOpen] (of racing retries and discards exactly one wins); a
+// or a lost connection is tried again, as [Consumer.RetryDeadLetter] says.
+// A park that is not open is [ErrParkNotOpen] (of racing retries and discards exactly one wins); a
 // missing one projector.ErrNotFound. It returns how many events it applied.
 func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, error) {
 	if err := projection.ValidateOperator(by); err != nil {
 		return 0, err
 	}
 	store := c.cfg.Store
-	pt, mt := store.Table("projector_jetstream_parks"), store.Table("projector_jetstream_parked_messages")
 	var herr error
 	var failed ParkedMessage
 	var n int
-	err := pgretry.Do(ctx, fmt.Sprintf("retry jetstream park %d of %s", id, c.cfg.Subscription), retryLater, func() error {
-		herr = nil
+	err := pgretry.Do(ctx, fmt.Sprintf("retry jetstream park %d of %s", id, c.cfg.Subscription), pgretry.Retryable, func() error {
 		return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-			p, err := lockParkedStream(ctx, tx, store, c.cfg.Subscription, id)
-			if err != nil {
-				return fmt.Errorf("retry: %w", err)
-			}
-			if p.Status != projection.ParkOpen {
-				return fmt.Errorf("retry jetstream park %d of %s: it is %s already (nothing applied again): %w", id, c.cfg.Subscription, p.Status, ErrParkNotOpen)
-			}
-			msgs, err := parkedMessages(ctx, tx, store, id)
-			if err != nil {
-				return err
-			}
-			n = len(msgs)
-			// The status and the effects in a savepoint: a failing handler
-			// (an SQL error aborts the transaction) rolls back all of them and
-			// the tenant scope, leaving the transaction to record the failure.
-			// The status is written before the scope, which only narrows
-			// privileges.
-			sp, err := tx.Begin(ctx)
-			if err != nil {
-				return fmt.Errorf("retry jetstream park %d: %w", id, err)
-			}
-			if _, err := sp.Exec(ctx, `DELETE FROM `+mt+` WHERE park_id = $1`, id); err != nil {
-				return fmt.Errorf("retry jetstream park %d: %w", id, err)
-			}
-			if _, err := sp.Exec(ctx, `UPDATE `+pt+` SET status = 'resolved', resolved_at = now(), resolved_by = $2, events = $3, last_retried_at = now()
-			WHERE id = $1`, id, by, len(msgs)); err != nil {
-				return fmt.Errorf("retry jetstream park %d: mark it resolved: %w", id, err)
-			}
-			if err := store.ScopeTx(ctx, sp, p.Stream().Tenant); err != nil {
-				return err
-			}
-			for _, m := range msgs {
-				ev, err := Decode(store.Registry(), m.Header, m.Data)
-				if err == nil {
-					err = c.handle(ctx, sp, ev)
-				}
-				if err != nil {
-					herr, failed = err, m
-					break
-				}
-			}
-			if herr == nil {
-				if err := sp.Commit(ctx); err != nil {
-					return fmt.Errorf("retry jetstream park %d: %w", id, err)
-				}
-				return nil
-			}
-			if projection.IsSystemic(herr) || retryLater(herr) {
-				e := herr
-				herr = nil
-				return e // nothing about this park: the whole transaction goes (tried again after a conflict)
-			}
-			if err := sp.Rollback(ctx); err != nil {
-				return fmt.Errorf("retry jetstream park %d: roll back the failed handler: %w", id, err)
-			}
-			if _, err := tx.Exec(ctx, `UPDATE `+pt+` SET error = $2, failures = failures + 1, last_retried_at = now() WHERE id = $1`,
-				id, fmt.Sprintf("retry: v%d: %v", failed.Version, herr)); err != nil {
-				return fmt.Errorf("retry jetstream park %d: record the failed retry: %w", id, err)
-			}
-			return nil
+			var err error
+			n, failed, herr, err = c.retryParkTx(ctx, tx, id, by)
+			return err
 		})
 	})
 	if err != nil {
@@ -449,6 +390,73 @@ func (c *Consumer) RetryPark(ctx context.Context, id int64, by string) (int, err
 	c.logger.InfoContext(ctx, "jetstream consumer: park retried and resolved", "subscription", c.cfg.Subscription, "park", id, "events", n, "by", by)
 	c.refreshMetrics(ctx)
 	return n, nil
+}
+
+// retryParkTx is one try of [Consumer.RetryPark] in tx: it returns how many
+// events the park held, and the handler's failure with the message it
+// failed on, recorded on the park, unless it is systemic or
+// pgretry.Retryable: then it is tx's error (err), and the whole
+// transaction goes.
+func (c *Consumer) retryParkTx(ctx context.Context, tx pgx.Tx, id int64, by string) (n int, failed ParkedMessage, herr, err error) {
+	store := c.cfg.Store
+	pt, mt := store.Table("projector_jetstream_parks"), store.Table("projector_jetstream_parked_messages")
+	p, err := lockParkedStream(ctx, tx, store, c.cfg.Subscription, id)
+	if err != nil {
+		return 0, failed, nil, fmt.Errorf("retry: %w", err)
+	}
+	if p.Status != projection.ParkOpen {
+		return 0, failed, nil, fmt.Errorf("retry jetstream park %d of %s: it is %s already (nothing applied again): %w", id, c.cfg.Subscription, p.Status, ErrParkNotOpen)
+	}
+	msgs, err := parkedMessages(ctx, tx, store, id)
+	if err != nil {
+		return 0, failed, nil, err
+	}
+	n = len(msgs)
+	// The status and the effects in a savepoint: a failing handler (an SQL
+	// error aborts the transaction) rolls back all of them and the tenant
+	// scope, leaving the transaction to record the failure. The status is
+	// written before the scope, which only narrows privileges.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return n, failed, nil, fmt.Errorf("retry jetstream park %d: %w", id, err)
+	}
+	if _, err := sp.Exec(ctx, `DELETE FROM `+mt+` WHERE park_id = $1`, id); err != nil {
+		return n, failed, nil, fmt.Errorf("retry jetstream park %d: %w", id, err)
+	}
+	if _, err := sp.Exec(ctx, `UPDATE `+pt+` SET status = 'resolved', resolved_at = now(), resolved_by = $2, events = $3, last_retried_at = now()
+		WHERE id = $1`, id, by, len(msgs)); err != nil {
+		return n, failed, nil, fmt.Errorf("retry jetstream park %d: mark it resolved: %w", id, err)
+	}
+	if err := store.ScopeTx(ctx, sp, p.Stream().Tenant); err != nil {
+		return n, failed, nil, err
+	}
+	for _, m := range msgs {
+		ev, err := Decode(store.Registry(), m.Header, m.Data)
+		if err == nil {
+			err = c.handle(ctx, sp, ev)
+		}
+		if err != nil {
+			herr, failed = err, m
+			break
+		}
+	}
+	if herr == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return n, failed, nil, fmt.Errorf("retry jetstream park %d: %w", id, err)
+		}
+		return n, failed, nil, nil
+	}
+	if projection.IsSystemic(herr) || pgretry.Retryable(herr) {
+		return n, failed, nil, herr // nothing about this park: the whole transaction goes (tried again after a conflict)
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return n, failed, nil, fmt.Errorf("retry jetstream park %d: roll back the failed handler: %w", id, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+pt+` SET error = $2, failures = failures + 1, last_retried_at = now() WHERE id = $1`,
+		id, fmt.Sprintf("retry: v%d: %v", failed.Version, herr)); err != nil {
+		return n, failed, nil, fmt.Errorf("retry jetstream park %d: record the failed retry: %w", id, err)
+	}
+	return n, failed, herr, nil
 }
 
 // ListParks is [ListParks] of this consumer's subscription, in its own
