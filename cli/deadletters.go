@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -145,6 +146,14 @@ retry that fails keeps the dead letter open with the new error and one more atte
 (exit 1). Events of a stream whose later events the consumer applied already are
 applied out of order, and the command says so: that is what continuous mode means.
 
+With several ids or --all --here, a dead letter that cannot be retried (resolved or
+discarded meanwhile, a retry aborted by conflicts, a consumer this binary does not
+wire) is named on a line of its own and the others are still retried. Only Ctrl-C, or
+a failure that is not about one dead letter (the database, its schema or grants, the
+connection), stops the command early, saying how many it tried and left untried. The
+final error counts the resolved, failed, untried and unretried ones; the exit code is
+that of the failures (2 for an unwired consumer, 3 for a refusal, else 1).
+
 The handlers are the projection's code: with --here the retry runs in this process,
 which must be your application's binary (cli.Config.Wire); without it the request
 is recorded and a running dispatcher that has the projection carries it out (check
@@ -194,46 +203,17 @@ others it left (` + "`dead-letters list --model superseded`" + `).`,
 					fmt.Fprintf(a.out, "retry requested for %d dead letters; a running dispatcher with the projection carries it out (or run with --here in your application's binary)\n", len(ids))
 					return nil
 				}
-				failed := 0
-				// The wired consumers by name, async projections and
-				// sagas alike (a saga in continuous mode dead-letters
-				// under its consumer), each built once.
-				consumers := map[string]*projection.Async{}
-				for _, id := range ids {
-					dl, _, err := projection.GetDeadLetter(ctx, store, id)
-					if err != nil {
-						return err
+				r := a.deadLetterRetrier(ctx, store)
+				if !all && len(ids) == 1 {
+					// One dead letter: its refusal is the command's, as it
+					// always was (exit 3, or 2 for an unwired consumer).
+					again, err := r(ids[0])
+					if again {
+						return fmt.Errorf("the retry of dead letter %d failed; it stays open with the new error", ids[0])
 					}
-					p, ok := consumers[dl.Consumer]
-					if !ok {
-						if p, err = a.consumerByName(store, dl.Consumer); err != nil {
-							return err
-						}
-						consumers[dl.Consumer] = p
-					}
-					if p == nil {
-						return usageError{fmt.Errorf("dead letter %d belongs to %s, and this binary has no async projection or saga of that name: run it with your application's binary (cli.Config.Wire), or without --here for a running dispatcher",
-							id, projector.Printable(dl.Consumer))}
-					}
-					res, err := projection.RetryDeadLetter(ctx, store, p, id, a.logger())
-					if err != nil {
-						return err
-					}
-					order := ""
-					if res.OutOfOrder {
-						order = " (out of order: later events of its stream were applied before it)"
-					}
-					if res.Resolved {
-						fmt.Fprintf(a.out, "dead letter %d: applied and resolved%s\n", id, order)
-					} else {
-						failed++
-						fmt.Fprintf(a.out, "dead letter %d: failed again (attempt %d), still open%s: %s\n", id, res.Attempts, order, text(res.Error, lineText))
-					}
+					return err
 				}
-				if failed > 0 {
-					return fmt.Errorf("%d of %d retries failed; the dead letters stay open with the new errors", failed, len(ids))
-				}
-				return nil
+				return retryEach(ctx, a.out, "dead letter", ids, r)
 			})
 		},
 	}
@@ -241,6 +221,48 @@ others it left (` + "`dead-letters list --model superseded`" + `).`,
 	cmd.Flags().StringVar(&consumer, "consumer", "", "with --all: the consumer")
 	cmd.Flags().BoolVar(&here, "here", false, "run the handlers in this process (your application's binary, cli.Config.Wire)")
 	return cmd
+}
+
+// deadLetterRetrier returns the retry of one dead letter in this process
+// (--here) that retryEach runs: it prints the outcome of a retry that ran
+// (applied and resolved, or failed again and still open, out of order or
+// not) and returns again true for one that failed again, or the error that
+// kept it from running. The wired consumers, async projections and sagas
+// alike (a saga in continuous mode dead-letters under its consumer), are
+// looked up by name once each.
+func (a *App) deadLetterRetrier(ctx context.Context, store *postgres.Store) func(id int64) (bool, error) {
+	consumers := map[string]*projection.Async{}
+	return func(id int64) (bool, error) {
+		dl, _, err := projection.GetDeadLetter(ctx, store, id)
+		if err != nil {
+			return false, err
+		}
+		p, ok := consumers[dl.Consumer]
+		if !ok {
+			if p, err = a.consumerByName(store, dl.Consumer); err != nil {
+				return false, wiringError{err}
+			}
+			consumers[dl.Consumer] = p
+		}
+		if p == nil {
+			return false, usageError{fmt.Errorf("dead letter %d belongs to %s, and this binary has no async projection or saga of that name: run it with your application's binary (cli.Config.Wire), or without --here for a running dispatcher",
+				id, projector.Printable(dl.Consumer))}
+		}
+		res, err := projection.RetryDeadLetter(ctx, store, p, id, a.logger())
+		if err != nil {
+			return false, err
+		}
+		order := ""
+		if res.OutOfOrder {
+			order = " (out of order: later events of its stream were applied before it)"
+		}
+		if !res.Resolved {
+			fmt.Fprintf(a.out, "dead letter %d: failed again (attempt %d), still open%s: %s\n", id, res.Attempts, order, text(res.Error, lineText))
+			return true, nil
+		}
+		fmt.Fprintf(a.out, "dead letter %d: applied and resolved%s\n", id, order)
+		return false, nil
+	}
 }
 
 func (a *App) deadLettersDiscardCmd() *cobra.Command {
