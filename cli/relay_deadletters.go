@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -145,8 +146,12 @@ the effect and the status commit together, so the event is applied once. A retry
 handler fails again rolls the handler's writes back, keeps the dead letter open with the
 new error and the time of the retry, and is reported as "retried, failed again" (exit 1);
 retrying a resolved or discarded one is refused (exit 3). One that cannot be retried does
-not stop the others. It needs the handler, so it works in the consumer service's binary,
-which mounts this command tree with cli.Config.JetStreamConsumers.`,
+not stop the others: it is named on a line of its own. Only Ctrl-C, or a failure that is
+not about one dead letter (the database, its schema or grants, the connection), stops the
+command early, saying how many it tried and left untried; the final error counts the
+resolved, failed, untried and unretried ones. It needs the handler, so it works in the
+consumer service's binary, which mounts this command tree with
+cli.Config.JetStreamConsumers.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if all == (len(args) > 0) {
@@ -176,9 +181,15 @@ which mounts this command tree with cli.Config.JetStreamConsumers.`,
 						return err
 					}
 				}
-				return a.eachDeadLetter(ids, "retried", "applied and resolved", func(id int64) error {
-					return c.RetryDeadLetter(cmd.Context(), id)
-				})
+				retry := a.relayDeadLetterRetrier(cmd.Context(), c)
+				if !all && len(ids) == 1 {
+					again, err := retry(ids[0])
+					if err != nil && !again {
+						fmt.Fprintf(a.out, "dead letter %d: not retried: %s\n", ids[0], text(message(err), lineText))
+					}
+					return err
+				}
+				return retryEach(cmd.Context(), a.out, "dead letter", ids, retry)
 			})
 		},
 	}
@@ -253,24 +264,39 @@ open any more).`,
 	return cmd
 }
 
-// eachDeadLetter runs do for every id, printing "dead letter N: <done>",
-// "dead letter N: retried, the handler failed again; still open: <error>"
-// or "dead letter N: not <verb>: <error>" for each, and returns every
+// relayDeadLetterRetrier returns the retry of one dead letter through c's
+// handler that retryEach runs: it prints "dead letter N: applied and
+// resolved" or "dead letter N: retried, the handler failed again; still
+// open: <error>" and returns again true (with the *RetryFailedError) for
+// the latter, or the error that kept the retry from running.
+func (a *App) relayDeadLetterRetrier(ctx context.Context, c *jetstream.Consumer) func(id int64) (bool, error) {
+	return func(id int64) (bool, error) {
+		err := c.RetryDeadLetter(ctx, id)
+		var again *jetstream.RetryFailedError
+		switch {
+		case err == nil:
+			fmt.Fprintf(a.out, "dead letter %d: applied and resolved\n", id)
+			return false, nil
+		case errors.As(err, &again):
+			fmt.Fprintf(a.out, "dead letter %d: retried, the handler failed again; still open: %s\n", id, text(again.Err.Error(), 500))
+			return true, err
+		}
+		return false, err
+	}
+}
+
+// eachDeadLetter runs do for every id, printing "dead letter N: <done>" or
+// "dead letter N: not <verb>: <error>" for each, and returns every
 // failure: one dead letter that cannot be handled does not stop the others.
 func (a *App) eachDeadLetter(ids []int64, verb, done string, do func(int64) error) error {
 	var errs deadLetterErrors
 	for _, id := range ids {
 		err := do(id)
-		var again *jetstream.RetryFailedError
-		switch {
-		case err == nil:
+		if err == nil {
 			fmt.Fprintf(a.out, "dead letter %d: %s\n", id, done)
 			continue
-		case errors.As(err, &again):
-			fmt.Fprintf(a.out, "dead letter %d: retried, the handler failed again; still open: %s\n", id, text(again.Err.Error(), 500))
-		default:
-			fmt.Fprintf(a.out, "dead letter %d: not %s: %s\n", id, verb, text(err.Error(), 500))
 		}
+		fmt.Fprintf(a.out, "dead letter %d: not %s: %s\n", id, verb, text(err.Error(), 500))
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {

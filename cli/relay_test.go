@@ -626,7 +626,7 @@ func TestRelayDeadLettersRetryAll(t *testing.T) {
 		t.Fatalf("two resolved ones: exit %d, want %d:\n%s", code, ExitRefused, out)
 	}
 	errLine := out[strings.LastIndex(out, "error: "):]
-	if !strings.Contains(errLine, fmt.Sprintf("2 dead letters failed: retry dead letter %d of feed: it is resolved already", ids[0])) ||
+	if !strings.Contains(errLine, fmt.Sprintf("0 of 2 dead letters resolved; 2 could not be retried: retry dead letter %d of feed: it is resolved already", ids[0])) ||
 		!strings.Contains(errLine, fmt.Sprintf("not open; retry dead letter %d of feed", ids[1])) {
 		t.Fatalf("the two errors are not separated:\n%s", errLine)
 	}
