@@ -120,6 +120,11 @@ func ReplayShardTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *Asy
 		if err := r.unscope(ctx); err != nil {
 			return res, err
 		}
+		if handlerLostConflict(herr) {
+			// Not the event's failure: the caller rolls back and may run
+			// the replay again (conflictError).
+			return res, &conflictError{event: failing, err: herr}
+		}
 		if p.cfg.ErrorMode != SkipApplyErrors || ctx.Err() != nil || IsSystemic(herr) {
 			// A systemic failure would dead-letter every event after it.
 			// ParkStream halts too: a replay has no park of its own.

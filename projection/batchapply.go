@@ -69,6 +69,14 @@ func (d *Dispatcher) applyEvents(ctx context.Context, tx pgx.Tx, sh *shard, st s
 		ap.done = append(ap.done, rest[:k]...)
 		failing := rest[k]
 		batchEventFailed(span, failing, herr)
+		if handlerLostConflict(herr) {
+			// A deadlock's victim or a serialization failure says nothing
+			// about the event: counted, it would dead-letter or park a
+			// healthy event (at once in continuous mode). The whole pass
+			// rolls back, releasing what it held so the other transaction
+			// finishes, and runs again after the dispatcher's backoff.
+			return passResult{}, true, &conflictError{event: failing, err: herr}
+		}
 		if err := r.unscope(ctx); err != nil {
 			return passResult{}, true, err
 		}

@@ -215,6 +215,12 @@ func TestDeadLetterRetryHereOutlivesADeadlock(t *testing.T) {
 // one aborted. It returns the transaction and its backend's pid.
 func (e *env) holdForDeadlock(t *testing.T, table string) (pgx.Tx, int32) {
 	t.Helper()
+	return e.holdForDeadlockOn(t, e.table(table))
+}
+
+// holdForDeadlockOn is holdForDeadlock for a qualified, quoted table name.
+func (e *env) holdForDeadlockOn(t testing.TB, table string) (pgx.Tx, int32) {
+	t.Helper()
 	tx, err := e.store.Pool().Begin(e.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +234,7 @@ func (e *env) holdForDeadlock(t *testing.T, table string) (pgx.Tx, int32) {
 		_ = tx.Rollback(e.ctx)
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+e.table(table)+` IN SHARE MODE`); err != nil {
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+table+` IN SHARE MODE`); err != nil {
 		_ = tx.Rollback(e.ctx)
 		t.Fatal(err)
 	}

@@ -3,10 +3,12 @@ package projection
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgretry"
 )
 
@@ -122,6 +124,33 @@ func retryLater(err error) bool {
 func handlerRetryLater(herr error) bool {
 	return herr != nil && retryLater(herr)
 }
+
+// handlerLostConflict reports whether a handler's failure is its
+// transaction losing a conflict with another (SQLSTATE class 40: a
+// deadlock's victim, a serialization failure): nothing about the event,
+// and the same pass will very likely go through once the other transaction
+// has finished. Live passes and replays never count it as the event's
+// failure: they roll back and run again (conflictError).
+func handlerLostConflict(herr error) bool {
+	return herr != nil && pgretry.Conflict(herr)
+}
+
+// conflictError ends a pass or a replay whose handler lost a conflict
+// (handlerLostConflict): the transaction is rolled back with nothing
+// recorded against the event (no attempt, dead letter or park), and the
+// dispatcher runs the pass again after its backoff. It unwraps to the
+// PostgreSQL error, so pgretry.Conflict still tells it.
+type conflictError struct {
+	event projector.Event
+	err   error
+}
+
+func (e *conflictError) Error() string {
+	return fmt.Sprintf("handler of event %s (%s) lost a conflict with another transaction; rolled back, nothing recorded against the event, to be run again: %v",
+		e.event.ID, projector.Printable(e.event.Type), e.err)
+}
+
+func (e *conflictError) Unwrap() error { return e.err }
 
 // retryConflicts runs a direct (operator's, in-process) retry again, as
 // a dispatcher carrying out a request tries again on its next look, when a

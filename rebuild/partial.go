@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgretry"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -113,42 +114,13 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 	if cfg.PartitionKey != nil {
 		return res, fmt.Errorf("%w: %s is partitioned by key (AsyncConfig.PartitionKey, as sagas are), not by stream: its partitions cannot be told from a scope's streams", ErrNotRebuildable, p.Name())
 	}
-	err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-		if err := checkPruned(ctx, tx, store, p.Name(), p.EventTypes()); err != nil {
-			return err
-		}
-		started := time.Now()
-		if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: p.Name()}); err != nil {
-			return err
-		}
-		locked := time.Now()
-		res.LockWait = locked.Sub(started)
-		var version int
-		err := tx.QueryRow(ctx, `SELECT cursor_tx_id, cursor_seq, version FROM `+store.Table("projector_consumers")+`
-			WHERE name = $1 AND instance_id = $2`, p.Name(), projection.SharedInstance).Scan(&res.Until.TxID, &res.Until.Seq, &version)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, p.Name())
-		}
-		if err != nil {
-			return fmt.Errorf("partial rebuild of %s: read its consumer: %w", p.Name(), err)
-		}
-		if version == projection.PartitionedVersion {
-			// Each stream of the scope replays up to its own
-			// partition's cursor, under that partition's lock.
-			res.Until = projector.Position{}
-			if err := partialPartitioned(ctx, tx, store, p, scope, batch, logger, &res); err != nil {
-				return err
-			}
-		} else if err := partialShard(ctx, tx, store, p, scope, batch, logger, version, &res); err != nil {
-			return err
-		}
-		// A prune that committed while this waited for the lock or replayed
-		// may have deleted events of the scope the replay then missed.
-		if err := recheckPruned(ctx, tx, store, p.Name(), p.EventTypes()); err != nil {
-			return err
-		}
-		res.Held = time.Since(locked)
-		return nil
+	// A handler that loses a conflict (a deadlock's victim, a serialization
+	// failure) rolls the whole transaction back with nothing recorded; it
+	// is tried again from the start, a few times, before the error is the
+	// caller's.
+	err := pgretry.Do(ctx, "partial rebuild of "+p.Name(), pgretry.Conflict, func() error {
+		res = PartialResult{Name: p.Name(), Scope: scope}
+		return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error { return partialTx(ctx, tx, store, p, scope, batch, logger, &res) })
 	})
 	// The consumer's locks are free again: its passes that found them
 	// taken look now rather than at their dispatcher's next Recheck.
@@ -160,6 +132,46 @@ func Partial(ctx context.Context, store *postgres.Store, p *projection.Async, sc
 		slog.String("until", res.Until.String()), slog.Int("partitions", len(res.Partitions)), slog.Int("events", res.Events),
 		slog.Int("dead_lettered", res.DeadLettered), slog.Duration("held", res.Held))
 	return res, nil
+}
+
+// partialTx is one try of Partial's transaction, steps 1 to 5, in tx.
+func partialTx(ctx context.Context, tx pgx.Tx, store *postgres.Store, p *projection.Async, scope projection.Scope, batch int,
+	logger *slog.Logger, res *PartialResult) error {
+	if err := checkPruned(ctx, tx, store, p.Name(), p.EventTypes()); err != nil {
+		return err
+	}
+	started := time.Now()
+	if err := projection.LockShard(ctx, tx, store, projection.ShardID{Consumer: p.Name()}); err != nil {
+		return err
+	}
+	locked := time.Now()
+	res.LockWait = locked.Sub(started)
+	var version int
+	err := tx.QueryRow(ctx, `SELECT cursor_tx_id, cursor_seq, version FROM `+store.Table("projector_consumers")+`
+		WHERE name = $1 AND instance_id = $2`, p.Name(), projection.SharedInstance).Scan(&res.Until.TxID, &res.Until.Seq, &version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: projection %s has no consumer yet; a dispatcher builds it from the start when it first runs", ErrNotRebuildable, p.Name())
+	}
+	if err != nil {
+		return fmt.Errorf("partial rebuild of %s: read its consumer: %w", p.Name(), err)
+	}
+	if version == projection.PartitionedVersion {
+		// Each stream of the scope replays up to its own
+		// partition's cursor, under that partition's lock.
+		res.Until = projector.Position{}
+		if err := partialPartitioned(ctx, tx, store, p, scope, batch, logger, res); err != nil {
+			return err
+		}
+	} else if err := partialShard(ctx, tx, store, p, scope, batch, logger, version, res); err != nil {
+		return err
+	}
+	// A prune that committed while this waited for the lock or replayed
+	// may have deleted events of the scope the replay then missed.
+	if err := recheckPruned(ctx, tx, store, p.Name(), p.EventTypes()); err != nil {
+		return err
+	}
+	res.Held = time.Since(locked)
+	return nil
 }
 
 // partialShard is Partial's steps 2 to 4 for an unpartitioned consumer,

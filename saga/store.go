@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgretry"
 	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -525,6 +526,13 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 		if savepoint {
 			// The step's writes and its SET LOCAL scope go with the savepoint.
 			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT projector_saga_timeout"); rerr != nil {
+				if pgretry.Conflict(err) {
+					// The conflict struck before the savepoint was set (a
+					// batch's statements are prepared first, taking the same
+					// locks): the transaction is aborted, the round rolls
+					// back whole with nothing recorded.
+					return 0, len(due), fmt.Errorf("saga %q: timeout %q of %q lost a conflict, the round is rolled back with nothing recorded: %w", s.name, c.t.Name, c.snap.Key, err)
+				}
 				return 0, len(due), fmt.Errorf("saga %q: timeout %q of %q failed (%v) and could not be rolled back: %w", s.name, c.t.Name, c.snap.Key, err, rerr)
 			}
 			scope = ""
@@ -534,6 +542,17 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 			// same stream from a younger transaction (promise 4 refuses the
 			// older writer). The timeout stays due for the next round.
 			continue
+		}
+		if pgretry.Conflict(err) {
+			// Lost a conflict with another transaction (a deadlock's
+			// victim, a serialization failure): not the step's failure
+			// either, and not an attempt. Rolled back to its savepoint, it
+			// stays due for the next round; without one the transaction is
+			// aborted, and the whole round is tried again.
+			if savepoint {
+				continue
+			}
+			return 0, len(due), fmt.Errorf("saga %q: timeout %q of %q lost a conflict, nothing recorded: %w", s.name, c.t.Name, c.snap.Key, err)
 		}
 		if err := s.timeoutFailed(ctx, store, q, tx, &scope, c, err); err != nil {
 			return 0, len(due), err

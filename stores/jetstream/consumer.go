@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgretry"
 	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -288,6 +289,18 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (outcome Outco
 		// Every message behind this one would fail alike: it is left for
 		// redelivery, never dead-lettered, and Consume stops.
 		return "", err
+	case pgretry.Conflict(err):
+		// The handler (or the claim's own statements) lost a conflict
+		// with another transaction: a deadlock's victim, a serialization
+		// failure. Nothing committed and nothing is about the event, so
+		// no failure is counted (MaxDeliver would dead-letter or park a
+		// healthy event): it comes back after a short delay.
+		if nerr := msg.NakWithDelay(c.backoff(deliveries)); nerr != nil {
+			return Retried, fmt.Errorf("nak event %s: %w", ev.ID, nerr)
+		}
+		c.logger.Warn("jetstream consumer: lost a conflict with another transaction, nothing recorded; retrying", "subscription", c.cfg.Subscription,
+			"event_id", ev.ID, "deliveries", deliveries, "err", err)
+		return Retried, nil
 	case errors.As(err, new(*handlerError)):
 		failures, ferr := c.countFailure(ctx, ev, err)
 		if ferr != nil {

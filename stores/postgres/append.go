@@ -309,11 +309,28 @@ func mapError(stream projector.StreamRef, expected projector.ExpectedVersion, er
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "40001", "40P01", "23505":
-			return fmt.Errorf("%w (%s)", &projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: -1, Reason: pgErr.Message}, pgErr.Code)
+			return concurrencyFrom(&projector.ConcurrencyError{Stream: stream, Expected: expected, Actual: -1, Reason: pgErr.Message}, pgErr)
 		}
 	}
 	return err
 }
+
+// concurrencyFrom is ce caused by PostgreSQL's pgErr: it reads as ce with
+// the SQLSTATE after it, and unwraps to both, so a caller that retries a
+// transaction which lost a conflict (a deadlock's victim, a serialization
+// failure: the dispatcher, a partial rebuild) tells it from a version
+// another writer took, which is not a conflict of the moment.
+func concurrencyFrom(ce *projector.ConcurrencyError, pgErr *pgconn.PgError) error {
+	return &causedConcurrency{msg: fmt.Errorf("%w (%s)", ce, pgErr.Code), cause: pgErr}
+}
+
+type causedConcurrency struct {
+	msg   error
+	cause *pgconn.PgError
+}
+
+func (e *causedConcurrency) Error() string   { return e.msg.Error() }
+func (e *causedConcurrency) Unwrap() []error { return []error{e.msg, e.cause} }
 
 // newID returns a time-ordered UUID (version 7), which keeps the event-id
 // index append-mostly.

@@ -156,7 +156,7 @@ func mapLockError(stream projector.StreamRef, err error) error {
 		case sqlstateLockNotAvailable:
 			return fmt.Errorf("%w (%s)", ErrLocked, pgErr.Code)
 		case "40001", "40P01":
-			return fmt.Errorf("%w (%s)", &projector.ConcurrencyError{Stream: stream, Expected: projector.AnyVersion, Actual: -1, Reason: pgErr.Message}, pgErr.Code)
+			return concurrencyFrom(&projector.ConcurrencyError{Stream: stream, Expected: projector.AnyVersion, Actual: -1, Reason: pgErr.Message}, pgErr)
 		}
 	}
 	return err
