@@ -10,3 +10,9 @@ func SetSplitHandOff(a *Admin, d time.Duration) { a.handOffWait = d }
 // AliveLockKey is the key of the alive lock the listening session of
 // instance holds (layoutnotify.go).
 var AliveLockKey = aliveLockKey
+
+// ShardLockKey is the key of a shard's transaction-scoped advisory lock.
+var ShardLockKey = shardLockKey
+
+// ServerMajor reads the major version from a server_version.
+var ServerMajor = serverMajor

@@ -190,6 +190,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		// from a forgotten session. Local to the transaction.
 		b.Queue(`SELECT set_config('application_name', $1, true)`, shadowApplicationName(sh.id.Consumer))
 	}
+	if checksClient(conn.Conn().PgConn()) {
+		b.Queue(clientCheckSQL)
+	}
 	b.Queue("SAVEPOINT " + savepointName(0))
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return passResult{}, fmt.Errorf("lock shard: %w", err)

@@ -129,7 +129,8 @@ func TestInlineRebuildSIGKILL(t *testing.T) {
 		want := 1 + r.IntN(55)
 		// Up to three minutes: a -race child starting on a loaded CI machine
 		// has been seen to need more than one before its first batch.
-		eventually(t, 3*time.Minute, "the child to replay", func() bool { return processed() >= from+want })
+		pgtest.EventuallyExplained(t, 3*time.Minute, "the child to replay", func() bool { return processed() >= from+want },
+			func() string { return pgtest.Activity(e.store.Pool()) })
 		child.Kill(t)
 		rb, err := rebuild.Current(e.ctx, e.store, "tickets")
 		if err != nil {

@@ -184,10 +184,21 @@ func (s *SyncBuffer) String() string {
 // CPU-bound: a tight loop there slows every other test of the run.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	EventuallyExplained(t, timeout, what, cond, nil)
+}
+
+// EventuallyExplained is Eventually, and on a timeout it adds what
+// explain returns (nil: nothing) to the failure: the state of the world
+// when the wait gave up, such as the database's backends ([Activity]).
+func EventuallyExplained(t testing.TB, timeout time.Duration, what string, cond func() bool, explain func() string) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	interval := 5 * time.Millisecond
 	for !cond() {
 		if time.Now().After(deadline) {
+			if explain != nil {
+				t.Fatalf("timed out after %v waiting for %s; then:\n%s", timeout, what, explain())
+			}
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(interval) // polling interval, not synchronisation

@@ -2,6 +2,8 @@ package pgtest
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,4 +50,31 @@ func waitFor(t testing.TB, what string, observed func() (bool, error)) {
 		}
 		time.Sleep(2 * time.Millisecond) // polling interval, not synchronisation
 	}
+}
+
+// Activity describes the other backends of db's database, one line each:
+// pid, application name, state, what it waits for and whose locks block
+// it, its transaction's age and the start of its statement. For a test
+// that gave up waiting on a process: what was stuck, and on whom.
+func Activity(db postgres.DBTX) string {
+	rows, err := db.Query(context.Background(), `SELECT pid, application_name, coalesce(state, ''),
+			coalesce(wait_event_type || ':' || wait_event, ''), pg_blocking_pids(pid)::text,
+			coalesce(round(extract(epoch FROM now() - xact_start)::numeric, 1)::text, '-'), left(query, 160)
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY pid`)
+	if err != nil {
+		return "pg_stat_activity: " + err.Error()
+	}
+	var b strings.Builder
+	for rows.Next() {
+		var pid int32
+		var app, state, wait, blockers, age, query string
+		if err := rows.Scan(&pid, &app, &state, &wait, &blockers, &age, &query); err != nil {
+			return b.String() + "pg_stat_activity: " + err.Error()
+		}
+		fmt.Fprintf(&b, "  pid %d %q %s wait=%s blocked_by=%s xact=%ss: %s\n", pid, app, state, wait, blockers, age, strings.Join(strings.Fields(query), " "))
+	}
+	if err := rows.Err(); err != nil {
+		return b.String() + "pg_stat_activity: " + err.Error()
+	}
+	return b.String()
 }

@@ -1,0 +1,68 @@
+package projection_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
+)
+
+// A dispatcher killed while its handler waits for a lock does not leave
+// its backend behind holding the shard's lock until the wait ends: the
+// pass's backend checks its client every second (clientCheckSQL) and ends.
+// Without the check it waited for as long as the test held the table, and
+// the shard could not be taken over by another process meanwhile.
+func TestKilledDispatchersWaitingBackendEnds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	counts := e.table("counts")
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+counts+` IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	e.appendOne("k", projector.NoStream, testevents.TicketOpened{Title: "waits"})
+	child := e.startChild(pgtest.URL(t), 10)
+	pgtest.WaitForLockOn(t, e.store.Pool(), counts) // the child's counting pass waits for the table
+	child.Kill(t)
+	waiting := func() int {
+		var n int
+		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`, counts).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
+	defer cancel()
+	for waiting() > 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the killed dispatcher's backend still waits for the table 20 s after the kill, holding its shard's lock")
+		case <-time.After(20 * time.Millisecond): // polling pg_locks
+		}
+	}
+	// Its shard's lock went with it: the test can take it while it still
+	// holds the table.
+	var free bool
+	if err := tx.QueryRow(e.ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, 0))`, projection.ShardLockKey(e.schema, projection.ShardID{Consumer: "counting", Instance: projection.SharedInstance})).Scan(&free); err != nil {
+		t.Fatal(err)
+	}
+	if !free {
+		t.Fatal("the counting shard's lock is still held after the killed dispatcher's backend ended")
+	}
+}
+
+func TestServerMajor(t *testing.T) {
+	for v, want := range map[string]int{"15.20 (Debian 15.20-0+deb12u1)": 15, "13.4": 13, "17beta1": 17, "14devel": 14, "": 0, "x": 0, "9.6.24": 9} {
+		if got := projection.ServerMajor(v); got != want {
+			t.Errorf("serverMajor(%q) = %d, want %d", v, got, want)
+		}
+	}
+}
