@@ -13,7 +13,7 @@ import (
 
 // A dispatcher killed while its handler waits for a lock does not leave
 // its backend behind holding the shard's lock until the wait ends: the
-// pass's backend checks its client every second (clientCheckSQL) and ends.
+// pass's backend checks its client every second (clientcheck.SQL) and ends.
 // Without the check it waited for as long as the test held the table, and
 // the shard could not be taken over by another process meanwhile.
 func TestKilledDispatchersWaitingBackendEnds(t *testing.T) {
@@ -56,13 +56,5 @@ func TestKilledDispatchersWaitingBackendEnds(t *testing.T) {
 	}
 	if !free {
 		t.Fatal("the counting shard's lock is still held after the killed dispatcher's backend ended")
-	}
-}
-
-func TestServerMajor(t *testing.T) {
-	for v, want := range map[string]int{"15.20 (Debian 15.20-0+deb12u1)": 15, "13.4": 13, "17beta1": 17, "14devel": 14, "": 0, "x": 0, "9.6.24": 9} {
-		if got := projection.ServerMajor(v); got != want {
-			t.Errorf("serverMajor(%q) = %d, want %d", v, got, want)
-		}
 	}
 }

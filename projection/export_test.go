@@ -13,6 +13,3 @@ var AliveLockKey = aliveLockKey
 
 // ShardLockKey is the key of a shard's transaction-scoped advisory lock.
 var ShardLockKey = shardLockKey
-
-// ServerMajor reads the major version from a server_version.
-var ServerMajor = serverMajor

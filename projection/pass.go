@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/clientcheck"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -190,8 +191,10 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 		// from a forgotten session. Local to the transaction.
 		b.Queue(`SELECT set_config('application_name', $1, true)`, shadowApplicationName(sh.id.Consumer))
 	}
-	if checksClient(conn.Conn().PgConn()) {
-		b.Queue(clientCheckSQL)
+	if clientcheck.Supported(conn.Conn().PgConn()) {
+		// A backend of this pass outlives a killed dispatcher no longer
+		// than a second, even waiting for a lock: it would keep the shard.
+		b.Queue(clientcheck.SQL)
 	}
 	b.Queue("SAVEPOINT " + savepointName(0))
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {

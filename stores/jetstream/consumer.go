@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/clientcheck"
 	"github.com/projectorhq/projector/internal/pgretry"
 	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
@@ -351,7 +353,7 @@ func (c *Consumer) countFailure(ctx context.Context, ev projector.Event, cause e
 func (c *Consumer) apply(ctx context.Context, msg jetstream.Msg, ev projector.Event, redelivered bool) (Outcome, error) {
 	outcome := Applied
 	err := pgx.BeginFunc(ctx, c.cfg.Store.Pool(), func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, c.sql.claim, c.cfg.Subscription, ev.ID)
+		tag, err := claimChecked(ctx, tx, c.sql.claim, c.cfg.Subscription, ev.ID)
 		if err != nil {
 			return fmt.Errorf("claim event %s: %w", ev.ID, err)
 		}
@@ -600,3 +602,27 @@ func ValidateStreamName(s string) error {
 
 // Subscription returns the consumer's subscription name.
 func (c *Consumer) Subscription() string { return c.cfg.Subscription }
+
+// claimChecked runs the claim in tx and, in the same round trip, makes the
+// transaction's backend check every second that this process is still
+// there (internal/clientcheck): a consumer killed while its handler waits
+// for a lock would otherwise keep the claim and its stream's row locked,
+// and every delivery of that stream waiting, until the wait ends.
+func claimChecked(ctx context.Context, tx pgx.Tx, claim string, args ...any) (pgconn.CommandTag, error) {
+	if !clientcheck.Supported(tx.Conn().PgConn()) {
+		return tx.Exec(ctx, claim, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(clientcheck.SQL)
+	b.Queue(claim, args...)
+	br := tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
