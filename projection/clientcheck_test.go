@@ -1,7 +1,6 @@
 package projection_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -32,21 +31,8 @@ func TestKilledDispatchersWaitingBackendEnds(t *testing.T) {
 	child := e.startChild(pgtest.URL(t), 10)
 	pgtest.WaitForLockOn(t, e.store.Pool(), counts) // the child's counting pass waits for the table
 	child.Kill(t)
-	waiting := func() int {
-		var n int
-		if err := e.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`, counts).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
-	defer cancel()
-	for waiting() > 0 {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the killed dispatcher's backend still waits for the table 20 s after the kill, holding its shard's lock")
-		case <-time.After(20 * time.Millisecond): // polling pg_locks
-		}
+	if !pgtest.NoLockWaitersWithin(t, e.store.Pool(), counts, 20*time.Second) {
+		t.Fatal("the killed dispatcher's backend still waits for the table 20 s after the kill, holding its shard's lock")
 	}
 	// Its shard's lock went with it: the test can take it while it still
 	// holds the table.

@@ -80,7 +80,7 @@ func TestInlineAppendRacingForget(t *testing.T) {
 					return true
 				default:
 				}
-				return blocking(t, ctx, pool, appender)
+				return pgtest.BlockedBy(t, pool, int32(appender))
 			})
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)

@@ -181,7 +181,7 @@ func (r *forgetRace) forgetWhileHeld(consumer string, g1, g2 *raceGate) {
 			return true
 		default:
 		}
-		return blocking(r.t, r.ctx, r.pool, uint32(holder))
+		return pgtest.BlockedBy(r.t, r.pool, int32(holder))
 	})
 	g1.release()
 	if f != nil {

@@ -1,14 +1,13 @@
 package projection_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/projection"
 )
 
@@ -45,7 +44,7 @@ func parkRetryRequestOutlivesADeadlock(t *testing.T, held string) {
 		t.Fatal(err)
 	}
 	eventually(t, time.Minute, "the dispatcher's retry to wait at the held table's lock", func() bool {
-		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
+		return pgtest.BlockedBy(t, e.store.Pool(), holder)
 	})
 	// The cycle: the retry holds the shard's lock and waits for the table;
 	// the test holds the table and waits for the shard's lock.
@@ -100,7 +99,7 @@ func TestDeadLetterRetryRequestOutlivesADeadlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, time.Minute, "the dispatcher's retry to wait at the trace table's lock", func() bool {
-		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
+		return pgtest.BlockedBy(t, e.store.Pool(), holder)
 	})
 	// The cycle: the retry holds the shard's lock and waits for the table;
 	// the test holds the table and waits for the shard's lock.
@@ -136,20 +135,6 @@ func TestDeadLetterRetryRequestOutlivesADeadlock(t *testing.T) {
 	}
 }
 
-// blocking reports whether a backend waits for a lock the backend pid
-// holds: how these tests see that the other actor reached the gap they
-// hold it in.
-func blocking(t testing.TB, ctx context.Context, pool *pgxpool.Pool, pid uint32) bool {
-	t.Helper()
-	var waiting bool
-	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`,
-		int32(pid)).Scan(&waiting)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return waiting
-}
-
 // A direct retry (RetryDeadLetter, `dead-letter retry --here`) aborted as a
 // deadlock's victim in its handler is tried again, not recorded as the
 // event's failure: the deadlock says nothing about the event. (It used to
@@ -174,7 +159,7 @@ func TestDeadLetterRetryHereOutlivesADeadlock(t *testing.T) {
 		done <- result{res, err}
 	}()
 	eventually(t, time.Minute, "the retry to wait at the trace table's lock", func() bool {
-		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
+		return pgtest.BlockedBy(t, e.store.Pool(), holder)
 	})
 	if err := projection.LockShard(e.ctx, tx, e.store, projection.ShardID{Consumer: dl.Consumer, Instance: dl.Instance}); err != nil {
 		t.Fatalf("the test's side of the deadlock: %v; want the retry aborted", err)
@@ -182,7 +167,7 @@ func TestDeadLetterRetryHereOutlivesADeadlock(t *testing.T) {
 	// The aborted try recorded nothing; the next one waits for the
 	// shard's lock the test now holds.
 	eventually(t, time.Minute, "the retry to try again and wait for the shard's lock", func() bool {
-		return blocking(t, e.ctx, e.store.Pool(), uint32(holder))
+		return pgtest.BlockedBy(t, e.store.Pool(), holder)
 	})
 	select {
 	case r := <-done:

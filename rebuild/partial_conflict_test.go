@@ -84,7 +84,7 @@ func TestPartialRebuildOutlivesADeadlock(t *testing.T) {
 	// lock the test now holds. (The old code dead-lettered the event,
 	// committed and returned.)
 	deadline := time.Now().Add(time.Minute)
-	for e.count(`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`, holder) == 0 {
+	for !pgtest.BlockedBy(t, e.store.Pool(), holder) {
 		select {
 		case r := <-done:
 			t.Fatalf("the rebuild returned (%+v, %v) while the test held the shard lock; want it tried again", r.res, r.err)

@@ -78,3 +78,36 @@ func Activity(db postgres.DBTX) string {
 	}
 	return b.String()
 }
+
+// NoLockWaitersWithin polls pg_locks until no backend waits for a lock on
+// table (a quoted, qualified name) and reports whether that came within d:
+// for a test that kills a process whose backend waited there.
+func NoLockWaitersWithin(t testing.TB, db postgres.DBTX, table string, d time.Duration) bool {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		var waiting bool
+		if err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE NOT l.granted AND l.relation = $1::regclass)`, table).Scan(&waiting); err != nil {
+			t.Fatalf("waiting for no backend to wait for a lock on %s: %v", table, err)
+		}
+		if !waiting {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// BlockedBy reports whether some backend waits for a lock the backend pid
+// holds: the other side of a deadlock a test makes, or a retry queued
+// behind the test's transaction.
+func BlockedBy(t testing.TB, db postgres.DBTX, pid int32) bool {
+	t.Helper()
+	var waiting bool
+	if err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`, pid).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	return waiting
+}

@@ -1,7 +1,6 @@
 package jetstream_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -36,21 +35,8 @@ func TestKilledConsumersWaitingBackendEnds(t *testing.T) {
 	child := pgtest.StartChild(t, claimsChildEnv(e, "park", snk.store.Schema(), "p18")...)
 	pgtest.WaitForLockOn(t, snk.store.Pool(), snk.effects) // the child's handler waits for the table
 	child.Kill(t)
-	waiting := func() int {
-		var n int
-		if err := snk.store.Pool().QueryRow(e.ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`, snk.effects).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
-	defer cancel()
-	for waiting() > 0 {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the killed consumer's backend still waits for the table 20 s after the kill, holding its claim and stream row")
-		case <-time.After(20 * time.Millisecond): // polling pg_locks
-		}
+	if !pgtest.NoLockWaitersWithin(t, snk.store.Pool(), snk.effects, 20*time.Second) {
+		t.Fatal("the killed consumer's backend still waits for the table 20 s after the kill, holding its claim and stream row")
 	}
 	// Its stream's row went with it: the test takes it at once.
 	if _, err := tx.Exec(e.ctx, `SET LOCAL lock_timeout = '2s'`); err != nil {

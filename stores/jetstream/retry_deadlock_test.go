@@ -94,7 +94,7 @@ func TestDeadLetterRetryOutlivesADeadlock(t *testing.T) {
 			// The retry's next try waits for the row the test now holds; a
 			// retry that recorded the deadlock has returned instead.
 			deadline := time.Now().Add(time.Minute)
-			for !blockedBy(t, holder) {
+			for !pgtest.BlockedBy(t, pgtest.Pool(t), holder) {
 				select {
 				case err := <-done:
 					t.Fatalf("the retry returned %v while the test held its row; want it tried again", err)
@@ -128,15 +128,4 @@ func TestDeadLetterRetryOutlivesADeadlock(t *testing.T) {
 			}
 		})
 	}
-}
-
-// blockedBy reports whether some backend waits for a lock the backend pid
-// holds.
-func blockedBy(t *testing.T, pid int32) bool {
-	t.Helper()
-	var waiting bool
-	if err := pgtest.Pool(t).QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`, pid).Scan(&waiting); err != nil {
-		t.Fatal(err)
-	}
-	return waiting
 }
