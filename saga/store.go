@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/clientcheck"
 	"github.com/projectorhq/projector/internal/pgretry"
 	"github.com/projectorhq/projector/internal/tracing"
 	"github.com/projectorhq/projector/projection"
@@ -487,23 +488,21 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 		return 0, 0, fmt.Errorf("saga %q: begin: %w", s.name, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, q.claim, s.name, now, limit)
-	if err != nil {
-		return 0, 0, fmt.Errorf("saga %q: claim due timeouts: %w", s.name, err)
+	// The claim goes with the client check (internal/clientcheck), in one
+	// round trip: a runner killed while a step waits for a lock must not
+	// keep its claimed timeouts, which other runners skip, until the wait
+	// ends.
+	b := &pgx.Batch{}
+	if clientcheck.Supported(tx.Conn().PgConn()) {
+		b.Queue(clientcheck.SQL)
 	}
-	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed[S], error) {
-		var c claimed[S]
-		var parent, state string
-		if err := r.Scan(&c.t.ID, &c.t.Name, &c.t.Due, &c.attempts, &parent, &state, &c.snap.ID, &c.snap.Tenant, &c.snap.Key,
-			&c.snap.CorrelationID, &c.snap.Status, &c.snap.Version, &c.state); err != nil {
-			return c, err
-		}
-		if parent != "" {
-			c.traceCtx = map[string]string{tracing.HeaderTraceParent: parent, tracing.HeaderTraceState: state}
-		}
-		return c, nil
+	var due []claimed[S]
+	b.Queue(q.claim, s.name, now, limit).Query(func(rows pgx.Rows) error {
+		var err error
+		due, err = pgx.CollectRows(rows, s.scanClaimed)
+		return err
 	})
-	if err != nil {
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return 0, 0, fmt.Errorf("saga %q: claim due timeouts: %w", s.name, err)
 	}
 	if len(due) == 0 {
@@ -570,6 +569,20 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 		}
 	}
 	return fired, len(due), stepErr
+}
+
+// scanClaimed reads a row of the claim (queries.claim).
+func (s *Saga[S]) scanClaimed(r pgx.CollectableRow) (claimed[S], error) {
+	var c claimed[S]
+	var parent, state string
+	if err := r.Scan(&c.t.ID, &c.t.Name, &c.t.Due, &c.attempts, &parent, &state, &c.snap.ID, &c.snap.Tenant, &c.snap.Key,
+		&c.snap.CorrelationID, &c.snap.Status, &c.snap.Version, &c.state); err != nil {
+		return c, err
+	}
+	if parent != "" {
+		c.traceCtx = map[string]string{tracing.HeaderTraceParent: parent, tracing.HeaderTraceState: state}
+	}
+	return c, nil
 }
 
 // fireClaimed takes one claimed timeout's step in tx: decide on the
