@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -75,7 +76,8 @@ func (e *env) loseADeadlock(p *projection.Async, table string, ev projector.Even
 	t.Helper()
 	tx, holder := e.holdForDeadlockOn(t, table)
 	defer func() { _ = tx.Rollback(e.ctx) }()
-	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	reg := prometheus.NewRegistry()
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Registerer: reg})
 	pgtest.WaitForLockOn(t, e.store.Pool(), table) // the pass holds its shard's lock and waits for table
 	if err := projection.LockShard(e.ctx, tx, e.store, projection.ShardID{Consumer: p.Name()}); err != nil {
 		t.Fatalf("the test's side of the deadlock (backend %d): %v; want the pass aborted", holder, err)
@@ -111,7 +113,32 @@ func (e *env) loseADeadlock(p *projection.Async, table string, ev projector.Even
 		t.Fatal(err)
 	}
 	check("after catching up")
+	// Counted where operators look for a shard that keeps losing.
+	if n := counterSum(t, reg, "projector_handler_conflicts_total"); n < 1 {
+		t.Fatalf("projector_handler_conflicts_total %v after the lost pass, want at least 1", n)
+	}
+	if n := counterSum(t, reg, "projector_events_failed_total"); n != 0 {
+		t.Fatalf("projector_events_failed_total %v, want 0: a lost conflict is not a failure", n)
+	}
 	if st := e.status(admin, p.Name()); st.Cursor.Less(ev.Position) {
 		t.Fatalf("cursor %s, want at or past the event %s", st.Cursor, ev.Position)
 	}
+}
+
+// counterSum is the sum of the counter name's series in reg.
+func counterSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }

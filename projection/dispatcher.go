@@ -614,6 +614,9 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		wake := true
 		switch {
 		case err != nil:
+			if d.metrics != nil && errors.As(err, new(*conflictError)) {
+				d.metrics.conflict(sh.id)
+			}
 			dbFailures++
 			wait = dbBackoff(dbFailures)
 			wake = false

@@ -24,7 +24,10 @@ type metrics struct {
 	failed       *prometheus.CounterVec
 	deadLetters  *prometheus.CounterVec
 	sharedReads  *prometheus.CounterVec
-	batchApply   *prometheus.HistogramVec
+	// conflicts counts passes rolled back because a handler lost a
+	// conflict with another transaction (handlerLostConflict).
+	conflicts  *prometheus.CounterVec
+	batchApply *prometheus.HistogramVec
 	// applyDelay is append-to-applied per event, with trace exemplars
 	// (exemplar.go).
 	applyDelay *prometheus.HistogramVec
@@ -83,6 +86,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "projector_events_failed_total",
 			Help: "Handler failures (each failed attempt counts once).",
 		}, labels),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "projector_handler_conflicts_total",
+			Help: "Passes rolled back and run again because a handler lost a conflict with another transaction (a deadlock's victim, a serialization failure): not counted as failures.",
+		}, labels),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "projector_dead_letters_total",
 			Help: "Events this process wrote to the dead-letter table in continuous mode.",
@@ -120,7 +127,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lagged:   map[ShardID]bool{},
 		rebuilds: newRebuildGauges(),
 	}
-	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.inRate, m.skew, m.status, m.processed, m.failed, m.deadLetters, m.sharedReads, m.batchApply, m.applyDelay, m.horizonAge, m.horizonHolder, m.openDeadLetters, m.parkedStreams, m.parkedAge}, m.rebuilds.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.lagEvents, m.lagSeconds, m.inRate, m.skew, m.status, m.processed, m.failed, m.conflicts, m.deadLetters, m.sharedReads, m.batchApply, m.applyDelay, m.horizonAge, m.horizonHolder, m.openDeadLetters, m.parkedStreams, m.parkedAge}, m.rebuilds.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if errors.As(err, &already) {
@@ -141,6 +148,7 @@ func (m *metrics) start(id ShardID) {
 	l := prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}
 	m.processed.With(l).Add(0)
 	m.failed.With(l).Add(0)
+	m.conflicts.With(l).Add(0)
 	m.deadLetters.With(l).Add(0)
 	m.sharedReads.With(l).Add(0)
 	m.batchApply.With(l)
@@ -156,7 +164,7 @@ func (m *metrics) forget(id ShardID) {
 		v.Delete(l)
 	}
 	m.status.DeletePartialMatch(l)
-	for _, v := range []*prometheus.CounterVec{m.processed, m.failed, m.deadLetters, m.sharedReads} {
+	for _, v := range []*prometheus.CounterVec{m.processed, m.failed, m.conflicts, m.deadLetters, m.sharedReads} {
 		v.Delete(l)
 	}
 	m.batchApply.Delete(l)
@@ -178,6 +186,12 @@ func (m *metrics) batch(id ShardID, applied, failed, deadLetters int, started ti
 	if !started.IsZero() {
 		m.batchApply.With(l).Observe(time.Since(started).Seconds())
 	}
+}
+
+// conflict counts a pass of id rolled back because a handler lost a
+// conflict (conflictError).
+func (m *metrics) conflict(id ShardID) {
+	m.conflicts.With(prometheus.Labels{"consumer": id.Consumer, "instance_id": id.Instance}).Inc()
 }
 
 const horizonAgeSQL = `SELECT coalesce(extract(epoch FROM now() - least(
