@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -668,17 +667,6 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		}
 		timer.Stop()
 	}
-}
-
-// dbBackoff is the wait after n consecutive database failures (connection
-// lost, server restarting): 100ms doubling to 30s, with jitter.
-func dbBackoff(n int) time.Duration {
-	d := 100 * time.Millisecond
-	for i := 1; i < n && d < 30*time.Second; i++ {
-		d *= 2
-	}
-	d = min(d, 30*time.Second)
-	return time.Duration(float64(d) * (0.75 + 0.5*rand.Float64()))
 }
 
 // Bounds of the hinted poll: after an append through this dispatcher's

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -166,4 +168,15 @@ func sqlState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// dbBackoff is the wait after n consecutive database failures (connection
+// lost, server restarting): 100ms doubling to 30s, with jitter.
+func dbBackoff(n int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < n && d < 30*time.Second; i++ {
+		d *= 2
+	}
+	d = min(d, 30*time.Second)
+	return time.Duration(float64(d) * (0.75 + 0.5*rand.Float64()))
 }

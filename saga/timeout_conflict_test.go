@@ -37,22 +37,7 @@ func TestSagaTimeoutLosingADeadlockIsNotAnAttempt(t *testing.T) {
 		in.Complete()
 		return nil
 	}))
-	p, err := s.Projection(e.store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{p}, PollMax: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := d.Stop(e.ctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	d := e.dispatcher(s, projection.Config{})
 	// The rounds run on one connection, and a first round (t0's timeout)
 	// leaves the step's statements prepared on it: the deadlock then
 	// strikes the step's execution, under its savepoint, not the
