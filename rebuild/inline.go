@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgretry"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -251,36 +252,42 @@ func runInline(ctx context.Context, store *postgres.Store, p *projection.Inline,
 		tail := 0
 		for {
 			var batch postgres.LogBatch
-			err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
-				// Cancel takes this lock before dropping the shadow.
-				if err := projection.LockShard(ctx, tx, store, shard); err != nil {
+			// A batch that loses a conflict with another transaction (a
+			// deadlock's victim, a serialization failure) committed
+			// nothing: it is tried again, a few times, before the
+			// rebuild stops with the error.
+			err := pgretry.Do(ctx, "rebuild inline "+name+" batch", pgretry.Conflict, func() error {
+				return pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+					// Cancel takes this lock before dropping the shadow.
+					if err := projection.LockShard(ctx, tx, store, shard); err != nil {
+						return err
+					}
+					if err := stillBuilding(ctx, tx, store, st.id); err != nil {
+						return err
+					}
+					if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true),
+						set_config('synchronous_commit', 'off', true)`, pgx.Identifier{shadow}.Sanitize()); err != nil {
+						return err
+					}
+					// Below the archive's last event the replay reads the
+					// archive too; the rebuild's cursor row holds `streams
+					// archive` back from moving anything after it.
+					archived, err := store.ArchivedAfter(ctx, tx, cursor)
+					if err != nil {
+						return err
+					}
+					if batch, err = store.ReadLogTx(ctx, tx, postgres.LogQuery{After: cursor, Limit: opts.BatchSize, EventTypes: types, IncludeArchived: archived}); err != nil {
+						return err
+					}
+					if err := projection.ReplayInline(ctx, tx, p, batch.Events, tables); err != nil {
+						return err
+					}
+					next := batch.Next(cursor)
+					_, err = tx.Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET cursor_tx_id = $3, cursor_seq = $4,
+						processed = processed + $5, attempts = 0, last_error = NULL, last_error_at = NULL, updated_at = now()
+						WHERE name = $1 AND instance_id = $2`, name, projection.RebuildInstance, next.TxID, next.Seq, len(batch.Events))
 					return err
-				}
-				if err := stillBuilding(ctx, tx, store, st.id); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1 || ', ' || current_setting('search_path'), true),
-					set_config('synchronous_commit', 'off', true)`, pgx.Identifier{shadow}.Sanitize()); err != nil {
-					return err
-				}
-				// Below the archive's last event the replay reads the
-				// archive too; the rebuild's cursor row holds `streams
-				// archive` back from moving anything after it.
-				archived, err := store.ArchivedAfter(ctx, tx, cursor)
-				if err != nil {
-					return err
-				}
-				if batch, err = store.ReadLogTx(ctx, tx, postgres.LogQuery{After: cursor, Limit: opts.BatchSize, EventTypes: types, IncludeArchived: archived}); err != nil {
-					return err
-				}
-				if err := projection.ReplayInline(ctx, tx, p, batch.Events, tables); err != nil {
-					return err
-				}
-				next := batch.Next(cursor)
-				_, err = tx.Exec(ctx, `UPDATE `+store.Table("projector_consumers")+` SET cursor_tx_id = $3, cursor_seq = $4,
-					processed = processed + $5, attempts = 0, last_error = NULL, last_error_at = NULL, updated_at = now()
-					WHERE name = $1 AND instance_id = $2`, name, projection.RebuildInstance, next.TxID, next.Seq, len(batch.Events))
-				return err
+				})
 			})
 			if err != nil {
 				return fmt.Errorf("rebuild inline %s: replay after %s: %w", name, cursor, err)
