@@ -351,11 +351,13 @@ func runInline(ctx context.Context, store *postgres.Store, p *projection.Inline,
 			return abandon(fmt.Errorf("rebuild inline %s: switch (attempt %d): %w", name, res.Attempts, err))
 		}
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || res.Attempts >= opts.LockAttempts {
+		if !errors.As(err, &pgErr) || (pgErr.Code != "55P03" && !pgretry.Conflict(err)) || res.Attempts >= opts.LockAttempts {
 			return kept(fmt.Errorf("rebuild inline %s: switch (attempt %d): %w", name, res.Attempts, err))
 		}
-		// Readers or appends held the tables past the timeout: let them
-		// through, then catch up again so the next lock is as short.
+		// Readers or appends held the tables past the timeout, or the
+		// catch-up under the lock lost a conflict (rolled back, nothing
+		// switched): let them through, then catch up again so the next
+		// lock is as short.
 		t := time.NewTimer(time.Duration(res.Attempts) * opts.LockTimeout / 2)
 		select {
 		case <-ctx.Done():
