@@ -74,7 +74,7 @@ func TestHandlerLosingADeadlockIsNotTheEventsFailure(t *testing.T) {
 func (e *env) loseADeadlock(p *projection.Async, table string, ev projector.Event) {
 	t := e.t
 	t.Helper()
-	tx, holder := e.holdForDeadlockOn(t, table)
+	tx, holder := pgtest.HoldForDeadlock(t, e.store.Pool(), table)
 	defer func() { _ = tx.Rollback(e.ctx) }()
 	reg := prometheus.NewRegistry()
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Registerer: reg})

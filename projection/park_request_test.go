@@ -200,30 +200,7 @@ func TestDeadLetterRetryHereOutlivesADeadlock(t *testing.T) {
 // one aborted. It returns the transaction and its backend's pid.
 func (e *env) holdForDeadlock(t *testing.T, table string) (pgx.Tx, int32) {
 	t.Helper()
-	return e.holdForDeadlockOn(t, e.table(table))
-}
-
-// holdForDeadlockOn is holdForDeadlock for a qualified, quoted table name.
-func (e *env) holdForDeadlockOn(t testing.TB, table string) (pgx.Tx, int32) {
-	t.Helper()
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var holder int32
-	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
-		_ = tx.Rollback(e.ctx)
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-		_ = tx.Rollback(e.ctx)
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+table+` IN SHARE MODE`); err != nil {
-		_ = tx.Rollback(e.ctx)
-		t.Fatal(err)
-	}
-	return tx, holder
+	return pgtest.HoldForDeadlock(t, e.store.Pool(), e.table(table))
 }
 
 // healedDeadLetter is deadLetterEnv with its handler healed: a retry of the

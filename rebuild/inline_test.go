@@ -61,6 +61,27 @@ func newInlineEnv(t testing.TB) *ienv {
 	return e
 }
 
+// rebuildToGate starts an inline rebuild of e.p with opts and returns once
+// its first replayed handler waits at the gate (e.gate, closed by the
+// test to let it through); done gets the rebuild's error.
+func (e *ienv) rebuildToGate(opts rebuild.InlineOptions) (done <-chan error) {
+	e.t.Helper()
+	e.gate, e.entered = make(chan struct{}), make(chan struct{}, 1)
+	ch := make(chan error, 1)
+	go func() {
+		_, err := rebuild.Inline(e.ctx, e.store, e.p, opts)
+		ch <- err
+	}()
+	select {
+	case <-e.entered:
+	case err := <-ch:
+		e.t.Fatalf("the rebuild ended before replaying: %v", err)
+	case <-time.After(30 * time.Second):
+		e.t.Fatal("the rebuild never replayed")
+	}
+	return ch
+}
+
 func (e *ienv) ident(table string) string { return pgx.Identifier{e.schema, table}.Sanitize() }
 
 func (e *ienv) exec(sql string, args ...any) {
@@ -391,20 +412,8 @@ func TestInlineRebuildOneAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.settle()
-	e.gate, e.entered = make(chan struct{}), make(chan struct{}, 1)
 	opts := rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}}
-	done := make(chan error, 1)
-	go func() {
-		_, err := rebuild.Inline(e.ctx, e.store, e.p, opts)
-		done <- err
-	}()
-	select {
-	case <-e.entered:
-	case err := <-done:
-		t.Fatalf("first rebuild ended early: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("first rebuild never replayed")
-	}
+	done := e.rebuildToGate(opts)
 	_, err := rebuild.Inline(e.ctx, e.store, e.p, opts)
 	close(e.gate)
 	if !errors.Is(err, rebuild.ErrActive) {
@@ -559,17 +568,7 @@ func TestInlineRebuildFenceAtSwitch(t *testing.T) {
 	}
 	e.settle()
 	e.exec(`UPDATE ` + e.ident("tickets") + ` SET n = 99 WHERE stream_id = 's1'`)
-	e.gate, e.entered = make(chan struct{}), make(chan struct{}, 1)
-	done := make(chan error, 1)
-	go func() {
-		_, err := rebuild.Inline(e.ctx, e.store, e.p, rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}})
-		done <- err
-	}()
-	select {
-	case <-e.entered:
-	case err := <-done:
-		t.Fatalf("rebuild ended early: %v", err)
-	}
+	done := e.rebuildToGate(rebuild.InlineOptions{Tables: []string{e.schema + ".tickets"}})
 	// The first events are normally replayed in a batch. If another
 	// session of the cluster holds the gap-safe horizon back, they are
 	// replayed by the switch's catch-up instead, under the lock: then the

@@ -2,6 +2,7 @@ package rebuild_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,21 +53,7 @@ func TestPartialRebuildOutlivesADeadlock(t *testing.T) {
 	}
 	block.Store(true)
 
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(e.ctx) }()
-	var holder int32
-	if err := tx.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+side+` IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx, holder := pgtest.HoldForDeadlock(t, e.store.Pool(), side)
 	type result struct {
 		res rebuild.PartialResult
 		err error
@@ -83,18 +70,14 @@ func TestPartialRebuildOutlivesADeadlock(t *testing.T) {
 	// An aborted try recorded nothing; the next one waits for the shard
 	// lock the test now holds. (The old code dead-lettered the event,
 	// committed and returned.)
-	deadline := time.Now().Add(time.Minute)
-	for !pgtest.BlockedBy(t, e.store.Pool(), holder) {
+	pgtest.WaitTriedAgain(t, e.store.Pool(), holder, func() string {
 		select {
 		case r := <-done:
-			t.Fatalf("the rebuild returned (%+v, %v) while the test held the shard lock; want it tried again", r.res, r.err)
+			return fmt.Sprintf("(%+v, %v)", r.res, r.err)
 		default:
+			return ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the rebuild did not try again within a minute")
-		}
-		time.Sleep(5 * time.Millisecond) // polling pg_stat_activity
-	}
+	})
 	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_dead_letters")); n != 0 {
 		t.Fatalf("%d dead letters after the aborted try, want none", n)
 	}

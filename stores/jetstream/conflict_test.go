@@ -57,17 +57,7 @@ func TestHandlerLosingADeadlockIsNotCounted(t *testing.T) {
 	e.publish(r, evs[1])
 	msg := next()
 
-	tx, err := snk.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(e.ctx) }()
-	if _, err := tx.Exec(e.ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+snk.effects+` IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx, _ := pgtest.HoldForDeadlock(t, snk.store.Pool(), snk.effects)
 	type handled struct {
 		o   pjs.Outcome
 		err error

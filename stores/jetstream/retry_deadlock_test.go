@@ -2,10 +2,10 @@ package jetstream_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -69,21 +69,7 @@ func TestDeadLetterRetryOutlivesADeadlock(t *testing.T) {
 			}
 			_, errBefore := recorded()
 
-			tx, err := snk.store.Pool().Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			var holder int32
-			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, `LOCK TABLE `+snk.effects+` IN SHARE MODE`); err != nil {
-				t.Fatal(err)
-			}
+			tx, holder := pgtest.HoldForDeadlock(t, snk.store.Pool(), snk.effects)
 			done := make(chan error, 1)
 			go func() { done <- retry() }()
 			pgtest.WaitForLockOn(t, pgtest.Pool(t), snk.effects) // the retry holds its row and waits at the INSERT
@@ -93,18 +79,14 @@ func TestDeadLetterRetryOutlivesADeadlock(t *testing.T) {
 			}
 			// The retry's next try waits for the row the test now holds; a
 			// retry that recorded the deadlock has returned instead.
-			deadline := time.Now().Add(time.Minute)
-			for !pgtest.BlockedBy(t, pgtest.Pool(t), holder) {
+			pgtest.WaitTriedAgain(t, pgtest.Pool(t), holder, func() string {
 				select {
 				case err := <-done:
-					t.Fatalf("the retry returned %v while the test held its row; want it tried again", err)
+					return fmt.Sprintf("(%v)", err)
 				default:
+					return ""
 				}
-				if time.Now().After(deadline) {
-					t.Fatal("the retry did not try again within a minute")
-				}
-				time.Sleep(5 * time.Millisecond) // polling pg_stat_activity
-			}
+			})
 			if status, errText := recorded(); status != open || errText != errBefore {
 				t.Fatalf("%s after the aborted try: status %s, error %q; want it open, error %q as before", kind, status, errText, errBefore)
 			}
