@@ -379,7 +379,9 @@ type RetryResult struct {
 // more attempt (a nil error with Resolved false). A retry aborted by a
 // conflict (a deadlock, a serialization failure, in the handler or not, or
 // a lost connection) says nothing about the event: it is tried again, a
-// few times, and then returned as an error with nothing recorded. It waits
+// few times, and then returned as an error with nothing recorded; a handler
+// failure that is not about the event ([IsSystemic]: a missing table or
+// grant) is returned at once, with nothing recorded either. It waits
 // for the consumer shard's lock, so it never runs beside a pass of the
 // same shard.
 //
@@ -469,6 +471,9 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		}
 		if handlerRetryLater(herr) {
 			return fmt.Errorf("retry dead letter %d: %w", id, herr)
+		}
+		if !requested && IsSystemic(herr) {
+			return systemicRetryError(fmt.Sprintf("dead letter %d", id), herr)
 		}
 		res.Attempts = dl.Attempts + 1
 		if herr == nil {

@@ -412,7 +412,9 @@ type ParkRetryResult struct {
 // parked ones, never ahead of them. A retry that fails rolls the handlers'
 // writes back and keeps the park open with the new error and one more
 // attempt (a nil error with Resolved false); one aborted by a conflict is
-// tried again, as [RetryDeadLetter] says. A park that is not open is
+// tried again, and one whose handler failed for a reason not about the
+// events ([IsSystemic]) returns that failure, both as [RetryDeadLetter]
+// says. A park that is not open is
 // refused with [projector.ErrInvalidTransition], so of racing retries and
 // discards exactly one wins; a park of a rebuild's shadow shard with
 // [ErrParkNotLive] (the switch hands it over). The events are applied as
@@ -535,6 +537,9 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		}
 		if handlerRetryLater(herr) {
 			return fmt.Errorf("retry park %d: %w", id, herr)
+		}
+		if !requested && IsSystemic(herr) {
+			return systemicRetryError(fmt.Sprintf("park %d", id), herr)
 		}
 		res.Events, res.Attempts = len(events), pk.Attempts+1
 		if herr == nil {

@@ -127,6 +127,20 @@ func handlerRetryLater(herr error) bool {
 	return herr != nil && retryLater(herr)
 }
 
+// systemicRetryError is what a direct retry (RetryDeadLetter, RetryPark)
+// returns when its handler failed for a reason that is not about the event
+// ([IsSystemic]: a missing table or grant, a server out of disk): the
+// transaction rolls back with nothing recorded, no attempt counted and the
+// dead letter's or park's error left as it was, since the same failure
+// would strike any event, as it stops a live pass rather than failing its
+// event. The caller sees the failure (IsSystemic holds for the result), and
+// a bulk retry stops at it. A retry a dispatcher carries out for an
+// operator's request still records it on the dead letter or park, where
+// that operator reads the outcome.
+func systemicRetryError(what string, herr error) error {
+	return fmt.Errorf("retry %s: the handler failed for a reason not about the event (nothing recorded, no attempt counted): %w", what, herr)
+}
+
 // handlerLostConflict reports whether a handler's failure is its
 // transaction losing a conflict with another (SQLSTATE class 40: a
 // deadlock's victim, a serialization failure): nothing about the event,
