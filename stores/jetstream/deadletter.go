@@ -197,7 +197,9 @@ func collectOpen(rows pgx.Rows) ([]OpenDeadLetters, error) {
 // another transaction (a deadlock or serialization failure, in the handler
 // or not) or by its lost connection says nothing about the event: it is
 // tried again, up to five times, and then returned as an error with
-// nothing recorded.
+// nothing recorded; a handler failure that is not about the event
+// ([projection.IsSystemic]: a missing table or grant) is returned at once
+// with nothing recorded either.
 func (c *Consumer) RetryDeadLetter(ctx context.Context, id int64) error {
 	table := c.cfg.Store.Table("projector_jetstream_dead_letters")
 	var herr error
@@ -267,6 +269,11 @@ func (c *Consumer) retryDeadLetterTx(ctx context.Context, tx pgx.Tx, table strin
 	}
 	if pgretry.Retryable(herr) {
 		return ev, nil, fmt.Errorf("retry dead letter %d: %w", id, herr) // the whole transaction goes
+	}
+	if projection.IsSystemic(herr) {
+		// Not about the event (a missing table or grant): the whole
+		// transaction goes too, and the caller sees why.
+		return ev, nil, fmt.Errorf("retry dead letter %d: the handler failed for a reason not about the event (nothing recorded): %w", id, herr)
 	}
 	if err := sp.Rollback(ctx); err != nil {
 		return ev, nil, fmt.Errorf("retry dead letter %d: roll back the failed handler: %w", id, err)
