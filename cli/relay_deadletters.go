@@ -243,7 +243,9 @@ that their effects are not wanted; the rows stay as the record. The events stay 
 and their streams past them, so they are never applied later either. Discarding one that
 is resolved or discarded already is refused (exit 3). A dead letter being retried at the
 same moment is either retried or discarded, never both (the loser is refused: it is not
-open any more).`,
+open any more). Of several ids, one that cannot be discarded does not stop the others;
+Ctrl-C, or a failure that is not about one dead letter (the database, its schema or
+grants), stops the command with a line saying how many it left.`,
 		Args: someIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := parseIDs(args)
@@ -254,7 +256,7 @@ open any more).`,
 				return err
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				return a.eachDeadLetter(ids, "discarded", "discarded (kept for the record)", func(id int64) error {
+				return a.eachDeadLetter(cmd.Context(), ids, "discarded", "discarded (kept for the record)", func(id int64) error {
 					return jetstream.DiscardDeadLetter(cmd.Context(), store, subscription, id)
 				})
 			})
@@ -288,9 +290,23 @@ func (a *App) relayDeadLetterRetrier(ctx context.Context, c *jetstream.Consumer)
 // eachDeadLetter runs do for every id, printing "dead letter N: <done>" or
 // "dead letter N: not <verb>: <error>" for each, and returns every
 // failure: one dead letter that cannot be handled does not stop the others.
-func (a *App) eachDeadLetter(ids []int64, verb, done string, do func(int64) error) error {
+// Ctrl-C (ctx done) between two ids, or a failure that is not about one
+// dead letter (stopsAll: the database, its schema or grants), stops it,
+// with a line saying how many it left undone; the error then holds the
+// cause too.
+func (a *App) eachDeadLetter(ctx context.Context, ids []int64, verb, done string, do func(int64) error) error {
 	var errs deadLetterErrors
-	for _, id := range ids {
+	stop := func(next int, why string) {
+		if left := len(ids) - next; left > 0 {
+			fmt.Fprintf(a.out, "%s: %d of %d dead letters tried, %d left not %s\n", why, next, len(ids), left, verb)
+		}
+	}
+	for i, id := range ids {
+		if err := ctx.Err(); err != nil {
+			stop(i, "interrupted")
+			errs = append(errs, fmt.Errorf("interrupted before dead letter %d: %w", id, err))
+			break
+		}
 		err := do(id)
 		if err == nil {
 			fmt.Fprintf(a.out, "dead letter %d: %s\n", id, done)
@@ -298,6 +314,14 @@ func (a *App) eachDeadLetter(ids []int64, verb, done string, do func(int64) erro
 		}
 		fmt.Fprintf(a.out, "dead letter %d: not %s: %s\n", id, verb, text(err.Error(), 500))
 		errs = append(errs, err)
+		if ctx.Err() != nil {
+			stop(i+1, "interrupted")
+			break
+		}
+		if stopsAll(err) {
+			stop(i+1, fmt.Sprintf("stopped at the failure of dead letter %d, which is not about one dead letter", id))
+			break
+		}
 	}
 	if len(errs) == 0 {
 		return nil

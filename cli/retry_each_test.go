@@ -60,3 +60,51 @@ func TestRetryEachStopsAtASystemicFailure(t *testing.T) {
 		t.Errorf("all resolved: %v", err)
 	}
 }
+
+// A discard of several dead letters goes on past one it cannot discard
+// (refused) and stops at Ctrl-C, or at a failure that is not about one
+// dead letter, saying how many it left; before, Ctrl-C let it try every
+// remaining id, each failing with the cancelled context.
+func TestEachDeadLetterStopsAtCtrlCAndSystemicFailures(t *testing.T) {
+	t.Parallel()
+	refused := fmt.Errorf("discard dead letter 2: it is resolved already: %w", projector.ErrInvalidTransition)
+	t.Run("systemic", func(t *testing.T) {
+		var out strings.Builder
+		var tried []int64
+		stop := fmt.Errorf("discard dead letter 3: %w: permission denied", projection.ErrSystemic)
+		err := (&App{out: &out}).eachDeadLetter(context.Background(), []int64{1, 2, 3, 4, 5}, "discarded", "discarded", func(id int64) error {
+			tried = append(tried, id)
+			switch id {
+			case 2:
+				return refused
+			case 3:
+				return stop
+			}
+			return nil
+		})
+		if fmt.Sprint(tried) != "[1 2 3]" || !errors.Is(err, projector.ErrInvalidTransition) || !errors.Is(err, projection.ErrSystemic) {
+			t.Errorf("tried %v, error %v; want 1 to 3 and both failures", tried, err)
+		}
+		if want := "stopped at the failure of dead letter 3, which is not about one dead letter: 3 of 5 dead letters tried, 2 left not discarded\n"; !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	})
+	t.Run("ctrl-c", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var out strings.Builder
+		var tried []int64
+		err := (&App{out: &out}).eachDeadLetter(ctx, []int64{1, 2, 3, 4, 5}, "discarded", "discarded", func(id int64) error {
+			tried = append(tried, id)
+			if id == 2 {
+				cancel() // the operator's Ctrl-C, after this one went through
+			}
+			return nil
+		})
+		if fmt.Sprint(tried) != "[1 2]" || !errors.Is(err, context.Canceled) {
+			t.Errorf("tried %v, error %v; want 1 and 2, then context.Canceled", tried, err)
+		}
+		if want := "interrupted: 2 of 5 dead letters tried, 3 left not discarded\n"; !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	})
+}
