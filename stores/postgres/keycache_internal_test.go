@@ -132,13 +132,13 @@ func TestKeyCacheConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	n := len(c.entries)
-	for k, s := range c.entries {
-		if s.key.ref != k || c.ring[s.at] != s {
-			t.Errorf("entry %v is not at its place in the ring", k)
+	for k, el := range c.entries {
+		if el.Value.(cachedKey).ref != k {
+			t.Errorf("entry %v holds %v's key", k, el.Value.(cachedKey).ref)
 		}
 	}
-	if n > 16 || n != len(c.ring) {
-		t.Fatalf("%d entries, %d in the ring; want the same, at most 16", n, len(c.ring))
+	if n > 16 || n != c.order.Len() {
+		t.Fatalf("%d entries, %d in the recency list; want the same, at most 16", n, c.order.Len())
 	}
 }
 
