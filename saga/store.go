@@ -553,6 +553,21 @@ func (s *Saga[S]) fireDue(ctx context.Context, store *postgres.Store, q queries,
 			}
 			return 0, len(due), fmt.Errorf("saga %q: timeout %q of %q lost a conflict, nothing recorded: %w", s.name, c.t.Name, c.snap.Key, err)
 		}
+		if projection.IsSystemic(err) {
+			// Not the step's failure either (a missing table or grant, a
+			// full disk: every step would fail alike), and not an attempt,
+			// or an outage longer than the backoff would fail every
+			// instance whose timeout came due in it. The timeout stays due
+			// for the next look, and the round reports why.
+			err = fmt.Errorf("saga %q: timeout %q of %q failed for a reason not about the step (nothing counted, still due): %w", s.name, c.t.Name, c.snap.Key, err)
+			if !savepoint {
+				return 0, len(due), err
+			}
+			if stepErr == nil {
+				stepErr = err
+			}
+			continue
+		}
 		if err := s.timeoutFailed(ctx, store, q, tx, &scope, c, err); err != nil {
 			return 0, len(due), err
 		}
@@ -687,9 +702,17 @@ func (s *Saga[S]) nextDue(ctx context.Context, store *postgres.Store, q queries)
 // mode dead-letters, rather than contention or a failing database, which
 // are retried whatever the mode: a step refused by promise 4 or by a
 // serialization failure or deadlock would succeed on the next try, and
-// dead-lettering it would skip an event for nothing.
+// dead-lettering it would skip an event for nothing. A failing database
+// includes its schema and grants ([projection.IsSystemic]): a step that
+// meets a missing table or a revoked grant would have dead-lettered every
+// event and failed every instance until the fix.
 func stepFault(err error) bool {
 	if errors.Is(err, projector.ErrConcurrency) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		return false
+	}
+	if projection.IsSystemic(err) {
+		// A missing table or grant, a standby, a full disk: the dispatcher
+		// stops the shard on it, in either mode, as for a projection.
 		return false
 	}
 	var pgErr *pgconn.PgError
