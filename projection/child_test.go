@@ -35,6 +35,11 @@ const (
 	// childPark makes the child run parkChaos instead (promise18_test.go):
 	// "failing" before the deploy, "deployed" after.
 	childPark = "PROJECTOR_TEST_CHILD_PARK"
+	// childRetry makes the child retry that dead letter of the "tolerant"
+	// consumer (deadLetterEnv, its poison digestible now) in its own
+	// process, as `dead-letters retry --here` does, instead of running a
+	// dispatcher.
+	childRetry = "PROJECTOR_TEST_CHILD_RETRY"
 )
 
 // childProjections are what a child runs: "counting" (opened and commented
@@ -82,6 +87,14 @@ func runChild() int {
 	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, Logger: logger})
 	if err != nil {
 		return pgtest.ChildFailed(ctx, logger, "child: store", err)
+	}
+	if id, _ := strconv.ParseInt(os.Getenv(childRetry), 10, 64); id > 0 {
+		p := poisoned(&env{ctx: ctx, types: types, schema: schema, store: store}, "tolerant",
+			projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, MaxAttempts: 1}, new(atomic.Bool))
+		if _, err := projection.RetryDeadLetter(ctx, store, p, id, logger); err != nil {
+			return pgtest.ChildFailed(ctx, logger, "child: retry", err)
+		}
+		return 0
 	}
 	projs := childProjections(store, types, batch, kill)
 	if n, _ := strconv.Atoi(os.Getenv(childPartitions)); n > 0 {

@@ -1,6 +1,7 @@
 package projection_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -42,5 +43,39 @@ func TestKilledDispatchersWaitingBackendEnds(t *testing.T) {
 	}
 	if !free {
 		t.Fatal("the counting shard's lock is still held after the killed dispatcher's backend ended")
+	}
+}
+
+// A direct retry (`dead-letters retry --here`, projection.RetryDeadLetter)
+// killed while its handler waits for a lock does not leave its backend
+// holding the shard's lock until the wait ends, which would stop every
+// pass of the shard: LockShard sets the client check as a pass does.
+func TestKilledRetrysWaitingBackendEnds(t *testing.T) {
+	t.Parallel()
+	e, _, _, ids := deadLetterEnv(t)
+	trace := e.table("trace")
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+trace+` IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	child := e.startChild(pgtest.URL(t), 10, childRetry+"="+strconv.FormatInt(ids[0], 10))
+	pgtest.WaitForLockOn(t, e.store.Pool(), trace) // the retry's handler waits for the table
+	child.Kill(t)
+	if !pgtest.NoLockWaitersWithin(t, e.store.Pool(), trace, 20*time.Second) {
+		t.Fatal("the killed retry's backend still waits for the table 20 s after the kill, holding the shard's lock")
+	}
+	var free bool
+	if err := tx.QueryRow(e.ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, 0))`, projection.ShardLockKey(e.schema, projection.ShardID{Consumer: "tolerant", Instance: projection.SharedInstance})).Scan(&free); err != nil {
+		t.Fatal(err)
+	}
+	if !free {
+		t.Fatal("the tolerant shard's lock is still held after the killed retry's backend ended")
+	}
+	if dl, _, err := projection.GetDeadLetter(e.ctx, e.store, ids[0]); err != nil || dl.Status != projection.DeadLetterOpen || dl.Attempts != 1 {
+		t.Fatalf("dead letter after the killed retry: %+v, %v; want it open as before", dl, err)
 	}
 }

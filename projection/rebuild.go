@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/clientcheck"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -363,9 +364,24 @@ func newShadowShard(storeSchema string, live *shard, rebuildID int64, schema str
 // LockShard waits, in tx, for the advisory lock of a shard of store's
 // schema: the lock every pass of that shard holds for its transaction. An
 // operation that changes a shard's row or its tables from outside a pass
-// (a rebuild's rewind, a cancel) takes it first, so it never races a batch.
+// (a rebuild's rewind, a cancel, a retry run in an operator's process)
+// takes it first, so it never races a batch. Like a pass, tx then checks
+// its client every second (internal/clientcheck), in the same round trip:
+// an operator's process killed while tx waits, or while a handler it runs
+// waits, must not leave a backend holding the shard's lock until the wait
+// ends, when no pass of the shard could run.
 func LockShard(ctx context.Context, tx pgx.Tx, store *postgres.Store, id ShardID) error {
-	if _, err := tx.Exec(ctx, waitShardLockSQL, shardLockKey(store.Schema(), id.normal())); err != nil {
+	key := shardLockKey(store.Schema(), id.normal())
+	var err error
+	if clientcheck.Supported(tx.Conn().PgConn()) {
+		b := &pgx.Batch{}
+		b.Queue(clientcheck.SQL)
+		b.Queue(waitShardLockSQL, key)
+		err = tx.SendBatch(ctx, b).Close()
+	} else {
+		_, err = tx.Exec(ctx, waitShardLockSQL, key)
+	}
+	if err != nil {
 		return fmt.Errorf("lock consumer %s: %w", id, err)
 	}
 	return nil
