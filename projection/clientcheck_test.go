@@ -19,31 +19,8 @@ import (
 func TestKilledDispatchersWaitingBackendEnds(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	counts := e.table("counts")
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(e.ctx) }()
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+counts+` IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
 	e.appendOne("k", projector.NoStream, testevents.TicketOpened{Title: "waits"})
-	child := e.startChild(pgtest.URL(t), 10)
-	pgtest.WaitForLockOn(t, e.store.Pool(), counts) // the child's counting pass waits for the table
-	child.Kill(t)
-	if !pgtest.NoLockWaitersWithin(t, e.store.Pool(), counts, 20*time.Second) {
-		t.Fatal("the killed dispatcher's backend still waits for the table 20 s after the kill, holding its shard's lock")
-	}
-	// Its shard's lock went with it: the test can take it while it still
-	// holds the table.
-	var free bool
-	if err := tx.QueryRow(e.ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, 0))`, projection.ShardLockKey(e.schema, projection.ShardID{Consumer: "counting", Instance: projection.SharedInstance})).Scan(&free); err != nil {
-		t.Fatal(err)
-	}
-	if !free {
-		t.Fatal("the counting shard's lock is still held after the killed dispatcher's backend ended")
-	}
+	e.killWhileWaiting("counts", "counting", "dispatcher")
 }
 
 // A direct retry (`dead-letters retry --here`, projection.RetryDeadLetter)
@@ -53,29 +30,41 @@ func TestKilledDispatchersWaitingBackendEnds(t *testing.T) {
 func TestKilledRetrysWaitingBackendEnds(t *testing.T) {
 	t.Parallel()
 	e, _, _, ids := deadLetterEnv(t)
-	trace := e.table("trace")
-	tx, err := e.store.Pool().Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(e.ctx) }()
-	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+trace+` IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	child := e.startChild(pgtest.URL(t), 10, childRetry+"="+strconv.FormatInt(ids[0], 10))
-	pgtest.WaitForLockOn(t, e.store.Pool(), trace) // the retry's handler waits for the table
-	child.Kill(t)
-	if !pgtest.NoLockWaitersWithin(t, e.store.Pool(), trace, 20*time.Second) {
-		t.Fatal("the killed retry's backend still waits for the table 20 s after the kill, holding the shard's lock")
-	}
-	var free bool
-	if err := tx.QueryRow(e.ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, 0))`, projection.ShardLockKey(e.schema, projection.ShardID{Consumer: "tolerant", Instance: projection.SharedInstance})).Scan(&free); err != nil {
-		t.Fatal(err)
-	}
-	if !free {
-		t.Fatal("the tolerant shard's lock is still held after the killed retry's backend ended")
-	}
+	e.killWhileWaiting("trace", "tolerant", "retry", childRetry+"="+strconv.FormatInt(ids[0], 10))
 	if dl, _, err := projection.GetDeadLetter(e.ctx, e.store, ids[0]); err != nil || dl.Status != projection.DeadLetterOpen || dl.Attempts != 1 {
 		t.Fatalf("dead letter after the killed retry: %+v, %v; want it open as before", dl, err)
+	}
+}
+
+// killWhileWaiting holds table in SHARE mode, starts a child (mode: its
+// extra environment) whose handler of consumer's shared shard then waits
+// for the table, SIGKILLs it, and fails unless the child's backend stops
+// waiting within 20 s and the shard's lock is free while the test still
+// holds the table. what names the child in failures.
+func (e *env) killWhileWaiting(table, consumer, what string, mode ...string) {
+	e.t.Helper()
+	held := e.table(table)
+	tx, err := e.store.Pool().Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := tx.Exec(e.ctx, `LOCK TABLE `+held+` IN SHARE MODE`); err != nil {
+		e.t.Fatal(err)
+	}
+	child := e.startChild(pgtest.URL(e.t), 10, mode...)
+	pgtest.WaitForLockOn(e.t, e.store.Pool(), held) // the child's handler waits for the table
+	child.Kill(e.t)
+	if !pgtest.NoLockWaitersWithin(e.t, e.store.Pool(), held, 20*time.Second) {
+		e.t.Fatalf("the killed %s's backend still waits for the table 20 s after the kill, holding its shard's lock", what)
+	}
+	// Its shard's lock went with it: the test can take it while it still
+	// holds the table.
+	var free bool
+	if err := tx.QueryRow(e.ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, 0))`, projection.ShardLockKey(e.schema, projection.ShardID{Consumer: consumer, Instance: projection.SharedInstance})).Scan(&free); err != nil {
+		e.t.Fatal(err)
+	}
+	if !free {
+		e.t.Fatalf("the %s shard's lock is still held after the killed %s's backend ended", consumer, what)
 	}
 }
