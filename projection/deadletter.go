@@ -469,11 +469,8 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		if err != nil {
 			return err
 		}
-		if handlerRetryLater(herr) {
-			return fmt.Errorf("retry dead letter %d: %w", id, herr)
-		}
-		if !requested && IsSystemic(herr) {
-			return systemicRetryError(fmt.Sprintf("dead letter %d", id), herr)
+		if err := retryNotAboutEvent(fmt.Sprintf("dead letter %d", id), herr, requested); err != nil {
+			return err
 		}
 		res.Attempts = dl.Attempts + 1
 		if herr == nil {

@@ -535,11 +535,8 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if err != nil {
 			return err
 		}
-		if handlerRetryLater(herr) {
-			return fmt.Errorf("retry park %d: %w", id, herr)
-		}
-		if !requested && IsSystemic(herr) {
-			return systemicRetryError(fmt.Sprintf("park %d", id), herr)
+		if err := retryNotAboutEvent(fmt.Sprintf("park %d", id), herr, requested); err != nil {
+			return err
 		}
 		res.Events, res.Attempts = len(events), pk.Attempts+1
 		if herr == nil {

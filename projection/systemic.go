@@ -127,18 +127,29 @@ func handlerRetryLater(herr error) bool {
 	return herr != nil && retryLater(herr)
 }
 
-// systemicRetryError is what a direct retry (RetryDeadLetter, RetryPark)
-// returns when its handler failed for a reason that is not about the event
-// ([IsSystemic]: a missing table or grant, a server out of disk): the
-// transaction rolls back with nothing recorded, no attempt counted and the
-// dead letter's or park's error left as it was, since the same failure
-// would strike any event, as it stops a live pass rather than failing its
-// event. The caller sees the failure (IsSystemic holds for the result), and
-// a bulk retry stops at it. A retry a dispatcher carries out for an
-// operator's request still records it on the dead letter or park, where
-// that operator reads the outcome.
-func systemicRetryError(what string, herr error) error {
-	return fmt.Errorf("retry %s: the handler failed for a reason not about the event (nothing recorded, no attempt counted): %w", what, herr)
+// retryNotAboutEvent returns the error a retry of what ("dead letter 5",
+// "park 3") ends its transaction with when its handler's failure herr says
+// nothing about the event, so that nothing is recorded; nil when herr is
+// the retry's outcome to record (nil too: applied). Two kinds:
+//
+//   - lost a conflict or the connection (handlerRetryLater): tried again,
+//     a requested retry's request stays;
+//   - a direct retry's (RetryDeadLetter, RetryPark) systemic failure
+//     ([IsSystemic]: a missing table or grant, a server out of disk): no
+//     attempt counted and the dead letter's or park's error left as it
+//     was, since the same failure would strike any event, as it stops a
+//     live pass rather than failing its event. The caller sees it
+//     (IsSystemic holds for the result), and a bulk retry stops at it. A
+//     retry a dispatcher carries out for an operator's request still
+//     records it, where that operator reads the outcome.
+func retryNotAboutEvent(what string, herr error, requested bool) error {
+	switch {
+	case handlerRetryLater(herr):
+		return fmt.Errorf("retry %s: %w", what, herr)
+	case !requested && IsSystemic(herr):
+		return fmt.Errorf("retry %s: the handler failed for a reason not about the event (nothing recorded, no attempt counted): %w", what, herr)
+	}
+	return nil
 }
 
 // handlerLostConflict reports whether a handler's failure is its
