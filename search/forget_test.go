@@ -182,13 +182,20 @@ func TestPromise19_ForgottenMeansGone(t *testing.T) {
 	// returns (appends in flight then commit after it). Appending to it on
 	// after would overwrite what a broken forget left behind with nulls
 	// and hide it.
+	// They share a pace of one append per 2 ms: flat out they wrote
+	// ~17,000 events while the children were killed, and the last
+	// dispatcher then spent half a minute under -race catching them up,
+	// with nothing more to check than at a few thousand.
 	var stop, gone atomic.Bool
 	var wg sync.WaitGroup
 	var appended atomic.Int64
+	pace := time.NewTicker(2 * time.Millisecond)
+	defer pace.Stop()
 	for w := range 3 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
 			for n := 0; !stop.Load(); n++ {
+				<-pace.C
 				tenant := []string{"acme", "globex"}[rng.IntN(2)]
 				id := fmt.Sprintf("c-%d", rng.IntN(6))
 				if tenant == target.Tenant && id == target.ID && gone.Load() {
