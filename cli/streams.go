@@ -122,7 +122,7 @@ archived. --dry-run counts what would move.`
 				if opts.DryRun {
 					verb = "would move"
 				}
-				fmt.Fprintf(a.out, "%s %d %s (%d events)", verb, res.Streams, plural(res.Streams, "stream"), res.Events)
+				fmt.Fprintf(a.out, "%s %d %s (%d %s)", verb, res.Streams, plural(res.Streams, "stream"), res.Events, plural(res.Events, "event"))
 				if !res.Cutoff.IsZero() {
 					fmt.Fprintf(a.out, " last appended to before %s", res.Cutoff.Local().Format(time.RFC3339))
 				}
@@ -203,7 +203,9 @@ func skippedWhy(ctx context.Context, store *postgres.Store, opts postgres.Archiv
 	const now = " (so at the time of this report)"
 	switch {
 	case !exists:
-		return "no such stream" + now, nil
+		// Streams are per tenant, and --tenant defaults to the system
+		// tenant: the likeliest slip is a tenant's stream named without it.
+		return fmt.Sprintf("no such stream in tenant %s%s; a stream is its tenant's (--tenant)", projector.Printable(st.Tenant), now), nil
 	case unarchive && !archived:
 		return "not archived" + now, nil
 	case unarchive:

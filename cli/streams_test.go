@@ -232,7 +232,7 @@ func TestStreamsArchiveSkippedSaysWhy(t *testing.T) {
 		}
 		return func() { _ = tx.Rollback(ctx) }
 	}
-	run("skipped 1 stream: no such stream (so at the time of this report)", "", "streams", "archive", "--stream", "ticket/9")
+	run("skipped 1 stream: no such stream in tenant __system__ (so at the time of this report); a stream is its tenant's (--tenant)", "", "streams", "archive", "--stream", "ticket/9")
 	release := holdHead("1", "2")
 	run("skipped 1 stream: being appended to (or moved by another archive) at that moment; it is in the hot log at the time of this report", "", "streams", "archive", "--stream", "ticket/1")
 	run("skipped 2 streams: being appended to (or moved by another archive) at that moment, appended to since they were chosen, or archived meanwhile", "no such stream",

@@ -49,7 +49,7 @@ is refused (exit 3); nothing is written either way. No master key is needed.`,
 			if !a.cfg.Registry.HasPersonal() {
 				// The stock binary on an application's schema: the forgotten
 				// event and the personal types are the application's.
-				return fmt.Errorf("forget subject %s: %w: this binary's registry defines no event type with personal fields; "+
+				return fmt.Errorf("forget subject %s: this binary's registry defines no event type with personal fields (%w); "+
 					"run the command from your application's binary (package cli, with your event types in cli.Config.Registry; docs/operations.md)",
 					ref, projector.ErrUnknownEventType)
 			}

@@ -60,8 +60,13 @@ func (s SubjectRef) String() string {
 // Validate reports whether PostgreSQL can store the reference exactly; the
 // error matches [projector.ErrInvalidPayload].
 func (s SubjectRef) Validate() error {
-	if s.Tenant == "" || s.ID == "" {
-		return fmt.Errorf("%w: subject %s needs a tenant and an id", projector.ErrInvalidPayload, s)
+	if s.ID == "" {
+		return fmt.Errorf("%w: subject %s needs an id", projector.ErrInvalidPayload, s)
+	}
+	if s.Tenant == "" {
+		// No default on purpose: forgetting is for good, and the wrong
+		// tenant's subject must not be the one an omission picks.
+		return fmt.Errorf("%w: subject %s needs a tenant (the subject of streams made with projector.Stream is the system tenant's: Tenant: projector.SystemTenant)", projector.ErrInvalidPayload, s)
 	}
 	for _, v := range []string{s.Tenant, s.ID} {
 		if err := projector.ValidText(v); err != nil {

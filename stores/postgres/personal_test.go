@@ -308,6 +308,13 @@ func TestForgetSubject(t *testing.T) {
 	if _, err := f.store.Forget(f.ctx, postgres.SubjectRef{Tenant: "acme", ID: "bad\x00id"}); !errors.Is(err, projector.ErrInvalidPayload) {
 		t.Fatalf("NUL subject: %v", err)
 	}
+	// No tenant is no default: the error names the system tenant's constant.
+	if _, err := f.store.Forget(f.ctx, postgres.SubjectRef{ID: "c-2"}); !errors.Is(err, projector.ErrInvalidPayload) || !strings.Contains(err.Error(), "projector.SystemTenant") {
+		t.Fatalf("subject without a tenant: %v", err)
+	}
+	if _, err := f.store.Forget(f.ctx, postgres.SubjectRef{Tenant: "acme"}); !errors.Is(err, projector.ErrInvalidPayload) || !strings.Contains(err.Error(), "needs an id") {
+		t.Fatalf("subject without an id: %v", err)
+	}
 	if n := f.count(t, "projector_events"); n != events {
 		t.Fatalf("refused forgets wrote %d events", n-events)
 	}
