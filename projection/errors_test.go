@@ -285,3 +285,38 @@ func TestBatchHandlerIsolatesFailingEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryBackoffCountsFromTheFailure: the backoff before a failed event's
+// next attempt runs from when the failure is recorded, not from when its
+// pass began. It was now() + backoff, now() being the transaction's start:
+// a pass that spent most of the backoff before the handler failed (a long
+// batch ahead of the event, a slow handler) left next_retry_at almost
+// passed at its commit, and another dispatcher's wake-up retried it at
+// once — with a low MaxAttempts, a stream parked or a shard dead sooner
+// than configured.
+func TestRetryBackoffCountsFromTheFailure(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const backoff, slow = time.Second, 500 * time.Millisecond
+	p := projection.NewAsync("slowfail", projection.AsyncConfig{MaxAttempts: 3, RetryBackoff: backoff, MaxBackoff: backoff})
+	var failedAt atomic.Int64
+	must(projection.On(p, e.types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, o testevents.TicketOpened) error {
+		time.Sleep(slow) // the pass's work before the failure, not a synchronisation
+		failedAt.CompareAndSwap(0, time.Now().UnixNano()) // the first attempt's
+		return errors.New("fails after a while")
+	}))
+	e.appendOne("a", projector.NoStream, testevents.TicketOpened{Title: "slow"})
+	e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	admin := projection.NewAdmin(e.store)
+	eventually(t, time.Minute, "the first failure recorded", func() bool { return e.status(admin, "slowfail").Attempts >= 1 })
+	st := e.status(admin, "slowfail")
+	if st.Attempts != 1 {
+		t.Fatalf("read the state after attempt %d, want the first's", st.Attempts)
+	}
+	// The backoff is jittered to 0.8-1.2 of itself; counted from the pass's
+	// start it ends at most 1.2 s - 0.5 s = 0.7 s after the failure.
+	failed := time.Unix(0, failedAt.Load())
+	if gap := st.NextRetryAt.Sub(failed); gap < backoff*8/10-50*time.Millisecond {
+		t.Fatalf("next attempt %v after the failure (attempts %d, next at %v), want at least 0.8 × the %v backoff", gap, st.Attempts, st.NextRetryAt, backoff)
+	}
+}

@@ -99,9 +99,13 @@ func buildDispatchSQL(store *postgres.Store) dispatchSQL {
 				replay_until_seq = CASE WHEN ($3::xid8, $4::bigint) >= (replay_until_tx_id, replay_until_seq) THEN NULL ELSE replay_until_seq END
 			WHERE name = $1 AND instance_id = $2`,
 		advanceShadow: advanceShadowSQL(c),
+		// The backoff runs from the failure (clock_timestamp), not from the
+		// pass's start (now()): a pass that spent the backoff on a long batch
+		// or a slow handler before the failure would otherwise leave the
+		// next attempt due at its commit, for any wake-up to take.
 		fail: `UPDATE ` + c + ` SET cursor_tx_id = $3, cursor_seq = $4, status = $5, attempts = $6,
 				last_error = $7, last_error_at = now(), failed_tx_id = $8, failed_seq = $9, failed_event_id = $10,
-				next_retry_at = CASE WHEN $5 = 'dead' THEN NULL ELSE now() + make_interval(secs => $11) END,
+				next_retry_at = CASE WHEN $5 = 'dead' THEN NULL ELSE clock_timestamp() + make_interval(secs => $11) END,
 				processed = processed + $12, updated_at = now()
 			WHERE name = $1 AND instance_id = $2`,
 		deadLetter: `INSERT INTO ` + store.Table("projector_dead_letters") + `
