@@ -68,7 +68,9 @@ func (a *App) parkedShowCmd() *cobra.Command {
 		args:  oneParkID, parse: parseParkID,
 		run: func(cmd *cobra.Command, id int64, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				p, events, err := projection.GetPark(cmd.Context(), store, id)
+				// Raw: the stock binary shows a park of the application's
+				// types too (it prints each event's stored data anyway).
+				p, events, err := projection.GetParkRaw(cmd.Context(), store, id)
 				if err != nil {
 					return err
 				}
@@ -211,7 +213,7 @@ func (a *App) retryPark(cmd *cobra.Command, store *postgres.Store, id int64, by 
 		fmt.Fprintf(a.out, "retry of park %d requested; a running dispatcher with the consumer carries it out (or run with --here in your application's binary)\n", id)
 		return nil
 	}
-	p, _, err := projection.GetPark(ctx, store, id)
+	p, err := projection.ParkByID(ctx, store, id)
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,10 @@ func (a *App) retryParkAndWait(cmd *cobra.Command, store *postgres.Store, id int
 	if err := projection.RequestParkRetry(ctx, store, id, by); err != nil {
 		return err
 	}
-	p, _, err := projection.GetPark(ctx, store, id)
+	// The park alone: its events would be decoded with this binary's
+	// registry, which the stock binary's lacks — the request, recorded,
+	// was then reported failed (exit 1).
+	p, err := projection.ParkByID(ctx, store, id)
 	if err != nil {
 		return err
 	}
@@ -49,7 +52,7 @@ func (a *App) retryParkAndWait(cmd *cobra.Command, store *postgres.Store, id int
 	waitCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	err = poll(waitCtx, parkWaitPoll, func() (bool, error) {
-		seen, _, err := projection.GetPark(waitCtx, store, id)
+		seen, err := projection.ParkByID(waitCtx, store, id)
 		if err != nil {
 			return false, err
 		}

@@ -327,9 +327,29 @@ func getPark(ctx context.Context, db postgres.DBTX, store *postgres.Store, id in
 }
 
 // GetPark returns park id and, while it is open, its parked sequence of
-// events in order, read from the log. An unknown id matches
-// [projector.ErrNotFound].
+// events in order, read from the log and decoded with the store's
+// registry. An unknown id matches [projector.ErrNotFound].
 func GetPark(ctx context.Context, store *postgres.Store, id int64) (Park, []projector.Event, error) {
+	return getParkWithEvents(ctx, store, id, false)
+}
+
+// GetParkRaw is [GetPark] with the sequence undecoded: events carry Data
+// but no Payload, and types the store's registry does not know are
+// returned rather than failing the read. It is for tools that show a park
+// without the application's types, as the stock `projector parked show`
+// does.
+func GetParkRaw(ctx context.Context, store *postgres.Store, id int64) (Park, []projector.Event, error) {
+	return getParkWithEvents(ctx, store, id, true)
+}
+
+// ParkByID returns park id alone, without reading its events: what a
+// caller following a park's status needs. An unknown id matches
+// [projector.ErrNotFound].
+func ParkByID(ctx context.Context, store *postgres.Store, id int64) (Park, error) {
+	return getPark(ctx, store.Pool(), store, id, false)
+}
+
+func getParkWithEvents(ctx context.Context, store *postgres.Store, id int64, raw bool) (Park, []projector.Event, error) {
 	p, err := getPark(ctx, store.Pool(), store, id, false)
 	if err != nil {
 		return Park{}, nil, err
@@ -337,7 +357,7 @@ func GetPark(ctx context.Context, store *postgres.Store, id int64) (Park, []proj
 	if p.Status != ParkOpen {
 		return p, nil, nil
 	}
-	events, err := parkedEvents(ctx, store.Pool(), store, p)
+	events, err := parkedEvents(ctx, store.Pool(), store, p, raw)
 	return p, events, err
 }
 
@@ -348,9 +368,9 @@ func GetPark(ctx context.Context, store *postgres.Store, id int64) (Park, []proj
 var ErrParkedEventMissing = fmt.Errorf("%w: a parked event is missing from the log", projector.ErrInvalidTransition)
 
 // parkedEvents reads park p's sequence from the log in version order.
-func parkedEvents(ctx context.Context, db postgres.DBTX, store *postgres.Store, p Park) ([]projector.Event, error) {
+func parkedEvents(ctx context.Context, db postgres.DBTX, store *postgres.Store, p Park, raw bool) ([]projector.Event, error) {
 	if p.Kind == ParkKindSagaInstance {
-		return instanceParkedEvents(ctx, db, store, p)
+		return instanceParkedEvents(ctx, db, store, p, raw)
 	}
 	rows, err := db.Query(ctx, `SELECT version, event_id FROM `+store.Table("projector_parked_events")+` WHERE park_id = $1 ORDER BY version`, p.ID)
 	if err != nil {
@@ -370,7 +390,7 @@ func parkedEvents(ctx context.Context, db postgres.DBTX, store *postgres.Store, 
 	if len(seq) == 0 {
 		return nil, nil
 	}
-	log, err := store.ReadStreamTx(ctx, db, p.Stream(), postgres.StreamQuery{FromVersion: seq[0].version, ToVersion: seq[len(seq)-1].version})
+	log, err := store.ReadStreamTx(ctx, db, p.Stream(), postgres.StreamQuery{FromVersion: seq[0].version, ToVersion: seq[len(seq)-1].version, Raw: raw})
 	if err != nil {
 		return nil, fmt.Errorf("park %d: read its events: %w", p.ID, err)
 	}
@@ -528,7 +548,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		// which must not commit without the rest; and on a partition, a
 		// forget of a subject they opened is guarded against (forgetguard.go).
 		events, herr, err := applyGuarded(ctx, tx, store, retryGuardsForgets(store, p, shardID), fmt.Sprintf("park %d", id),
-			func() ([]projector.Event, error) { return parkedEvents(ctx, tx, store, pk) },
+			func() ([]projector.Event, error) { return parkedEvents(ctx, tx, store, pk, false) },
 			func(events []projector.Event) (error, error) {
 				return applyParked(context.WithValue(ctx, retryingKey{}, pk), tx, store, p, shardID, pk, events, logger)
 			})

@@ -29,6 +29,11 @@ type StreamQuery struct {
 	// (`projector streams archive`). Without it, a read of an archived
 	// stream fails with [ErrStreamArchived] rather than reading as empty.
 	IncludeArchived bool
+	// Raw skips decoding, as [LogQuery.Raw] does: events carry Data but no
+	// Payload, and types the registry does not know are returned instead
+	// of failing the read — for tools that show events without the
+	// application's types (the stock CLI's `parked show`).
+	Raw bool
 }
 
 // ReadStream reads a stream's events in version order through the pool. A
@@ -60,7 +65,7 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 		if err != nil {
 			return nil, fmt.Errorf("read stream %s: %w", stream, err)
 		}
-		events, err := s.collect(ctx, db, rows, false)
+		events, err := s.collect(ctx, db, rows, q.Raw)
 		if err != nil {
 			return nil, fmt.Errorf("read stream %s: %w", stream, err)
 		}
@@ -74,7 +79,7 @@ func (s *Store) ReadStreamTx(ctx context.Context, db DBTX, stream projector.Stre
 	// stream, and the snapshot is exact; only one from the start of an
 	// archived stream (no events left in the hot table) is refused.
 	var archived bool
-	events, err := s.collectMarked(ctx, db, rows, false, &archived)
+	events, err := s.collectMarked(ctx, db, rows, q.Raw, &archived)
 	if err != nil {
 		return nil, fmt.Errorf("read stream %s: %w", stream, err)
 	}
@@ -580,7 +585,7 @@ func (s *Store) decodeEvent(ev *projector.Event, raw bool) error {
 	}
 	payload, data, err := s.registry.Decode(ev.Type, ev.SchemaVersion, ev.Data)
 	if err != nil {
-		return fmt.Errorf("event %s (%s v%d of %s): %w", ev.ID, ev.Type, ev.SchemaVersion, ev.Stream, err)
+		return fmt.Errorf("event %s (%s v%d of %s, schema version %d): %w", ev.ID, ev.Type, ev.Version, ev.Stream, ev.SchemaVersion, err)
 	}
 	info, _ := s.registry.Lookup(ev.Type)
 	ev.Payload, ev.Data, ev.SchemaVersion = payload, data, info.SchemaVersion

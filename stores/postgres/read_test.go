@@ -214,3 +214,30 @@ func TestReadStreamUntil(t *testing.T) {
 		t.Fatalf("causation id set on a direct append: %v", evs[0].Metadata.CausationID)
 	}
 }
+
+// StreamQuery.Raw reads a stream whose types the registry does not know
+// (a tool without the application's types), Data set and Payload nil, as
+// LogQuery.Raw does; without it the read fails naming the type, and its
+// message tells the stream version from the schema version.
+func TestReadStreamRaw(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	res := f.appendTx(t, projector.Stream("ticket", "a"), projector.NoStream, testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "1"})
+	stock, err := postgres.New(f.ctx, f.store.Pool(), postgres.Config{Schema: f.store.Schema(), Registry: projector.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = stock.ReadStream(f.ctx, projector.Stream("ticket", "a"), postgres.StreamQuery{FromVersion: 2})
+	if !errors.Is(err, projector.ErrUnknownEventType) || !strings.Contains(err.Error(), "v2 of __system__/ticket/a, schema version 1") {
+		t.Fatalf("typed read without the types: %v", err)
+	}
+	evs, err := stock.ReadStream(f.ctx, projector.Stream("ticket", "a"), postgres.StreamQuery{Raw: true})
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("raw read: %d events, %v", len(evs), err)
+	}
+	for i, ev := range evs {
+		if ev.Payload != nil || ev.ID != res.Events[i].ID || ev.Type != res.Events[i].Type || !json.Valid(ev.Data) || len(ev.Data) == 0 {
+			t.Fatalf("raw event %d: %+v", i, ev)
+		}
+	}
+}
