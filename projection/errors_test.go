@@ -301,7 +301,7 @@ func TestRetryBackoffCountsFromTheFailure(t *testing.T) {
 	p := projection.NewAsync("slowfail", projection.AsyncConfig{MaxAttempts: 3, RetryBackoff: backoff, MaxBackoff: backoff})
 	var failedAt atomic.Int64
 	must(projection.On(p, e.types.Opened, func(ctx context.Context, tx pgx.Tx, ev projector.Event, o testevents.TicketOpened) error {
-		time.Sleep(slow) // the pass's work before the failure, not a synchronisation
+		time.Sleep(slow)                                  // the pass's work before the failure, not a synchronisation
 		failedAt.CompareAndSwap(0, time.Now().UnixNano()) // the first attempt's
 		return errors.New("fails after a while")
 	}))
