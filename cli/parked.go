@@ -87,7 +87,13 @@ func (a *App) parkedShowCmd() *cobra.Command {
 				fmt.Fprintf(w, "park %d: %s\n", p.ID, parkStatus(p))
 				fmt.Fprintf(w, "consumer:   %s (instance %s)\n", projector.Printable(p.Consumer), projector.Printable(p.Instance))
 				fmt.Fprintf(w, "stream:     %s, parked from v%d (%s %s)\n", parkStream(p), p.Version, projector.Printable(p.EventType), p.EventID)
-				fmt.Fprintf(w, "parked:     %s after %d %s\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts, plural(int64(p.Attempts), "attempt"))
+				if p.LastRetriedAt == nil {
+					fmt.Fprintf(w, "parked:     %s after %d %s\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts, plural(int64(p.Attempts), "attempt"))
+				} else {
+					// Attempts counts each retry too: "after 4 attempts" of a
+					// stream parked at MaxAttempts 3 and retried once misled.
+					fmt.Fprintf(w, "parked:     %s; %d %s in all, its retries included\n", p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts, plural(int64(p.Attempts), "attempt"))
+				}
 				if p.LiveThrough >= p.Version {
 					// Handed over by a blue/green switch: say which events a
 					// retry replays (their Emit calls append nothing again).

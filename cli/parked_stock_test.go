@@ -81,4 +81,10 @@ func TestParkedCommandsOfTheStockBinary(t *testing.T) {
 		p, err := projection.ParkByID(ctx, store, listed[0].ID)
 		return err == nil && p.Status == projection.ParkResolved
 	})
+	// Parked at its first attempt (MaxAttempts 1), resolved by a retry:
+	// two attempts, not "parked after 2 attempts".
+	out, code = runIn(t, store.Schema(), stock, "parked", "show", id)
+	if code != ExitOK || !strings.Contains(out, "; 2 attempts in all, its retries included\n") {
+		t.Fatalf("show of the retried park: exit %d:\n%s", code, out)
+	}
 }
