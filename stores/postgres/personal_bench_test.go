@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -41,21 +42,12 @@ func BenchmarkPersonalFields(b *testing.B) {
 	pool := pgtest.PoolFromConfig(b, cfg)
 	schema := pgtest.Schema(b)
 	master := masterKey(b, "bench", "bench")
-	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, MasterKey: master})
-	if err != nil {
-		b.Fatal(err)
-	}
+	store, plainStore := sealedAndPlainStores(b, pool, schema, types, master)
 	kt, err := postgres.NewKeyTable(schema, master)
 	if err != nil {
 		b.Fatal(err)
 	}
 	uncached, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, Keys: otherKeyStore{kt}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	clearTypes := projector.NewRegistry()
-	projector.MustDefine[testevents.CustomerPlain](clearTypes, types.Plain.Name())
-	plainStore, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: clearTypes})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -196,6 +188,25 @@ func reportWire(b *testing.B, n int, personal, plain, personalWire, plainWire ti
 	b.ReportMetric(float64(personalBytes)/100, "personal-bytes/event")
 	b.ReportMetric(float64(plainBytes)/100, "plain-bytes/event")
 	b.ReportMetric(plain.Seconds()/(plain+personalWire-plainWire).Seconds(), "ceiling-ratio")
+}
+
+// sealedAndPlainStores returns two stores of schema: one whose registry
+// declares CustomerRegistered's personal fields (sealed under master), and
+// one whose registry defines the same fields as the plain
+// CustomerPlain — the baseline the personal benchmarks compare against.
+func sealedAndPlainStores(b *testing.B, pool *pgxpool.Pool, schema string, types testevents.PersonalTypes, master *postgres.MasterKey) (sealed, plain *postgres.Store) {
+	b.Helper()
+	ctx := context.Background()
+	sealed, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, MasterKey: master})
+	if err != nil {
+		b.Fatal(err)
+	}
+	clearTypes := projector.NewRegistry()
+	projector.MustDefine[testevents.CustomerPlain](clearTypes, types.Plain.Name())
+	if plain, err = postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: clearTypes}); err != nil {
+		b.Fatal(err)
+	}
+	return sealed, plain
 }
 
 // otherKeyStore hides the key table behind another KeyStore: the store

@@ -15,7 +15,6 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
-	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // BenchmarkEnvelopeLayout measures what the sealed rows' envelope costs the
@@ -35,16 +34,7 @@ func BenchmarkEnvelopeLayout(b *testing.B) {
 	types := testevents.NewPersonal()
 	pool := pgtest.Pool(b)
 	schema := pgtest.Schema(b)
-	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, MasterKey: masterKey(b, "bench", "bench")})
-	if err != nil {
-		b.Fatal(err)
-	}
-	clearTypes := projector.NewRegistry()
-	projector.MustDefine[testevents.CustomerPlain](clearTypes, types.Plain.Name())
-	plainStore, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: clearTypes})
-	if err != nil {
-		b.Fatal(err)
-	}
+	store, plainStore := sealedAndPlainStores(b, pool, schema, types, masterKey(b, "bench", "bench"))
 	for i := range 100 {
 		id := fmt.Sprintf("c-%d", i)
 		name, email := "Ada Lovelace "+id, "ada."+id+"@example.com"
