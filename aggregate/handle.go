@@ -98,6 +98,11 @@ func (r *Repository[S]) Handle(ctx context.Context, stream projector.StreamRef, 
 			return res, nil
 		}
 		if !errors.Is(err, projector.ErrConcurrency) || attempt >= o.MaxAttempts || ctx.Err() != nil {
+			if attempt == 1 && !errors.Is(err, projector.ErrConcurrency) {
+				// Not a conflict, so never retried: the retry budget in
+				// the message read as if it might be.
+				return Result[S]{Attempts: attempt}, fmt.Errorf("handle command on stream %s: %w", stream, err)
+			}
 			return Result[S]{Attempts: attempt}, fmt.Errorf("handle command on stream %s (attempt %d of at most %d): %w", stream, attempt, o.MaxAttempts, err)
 		}
 		if err := sleep(ctx, backoff(attempt, o.Backoff, o.MaxBackoff)); err != nil {

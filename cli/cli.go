@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	neturl "net/url"
 	"os"
 	"os/signal"
@@ -75,7 +76,10 @@ type Config struct {
 	// logger on standard error.
 	Logger *slog.Logger
 	// Commands are extra subcommands to mount (the example binary adds
-	// `demo`).
+	// `demo`): the application's own commands beside Projector's. A name
+	// or alias one of Projector's commands (or cobra's help and
+	// completion) already has is refused: [Main] and [Run] exit
+	// [ExitUsage] saying so, and [New] panics.
 	Commands []*cobra.Command
 	// JetStreamConsumers builds the JetStream claims consumers a consumer
 	// service runs, on the store its commands opened: `relay dead-letters
@@ -162,9 +166,35 @@ is not allowed in the current state; nothing changed).`,
 	root.AddCommand(app.searchCmd())
 	root.AddCommand(app.relayCmd())
 	root.AddCommand(app.deadLettersCmd(), app.parkedCmd(), app.horizonCmd(), app.subjectsCmd(), app.streamsCmd())
-	root.AddCommand(cfg.Commands...)
 	root.AddCommand(app.benchCmd())
+	if err := commandsClash(root, cfg.Commands); err != nil {
+		panic(err)
+	}
+	root.AddCommand(cfg.Commands...)
 	return root
+}
+
+// commandsClash reports an application command named (or aliased) as one
+// of the tree's own, or as cobra's help and completion: cobra would mount
+// both and run one of them for the name, silently — an application's
+// `search` hid `search verify` so, and printed its own output with exit 0.
+func commandsClash(root *cobra.Command, extra []*cobra.Command) error {
+	taken := map[string]bool{"help": true, "completion": true}
+	for _, c := range root.Commands() {
+		taken[c.Name()] = true
+		for _, a := range c.Aliases {
+			taken[a] = true
+		}
+	}
+	for _, c := range extra {
+		for _, name := range append([]string{c.Name()}, c.Aliases...) {
+			if taken[name] {
+				return fmt.Errorf("cli.Config.Commands: %q is already a command of the tree (%s); give yours another name", name, strings.Join(slices.Sorted(maps.Keys(taken)), ", "))
+			}
+			taken[name] = true
+		}
+	}
+	return nil
 }
 
 // Main runs the command tree on os.Args with a context cancelled by SIGINT
@@ -182,6 +212,10 @@ func Main(cfg Config) int {
 // command lines in one process, each with its own output and, through
 // [Config.Getenv], its own environment; signals are the caller's to wire.
 func Run(ctx context.Context, cfg Config, args []string, stdout, stderr io.Writer) int {
+	if err := commandsClash(New(Config{Name: cfg.Name}), cfg.Commands); err != nil {
+		fmt.Fprintf(cmp.Or[io.Writer](stderr, os.Stderr), "%s: %v\n", cmp.Or(cfg.Name, "projector"), err)
+		return ExitUsage
+	}
 	root := New(cfg)
 	// Left unset, cobra's own defaults apply: usage text it prints itself
 	// goes to standard error unless an output was set.
