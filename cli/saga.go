@@ -158,15 +158,22 @@ func writeSagaInstance(w io.Writer, in saga.InstanceDetail, personal string) err
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\nPending timeouts:")
-	err = writeTable(w, func(tw io.Writer) {
-		fmt.Fprintln(tw, "NAME\tDUE\tATTEMPTS\tLAST ERROR")
-		for _, t := range in.Timeouts {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", projector.Printable(t.Name), timestamp(t.DueAt, now), t.Attempts, text(t.LastError, cellText))
+	// A section with nothing in it says so in one line, not with a header
+	// over no rows (a completed instance has neither timeouts nor, often,
+	// appended events).
+	if len(in.Timeouts) == 0 {
+		fmt.Fprintln(w, "\nPending timeouts: none")
+	} else {
+		fmt.Fprintln(w, "\nPending timeouts:")
+		err = writeTable(w, func(tw io.Writer) {
+			fmt.Fprintln(tw, "NAME\tDUE\tATTEMPTS\tLAST ERROR")
+			for _, t := range in.Timeouts {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", projector.Printable(t.Name), timestamp(t.DueAt, now), t.Attempts, text(t.LastError, cellText))
+			}
+		})
+		if err != nil {
+			return err
 		}
-	})
-	if err != nil {
-		return err
 	}
 	fmt.Fprintln(w, "\nSteps:")
 	err = writeTable(w, func(tw io.Writer) {
@@ -177,6 +184,10 @@ func writeSagaInstance(w io.Writer, in saga.InstanceDetail, personal string) err
 		}
 	})
 	if err != nil {
+		return err
+	}
+	if len(in.Appended) == 0 {
+		_, err = fmt.Fprintln(w, "\nAppended events: none")
 		return err
 	}
 	fmt.Fprintln(w, "\nAppended events:")

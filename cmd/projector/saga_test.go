@@ -104,6 +104,9 @@ func TestSagaCommands(t *testing.T) {
 			t.Fatalf("show table lacks %q: %+v", want, r)
 		}
 	}
+	if !strings.Contains(r.stdout, "Appended events: none\n") {
+		t.Fatalf("show of an instance that appended nothing: %+v", r)
+	}
 
 	wantError(t, run(t, env, "saga", "show", "tickets", "nope"), 1, `no instance "nope"`)
 	wantError(t, run(t, env, "saga", "list", "tickets", "--status", "done"), 2, "--status")
