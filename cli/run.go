@@ -216,7 +216,19 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 			return usageError{fmt.Errorf("--http-addr: %w", err)}
 		}
 		addr = ln.Addr().String()
-		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping, ui), ReadHeaderTimeout: 5 * time.Second}
+		// On loopback the probes and metrics check the Host header as the
+		// console does: a page on any site could otherwise read them
+		// through DNS rebinding. Elsewhere they answer any Host, for the
+		// scrapers and probes that name the process as they like, as any
+		// client on that network could.
+		var probeHosts *hostcheck.Checker
+		if tcp, ok := ln.Addr().(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+			if probeHosts, err = hostcheck.New(hosts); err != nil {
+				_ = ln.Close()
+				return usageError{fmt.Errorf("--console-allowed-hosts: %w", err)}
+			}
+		}
+		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping, ui, probeHosts), ReadHeaderTimeout: 5 * time.Second}
 		if tail != nil {
 			srv.RegisterOnShutdown(tail.Close) // ends the tail's streams, which Shutdown would wait for
 		}
@@ -299,18 +311,29 @@ func consoleHosts(cfg runConfig) ([]string, error) {
 }
 
 // routes serves the metrics and probes, and the console at /console/ (with
-// / redirecting to it) when ui is not nil.
-func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error, ui http.Handler) http.Handler {
+// / redirecting to it) when ui is not nil. With hosts set, the metrics and
+// probes answer only requests whose Host it allows (the console checks its
+// own).
+func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error, ui http.Handler, hosts *hostcheck.Checker) http.Handler {
 	mux := http.NewServeMux()
 	if ui != nil {
 		mux.Handle("/console/", http.StripPrefix("/console", ui))
 		mux.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusFound))
 	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	checked := func(pattern string, h http.Handler) {
+		mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if hosts != nil && !hosts.Allowed(r) {
+				hostcheck.Refuse(w, "run")
+				return
+			}
+			h.ServeHTTP(w, r)
+		}))
+	}
+	checked("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
+	checked("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	checked("GET /readyz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !running.Load() {
 			http.Error(w, "dispatcher not running", http.StatusServiceUnavailable)
 			return
@@ -322,7 +345,7 @@ func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(c
 			return
 		}
 		fmt.Fprintln(w, "ready")
-	})
+	}))
 	return mux
 }
 

@@ -29,17 +29,19 @@ func getHost(t *testing.T, url, host string) (int, string) {
 	return resp.StatusCode, line
 }
 
-// TestRunConsoleRefusesHostileHost: the console `run` serves, and its live
-// tail, answer a Host naming another site (DNS rebinding) 421; the names
-// given with --console-allowed-hosts, localhost and the address are
-// served.
+// TestRunConsoleRefusesHostileHost: the console `run` serves, its live
+// tail, and on a loopback address its metrics and probes, answer a Host
+// naming another site (DNS rebinding) 421; the names given with
+// --console-allowed-hosts, localhost and the address are served.
 func TestRunConsoleRefusesHostileHost(t *testing.T) {
 	t.Parallel()
 	o := newOpsEnv(t)
 	cmd, addr, _ := o.startRun("--console-allowed-hosts", "ops.example.com,*.console.example.net")
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	_, port, _ := strings.Cut(addr, ":")
-	for _, path := range []string{"/console/", "/console/state.json", "/console/tail?tenant=acme", "/console/static/console.js", "/console/login"} {
+	// The metrics and probes too, on this loopback listener: before, they
+	// answered any Host.
+	for _, path := range []string{"/console/", "/console/state.json", "/console/tail?tenant=acme", "/console/static/console.js", "/console/login", "/metrics", "/healthz", "/readyz"} {
 		for _, host := range []string{"rebind.evil.example:" + port, "ops.example.com.evil.example"} {
 			if code, line := getHost(t, "http://"+addr+path, host); code != http.StatusMisdirectedRequest {
 				t.Errorf("GET %s with Host %s: %d %q, want 421", path, host, code, line)
