@@ -72,6 +72,14 @@ type Config struct {
 	// dispatches, the stream types `events prune` may delete by default, and
 	// a setup step for the application's own tables. Nil means none.
 	Wire func(schema string) (Wiring, error)
+	// TenantRole and StrictTenancy are the store's
+	// [postgres.Config.TenantRole] and [postgres.Config.StrictTenancy]:
+	// the role `run`'s tenant-scoped transactions (handlers of tenants'
+	// events) switch to, so row-level security isolates them when the
+	// binary connects as an owner or superuser, and whether to refuse to
+	// start without that isolation (docs/tenancy.md).
+	TenantRole    string
+	StrictTenancy bool
 	// Logger receives log lines of long-running commands; default a text
 	// logger on standard error.
 	Logger *slog.Logger
@@ -552,6 +560,7 @@ func (a *App) Store(ctx context.Context, pool *pgxpool.Pool) (*postgres.Store, e
 	}
 	store, err := postgres.New(ctx, pool, postgres.Config{Schema: a.schema, Registry: a.cfg.Registry, Logger: a.logger(),
 		Inline: w.Inline, Ephemeral: w.Ephemeral, QuietInlineNote: !a.appends, MasterKey: master, OldMasterKeys: old,
+		TenantRole: a.cfg.TenantRole, StrictTenancy: a.cfg.StrictTenancy,
 		// Only `run` must seal and open personal fields to work at all: the
 		// inspecting commands and `subjects forget` run without a master key.
 		AllowNoMasterKey: !a.appends})
