@@ -1,7 +1,7 @@
 // Package sagatest tests sagas. [Fixture] runs a saga's handlers without a
 // database, the way Axon's saga test fixture does: given these events, and
 // this much time passing, expect these appended events, this state and
-// these pending timeouts. [Start] runs a saga against a real database in a
+// these pending timeouts. [Run] runs a saga against a real database in a
 // user's own test, with its dispatcher and timeout runner.
 //
 // The fixture applies the same decisions the database path applies, in the
@@ -18,6 +18,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,9 @@ type Fixture[S any] struct {
 	commands []saga.CommandOp
 	ignored  int
 	late     int
+	// tenant is whose instances State and the Expect methods look up:
+	// the system tenant unless InTenant named another.
+	tenant string
 }
 
 type instKey struct{ tenant, key string }
@@ -77,7 +81,17 @@ func New[S any](t testing.TB, s *saga.Saga[S], reg *projector.Registry) *Fixture
 	if err := s.Validate(reg); err != nil {
 		t.Fatalf("sagatest: %v", err)
 	}
-	return &Fixture[S]{t: t, s: s, reg: reg, clock: projectiontest.NewClock(Start), inst: map[instKey]*instance[S]{}, versions: map[projector.StreamRef]int64{}}
+	return &Fixture[S]{t: t, s: s, reg: reg, clock: projectiontest.NewClock(Start), inst: map[instKey]*instance[S]{},
+		versions: map[projector.StreamRef]int64{}, tenant: projector.SystemTenant}
+}
+
+// InTenant makes State, Timeouts and the Expect methods that take a key
+// look up the instances of tenant (those its events' streams,
+// projector.TenantStream, start), instead of the system tenant's, until it
+// is called again.
+func (f *Fixture[S]) InTenant(tenant string) *Fixture[S] {
+	f.tenant = tenant
+	return f
 }
 
 // Now returns the fixture's clock.
@@ -278,8 +292,9 @@ func (f *Fixture[S]) nextDue(end time.Time) (*instance[S], string, pending, bool
 	return best, bestName, bestP, best != nil
 }
 
-// State returns the state of the instance of key (system tenant) and its
-// status; the test fails if there is none.
+// State returns the state of the instance of key (of the system tenant, or
+// of the one [Fixture.InTenant] names) and its status; the test fails if
+// there is none.
 func (f *Fixture[S]) State(key string) (S, saga.Status) {
 	f.t.Helper()
 	in := f.instance(key)
@@ -288,9 +303,20 @@ func (f *Fixture[S]) State(key string) (S, saga.Status) {
 
 func (f *Fixture[S]) instance(key string) *instance[S] {
 	f.t.Helper()
-	in, ok := f.inst[instKey{projector.SystemTenant, key}]
+	in, ok := f.inst[instKey{f.tenant, key}]
 	if !ok {
-		f.t.Fatalf("sagatest: no instance for key %q", key)
+		// The likeliest slip: the instance is another tenant's.
+		var elsewhere []string
+		for k := range f.inst {
+			if k.key == key {
+				elsewhere = append(elsewhere, k.tenant)
+			}
+		}
+		if len(elsewhere) > 0 {
+			slices.Sort(elsewhere)
+			f.t.Fatalf("sagatest: no instance for key %q in tenant %s; it has one in %s: look there with InTenant", key, f.tenant, strings.Join(elsewhere, ", "))
+		}
+		f.t.Fatalf("sagatest: no instance for key %q in tenant %s", key, f.tenant)
 	}
 	return in
 }

@@ -3,6 +3,8 @@ package sagatest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,4 +157,51 @@ func TestRun(t *testing.T) {
 	if in.Version != 2 || len(in.Appended) != 1 || in.Appended[0].Type != "sla.reminded" || len(in.Timeouts) != 0 {
 		t.Fatalf("instance %+v: want the opened step and one reminder", in)
 	}
+}
+
+// A saga driven by a tenant's streams is inspected with InTenant: before,
+// State and the Expect methods looked up the system tenant's instances
+// only, and failed with "no instance for key" for one that existed in its
+// tenant. Without InTenant the failure names the tenant that has it.
+func TestFixture_InTenant(t *testing.T) {
+	t.Parallel()
+	ty := testevents.New()
+	f := sagatest.New(t, reminder(ty.Registry, ty, nil), ty.Registry)
+	f.Given(projector.TenantStream("acme", "ticket", "t-1"), testevents.TicketOpened{Title: "acme's"}).
+		Given(projector.Stream("ticket", "t-1"), testevents.TicketOpened{Title: "the system's"})
+	f.InTenant("acme").ExpectState("t-1", state{Title: "acme's"}).
+		ExpectTimeouts("t-1", map[string]time.Time{"remind": sagatest.Start.Add(time.Hour)})
+	f.InTenant(projector.SystemTenant).ExpectState("t-1", state{Title: "the system's"})
+
+	ty2 := testevents.New()
+	rec := &fatalRecorder{TB: t}
+	g := sagatest.New(rec, reminder(ty2.Registry, ty2, nil), ty2.Registry)
+	g.Given(projector.TenantStream("acme", "ticket", "t-2"), testevents.TicketOpened{Title: "acme's"})
+	func() {
+		defer func() {
+			if r := recover(); r != nil && r != errFatal {
+				panic(r)
+			}
+		}()
+		g.State("t-2")
+	}()
+	if !strings.Contains(rec.msg, `no instance for key "t-2" in tenant __system__; it has one in acme: look there with InTenant`) {
+		t.Fatalf("looking up another tenant's instance: %q", rec.msg)
+	}
+}
+
+// fatalRecorder keeps a fixture's Fatalf message and stops its caller with
+// errFatal instead of failing the test.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+var errFatal = errors.New("fatal recorded")
+
+func (r *fatalRecorder) Helper() {}
+
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	panic(errFatal)
 }
