@@ -37,7 +37,12 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
 	o := c.who(r)
 	if !o.ok() {
-		c.deny(w, r, http.StatusUnauthorized, "sign in with the operator token first")
+		msg := "sign in with the operator token first"
+		if r.Header.Get("Authorization") != "" {
+			// A script's header, not a browser's missing session.
+			msg = "the Authorization header is not \"Bearer \" and the operator token (" + EnvToken + ")"
+		}
+		c.deny(w, r, http.StatusUnauthorized, msg)
 		return
 	}
 	if !c.csrfOK(r, o) {
