@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/projectorhq/projector"
 )
 
 // CookieName is the session cookie the login form sets.
@@ -140,8 +142,19 @@ func remote(r *http.Request) string { return r.RemoteAddr }
 // operator's business as an action.
 func (c *Console) deny(w http.ResponseWriter, r *http.Request, code int, why string) {
 	c.log.Warn("console: request refused", slog.String("remote", remote(r)), slog.String("method", r.Method),
-		slog.String("path", r.URL.Path), slog.Int("status", code), slog.String("why", why))
+		slog.String("path", requestPath(r)), slog.Int("status", code), slog.String("why", why))
 	c.reply(w, r, code, why)
+}
+
+// requestPath is the path the client asked for, as logs should name it:
+// the request line's, before any http.StripPrefix a mount put in front of
+// the console ("/console/" was logged as "/"), made printable.
+func requestPath(r *http.Request) string {
+	p := r.URL.Path
+	if r.RequestURI != "" {
+		p, _, _ = strings.Cut(r.RequestURI, "?")
+	}
+	return projector.Printable(p)
 }
 
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {

@@ -298,7 +298,7 @@ func New(cfg Config) (*Console, error) {
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !c.hosts.Allowed(r) {
 		c.log.Warn("console: request refused", slog.String("remote", remote(r)), slog.String("method", r.Method),
-			slog.String("path", projector.Printable(r.URL.Path)), slog.String("host", projector.Printable(r.Host)),
+			slog.String("path", requestPath(r)), slog.String("host", projector.Printable(r.Host)),
 			slog.Int("status", http.StatusMisdirectedRequest), slog.String("why", "Host is not this console's (DNS rebinding?)"))
 		hostcheck.Refuse(w, "console")
 		return
