@@ -5,9 +5,26 @@ import (
 	"encoding"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"unicode/utf8"
 )
+
+// MaxPayloadBytes is the largest encoded payload an append accepts: the
+// longest string PostgreSQL's jsonb holds (2^28 − 1 bytes), so no payload
+// under it fails for its size there. A larger one is refused before
+// anything is sent (it took a 300 MB payload 15 s to fail in PostgreSQL,
+// with an error no sentinel matched); a blob that size belongs outside the
+// log, referenced by an event.
+const MaxPayloadBytes = 1<<28 - 1
+
+// checkSize refuses an encoded payload of n bytes over MaxPayloadBytes.
+func checkSize(n int) error {
+	if n > MaxPayloadBytes {
+		return fmt.Errorf("the encoded payload is %d bytes, over the limit of %d (projector.MaxPayloadBytes, the longest string jsonb holds): keep large blobs outside the log and reference them", n, MaxPayloadBytes)
+	}
+	return nil
+}
 
 // checkEncoded reports why data, the JSON encoding of v, is not v stored
 // exactly, or could not be stored in jsonb at all.
@@ -23,6 +40,9 @@ import (
 // means encoding/json changed the data (JSON from elsewhere, in a
 // RawMessage, may spell U+FFFD as an escape legitimately).
 func checkEncoded(data []byte, v reflect.Value) error {
+	if err := checkSize(len(data)); err != nil {
+		return err
+	}
 	if !utf8.Valid(data) {
 		return errors.New("the encoded JSON is not valid UTF-8 (from a custom MarshalJSON or a json.RawMessage)")
 	}
