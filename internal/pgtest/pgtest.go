@@ -305,7 +305,9 @@ func dropSchema(t testing.TB, name string) {
 	defer cancel()
 	if _, err := shared.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
 		t.Logf("drop test schema %s: %v", name, err)
+		return
 	}
+	afterDrop()
 }
 
 // Store returns a store on a new schema of its own with reg's event types.
