@@ -67,6 +67,11 @@ func (r AppendResult) Position() projector.Position {
 // the handlers it reaches continue the trace; without one, no span is
 // started and nothing is recorded (docs/tracing.md).
 func (s *Store) Append(ctx context.Context, tx pgx.Tx, stream projector.StreamRef, expected projector.ExpectedVersion, payloads ...any) (AppendResult, error) {
+	if err := stream.Validate(); err != nil {
+		// Its error names the stream: "append to stream X: … stream X: …"
+		// said it twice.
+		return AppendResult{}, fmt.Errorf("append: %w", err)
+	}
 	if tracing.Recorded(trace.SpanFromContext(ctx)) {
 		return s.appendTraced(ctx, tx, stream, expected, payloads)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,8 +139,17 @@ func TestAppendExpectedVersions(t *testing.T) {
 	if res := f.appendTx(t, s, projector.AnyVersion, comment, comment); res.Version != 4 {
 		t.Fatalf("any: version %d, want 4", res.Version)
 	}
-	if err := tryAppend(projector.ExpectedVersion(-7)); !errors.Is(err, projector.ErrInvalidStream) {
+	if err := tryAppend(projector.ExpectedVersion(-7)); !errors.Is(err, projector.ErrInvalidStream) || !strings.Contains(err.Error(), "append to stream __system__/") {
 		t.Fatalf("expected version -7: %v", err)
+	}
+	// A stream that cannot be stored is named once, by its own error.
+	bad := projector.Stream("ticket", "bad\xff")
+	err = pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
+		_, err := f.store.Append(f.ctx, tx, bad, projector.AnyVersion, opened)
+		return err
+	})
+	if !errors.Is(err, projector.ErrInvalidStream) || strings.Count(err.Error(), "__system__/ticket/") != 1 {
+		t.Fatalf("an unstorable stream id: %v", err)
 	}
 }
 
