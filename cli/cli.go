@@ -131,8 +131,20 @@ type App struct {
 	appends bool
 }
 
-// New returns the root command with every subcommand mounted.
+// New returns the root command with every subcommand mounted. It panics
+// when one of cfg.Commands is named as a command of the tree ([Run] and
+// [Main] report that as a bad command line instead).
 func New(cfg Config) *cobra.Command {
+	root, err := newRoot(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return root
+}
+
+// newRoot is [New], returning a clash of cfg.Commands with the tree's own
+// commands as an error.
+func newRoot(cfg Config) (*cobra.Command, error) {
 	cfg.Name = cmp.Or(cfg.Name, "projector")
 	if cfg.Registry == nil {
 		cfg.Registry = projector.NewRegistry()
@@ -176,10 +188,10 @@ is not allowed in the current state; nothing changed).`,
 	root.AddCommand(app.deadLettersCmd(), app.parkedCmd(), app.horizonCmd(), app.subjectsCmd(), app.streamsCmd())
 	root.AddCommand(app.benchCmd())
 	if err := commandsClash(root, cfg.Commands); err != nil {
-		panic(err)
+		return nil, err
 	}
 	root.AddCommand(cfg.Commands...)
-	return root
+	return root, nil
 }
 
 // commandsClash reports an application command named (or aliased) as one
@@ -220,11 +232,11 @@ func Main(cfg Config) int {
 // command lines in one process, each with its own output and, through
 // [Config.Getenv], its own environment; signals are the caller's to wire.
 func Run(ctx context.Context, cfg Config, args []string, stdout, stderr io.Writer) int {
-	if err := commandsClash(New(Config{Name: cfg.Name}), cfg.Commands); err != nil {
+	root, err := newRoot(cfg)
+	if err != nil {
 		fmt.Fprintf(cmp.Or[io.Writer](stderr, os.Stderr), "%s: %v\n", cmp.Or(cfg.Name, "projector"), err)
 		return ExitUsage
 	}
-	root := New(cfg)
 	// Left unset, cobra's own defaults apply: usage text it prints itself
 	// goes to standard error unless an output was set.
 	if stdout != nil {
@@ -234,7 +246,7 @@ func Run(ctx context.Context, cfg Config, args []string, stdout, stderr io.Write
 		root.SetErr(stderr)
 	}
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	err = root.ExecuteContext(ctx)
 	if err == nil {
 		return ExitOK
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -70,6 +71,12 @@ func TestParkedCommandsOfTheStockBinary(t *testing.T) {
 	out, code = runIn(t, store.Schema(), stock, "parked", "retry", id, "--wait", "--timeout", "300ms")
 	if code != ExitError || !strings.Contains(out, "no dispatcher carried out the retry") || strings.Contains(out, "unknown event type") {
 		t.Fatalf("retry --wait by the stock binary, no dispatcher: exit %d, want %d saying the request stays:\n%s", code, ExitError, out)
+	}
+	if _, err := projection.ParkByID(ctx, store, listed[0].ID+1000); !errors.Is(err, projector.ErrNotFound) {
+		t.Fatalf("ParkByID of an unknown id: %v, want ErrNotFound", err)
+	}
+	if _, _, err := projection.GetParkRaw(ctx, store, -1); !errors.Is(err, projector.ErrNotFound) {
+		t.Fatalf("GetParkRaw of a negative id: %v, want ErrNotFound", err)
 	}
 	p, err := projection.ParkByID(ctx, store, listed[0].ID)
 	if err != nil || p.Status != projection.ParkOpen || p.RetryRequestedAt == nil {

@@ -100,9 +100,7 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 	if tx == nil {
 		return AppendResult{}, errors.New("nil transaction: append runs inside the caller's transaction")
 	}
-	if err := stream.Validate(); err != nil {
-		return AppendResult{}, err
-	}
+	// The stream was validated by Append, appendOnce's only way in.
 	if expected < projector.AnyVersion {
 		return AppendResult{}, fmt.Errorf("%w: expected version %d (want AnyVersion, NoStream or ExactVersion(n≥0))", projector.ErrInvalidStream, int64(expected))
 	}
