@@ -107,12 +107,14 @@ func appendEventAdditional(b []byte, subject string, ms []member, idx []int) []b
 // JSON, into one envelope. It returns ok false, and nothing, when fewer
 // than two fields are sealed (one envelope per field costs the same then,
 // and keeps the format every earlier row has) or when the scanner does
-// not follow data (SealWith's path gives the precise error).
-func (p Personal) sealEvent(data json.RawMessage, subject string, c *KeyCipher) (json.RawMessage, bool, error) {
+// not follow data (SealWith's path gives the precise error). With apart,
+// every sealed field holds the placeholder and the envelope's bytes are
+// returned beside the payload instead (SealPayloadApart).
+func (p Personal) sealEvent(data json.RawMessage, subject string, c *KeyCipher, apart bool) (_ json.RawMessage, envelope []byte, ok bool, _ error) {
 	var few [4]member // on the stack while the event has at most four
 	ms := few[:0]
 	var bad []byte
-	ok := jsonscan.MembersBytes(data, func(name, v []byte, start, end int) bool {
+	followed := jsonscan.MembersBytes(data, func(name, v []byte, start, end int) bool {
 		if !hasName(p.Fields, name) {
 			if startsSealed(v) {
 				bad = name
@@ -126,10 +128,10 @@ func (p Personal) sealEvent(data json.RawMessage, subject string, c *KeyCipher) 
 		return true
 	})
 	if bad != nil {
-		return nil, false, fmt.Errorf("%w: field %q starts with %q or %q, which mark a sealed personal field", ErrInvalidPayload, bad, sealedPrefix, eventPrefix)
+		return nil, nil, false, fmt.Errorf("%w: field %q starts with %q or %q, which mark a sealed personal field", ErrInvalidPayload, bad, sealedPrefix, eventPrefix)
 	}
-	if !ok || len(ms) < 2 || !json.Valid(data) {
-		return nil, false, nil
+	if !followed || len(ms) < 2 || !json.Valid(data) {
+		return nil, nil, false, nil
 	}
 	var idxa [4]int
 	idx := idxa[:0]
@@ -153,7 +155,7 @@ func (p Personal) sealEvent(data json.RawMessage, subject string, c *KeyCipher) 
 	buf := sc.crypto[:cap(sc.crypto)]
 	nonce := buf[:ns:ns]
 	if _, err := rand.Read(nonce); err != nil {
-		return nil, false, fmt.Errorf("seal: nonce: %w", err)
+		return nil, nil, false, fmt.Errorf("seal: nonce: %w", err)
 	}
 	plain := buf[ns:ns]
 	for _, i := range idx {
@@ -163,11 +165,14 @@ func (p Personal) sealEvent(data json.RawMessage, subject string, c *KeyCipher) 
 	// The additional data goes after the most the sealed bytes can take.
 	ad := appendEventAdditional(buf[sealedEnd:sealedEnd], subject, ms, idx)
 	raw := c.aead.Seal(buf[:ns:sealedEnd], nonce, plain, ad)
+	if apart {
+		envelope = append([]byte(nil), raw...) // raw is the pool's
+	}
 	out := make([]byte, 0, len(data)+base64.RawURLEncoding.EncodedLen(len(raw))+len(eventPlaceholder)*len(ms))
 	last := 0
 	for k, m := range ms {
 		out = append(out, data[last:m.start]...)
-		if k == 0 {
+		if k == 0 && !apart {
 			out = append(out, '"')
 			out = append(out, eventPrefix...)
 			out = base64.RawURLEncoding.AppendEncode(out, raw)
@@ -177,15 +182,50 @@ func (p Personal) sealEvent(data json.RawMessage, subject string, c *KeyCipher) 
 		}
 		last = m.end
 	}
-	return append(out, data[last:]...), true, nil
+	return append(out, data[last:]...), envelope, true, nil
+}
+
+// AttachEnvelope returns payload, stored with its event envelope apart
+// (Personal.SealPayloadApart: every sealed field holds the placeholder
+// "pjx2."), with envelope, its bytes, back in the first top-level field
+// holding the placeholder: the payload as it would be stored with the
+// envelope inside it, which every reader, export and relay consumer opens.
+// It fails with ErrSealed, and returns nothing, when payload has no such
+// field (an envelope beside a payload that has no place for it is a
+// damaged row, not one to read as if nothing were sealed).
+func AttachEnvelope(payload json.RawMessage, envelope []byte) (json.RawMessage, error) {
+	at, end := -1, -1
+	jsonscan.RawMembers(payload, func(_, v []byte) bool {
+		if string(v) != eventPlaceholder {
+			return true
+		}
+		// v is payload's own bytes: its offset is where the field's value starts.
+		at = cap(payload) - cap(v)
+		end = at + len(v)
+		return false
+	})
+	if at < 0 {
+		return nil, fmt.Errorf("%w: an event envelope is stored beside a payload with no field holding %q", ErrSealed, eventPlaceholder)
+	}
+	n := base64.RawURLEncoding.EncodedLen(len(envelope))
+	out := make([]byte, 0, len(payload)+n)
+	out = append(out, payload[:at+1+len(eventPrefix)]...) // up to `"pjx2.`
+	out = base64.RawURLEncoding.AppendEncode(out, envelope)
+	return append(out, payload[end-1:]...), nil // from the closing quote
 }
 
 // openEvent opens the event envelope env of the members ms[idx] (sorted
 // by name) in buf, grown as needed and returned, and sets each member's v
-// to its JSON value, valid until buf is used again.
-func (c *KeyCipher) openEvent(subject string, ms []member, idx []int, env, buf []byte) ([]byte, error) {
-	enc := env[len(eventPrefix):]
-	size := base64.RawURLEncoding.DecodedLen(len(enc))
+// to its JSON value, valid until buf is used again. env is the envelope as
+// a payload holds it ("pjx2." and base64), or, with apart, its bytes as
+// kept beside the payload (migration 29's column).
+func (c *KeyCipher) openEvent(subject string, ms []member, idx []int, env []byte, apart bool, buf []byte) ([]byte, error) {
+	var enc []byte
+	size := len(env)
+	if !apart {
+		enc = env[len(eventPrefix):]
+		size = base64.RawURLEncoding.DecodedLen(len(enc))
+	}
 	need := size + len(eventPrefix) + len(subject) + 1
 	for _, i := range idx {
 		need += len(ms[i].name) + 1
@@ -195,11 +235,15 @@ func (c *KeyCipher) openEvent(subject string, ms []member, idx []int, env, buf [
 	}
 	buf = buf[:cap(buf)]
 	raw := buf[:size]
-	n, err := strictBase64.Decode(raw, enc)
-	if err != nil {
-		return buf, fmt.Errorf("%w: event envelope encoding: %w", ErrSealed, err)
+	if apart {
+		copy(raw, env) // opened in place: env is the caller's
+	} else {
+		n, err := strictBase64.Decode(raw, enc)
+		if err != nil {
+			return buf, fmt.Errorf("%w: event envelope encoding: %w", ErrSealed, err)
+		}
+		raw = raw[:n]
 	}
-	raw = raw[:n]
 	if len(raw) < gcmNonceSize+gcmTagSize {
 		return buf, fmt.Errorf("%w: event envelope of %d bytes is too short", ErrSealed, len(raw))
 	}
@@ -229,12 +273,14 @@ func (c *KeyCipher) openEvent(subject string, ms []member, idx []int, env, buf [
 // nil (forgotten), into a result of data's size plus room for nulls; with
 // inPlace, over data itself when every opened value is at hand before the
 // first byte is written and no write passes what is still to be read
-// (fitsInPlace). data is left as it was on an error.
-func openMembers(data []byte, subject string, c *KeyCipher, ms []member, inPlace bool) (out []byte, forgotten bool, err error) {
+// (fitsInPlace). apart is the event envelope kept beside data, whose
+// fields then all hold the placeholder, or nil. data is left as it was on
+// an error.
+func openMembers(data []byte, subject string, c *KeyCipher, ms []member, inPlace bool, apart []byte) (out []byte, forgotten bool, err error) {
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
 	if c != nil {
-		var env []byte
+		env := apart
 		var idxa [4]int
 		idx := idxa[:0]
 		envs := 0
@@ -248,22 +294,42 @@ func openMembers(data []byte, subject string, c *KeyCipher, ms []member, inPlace
 				idx = append(idx, i)
 			}
 		}
+		if apart != nil {
+			if envs != 0 || len(idx) == 0 {
+				return nil, false, fmt.Errorf("%w: an event envelope kept apart from a payload with %d envelopes and %d placeholders", ErrSealed, envs, len(idx)-envs)
+			}
+			envs = 1
+		}
 		if len(idx) > 0 {
 			if envs != 1 {
 				return nil, false, fmt.Errorf("%w: %d event envelopes for %d fields sealed in one", ErrSealed, envs, len(idx))
 			}
 			sortByName(idx, ms)
-			if sc.text, err = c.openEvent(subject, ms, idx, env, sc.text); err != nil {
+			if sc.text, err = c.openEvent(subject, ms, idx, env, apart != nil, sc.text); err != nil {
 				return nil, false, err
 			}
 		}
 	}
-	if inPlace && fitsInPlace(ms, c) {
+	// With inPlace, the result goes over data, or, when an envelope kept
+	// apart lies just before data in the same array (a store's read lays
+	// them out so, adjacent), over both from the envelope's start: the
+	// envelope was copied out by openEvent, and its length is the room the
+	// opened values need.
+	head := 0
+	if inPlace && adjacent(apart, data) {
+		head = len(apart)
+	}
+	if inPlace && fitsInPlace(ms, c, head) {
 		out = data[:0]
+		if head > 0 {
+			out = apart[: 0 : head+len(data)]
+		}
 	} else {
 		// An opened value is shorter than its envelope; a placeholder (7
 		// bytes) may be shorter than null (4) plus nothing: room for nulls.
-		out = make([]byte, 0, len(data)+len(jsonNull))
+		// An envelope kept apart opens into values longer than their
+		// placeholders, by less than the envelope's length.
+		out = make([]byte, 0, len(data)+len(jsonNull)+len(apart))
 	}
 	last := 0
 	for i := range ms {
@@ -289,12 +355,15 @@ func openMembers(data []byte, subject string, c *KeyCipher, ms []member, inPlace
 
 // fitsInPlace reports whether ms, opened (their v the opened values) or
 // set to null (c nil), can be written over the payload they were read
-// from, front to back: no field envelope is left to open while writing
-// (it would be decrypted from bytes already overwritten), and after each
-// member the result ends at or before the member's end in the payload, so
-// what is still to be read is never overwritten.
-func fitsInPlace(ms []member, c *KeyCipher) bool {
-	shrunk := 0 // how far the result's end is ahead of the payload's
+// from, front to back, starting head bytes before the payload: no field
+// envelope is left to open while writing (it would be decrypted from
+// bytes already overwritten), and after each member the result ends at or
+// before the member's end in the payload, so what is still to be read is
+// never overwritten.
+func fitsInPlace(ms []member, c *KeyCipher, head int) bool {
+	// How far the result's end is ahead of the payload's: head bytes to
+	// spare when the result starts that far before data.
+	shrunk := head
 	for i := range ms {
 		m := &ms[i]
 		n := len(jsonNull)
@@ -310,6 +379,15 @@ func fitsInPlace(ms []member, c *KeyCipher) bool {
 		}
 	}
 	return true
+}
+
+// adjacent reports whether env, not empty, ends where data starts, in one
+// array: data's bytes are then env's capacity past its length.
+func adjacent(env, data []byte) bool {
+	if len(env) == 0 || len(data) == 0 || cap(env) < len(env)+len(data) {
+		return false
+	}
+	return &env[:len(env)+1][len(env)] == &data[0]
 }
 
 // sealedMembers returns data's sealed members, in order, in few when they

@@ -35,6 +35,17 @@ type Personal struct {
 	// release reads the log (after a rolling deploy has finished). Rows
 	// already written keep their form; either form reads the same.
 	OneEnvelope bool
+	// EnvelopeApart, with OneEnvelope, has the PostgreSQL store keep an
+	// event's envelope in a column of its own (projector_events.envelope,
+	// migration 29) beside a payload whose sealed fields all hold the
+	// placeholder, instead of inside one of them: a sealed read then costs
+	// about what a plain one does (docs/performance.md, "Where the
+	// envelope lives"). Reads, exports and the relay put the envelope
+	// back in the payload, so everything downstream sees the same
+	// payload either way. A binary of an earlier release cannot read such
+	// rows: turn it on, as OneEnvelope, once no older binary reads the
+	// log. Rows already written keep their form.
+	EnvelopeApart bool
 }
 
 // declared reports whether p declares anything.
@@ -63,6 +74,9 @@ func (p Personal) check(t reflect.Type) error {
 	}
 	if len(p.Fields) == 0 {
 		return errors.New("a Personal declaration names no Fields")
+	}
+	if p.EnvelopeApart && !p.OneEnvelope {
+		return errors.New("EnvelopeApart keeps an event envelope apart, and only OneEnvelope seals one: set both, or neither")
 	}
 	fields := jsonFields(t)
 	sub, ok := fields[p.Subject]
@@ -260,7 +274,7 @@ func (p Personal) Seal(data json.RawMessage, subject string, key []byte) (json.R
 // sized up front for the fields' growth: sealing a payload allocates the
 // result alone (TestSealAllocs).
 func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (json.RawMessage, error) {
-	out, _, err := p.sealWith(data, subject, c, jsonNull)
+	out, _, _, err := p.sealWith(data, subject, c, jsonNull, false)
 	return out, err
 }
 
@@ -275,7 +289,21 @@ func (p Personal) SealWith(data json.RawMessage, subject string, c *KeyCipher) (
 // event Forgotten. Opening the result with a nil cipher ([OpenWith])
 // gives the payload every read returns.
 func (p Personal) SealPayload(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
-	return p.sealWith(data, subject, c, forgottenEnvelope)
+	out, _, forgotten, err = p.sealWith(data, subject, c, forgottenEnvelope, false)
+	return out, forgotten, err
+}
+
+// SealPayloadApart is [Personal.SealPayload] for a store that keeps an
+// event envelope beside the payload rather than in it, for a type whose
+// declaration sets EnvelopeApart: when the fields are sealed in one
+// envelope, each holds the placeholder "pjx2." and the envelope's bytes
+// (nonce, ciphertext and tag, not base64) are returned apart, to be
+// stored in a column of their own (a read then carries them as bytes,
+// not as a JSON string the server writes out a character at a time).
+// Otherwise envelope is nil and out is what SealPayload returns.
+// [AttachEnvelope] puts the envelope back: a reader opens the result.
+func (p Personal) SealPayloadApart(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, envelope []byte, forgotten bool, err error) {
+	return p.sealWith(data, subject, c, forgottenEnvelope, p.EnvelopeApart)
 }
 
 // forgottenEnvelope is what [Personal.SealPayload] writes for a forgotten
@@ -285,11 +313,12 @@ func (p Personal) SealPayload(data json.RawMessage, subject string, c *KeyCipher
 var forgottenEnvelope = json.RawMessage(`"` + sealedPrefix + `"`)
 
 // sealWith is SealWith, writing forgotten in place of each field's value
-// under a nil c; nulled reports that it did.
-func (p Personal) sealWith(data json.RawMessage, subject string, c *KeyCipher, forgotten json.RawMessage) (_ json.RawMessage, nulled bool, _ error) {
+// under a nil c; nulled reports that it did. With apart, an event envelope
+// is returned beside the payload (SealPayloadApart).
+func (p Personal) sealWith(data json.RawMessage, subject string, c *KeyCipher, forgotten json.RawMessage, apart bool) (_ json.RawMessage, envelope []byte, nulled bool, _ error) {
 	if c != nil && p.OneEnvelope {
-		if out, ok, err := p.sealEvent(data, subject, c); err != nil || ok {
-			return out, false, err
+		if out, env, ok, err := p.sealEvent(data, subject, c, apart); err != nil || ok {
+			return out, env, false, err
 		}
 	}
 	sc := scratchPool.Get().(*scratch)
@@ -321,9 +350,9 @@ func (p Personal) sealWith(data json.RawMessage, subject string, c *KeyCipher, f
 		return sc.text, true, nil
 	}, false, size)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	return out, nulled, nil
+	return out, nil, nulled, nil
 }
 
 // cipherOf returns key's cipher, nil for a nil key (forgotten).
@@ -351,29 +380,39 @@ func Open(data json.RawMessage, subject string, key []byte) (out json.RawMessage
 // OpenWith is [Open] under a key's cipher; a nil c sets the sealed fields
 // to null.
 func OpenWith(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
-	return openWith(data, subject, c, false)
+	return openWith(data, subject, c, false, nil)
 }
 
 // OpenStored is [OpenWith] for data read from a PostgreSQL jsonb column,
 // which is valid JSON by construction: it does not validate data again
 // (what it does with invalid JSON is unspecified, but it never panics).
 func OpenStored(data json.RawMessage, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
-	return openWith(data, subject, c, true)
+	return openWith(data, subject, c, true, nil)
+}
+
+// OpenStoredApart is [OpenStored] for a payload stored with its event
+// envelope apart ([Personal.SealPayloadApart]): envelope is the envelope's
+// bytes, opened as they are, which spares putting them back in the payload
+// as base64 ([AttachEnvelope]) only to decode them again. A nil envelope
+// is OpenStored. A payload with no field holding the placeholder, or with
+// an envelope of its own besides, is an error (ErrSealed).
+func OpenStoredApart(data json.RawMessage, envelope []byte, subject string, c *KeyCipher) (out json.RawMessage, forgotten bool, err error) {
+	return openWith(data, subject, c, true, envelope)
 }
 
 // openWith opens data's envelopes in a pooled buffer, one for every field
 // and every call (rewrite copies each result at once), into a result of
 // data's size: an opened value is always shorter than its envelope, so
 // opening a payload allocates the result alone (TestOpenStoredAllocs).
-func openWith(data json.RawMessage, subject string, c *KeyCipher, valid bool) (out json.RawMessage, forgotten bool, err error) {
-	if bytes.Contains(data, []byte(`"`+eventPrefix)) && (valid || json.Valid(data)) {
+func openWith(data json.RawMessage, subject string, c *KeyCipher, valid bool, apart []byte) (out json.RawMessage, forgotten bool, err error) {
+	if apart != nil || bytes.Contains(data, []byte(`"`+eventPrefix)) && (valid || json.Valid(data)) {
 		// An event envelope opens before any of its fields is written.
 		var few [4]member
 		ms, ok := sealedMembers(data, few[:])
 		if !ok {
 			return nil, false, fmt.Errorf("%w: an event envelope in a payload the scanner does not follow", ErrSealed)
 		}
-		return openMembers(data, subject, c, ms, false)
+		return openMembers(data, subject, c, ms, false, apart)
 	}
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
@@ -406,7 +445,7 @@ func openWith(data json.RawMessage, subject string, c *KeyCipher, valid bool) (o
 // returned whenever it was found, with cipher's error too, so a caller
 // whose cipher had no key at hand can fetch it and call OpenStored.
 func (p Personal) OpenStoredBy(data json.RawMessage, cipher func(subject string) (*KeyCipher, error)) (out json.RawMessage, subject string, forgotten bool, err error) {
-	return p.openStoredBy(data, cipher, false)
+	return p.openStoredBy(data, cipher, false, nil)
 }
 
 // OpenStoredByInPlace is [Personal.OpenStoredBy] for data the caller owns
@@ -415,10 +454,22 @@ func (p Personal) OpenStoredBy(data json.RawMessage, cipher func(subject string)
 // After a call that returns no error, use out, never data; on an error
 // data is left as it was.
 func (p Personal) OpenStoredByInPlace(data json.RawMessage, cipher func(subject string) (*KeyCipher, error)) (out json.RawMessage, subject string, forgotten bool, err error) {
-	return p.openStoredBy(data, cipher, true)
+	return p.openStoredBy(data, cipher, true, nil)
 }
 
-func (p Personal) openStoredBy(data json.RawMessage, cipher func(subject string) (*KeyCipher, error), inPlace bool) (out json.RawMessage, subject string, forgotten bool, err error) {
+// OpenStoredApartByInPlace is [Personal.OpenStoredByInPlace] for a payload
+// stored with its event envelope apart, as [OpenStoredApart] is for
+// [OpenStored]; a nil envelope is OpenStoredByInPlace. The caller gives up
+// both data and envelope. The opened values are longer than the
+// placeholders they replace, so the result fits over data only when
+// envelope lies just before it in one array (envelope's capacity running
+// on into data, as a store's read lays a row out): it is then written
+// from envelope's start, and the open allocates nothing.
+func (p Personal) OpenStoredApartByInPlace(data json.RawMessage, envelope []byte, cipher func(subject string) (*KeyCipher, error)) (out json.RawMessage, subject string, forgotten bool, err error) {
+	return p.openStoredBy(data, cipher, true, envelope)
+}
+
+func (p Personal) openStoredBy(data json.RawMessage, cipher func(subject string) (*KeyCipher, error), inPlace bool, apart []byte) (out json.RawMessage, subject string, forgotten bool, err error) {
 	var few [4]member // on the stack while the event has at most four
 	ms := few[:0]
 	var raw []byte
@@ -443,20 +494,20 @@ func (p Personal) openStoredBy(data json.RawMessage, cipher func(subject string)
 		if err != nil {
 			return nil, subject, false, err
 		}
-		out, forgotten, err = OpenStored(data, subject, c)
+		out, forgotten, err = OpenStoredApart(data, apart, subject, c)
 		return out, subject, forgotten, err
 	}
 	if subject, err = p.subjectValue(raw); err != nil {
 		return nil, "", false, err
 	}
-	if len(ms) == 0 {
+	if len(ms) == 0 && apart == nil {
 		return data, subject, false, nil
 	}
 	c, err := cipher(subject)
 	if err != nil {
 		return nil, subject, false, err
 	}
-	out, forgotten, err = openMembers(data, subject, c, ms, inPlace)
+	out, forgotten, err = openMembers(data, subject, c, ms, inPlace, apart)
 	return out, subject, forgotten, err
 }
 

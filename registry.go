@@ -349,13 +349,36 @@ func (r *Registry) Decode(name string, schemaVersion int, data json.RawMessage) 
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: %q was never defined", ErrUnknownEventType, name)
 	}
-	data, err := e.upcast(schemaVersion, data)
+	v, data, err := e.decodeAt(schemaVersion, data, false)
+	return v, data, err
+}
+
+// DecodeOpened is [Registry.Decode] for a payload whose sealed personal
+// fields the caller has opened already, as a store's read does with the
+// subject's key before it decodes: it skips Decode's scan for fields left
+// sealed (which it would read as null), a few percent of a sealed read.
+// It also returns the type's current schema version, data's once upcast.
+func (r *Registry) DecodeOpened(name string, schemaVersion int, data json.RawMessage) (any, json.RawMessage, int, error) {
+	r.mu.RLock()
+	e, ok := r.byName[name]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, nil, 0, fmt.Errorf("%w: %q was never defined", ErrUnknownEventType, name)
+	}
+	v, data, err := e.decodeAt(schemaVersion, data, true)
+	return v, data, e.SchemaVersion, err
+}
+
+// decodeAt upcasts data from schemaVersion and decodes it; opened: its
+// sealed fields were opened by the caller.
+func (e *typeEntry) decodeAt(schemaVersion int, data json.RawMessage, opened bool) (any, json.RawMessage, error) {
+	data, err := e.upcast(schemaVersion, data, opened)
 	if err != nil {
 		return nil, nil, err
 	}
 	v, err := e.decode(data)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: decode %s v%d: %w", ErrInvalidPayload, name, e.SchemaVersion, err)
+		return nil, nil, fmt.Errorf("%w: decode %s v%d: %w", ErrInvalidPayload, e.Name, e.SchemaVersion, err)
 	}
 	return v, data, nil
 }
@@ -369,15 +392,15 @@ func (r *Registry) Upcast(name string, schemaVersion int, data json.RawMessage) 
 	if !ok {
 		return nil, 0, fmt.Errorf("%w: %q was never defined", ErrUnknownEventType, name)
 	}
-	out, err := e.upcast(schemaVersion, data)
+	out, err := e.upcast(schemaVersion, data, false)
 	return out, e.SchemaVersion, err
 }
 
-func (e *typeEntry) upcast(from int, data json.RawMessage) (json.RawMessage, error) {
+func (e *typeEntry) upcast(from int, data json.RawMessage, opened bool) (json.RawMessage, error) {
 	if from < 1 || from > e.SchemaVersion {
 		return nil, fmt.Errorf("%w: %s stored at schema version %d, this program knows 1..%d", ErrInvalidPayload, e.Name, from, e.SchemaVersion)
 	}
-	if e.Personal.declared() && IsSealed(data) {
+	if !opened && e.Personal.declared() && IsSealed(data) {
 		// Still sealed: read without the key store (a relayed message, a
 		// raw row). Personal fields then decode as null, never as
 		// ciphertext in a string field.

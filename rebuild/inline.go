@@ -731,7 +731,7 @@ func switchInline(ctx context.Context, store *postgres.Store, p *projection.Inli
 // under the switch's lock, and wrong anywhere else.
 func readCommitted(ctx context.Context, tx pgx.Tx, store *postgres.Store, after projector.Position, types []string, limit int, archived bool) ([]projector.Event, error) {
 	const columns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
-			e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at`
+			e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at, e.envelope`
 	from := store.Table("projector_events")
 	if archived {
 		from = `(SELECT ` + columns + ` FROM ` + from + ` e UNION ALL SELECT ` + columns + ` FROM ` + store.Table("projector_events_archive") + ` e)`
@@ -754,11 +754,16 @@ func readCommitted(ctx context.Context, tx pgx.Tx, store *postgres.Store, after 
 			causation                  *uuid.UUID
 			tenant, sType, sID, typ, a string
 			schemaVersion              int
-			data, headers              []byte
+			data, headers, envelope    []byte
 			at                         time.Time
 		)
-		if err := rows.Scan(&txID, &seq, &id, &tenant, &sType, &sID, &version, &typ, &schemaVersion, &data, &correlation, &causation, &a, &headers, &at); err != nil {
+		if err := rows.Scan(&txID, &seq, &id, &tenant, &sType, &sID, &version, &typ, &schemaVersion, &data, &correlation, &causation, &a, &headers, &at, &envelope); err != nil {
 			return nil, fmt.Errorf("read the log after %s: %w", after, err)
+		}
+		if envelope != nil { // kept apart from the payload (migration 29)
+			if data, err = projector.AttachEnvelope(data, envelope); err != nil {
+				return nil, fmt.Errorf("event %s (%s v%d of %s/%s): %w", id, typ, version, sType, sID, err)
+			}
 		}
 		ev, err := postgres.DecodeEnvelope(&txID, &seq, id, projector.StreamRef{Tenant: tenant, Type: sType, ID: sID}, version, typ,
 			schemaVersion, data, correlation, causation, a, headers, at)

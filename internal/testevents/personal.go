@@ -32,13 +32,15 @@ type PersonalTypes struct {
 }
 
 // NewPersonal defines CustomerRegistered (personal: name and email, subject
-// customer) and CustomerPlain in a fresh registry.
+// customer, sealed in one envelope kept apart from the payload: the form a
+// deployment of this release turns on) and CustomerPlain in a fresh
+// registry.
 func NewPersonal() PersonalTypes {
 	r := projector.NewRegistry()
 	return PersonalTypes{
 		Registry: r,
 		Registered: projector.MustDefine[CustomerRegistered](r, "customer.registered", projector.TypeConfig{
-			Personal: projector.Personal{Subject: "customer", Fields: []string{"name", "email"}, OneEnvelope: true},
+			Personal: projector.Personal{Subject: "customer", Fields: []string{"name", "email"}, OneEnvelope: true, EnvelopeApart: true},
 		}),
 		Plain: projector.MustDefine[CustomerPlain](r, "customer.plain_registered"),
 	}

@@ -132,6 +132,9 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 		md.CorrelationID = newID()
 	}
 	var keys *sealing // the subjects' keys, when a payload has personal fields
+	// The event envelopes kept apart (Personal.EnvelopeApart), one per
+	// event, nil for the events without one; nil when none has.
+	var envelopes [][]byte
 	for i, p := range payloads {
 		enc, err := s.registry.Encode(p)
 		if err != nil {
@@ -145,8 +148,15 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 			if keys == nil {
 				keys = s.newSealing(cached)
 			}
-			if data, forgotten, err = s.seal(ctx, tx, stream.Tenant, enc, keys); err != nil {
+			var env []byte
+			if data, env, forgotten, err = s.seal(ctx, tx, stream.Tenant, enc, keys, true); err != nil {
 				return AppendResult{}, fmt.Errorf("event %d: %w", i, err)
+			}
+			if env != nil {
+				if envelopes == nil {
+					envelopes = make([][]byte, n)
+				}
+				envelopes[i] = env
 			}
 		}
 		if i == 0 {
@@ -208,7 +218,11 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 			guard = guardOne
 		}
 	}
-	sql, takesVersion := s.sql.append.statement(expected, n, guard)
+	envelope := appendPlain
+	if envelopes != nil {
+		envelope = appendEnvelope
+	}
+	sql, takesVersion := s.sql.append.statement(expected, n, guard, envelope)
 	args := make([]any, 0, 15)
 	args = append(args, stream.Tenant, stream.Type, stream.ID, int64(n))
 	if n == 1 {
@@ -227,6 +241,13 @@ func (s *Store) appendOnce(ctx context.Context, tx pgx.Tx, stream projector.Stre
 		args = append(args, keys.guardSubjects, keys.guardWrapped)
 	case guardOne:
 		args = append(args, keys.guardSubjects[0], keys.guardWrapped[0])
+	}
+	if envelopes != nil {
+		if n == 1 {
+			args = append(args, envelopes[0])
+		} else {
+			args = append(args, envelopes)
+		}
 	}
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {

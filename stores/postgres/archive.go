@@ -434,7 +434,7 @@ const archiveOK = `WITH ok AS (
 )`
 
 const archiveColumns = `tx_id, seq, id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
-	correlation_id, causation_id, actor, headers, recorded_at`
+	correlation_id, causation_id, actor, headers, recorded_at, envelope`
 
 // archiveMoveSQL moves the events of the streams archiveOK keeps and marks
 // their heads, in one statement.

@@ -61,7 +61,7 @@ type ExportResult struct {
 // already passed (promise 3's rule, applied to a file).
 const exportSQL = `
 SELECT e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
-	e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at
+	e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at, e.envelope
 FROM {{e}} e
 WHERE (e.tx_id, e.seq) > ($1::xid8, $2::bigint) AND e.tx_id < $3::xid8
   AND ($5::text[] IS NULL OR e.stream_type = ANY($5::text[]))
@@ -134,8 +134,15 @@ func (s *Store) Export(ctx context.Context, w io.Writer, opts ExportOptions) (Ex
 		var werr error
 		_, err = pgx.ForEachRow(rows, r.dest(false), func() error {
 			n++
+			r.own()
+			// The envelope goes back in the payload: the format has
+			// one form, whatever the row's (an import keeps it there).
+			data, err := r.payload()
+			if err != nil {
+				return err
+			}
 			ev, err := DecodeEnvelope(r.txID, r.seq, r.id, projector.StreamRef{Tenant: r.intern(r.tenant), Type: r.intern(r.streamType), ID: r.streamID},
-				r.version, r.intern(r.typ), int(r.schemaVersion), r.data, r.correlation, nil, r.intern(r.actor), r.headers, r.recordedAt)
+				r.version, r.intern(r.typ), int(r.schemaVersion), data, r.correlation, nil, r.intern(r.actor), r.headers, r.recordedAt)
 			if err != nil {
 				return err
 			}

@@ -73,7 +73,7 @@ func (s *Store) sealImported(ctx context.Context, tx pgx.Tx, b *importBatch) err
 				if !p.HoldsClearValue(h.Payload) {
 					continue
 				}
-				data, forgotten, err := s.seal(ctx, tx, h.Stream.Tenant, projector.Encoded{Type: h.Type, SchemaVersion: h.SchemaVersion, Data: h.Payload}, st)
+				data, _, forgotten, err := s.seal(ctx, tx, h.Stream.Tenant, projector.Encoded{Type: h.Type, SchemaVersion: h.SchemaVersion, Data: h.Payload}, st, false)
 				if err != nil {
 					if ctx.Err() != nil {
 						return err

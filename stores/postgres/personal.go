@@ -133,14 +133,19 @@ func (s *Store) checkGuard(ctx context.Context, tx pgx.Tx, tenant string, st *se
 // returns as null with the event marked Forgotten
 // (projector.Personal.SealPayload). An event of a forgotten subject with
 // no value in any personal field is not forgotten, on append as on reads.
-func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projector.Encoded, st *sealing) (_ json.RawMessage, forgotten bool, _ error) {
+//
+// With apart, an event envelope of a type declared EnvelopeApart is
+// returned beside the payload, for the events table's envelope column
+// (an append); without, it stays in the payload (an import, whose COPY
+// writes the payload alone).
+func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projector.Encoded, st *sealing, apart bool) (_ json.RawMessage, envelope []byte, forgotten bool, _ error) {
 	p, ok := s.registry.PersonalOf(enc.Type)
 	if !ok {
-		return enc.Data, false, nil
+		return enc.Data, nil, false, nil
 	}
 	id, err := p.SubjectOf(enc.Data)
 	if err != nil {
-		return nil, false, fmt.Errorf("%s: %w", enc.Type, err)
+		return nil, nil, false, fmt.Errorf("%s: %w", enc.Type, err)
 	}
 	ref := SubjectRef{Tenant: tenant, ID: id}
 	c, ok := st.keys[ref]
@@ -150,11 +155,15 @@ func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projecto
 			st.guardSubjects = append(st.guardSubjects, id)
 			st.guardWrapped = append(st.guardWrapped, e.wrapped)
 		} else if c, err = s.dataKeyCipher(ctx, tx, ref); err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
 		st.keys[ref] = c
 	}
-	return p.SealPayload(enc.Data, id, c)
+	if apart {
+		return p.SealPayloadApart(enc.Data, id, c)
+	}
+	out, forgotten, err := p.SealPayload(enc.Data, id, c)
+	return out, nil, forgotten, err
 }
 
 // dataKeyCipher reads or creates ref's key in tx: the key table's cached
@@ -192,8 +201,12 @@ type rowKey struct {
 // (projector.Personal.OpenStoredBy), and the other keys are read through
 // db in one statement, once per subject. A forgotten subject's fields
 // become null and the event is marked Forgotten. Events of types without
-// personal fields, and those with nothing sealed, are left alone.
-func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, rowKeys []rowKey, epoch int64) error {
+// personal fields, and those with nothing sealed, are left alone. envs are
+// the events' envelopes kept apart from their payloads: each opens where
+// it is, or, for a type this registry does not declare personal, is put
+// back in its payload, as a read of a registry without personal types
+// does (row.payload).
+func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, rowKeys []rowKey, envs apartEnvelopes, epoch int64) error {
 	type sealed struct {
 		i      int
 		ref    SubjectRef
@@ -247,7 +260,15 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 			lastP, lastOK = s.registry.PersonalOf(ev.Type)
 		}
 		p, ok := lastP, lastOK
+		env := envs.of(i)
 		if !ok {
+			if env != nil {
+				data, err := projector.AttachEnvelope(ev.Data, env)
+				if err != nil {
+					return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
+				}
+				ev.Data = data
+			}
 			continue
 		}
 		// A readEpoch read's opening finds the sealed fields in its own
@@ -255,7 +276,7 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		// the other reads scan for them first: a sealed payload is not
 		// read once more just to learn that it is.
 		opensInPass := epoch > 0 && (rowKeys == nil || rowKeys[i].keyID == nil)
-		if !opensInPass && !projector.IsSealed(ev.Data) {
+		if !opensInPass && env == nil && !projector.IsSealed(ev.Data) {
 			continue
 		}
 		t := sealed{i: i, ref: SubjectRef{Tenant: ev.Stream.Tenant}}
@@ -278,12 +299,12 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		case epoch > 0:
 			tenant = ev.Stream.Tenant
 			// In place: a read's payloads are pgx's fresh slices, its own.
-			data, id, forgotten, err := p.OpenStoredByInPlace(ev.Data, trusted)
+			data, id, forgotten, err := p.OpenStoredApartByInPlace(ev.Data, env, trusted)
 			switch {
 			case err == nil:
 				ev.Data, ev.Forgotten = data, forgotten
 				continue
-			case !projector.IsSealed(ev.Data):
+			case env == nil && !projector.IsSealed(ev.Data):
 				// Nothing sealed (data is as it was on an error): left
 				// alone, whatever its subject field holds.
 				continue
@@ -331,7 +352,7 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		if t.fetch {
 			t.cipher = ciphers[t.ref]
 		}
-		data, forgotten, err := projector.OpenStored(ev.Data, t.ref.ID, t.cipher)
+		data, forgotten, err := projector.OpenStoredApart(ev.Data, envs.of(t.i), t.ref.ID, t.cipher)
 		if err != nil {
 			return fmt.Errorf("event %s (%s of %s): %w", ev.ID, ev.Type, ev.Stream, err)
 		}
@@ -398,7 +419,7 @@ func (s *Store) readKeys() (readMode, []any) {
 // themselves), reading keys through db. A forgotten subject's fields
 // become null and the event is marked Forgotten; see docs/privacy.md.
 func (s *Store) OpenEvents(ctx context.Context, db DBTX, events []projector.Event) error {
-	return s.open(ctx, db, events, nil, 0)
+	return s.open(ctx, db, events, nil, nil, 0)
 }
 
 // SealTx seals the fields p declares personal in data, a JSON object of

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -286,13 +287,14 @@ func (s *Store) readMerged(ctx context.Context, db batcher, sql string, args []a
 	br := db.SendBatch(ctx, b)
 	var events []projector.Event
 	var keys []rowKey
+	var envs apartEnvelopes
 	var epoch int64
 	var err error
 	if _, err = br.Exec(); err == nil {
 		if _, err = br.Exec(); err == nil {
 			var rows pgx.Rows
 			if rows, err = br.Query(); err == nil {
-				events, keys, epoch, err = s.collectRows(rows, horizon, raw)
+				events, keys, envs, epoch, err = s.collectRows(rows, horizon, raw)
 			}
 			if err == nil {
 				_, err = br.Exec()
@@ -305,7 +307,7 @@ func (s *Store) readMerged(ctx context.Context, db batcher, sql string, args []a
 	if err != nil || !s.registry.HasPersonal() {
 		return events, err
 	}
-	return s.openAndDecode(ctx, db, events, keys, epoch, raw) // the connection is free again
+	return s.openAndDecode(ctx, db, events, keys, envs, epoch, raw) // the connection is free again
 }
 
 // ArchivedAfter reports whether the archive holds an event after pos: a
@@ -387,13 +389,18 @@ type row struct {
 	version       int64
 	typ           pgtype.DriverBytes
 	schemaVersion int32
-	data          []byte
-	correlation   [16]byte
-	causation     *[16]byte
-	actor         pgtype.DriverBytes
-	headers       []byte
-	recordedAt    time.Time
-	key           rowKey // a keyed read's key columns
+	// rawData and rawEnvelope are the row's payload and envelope as pgx
+	// lends them, valid until the next row; own copies them to data and
+	// envelope.
+	rawData, rawEnvelope pgtype.DriverBytes
+	data                 []byte
+	correlation          [16]byte
+	causation            *[16]byte
+	actor                pgtype.DriverBytes
+	headers              []byte
+	recordedAt           time.Time
+	envelope             []byte // an event envelope kept apart (migration 29), or nil: just before data, in one array
+	key                  rowKey // a keyed read's key columns
 	// names interns the few distinct tenants, stream types, event types and
 	// actors of a read: one string each instead of one per row.
 	names map[string]string
@@ -401,18 +408,75 @@ type row struct {
 
 // rowColumns is the number of an event row's columns; a keyed read's rows
 // have the key columns (keyColumns) after them.
-const rowColumns = 15
+const rowColumns = 16
 
 // keyedColumns is the number of key columns a keyed read adds.
 const keyedColumns = 4
 
 func (r *row) dest(keyed bool) []any {
 	d := []any{&r.txID, &r.seq, &r.id, &r.tenant, &r.streamType, &r.streamID, &r.version, &r.typ,
-		&r.schemaVersion, &r.data, &r.correlation, &r.causation, &r.actor, &r.headers, &r.recordedAt}
+		&r.schemaVersion, &r.rawData, &r.correlation, &r.causation, &r.actor, &r.headers, &r.recordedAt, &r.rawEnvelope}
 	if keyed {
 		d = append(d, &r.key.subject, &r.key.keyID, &r.key.wrapped, &r.key.epoch)
 	}
 	return d
+}
+
+// own copies the scanned payload, and envelope if any, out of pgx's
+// buffer: the envelope, then the payload, in one allocation, so a sealed
+// read opens the payload over both (projector.Personal.
+// OpenStoredApartByInPlace) with no allocation of its own, as it opens
+// one with the envelope inside over the payload alone.
+func (r *row) own() {
+	if r.rawEnvelope == nil {
+		r.data, r.envelope = bytes.Clone([]byte(r.rawData)), nil
+		return
+	}
+	n := len(r.rawEnvelope)
+	buf := make([]byte, n+len(r.rawData))
+	copy(buf, r.rawEnvelope)
+	copy(buf[n:], r.rawData)
+	r.envelope, r.data = buf[:n], buf[n:]
+}
+
+// payload returns the row's payload as every reader takes it: with an
+// event envelope kept apart (migration 29) put back in the field that
+// holds its place, so opening, exporting and relaying are the same for
+// both forms.
+func (r *row) payload() ([]byte, error) {
+	if r.envelope == nil {
+		return r.data, nil
+	}
+	data, err := projector.AttachEnvelope(r.data, r.envelope)
+	if err != nil {
+		return nil, fmt.Errorf("event %s (%s v%d of %s/%s): %w", uuid.UUID(r.id), r.typ, r.version, r.streamType, r.streamID, err)
+	}
+	return data, nil
+}
+
+// apartEnvelopes are the event envelopes kept apart (migration 29) of a
+// read's events, which open with them where they are (OpenStoredApart)
+// rather than put back in the payload as base64 only to be decoded again:
+// one per event, nil for an event without one; nil while no event has one.
+type apartEnvelopes [][]byte
+
+// add records the envelope of event i, the events before it recorded.
+func (a *apartEnvelopes) add(i int, env []byte) {
+	if env == nil && *a == nil {
+		return
+	}
+	if *a == nil {
+		*a = make([][]byte, i, i+16)
+	}
+	*a = append(*a, env)
+}
+
+// of returns event i's envelope, or nil.
+func (a apartEnvelopes) of(i int) []byte {
+	if a == nil {
+		return nil
+	}
+	return a[i]
 }
 
 // intern returns b as a string, the same string for equal bytes.
@@ -440,6 +504,7 @@ func (s *Store) collectMarked(ctx context.Context, db DBTX, rows pgx.Rows, raw b
 	defer rows.Close()
 	var out []projector.Event
 	var keys []rowKey
+	var envs apartEnvelopes
 	var r row
 	var epoch int64 // a readEpoch read's key epoch
 	sealed := s.registry.HasPersonal()
@@ -461,6 +526,7 @@ func (s *Store) collectMarked(ctx context.Context, db DBTX, rows pgx.Rows, raw b
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
+		r.own()
 		ev, err := s.decodeRow(&r, raw, sealed)
 		if err != nil {
 			return nil, err
@@ -469,11 +535,14 @@ func (s *Store) collectMarked(ctx context.Context, db DBTX, rows pgx.Rows, raw b
 		if keyed {
 			keys = append(keys, r.key)
 		}
+		if sealed {
+			envs.add(len(out)-1, r.envelope)
+		}
 	}
 	if err := rows.Err(); err != nil || !sealed {
 		return out, err
 	}
-	return s.openAndDecode(ctx, db, out, keys, epoch, raw)
+	return s.openAndDecode(ctx, db, out, keys, envs, epoch, raw)
 }
 
 // epochDest is the scan destinations of a key epoch row of n columns: the
@@ -486,11 +555,12 @@ func epochDest(epoch *int64, i, n int) []any {
 
 // openAndDecode opens the personal fields of events read without
 // decoding, then decodes them. keys are the key rows a readKeyed read
-// brought with the events (nil for other reads), epoch the key epoch a
-// readEpoch read returned (0 for other reads): the keys neither gives are
-// read in a statement of their own on the same connection.
-func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.Event, keys []rowKey, epoch int64, raw bool) ([]projector.Event, error) {
-	if err := s.open(ctx, db, events, keys, epoch); err != nil {
+// brought with the events (nil for other reads), envs the event envelopes
+// kept apart from their payloads, epoch the key epoch a readEpoch read
+// returned (0 for other reads): the keys neither gives are read in a
+// statement of their own on the same connection.
+func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.Event, keys []rowKey, envs apartEnvelopes, epoch int64, raw bool) ([]projector.Event, error) {
+	if err := s.open(ctx, db, events, keys, envs, epoch); err != nil {
 		return nil, err
 	}
 	for i := range events {
@@ -505,23 +575,24 @@ func (s *Store) openAndDecode(ctx context.Context, db DBTX, events []projector.E
 // column, then an event, or NULLs when nothing matched, or, in a readEpoch
 // read's last row (keyEpochLogRowSQL), NULL and the key epoch.
 func (s *Store) collectWithHorizon(ctx context.Context, db DBTX, rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, error) {
-	out, keys, epoch, err := s.collectRows(rows, horizon, raw)
+	out, keys, envs, epoch, err := s.collectRows(rows, horizon, raw)
 	if err != nil || !s.registry.HasPersonal() {
 		return out, err
 	}
-	return s.openAndDecode(ctx, db, out, keys, epoch, raw)
+	return s.openAndDecode(ctx, db, out, keys, envs, epoch, raw)
 }
 
 // collectRows is collectWithHorizon's reading of rows, which it closes: the
 // events, with their key rows and the read's key epoch when the registry
 // has personal fields (their payloads then still sealed, for
 // openAndDecode).
-func (s *Store) collectRows(rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, []rowKey, int64, error) {
+func (s *Store) collectRows(rows pgx.Rows, horizon *uint64, raw bool) ([]projector.Event, []rowKey, apartEnvelopes, int64, error) {
 	defer rows.Close()
 	sealed := s.registry.HasPersonal()
 	keyed := len(rows.FieldDescriptions()) == 1+rowColumns+keyedColumns
 	out := make([]projector.Event, 0, 64)
 	var keys []rowKey
+	var envs apartEnvelopes
 	var r row
 	var epoch int64
 	dest := append([]any{horizon}, r.dest(keyed)...)
@@ -535,35 +606,47 @@ func (s *Store) collectRows(rows pgx.Rows, horizon *uint64, raw bool) ([]project
 				d[0] = horizon
 			}
 			if err := rows.Scan(d...); err != nil {
-				return nil, nil, 0, err
+				return nil, nil, nil, 0, err
 			}
 			continue
 		}
 		if err := rows.Scan(dest...); err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, 0, err
 		}
+		r.own()
 		ev, err := s.decodeRow(&r, raw, sealed)
 		if err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, 0, err
 		}
 		out = append(out, ev)
 		if keyed {
 			keys = append(keys, r.key)
 		}
+		if sealed {
+			envs.add(len(out)-1, r.envelope)
+		}
 	}
-	return out, keys, epoch, rows.Err()
+	return out, keys, envs, epoch, rows.Err()
 }
 
 // decodeRow assembles the row's event and decodes it, unless deferred: then
-// the caller opens sealed fields first and decodes with decodeEvent.
+// the caller opens sealed fields first, with the row's envelope when it
+// is kept apart (apartEnvelopes), and decodes with decodeEvent.
 func (s *Store) decodeRow(r *row, raw, deferred bool) (projector.Event, error) {
 	var causation *uuid.UUID
 	if r.causation != nil {
 		c := uuid.UUID(*r.causation)
 		causation = &c
 	}
+	data := r.data
+	if !deferred {
+		var err error
+		if data, err = r.payload(); err != nil {
+			return projector.Event{}, err
+		}
+	}
 	ev, err := DecodeEnvelope(r.txID, r.seq, r.id, projector.StreamRef{Tenant: r.intern(r.tenant), Type: r.intern(r.streamType), ID: r.streamID},
-		r.version, r.intern(r.typ), int(r.schemaVersion), r.data, r.correlation, causation, r.intern(r.actor), r.headers, r.recordedAt)
+		r.version, r.intern(r.typ), int(r.schemaVersion), data, r.correlation, causation, r.intern(r.actor), r.headers, r.recordedAt)
 	if err != nil || deferred {
 		return ev, err
 	}
@@ -583,12 +666,14 @@ func (s *Store) decodeEvent(ev *projector.Event, raw bool) error {
 		}
 		return nil
 	}
-	payload, data, err := s.registry.Decode(ev.Type, ev.SchemaVersion, ev.Data)
+	// Opened: a read opens every sealed field of a type its registry
+	// declares personal before it decodes (open), and with a registry
+	// that declares none there is nothing for Decode's own check.
+	payload, data, version, err := s.registry.DecodeOpened(ev.Type, ev.SchemaVersion, ev.Data)
 	if err != nil {
 		return fmt.Errorf("event %s (%s v%d of %s, schema version %d): %w", ev.ID, ev.Type, ev.Version, ev.Stream, ev.SchemaVersion, err)
 	}
-	info, _ := s.registry.Lookup(ev.Type)
-	ev.Payload, ev.Data, ev.SchemaVersion = payload, data, info.SchemaVersion
+	ev.Payload, ev.Data, ev.SchemaVersion = payload, data, version
 	return nil
 }
 

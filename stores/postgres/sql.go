@@ -26,15 +26,20 @@ type statements struct {
 	pruneDelete   string
 }
 
+// eventColumns are an event row's columns, in the events table's order
+// (the archived reads take `SELECT *` of the hot table beside these of the
+// archive's). envelope is the event envelope kept apart from the payload
+// (migration 29), put back into it as each row is read (row.payload).
 const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type,
-	e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at`
+	e.schema_version, e.data, e.correlation_id, e.causation_id, e.actor, e.headers, e.recorded_at, e.envelope`
 
 // The append is one statement, one round trip whatever the number of events:
 // a CTE that writes the stream's head, then the insert of the events, numbered
 // from the head's new version. There is one statement per kind of expected
 // version, per shape (one event or many) and per guard (none, or the key
 // guard of an append sealed under cached keys: appendGuardSQL, or
-// appendGuardOneSQL when they are one subject's), eighteen in all, so each
+// appendGuardOneSQL when they are one subject's) and per envelope (kept in
+// the payload, or apart: appendEnvelope), thirty-six in all, so each
 // plan holds
 // only the head write that can apply: a statement with every branch paid for
 // starting and running the ones that could not, and a single event paid for
@@ -53,11 +58,12 @@ const eventColumns = `e.tx_id, e.seq, e.id, e.tenant_id, e.stream_type, e.stream
 // refused. A refused head returns no row, the event
 // insert then inserts nothing, and the caller reads the head to report why.
 //
-// Parameters, the same in all eighteen: $1, $2, $3 the stream (tenant, type, id),
+// Parameters, the same in all: $1, $2, $3 the stream (tenant, type, id),
 // $4 the number of events, $5–$8 the events' ids, types, schema versions and
 // data (scalars for one event, arrays for many), $9–$12 the metadata
 // (correlation, causation, actor, headers) and, for an exact expected
-// version only, $13 that version; the guard's two follow.
+// version only, $13 that version; the guard's two follow, then the
+// envelopes kept apart.
 
 // appendAnyHead creates the stream or advances it, whatever its version.
 const appendAnyHead = `
@@ -87,11 +93,13 @@ const appendExactHead = `
 	RETURNING s.version`
 
 // appendOneEvents inserts a single event, at the head's new version.
+// {{ec}} and {{ev}} are the envelope's column and parameter in an append
+// that keeps one apart (appendEnvelope), nothing in the others.
 const appendOneEvents = `
 INSERT INTO {{s}}.projector_events
 	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
-	 correlation_id, causation_id, actor, headers)
-SELECT $5::uuid, $1, $2, $3, head.version, $6::text, $7::int, $8::jsonb, $9, $10, $11, $12
+	 correlation_id, causation_id, actor, headers{{ec}})
+SELECT $5::uuid, $1, $2, $3, head.version, $6::text, $7::int, $8::jsonb, $9, $10, $11, $12{{ev}}
 FROM head
 RETURNING tx_id, seq, version, recorded_at`
 
@@ -106,10 +114,10 @@ RETURNING tx_id, seq, version, recorded_at`
 const appendManyEvents = `
 INSERT INTO {{s}}.projector_events
 	(id, tenant_id, stream_type, stream_id, version, type, schema_version, data,
-	 correlation_id, causation_id, actor, headers)
+	 correlation_id, causation_id, actor, headers{{ec}})
 SELECT ev.id, $1, $2, $3, (SELECT head.version FROM head) - $4 + ev.ord, ev.type, ev.sv, ev.data,
-	$9, $10, $11, $12
-FROM unnest($5::uuid[], $6::text[], $7::int[], $8::jsonb[]) WITH ORDINALITY AS ev(id, type, sv, data, ord)
+	$9, $10, $11, $12{{eu}}
+FROM unnest($5::uuid[], $6::text[], $7::int[], $8::jsonb[]{{ev}}) WITH ORDINALITY AS ev(id, type, sv, data, {{en}}ord)
 WHERE (SELECT head.version FROM head) IS NOT NULL
 ORDER BY ev.ord
 RETURNING tx_id, seq, version, recorded_at`
@@ -144,14 +152,25 @@ const appendGuardOneSQL = `EXISTS (SELECT FROM {{s}}.projector_subject_keys k
 const appendGuardedValues = `SELECT $1::text, $2::text, $3::text, $4::bigint, pg_current_xact_id() WHERE `
 
 // appendStatements holds the append statements, by expected-version kind,
-// shape and guard.
+// shape, guard and envelope.
 type appendStatements struct {
-	// anyVersion, noStream and exact are indexed by guard (guardNone, or
-	// a key guard taking the two parameters after the last: guardMany with
-	// arrays, guardOne with one subject's scalars) and shape (0 for one
-	// event, 1 for more).
-	anyVersion, noStream, exact [3][2]string
+	// anyVersion, noStream and exact are indexed by envelope (appendPlain,
+	// or appendEnvelope: an event envelope kept apart, in the parameter
+	// after the last, a bytea or, for many events, a bytea[] with NULL
+	// for the events that have none), guard (guardNone, or a key guard
+	// taking the two parameters after the last: guardMany with arrays,
+	// guardOne with one subject's scalars) and shape (0 for one event, 1
+	// for more).
+	anyVersion, noStream, exact [2][3][2]string
 }
+
+// The append statements' forms by envelope: 36 statements in all, so an
+// append with no envelope apart (every plain append) sends and plans what
+// it did before migration 29.
+const (
+	appendPlain    = iota
+	appendEnvelope // an event envelope kept apart (Personal.EnvelopeApart)
+)
 
 // The append statements' key guards.
 const (
@@ -161,43 +180,55 @@ const (
 )
 
 func buildAppendStatements(r *strings.Replacer) appendStatements {
-	both := func(head string, kind int, first int) [2]string {
+	both := func(head string, kind, envelope int, first int) [2]string {
 		values, guard := appendValues, ""
+		next := first // the envelope's parameter
 		if kind != guardNone {
 			g := fmt.Sprintf(appendGuardSQL, first, first+1)
 			if kind == guardOne {
 				g = fmt.Sprintf(appendGuardOneSQL, first, first+1)
 			}
 			values, guard = appendGuardedValues+g, "\n\t  AND "+g
+			next += 2
 		}
 		head = strings.NewReplacer("{{values}}", values, "{{guard}}", guard).Replace(head)
 		with := "WITH head AS (" + head + "\n)"
-		return [2]string{r.Replace(with + appendOneEvents), r.Replace(with + appendManyEvents)}
+		env := strings.NewReplacer("{{ec}}", "", "{{ev}}", "", "{{eu}}", "", "{{en}}", "")
+		if envelope == appendEnvelope {
+			p := fmt.Sprintf("$%d", next)
+			one := strings.NewReplacer("{{ec}}", ", envelope", "{{ev}}", ", "+p+"::bytea")
+			many := strings.NewReplacer("{{ec}}", ", envelope", "{{eu}}", ", ev.envelope", "{{ev}}", ", "+p+"::bytea[]", "{{en}}", "envelope, ")
+			return [2]string{r.Replace(one.Replace(with + appendOneEvents)), r.Replace(many.Replace(with + appendManyEvents))}
+		}
+		return [2]string{r.Replace(env.Replace(with + appendOneEvents)), r.Replace(env.Replace(with + appendManyEvents))}
 	}
 	var a appendStatements
-	for g := range a.anyVersion {
-		a.anyVersion[g] = both(appendAnyHead, g, 13)
-		a.noStream[g] = both(appendNoStreamHead, g, 13)
-		a.exact[g] = both(appendExactHead, g, 14)
+	for e := range a.anyVersion {
+		for g := range a.anyVersion[e] {
+			a.anyVersion[e][g] = both(appendAnyHead, g, e, 13)
+			a.noStream[e][g] = both(appendNoStreamHead, g, e, 13)
+			a.exact[e][g] = both(appendExactHead, g, e, 14)
+		}
 	}
 	return a
 }
 
 // statement returns the statement for n events with expectation expected,
-// and key guard g, and whether it takes the expected version as its
-// parameter $13 (the guard's two follow it).
-func (a *appendStatements) statement(expected projector.ExpectedVersion, n int, g int) (sql string, takesVersion bool) {
+// key guard g and envelope form e, and whether it takes the expected
+// version as its parameter $13 (the guard's two follow it, then the
+// envelopes).
+func (a *appendStatements) statement(expected projector.ExpectedVersion, n int, g, e int) (sql string, takesVersion bool) {
 	shape := 0
 	if n > 1 {
 		shape = 1
 	}
 	switch {
 	case expected == projector.AnyVersion:
-		return a.anyVersion[g][shape], false
+		return a.anyVersion[e][g][shape], false
 	case expected == projector.NoStream:
-		return a.noStream[g][shape], false
+		return a.noStream[e][g][shape], false
 	default:
-		return a.exact[g][shape], true
+		return a.exact[e][g][shape], true
 	}
 }
 
@@ -219,7 +250,7 @@ WHERE e.tenant_id = $1 AND e.stream_type = $2 AND e.stream_id = $3
   AND ($6::timestamptz IS NULL OR e.recorded_at <= $6::timestamptz)
 ORDER BY e.version)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL{{kn}}
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL{{kn}}
 FROM {{s}}.projector_streams s
 WHERE $4::bigint = 1 AND s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3 AND s.archived_at IS NOT NULL{{ke}}`
 
@@ -334,7 +365,7 @@ LEFT JOIN LATERAL (
 // rows are an event's columns; an event always has a tx_id.
 const keyEpochRowSQL = `
 UNION ALL
-SELECT NULL, ep.epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, ep.epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM {{s}}.projector_key_epoch ep`
 
 // keyEpochLogRowSQL ends a log read of readEpoch: the horizon, then a row
@@ -342,7 +373,7 @@ FROM {{s}}.projector_key_epoch ep`
 // is the key epoch.
 const keyEpochLogRowSQL = `
 UNION ALL
-SELECT h.xmin, NULL, ep.epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT h.xmin, NULL, ep.epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM h, {{s}}.projector_key_epoch ep`
 
 // readMode is the form of a read: readPlain without keys, readKeyed with
