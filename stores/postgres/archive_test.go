@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"reflect"
 	"strings"
 	"testing"
@@ -360,17 +359,11 @@ func TestExportIncludesArchive(t *testing.T) {
 		if _, err := f.store.Export(f.ctx, &out, o); err != nil {
 			t.Fatal(err)
 		}
-		dec := postgres.NewHistoryDecoder(&out)
 		var ids []uuid.UUID
-		for {
-			var h postgres.HistoryEvent
-			if err := dec.Next(&h); errors.Is(err, io.EOF) {
-				return ids
-			} else if err != nil {
-				t.Fatal(err)
-			}
+		for _, h := range decodeHistory(t, &out) {
 			ids = append(ids, h.ID)
 		}
+		return ids
 	}
 	if got := export(postgres.ExportOptions{}); !reflect.DeepEqual(got, []uuid.UUID{want[1], want[3]}) {
 		t.Fatalf("export of the hot log: %v, want %v", got, []uuid.UUID{want[1], want[3]})

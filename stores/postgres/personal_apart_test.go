@@ -129,17 +129,7 @@ func TestEnvelopeApartFormsReadTheSame(t *testing.T) {
 	if _, err := f.store.Export(f.ctx, &out, postgres.ExportOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	dec := postgres.NewHistoryDecoder(&out)
-	var exported []postgres.HistoryEvent
-	for {
-		var h postgres.HistoryEvent
-		if err := dec.Next(&h); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		exported = append(exported, h)
-	}
+	exported := decodeHistory(t, &out)
 	if len(exported) != 2 || !strings.Contains(string(exported[1].Payload), `"`+wantEnv+`"`) ||
 		strings.Count(string(exported[1].Payload), `"pjx2."`) != 1 {
 		t.Fatalf("export: %d events, the apart one %s", len(exported), exported[len(exported)-1].Payload)
@@ -205,5 +195,21 @@ func TestEnvelopeApartDamagedRows(t *testing.T) {
 	}
 	if _, err := f.store.Export(f.ctx, io.Discard, postgres.ExportOptions{}); !errors.Is(err, projector.ErrSealed) {
 		t.Fatalf("export of the same rows: %v", err)
+	}
+}
+
+// decodeHistory reads every event of an export.
+func decodeHistory(t *testing.T, r io.Reader) []postgres.HistoryEvent {
+	t.Helper()
+	dec := postgres.NewHistoryDecoder(r)
+	var out []postgres.HistoryEvent
+	for {
+		var h postgres.HistoryEvent
+		if err := dec.Next(&h); errors.Is(err, io.EOF) {
+			return out
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, h)
 	}
 }
