@@ -41,6 +41,23 @@ func TestEnvelopeApart(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(attached), `{"name": "pjx2.`) || strings.Count(string(attached), `"pjx2."`) != 2 {
 		t.Fatalf("attached %s (%v)", attached, err)
 	}
+	// And taken out again (an import of an exported line): the same
+	// payload and bytes.
+	back, got, ok, err := projector.DetachEnvelope(attached)
+	if err != nil || !ok || !bytes.Equal(back, payload) || !bytes.Equal(got, env) {
+		t.Fatalf("detached %s %x (%v, %v), want %s %x", back, got, ok, err, payload, env)
+	}
+	if same, none, ok, err := projector.DetachEnvelope(payload); err != nil || ok || none != nil || !bytes.Equal(same, payload) {
+		t.Fatalf("detach of a payload of placeholders: %s %x (%v, %v)", same, none, ok, err)
+	}
+	for _, bad := range []string{
+		strings.Replace(string(attached), `"plan": "pro"`, `"plan": "pjx2.AAAA"`, 1), // two envelopes
+		`{"name": "pjx2.!!", "email": "pjx2.", "customer": "c-1"}`,                   // not base64url
+	} {
+		if _, _, _, err := projector.DetachEnvelope(json.RawMessage(bad)); !errors.Is(err, projector.ErrSealed) {
+			t.Errorf("DetachEnvelope(%s): %v", bad, err)
+		}
+	}
 	for name, open := range map[string]func() (json.RawMessage, bool, error){
 		"attached": func() (json.RawMessage, bool, error) { return projector.OpenStored(attached, "c-1", c) },
 		"apart":    func() (json.RawMessage, bool, error) { return projector.OpenStoredApart(payload, env, "c-1", c) },
@@ -114,8 +131,9 @@ func TestEnvelopeApartNeedsOneEnvelope(t *testing.T) {
 	}
 }
 
-// FuzzAttachEnvelope holds putting an envelope back, and opening one kept
-// apart, to never panicking and to agreeing with each other: whatever
+// FuzzAttachEnvelope holds putting an envelope back, taking it out again,
+// and opening one kept apart, to never panicking and to agreeing with each
+// other: whatever
 // payload and envelope bytes, either both fail (ErrSealed or
 // ErrInvalidPayload) or the attached payload opens to what the envelope
 // opens to where it is, in place or not.
@@ -147,6 +165,17 @@ func FuzzAttachEnvelope(f *testing.F) {
 		}
 		if len(env) == 0 {
 			return // nil: not apart at all
+		}
+		if aerr == nil {
+			// Taken out again: the same payload and bytes, unless data
+			// held an envelope of its own (two: refused).
+			back, got, ok, derr := projector.DetachEnvelope(attached)
+			if derr != nil && !errors.Is(derr, projector.ErrSealed) {
+				t.Fatalf("DetachEnvelope(%q): %v", attached, derr)
+			}
+			if derr == nil && (!ok || !bytes.Equal(back, data) || !bytes.Equal(got, env)) {
+				t.Fatalf("DetachEnvelope(AttachEnvelope(%q, %x)) = %q %x %v", data, env, back, got, ok)
+			}
 		}
 		apart, _, err := projector.OpenStoredApart(data, env, "s", c)
 		if err != nil && !errors.Is(err, projector.ErrSealed) && !errors.Is(err, projector.ErrInvalidPayload) {

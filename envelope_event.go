@@ -185,6 +185,45 @@ func (p Personal) sealEvent(data json.RawMessage, subject string, c *KeyCipher, 
 	return append(out, data[last:]...), envelope, true, nil
 }
 
+// DetachEnvelope is [AttachEnvelope]'s inverse, for a writer that keeps
+// an event envelope apart (an import of payloads exported with the
+// envelope inside): when a top-level field of payload holds an event
+// envelope, it returns payload with that field holding the placeholder
+// and the envelope's bytes, ok true; otherwise payload as it is and ok
+// false. An envelope that is not base64url, or two of them, is an error
+// (ErrSealed), as it is to a read.
+func DetachEnvelope(payload json.RawMessage) (out json.RawMessage, envelope []byte, ok bool, err error) {
+	var few [4]member
+	ms, followed := sealedMembers(payload, few[:0])
+	if !followed {
+		return payload, nil, false, nil
+	}
+	at := -1
+	for i := range ms {
+		if ms[i].kind != eventEnvelope {
+			continue
+		}
+		if at >= 0 {
+			return nil, nil, false, fmt.Errorf("%w: two event envelopes in one payload", ErrSealed)
+		}
+		at = i
+	}
+	if at < 0 {
+		return payload, nil, false, nil
+	}
+	m := ms[at]
+	enc := m.v[len(eventPrefix):]
+	envelope = make([]byte, base64.RawURLEncoding.DecodedLen(len(enc)))
+	n, err := strictBase64.Decode(envelope, enc)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("%w: event envelope encoding: %w", ErrSealed, err)
+	}
+	out = make([]byte, 0, len(payload)-(m.end-m.start)+len(eventPlaceholder))
+	out = append(out, payload[:m.start]...)
+	out = append(out, eventPlaceholder...)
+	return append(out, payload[m.end:]...), envelope[:n], true, nil
+}
+
 // AttachEnvelope returns payload, stored with its event envelope apart
 // (Personal.SealPayloadApart: every sealed field holds the placeholder
 // "pjx2."), with envelope, its bytes, back in the first top-level field

@@ -53,7 +53,7 @@ type ImportResult struct {
 // defaults, as on append, which is what puts imported events in the log's
 // order after everything committed before them.
 var importColumns = []string{"id", "tenant_id", "stream_type", "stream_id", "version", "type",
-	"schema_version", "data", "correlation_id", "causation_id", "actor", "headers", "recorded_at"}
+	"schema_version", "data", "correlation_id", "causation_id", "actor", "headers", "recorded_at", "envelope"}
 
 // Import reads a history file (see [HistoryEvent]) and appends its events
 // to the log with PostgreSQL's COPY, in batches of opts.BatchSize events,

@@ -146,7 +146,7 @@ func (s *Store) sealImported(ctx context.Context, tx pgx.Tx, b *importBatch) err
 		}
 	}
 	for ch := range changed {
-		if err := b.encodeRows(ch); err != nil {
+		if err := b.encodeRows(ch, s.registry); err != nil {
 			return err
 		}
 	}
@@ -212,16 +212,17 @@ func (s *Store) keyRows(ctx context.Context, tx pgx.Tx, kt *KeyTable, refs []Sub
 
 // encodeRows encodes the chunk's good lines again as COPY rows, after
 // their payloads changed.
-func (b *importBatch) encodeRows(ch *importChunk) error {
+func (b *importBatch) encodeRows(ch *importChunk, reg *projector.Registry) error {
 	buf := make([]byte, 0, len(ch.buf)+256*(ch.hi-ch.lo))
 	starts := make([]int, 0, ch.hi-ch.lo+1)
+	var personal typePersonal
 	for i := ch.lo; i < ch.hi; i++ {
 		starts = append(starts, len(buf))
 		if ch.errs[i-ch.lo] != nil {
 			continue
 		}
 		var err error
-		if buf, err = appendCopyRow(buf, &b.events[i]); err != nil {
+		if buf, err = appendCopyRow(buf, &b.events[i], personal.of(reg, b.events[i].Type)); err != nil {
 			ch.errs[i-ch.lo] = fmt.Errorf("%w: %w", ErrInvalidHistory, err)
 		}
 	}

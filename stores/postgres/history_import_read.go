@@ -309,6 +309,7 @@ func (b *importBatch) decodeChunk(reg *projector.Registry, c *importChunk) {
 	// the JSON before it decodes), so the line decoder does not check it
 	// first.
 	cache := &lineCache{alias: true, unchecked: true}
+	var personal typePersonal
 	for i := c.lo; i < c.hi; i++ {
 		starts = append(starts, len(c.buf))
 		errs := &c.errs[i-c.lo]
@@ -340,7 +341,7 @@ func (b *importBatch) decodeChunk(reg *projector.Registry, c *importChunk) {
 			h.Metadata.CorrelationID = h.ID
 		}
 		b.payloads[i], b.data[i] = payload, data
-		if c.buf, err = appendCopyRow(c.buf, h); err != nil {
+		if c.buf, err = appendCopyRow(c.buf, h, personal.of(reg, h.Type)); err != nil {
 			*errs = fmt.Errorf("%w: %w", ErrInvalidHistory, err)
 		}
 	}
@@ -368,12 +369,23 @@ const pgEpochMicros = 946_684_800 * 1_000_000
 
 // appendCopyRow appends h as one row of importColumns in COPY's binary
 // format: the import writes the rows itself, in the decoding workers,
-// instead of handing values to pgx to encode one by one as it copies.
-func appendCopyRow(buf []byte, h *HistoryEvent) ([]byte, error) {
+// instead of handing values to pgx to encode one by one as it copies. p
+// is h's type's personal declaration: with EnvelopeApart, an event
+// envelope in the payload (the form a history file carries) is written to
+// the envelope column instead, as an append of the type writes it.
+func appendCopyRow(buf []byte, h *HistoryEvent, p projector.Personal) ([]byte, error) {
 	var headers []byte // nil: NULL, as an append stores no headers
 	if len(h.Metadata.Headers) > 0 {
 		var err error
 		if headers, err = json.Marshal(h.Metadata.Headers); err != nil {
+			return buf, err
+		}
+	}
+	payload := h.Payload
+	var envelope []byte
+	if p.EnvelopeApart && p.OneEnvelope {
+		var err error
+		if payload, envelope, _, err = projector.DetachEnvelope(payload); err != nil {
 			return buf, err
 		}
 	}
@@ -387,7 +399,7 @@ func appendCopyRow(buf []byte, h *HistoryEvent) ([]byte, error) {
 	buf = appendCopyText(buf, h.Type)
 	buf = binary.BigEndian.AppendUint32(buf, 4)
 	buf = binary.BigEndian.AppendUint32(buf, uint32(int32(h.SchemaVersion)))
-	buf = appendCopyJSONB(buf, h.Payload)
+	buf = appendCopyJSONB(buf, payload)
 	buf = appendCopyBytes(buf, h.Metadata.CorrelationID[:])
 	if h.Metadata.CausationID == uuid.Nil {
 		buf = appendCopyNull(buf)
@@ -403,7 +415,10 @@ func appendCopyRow(buf []byte, h *HistoryEvent) ([]byte, error) {
 	at := h.RecordedAt
 	buf = binary.BigEndian.AppendUint32(buf, 8)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(at.Unix()*1_000_000+int64(at.Nanosecond())/int64(time.Microsecond)-pgEpochMicros))
-	return buf, nil
+	if envelope == nil {
+		return appendCopyNull(buf), nil
+	}
+	return appendCopyBytes(buf, envelope), nil
 }
 
 func appendCopyBytes(buf, v []byte) []byte {
@@ -424,6 +439,23 @@ func appendCopyJSONB(buf, v []byte) []byte {
 }
 
 func appendCopyNull(buf []byte) []byte { return binary.BigEndian.AppendUint32(buf, 0xffffffff) }
+
+// typePersonal remembers the personal declaration of the last event type
+// a loop looked up: the registry's lookup takes its lock, and a batch's
+// lines mostly share a few types.
+type typePersonal struct {
+	typ string
+	p   projector.Personal
+	ok  bool
+}
+
+func (t *typePersonal) of(reg *projector.Registry, typ string) projector.Personal {
+	if !t.ok || t.typ != typ {
+		t.typ, t.ok = typ, true
+		t.p, _ = reg.PersonalOf(typ)
+	}
+	return t.p
+}
 
 // importCopySQL is the import's COPY statement.
 func (s *Store) importCopySQL() string {

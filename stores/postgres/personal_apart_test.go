@@ -9,7 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -211,5 +214,78 @@ func decodeHistory(t *testing.T, r io.Reader) []postgres.HistoryEvent {
 			t.Fatal(err)
 		}
 		out = append(out, h)
+	}
+}
+
+// TestImportKeepsEnvelopeApart: an import of a type declared EnvelopeApart
+// writes its rows as an append does, the envelope in its column: both the
+// lines a history file carries sealed (the envelope inside the payload, as
+// an export writes them) and clear lines the import seals. They read back
+// as written, and export again as they were exported.
+func TestImportKeepsEnvelopeApart(t *testing.T) {
+	t.Parallel()
+	f := personalSetup(t)
+	ada := testevents.CustomerRegistered{Customer: "c-1", Name: "Ada Lovelace", Email: "ada@example.com", Plan: "pro"}
+	if err := f.appendCustomer(f.store, projector.Stream("customer", "a"), ada); err != nil {
+		t.Fatal(err)
+	}
+	var file bytes.Buffer
+	if _, err := f.store.Export(f.ctx, &file, postgres.ExportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	exported := decodeHistory(t, bytes.NewReader(file.Bytes()))
+	if len(exported) != 1 || strings.Count(string(exported[0].Payload), `"pjx2.`) != 2 {
+		t.Fatalf("exported %+v", exported)
+	}
+	// A clear line of another subject, which the import seals.
+	eve := testevents.CustomerRegistered{Customer: "c-9", Name: "Eve Clear", Email: "eve@example.com", Plan: "free"}
+	clear := exported[0]
+	clear.ID, clear.Stream.ID = uuid.New(), "e"
+	clear.Payload, _ = json.Marshal(eve)
+	line, err := json.Marshal(clear)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file.Write(append(line, '\n'))
+
+	into := pgtest.Store(t, f.types.Registry, postgres.Config{MasterKey: masterKey(t, "k1", "one")})
+	if _, err := into.Pool().Exec(f.ctx, `INSERT INTO `+into.Table("projector_subject_keys")+
+		` SELECT * FROM `+f.store.Table("projector_subject_keys")); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := into.Import(f.ctx, bytes.NewReader(file.Bytes()), postgres.ImportOptions{}); err != nil || res.Imported != 2 {
+		t.Fatalf("import: %+v, %v", res, err)
+	}
+	g := personalFixture{ctx: f.ctx, types: f.types, store: into}
+	payloads, envelopes := g.envelopeColumns(t)
+	for _, id := range []string{"a", "e"} {
+		if len(envelopes[id]) < 28 || strings.Count(payloads[id], `"pjx2."`) != 2 {
+			t.Fatalf("imported %s: payload %s, envelope column %x", id, payloads[id], envelopes[id])
+		}
+	}
+	for id, want := range map[string]testevents.CustomerRegistered{"a": ada, "e": eve} {
+		evs, err := into.ReadStream(f.ctx, projector.Stream("customer", id), postgres.StreamQuery{})
+		if err != nil || len(evs) != 1 || evs[0].Payload != want {
+			t.Fatalf("read imported %s: %+v, %v", id, evs, err)
+		}
+	}
+	var again bytes.Buffer
+	if _, err := into.Export(f.ctx, &again, postgres.ExportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if re := decodeHistory(t, &again); len(re) != 2 || !bytes.Equal(re[0].Payload, exported[0].Payload) {
+		t.Fatalf("exported again: %+v, want the first line's payload %s", re, exported[0].Payload)
+	}
+
+	// An envelope that is not base64url fails its line, nothing written.
+	bad := exported[0]
+	bad.ID, bad.Stream.ID = uuid.New(), "bad"
+	bad.Payload = json.RawMessage(strings.Replace(string(bad.Payload), `"pjx2.`+string(bytes.Split(bytes.Split(bad.Payload, []byte(`"pjx2.`))[1], []byte(`"`))[0]), `"pjx2.!!!!`, 1))
+	line, _ = json.Marshal(bad)
+	if _, err := into.Import(f.ctx, bytes.NewReader(append(line, '\n')), postgres.ImportOptions{}); err == nil {
+		t.Fatalf("an import of a malformed envelope succeeded: %s", bad.Payload)
+	}
+	if _, envs := g.envelopeColumns(t); len(envs) != 2 {
+		t.Fatalf("after the refused line: %d rows", len(envs))
 	}
 }
