@@ -15,8 +15,18 @@
 -- holds the tables' lock only for the catalog change. The archive gets it
 -- too, at the same place in the column order, since the archive's moves
 -- and the archived reads take the two tables' rows as one shape.
+--
+-- The catalog change still needs each table's exclusive lock, and a
+-- request for it queues every later append and read behind it while it
+-- waits for the transactions already in the table. So it waits at most
+-- 5 s: behind a long transaction (an export, a rebuild's read) the
+-- migration fails with a lock timeout (SQLSTATE 55P03), nothing applied
+-- and the log never held up longer, and is run again once it has ended
+-- (docs/operations.md, "Upgrading").
+SET LOCAL lock_timeout = '5s';
 ALTER TABLE {{schema}}.projector_events ADD COLUMN IF NOT EXISTS envelope bytea;
 ALTER TABLE {{schema}}.projector_events_archive ADD COLUMN IF NOT EXISTS envelope bytea;
+SET LOCAL lock_timeout TO DEFAULT;
 
 COMMENT ON COLUMN {{schema}}.projector_events.envelope IS
     'Projector: the event envelope of a payload sealed with Personal.EnvelopeApart (its fields hold "pjx2."); NULL otherwise. Never edit.';
