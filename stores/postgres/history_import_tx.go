@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -98,7 +99,16 @@ func (t *importTx) pgConn() *pgconn.PgConn {
 // commit commits the transaction. On a bare connection, a COMMIT that
 // PostgreSQL answers with ROLLBACK (the transaction had failed) is an
 // error, as pgx's Commit makes it.
+//
+// The COMMIT is not cancelled with ctx: a cancellation arriving while it
+// is on its way (an operator's Ctrl-C) made pgx give up on the answer
+// while the server committed, and the import then reported the batch as
+// not written (its counts one batch short). It runs to its answer, for at
+// most importCommitTimeout, and the cancellation is seen by the next
+// batch, after this one is counted.
 func (t *importTx) commit(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), importCommitTimeout)
+	defer cancel()
 	if t.tx != nil {
 		t.done = true
 		return t.tx.Commit(ctx)
@@ -113,6 +123,10 @@ func (t *importTx) commit(ctx context.Context) error {
 	}
 	return nil
 }
+
+// importCommitTimeout bounds a batch's COMMIT, which a cancellation does
+// not interrupt (importTx.commit).
+const importCommitTimeout = time.Minute
 
 // close rolls back a transaction not committed and gives the connection
 // back to the pool (which closes it instead if it is left in a
