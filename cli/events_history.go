@@ -164,6 +164,12 @@ them; --without-inline skips them (faster), and they must then be rebuilt
 					}
 				}
 				res, err := store.Import(cmd.Context(), in, opts)
+				if err != nil && cmd.Context().Err() != nil {
+					// Ctrl-C or SIGTERM: the batches committed stay, and
+					// running the import again goes on after them.
+					return fmt.Errorf("import interrupted after %d events in %d committed %s; run it again to go on (the events already in the log are skipped)",
+						res.Imported, res.Batches, batches(res.Batches))
+				}
 				if err != nil {
 					return fmt.Errorf("%w (%d events imported before it, in %d committed %s)", err, res.Imported, res.Batches, batches(res.Batches))
 				}

@@ -130,6 +130,8 @@ func (h *HistoryEvent) validate(checkJSON bool) error {
 	switch {
 	case h.Stream.Tenant == "" || h.Stream.Type == "" || h.Stream.ID == "":
 		return fmt.Errorf("stream needs tenant, type and id (the system tenant is %q)", projector.SystemTenant)
+	case h.Version == 0:
+		return errors.New("version 0, or no version: want the event's version in its stream, 1 or more")
 	case h.Version < 1:
 		return fmt.Errorf("version %d: want 1 or more", h.Version)
 	case h.Type == "":
