@@ -249,12 +249,25 @@ FROM t ORDER BY t.ord`
 // The ids are joined from unnest, not matched with = ANY($1): the planner
 // estimates an ANY of a bound array element by element, which for a batch
 // of 10,000 ids cost more than the lookups themselves.
+//
+// same says whether the stored event is the line's: its type, schema
+// version and payload ($2–$4; jsonb equality, so key order and spacing do
+// not matter), the payload as the line holds it or, for a row whose
+// envelope is kept apart, as DetachEnvelope splits it ($5, $6). A line
+// whose personal fields are in the clear (the import seals them, each
+// time under a new nonce) has no payload to compare ($4 NULL).
 const importExistingSQL = `
-SELECT e.id, e.tenant_id, e.stream_type, e.stream_id, e.version
-FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events e ON e.id = u.id
+SELECT e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, ` + importSameSQL + `
+FROM unnest($1::uuid[], $2::text[], $3::int[], $4::jsonb[], $5::jsonb[], $6::bytea[]) AS u(id, type, sv, data, part, env)
+JOIN {{s}}.projector_events e ON e.id = u.id
 UNION ALL
-SELECT a.id, a.tenant_id, a.stream_type, a.stream_id, a.version
-FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events_archive a ON a.id = u.id`
+SELECT e.id, e.tenant_id, e.stream_type, e.stream_id, e.version, ` + importSameSQL + `
+FROM unnest($1::uuid[], $2::text[], $3::int[], $4::jsonb[], $5::jsonb[], $6::bytea[]) AS u(id, type, sv, data, part, env)
+JOIN {{s}}.projector_events_archive e ON e.id = u.id`
+
+const importSameSQL = `coalesce(e.type = u.type AND e.schema_version = u.sv AND (u.data IS NULL
+	OR e.envelope IS NULL AND e.data = u.data
+	OR e.envelope = u.env AND e.data = u.part), false)`
 
 // importArchivedIDSQL finds an id of the batch's new events that an
 // archived event holds: the events table's unique id index does not see the
@@ -450,19 +463,37 @@ func (s *Store) checkImported(ctx context.Context, tx *importTx, b *importBatch,
 	type stored struct {
 		stream  projector.StreamRef
 		version int64
+		same    bool // the line's type, schema version and payload
 	}
 	ids := make([][16]byte, len(seen))
+	types := make([]string, len(seen))
+	versions := make([]int32, len(seen))
+	datas, parts := make([]*string, len(seen)), make([]*string, len(seen))
+	envs := make([][]byte, len(seen))
 	for i, k := range seen {
-		ids[i] = b.events[k].ID
+		h := &b.events[k]
+		ids[i], types[i], versions[i] = h.ID, h.Type, int32(h.SchemaVersion)
+		if _, sealedHere := b.sealedFrom[k]; sealedHere {
+			continue // clear in the file, sealed here under a new nonce: no payload to compare
+		}
+		if p, ok := s.registry.PersonalOf(h.Type); ok && !projector.IsSealed(h.Payload) && p.HoldsClearValue(h.Payload) {
+			continue
+		}
+		full := string(h.Payload)
+		datas[i] = &full
+		if part, env, ok, err := projector.DetachEnvelope(h.Payload); err == nil && ok {
+			p := string(part)
+			parts[i], envs[i] = &p, env
+		}
 	}
-	rows, err := tx.Query(ctx, s.sqlFor(importExistingSQL), uuidArray(ids))
+	rows, err := tx.Query(ctx, s.sqlFor(importExistingSQL), uuidArray(ids), types, versions, datas, parts, envs)
 	if err != nil {
 		return fmt.Errorf("look up imported events: %w", err)
 	}
 	have := map[uuid.UUID]stored{}
 	var id [16]byte
 	var st stored
-	_, err = pgx.ForEachRow(rows, []any{&id, &st.stream.Tenant, &st.stream.Type, &st.stream.ID, &st.version}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &st.stream.Tenant, &st.stream.Type, &st.stream.ID, &st.version, &st.same}, func() error {
 		have[id] = st
 		return nil
 	})
@@ -474,6 +505,12 @@ func (s *Store) checkImported(ctx context.Context, tx *importTx, b *importBatch,
 		if got, ok := have[h.ID]; !ok || got.stream != h.Stream.Ref() || got.version != h.Version {
 			return &HistoryLineError{Line: b.lines[k], Err: fmt.Errorf("%w: stream %s already has version %d, and it is not event %s",
 				ErrInvalidHistory, h.Stream.Ref(), h.Version, h.ID)}
+		}
+		if !have[h.ID].same {
+			// The log is never rewritten: a file edited since it was
+			// imported is refused, not skipped as if it matched.
+			return &HistoryLineError{Line: b.lines[k], Err: fmt.Errorf("%w: event %s is in the log already (stream %s, version %d) with another type, schema version or payload: the line differs from the event it was imported as",
+				ErrInvalidHistory, h.ID, h.Stream.Ref(), h.Version)}
 		}
 	}
 	return nil
