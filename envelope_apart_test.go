@@ -195,3 +195,34 @@ func FuzzAttachEnvelope(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeOpened holds Registry.DecodeOpened to Decode's result on an
+// opened payload, with the type's current schema version, and to Decode's
+// refusals: an unknown type, a schema version the type does not have.
+func TestDecodeOpened(t *testing.T) {
+	t.Parallel()
+	type customer struct {
+		Customer string `json:"customer"`
+		Name     string `json:"name"`
+		Email    string `json:"email"`
+	}
+	r := projector.NewRegistry()
+	projector.MustDefine[customer](r, "customer.opened", projector.TypeConfig{Personal: apartPersonal})
+	data := json.RawMessage(`{"customer":"c-1","name":"Ada","email":"ada@example.com"}`)
+	want, _, err := r.Decode("customer.opened", 1, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, out, version, err := r.DecodeOpened("customer.opened", 1, data)
+	if err != nil || got != want || version != 1 || !bytes.Equal(out, data) {
+		t.Fatalf("DecodeOpened = %+v %s v%d (%v), want %+v", got, out, version, err, want)
+	}
+	if _, _, _, err := r.DecodeOpened("customer.unknown", 1, data); !errors.Is(err, projector.ErrUnknownEventType) {
+		t.Errorf("unknown type: %v", err)
+	}
+	for _, v := range []int{0, 2, -1} {
+		if _, _, _, err := r.DecodeOpened("customer.opened", v, data); !errors.Is(err, projector.ErrInvalidPayload) {
+			t.Errorf("schema version %d: %v", v, err)
+		}
+	}
+}
