@@ -762,7 +762,8 @@ func readCommitted(ctx context.Context, tx pgx.Tx, store *postgres.Store, after 
 		}
 		if envelope != nil { // kept apart from the payload (migration 29)
 			if data, err = projector.AttachEnvelope(data, envelope); err != nil {
-				return nil, fmt.Errorf("event %s (%s v%d of %s/%s): %w", id, typ, version, sType, sID, err)
+				stream := projector.StreamRef{Tenant: tenant, Type: sType, ID: sID}
+				return nil, fmt.Errorf("event %s (%s v%d of %s): %w", id, projector.Printable(typ), version, stream, err)
 			}
 		}
 		ev, err := postgres.DecodeEnvelope(&txID, &seq, id, projector.StreamRef{Tenant: tenant, Type: sType, ID: sID}, version, typ,

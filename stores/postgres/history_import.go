@@ -470,13 +470,14 @@ func (s *Store) checkImported(ctx context.Context, tx *importTx, b *importBatch,
 	versions := make([]int32, len(seen))
 	datas, parts := make([]*string, len(seen)), make([]*string, len(seen))
 	envs := make([][]byte, len(seen))
+	var personal typePersonal
 	for i, k := range seen {
 		h := &b.events[k]
 		ids[i], types[i], versions[i] = h.ID, h.Type, int32(h.SchemaVersion)
 		if _, sealedHere := b.sealedFrom[k]; sealedHere {
 			continue // clear in the file, sealed here under a new nonce: no payload to compare
 		}
-		if p, ok := s.registry.PersonalOf(h.Type); ok && !projector.IsSealed(h.Payload) && p.HoldsClearValue(h.Payload) {
+		if p, ok := personal.of(s.registry, h.Type); ok && !projector.IsSealed(h.Payload) && p.HoldsClearValue(h.Payload) {
 			continue
 		}
 		full := string(h.Payload)

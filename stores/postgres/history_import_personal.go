@@ -222,7 +222,7 @@ func (b *importBatch) encodeRows(ch *importChunk, reg *projector.Registry) error
 			continue
 		}
 		var err error
-		if buf, err = appendCopyRow(buf, &b.events[i], personal.of(reg, b.events[i].Type)); err != nil {
+		if buf, err = appendCopyRow(buf, &b.events[i], personalOf(&personal, reg, b.events[i].Type)); err != nil {
 			ch.errs[i-ch.lo] = fmt.Errorf("%w: %w", ErrInvalidHistory, err)
 		}
 	}

@@ -341,7 +341,7 @@ func (b *importBatch) decodeChunk(reg *projector.Registry, c *importChunk) {
 			h.Metadata.CorrelationID = h.ID
 		}
 		b.payloads[i], b.data[i] = payload, data
-		if c.buf, err = appendCopyRow(c.buf, h, personal.of(reg, h.Type)); err != nil {
+		if c.buf, err = appendCopyRow(c.buf, h, personalOf(&personal, reg, h.Type)); err != nil {
 			*errs = fmt.Errorf("%w: %w", ErrInvalidHistory, err)
 		}
 	}
@@ -439,23 +439,6 @@ func appendCopyJSONB(buf, v []byte) []byte {
 }
 
 func appendCopyNull(buf []byte) []byte { return binary.BigEndian.AppendUint32(buf, 0xffffffff) }
-
-// typePersonal remembers the personal declaration of the last event type
-// a loop looked up: the registry's lookup takes its lock, and a batch's
-// lines mostly share a few types.
-type typePersonal struct {
-	typ string
-	p   projector.Personal
-	ok  bool
-}
-
-func (t *typePersonal) of(reg *projector.Registry, typ string) projector.Personal {
-	if !t.ok || t.typ != typ {
-		t.typ, t.ok = typ, true
-		t.p, _ = reg.PersonalOf(typ)
-	}
-	return t.p
-}
 
 // importCopySQL is the import's COPY statement.
 func (s *Store) importCopySQL() string {

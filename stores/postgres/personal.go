@@ -248,18 +248,10 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		}
 		return nil, errUntrusted
 	}
-	// The declaration of the last type seen, for the read: the registry's
-	// lookup takes its lock.
-	var lastType string
-	var lastP projector.Personal
-	var lastOK bool
+	var personal typePersonal
 	for i := range events {
 		ev := &events[i]
-		if ev.Type != lastType || i == 0 {
-			lastType = ev.Type
-			lastP, lastOK = s.registry.PersonalOf(ev.Type)
-		}
-		p, ok := lastP, lastOK
+		p, ok := personal.of(s.registry, ev.Type)
 		env := envs.of(i)
 		if !ok {
 			if env != nil {
@@ -359,6 +351,31 @@ func (s *Store) open(ctx context.Context, db DBTX, events []projector.Event, row
 		ev.Data, ev.Forgotten = data, forgotten
 	}
 	return nil
+}
+
+// typePersonal remembers the personal declaration of the last event type
+// a loop looked up: the registry's lookup takes its lock, and a batch's
+// lines mostly share a few types.
+type typePersonal struct {
+	typ      string
+	p        projector.Personal
+	declared bool // typ declares personal fields
+	seen     bool // typ was looked up
+}
+
+// personalOf is t.of's declaration alone (the zero Personal: nothing).
+func personalOf(t *typePersonal, reg *projector.Registry, typ string) projector.Personal {
+	p, _ := t.of(reg, typ)
+	return p
+}
+
+// of returns typ's declaration and whether it declares personal fields.
+func (t *typePersonal) of(reg *projector.Registry, typ string) (projector.Personal, bool) {
+	if !t.seen || t.typ != typ {
+		t.typ, t.seen = typ, true
+		t.p, t.declared = reg.PersonalOf(typ)
+	}
+	return t.p, t.declared
 }
 
 // errUntrusted: the cache does not trust a subject's key at a read's

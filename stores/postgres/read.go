@@ -449,7 +449,8 @@ func (r *row) payload() ([]byte, error) {
 	}
 	data, err := projector.AttachEnvelope(r.data, r.envelope)
 	if err != nil {
-		return nil, fmt.Errorf("event %s (%s v%d of %s/%s): %w", uuid.UUID(r.id), r.typ, r.version, r.streamType, r.streamID, err)
+		stream := projector.StreamRef{Tenant: string(r.tenant), Type: string(r.streamType), ID: r.streamID}
+		return nil, fmt.Errorf("event %s (%s v%d of %s): %w", uuid.UUID(r.id), projector.Printable(string(r.typ)), r.version, stream, err)
 	}
 	return data, nil
 }
