@@ -47,3 +47,31 @@ func TestImportRefusesArchivedStream(t *testing.T) {
 		t.Fatalf("import of the archived events again: %+v, %v", res, err)
 	}
 }
+
+// TestImportRefusesAnArchivedEventsID: a line bringing, for another stream,
+// the id of an event the archive holds is refused at its line, naming where
+// the archive holds it, and nothing of its batch is written (the events
+// table's unique id index does not see the archive; unarchiving would
+// collide).
+func TestImportRefusesAnArchivedEventsID(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	old := projector.TenantStream("acme", "ticket", "old")
+	res := f.appendTx(t, old, projector.NoStream, testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "b"})
+	if ar, err := f.store.Archive(f.ctx, postgres.ArchiveOptions{Streams: []projector.StreamRef{old}}); err != nil || ar.Events != 2 {
+		t.Fatalf("archive: %+v, %v", ar, err)
+	}
+	file := historyFile(
+		eventLine("new", 1, "ticket.opened", `{"title":"x"}`),
+		eventLineID(res.Events[1].ID.String(), "new", 2, "ticket.commented", `{"body":"y"}`),
+	)
+	_, err := f.store.Import(f.ctx, strings.NewReader(file), postgres.ImportOptions{})
+	var le *postgres.HistoryLineError
+	if !errors.As(err, &le) || le.Line != 3 || !errors.Is(err, postgres.ErrInvalidHistory) ||
+		!strings.Contains(err.Error(), "already in the log's archive, at acme/ticket/old version 2") {
+		t.Fatalf("err %v: want line 3, id already in the log's archive at acme/ticket/old version 2", err)
+	}
+	if n := countRows(t, f.store.Pool(), `SELECT count(*) FROM `+f.store.Table("projector_events")); n != 0 {
+		t.Fatalf("%d hot events after the refused import, want 0", n)
+	}
+}

@@ -274,7 +274,39 @@ const importSameSQL = `coalesce(e.type = u.type AND e.schema_version = u.sv AND 
 // archive, and unarchiving such a stream would collide. Joined from unnest
 // for the reason importExistingSQL is.
 const importArchivedIDSQL = `
-SELECT a.id FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events_archive a ON a.id = u.id LIMIT 1`
+SELECT a.id, a.tenant_id, a.stream_type, a.stream_id, a.version
+FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events_archive a ON a.id = u.id LIMIT 1`
+
+// importTakenIDSQL finds where the log holds one of the batch's ids, after a
+// COPY tripped on the unique id index, so the error can say where it is.
+const importTakenIDSQL = `
+SELECT e.id, e.tenant_id, e.stream_type, e.stream_id, e.version
+FROM unnest($1::uuid[]) AS u(id) JOIN {{s}}.projector_events e ON e.id = u.id LIMIT 1`
+
+// takenID is an event of the log (or its archive) holding an id an import
+// line brings for another place.
+type takenID struct {
+	id      [16]byte
+	stream  projector.StreamRef
+	version int64
+}
+
+func (t *takenID) scan(row pgx.Row) error {
+	return row.Scan(&t.id, &t.stream.Tenant, &t.stream.Type, &t.stream.ID, &t.version)
+}
+
+// lineError names the batch's line that brings t's id, with where the log
+// holds it (the stream through StreamRef.String, so stored names reach a
+// terminal printable); where says "log" or "log's archive".
+func (t takenID) lineError(b *importBatch, keep []int, where string) error {
+	err := fmt.Errorf("%w: event id %s is already in the %s, at %s version %d", ErrInvalidHistory, uuid.UUID(t.id), where, t.stream, t.version)
+	for _, k := range keep {
+		if b.events[k].ID == t.id {
+			return &HistoryLineError{Line: b.lines[k], Err: err}
+		}
+	}
+	return err
+}
 
 // writeBatch writes one batch in one transaction and returns how many of
 // its lines were read before a bad one (all of them when none is bad).
@@ -524,20 +556,15 @@ func (s *Store) checkArchivedIDs(ctx context.Context, tx *importTx, b *importBat
 	for i, k := range keep {
 		ids[i] = b.events[k].ID
 	}
-	var found [16]byte
-	err := tx.QueryRow(ctx, s.sqlFor(importArchivedIDSQL), uuidArray(ids)).Scan(&found)
+	var found takenID
+	err := found.scan(tx.QueryRow(ctx, s.sqlFor(importArchivedIDSQL), uuidArray(ids)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("look up archived ids: %w", err)
 	}
-	for _, k := range keep {
-		if b.events[k].ID == found {
-			return &HistoryLineError{Line: b.lines[k], Err: fmt.Errorf("%w: event id %s is already in the log's archive, in another stream or version", ErrInvalidHistory, uuid.UUID(found))}
-		}
-	}
-	return fmt.Errorf("%w: event id %s is already in the log's archive", ErrInvalidHistory, uuid.UUID(found))
+	return found.lineError(b, keep, "log's archive")
 }
 
 // importCopyError says which line a failed COPY tripped on where it can:
@@ -557,14 +584,9 @@ func (s *Store) importCopyError(ctx context.Context, b *importBatch, keep []int,
 	for i, k := range keep {
 		ids[i] = b.events[k].ID
 	}
-	var found [16]byte
-	qerr := s.pool.QueryRow(ctx, s.sqlFor(`SELECT id FROM {{s}}.projector_events WHERE id = ANY($1::uuid[]) LIMIT 1`), uuidArray(ids)).Scan(&found)
-	if qerr == nil {
-		for _, k := range keep {
-			if b.events[k].ID == found {
-				return &HistoryLineError{Line: b.lines[k], Err: fmt.Errorf("%w: event id %s is already in the log, in another stream or version", ErrInvalidHistory, uuid.UUID(found))}
-			}
-		}
+	var found takenID
+	if found.scan(s.pool.QueryRow(ctx, s.sqlFor(importTakenIDSQL), uuidArray(ids))) == nil {
+		return found.lineError(b, keep, "log")
 	}
 	return fmt.Errorf("copy events: %w", err)
 }

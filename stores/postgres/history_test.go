@@ -294,8 +294,8 @@ func TestHistory_ImportContinuesAppendedStreams(t *testing.T) {
 	file = historyFile(eventLine("b", 1, "ticket.closed", `{}`), eventLineID(first.Events[0].ID.String(), "c", 1, "ticket.closed", `{}`))
 	_, err = f.store.Import(f.ctx, strings.NewReader(file), postgres.ImportOptions{})
 	var le *postgres.HistoryLineError
-	if !errors.As(err, &le) || le.Line != 3 || !strings.Contains(err.Error(), "already in the log") {
-		t.Fatalf("err %v: want line 3, id already in the log", err)
+	if !errors.As(err, &le) || le.Line != 3 || !strings.Contains(err.Error(), "already in the log, at acme/ticket/a version 1") {
+		t.Fatalf("err %v: want line 3, id already in the log at acme/ticket/a version 1", err)
 	}
 	// A different event at a version the stream has is refused.
 	file = historyFile(eventLineID(other, "a", 2, "ticket.closed", `{}`))
