@@ -1,6 +1,7 @@
 package projector
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -308,6 +309,56 @@ func (p Position) Before() Position {
 // String renders the position as "txid/seq".
 func (p Position) String() string {
 	return strconv.FormatUint(p.TxID, 10) + "/" + strconv.FormatInt(p.Seq, 10)
+}
+
+// MarshalText renders the position as String does, so a Position is a
+// JSON string ("367141/6") wherever it is encoded: a read-your-writes token
+// in an API response, a cursor in the console's state.json.
+func (p Position) MarshalText() ([]byte, error) {
+	return []byte(p.String()), nil
+}
+
+// UnmarshalText parses what MarshalText writes, as [ParsePosition] does.
+func (p *Position) UnmarshalText(text []byte) error {
+	q, err := ParsePosition(string(text))
+	if err != nil {
+		return err
+	}
+	*p = q
+	return nil
+}
+
+// UnmarshalJSON reads the string MarshalText writes, and also the object
+// {"TxID":…,"Seq":…} that releases before it wrote for a Position inside a
+// value encoded with encoding/json (saga state, a snapshot, a payload), so
+// what they stored still decodes. null leaves p unchanged, as encoding/json
+// does for other types.
+func (p *Position) UnmarshalJSON(data []byte) error {
+	data = bytes.TrimSpace(data)
+	switch {
+	case string(data) == "null":
+		return nil
+	case len(data) > 0 && data[0] == '"':
+		var s string
+		if err := json.Unmarshal(data, &s); err != nil {
+			return fmt.Errorf("parse position: %w", err)
+		}
+		return p.UnmarshalText([]byte(s))
+	case len(data) > 0 && data[0] == '{':
+		var legacy struct {
+			TxID *uint64
+			Seq  *int64
+		}
+		if err := json.Unmarshal(data, &legacy); err != nil {
+			return fmt.Errorf("parse position: %w", err)
+		}
+		if legacy.TxID == nil || legacy.Seq == nil || *legacy.Seq < 0 {
+			return errors.New(`parse position: want "txid/seq", or an object with TxID and a non-negative Seq`)
+		}
+		*p = Position{TxID: *legacy.TxID, Seq: *legacy.Seq}
+		return nil
+	}
+	return errors.New(`parse position: want a string "txid/seq"`)
 }
 
 // ParsePosition parses the form String produces, and "txid/max", the form

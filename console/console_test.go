@@ -369,6 +369,28 @@ func TestMountedUnderPrefix(t *testing.T) {
 	if len(st.Shards) != 1 || st.Shards[0].Consumer != "tickets" || st.Shards[0].State != console.StateIdle || st.Shards[0].Processed != 2 {
 		t.Errorf("state.json shards: %+v", st.Shards)
 	}
+	// For scripts: a shard's keys in snake_case, as `status -o json` has
+	// them, and its cursor a "txid/seq" string.
+	var raw struct {
+		Shards []map[string]any `json:"shards"`
+	}
+	if err := json.Unmarshal([]byte(js), &raw); err != nil || len(raw.Shards) != 1 {
+		t.Fatalf("state.json: %v\n%s", err, js)
+	}
+	shard := raw.Shards[0]
+	for _, key := range []string{"consumer", "instance_id", "status", "state", "lag_events", "processed", "dispatcher", "updated_at", "rate", "parked_streams"} {
+		if _, ok := shard[key]; !ok {
+			t.Errorf("state.json shard has no %q: %v", key, shard)
+		}
+	}
+	if cur, ok := shard["cursor"].(string); !ok || cur != st.Shards[0].Cursor.String() {
+		t.Errorf("state.json shard cursor %#v, want the string %q", shard["cursor"], st.Shards[0].Cursor)
+	}
+	for key := range shard {
+		if key != strings.ToLower(key) {
+			t.Errorf("state.json shard key %q is not snake_case", key)
+		}
+	}
 	// The rate is known once two reads a second apart were made.
 	pgtest.Eventually(t, time.Minute, "a rate in state.json", func() bool {
 		_, js := c.do(http.MethodGet, "/state.json", nil, nil)

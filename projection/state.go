@@ -40,10 +40,10 @@ const (
 // ShardID names one consumer shard.
 type ShardID struct {
 	// Consumer is the projection's name.
-	Consumer string
+	Consumer string `json:"consumer"`
 	// Instance is the instance id of a per-instance shard; empty means the
 	// shared shard, [SharedInstance].
-	Instance string
+	Instance string `json:"instance_id"`
 }
 
 func (s ShardID) normal() ShardID {
@@ -65,53 +65,55 @@ func (s ShardID) String() string {
 // ShardState is a shard's row, with its lag measured when it was read.
 type ShardState struct {
 	ShardID
-	Cursor    projector.Position
-	Status    Status
-	Attempts  int
-	LastError string
+	Cursor    projector.Position `json:"cursor"`
+	Status    Status             `json:"status"`
+	Attempts  int                `json:"attempts"`
+	LastError string             `json:"last_error,omitempty"`
 	// LastErrorAt is zero when the shard has no error.
-	LastErrorAt time.Time
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
 	// FailedAt is the position of the event that is failing; zero without.
-	FailedAt      projector.Position
-	FailedEventID uuid.UUID
-	NextRetryAt   time.Time
-	Processed     int64
-	UpdatedAt     time.Time
+	FailedAt      projector.Position `json:"failed_at,omitzero"`
+	FailedEventID uuid.UUID          `json:"failed_event_id,omitzero"`
+	NextRetryAt   time.Time          `json:"next_retry_at,omitzero"`
+	Processed     int64              `json:"processed"`
+	UpdatedAt     time.Time          `json:"updated_at"`
 	// LagEvents counts events after the cursor (whatever their type, up to
 	// [LagCountCap]); LagSeconds is the age of the oldest of them.
-	LagEvents  int64
-	LagSeconds float64
+	LagEvents  int64   `json:"lag_events"`
+	LagSeconds float64 `json:"lag_seconds"`
 	// Dispatcher says whether a live dispatcher runs the shard, from the
 	// heartbeats in projector_instances: see [DispatcherState].
-	Dispatcher DispatcherState
+	Dispatcher DispatcherState `json:"dispatcher"`
 	// LastSeen is the newest heartbeat of a dispatcher instance that runs
 	// the shard (for a per-instance shard: of its instance); zero if none
 	// ever ran it since heartbeats were recorded.
-	LastSeen time.Time
+	LastSeen time.Time `json:"last_seen_at,omitzero"`
 	// Version is the model version the shard maintains;
 	// [PartitionedVersion] on the unpartitioned row of a partitioned
 	// consumer (the fence, see [ShardState.Fence]).
-	Version int
+	Version int `json:"version"`
 	// Partition and Partitions say which partition of how many the shard
 	// is; Partitions is 0 for a shard that is not a partition. Owner is the
 	// instance that works the partition, "" for none yet.
-	Partition, Partitions int
-	Owner                 string
+	Partition  int    `json:"partition"`
+	Partitions int    `json:"partitions"`
+	Owner      string `json:"owner,omitempty"`
 	// InRate and Skew measure a partition's load (zero on other shards): InRate
 	// is the events per second appended to its streams over the log's last
 	// [LoadWindow] events, and Skew its share of those events over an even
 	// share (1: even; [HotSkew] or more: a hot partition, see
 	// [ShardState.Hot]). Skew is zero while the window holds fewer than
 	// [MinLoadSample] events.
-	InRate, Skew float64
+	InRate float64 `json:"in_per_second,omitempty"`
+	Skew   float64 `json:"skew,omitempty"`
 	// Held says a partition waits at Hold for its sibling to merge
 	// ([Admin.Merge]): its cursor does not pass Hold. A merge that was
 	// killed leaves it held; running the merge again finishes it.
-	Held bool
-	Hold projector.Position
+	Held bool               `json:"held,omitempty"`
+	Hold projector.Position `json:"hold,omitzero"`
 	// Parked counts the shard's open parks ([ParkStream]): streams whose
 	// events wait for an operator's retry or discard.
-	Parked int64
+	Parked int64 `json:"parked_streams"`
 }
 
 // Fence reports the unpartitioned row of a partitioned consumer, which only
