@@ -92,7 +92,7 @@ func (a *App) deadLettersShowCmd() *cobra.Command {
 		args:  oneID, parse: parseID,
 		run: func(cmd *cobra.Command, id int64, asJSON bool) error {
 			return a.withStore(cmd, func(store *postgres.Store) error {
-				dl, ev, err := projection.GetDeadLetter(cmd.Context(), store, id)
+				dl, ev, err := projection.GetDeadLetterRaw(cmd.Context(), store, id)
 				if err != nil {
 					return err
 				}
@@ -233,7 +233,7 @@ others it left (` + "`dead-letters list --model superseded`" + `).`,
 func (a *App) deadLetterRetrier(ctx context.Context, store *postgres.Store) func(id int64) (bool, error) {
 	consumers := map[string]*projection.Async{}
 	return func(id int64) (bool, error) {
-		dl, _, err := projection.GetDeadLetter(ctx, store, id)
+		dl, _, err := projection.GetDeadLetterRaw(ctx, store, id)
 		if err != nil {
 			return false, err
 		}

@@ -192,7 +192,7 @@ func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
 		c.reply(w, r, http.StatusBadRequest, fmt.Sprintf("%v: dead-letter id %q: want a positive number", ErrInvalidInput, r.PathValue("id")))
 		return
 	}
-	dl, ev, err := projection.GetDeadLetter(r.Context(), c.cfg.Store, id)
+	dl, ev, err := projection.GetDeadLetterRaw(r.Context(), c.cfg.Store, id)
 	switch {
 	case errors.Is(err, projector.ErrNotFound):
 		c.reply(w, r, http.StatusNotFound, err.Error())

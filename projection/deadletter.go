@@ -237,11 +237,24 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 // event if the event was pruned since (dead letters are never pruned,
 // events may be). An unknown id matches [projector.ErrNotFound].
 func GetDeadLetter(ctx context.Context, store *postgres.Store, id int64) (DeadLetter, *projector.Event, error) {
+	return getDeadLetterWithEvent(ctx, store, id, false)
+}
+
+// GetDeadLetterRaw is [GetDeadLetter] with the event undecoded: it carries
+// Data but no Payload, and a type the store's registry does not know is
+// returned rather than failing the read. It is for tools that show a dead
+// letter without the application's types, as the stock `projector
+// dead-letters show` and the console do.
+func GetDeadLetterRaw(ctx context.Context, store *postgres.Store, id int64) (DeadLetter, *projector.Event, error) {
+	return getDeadLetterWithEvent(ctx, store, id, true)
+}
+
+func getDeadLetterWithEvent(ctx context.Context, store *postgres.Store, id int64, raw bool) (DeadLetter, *projector.Event, error) {
 	dl, err := getDeadLetter(ctx, store.Pool(), store, id, false)
 	if err != nil {
 		return DeadLetter{}, nil, err
 	}
-	ev, err := deadLetterEvent(ctx, store.Pool(), store, dl)
+	ev, err := deadLetterEvent(ctx, store.Pool(), store, dl, raw)
 	if err != nil {
 		return dl, nil, err
 	}
@@ -268,10 +281,10 @@ func getDeadLetter(ctx context.Context, db postgres.DBTX, store *postgres.Store,
 }
 
 // deadLetterEvent reads a dead letter's event through its stream (the
-// store's public, decoding read), nil if it is gone.
-func deadLetterEvent(ctx context.Context, db postgres.DBTX, store *postgres.Store, dl DeadLetter) (*projector.Event, error) {
+// store's public read, decoding unless raw), nil if it is gone.
+func deadLetterEvent(ctx context.Context, db postgres.DBTX, store *postgres.Store, dl DeadLetter, raw bool) (*projector.Event, error) {
 	stream := projector.StreamRef{Tenant: dl.Tenant, Type: dl.StreamType, ID: dl.StreamID}
-	events, err := store.ReadStreamTx(ctx, db, stream, postgres.StreamQuery{FromVersion: dl.Version, ToVersion: dl.Version})
+	events, err := store.ReadStreamTx(ctx, db, stream, postgres.StreamQuery{FromVersion: dl.Version, ToVersion: dl.Version, Raw: raw})
 	if err != nil {
 		return nil, fmt.Errorf("dead letter %d: read its event: %w", dl.ID, err)
 	}
@@ -331,12 +344,15 @@ func RequestDeadLetterRetry(ctx context.Context, store *postgres.Store, ids []in
 			if err := checkModel(ctx, tx, store, dl); err != nil {
 				return err
 			}
-			ev, err := deadLetterEvent(ctx, tx, store, dl)
+			// Raw: a request only needs the event to be there (the stock
+			// binary, which knows no application types, files it too); the
+			// dispatcher that carries it out decodes it.
+			ev, err := deadLetterEvent(ctx, tx, store, dl, true)
 			if err != nil {
 				return err
 			}
 			if ev == nil {
-				return fmt.Errorf("retry dead letter %d (%s %s): %w; discard it", id, dl.EventType, dl.EventID, ErrEventPruned)
+				return fmt.Errorf("retry dead letter %d (%s %s): %w; discard it", id, projector.Printable(dl.EventType), dl.EventID, ErrEventPruned)
 			}
 			if _, err := tx.Exec(ctx, `UPDATE `+store.Table("projector_dead_letters")+`
 				SET retry_requested_at = now() WHERE id = $1`, id); err != nil {
@@ -444,7 +460,7 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 			return err
 		}
 		read := func() ([]projector.Event, error) {
-			ev, err := deadLetterEvent(ctx, tx, store, dl)
+			ev, err := deadLetterEvent(ctx, tx, store, dl, false)
 			if err != nil {
 				return nil, err
 			}
