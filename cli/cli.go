@@ -250,7 +250,7 @@ func Run(ctx context.Context, cfg Config, args []string, stdout, stderr io.Write
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintf(root.ErrOrStderr(), "%s: %s\n", root.Name(), message(err))
+	fmt.Fprintf(root.ErrOrStderr(), "%s: %s\n", root.Name(), terminalLine(message(err)))
 	return ExitCode(err)
 }
 
@@ -404,7 +404,7 @@ func connect(ctx context.Context, url, appName string) (*pgxpool.Pool, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, usageError{scrub(fmt.Errorf("database url: %w", err), secrets)}
+		return nil, usageError{scrub(fmt.Errorf("database url: %w", hidePasswordString(url, err)), secrets)}
 	}
 	if p := cfg.ConnConfig.Password; p != "" {
 		secrets = append(secrets, p)
@@ -522,6 +522,25 @@ func urlSecrets(raw string) ([]string, error) {
 		add(m[2]) // unquoted
 	}
 	return secrets, nil
+}
+
+// hidePasswordString keeps a keyword/value connection string that names a
+// password out of its parse error: pgx prints the string with the password
+// redacted as best it can, and a value with an escaped blank or an
+// unterminated quote leaves part of it (password=xxxxx Secret). The error
+// keeps pgx's reason, the text after the string.
+func hidePasswordString(url string, err error) error {
+	var pe *pgconn.ParseConfigError
+	if _, isURL := cutScheme(url); isURL || !strings.Contains(strings.ToLower(url), "password") || !errors.As(err, &pe) {
+		return err
+	}
+	reason := "not a keyword/value connection string"
+	if msg := pe.Error(); strings.HasPrefix(msg, "cannot parse `") {
+		if i := strings.LastIndex(msg, "`: "); i >= 0 {
+			reason = msg[i+len("`: "):]
+		}
+	}
+	return &hiddenError{msg: "cannot parse the keyword/value connection string (not shown: it names a password): " + reason, err: err}
 }
 
 // keywordPassword finds password=… in a key=value connection string, quoted

@@ -81,6 +81,11 @@ func TestConnectErrorHidesUserInfo(t *testing.T) {
 		"host=127.0.0.1 port=1 user=u password=S3cret@PW-hb connect_timeout=1",
 		"host=127.0.0.1 port=x user=u password='S3cret@PW-hb'",
 		"host=127.0.0.1 port=x user=u password = 'S3cret @PW-hb' sslmode=bogus",
+		// An escaped blank and an unterminated quote: pgx's own redaction
+		// left the words after the first (a hostile-input audit).
+		`host=127.0.0.1 password=S3cret\ PW-hb port=abc`,
+		"host=127.0.0.1 password='S3cret PW-hb Words",
+		"host=127.0.0.1 PASSWORD='x S3cret PW-hb",
 	} {
 		pool, err := Connect(t.Context(), url)
 		if err == nil {

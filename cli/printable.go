@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/projectorhq/projector"
 )
@@ -51,6 +54,60 @@ func checkName(flag, v string) error {
 		return usageError{fmt.Errorf("%s %s: not a name (valid UTF-8 without NUL, at most %d bytes)", flag, projector.Printable(v), projector.MaxNameLength)}
 	}
 	return nil
+}
+
+// checkPrintableName is checkName for a name this command also prints
+// (an instance id in its own log lines, in status tables): it must show as
+// typed, so control characters, escape sequences and invisible runes are
+// refused rather than escaped.
+func checkPrintableName(flag, v string) error {
+	if err := checkName(flag, v); err != nil {
+		return err
+	}
+	if projector.Printable(v) != v {
+		return usageError{fmt.Errorf("%s %s: holds a character that does not print (a control character or an escape)", flag, projector.Printable(v))}
+	}
+	return nil
+}
+
+// maxMessage bounds the error line Run prints: a value echoed whole (a
+// 100 kB flag) would bury the message.
+const maxMessage = 4096
+
+// terminalLine makes the error line Run prints safe for a terminal and
+// short: every rune a terminal would obey or cannot show (ESC and the other
+// control characters, invisible format runes, invalid UTF-8) is written as
+// its Go escape where it stands, leaving the rest of the sentence as it
+// reads, and a line over maxMessage bytes is cut, noting its length. The
+// commands make what they quote printable already; this is the net for
+// what they pass on from elsewhere (cobra's flag errors, a driver's).
+func terminalLine(s string) string {
+	n := len(s)
+	if n > maxMessage {
+		cut := maxMessage
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == ' ' || unicode.IsPrint(r):
+			b.WriteString(s[i : i+size])
+		default:
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += size
+	}
+	if n > maxMessage {
+		fmt.Fprintf(&b, "…(%d bytes)", n)
+	}
+	return b.String()
 }
 
 // printablePathError is err with the file name of an *fs.PathError made

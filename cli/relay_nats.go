@@ -17,7 +17,13 @@ import (
 func ConnectNATS(url string, opts ...nats.Option) (*nats.Conn, error) {
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", RedactNATSURL(url), scrubNATSError(err, url))
+		err = fmt.Errorf("connect to NATS at %s: %w", RedactNATSURL(url), scrubNATSError(err, url))
+		if uerr := (*neturl.Error)(nil); errors.As(err, &uerr) {
+			// A URL that does not parse is a bad command line (exit 2),
+			// as an unparsable --database-url is.
+			return nil, usageError{err}
+		}
+		return nil, err
 	}
 	return nc, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/internal/hostcheck"
 	"github.com/projectorhq/projector/live"
@@ -85,7 +86,7 @@ during start-up stops it with exit code 0.`,
 	}
 	cmd.Flags().StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:9464", "address for /metrics, /healthz, /readyz (empty: no HTTP)")
 	cmd.Flags().StringVar(&cfg.InstanceID, "instance-id", "", "this process's instance id (default $"+projection.EnvInstanceID+" or a random UUID)")
-	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown")
+	cmd.Flags().DurationVar(&cfg.StopTimeout, "stop-timeout", 30*time.Second, "how long running batches may take to finish on shutdown (0 to 1h)")
 	cmd.Flags().BoolVar(&cfg.ConsolePayloads, "console-payloads", false, "show event payloads on the console's dead-letter view and saga states on its saga instance view (they may carry personal data)")
 	cmd.Flags().BoolVar(&cfg.NoConsole, "no-console", false, "serve no operator console on --http-addr")
 	cmd.Flags().StringSliceVar(&cfg.ConsoleAllowedHosts, "console-allowed-hosts", nil,
@@ -99,6 +100,10 @@ during start-up stops it with exit code 0.`,
 // consoleTailName is the consumer name of the console's live tail: one
 // per-instance shard per `run` process, shown by `status` like any other.
 const consoleTailName = "console_tail"
+
+// maxStopTimeout is the longest --stop-timeout: a graceful stop that waits
+// longer is a hung one.
+const maxStopTimeout = time.Hour
 
 // minInstanceExpiry is the shortest --instance-expiry: as many heartbeats
 // as the dispatcher requires at its default heartbeat.
@@ -116,10 +121,15 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 			err = nil
 		}
 	}()
-	if cfg.StopTimeout < 0 {
-		return usageError{fmt.Errorf("--stop-timeout %v is negative", cfg.StopTimeout)}
+	if cfg.StopTimeout < 0 || cfg.StopTimeout > maxStopTimeout {
+		return usageError{fmt.Errorf("--stop-timeout %v: want 0 (roll running batches back at once) up to %s", cfg.StopTimeout, human(maxStopTimeout))}
 	}
-	if cfg.InstanceExpiry != 0 && (cfg.InstanceExpiry < minInstanceExpiry || cfg.InstanceExpiry > projection.MaxInstanceExpiry) {
+	if cfg.InstanceID != "" {
+		if err := checkPrintableName("--instance-id", cfg.InstanceID); err != nil {
+			return err
+		}
+	}
+	if cfg.InstanceExpiry < minInstanceExpiry || cfg.InstanceExpiry > projection.MaxInstanceExpiry {
 		return usageError{fmt.Errorf("--instance-expiry %v: want between %s and %s", cfg.InstanceExpiry, human(minInstanceExpiry), human(projection.MaxInstanceExpiry))}
 	}
 	if cfg.StartRetry < 0 || cfg.StartRetry > maxStartRetry {
@@ -257,7 +267,7 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 	serving.Go(func() { rebuild.ServeInline(serveCtx, store, inline, rebuild.InlineOptions{}, log, 0) })
 	running.Store(true)
 	if d.d != nil {
-		fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(async), d.d.InstanceID())
+		fmt.Fprintf(a.out, "%s run: dispatching %d consumers as instance %s", a.cfg.Name, len(async), projector.Printable(d.d.InstanceID()))
 	} else {
 		fmt.Fprintf(a.out, "%s run: no async consumers to dispatch", a.cfg.Name)
 	}
