@@ -55,6 +55,10 @@ func TestUnstorableStringsAreUsageErrors(t *testing.T) {
 			{"parked", "list", "--instance", bad},
 			{"parked", "discard", "1", "--by", bad},
 			{"parked", "retry", "1", "--by", bad},
+			{"rebuild", "list", bad},
+			{"rebuild", "cancel", bad},
+			{"rebuild", "switch", bad},
+			{"consumer", "restart", "x", "--instance", bad},
 		} {
 			out, code := runIn(t, store.Schema(), nil, args...)
 			if code != ExitUsage {
@@ -64,5 +68,13 @@ func TestUnstorableStringsAreUsageErrors(t *testing.T) {
 				t.Errorf("%q: raw bytes or a driver error in the output: %q", args, out)
 			}
 		}
+	}
+	// An empty --instance named the shared shard silently; --by names what
+	// is wrong with it, not a "state transition".
+	if out, code := runIn(t, store.Schema(), nil, "consumer", "disable", "x", "--instance", ""); code != ExitUsage || !strings.Contains(out, "--instance is empty") {
+		t.Errorf("consumer disable --instance '': exit %d, want %d:\n%s", code, ExitUsage, out)
+	}
+	if out, code := runIn(t, store.Schema(), nil, "parked", "discard", "1", "--by", "\x1b[31mX"); code != ExitUsage || strings.Contains(out, "transition") || !strings.Contains(out, "want who acts") {
+		t.Errorf("parked discard --by with an escape: exit %d, want %d naming the flag's rule:\n%s", code, ExitUsage, out)
 	}
 }

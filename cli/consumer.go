@@ -475,7 +475,12 @@ the registered ones.`
 			return id, nil, usageError{errors.New("--partition and --instance name a shard each: give one")}
 		}
 		if cmd.Flags().Changed("instance") {
-			return id, nil, nil
+			if instance == "" {
+				// Empty would name the shared shard silently (the library's
+				// normal form): an operator who typed --instance meant one.
+				return id, nil, usageError{fmt.Errorf("--instance is empty: name a per-instance shard's id, or leave the flag out for the shared shard (%s)", projection.SharedInstance)}
+			}
+			return id, nil, checkName("--instance", instance)
 		}
 		shards, err := admin.List(cmd.Context(), name)
 		if err != nil {

@@ -293,8 +293,10 @@ func operatorName(by string, getenv func(string) string) (string, error) {
 		host, _ := os.Hostname()
 		by = defaultOperator(getenv, user.Current) + "@" + cmp.Or(host, "unknown")
 	}
-	if err := projection.ValidateOperator(by); err != nil {
-		return "", usageError{fmt.Errorf("--by: %w", err)}
+	if projection.ValidateOperator(by) != nil {
+		// The library words it as a refused transition (its sentinel);
+		// on a command line it is a bad flag.
+		return "", usageError{fmt.Errorf("--by %s: want who acts, as printable text (valid UTF-8, no control characters, at most %d bytes)", projector.Printable(by), projector.MaxNameLength)}
 	}
 	return by, nil
 }

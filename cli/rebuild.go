@@ -266,6 +266,9 @@ func (a *App) rebuildListCmd() *cobra.Command {
 			name := ""
 			if len(args) == 1 {
 				name = args[0]
+				if err := checkName("projection", name); err != nil {
+					return err
+				}
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				rs, err := rebuild.List(cmd.Context(), store, name)
@@ -286,11 +289,14 @@ func (a *App) rebuildActionCmd(use, short string, fn func(ctx context.Context, s
 		Short: short,
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkName("projection", args[0]); err != nil {
+				return err
+			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				if err := fn(cmd.Context(), store, args[0]); err != nil {
 					return rebuildError(err)
 				}
-				fmt.Fprintf(a.out, "rebuild of %s: %s done\n", args[0], use)
+				fmt.Fprintf(a.out, "rebuild of %s: %s done\n", projector.Printable(args[0]), use)
 				return nil
 			})
 		},

@@ -33,7 +33,7 @@ func demoSearch(ctx context.Context, store *postgres.Store, types Types, out io.
 		if err != nil {
 			return err
 		}
-		backends = append(backends, target{TicketSearch + "_meili", "Meilisearch at " + url, ms})
+		backends = append(backends, target{TicketSearch + "_meili", "Meilisearch at " + meilisearch.RedactURL(url), ms})
 	} else {
 		fmt.Fprintf(out, "\n(MEILISEARCH_URL is not set: the ticket search runs on PostgreSQL only)\n")
 	}

@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"slices"
 	"strings"
@@ -42,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	meili "github.com/meilisearch/meilisearch-go"
 
+	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/search"
 )
 
@@ -110,7 +112,7 @@ func New(cfg Config) (*Backend, error) {
 	case cfg.URL == "":
 		return nil, errors.New("meilisearch: no server URL (Config.URL or MEILISEARCH_URL)")
 	case !strings.HasPrefix(cfg.URL, "http://") && !strings.HasPrefix(cfg.URL, "https://"):
-		return nil, fmt.Errorf("meilisearch: server URL %q: want http:// or https://", cfg.URL)
+		return nil, fmt.Errorf("meilisearch: server URL %s: want http:// or https://", projector.Quoted(RedactURL(cfg.URL)))
 	case cfg.RequestTimeout < 0 || cfg.TaskTimeout < 0 || cfg.PollInterval < 0:
 		return nil, errors.New("meilisearch: negative timeout or interval")
 	}
@@ -119,6 +121,24 @@ func New(cfg Config) (*Backend, error) {
 		opts = append(opts, meili.WithAPIKey(cfg.APIKey))
 	}
 	return &Backend{cfg: cfg, client: meili.New(cfg.URL, opts...)}, nil
+}
+
+// RedactURL is url with the password of its user info replaced by
+// "xxxxx" (net/url's Redacted), for messages and logs; a URL that does not
+// parse, or whose '@' net/url does not read as user info (no scheme), loses
+// everything before its last '@' instead.
+func RedactURL(url string) string {
+	if u, err := neturl.Parse(url); err == nil && (u.User != nil || !strings.Contains(url, "@")) {
+		return u.Redacted()
+	}
+	if at := strings.LastIndexByte(url, '@'); at >= 0 {
+		start := 0
+		if i := strings.Index(url, "://"); i >= 0 && i < at {
+			start = i + len("://")
+		}
+		return url[:start] + "xxxxx" + url[at:]
+	}
+	return url
 }
 
 // Kind names the backend.

@@ -1,6 +1,7 @@
 package meilisearch
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/projectorhq/projector/search"
@@ -58,4 +59,28 @@ func idPattern(s string) bool {
 		}
 	}
 	return len(s) > 0 && len(s) <= 511
+}
+
+// TestRedactURL: a URL's password never reaches a message, whether the URL
+// parses or not, and New's refusal of a scheme shows the redacted URL (the
+// demo printed both whole: a hostile-input audit).
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"http://127.0.0.1:7700":                  "http://127.0.0.1:7700",
+		"http://alice:S3cretPW@127.0.0.1:1":      "http://alice:xxxxx@127.0.0.1:1",
+		"ftp://alice:S3cretPW@127.0.0.1:1":       "ftp://alice:xxxxx@127.0.0.1:1",
+		"http://alice:S3cret%zzPW@127.0.0.1:1/x": "http://xxxxx@127.0.0.1:1/x",
+		"alice:S3cretPW@127.0.0.1:1":             "xxxxx@127.0.0.1:1",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for _, url := range []string{"ftp://alice:S3cretPW@127.0.0.1:1", "alice:S3cret%zzPW@127.0.0.1:1"} {
+		_, err := New(Config{URL: url})
+		if err == nil || strings.Contains(err.Error(), "S3cret") {
+			t.Errorf("New(%q): %v; want a refusal without the password", url, err)
+		}
+	}
 }

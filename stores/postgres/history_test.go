@@ -508,3 +508,24 @@ func TestHistory_ImportAppliesInline(t *testing.T) {
 		t.Fatal("WithoutInline applied the inline projection")
 	}
 }
+
+// A payload holding bytes that are not UTF-8 (inside a JSON string, which
+// json.Valid passes) is refused at its line, and nothing of its batch is
+// written: PostgreSQL's refusal came back as a bare COPY error without the
+// line (a hostile-input audit).
+func TestHistory_ImportNamesTheLineOfAPayloadNotUTF8(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	file := historyFile(
+		eventLine("u", 1, "ticket.opened", `{"title":"fine"}`),
+		eventLine("u", 2, "ticket.commented", "{\"body\":\"a\xffb\"}"),
+	)
+	_, err := f.store.Import(f.ctx, strings.NewReader(file), postgres.ImportOptions{})
+	var le *postgres.HistoryLineError
+	if !errors.As(err, &le) || le.Line != 3 || !errors.Is(err, postgres.ErrInvalidHistory) || !strings.Contains(err.Error(), "not valid UTF-8") {
+		t.Fatalf("err %v: want line 3, payload not valid UTF-8", err)
+	}
+	if got := countEvents(t, f); got != 0 {
+		t.Fatalf("%d events written, want none of the failing batch", got)
+	}
+}

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 
@@ -71,5 +72,17 @@ func TestMigrationStatusOfEmptySchema(t *testing.T) {
 	}
 	if _, err := postgres.Migrate(context.Background(), pgtest.Pool(t), "1bad"); err == nil {
 		t.Fatal("Migrate accepted schema name 1bad")
+	}
+	// A system schema: migrate into information_schema created the store's
+	// 83 tables there (a hostile-input audit); pg_ names are PostgreSQL's.
+	for _, name := range []string{"information_schema", "pg_catalog", "pg_toast", "pg_mine"} {
+		if _, err := postgres.Migrate(context.Background(), pgtest.Pool(t), name); err == nil || !strings.Contains(err.Error(), "system schema") {
+			t.Errorf("Migrate into %s: %v, want a refusal naming a system schema", name, err)
+		}
+	}
+	var n int
+	if err := pgtest.Pool(t).QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_tables WHERE schemaname = 'information_schema' AND tablename LIKE 'projector_%'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d projector tables in information_schema (%v)", n, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -381,10 +382,16 @@ var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // ValidateSchema reports whether name is an acceptable schema name: lower
 // case letters, digits and underscores, at most 63 bytes, so it never needs
-// quoting surprises in hand-written SQL.
+// quoting surprises in hand-written SQL; and not a system schema's
+// (information_schema, or pg_ and what follows, which PostgreSQL reserves):
+// migrating into information_schema would mix the store's tables into the
+// SQL standard's catalog views.
 func ValidateSchema(name string) error {
 	if !schemaPattern.MatchString(name) {
 		return fmt.Errorf("schema name %q: want lower case letters, digits and _ (at most 63, not starting with a digit)", name)
+	}
+	if name == "information_schema" || strings.HasPrefix(name, "pg_") {
+		return fmt.Errorf("schema name %q: a system schema's name (information_schema, pg_…): pick a schema of your own", name)
 	}
 	return nil
 }
