@@ -40,6 +40,10 @@ const (
 	// process, as `dead-letters retry --here` does, instead of running a
 	// dispatcher.
 	childRetry = "PROJECTOR_TEST_CHILD_RETRY"
+	// childCounting names the consumer a child runs alone: BenchmarkPartitions'
+	// counting projection, with childPartitions partitions, run as that
+	// benchmark runs it (BenchmarkPartitionsProcesses).
+	childCounting = "PROJECTOR_TEST_CHILD_COUNTING"
 )
 
 // childProjections are what a child runs: "counting" (opened and commented
@@ -97,13 +101,18 @@ func runChild() int {
 		return 0
 	}
 	projs := childProjections(store, types, batch, kill)
-	if n, _ := strconv.Atoi(os.Getenv(childPartitions)); n > 0 {
+	concurrency := 0
+	if name := os.Getenv(childCounting); name != "" {
+		n, _ := strconv.Atoi(os.Getenv(childPartitions))
+		projs = []*projection.Async{counting(schema, types, name, projection.AsyncConfig{Partitions: n})}
+		concurrency = max(n, 4)
+	} else if n, _ := strconv.Atoi(os.Getenv(childPartitions)); n > 0 {
 		projs = []*projection.Async{partedProjection(store, types, batch, n, os.Getenv(projection.EnvInstanceID))}
 	} else if mode := os.Getenv(childPark); mode != "" {
 		projs = []*projection.Async{parkChaos(store.Schema(), types, batch, mode == "deployed")}
 	}
 	d, err := projection.New(projection.Config{Store: store, Projections: projs, Logger: logger,
-		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond})
+		PollMax: 20 * time.Millisecond, Recheck: 20 * time.Millisecond, Concurrency: concurrency})
 	if err != nil {
 		return pgtest.ChildFailed(ctx, logger, "child: dispatcher", err)
 	}
