@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -289,6 +290,12 @@ func decodeHistoryEvent(b []byte, h *HistoryEvent) error { return decodeHistoryE
 // decodeHistoryEventWith is decodeHistoryEvent reusing what c holds.
 func decodeHistoryEventWith(b []byte, h *HistoryEvent, c *lineCache) error {
 	*h = HistoryEvent{}
+	if !utf8.Valid(b) {
+		// JSON text is UTF-8. encoding/json would turn the bytes of a
+		// string into U+FFFD, so an actor or a header would be imported
+		// other than written, and PostgreSQL refuses them in a payload.
+		return fmt.Errorf("%w: the line is not valid UTF-8", ErrInvalidHistory)
+	}
 	if !decodeHistoryLineWith(b, h, c) {
 		// An unusual line: encoding/json decodes it or says what is wrong
 		// (Unmarshal, not a Decoder, refuses a second value after the

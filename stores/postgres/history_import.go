@@ -8,7 +8,6 @@ import (
 	"io"
 	"reflect"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -573,17 +572,6 @@ func (s *Store) checkArchivedIDs(ctx context.Context, tx *importTx, b *importBat
 // up, after the failed transaction is gone.
 func (s *Store) importCopyError(ctx context.Context, b *importBatch, keep []int, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "22021" {
-		// Bytes that are not UTF-8: json.Valid passes them inside a
-		// string and PostgreSQL refuses them; the payload is the one
-		// field no check before the COPY reads as text. Looked for only
-		// here, so a clean import pays nothing for it.
-		for _, k := range keep {
-			if !utf8.Valid(b.events[k].Payload) {
-				return &HistoryLineError{Line: b.lines[k], Err: fmt.Errorf("%w: the payload is not valid UTF-8", ErrInvalidHistory)}
-			}
-		}
-	}
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
 		return fmt.Errorf("copy events: %w", err)
 	}

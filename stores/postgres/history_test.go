@@ -528,4 +528,16 @@ func TestHistory_ImportNamesTheLineOfAPayloadNotUTF8(t *testing.T) {
 	if got := countEvents(t, f); got != 0 {
 		t.Fatalf("%d events written, want none of the failing batch", got)
 	}
+	// The same bytes in an actor or a header were imported as U+FFFD,
+	// the log other than the file: refused at the line too.
+	for _, meta := range []string{"{\"actor\":\"a\xffb\"}", "{\"headers\":{\"k\":\"v\xffw\"}}", "{\"headers\":{\"k\xff\":\"v\"}}"} {
+		line := strings.Replace(eventLine("m", 1, "ticket.opened", `{"title":"fine"}`), `"metadata":{}`, `"metadata":`+meta, 1)
+		_, err := f.store.Import(f.ctx, strings.NewReader(historyFile(line)), postgres.ImportOptions{})
+		if !errors.As(err, &le) || le.Line != 2 || !strings.Contains(err.Error(), "not valid UTF-8") {
+			t.Errorf("metadata %q: err %v, want line 2 not valid UTF-8", meta, err)
+		}
+	}
+	if got := countEvents(t, f); got != 0 {
+		t.Fatalf("%d events written, want none", got)
+	}
 }
