@@ -69,6 +69,11 @@ func TestUnstorableStringsAreUsageErrors(t *testing.T) {
 			}
 		}
 	}
+	// A saga no dispatcher ran here, with no instances: a mistyped name, said
+	// so (it listed an empty table, exit 0).
+	if out, code := runIn(t, store.Schema(), nil, "saga", "list", "nosuch"); code != ExitUsage || !strings.Contains(out, "saga nosuch: not found") {
+		t.Errorf("saga list of an unknown saga: exit %d, want %d:\n%s", code, ExitUsage, out)
+	}
 	// An empty --instance named the shared shard silently; --by names what
 	// is wrong with it, not a "state transition".
 	if out, code := runIn(t, store.Schema(), nil, "consumer", "disable", "x", "--instance", ""); code != ExitUsage || !strings.Contains(out, "--instance is empty") {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/saga"
 	"github.com/projectorhq/projector/stores/postgres"
 )
@@ -60,6 +61,19 @@ func (a *App) sagaListCmd() *cobra.Command {
 				}
 				if err != nil {
 					return err
+				}
+				if len(list) == 0 {
+					// No instances: a saga no dispatcher ever ran here (its
+					// consumer has no shard) is a name mistyped, said as an
+					// unknown consumer is (exit 2), not an empty table.
+					admin := projection.NewAdmin(store)
+					shards, err := admin.List(cmd.Context(), args[0])
+					if err != nil {
+						return err
+					}
+					if len(shards) == 0 {
+						return unknownConsumer(cmd.Context(), admin, args[0], fmt.Errorf("saga %s: %w", projector.Printable(args[0]), projector.ErrNotFound))
+					}
 				}
 				if asJSON {
 					if list == nil {
