@@ -43,6 +43,13 @@ var ErrRestoredDatabase = errors.New("projector: database restored into a differ
 // Config.StrictTenancy asks; otherwise it logs a warning.
 var ErrNoTenantIsolation = errors.New("projector: tenant scoping would not be enforced")
 
+// ErrTenantRoleInherited means the role the store's sessions run as
+// inherits Config.TenantRole (a membership granted WITH INHERIT, the
+// default before PostgreSQL 16): the tenant role's row-level-security
+// policies would then filter its unscoped work too. New refuses it; grant
+// the membership WITH INHERIT FALSE, or make the role NOINHERIT.
+var ErrTenantRoleInherited = errors.New("projector: the connecting role inherits the tenant role")
+
 // ErrSchemaOutdated means the schema is missing migrations this binary needs.
 var ErrSchemaOutdated = errors.New("projector: schema needs migrating")
 
@@ -311,6 +318,26 @@ func (s *Store) checkTenantRole(ctx context.Context) error {
 	}
 	if super || bypass {
 		return fmt.Errorf("postgres store: tenant role %q is a superuser or has BYPASSRLS, so row-level security would not apply to it", s.role)
+	}
+	// The connecting role must not inherit the tenant role: a policy TO
+	// the tenant role applies to every role that inherits it, so the
+	// policies on the application's read-model tables (written TO the
+	// tenant role, as docs/tenancy.md says) would filter the application's
+	// own unscoped work too, the system tenant's handlers included. It
+	// needs the membership, to switch to the role, without inheritance.
+	var connecting string
+	var inherits bool
+	err = s.pool.QueryRow(ctx, `SELECT current_user, $1::text <> current_user AND NOT r.rolsuper AND NOT r.rolbypassrls
+		AND pg_has_role(current_user, $1::text, 'USAGE') FROM pg_roles r WHERE r.rolname = current_user`, s.role).Scan(&connecting, &inherits)
+	if err != nil {
+		return fmt.Errorf("postgres store: look up the connecting role's membership of tenant role %q: %w", s.role, err)
+	}
+	if inherits {
+		return fmt.Errorf("%w: role %q inherits tenant role %q, so the row-level-security policies written for the tenant role "+
+			"apply to its own unscoped work too (a read model's handlers for system-tenant events would see none of its rows); "+
+			"grant the membership without inheritance: GRANT %s TO %s WITH INHERIT FALSE (PostgreSQL 16 and later) or "+
+			"ALTER ROLE %s NOINHERIT (docs/tenancy.md)", ErrTenantRoleInherited, connecting, s.role,
+			quoteIdent(s.role), quoteIdent(connecting), quoteIdent(connecting))
 	}
 	// A table's owner, and any role with the owner's privileges, bypasses
 	// its row-level security: the policies GrantTenantRole writes on

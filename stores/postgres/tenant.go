@@ -143,7 +143,15 @@ GRANT SELECT ON ` + q + `.projector_key_epoch TO ` + r + `;
 GRANT SELECT ON ` + q + `.projector_events_archive TO ` + r + `;
 `)
 	tenantPolicy := quoteIdent(tenantPolicyName(role))
-	match := `tenant_id = current_setting('` + TenantSetting + `', true)`
+	// The filter holds while the session acts as the tenant role itself
+	// (current_user, as a scoped transaction's SET LOCAL ROLE makes it). A
+	// policy TO a role also applies to every role that inherits it, and the
+	// application's own role is often granted the tenant role with
+	// inheritance so it may switch to it: without the exemption its
+	// unscoped reads (the dispatcher's, the CLI's) would see no tenant's
+	// rows, and the dispatcher would move its cursors past events it never
+	// saw.
+	match := `(current_user <> ` + quoteLiteral(role) + `::name OR tenant_id = current_setting('` + TenantSetting + `', true))`
 	for _, table := range tenantTables {
 		t := q + "." + quoteIdent(table)
 		sql.WriteString(`ALTER TABLE ` + t + ` ENABLE ROW LEVEL SECURITY;
@@ -161,6 +169,10 @@ CREATE POLICY ` + tenantPolicy + ` ON ` + t + ` AS RESTRICTIVE TO ` + r + ` USIN
 	}
 	return nil
 }
+
+// quoteLiteral renders s as an SQL string literal (standard conforming
+// strings: a quote doubled, a backslash as it is).
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // tenantTables are Projector's tables that hold tenant rows, each keyed by
 // a tenant_id column, that a tenant role is granted.

@@ -515,3 +515,72 @@ func TestKeyEpochReadableOnlyByKeyReaders(t *testing.T) {
 		}
 	}
 }
+
+// An application role granted the tenant role with inheritance (what
+// `GRANT app_tenant TO app_user` does before PostgreSQL 16, and what
+// tenancy.md once said to run): the tenant role's policies applied to its
+// unscoped work too, so the dispatcher, running as it, read no tenant's
+// events and moved its cursors past them (a least-privilege deployment
+// drill). Projector's own tables now filter only a session acting as the
+// tenant role, and New refuses the inheriting role with
+// ErrTenantRoleInherited naming the grant to make; without inheritance it
+// starts, and scoping still isolates.
+func TestTenantRoleInheritedByTheAppRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	types := testevents.New()
+	schema := pgtest.Schema(t)
+	role, _ := pgtest.TenantRole(t, schema)
+	app, _ := pgtest.AppRole(t, schema)
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, `GRANT `+pgx.Identifier{role}.Sanitize()+` TO `+pgx.Identifier{app}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	store, err := postgres.New(ctx, pool, postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
+		for _, s := range []projector.StreamRef{projector.TenantStream("a", "ticket", "t1"), projector.TenantStream("b", "ticket", "t1")} {
+			if _, err := store.Append(ctx, tx, s, projector.NoStream, testevents.TicketOpened{Title: s.Tenant}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appPool := pgtest.PoolAs(t, app, false, 2)
+	if _, err := postgres.New(ctx, appPool, postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role}); !errors.Is(err, postgres.ErrTenantRoleInherited) ||
+		!strings.Contains(err.Error(), "WITH INHERIT FALSE") {
+		t.Fatalf("New as a role inheriting the tenant role: %v, want ErrTenantRoleInherited naming the grant", err)
+	}
+	// Unscoped, as a store without a TenantRole (the stock CLI's) sees the
+	// log: every tenant's events, where it saw none.
+	plain, err := postgres.New(ctx, appPool, postgres.Config{Schema: schema, Registry: types.Registry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := plain.ReadLog(ctx, postgres.LogQuery{Limit: 10})
+	if err != nil || len(batch.Events) != 2 {
+		t.Fatalf("the log read unscoped by a role inheriting the tenant role: %d events, %v; want both tenants' 2", len(batch.Events), err)
+	}
+
+	if _, err := pool.Exec(ctx, `ALTER ROLE `+pgx.Identifier{app}.Sanitize()+` NOINHERIT`); err != nil {
+		t.Fatal(err)
+	}
+	scoped, err := postgres.New(ctx, appPool, postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: role})
+	if err != nil {
+		t.Fatalf("New as a role granted the tenant role without inheritance: %v", err)
+	}
+	err = scoped.InTenantTx(ctx, "a", func(ctx context.Context, tx pgx.Tx) error {
+		if n := countRows(t, tx, `SELECT count(*) FROM `+scoped.Table("projector_events")); n != 1 {
+			t.Errorf("scoped to tenant a: %d events, want a's 1", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
