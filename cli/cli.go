@@ -250,7 +250,12 @@ func Run(ctx context.Context, cfg Config, args []string, stdout, stderr io.Write
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintf(root.ErrOrStderr(), "%s: %s\n", root.Name(), terminalLine(message(err)))
+	msg := message(err)
+	if postgres.IsInsufficientPrivilege(err) && !strings.Contains(msg, "Roles and privileges") {
+		msg += `; the database role this command connects as lacks a privilege it needs: a command that changes state needs ` +
+			`the application role's privileges, not a read-only operator's (docs/operations.md, "Roles and privileges")`
+	}
+	fmt.Fprintf(root.ErrOrStderr(), "%s: %s\n", root.Name(), terminalLine(msg))
 	return ExitCode(err)
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/rebuild"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // consumerOps are the consumer actions: the same guarded transitions of
@@ -71,6 +72,11 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		result, code = "not found", http.StatusNotFound
 	case refusal(err):
 		result, code = "refused", http.StatusConflict
+	case postgres.IsInsufficientPrivilege(err):
+		// The console's database role is read-only (or narrower than
+		// the action needs): the operator's right, not the server's fault.
+		result, code = "forbidden", http.StatusForbidden
+		err = fmt.Errorf("the console's database role may not do this (docs/operations.md, \"Roles and privileges\"): %w", err)
 	default:
 		result, code = "error", http.StatusInternalServerError
 	}

@@ -46,8 +46,10 @@ func TenantRole(t testing.TB, schema string) (role, table string) {
 
 // AppRole creates a role of the test's own that an application would drop
 // to from a superuser login (through the role run-time parameter or SET
-// ROLE after connecting): not a superuser, no BYPASSRLS, with every
-// privilege on the tables and sequences schema holds when it is called,
+// ROLE after connecting): not a superuser, no BYPASSRLS, with the
+// privileges docs/operations.md ("Roles and privileges") lists for an
+// application role on the tables and sequences schema holds when it is
+// called (SELECT, INSERT, UPDATE, DELETE; USAGE, SELECT, UPDATE), no more,
 // plus an "app_notes" table whose row-level-security policy applies to the
 // role itself, keyed on the tenant setting. Both are dropped when the test
 // ends. It returns the role and the quoted table name.
@@ -66,8 +68,8 @@ func AppRole(t testing.TB, schema string) (role, table string) {
 			USING (tenant_id = current_setting('` + postgres.TenantSetting + `', true))
 			WITH CHECK (tenant_id = current_setting('` + postgres.TenantSetting + `', true))`,
 		`GRANT USAGE ON SCHEMA ` + s + ` TO ` + q,
-		`GRANT ALL ON ALL TABLES IN SCHEMA ` + s + ` TO ` + q,
-		`GRANT ALL ON ALL SEQUENCES IN SCHEMA ` + s + ` TO ` + q,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ` + s + ` TO ` + q,
+		`GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA ` + s + ` TO ` + q,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)

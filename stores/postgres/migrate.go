@@ -2,11 +2,13 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector/migrations"
 )
@@ -51,11 +53,21 @@ func Migrate(ctx context.Context, db DB, schema string) ([]int, error) {
 				return fmt.Errorf("create schema %s: %w", q, err)
 			}
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+q+`.projector_migrations (
+		// Nor the migrations table: CREATE TABLE IF NOT EXISTS asks for
+		// the schema's CREATE privilege even when the table is there, and
+		// an application role that runs Migrate at start-up (getting-
+		// started.md) against a schema already up to date needs none.
+		var hasTable bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q+`.projector_migrations`).Scan(&hasTable); err != nil {
+			return fmt.Errorf("look up the migrations table: %w", err)
+		}
+		if !hasTable {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+q+`.projector_migrations (
 			version    integer     PRIMARY KEY,
 			name       text        NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			return fmt.Errorf("create migrations table: %w", err)
+				return fmt.Errorf("create migrations table: %w", privilegeHint(err, q))
+			}
 		}
 		done, err := appliedVersions(ctx, tx, q)
 		if err != nil {
@@ -67,7 +79,7 @@ func Migrate(ctx context.Context, db DB, schema string) ([]int, error) {
 			}
 			sql := strings.ReplaceAll(m.SQL, migrations.SchemaPlaceholder, q)
 			if _, err := tx.Exec(ctx, sql); err != nil {
-				return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, err)
+				return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, privilegeHint(err, q))
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO `+q+`.projector_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
 				return fmt.Errorf("record migration %04d: %w", m.Version, err)
@@ -80,6 +92,25 @@ func Migrate(ctx context.Context, db DB, schema string) ([]int, error) {
 		return nil, fmt.Errorf("migrate schema %s: %w", q, err)
 	}
 	return applied, nil
+}
+
+// IsInsufficientPrivilege reports whether err is PostgreSQL's refusal of
+// a privilege the connecting role lacks (SQLSTATE 42501), such as a
+// read-only operator role's attempt to change a consumer: the CLI and the
+// console tell the operator so instead of passing the driver's error on.
+func IsInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
+}
+
+// privilegeHint adds to a permission error (SQLSTATE 42501) of a migration
+// what to do: a role that may not change the schema, an application's
+// least-privileged one, cannot migrate it.
+func privilegeHint(err error, schema string) error {
+	if IsInsufficientPrivilege(err) {
+		return fmt.Errorf("%w; this role may not change schema %s: run the migrations as the schema's owner (docs/operations.md, \"Roles and privileges\")", err, schema)
+	}
+	return err
 }
 
 // MigrationStatus lists every migration this binary knows with the time it

@@ -2,11 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/migrations"
@@ -84,5 +86,30 @@ func TestMigrationStatusOfEmptySchema(t *testing.T) {
 	if err := pgtest.Pool(t).QueryRow(context.Background(),
 		`SELECT count(*) FROM pg_tables WHERE schemaname = 'information_schema' AND tablename LIKE 'projector_%'`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d projector tables in information_schema (%v)", n, err)
+	}
+}
+
+// Migrate at start-up, as getting-started.md shows it, by an application
+// role that may not change the schema: nothing to apply is success (it
+// failed on CREATE TABLE IF NOT EXISTS, which asks for the privilege even
+// when the table is there), and something to apply fails saying to run it
+// as the owner (a least-privilege deployment drill).
+func TestMigrateAsAnApplicationRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	app, _ := pgtest.AppRole(t, schema)
+	appPool := pgtest.PoolAs(t, app, false, 2)
+	applied, err := postgres.Migrate(ctx, appPool, schema)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("Migrate of an up-to-date schema as the application role: %v, %v; want nothing applied, no error", applied, err)
+	}
+	if _, err := pgtest.Pool(t).Exec(ctx, `DELETE FROM `+pgx.Identifier{schema, "projector_migrations"}.Sanitize()+` WHERE version = 29`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = postgres.Migrate(ctx, appPool, schema)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(err.Error(), "run the migrations as the schema's owner") {
+		t.Fatalf("Migrate with one pending as the application role: %v; want a permission error saying to run it as the owner", err)
 	}
 }

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/internal/pgtest"
+)
+
+// A read-only operator role (SELECT on the schema's tables, as docs/
+// operations.md's "Roles and privileges" gives it) reads, and a command that
+// changes state is refused by PostgreSQL: the CLI says which role lacks what
+// and where the grants are documented, instead of the bare driver error (a
+// least-privilege deployment drill).
+func TestReadOnlyOperatorRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := pgtest.Store(t, projector.NewRegistry())
+	role := store.Schema() + "_ops"
+	q, s := pgx.Identifier{role}.Sanitize(), pgx.Identifier{store.Schema()}.Sanitize()
+	for _, sql := range []string{
+		`CREATE ROLE ` + q + ` NOLOGIN`,
+		`GRANT USAGE ON SCHEMA ` + s + ` TO ` + q,
+		`GRANT SELECT ON ALL TABLES IN SCHEMA ` + s + ` TO ` + q,
+	} {
+		if _, err := store.Pool().Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() { _, _ = store.Pool().Exec(ctx, `DROP OWNED BY `+q+`; DROP ROLE `+q) })
+	url := pgtest.URL(t)
+	if strings.Contains(url, "?") {
+		url += "&role=" + role
+	} else {
+		url += "?role=" + role
+	}
+	run := func(args ...string) (string, int) {
+		var out bytes.Buffer
+		code := Run(ctx, Config{Getenv: func(string) string { return "" }}, append(args, "--database-url", url, "--schema", store.Schema()), &out, &out)
+		return out.String(), code
+	}
+	if out, code := run("status"); code != ExitOK {
+		t.Fatalf("status as the read-only role: exit %d:\n%s", code, out)
+	}
+	var id string
+	if err := store.Pool().QueryRow(ctx, `INSERT INTO `+store.Table("projector_dead_letters")+` (consumer, instance_id, event_id, event_tx_id, event_seq,
+		event_type, tenant_id, stream_type, stream_id, version, error, attempts, reason)
+		VALUES ('c', '__shared__', gen_random_uuid(), '1', 1, 'x', '__system__', 't', 'i', 1, 'boom', 1, 'skipped') RETURNING id::text`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run("dead-letters", "list"); code != ExitOK || !strings.Contains(out, "boom") {
+		t.Fatalf("dead-letters list as the read-only role: exit %d:\n%s", code, out)
+	}
+	out, code := run("dead-letters", "discard", id)
+	if code != ExitError || !strings.Contains(out, "permission denied") || !strings.Contains(out, `"Roles and privileges"`) {
+		t.Fatalf("dead-letters discard as the read-only role: exit %d, want %d naming the missing privilege and the doc:\n%s", code, ExitError, out)
+	}
+}

@@ -1,0 +1,57 @@
+package console_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector/console"
+	"github.com/projectorhq/projector/internal/pgtest"
+	"github.com/projectorhq/projector/stores/postgres"
+)
+
+// A console whose database role may only read (an operator's read-only
+// role, docs/operations.md "Roles and privileges") answers an action
+// PostgreSQL refuses with 403 saying so, not 500 with the driver's error
+// (a least-privilege deployment drill), and changes nothing.
+func TestActionRefusedByTheDatabaseRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, options{token: testToken, extra: func(cfg *console.Config) {
+		schema := cfg.Store.Schema()
+		role := schema + "_ro"
+		q, s := pgx.Identifier{role}.Sanitize(), pgx.Identifier{schema}.Sanitize()
+		for _, sql := range []string{`CREATE ROLE ` + q + ` NOLOGIN`, `GRANT USAGE ON SCHEMA ` + s + ` TO ` + q,
+			`GRANT SELECT ON ALL TABLES IN SCHEMA ` + s + ` TO ` + q} {
+			if _, err := cfg.Store.Pool().Exec(ctx, sql); err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+		}
+		pool := cfg.Store.Pool()
+		t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP OWNED BY `+q+`; DROP ROLE `+q) })
+		ro, err := postgres.New(ctx, pgtest.PoolAs(t, role, false, 4), postgres.Config{Schema: schema, Registry: cfg.Store.Registry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Store = ro
+	}})
+	stop := e.dispatch()
+	defer stop()
+	e.appendEvents("a", 1)
+	c := e.client()
+	if code, _ := c.do(http.MethodGet, "/state.json", nil, nil); code != http.StatusOK {
+		t.Fatalf("state.json through the read-only role: %d", code)
+	}
+	csrf := c.login("olga")
+	code, body := c.do(http.MethodPost, "/actions/consumer/disable", url.Values{"consumer": {"tickets"}, "csrf": {csrf}}, nil)
+	if code != http.StatusForbidden || !strings.Contains(body, "may not do this") || !strings.Contains(body, "Roles and privileges") {
+		t.Fatalf("disable through a read-only database role: %d, want 403 saying so:\n%s", code, body)
+	}
+	if st := e.status(); st.Status == "disabled" {
+		t.Fatal("the refused action disabled the consumer")
+	}
+}
