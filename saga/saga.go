@@ -254,7 +254,9 @@ func (s *Saga[S]) fail(err error) error {
 type Handler[S, T any] func(ctx context.Context, in *Instance[S], ev projector.Event, payload T) error
 
 // KeyFunc takes an event's correlation key, the instance it belongs to: a
-// ticket id, an order id. An empty key is an error ([ErrInvalidStep]).
+// ticket id, an order id. An empty key, or one that is not storable as a
+// name (over [projector.MaxNameLength] bytes, invalid UTF-8, a NUL), is an
+// error ([ErrInvalidStep]).
 type KeyFunc[T any] func(ev projector.Event, payload T) string
 
 // ByStream is a [KeyFunc] for sagas keyed by the handled event's stream id.
@@ -306,6 +308,14 @@ func register[S, T any](s *Saga[S], et projector.EventType[T], starts bool, key 
 			k := key(ev, p)
 			if k == "" {
 				return "", fmt.Errorf("%w: saga %q: %s event %s has an empty correlation key", ErrInvalidStep, s.name, ev.Type, ev.ID)
+			}
+			// A key is stored, indexed and printed: held to a name's rules,
+			// so a key PostgreSQL cannot index (100 kB) or store (NUL,
+			// invalid UTF-8) fails the event with this error, not the
+			// driver's with the key in it.
+			if len(k) > projector.MaxNameLength || projector.ValidText(k) != nil {
+				return "", fmt.Errorf("%w: saga %q: %s event %s has a correlation key %s that is not storable (valid UTF-8 without NUL, at most %d bytes)",
+					ErrInvalidStep, s.name, projector.Printable(ev.Type), ev.ID, projector.Printable(k), projector.MaxNameLength)
 			}
 			return k, nil
 		},

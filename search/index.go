@@ -181,7 +181,7 @@ func idFromJSON(raw json.RawMessage, key string) (string, error) {
 		if s == "" {
 			return "", fmt.Errorf("%w: empty primary key %q", ErrInvalidDocument, key)
 		}
-		return s, nil
+		return s, checkID(s)
 	}
 	var n json.Number
 	if err := json.Unmarshal(raw, &n); err == nil {
@@ -190,4 +190,15 @@ func idFromJSON(raw json.RawMessage, key string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%w: primary key %q is %s; want a string or an integer", ErrInvalidDocument, key, raw)
+}
+
+// checkID refuses a document id no backend can key a document by: one over
+// [projector.MaxNameLength] bytes, not valid UTF-8 or holding a NUL (which
+// PostgreSQL refuses when the batch is written, failing the shard's batch
+// again and again instead of the handler's one call).
+func checkID(id string) error {
+	if len(id) > projector.MaxNameLength || projector.ValidText(id) != nil {
+		return fmt.Errorf("%w: document id %s is not storable (valid UTF-8 without NUL, at most %d bytes)", ErrInvalidDocument, projector.Printable(id), projector.MaxNameLength)
+	}
+	return nil
 }

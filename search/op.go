@@ -90,6 +90,9 @@ func (w *Writer) Patch(id string, fields any) error {
 	if id == "" {
 		return fmt.Errorf("%w: patch with an empty id", ErrInvalidDocument)
 	}
+	if err := checkID(id); err != nil {
+		return err
+	}
 	doc, raw, err := objectOf(fields)
 	if err != nil {
 		return err
@@ -129,6 +132,9 @@ func withAttr(obj json.RawMessage, name string, value json.RawMessage) json.RawM
 func (w *Writer) Delete(id string) error {
 	if id == "" {
 		return fmt.Errorf("%w: delete with an empty id", ErrInvalidDocument)
+	}
+	if err := checkID(id); err != nil {
+		return err
 	}
 	w.ops = append(w.ops, Op{Kind: OpDelete, Tenant: w.tenant, ID: id})
 	return nil

@@ -2,8 +2,14 @@ package search
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"maps"
+	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/projectorhq/projector"
 )
 
 // Op.Raw, the encoding a backend may store as is instead of encoding Doc
@@ -55,5 +61,38 @@ func TestOpRawMatchesDoc(t *testing.T) {
 				t.Errorf("Compact's merged a: %v", op.Doc)
 			}
 		}
+	}
+}
+
+// A document id no backend can key a document by (a NUL, invalid UTF-8,
+// over a name's length) is refused by the handler's call with
+// ErrInvalidDocument, and no op is queued: it reached PostgreSQL at the
+// index write, failed the batch and, retried, killed the shard (an API
+// audit).
+func TestWriterRefusesUnstorableIDs(t *testing.T) {
+	w := &Writer{idx: Index{Name: "docs"}.withDefaults(), tenant: "acme"}
+	for _, id := range []string{"a\x00", "a\xffb", strings.Repeat("i", projector.MaxNameLength+1)} {
+		for name, call := range map[string]func() error{
+			// (Upsert's document goes through encoding/json, which makes
+			// invalid UTF-8 U+FFFD before the id is read: not refused.)
+			"upsert": func() error {
+				if !utf8.ValidString(id) {
+					return fmt.Errorf("%w: skipped", ErrInvalidDocument)
+				}
+				return w.Upsert(map[string]string{"id": id})
+			},
+			"patch":  func() error { return w.Patch(id, map[string]string{"t": "x"}) },
+			"delete": func() error { return w.Delete(id) },
+		} {
+			if err := call(); !errors.Is(err, ErrInvalidDocument) || strings.ContainsRune(err.Error(), 0) {
+				t.Errorf("%s %.20q: %v; want ErrInvalidDocument", name, id, err)
+			}
+		}
+	}
+	if len(w.ops) != 0 {
+		t.Fatalf("%d ops queued by refused calls", len(w.ops))
+	}
+	if err := w.Upsert(map[string]string{"id": strings.Repeat("i", projector.MaxNameLength)}); err != nil {
+		t.Fatalf("an id of a name's length: %v", err)
 	}
 }

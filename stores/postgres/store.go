@@ -50,6 +50,11 @@ var ErrNoTenantIsolation = errors.New("projector: tenant scoping would not be en
 // the membership WITH INHERIT FALSE, or make the role NOINHERIT.
 var ErrTenantRoleInherited = errors.New("projector: the connecting role inherits the tenant role")
 
+// ErrInvalidConfig means a Config field, or an argument naming a role or a
+// stream type, that PostgreSQL cannot take as given: it is refused before
+// anything is sent.
+var ErrInvalidConfig = errors.New("projector: invalid store configuration")
+
 // ErrSchemaOutdated means the schema is missing migrations this binary needs.
 var ErrSchemaOutdated = errors.New("projector: schema needs migrating")
 
@@ -210,6 +215,17 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	s.tracer = tracing.Tracer(cfg.TracerProvider)
 	if err := ValidateSchema(s.schema); err != nil {
 		return nil, fmt.Errorf("postgres store: %w", err)
+	}
+	if s.role != "" {
+		if err := validRole(s.role); err != nil {
+			return nil, fmt.Errorf("postgres store: Config.TenantRole: %w", err)
+		}
+	}
+	for _, t := range cfg.Ephemeral {
+		if err := projector.Stream(t, "x").Validate(); t == "" || err != nil {
+			return nil, fmt.Errorf("%w: Config.Ephemeral: stream type %s is not a storable name (non-empty, valid UTF-8 without NUL, at most %d bytes)",
+				ErrInvalidConfig, projector.Quoted(t), projector.MaxNameLength)
+		}
 	}
 	names := map[string]bool{}
 	for i, p := range cfg.Inline {
@@ -406,6 +422,17 @@ func (s *Store) checkUnisolated(ctx context.Context, strict bool) error {
 }
 
 var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// validRole refuses a role name PostgreSQL cannot take as given: empty,
+// not valid UTF-8, holding a NUL (the driver's identifier quoting drops it,
+// so "role\x00" would name another role), or longer than an identifier's 63
+// bytes (PostgreSQL would truncate it, naming another role again).
+func validRole(role string) error {
+	if role == "" || len(role) > 63 || projector.ValidText(role) != nil {
+		return fmt.Errorf("%w: role %s: want a PostgreSQL role name (1 to 63 bytes of valid UTF-8 without NUL)", ErrInvalidConfig, projector.Quoted(role))
+	}
+	return nil
+}
 
 // ValidateSchema reports whether name is an acceptable schema name: lower
 // case letters, digits and underscores, at most 63 bytes, so it never needs

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -129,8 +128,8 @@ func GrantTenantRole(ctx context.Context, db DBTX, schema, role string) error {
 	if err := ValidateSchema(schema); err != nil {
 		return err
 	}
-	if role == "" {
-		return errors.New("grant tenant role: empty role name")
+	if err := validRole(role); err != nil {
+		return fmt.Errorf("grant tenant role: %w", err)
 	}
 	q, r := quoteIdent(schema), quoteIdent(role)
 	var sql strings.Builder

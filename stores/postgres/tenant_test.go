@@ -107,6 +107,28 @@ func TestTenantRoleChecks(t *testing.T) {
 	if err == nil {
 		t.Fatal("New accepted a superuser as the tenant role")
 	}
+	// A role name PostgreSQL cannot take as given: refused before anything
+	// is sent. With a NUL, the driver's quoting dropped it and
+	// GrantTenantRole granted another role (an API audit); 64 bytes would
+	// be truncated to another name.
+	victim, _ := pgtest.TenantRole(t, schema)
+	for _, bad := range []string{"", victim + "\x00", "a\xffb", strings.Repeat("r", 64), strings.Repeat("r", 100_000)} {
+		err := postgres.GrantTenantRole(ctx, pgtest.Pool(t), schema, bad)
+		if !errors.Is(err, postgres.ErrInvalidConfig) || len(err.Error()) > 500 || strings.ContainsAny(err.Error(), "\x00\xff") {
+			t.Errorf("GrantTenantRole(%.40q): %.200v; want ErrInvalidConfig, short and printable", bad, err)
+		}
+		if bad == "" {
+			continue
+		}
+		if _, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, TenantRole: bad}); !errors.Is(err, postgres.ErrInvalidConfig) {
+			t.Errorf("New with TenantRole %.40q: %.200v; want ErrInvalidConfig", bad, err)
+		}
+	}
+	for _, bad := range []string{"", "a\x00", strings.Repeat("t", 100_000)} {
+		if _, err := postgres.New(ctx, pgtest.Pool(t), postgres.Config{Schema: schema, Registry: types.Registry, Ephemeral: []string{"ok", bad}}); !errors.Is(err, postgres.ErrInvalidConfig) || len(err.Error()) > 500 {
+			t.Errorf("New with Ephemeral %.40q: %.200v; want ErrInvalidConfig", bad, err)
+		}
+	}
 }
 
 // Scoping only ever narrows privileges: an application that logs in as a
