@@ -153,7 +153,8 @@ type AsyncConfig struct {
 	// dispatcher runs the consumer only while the consumer's recorded
 	// version matches, so during a rolling deploy old and new binaries never
 	// write the same tables, and the new version is built by a rebuild
-	// (docs/rebuilds.md).
+	// (docs/rebuilds.md). At most PartitionedVersion-1 (a PostgreSQL integer; the
+	// largest marks a partitioned consumer).
 	Version int
 	// Tables are the read-model tables the projection owns, as its
 	// handlers name them: "table" (resolved through the dispatcher
@@ -235,8 +236,12 @@ func NewAsync(name string, cfg AsyncConfig) *Async {
 	cfg.Tables = slices.Clone(cfg.Tables)
 	p := &Async{name: name, cfg: cfg}
 	switch {
-	case cfg.Version < 1:
-		p.t.fail(name, fmt.Errorf("version %d below 1", cfg.Version))
+	case cfg.Version < 1 || cfg.Version >= PartitionedVersion:
+		// Stored as a PostgreSQL integer; the largest one marks a
+		// partitioned consumer's fence row.
+		p.t.fail(name, fmt.Errorf("version %d outside 1..%d", cfg.Version, PartitionedVersion-1))
+	case cfg.StartFrom != FromBeginning && cfg.StartFrom != FromNow:
+		p.t.fail(name, fmt.Errorf("unknown start %d (FromBeginning or FromNow)", cfg.StartFrom))
 	case validTables(cfg.Tables) != nil:
 		p.t.fail(name, validTables(cfg.Tables))
 	case cfg.ScopeColumns.validate(cfg.Tables) != nil:

@@ -3,6 +3,7 @@ package projection_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,20 @@ func TestDefinitionErrors(t *testing.T) {
 		}},
 		{"bad batch size", func() (projection.Projection, error) {
 			p := projection.NewAsync("p", projection.AsyncConfig{BatchSize: -1})
+			return p, projection.OnEvent(p, types.Opened, h)
+		}},
+		// Accepted until Start, where pgx could not encode it as an int4
+		// (an API audit); the largest int4 is the partitioned fence's mark.
+		{"version over an int4", func() (projection.Projection, error) {
+			p := projection.NewAsync("p", projection.AsyncConfig{Version: math.MaxInt32 + 1})
+			return p, projection.OnEvent(p, types.Opened, h)
+		}},
+		{"version of the partitioned fence", func() (projection.Projection, error) {
+			p := projection.NewAsync("p", projection.AsyncConfig{Version: projection.PartitionedVersion})
+			return p, projection.OnEvent(p, types.Opened, h)
+		}},
+		{"unknown start", func() (projection.Projection, error) {
+			p := projection.NewAsync("p", projection.AsyncConfig{StartFrom: 99})
 			return p, projection.OnEvent(p, types.Opened, h)
 		}},
 	}

@@ -55,7 +55,8 @@ type RunnerConfig struct {
 	Sagas []Definition
 	// Poll is the longest the runner sleeps between looks for due
 	// timeouts; it wakes earlier when the earliest pending one is due
-	// sooner. Default [DefaultPoll].
+	// sooner. Default [DefaultPoll]; between [projection.MinPoll] and
+	// [projection.MaxPoll].
 	Poll time.Duration
 	// BatchSize caps the timeouts fired in one transaction (each step under
 	// a savepoint of its own); default [DefaultBatchSize]. The instances of
@@ -121,11 +122,12 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 	}
 	cfg.Poll = cmp.Or(cfg.Poll, DefaultPoll)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
-	if cfg.Poll < 0 {
-		return nil, fmt.Errorf("saga runner: poll %v is negative", cfg.Poll)
+	if cfg.Poll < projection.MinPoll || cfg.Poll > projection.MaxPoll {
+		// Below a millisecond an idle runner spins through transactions.
+		return nil, fmt.Errorf("%w: saga runner: poll %v outside %v..%v", ErrInvalidDefinition, cfg.Poll, projection.MinPoll, projection.MaxPoll)
 	}
 	if cfg.BatchSize < 1 || cfg.BatchSize > 10_000 {
-		return nil, fmt.Errorf("saga runner: batch size %d outside 1..10000", cfg.BatchSize)
+		return nil, fmt.Errorf("%w: saga runner: batch size %d outside 1..10000", ErrInvalidDefinition, cfg.BatchSize)
 	}
 	r := &Runner{cfg: cfg, q: newQueries(cfg.Store), tracer: tracing.Tracer(cfg.TracerProvider), logger: cmp.Or(cfg.Logger, slog.Default()),
 		stopped: make(chan struct{}), wake: make(chan struct{}, 1)}

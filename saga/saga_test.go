@@ -437,3 +437,23 @@ func TestSagaTimeoutFailureRetriedThenFailed(t *testing.T) {
 		t.Fatalf("fired %d; want only the good instance's later timeout", n)
 	}
 }
+
+// NewRunner refuses a poll below a millisecond (a nanosecond made an idle
+// runner spin through transactions: an API audit) or over an hour, and a
+// batch size out of range, with ErrInvalidDefinition.
+func TestRunnerConfigRanges(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := newSLA(e.types, slaOptions{now: newClock().Now, remindAfter: time.Hour})
+	for _, cfg := range []saga.RunnerConfig{
+		{Poll: time.Nanosecond}, {Poll: -time.Second}, {Poll: 2 * time.Hour}, {BatchSize: -1}, {BatchSize: 10_001},
+	} {
+		cfg.Store, cfg.Sagas = e.store, []saga.Definition{s}
+		if _, err := saga.NewRunner(cfg); !errors.Is(err, saga.ErrInvalidDefinition) {
+			t.Errorf("NewRunner(poll %v, batch %d): %v; want ErrInvalidDefinition", cfg.Poll, cfg.BatchSize, err)
+		}
+	}
+	if _, err := saga.NewRunner(saga.RunnerConfig{Store: e.store, Sagas: []saga.Definition{s}, Poll: time.Millisecond}); err != nil {
+		t.Fatalf("a 1ms poll: %v", err)
+	}
+}
