@@ -94,7 +94,7 @@ LIMIT $4`
 func (s *Store) Export(ctx context.Context, w io.Writer, opts ExportOptions) (ExportResult, error) {
 	page := cmp.Or(opts.PageSize, DefaultExportPageSize)
 	if page < 1 {
-		return ExportResult{}, fmt.Errorf("export: page size %d: want 1 or more", page)
+		return ExportResult{}, fmt.Errorf("%w: export: page size %d: want 1 or more", ErrInvalidConfig, page)
 	}
 	if err := checkFilter(opts.StreamTypes, "stream type", projector.ErrInvalidStream); err != nil {
 		return ExportResult{}, fmt.Errorf("export: %w", err)

@@ -89,7 +89,7 @@ func (s *Store) Import(ctx context.Context, r io.Reader, opts ImportOptions) (Im
 func (s *Store) importWith(ctx context.Context, r io.Reader, opts ImportOptions, workers int) (ImportResult, error) {
 	size := cmp.Or(opts.BatchSize, DefaultImportBatchSize)
 	if size < 1 || size > MaxImportBatchSize {
-		return ImportResult{}, fmt.Errorf("import: batch size %d: want 1 to %d", size, MaxImportBatchSize)
+		return ImportResult{}, fmt.Errorf("%w: import: batch size %d: want 1 to %d", ErrInvalidConfig, size, MaxImportBatchSize)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the reader when a batch fails

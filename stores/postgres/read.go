@@ -190,7 +190,7 @@ func (s *Store) ReadLog(ctx context.Context, q LogQuery) (LogBatch, error) {
 func (s *Store) ReadLogTx(ctx context.Context, db DBTX, q LogQuery) (LogBatch, error) {
 	limit := cmp.Or(q.Limit, DefaultReadLimit)
 	if limit < 0 {
-		return LogBatch{}, fmt.Errorf("read log: negative limit %d", limit)
+		return LogBatch{}, fmt.Errorf("%w: read log: negative limit %d", ErrInvalidConfig, limit)
 	}
 	if err := checkFilter(q.EventTypes, "event type", projector.ErrInvalidEventType); err != nil {
 		return LogBatch{}, fmt.Errorf("read log: %w", err)
@@ -325,12 +325,19 @@ func (s *Store) ArchivedAfter(ctx context.Context, db DBTX, pos projector.Positi
 
 // checkFilter refuses a filter name PostgreSQL could not even compare (NUL
 // bytes, invalid UTF-8) before it is sent: the driver's error would abort a
-// caller's transaction. A name that is merely unknown or too long matches
-// nothing and is fine.
+// caller's transaction. One longer than any stored name is refused too, as
+// the CLI refuses it: it can match nothing, so it is a mistake (a 100 kB
+// filter was sent and answered with nothing). A name that is merely unknown
+// matches nothing and is fine.
 func checkFilter(names []string, what string, sentinel error) error {
 	for _, n := range names {
 		if err := projector.ValidText(n); err != nil {
 			return fmt.Errorf("%w: %s filter %s %w", sentinel, what, projector.Printable(n), err)
+		}
+		if len(n) > projector.MaxNameLength {
+			// No stored name is longer: a filter that can match nothing
+			// is a mistake, said rather than answered with nothing.
+			return fmt.Errorf("%w: %s filter %s is %d bytes, over a name's limit of %d", sentinel, what, projector.Printable(n), len(n), projector.MaxNameLength)
 		}
 	}
 	return nil

@@ -50,9 +50,10 @@ var ErrNoTenantIsolation = errors.New("projector: tenant scoping would not be en
 // the membership WITH INHERIT FALSE, or make the role NOINHERIT.
 var ErrTenantRoleInherited = errors.New("projector: the connecting role inherits the tenant role")
 
-// ErrInvalidConfig means a Config field, or an argument naming a role or a
-// stream type, that PostgreSQL cannot take as given: it is refused before
-// anything is sent.
+// ErrInvalidConfig means a Config field or an argument the store cannot
+// take as given (a role or stream type PostgreSQL cannot store, a negative
+// limit, a batch or page size out of range): it is refused before anything
+// is sent.
 var ErrInvalidConfig = errors.New("projector: invalid store configuration")
 
 // ErrSchemaOutdated means the schema is missing migrations this binary needs.

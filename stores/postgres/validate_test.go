@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -142,6 +143,14 @@ func TestReadsRefuseStringsPostgresCannotStore(t *testing.T) {
 	_, versionErr := f.store.StreamVersion(f.ctx, tx, bad)
 	_, eventTypeErr := f.store.ReadLogTx(f.ctx, tx, postgres.LogQuery{EventTypes: []string{"ticket.opened", "a\x00b"}})
 	_, streamTypeErr := f.store.ReadLogTx(f.ctx, tx, postgres.LogQuery{StreamTypes: []string{"tick\xffet"}})
+	// Longer than any stored name: refused as the CLI refuses it, not sent
+	// to match nothing (an API audit), and out-of-range sizes with a sentinel.
+	long := strings.Repeat("t", 100_000)
+	_, longTypeErr := f.store.ReadLogTx(f.ctx, tx, postgres.LogQuery{EventTypes: []string{long}})
+	_, longExportErr := f.store.Export(f.ctx, io.Discard, postgres.ExportOptions{StreamTypes: []string{long}})
+	_, limitErr := f.store.ReadLogTx(f.ctx, tx, postgres.LogQuery{Limit: -1})
+	_, pageErr := f.store.Export(f.ctx, io.Discard, postgres.ExportOptions{PageSize: -1})
+	_, batchErr := f.store.Import(f.ctx, strings.NewReader(""), postgres.ImportOptions{BatchSize: -1})
 	checks := []struct {
 		name      string
 		err, want error
@@ -150,6 +159,11 @@ func TestReadsRefuseStringsPostgresCannotStore(t *testing.T) {
 		{"StreamVersion", versionErr, projector.ErrInvalidStream},
 		{"ReadLogTx event types", eventTypeErr, projector.ErrInvalidEventType},
 		{"ReadLogTx stream types", streamTypeErr, projector.ErrInvalidStream},
+		{"ReadLogTx a 100 kB event type", longTypeErr, projector.ErrInvalidEventType},
+		{"Export a 100 kB stream type", longExportErr, projector.ErrInvalidStream},
+		{"ReadLogTx a negative limit", limitErr, postgres.ErrInvalidConfig},
+		{"Export a negative page size", pageErr, postgres.ErrInvalidConfig},
+		{"Import a negative batch size", batchErr, postgres.ErrInvalidConfig},
 	}
 	for _, c := range checks {
 		if !errors.Is(c.err, c.want) {
