@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -208,10 +209,14 @@ func TestBadInput(t *testing.T) {
 		"foreign type":     {f.store, aggregate.Config[Ticket]{Name: "t", Folds: []aggregate.Fold[Ticket]{aggregate.On(undefinedHere, func(*Ticket, ticketViewed) {})}}},
 		"negative every":   {f.store, aggregate.Config[Ticket]{Name: "t", Folds: folds, Snapshots: aggregate.Snapshots{Every: -1}}},
 		"negative version": {f.store, aggregate.Config[Ticket]{Name: "t", Folds: folds, Snapshots: aggregate.Snapshots{Every: 1, Version: -1}}},
+		// Accepted until the first snapshot (an API audit): a 100 kB name,
+		// and a version pgx cannot encode as PostgreSQL's integer.
+		"100 kB name":          {f.store, aggregate.Config[Ticket]{Name: strings.Repeat("t", 100_000), Folds: folds}},
+		"version over an int4": {f.store, aggregate.Config[Ticket]{Name: "t", Folds: folds, Snapshots: aggregate.Snapshots{Every: 1, Version: math.MaxInt32 + 1}}},
 	}
 	for name, tc := range newCases {
-		if _, err := aggregate.New(tc.store, tc.cfg); err == nil {
-			t.Errorf("New with %s: no error", name)
+		if _, err := aggregate.New(tc.store, tc.cfg); !errors.Is(err, aggregate.ErrInvalidConfig) || len(err.Error()) > 1000 {
+			t.Errorf("New with %s: %.200v; want ErrInvalidConfig, short", name, err)
 		}
 	}
 	if _, err := aggregate.New(f.store, newCases["foreign type"].cfg); !errors.Is(err, projector.ErrUnknownEventType) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"reflect"
 	"regexp"
 
@@ -16,6 +17,11 @@ import (
 // this package can test for it: an exclusive fetch asked not to wait found
 // the stream locked by another transaction.
 var ErrLocked = postgres.ErrLocked
+
+// ErrInvalidConfig means [New] was given a configuration it cannot use: a
+// name that is not an aggregate name, no folds, a snapshot setting out of
+// range.
+var ErrInvalidConfig = errors.New("projector: invalid aggregate configuration")
 
 // ErrInvalidQuery means a load's bounds are out of range: a version below 1
 // for [Repository.LoadVersion], a negative [Query.Version], a zero time for
@@ -132,20 +138,22 @@ var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$`)
 // ([postgres.ErrNoMasterKey]).
 func New[S any](store *postgres.Store, cfg Config[S]) (*Repository[S], error) {
 	if store == nil {
-		return nil, errors.New("aggregate: nil store")
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}
-	if !namePattern.MatchString(cfg.Name) {
-		return nil, fmt.Errorf("aggregate %q: a name is lower case letters, digits and _, dotted parts allowed, such as \"ticket\"", cfg.Name)
+	if !namePattern.MatchString(cfg.Name) || len(cfg.Name) > projector.MaxNameLength {
+		return nil, fmt.Errorf("%w: aggregate %s: a name is lower case letters, digits and _, dotted parts allowed, such as \"ticket\", at most %d bytes",
+			ErrInvalidConfig, projector.Quoted(cfg.Name), projector.MaxNameLength)
 	}
 	if len(cfg.Folds) == 0 {
-		return nil, fmt.Errorf("aggregate %q: no folds; list one per event type with aggregate.On", cfg.Name)
+		return nil, fmt.Errorf("%w: aggregate %q: no folds; list one per event type with aggregate.On", ErrInvalidConfig, cfg.Name)
 	}
 	snap := cfg.Snapshots
-	if snap.Every < 0 || snap.Version < 0 || snap.Keep < 0 {
-		return nil, fmt.Errorf("aggregate %q: snapshot settings must not be negative (Every %d, Version %d, Keep %d)", cfg.Name, snap.Every, snap.Version, snap.Keep)
+	if snap.Every < 0 || snap.Version < 0 || snap.Keep < 0 || snap.Version > math.MaxInt32 {
+		return nil, fmt.Errorf("%w: aggregate %q: snapshot settings must not be negative, and Version fits PostgreSQL's integer (Every %d, Version %d, Keep %d)",
+			ErrInvalidConfig, cfg.Name, snap.Every, snap.Version, snap.Keep)
 	}
 	if err := snap.Personal.Check(reflect.TypeFor[S]()); err != nil {
-		return nil, fmt.Errorf("aggregate %q: snapshot Personal: %w", cfg.Name, err)
+		return nil, fmt.Errorf("%w: aggregate %q: snapshot Personal: %w", ErrInvalidConfig, cfg.Name, err)
 	}
 	if snap.Personal.Subject != "" {
 		if err := store.CheckMasterKey(fmt.Sprintf("aggregate %q: snapshot Personal", cfg.Name)); err != nil {
@@ -163,17 +171,17 @@ func New[S any](store *postgres.Store, cfg Config[S]) (*Repository[S], error) {
 	}
 	for i, f := range cfg.Folds {
 		if f.eventType == "" || f.apply == nil {
-			return nil, fmt.Errorf("aggregate %q: fold %d has no event type or no function (build folds with aggregate.On)", cfg.Name, i)
+			return nil, fmt.Errorf("%w: aggregate %q: fold %d has no event type or no function (build folds with aggregate.On)", ErrInvalidConfig, cfg.Name, i)
 		}
 		info, ok := store.Registry().Lookup(f.eventType)
 		if !ok {
-			return nil, fmt.Errorf("aggregate %q: fold for %q: %w: not defined in the store's registry", cfg.Name, f.eventType, projector.ErrUnknownEventType)
+			return nil, fmt.Errorf("%w: aggregate %q: fold for %q: %w: not defined in the store's registry", ErrInvalidConfig, cfg.Name, f.eventType, projector.ErrUnknownEventType)
 		}
 		if info.GoType != f.goType {
-			return nil, fmt.Errorf("aggregate %q: fold for %q takes %s but the store's registry defines the payload as %s", cfg.Name, f.eventType, f.goType, info.GoType)
+			return nil, fmt.Errorf("%w: aggregate %q: fold for %q takes %s but the store's registry defines the payload as %s", ErrInvalidConfig, cfg.Name, f.eventType, f.goType, info.GoType)
 		}
 		if _, dup := r.folds[f.eventType]; dup {
-			return nil, fmt.Errorf("aggregate %q: two folds for %q", cfg.Name, f.eventType)
+			return nil, fmt.Errorf("%w: aggregate %q: two folds for %q", ErrInvalidConfig, cfg.Name, f.eventType)
 		}
 		r.folds[f.eventType] = f.apply
 	}

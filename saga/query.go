@@ -321,6 +321,11 @@ func Summaries(ctx context.Context, store *postgres.Store, names ...string) ([]S
 	if names == nil {
 		names = []string{}
 	}
+	for _, n := range names {
+		if err := projector.ValidText(n); err != nil {
+			return nil, fmt.Errorf("%w: saga name %s %w", ErrInvalidArgument, projector.Printable(n), err)
+		}
+	}
 	rows, err := store.Pool().Query(ctx, `WITH i AS (
 			SELECT saga, count(*) FILTER (WHERE status = 'active') AS active,
 				count(*) FILTER (WHERE status = 'completed') AS completed,

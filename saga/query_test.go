@@ -55,6 +55,11 @@ func TestSagaSummariesAndShowID(t *testing.T) {
 	if none, err := saga.Summaries(e.ctx, e.store, "other"); err != nil || len(none) != 0 {
 		t.Fatalf("summaries of a saga without instances: %+v, %v; want none", none, err)
 	}
+	// A name PostgreSQL cannot compare: refused before it is sent (the
+	// driver's SQLSTATE 22021 came back: an API audit).
+	if _, err := saga.Summaries(e.ctx, e.store, "sla", "a\x00b"); !errors.Is(err, saga.ErrInvalidArgument) {
+		t.Fatalf("summaries of a name with a NUL: %v; want ErrInvalidArgument", err)
+	}
 
 	list, err := saga.List(e.ctx, e.store, saga.ListQuery{Saga: "sla"})
 	if err != nil {

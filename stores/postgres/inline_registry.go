@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/projectorhq/projector"
 )
 
 // DefaultInlineRefresh is how often a store re-reads the inline projections
@@ -398,6 +400,9 @@ func RetireInlineProjection(ctx context.Context, db DBTX, schema, name string) (
 	schema = schemaOrDefault(schema)
 	if err := ValidateSchema(schema); err != nil {
 		return false, err
+	}
+	if err := projector.ValidText(name); err != nil || name == "" || len(name) > projector.MaxNameLength {
+		return false, fmt.Errorf("%w: retire inline projection %s: not a projection name", ErrInvalidConfig, projector.Quoted(name))
 	}
 	tag, err := db.Exec(ctx, `DELETE FROM `+quoteIdent(schema)+`.projector_inline_projections WHERE name = $1`, name)
 	if err != nil {

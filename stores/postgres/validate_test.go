@@ -151,6 +151,7 @@ func TestReadsRefuseStringsPostgresCannotStore(t *testing.T) {
 	_, limitErr := f.store.ReadLogTx(f.ctx, tx, postgres.LogQuery{Limit: -1})
 	_, pageErr := f.store.Export(f.ctx, io.Discard, postgres.ExportOptions{PageSize: -1})
 	_, batchErr := f.store.Import(f.ctx, strings.NewReader(""), postgres.ImportOptions{BatchSize: -1})
+	_, retireErr := postgres.RetireInlineProjection(f.ctx, tx, f.store.Schema(), "a\xffb")
 	checks := []struct {
 		name      string
 		err, want error
@@ -164,6 +165,7 @@ func TestReadsRefuseStringsPostgresCannotStore(t *testing.T) {
 		{"ReadLogTx a negative limit", limitErr, postgres.ErrInvalidConfig},
 		{"Export a negative page size", pageErr, postgres.ErrInvalidConfig},
 		{"Import a negative batch size", batchErr, postgres.ErrInvalidConfig},
+		{"RetireInlineProjection a name not UTF-8", retireErr, postgres.ErrInvalidConfig},
 	}
 	for _, c := range checks {
 		if !errors.Is(c.err, c.want) {
