@@ -98,6 +98,7 @@ func validatorOf(t reflect.Type) validatorKind {
 
 // Registry holds every defined event type. Define all types at start-up,
 // before the first append or read; the registry is safe for concurrent use.
+// Its zero value is an empty registry, as [NewRegistry] returns.
 type Registry struct {
 	mu     sync.RWMutex
 	byName map[string]*typeEntry
@@ -196,6 +197,11 @@ func Define[T any](r *Registry, name string, cfg ...TypeConfig) (EventType[T], e
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.byName == nil {
+		// A zero Registry (var reg projector.Registry) is an empty one, as
+		// NewRegistry's: Define panicked on its nil maps.
+		r.byName, r.byType = map[string]*typeEntry{}, map[reflect.Type]*typeEntry{}
+	}
 	if prev, ok := r.byName[name]; ok {
 		return zero, fmt.Errorf("%w: %q is already defined with payload %s", ErrDuplicateEventType, name, prev.GoType)
 	}

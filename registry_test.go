@@ -252,3 +252,24 @@ func TestParsePositionMax(t *testing.T) {
 		}
 	}
 }
+
+// The zero Registry is an empty one: Define on it panicked on nil maps (an
+// API audit), and reads of it find nothing.
+func TestZeroRegistry(t *testing.T) {
+	t.Parallel()
+	var reg projector.Registry
+	if _, ok := reg.Lookup("ticket.opened"); ok || len(reg.Names()) != 0 {
+		t.Fatal("a zero registry holds types")
+	}
+	type opened struct{ Title string }
+	et, err := projector.Define[opened](&reg, "ticket.opened")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, ok := reg.Lookup(et.Name()); !ok || info.SchemaVersion != 1 {
+		t.Fatalf("lookup after Define on a zero registry: %+v, %v", info, ok)
+	}
+	if _, err := reg.Encode(opened{Title: "x"}); err != nil {
+		t.Fatalf("encode: %v", err)
+	}
+}

@@ -392,10 +392,10 @@ func New(cfg Config) (*Dispatcher, error) {
 		d.instance, d.randomID = uuid.NewString(), true
 	}
 	if d.instance == SharedInstance || d.instance == RebuildInstance || strings.HasPrefix(d.instance, PartitionPrefix) {
-		return nil, fmt.Errorf("projection dispatcher: instance id %q is reserved; choose another (%s)", d.instance, EnvInstanceID)
+		return nil, fmt.Errorf("%w: instance id %s is reserved; choose another (%s)", ErrInvalidConfig, projector.Quoted(d.instance), EnvInstanceID)
 	}
 	if err := validInstance(d.instance); err != nil {
-		return nil, fmt.Errorf("projection dispatcher: %w (Config.InstanceID or %s)", err, EnvInstanceID)
+		return nil, fmt.Errorf("%w: %w (Config.InstanceID or %s)", ErrInvalidConfig, err, EnvInstanceID)
 	}
 	seen := map[string]bool{}
 	for _, p := range cfg.Projections {

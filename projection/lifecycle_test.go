@@ -95,7 +95,7 @@ func TestDefinitionErrors(t *testing.T) {
 	if _, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{q, q}}); err == nil {
 		t.Fatal("the same projection twice was accepted")
 	}
-	if _, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{q}, InstanceID: projection.SharedInstance}); err == nil || !strings.Contains(err.Error(), "reserved") {
+	if _, err := projection.New(projection.Config{Store: e.store, Projections: []*projection.Async{q}, InstanceID: projection.SharedInstance}); !errors.Is(err, projection.ErrInvalidConfig) || !strings.Contains(err.Error(), "reserved") {
 		t.Fatalf("instance id %s: %v", projection.SharedInstance, err)
 	}
 }
