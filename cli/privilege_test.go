@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 )
@@ -21,18 +19,7 @@ func TestReadOnlyOperatorRole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	store := pgtest.Store(t, projector.NewRegistry())
-	role := store.Schema() + "_ops"
-	q, s := pgx.Identifier{role}.Sanitize(), pgx.Identifier{store.Schema()}.Sanitize()
-	for _, sql := range []string{
-		`CREATE ROLE ` + q + ` NOLOGIN`,
-		`GRANT USAGE ON SCHEMA ` + s + ` TO ` + q,
-		`GRANT SELECT ON ALL TABLES IN SCHEMA ` + s + ` TO ` + q,
-	} {
-		if _, err := store.Pool().Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	t.Cleanup(func() { _, _ = store.Pool().Exec(ctx, `DROP OWNED BY `+q+`; DROP ROLE `+q) })
+	role := pgtest.ReaderRole(t, store.Schema())
 	url := pgtest.URL(t)
 	if strings.Contains(url, "?") {
 		url += "&role=" + role

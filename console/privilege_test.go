@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/projectorhq/projector/console"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/stores/postgres"
@@ -23,16 +21,7 @@ func TestActionRefusedByTheDatabaseRole(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, options{token: testToken, extra: func(cfg *console.Config) {
 		schema := cfg.Store.Schema()
-		role := schema + "_ro"
-		q, s := pgx.Identifier{role}.Sanitize(), pgx.Identifier{schema}.Sanitize()
-		for _, sql := range []string{`CREATE ROLE ` + q + ` NOLOGIN`, `GRANT USAGE ON SCHEMA ` + s + ` TO ` + q,
-			`GRANT SELECT ON ALL TABLES IN SCHEMA ` + s + ` TO ` + q} {
-			if _, err := cfg.Store.Pool().Exec(ctx, sql); err != nil {
-				t.Fatalf("%s: %v", sql, err)
-			}
-		}
-		pool := cfg.Store.Pool()
-		t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP OWNED BY `+q+`; DROP ROLE `+q) })
+		role := pgtest.ReaderRole(t, schema)
 		ro, err := postgres.New(ctx, pgtest.PoolAs(t, role, false, 4), postgres.Config{Schema: schema, Registry: cfg.Store.Registry()})
 		if err != nil {
 			t.Fatal(err)

@@ -101,3 +101,25 @@ func PoolAs(t testing.TB, role string, afterConnect bool, maxConns int32) *pgxpo
 	}
 	return PoolFromConfig(t, cfg)
 }
+
+// ReaderRole creates a role of the test's own with what docs/operations.md
+// ("Roles and privileges") gives a read-only operator: usage of schema and
+// SELECT on the tables it holds when it is called. It is dropped when the
+// test ends; use it through PoolAs, or a URL's role parameter.
+func ReaderRole(t testing.TB, schema string) string {
+	t.Helper()
+	ctx := context.Background()
+	pool := Pool(t)
+	role := schema + "_reader"
+	q, s := pgx.Identifier{role}.Sanitize(), pgx.Identifier{schema}.Sanitize()
+	for _, sql := range []string{`CREATE ROLE ` + q + ` NOLOGIN`, `GRANT USAGE ON SCHEMA ` + s + ` TO ` + q,
+		`GRANT SELECT ON ALL TABLES IN SCHEMA ` + s + ` TO ` + q} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, `DROP OWNED BY `+q+`; DROP ROLE `+q)
+	})
+	return role
+}
