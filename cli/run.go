@@ -231,14 +231,20 @@ func (a *App) run(ctx context.Context, cfg runConfig) (err error) {
 		// through DNS rebinding. Elsewhere they answer any Host, for the
 		// scrapers and probes that name the process as they like, as any
 		// client on that network could.
+		uiHosts, err := hostcheck.New(hosts)
+		if err != nil {
+			_ = ln.Close()
+			return usageError{fmt.Errorf("--console-allowed-hosts: %w", err)}
+		}
 		var probeHosts *hostcheck.Checker
 		if tcp, ok := ln.Addr().(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
-			if probeHosts, err = hostcheck.New(hosts); err != nil {
-				_ = ln.Close()
-				return usageError{fmt.Errorf("--console-allowed-hosts: %w", err)}
-			}
+			probeHosts = uiHosts
 		}
-		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping, ui, probeHosts), ReadHeaderTimeout: 5 * time.Second}
+		// IdleTimeout and ReadTimeout bound what an idle or slow client
+		// holds (the live tail's streams are responses, which ReadTimeout
+		// does not cut, and end with Shutdown).
+		srv = &http.Server{Handler: a.routes(reg, &running, pool.Ping, ui, probeHosts, uiHosts),
+			ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 		if tail != nil {
 			srv.RegisterOnShutdown(tail.Close) // ends the tail's streams, which Shutdown would wait for
 		}
@@ -324,11 +330,20 @@ func consoleHosts(cfg runConfig) ([]string, error) {
 // / redirecting to it) when ui is not nil. With hosts set, the metrics and
 // probes answer only requests whose Host it allows (the console checks its
 // own).
-func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error, ui http.Handler, hosts *hostcheck.Checker) http.Handler {
+func (a *App) routes(reg *prometheus.Registry, running *atomic.Bool, ping func(context.Context) error, ui http.Handler, hosts, uiHosts *hostcheck.Checker) http.Handler {
 	mux := http.NewServeMux()
 	if ui != nil {
 		mux.Handle("/console/", http.StripPrefix("/console", ui))
-		mux.Handle("GET /{$}", http.RedirectHandler("/console/", http.StatusFound))
+		// The redirect to the console checks the Host as the console does:
+		// "421 on every route" (it answered any Host with a 302).
+		redirect := http.RedirectHandler("/console/", http.StatusFound)
+		mux.Handle("GET /{$}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if uiHosts != nil && !uiHosts.Allowed(r) {
+				hostcheck.Refuse(w, "run")
+				return
+			}
+			redirect.ServeHTTP(w, r)
+		}))
 	}
 	checked := func(pattern string, h http.Handler) {
 		mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -35,7 +35,9 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.deny(w, r, http.StatusForbidden, "this console is read-only: no "+EnvToken+" is configured")
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	if !c.readForm(w, r) {
+		return
+	}
 	o := c.who(r)
 	if !o.ok() {
 		msg := "sign in with the operator token first"
@@ -88,6 +90,28 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	}
 	c.log.Info("console: action", attrs...)
 	c.reply(w, r, code, msg)
+}
+
+// maxForm bounds an action's or a login's form: a few names and tokens.
+const maxForm = 8 << 10
+
+// readForm reads the request's form, at most maxForm bytes of it, and
+// answers a body over that 413 and one that does not parse 400: read
+// lazily, an oversized body read as an empty form, and the action said
+// "no consumer" (or the login "wrong token", logged as a refused login).
+func (c *Console) readForm(w http.ResponseWriter, r *http.Request) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
+	err := r.ParseForm()
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		c.deny(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", maxForm))
+		return false
+	case err != nil:
+		c.deny(w, r, http.StatusBadRequest, "the request body is not a form")
+		return false
+	}
+	return true
 }
 
 // refusal reports an error that is a guarded transition's "not now": the

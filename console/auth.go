@@ -70,7 +70,8 @@ func (c *Console) who(r *http.Request) operator {
 		return operator{}
 	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		if tok, ok := strings.CutPrefix(auth, "Bearer "); ok && c.tokenMatches(tok) {
+		// The scheme's name is case-insensitive (RFC 9110, section 11.1).
+		if scheme, tok, ok := strings.Cut(auth, " "); ok && strings.EqualFold(scheme, "Bearer") && c.tokenMatches(tok) {
 			return operator{name: "bearer", bearer: true}
 		}
 		return operator{}
@@ -169,7 +170,9 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.deny(w, r, http.StatusForbidden, "this console is read-only: no "+EnvToken+" is configured")
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	if !c.readForm(w, r) {
+		return
+	}
 	name := strings.TrimSpace(r.PostFormValue("name"))
 	if name == "" {
 		name = "operator"
@@ -191,6 +194,11 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	if c.ReadOnly() {
+		// No session to end: every POST of a read-only console is refused.
+		c.deny(w, r, http.StatusForbidden, "this console is read-only: no "+EnvToken+" is configured")
+		return
+	}
 	o := c.who(r)
 	if o.ok() && !c.csrfOK(r, o) {
 		c.deny(w, r, http.StatusForbidden, "missing or wrong CSRF token")

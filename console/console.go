@@ -281,7 +281,17 @@ func New(cfg Config) (*Console, error) {
 	mux.Handle("POST /login", c.cop.Handler(http.HandlerFunc(c.login)))
 	mux.Handle("POST /logout", c.cop.Handler(http.HandlerFunc(c.logout)))
 	mux.Handle("POST /actions/{kind}/{op}", c.cop.Handler(http.HandlerFunc(c.action)))
-	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	// The two files by name: a file server listed the directory, answered
+	// /static with a redirect to a path outside a mount, and a path that is
+	// not UTF-8 with 500.
+	mux.HandleFunc("GET /static/{file}", func(w http.ResponseWriter, r *http.Request) {
+		file := r.PathValue("file")
+		if file != "console.css" && file != "console.js" {
+			http.NotFound(w, r)
+			return
+		}
+		http.ServeFileFS(w, r, static, file)
+	})
 	if cfg.Tail != nil {
 		mux.Handle("GET /tail", cfg.Tail)
 	}

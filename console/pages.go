@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -108,7 +110,55 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, name 
 // reply answers an action or a refused request: JSON for the page's
 // script (it asks with Accept: application/json), else a small page with a
 // link back, so the forms work without JavaScript too.
+// clip renders stored or echoed text for a cell, an attribute or a reply on
+// one line: runs of white space become one space, what a terminal would
+// obey (ESC and the other control characters: a page may be read with
+// curl) is escaped where it stands, and past n bytes it is cut.
+func clip(n int, s string) string {
+	return cutText(escapeControls(strings.Join(strings.Fields(s), " ")), n)
+}
+
+// cutText is s cut at n bytes on a rune boundary, "…" marking the cut.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// escapeControls writes every control character, invisible format rune
+// and invalid byte of s as its Go escape, leaving the rest as it reads.
+func escapeControls(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r == utf8.RuneError || (r != ' ' && r != '\t' && !unicode.IsPrint(r)) }) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		case r == ' ' || r == '\t' || unicode.IsPrint(r):
+			b.WriteString(s[i : i+size])
+		default:
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// maxReply bounds a reply's message: an echoed 300,000-character query
+// parameter made a 1.2 MB error page.
+const maxReply = 2000
+
 func (c *Console) reply(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	msg = clip(maxReply, msg)
 	if strings.Contains(r.Header.Get("Accept"), "application/json") {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)
@@ -259,16 +309,16 @@ var funcs = template.FuncMap{
 	},
 	"skewMark": func() string { return strconv.FormatFloat(projection.HotSkew, 'f', -1, 64) },
 	"pct":      func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) },
-	"clip": func(n int, s string) string {
-		s = strings.Join(strings.Fields(s), " ")
-		if len(s) <= n {
-			return s
+	"clip":     clip,
+	// printableText is stored text shown whole on a page of its own (a
+	// dead letter's error), its lines kept, anything a terminal would obey
+	// escaped, and cut at MaxErrorBytes.
+	"printableText": func(s string) string {
+		lines := strings.Split(s, "\n")
+		for i, l := range lines {
+			lines[i] = escapeControls(strings.TrimSuffix(l, "\r"))
 		}
-		cut := n
-		for cut > 0 && s[cut]&0xc0 == 0x80 {
-			cut--
-		}
-		return s[:cut] + "…"
+		return cutText(strings.Join(lines, "\n"), projection.MaxErrorBytes)
 	},
 	"shared": func(s string) bool { return s == projection.SharedInstance },
 	"shadow": func(s string) bool { return s == projection.RebuildInstance },

@@ -145,6 +145,9 @@ func (c *Console) readNow(ctx context.Context) (State, error) {
 	if st.Horizon, err = projection.Horizon(ctx, store.Pool()); err != nil {
 		return st, fmt.Errorf("console: %w", err)
 	}
+	if !c.cfg.ShowPayloads {
+		hideQueries(&st.Horizon)
+	}
 	if st.Log.Hot, st.Log.Archived, err = store.ArchiveSizes(ctx); err != nil {
 		return st, fmt.Errorf("console: %w", err)
 	}
@@ -323,4 +326,21 @@ func rebuildAction(sh Shard, rebuildable bool) []actionView {
 	}
 	return []actionView{{Kind: "rebuild", Op: "request", Label: "rebuild", Class: "",
 		Confirm: "Rebuild " + sh.Consumer + " blue/green from the start of the log?", Fields: map[string]string{"name": sh.Consumer, "mode": "blue-green"}}}
+}
+
+// hideQueries drops the statements of the sessions holding the horizon
+// back: another session's SQL may carry a password (ALTER ROLE … PASSWORD)
+// or personal data, and the dashboard and state.json are read without
+// signing in. They are shown, like payloads, only with
+// [Config.ShowPayloads]; `projector horizon` shows them to an operator.
+func hideQueries(h *projection.HorizonReport) {
+	if h.Holder != nil {
+		holder := *h.Holder
+		holder.Query = ""
+		h.Holder = &holder
+	}
+	h.Others = slices.Clone(h.Others)
+	for i := range h.Others {
+		h.Others[i].Query = ""
+	}
 }

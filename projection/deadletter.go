@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	sq "github.com/Masterminds/squirrel"
 	"github.com/google/uuid"
@@ -494,9 +496,9 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 			_, err = tx.Exec(ctx, `UPDATE `+dt+` SET status = 'resolved', resolved_at = now(), last_retried_at = now(),
 				attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id)
 		} else {
-			res.Error = herr.Error()
+			res.Error = storedError(herr)
 			_, err = tx.Exec(ctx, `UPDATE `+dt+` SET error = $2, last_retried_at = now(),
-				attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id, "retry: "+herr.Error())
+				attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id, "retry: "+storedError(herr))
 		}
 		if err != nil {
 			return fmt.Errorf("retry dead letter %d: record the outcome: %w", id, err)
@@ -742,4 +744,24 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 		case <-d.retryKick: // a request was committed (layoutnotify.go)
 		}
 	}
+}
+
+// MaxErrorBytes bounds the handler error a shard, dead letter or park
+// records: past it the text is cut, its length noted. A handler may fail
+// with any text (a 500 kB driver message, a document echoed); stored whole,
+// it made every console page and state.json carry it, once a second.
+const MaxErrorBytes = 8 << 10
+
+// storedError is err's text as a shard, dead letter or park records it:
+// whole up to MaxErrorBytes, else cut on a rune boundary with its length.
+func storedError(err error) string {
+	s := err.Error()
+	if len(s) <= MaxErrorBytes {
+		return s
+	}
+	cut := MaxErrorBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes)"
 }

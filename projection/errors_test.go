@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -318,5 +319,34 @@ func TestRetryBackoffCountsFromTheFailure(t *testing.T) {
 	failed := time.Unix(0, failedAt.Load())
 	if gap := st.NextRetryAt.Sub(failed); gap < backoff*8/10-50*time.Millisecond {
 		t.Fatalf("next attempt %v after the failure (attempts %d, next at %v), want at least 0.8 × the %v backoff", gap, st.Attempts, st.NextRetryAt, backoff)
+	}
+}
+
+// A handler error is recorded cut at MaxErrorBytes, its length noted, on the
+// shard and on the dead letter alike: stored whole, a 500 kB error made every
+// console page and state.json carry it once a second (an HTTP audit).
+func TestHandlerErrorStoredCut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	huge := strings.Repeat("é", 250_000) // 500,000 bytes, cut on a rune boundary
+	fail := func(context.Context, pgx.Tx, projector.Event) error { return errors.New(huge) }
+	halt := projection.NewAsync("halt", projection.AsyncConfig{MaxAttempts: 1})
+	must(projection.OnEvent(halt, e.types.Opened, fail))
+	skip := projection.NewAsync("skip", projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors})
+	must(projection.OnEvent(skip, e.types.Opened, fail))
+	e.dispatcher(projection.Config{Projections: []*projection.Async{halt, skip}})
+	admin := projection.NewAdmin(e.store)
+	e.appendOne("a", projector.NoStream, testevents.TicketOpened{Title: "x"})
+	eventually(t, time.Minute, "the halting shard to die", func() bool { return e.status(admin, "halt").Status == projection.StatusDead })
+	var dls []projection.DeadLetter
+	eventually(t, time.Minute, "the dead letter", func() bool {
+		var err error
+		dls, err = projection.ListDeadLetters(e.ctx, e.store, projection.DeadLetterFilter{Consumer: "skip"})
+		return err == nil && len(dls) == 1
+	})
+	for what, text := range map[string]string{"shard": e.status(admin, "halt").LastError, "dead letter": dls[0].Error} {
+		if len(text) > projection.MaxErrorBytes+32 || !strings.Contains(text, "…(5000") || !strings.HasSuffix(text, " bytes)") || !utf8.ValidString(text) {
+			t.Errorf("%s error: %d bytes, ends %q; want it cut at %d with the length noted", what, len(text), text[max(0, len(text)-20):], projection.MaxErrorBytes)
+		}
 	}
 }
