@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -85,6 +86,9 @@ const (
 	DefaultWriteTimeout = 10 * time.Second
 	MinWriteTimeout     = 100 * time.Millisecond
 	MaxWriteTimeout     = 10 * time.Minute
+	// DefaultMaxClients and MaxMaxClients bound Config.MaxClients.
+	DefaultMaxClients = 1000
+	MaxMaxClients     = 1_000_000
 	// MaxTypes bounds the event types one request may name.
 	MaxTypes = 64
 )
@@ -130,6 +134,12 @@ type Config struct {
 	// TracerProvider traces each fan-out of a batch to the connected
 	// clients (docs/tracing.md); nil means the global provider.
 	TracerProvider trace.TracerProvider
+	// MaxClients bounds the streams served at once, catching up or live;
+	// one more is answered 503 with Retry-After, so a flood of idle
+	// streams cannot use up the process's file descriptors (and with them
+	// its metrics and probes). Default [DefaultMaxClients], between 1 and
+	// [MaxMaxClients].
+	MaxClients int
 	// AllowedHosts are the names, besides localhost names and IP
 	// addresses, that the feed answers to in a request's Host header: the
 	// names browsers reach it by ("app.example.com", "*.example.com" for
@@ -154,6 +164,8 @@ type Feed struct {
 	logger *slog.Logger
 	hosts  *hostcheck.Checker
 	tracer trace.Tracer
+	// streams counts the requests being streamed (Config.MaxClients).
+	streams atomic.Int64
 }
 
 // New validates cfg and returns a feed. Its consumer does nothing until
@@ -167,7 +179,10 @@ func New(cfg Config) (*Feed, error) {
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, DefaultHeartbeat)
 	cfg.CatchUpBatch = cmp.Or(cfg.CatchUpBatch, DefaultCatchUpBatch)
 	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, DefaultWriteTimeout)
+	cfg.MaxClients = cmp.Or(cfg.MaxClients, DefaultMaxClients)
 	switch {
+	case cfg.MaxClients < 1 || cfg.MaxClients > MaxMaxClients:
+		return nil, fmt.Errorf("%w: MaxClients %d outside 1..%d", ErrInvalidConfig, cfg.MaxClients, MaxMaxClients)
 	case cfg.BufferSize < MinBufferSize || cfg.BufferSize > MaxBufferSize:
 		return nil, fmt.Errorf("%w: BufferSize %d outside %d..%d", ErrInvalidConfig, cfg.BufferSize, MinBufferSize, MaxBufferSize)
 	case cfg.Heartbeat < MinHeartbeat || cfg.Heartbeat > MaxHeartbeat:

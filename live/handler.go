@@ -96,6 +96,14 @@ func (f *Feed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 	}
+	if n := f.streams.Add(1); n > int64(f.cfg.MaxClients) {
+		f.streams.Add(-1)
+		f.logger.WarnContext(r.Context(), "live feed: request refused: too many streams", slog.Int("max_clients", f.cfg.MaxClients))
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "live feed: too many clients, retry later", http.StatusServiceUnavailable)
+		return
+	}
+	defer f.streams.Add(-1)
 	ctx := r.Context()
 	s := &stream{f: f, w: w, rc: http.NewResponseController(w), tenant: tenant, types: types}
 	var reset string
