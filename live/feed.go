@@ -87,7 +87,7 @@ const (
 	MinWriteTimeout     = 100 * time.Millisecond
 	MaxWriteTimeout     = 10 * time.Minute
 	// DefaultMaxClients and MaxMaxClients bound Config.MaxClients.
-	DefaultMaxClients = 1000
+	DefaultMaxClients = 10_000
 	MaxMaxClients     = 1_000_000
 	// MaxTypes bounds the event types one request may name.
 	MaxTypes = 64
