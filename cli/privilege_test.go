@@ -43,6 +43,14 @@ func TestReadOnlyOperatorRole(t *testing.T) {
 	if out, code := run("dead-letters", "list"); code != ExitOK || !strings.Contains(out, "boom") {
 		t.Fatalf("dead-letters list as the read-only role: exit %d:\n%s", code, out)
 	}
+	// migrate needs the owner, and says so, not the application role's
+	// privileges as the generic hint would (a tenancy walkthrough).
+	var migrateOut bytes.Buffer
+	code := Run(ctx, Config{Getenv: func(string) string { return "" }}, []string{"migrate", "--database-url", url, "--schema", store.Schema() + "_new"}, &migrateOut, &migrateOut)
+	if out := migrateOut.String(); code != ExitError ||
+		!strings.Contains(out, "run the migrations as the schema's owner") || strings.Contains(out, "application role's privileges") {
+		t.Errorf("migrate of a new schema as the read-only role: exit %d, want %d saying to run it as the owner, once:\n%s", code, ExitError, out)
+	}
 	out, code := run("dead-letters", "discard", id)
 	if code != ExitError || !strings.Contains(out, "permission denied") || !strings.Contains(out, `"Roles and privileges"`) {
 		t.Fatalf("dead-letters discard as the read-only role: exit %d, want %d naming the missing privilege and the doc:\n%s", code, ExitError, out)

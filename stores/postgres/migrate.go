@@ -50,7 +50,7 @@ func Migrate(ctx context.Context, db DB, schema string) ([]int, error) {
 		}
 		if !exists {
 			if _, err := tx.Exec(ctx, `CREATE SCHEMA `+q); err != nil {
-				return fmt.Errorf("create schema %s: %w", q, err)
+				return fmt.Errorf("create schema %s: %w", q, privilegeHint(err, q))
 			}
 		}
 		// Nor the migrations table: CREATE TABLE IF NOT EXISTS asks for
@@ -108,7 +108,9 @@ func IsInsufficientPrivilege(err error) bool {
 // least-privileged one, cannot migrate it.
 func privilegeHint(err error, schema string) error {
 	if IsInsufficientPrivilege(err) {
-		return fmt.Errorf("%w; this role may not change schema %s: run the migrations as the schema's owner (docs/operations.md, \"Roles and privileges\")", err, schema)
+		return fmt.Errorf("%w; this role may not create or change schema %s: run the migrations as the schema's owner, "+
+			"a role that owns the schema (CREATE SCHEMA %s AUTHORIZATION owner, as a superuser) or may create it (CREATE on the database) "+
+			"(docs/operations.md, \"Roles and privileges\")", err, schema, schema)
 	}
 	return err
 }

@@ -112,4 +112,9 @@ func TestMigrateAsAnApplicationRole(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(err.Error(), "run the migrations as the schema's owner") {
 		t.Fatalf("Migrate with one pending as the application role: %v; want a permission error saying to run it as the owner", err)
 	}
+	// A schema it may not create: the same advice, at CREATE SCHEMA.
+	if _, err := postgres.Migrate(ctx, appPool, schema+"_new"); !errors.As(err, &pgErr) || pgErr.Code != "42501" ||
+		!strings.Contains(err.Error(), "run the migrations as the schema's owner") {
+		t.Fatalf("Migrate into a new schema as the application role: %v; want a permission error saying to run it as the owner", err)
+	}
 }
