@@ -352,6 +352,10 @@ func OnTimeout[S any](s *Saga[S], name string, h TimeoutHandler[S]) error {
 	switch {
 	case name == "":
 		return s.fail(errors.New("timeout handler for an empty name"))
+	case len(name) > projector.MaxNameLength || projector.Printable(name) != name:
+		// The name is stored with each timeout and shown by the CLI and the
+		// console: a name PostgreSQL refused failed every step scheduling it.
+		return s.fail(fmt.Errorf("timeout name %s: want printable text of at most %d bytes", projector.Printable(name), projector.MaxNameLength))
 	case h == nil:
 		return s.fail(fmt.Errorf("nil handler for timeout %q", name))
 	}
@@ -494,6 +498,9 @@ func Command[S, A any](in *Instance[S], repo *aggregate.Repository[A], stream pr
 		}})
 }
 
+// maxTimeoutAt is the latest time a timeout may be scheduled for.
+var maxTimeoutAt = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+
 // Schedule schedules the timeout name to fire at at, replacing one of that
 // name that is pending. at before [Instance.Now] is an error of the step.
 func (in *Instance[S]) Schedule(name string, at time.Time) {
@@ -503,6 +510,11 @@ func (in *Instance[S]) Schedule(name string, at time.Time) {
 		return
 	case at.Before(in.now):
 		in.setErr(fmt.Errorf("schedule timeout %q at %s: in the past (now %s)", name, at.Format(time.RFC3339Nano), in.now.Format(time.RFC3339Nano)))
+		return
+	case at.After(maxTimeoutAt):
+		// Past PostgreSQL's timestamptz (year 294276) the step's write
+		// failed with the driver's error; a deadline past 9999 is a mistake.
+		in.setErr(fmt.Errorf("schedule timeout %q at %s: after %s", name, at.Format(time.RFC3339Nano), maxTimeoutAt.Format(time.RFC3339)))
 		return
 	}
 	in.ops = append(in.ops, op{kind: opSchedule, name: name, at: at})
@@ -604,10 +616,25 @@ func (s *Saga[S]) Decide(ctx context.Context, reg *projector.Registry, cur Snaps
 		return Decision[S]{}, fmt.Errorf("%w: saga %q does not handle %q", ErrInvalidStep, s.name, ev.Type)
 	}
 	in := s.instance(cur, isNew, now)
-	if err := r.handle(ctx, in, ev); err != nil {
+	if err := guard(s.name, func() error { return r.handle(ctx, in, ev) }); err != nil {
 		return Decision[S]{}, err
 	}
 	return s.decision(in, reg)
+}
+
+// guard runs a handler, turning its panic into the step's error: a
+// handler that panics fails its step like one that returns an error
+// (projections.md), so continuous mode dead-letters the event and
+// ParkStream parks the instance. Left to the dispatcher's own recover, a
+// panic escaped the saga's handling of its modes and the consumer went
+// dead (a relay and saga audit).
+func guard(saga string, handler func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("saga %q: panic in handler: %v", saga, p)
+		}
+	}()
+	return handler()
 }
 
 // DecideTimeout runs the handler of timeout t on cur at time now.
@@ -617,7 +644,7 @@ func (s *Saga[S]) DecideTimeout(ctx context.Context, reg *projector.Registry, cu
 		return Decision[S]{}, fmt.Errorf("%w: saga %q has no handler for timeout %q", ErrInvalidStep, s.name, t.Name)
 	}
 	in := s.instance(cur, false, now)
-	if err := h(ctx, in, t); err != nil {
+	if err := guard(s.name, func() error { return h(ctx, in, t) }); err != nil {
 		return Decision[S]{}, err
 	}
 	return s.decision(in, reg)

@@ -222,6 +222,25 @@ func TestSagaDefinitionErrors(t *testing.T) {
 	if err := saga.OnTimeout(s, "a", h); !errors.Is(err, saga.ErrInvalidDefinition) {
 		t.Errorf("timeout handled twice: %v", err)
 	}
+	// A name PostgreSQL refuses, or a terminal would obey, or 100 kB: each
+	// step scheduling it failed at its write (a relay and saga audit).
+	for _, bad := range []string{"\xff", "a\nb", "a\x00b", strings.Repeat("t", 100_000)} {
+		if err := saga.OnTimeout(saga.New[slaState]("x", saga.Config{}), bad, h); !errors.Is(err, saga.ErrInvalidDefinition) || len(err.Error()) > 500 {
+			t.Errorf("timeout name %.20q: %.200v; want ErrInvalidDefinition", bad, err)
+		}
+	}
+	// A deadline past year 9999 is a mistake of the step, not the driver's
+	// "timestamp out of range" at the write.
+	st := saga.New[slaState]("x", saga.Config{})
+	must(saga.StartOn(st, ty.Opened, saga.ByStream, func(_ context.Context, in *saga.Instance[slaState], _ projector.Event, _ testevents.TicketOpened) error {
+		in.Schedule("remind", time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC))
+		return nil
+	}))
+	must(saga.OnTimeout(st, "remind", h))
+	ev := projector.Event{Type: ty.Opened.Name(), Stream: projector.Stream("ticket", "t"), Payload: testevents.TicketOpened{Title: "x"}}
+	if _, err := st.Decide(context.Background(), nil, saga.Snapshot[slaState]{}, true, ev, time.Now()); !errors.Is(err, saga.ErrInvalidStep) {
+		t.Errorf("a timeout in the year 300000: %v; want ErrInvalidStep", err)
+	}
 	if err := saga.New[slaState]("Bad Name", saga.Config{}).Validate(ty.Registry); !errors.Is(err, saga.ErrInvalidDefinition) {
 		t.Errorf("bad name: %v", err)
 	}

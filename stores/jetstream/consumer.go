@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -461,7 +463,7 @@ func (c *Consumer) hold(msg jetstream.Msg, ev projector.Event) error {
 // and moves its stream past it (so its successors are not held forever), in
 // one transaction, then acknowledges it.
 func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, ev *projector.Event, deliveries uint64, cause error) (Outcome, error) {
-	headers, err := json.Marshal(msg.Headers())
+	headers, err := json.Marshal(storableHeaders(msg.Headers()))
 	if err != nil {
 		return "", fmt.Errorf("dead-letter: encode headers: %w", err)
 	}
@@ -482,7 +484,7 @@ func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, ev *projec
 				return err
 			}
 		}
-		_, err := tx.Exec(ctx, c.sql.dead, c.cfg.Subscription, id, msg.Subject(), headers, msg.Data(), cause.Error(), int64(deliveries))
+		_, err := tx.Exec(ctx, c.sql.dead, c.cfg.Subscription, id, storableText(msg.Subject()), headers, msg.Data(), storableText(cause.Error()), int64(deliveries))
 		return err
 	})
 	if err != nil {
@@ -625,4 +627,30 @@ func claimChecked(ctx context.Context, tx pgx.Tx, claim string, args ...any) (pg
 		err = cerr
 	}
 	return tag, err
+}
+
+// storableText is s as PostgreSQL text can hold it: invalid UTF-8 and NUL
+// bytes become U+FFFD. A dead letter or park records what came in; a
+// subject or header that PostgreSQL refused kept the message from being
+// recorded at all, and it came back every AckWait, unacknowledged (a relay
+// and saga audit).
+func storableText(s string) string {
+	if projector.ValidText(s) == nil {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// storableHeaders is h with every name and value storableText, for the
+// jsonb a dead letter or park keeps them in (jsonb refuses \u0000).
+func storableHeaders(h nats.Header) nats.Header {
+	out := make(nats.Header, len(h))
+	for k, vs := range h {
+		values := make([]string, len(vs))
+		for i, v := range vs {
+			values[i] = storableText(v)
+		}
+		out[storableText(k)] = append(out[storableText(k)], values...)
+	}
+	return out
 }

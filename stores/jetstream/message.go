@@ -190,6 +190,12 @@ func Decode(reg *projector.Registry, header nats.Header, data []byte) (projector
 	if err := ev.Stream.Validate(); err != nil {
 		return projector.Event{}, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
+	// An actor or header PostgreSQL cannot store (a NUL) failed the
+	// handler's insert, blamed on the handler and retried to MaxDeliver:
+	// the message's fault, said here so it is dead-lettered at once.
+	if err := ev.Metadata.Validate(); err != nil {
+		return projector.Event{}, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
+	}
 	payload, upcast, err := reg.Decode(ev.Type, int(schema), json.RawMessage(data))
 	if err != nil {
 		return projector.Event{}, fmt.Errorf("event %s: %w", ev.ID, err)

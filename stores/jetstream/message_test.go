@@ -108,6 +108,10 @@ func TestDecodeRefusesBadMessages(t *testing.T) {
 		{"unknown type", func(h nats.Header) []byte { h.Set(pjs.HeaderEventType, "note.deleted"); return good.Data }, projector.ErrUnknownEventType},
 		{"future schema", func(h nats.Header) []byte { h.Set(pjs.HeaderSchemaVersion, "3"); return good.Data }, projector.ErrInvalidPayload},
 		{"bad payload", func(nats.Header) []byte { return []byte(`{"text":`) }, projector.ErrInvalidPayload},
+		// PostgreSQL cannot store a NUL: the handler's insert failed and the
+		// message went round to MaxDeliver (a relay and saga audit).
+		{"NUL in the actor", func(h nats.Header) []byte { h.Set(pjs.HeaderActor, "a%00b"); return good.Data }, pjs.ErrInvalidMessage},
+		{"NUL in a header", func(h nats.Header) []byte { h.Set(pjs.HeaderMetadata, `{"k":"a\u0000b"}`); return good.Data }, pjs.ErrInvalidMessage},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := nats.Header{}

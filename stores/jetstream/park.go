@@ -142,11 +142,11 @@ func (c *Consumer) openPark(ctx context.Context, tx pgx.Tx, ev projector.Event) 
 
 // holdInPark stores msg (the event ev) at the end of park id's sequence.
 func (c *Consumer) holdInPark(ctx context.Context, tx pgx.Tx, id int64, msg jetstream.Msg, ev projector.Event) error {
-	headers, err := json.Marshal(msg.Headers())
+	headers, err := json.Marshal(storableHeaders(msg.Headers()))
 	if err != nil {
 		return fmt.Errorf("park event %s: encode headers: %w", ev.ID, err)
 	}
-	if _, err := tx.Exec(ctx, c.park.hold, id, ev.Version, ev.ID, msg.Subject(), headers, msg.Data()); err != nil {
+	if _, err := tx.Exec(ctx, c.park.hold, id, ev.Version, ev.ID, storableText(msg.Subject()), headers, msg.Data()); err != nil {
 		return fmt.Errorf("park event %s in park %d: %w", ev.ID, id, err)
 	}
 	return nil
@@ -176,7 +176,7 @@ func (c *Consumer) parkStream(ctx context.Context, msg jetstream.Msg, ev project
 		}
 		s := ev.Stream
 		if err := tx.QueryRow(ctx, c.park.park, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.ID, ev.Type, ev.Version,
-			cause.Error(), failures).Scan(&parkID); err != nil {
+			storableText(cause.Error()), failures).Scan(&parkID); err != nil {
 			return fmt.Errorf("park stream %s: %w", s, err)
 		}
 		if err := c.holdInPark(ctx, tx, parkID, msg, ev); err != nil {
