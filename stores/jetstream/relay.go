@@ -152,6 +152,17 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("%w: RelayConfig.Registry is required", ErrInvalidConfig)
 	case cfg.PublishTimeout < 0 || cfg.MaxPending < 1 || cfg.Replicas < 1:
 		return nil, fmt.Errorf("%w: negative publish timeout, max pending or replicas", ErrInvalidConfig)
+	case cfg.Replicas > 5:
+		// JetStream's own limit, said here rather than by the server at Ensure.
+		return nil, fmt.Errorf("%w: replicas %d: JetStream keeps at most 5", ErrInvalidConfig, cfg.Replicas)
+	case cfg.PublishTimeout < time.Millisecond || cfg.PublishTimeout > time.Hour:
+		return nil, fmt.Errorf("%w: publish timeout %v outside 1ms..1h", ErrInvalidConfig, cfg.PublishTimeout)
+	case cfg.MaxPending > 1_000_000:
+		return nil, fmt.Errorf("%w: max pending %d over 1,000,000", ErrInvalidConfig, cfg.MaxPending)
+	case cfg.DuplicateWindow > 7*24*time.Hour:
+		// The window is how long the server keeps each message id: a
+		// longer one keeps them all in memory for nothing.
+		return nil, fmt.Errorf("%w: duplicate window %v over 7 days", ErrInvalidConfig, cfg.DuplicateWindow)
 	case cfg.Storage != jetstream.FileStorage && cfg.Storage != jetstream.MemoryStorage:
 		return nil, fmt.Errorf("%w: unknown storage %d", ErrInvalidConfig, cfg.Storage)
 	case !validStreamName(cfg.Stream):

@@ -28,6 +28,13 @@ func TestNewRelayRefusesBadConfig(t *testing.T) {
 		{"no connection", func(c *pjs.RelayConfig) { c.Conn = nil }},
 		{"no registry", func(c *pjs.RelayConfig) { c.Registry = nil }},
 		{"window shorter than a batch", func(c *pjs.RelayConfig) { c.DuplicateWindow = 30 * time.Second }},
+		// Accepted until Ensure, or not at all (a relay and saga audit).
+		{"seven replicas", func(c *pjs.RelayConfig) { c.Replicas = 7 }},
+		{"a window of 200 years", func(c *pjs.RelayConfig) { c.DuplicateWindow = 200 * 365 * 24 * time.Hour }},
+		{"a 1ns publish timeout", func(c *pjs.RelayConfig) { c.PublishTimeout = time.Nanosecond }},
+		{"a trillion pending", func(c *pjs.RelayConfig) { c.MaxPending = 1e12 }},
+		{"the inbox prefix", func(c *pjs.RelayConfig) { c.Prefix = "_INBOX" }},
+		{"under the inbox prefix", func(c *pjs.RelayConfig) { c.Prefix = "_inbox.events" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := e.relayConfig()

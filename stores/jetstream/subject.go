@@ -118,5 +118,10 @@ func ValidatePrefix(prefix string) error {
 			return fmt.Errorf("%w: subject prefix %s: token %s must be ASCII letters, digits, '-' or '_' (no wildcards or empty tokens)", ErrInvalidConfig, projector.Quoted(prefix), projector.Quoted(tok))
 		}
 	}
+	// _INBOX carries every client's request replies: a stream over it
+	// would capture them (an audit).
+	if first, _, _ := strings.Cut(prefix, "."); strings.EqualFold(first, "_INBOX") {
+		return fmt.Errorf("%w: subject prefix %s: _INBOX is NATS's, for request replies", ErrInvalidConfig, projector.Quoted(prefix))
+	}
 	return nil
 }
