@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
@@ -308,7 +309,7 @@ func someIDs(_ *cobra.Command, args []string) error {
 	return nil
 }
 
-// parseIDs reads dead-letter ids: positive integers.
+// parseIDs reads dead-letter ids: positive integers, each once.
 func parseIDs(args []string) ([]int64, error) {
 	ids := make([]int64, 0, len(args))
 	for _, s := range args {
@@ -316,7 +317,11 @@ func parseIDs(args []string) ([]int64, error) {
 		if err != nil {
 			return nil, err
 		}
-		ids = append(ids, id)
+		// An id named twice is acted on once: `discard 5 5` tried the
+		// second after the first had closed it, and reported a failure.
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
 	}
 	return ids, nil
 }

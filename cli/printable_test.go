@@ -69,3 +69,16 @@ func TestRunPrintsErrorsForATerminal(t *testing.T) {
 		t.Errorf("relay status with an unparsable --nats-url: exit %d, want %d, credentials hidden:\n%s", code, ExitUsage, out)
 	}
 }
+
+// Ids named twice are acted on once (`relay dead-letters discard 5 5`
+// discarded 5, then reported the second as a failure: a relay audit).
+func TestParseIDsOnce(t *testing.T) {
+	t.Parallel()
+	ids, err := parseIDs([]string{"5", "3", "5", "3", "7"})
+	if err != nil || len(ids) != 3 || ids[0] != 5 || ids[1] != 3 || ids[2] != 7 {
+		t.Fatalf("parseIDs: %v, %v; want [5 3 7]", ids, err)
+	}
+	if _, err := parseIDs([]string{"5", "0"}); ExitCode(err) != ExitUsage {
+		t.Fatalf("an id of 0: %v; want a usage error", err)
+	}
+}
