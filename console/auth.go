@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/projectorhq/projector"
@@ -89,7 +90,7 @@ func (c *Console) who(r *http.Request) operator {
 		return operator{}
 	}
 	exp, err := strconv.ParseInt(parts[1], 10, 64)
-	if err != nil || time.Now().Unix() >= exp {
+	if err != nil || time.Now().Unix() >= exp || c.ended.has(parts[2]) {
 		return operator{}
 	}
 	name, err := base64.RawURLEncoding.DecodeString(parts[0])
@@ -207,7 +208,44 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: base(r) + "/", MaxAge: -1,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	if o.ok() {
+		if parts := strings.Split(o.cookie, "."); len(parts) == 3 {
+			if exp, err := strconv.ParseInt(parts[1], 10, 64); err == nil {
+				c.ended.add(parts[2], exp)
+			}
+		}
 		c.log.Info("console: logout", slog.String("who", o.name), slog.String("remote", remote(r)))
 	}
 	http.Redirect(w, r, base(r)+"/", http.StatusSeeOther)
+}
+
+// endedSessions are sessions logged out before they expired, by their
+// cookie's MAC, until they expire: logging out cleared the browser's
+// cookie, but a copy of it (another tab's request in flight, a proxy's
+// log) still signed in. It is this process's: behind one address, another
+// console process accepts the session until it expires.
+type endedSessions struct {
+	mu  sync.Mutex
+	mac map[string]int64 // MAC → the session's expiry (Unix seconds)
+}
+
+func (e *endedSessions) add(mac string, exp int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := time.Now().Unix()
+	if e.mac == nil {
+		e.mac = map[string]int64{}
+	}
+	for m, x := range e.mac {
+		if x <= now {
+			delete(e.mac, m)
+		}
+	}
+	e.mac[mac] = exp
+}
+
+func (e *endedSessions) has(mac string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.mac[mac]
+	return ok
 }

@@ -171,6 +171,10 @@ type Console struct {
 	tailTypes string
 	// rebuildable names the projections that declare tables.
 	rebuildable map[string]bool
+	// ended holds the sessions logged out before they expired (their
+	// cookies' MACs, with their expiry), so a copy of a cookie kept past
+	// its logout no longer signs in.
+	ended endedSessions
 }
 
 //go:embed templates/*.html

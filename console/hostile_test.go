@@ -41,6 +41,24 @@ func TestHostileRequests(t *testing.T) {
 			t.Errorf("GET %s: %d, want %d", path, code, want)
 		}
 	}
+	// A session logged out is over, for a copy of its cookie too (it ran
+	// an action after the logout: an HTTP audit).
+	csrf := c.login("olga")
+	u, _ := url.Parse(e.srv.URL + "/")
+	var saved []*http.Cookie
+	for _, ck := range c.hc.Jar.Cookies(u) {
+		saved = append(saved, &http.Cookie{Name: ck.Name, Value: ck.Value})
+	}
+	if len(saved) == 0 {
+		t.Fatal("no session cookie after login")
+	}
+	if code, _ := c.do(http.MethodPost, "/logout", url.Values{"csrf": {csrf}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("logout: %d", code)
+	}
+	c.hc.Jar.SetCookies(u, saved)
+	if code, body := c.do(http.MethodPost, "/actions/consumer/disable", url.Values{"consumer": {"tickets"}, "csrf": {csrf}}, nil); code != http.StatusUnauthorized {
+		t.Errorf("an action with a copy of a logged-out session's cookie: %d %.200s; want 401", code, body)
+	}
 	ro := newEnv(t, options{}).client()
 	if code, _ := ro.do(http.MethodPost, "/logout", url.Values{}, nil); code != http.StatusForbidden {
 		t.Errorf("POST /logout on a read-only console: %d, want 403", code)
