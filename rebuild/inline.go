@@ -781,13 +781,12 @@ func readCommitted(ctx context.Context, tx pgx.Tx, store *postgres.Store, after 
 		return nil, fmt.Errorf("read the log after %s: %w", after, err)
 	}
 	for i := range out {
-		ev := &out[i]
-		payload, data, err := reg.Decode(ev.Type, ev.SchemaVersion, ev.Data)
+		ev := &out[i] // opened just above, with the store's own registry
+		payload, data, version, err := reg.DecodeOpened(ev.Type, ev.SchemaVersion, ev.Data)
 		if err != nil {
-			return nil, fmt.Errorf("event %s (%s v%d of %s): %w", ev.ID, ev.Type, ev.SchemaVersion, ev.Stream, err)
+			return nil, fmt.Errorf("event %s (%s v%d of %s): %w", ev.ID, projector.Printable(ev.Type), ev.SchemaVersion, ev.Stream, err)
 		}
-		info, _ := reg.Lookup(ev.Type)
-		ev.Payload, ev.Data, ev.SchemaVersion = payload, data, info.SchemaVersion
+		ev.Payload, ev.Data, ev.SchemaVersion = payload, data, version
 	}
 	return out, nil
 }
