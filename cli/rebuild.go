@@ -124,7 +124,7 @@ See docs/rebuilds.md.`,
 	cmd.Flags().DurationVar(&pickup, "pickup-timeout", time.Minute, "with --wait or --diff: warn if no dispatcher has started the rebuild within this time (0: no limit)")
 	partial = a.addPartialFlags(cmd)
 	cmd.AddCommand(a.rebuildListCmd(), a.rebuildDiffCmd(), a.rebuildActionCmd("cancel", "Cancel a blue/green rebuild: drop its shadow tables (or index); the live model is untouched", a.cancelRebuild),
-		a.rebuildActionCmd("switch", "Let a rebuild held with --hold switch once it has caught up", rebuild.Switch), a.rebuildDropOldCmd())
+		a.rebuildActionCmd("switch", "Let a rebuild held with --hold switch once it has caught up (the dispatcher switches it; a cancel before then still cancels)", rebuild.Switch), a.rebuildDropOldCmd())
 	return cmd
 }
 
@@ -295,6 +295,16 @@ func (a *App) rebuildActionCmd(use, short string, fn func(ctx context.Context, s
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				if err := fn(cmd.Context(), store, args[0]); err != nil {
 					return rebuildError(err)
+				}
+				if use == "switch" {
+					// Switch releases the hold; the dispatcher building the
+					// rebuild switches at its next pass once caught up. Said
+					// as done, a cancel meanwhile (which it does not refuse)
+					// left the operator told of a switch that never came (an
+					// operators' race test).
+					fmt.Fprintf(a.out, "rebuild of %s: switch released; the dispatcher building it switches once it has caught up "+
+						"(at once if ready): follow with `%s rebuild list %s`\n", projector.Printable(args[0]), cmd.Root().Name(), projector.Printable(args[0]))
+					return nil
 				}
 				fmt.Fprintf(a.out, "rebuild of %s: %s done\n", projector.Printable(args[0]), use)
 				return nil

@@ -341,7 +341,7 @@ func TestRebuildCLIStatusHoldSwitchCancel(t *testing.T) {
 	}
 	e.expect(0, []string{"status"}, "ready (held: rebuild switch agent_workload)", fmt.Sprintf("100%% (%d/%d events)", total, total))
 	e.wantModel(1)
-	e.expect(0, []string{"rebuild", "switch", "agent_workload"}, "rebuild of agent_workload: switch done")
+	e.expect(0, []string{"rebuild", "switch", "agent_workload"}, "rebuild of agent_workload: switch released; the dispatcher building it switches once it has caught up")
 	e.until("switched")
 	e.wantModel(2)
 	e.expect(3, []string{"rebuild", "switch", "agent_workload"}, "no rebuild of this projection is in progress")
