@@ -222,6 +222,34 @@ func printable(s string, pass, cut int) string {
 	return strconv.Quote(s[:cut]) + "…(" + strconv.Itoa(len(s)) + " bytes)"
 }
 
+// EscapeControls writes every rune of s a terminal would obey or cannot
+// show — ESC and the other control characters but tab, invisible format
+// runes, bytes that are not UTF-8 — as its Go escape where it stands,
+// leaving the rest of s as it reads. Unlike [PrintableText] it neither
+// quotes nor cuts: it is for a message that quotes values of its own (an
+// error line, a page's text) where only the offending runes should change.
+func EscapeControls(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r == utf8.RuneError || (r != ' ' && r != '\t' && !unicode.IsPrint(r)) }) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b.WriteString(`\x`)
+			b.WriteString(strconv.FormatUint(uint64(s[i])|0x100, 16)[1:])
+		case r == ' ' || r == '\t' || unicode.IsPrint(r):
+			b.WriteString(s[i : i+size])
+		default:
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += size
+	}
+	return b.String()
+}
+
 func isPrintable(s string) bool {
 	for _, r := range s {
 		if r == utf8.RuneError || !unicode.IsPrint(r) {

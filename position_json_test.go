@@ -96,3 +96,22 @@ func FuzzPositionUnmarshalJSON(f *testing.F) {
 		}
 	})
 }
+
+// EscapeControls changes only the runes a terminal would obey or cannot
+// show, where they stand; the CLI's error line and the console's text
+// both go through it.
+func TestEscapeControls(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"plain text, tab\tand é 名":    "plain text, tab\tand é 名",
+		"x@\x1b[31mX":                 `x@\x1b[31mX`,
+		"bad \xff, bell \a, nul \x00": `bad \xff, bell \a, nul \x00`,
+		"zero\u200bwidth \u202e":      `zero\u200bwidth \u202e`,
+		"new\nline\r":                 `new\nline\r`,
+		`already \x1b stays`:          `already \x1b stays`,
+	} {
+		if got := projector.EscapeControls(in); got != want {
+			t.Errorf("EscapeControls(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/projectorhq/projector"
@@ -90,24 +88,11 @@ func terminalLine(s string) string {
 		}
 		s = s[:cut]
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r == ' ' || unicode.IsPrint(r):
-			b.WriteString(s[i : i+size])
-		default:
-			q := strconv.QuoteRuneToASCII(r)
-			b.WriteString(q[1 : len(q)-1])
-		}
-		i += size
-	}
+	out := projector.EscapeControls(s)
 	if n > maxMessage {
-		fmt.Fprintf(&b, "…(%d bytes)", n)
+		out += fmt.Sprintf("…(%d bytes)", n)
 	}
-	return b.String()
+	return out
 }
 
 // printablePathError is err with the file name of an *fs.PathError made

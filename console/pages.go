@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/projectorhq/projector"
@@ -115,7 +114,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, name 
 // obey (ESC and the other control characters: a page may be read with
 // curl) is escaped where it stands, and past n bytes it is cut.
 func clip(n int, s string) string {
-	return cutText(escapeControls(strings.Join(strings.Fields(s), " ")), n)
+	return cutText(projector.EscapeControls(strings.Join(strings.Fields(s), " ")), n)
 }
 
 // cutText is s cut at n bytes on a rune boundary, "…" marking the cut.
@@ -128,29 +127,6 @@ func cutText(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + "…"
-}
-
-// escapeControls writes every control character, invisible format rune
-// and invalid byte of s as its Go escape, leaving the rest as it reads.
-func escapeControls(s string) string {
-	if !strings.ContainsFunc(s, func(r rune) bool { return r == utf8.RuneError || (r != ' ' && r != '\t' && !unicode.IsPrint(r)) }) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, "\\x%02x", s[i])
-		case r == ' ' || r == '\t' || unicode.IsPrint(r):
-			b.WriteString(s[i : i+size])
-		default:
-			q := strconv.QuoteRuneToASCII(r)
-			b.WriteString(q[1 : len(q)-1])
-		}
-		i += size
-	}
-	return b.String()
 }
 
 // maxReply bounds a reply's message: an echoed 300,000-character query
@@ -316,7 +292,7 @@ var funcs = template.FuncMap{
 	"printableText": func(s string) string {
 		lines := strings.Split(s, "\n")
 		for i, l := range lines {
-			lines[i] = escapeControls(strings.TrimSuffix(l, "\r"))
+			lines[i] = projector.EscapeControls(strings.TrimSuffix(l, "\r"))
 		}
 		return cutText(strings.Join(lines, "\n"), projection.MaxErrorBytes)
 	},
