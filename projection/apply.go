@@ -167,7 +167,7 @@ func (d *Dispatcher) deadLetterOnce(ctx context.Context, tx pgx.Tx, sh *shard, f
 	}
 	if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
 		failing.Position.Seq, failing.Type, failing.Stream.Tenant, failing.Stream.Type, failing.Stream.ID, failing.Version,
-		"replay: "+storedError(herr)); err != nil {
+		"replay: "+StoredError(herr)); err != nil {
 		return fmt.Errorf("replay: write dead letter: %w", err)
 	}
 	d.logger.WarnContext(ctx, "projection replay: event dead-lettered (continuous mode)",

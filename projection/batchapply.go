@@ -101,7 +101,7 @@ func (d *Dispatcher) applyEvents(ctx context.Context, tx pgx.Tx, sh *shard, st s
 		}
 		if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
 			failing.Position.Seq, failing.Type, failing.Stream.Tenant, failing.Stream.Type, failing.Stream.ID, failing.Version,
-			storedError(herr)); err != nil {
+			StoredError(herr)); err != nil {
 			return passResult{}, true, fmt.Errorf("write dead letter: %w", err)
 		}
 		ap.deadLetters++

@@ -496,9 +496,9 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 			_, err = tx.Exec(ctx, `UPDATE `+dt+` SET status = 'resolved', resolved_at = now(), last_retried_at = now(),
 				attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id)
 		} else {
-			res.Error = storedError(herr)
+			res.Error = StoredError(herr)
 			_, err = tx.Exec(ctx, `UPDATE `+dt+` SET error = $2, last_retried_at = now(),
-				attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id, "retry: "+storedError(herr))
+				attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id, "retry: "+StoredError(herr))
 		}
 		if err != nil {
 			return fmt.Errorf("retry dead letter %d: record the outcome: %w", id, err)
@@ -752,9 +752,10 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 // it made every console page and state.json carry it, once a second.
 const MaxErrorBytes = 8 << 10
 
-// storedError is err's text as a shard, dead letter or park records it:
-// whole up to MaxErrorBytes, else cut on a rune boundary with its length.
-func storedError(err error) string {
+// StoredError is err's text as a shard, a dead letter or a park records
+// it: whole up to MaxErrorBytes, else cut on a rune boundary with its
+// length. Sagas and the JetStream consumer record theirs through it too.
+func StoredError(err error) string {
 	s := err.Error()
 	if len(s) <= MaxErrorBytes {
 		return s

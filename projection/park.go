@@ -199,7 +199,7 @@ func (d *Dispatcher) parkFailed(ctx context.Context, tx pgx.Tx, sh *shard, faili
 ) ([]projector.Event, int, error) {
 	var id int64
 	if err := tx.QueryRow(ctx, d.park.park, sh.id.Consumer, sh.id.Instance, failing.Stream.Tenant, failing.Stream.Type,
-		failing.Stream.ID, [16]byte(failing.ID), failing.Type, failing.Version, storedError(herr), attempts).Scan(&id); err != nil {
+		failing.Stream.ID, [16]byte(failing.ID), failing.Type, failing.Version, StoredError(herr), attempts).Scan(&id); err != nil {
 		return nil, 0, fmt.Errorf("park stream %s: %w", failing.Stream, err)
 	}
 	key := keyOf(failing)
@@ -567,9 +567,9 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 			_, err = tx.Exec(ctx, `UPDATE `+pt+` SET status = 'resolved', resolved_at = now(), resolved_by = $2, events = $3,
 				last_retried_at = now(), attempts = attempts + 1, retry_requested_at = NULL WHERE id = $1`, id, by, len(events))
 		} else {
-			res.Error = storedError(herr)
+			res.Error = StoredError(herr)
 			_, err = tx.Exec(ctx, `UPDATE `+pt+` SET error = $2, last_retried_at = now(), attempts = attempts + 1,
-				retry_requested_at = NULL WHERE id = $1`, id, "retry: "+storedError(herr))
+				retry_requested_at = NULL WHERE id = $1`, id, "retry: "+StoredError(herr))
 		}
 		if err != nil {
 			return fmt.Errorf("retry park %d: record the outcome: %w", id, err)

@@ -714,7 +714,7 @@ func (d *Dispatcher) recordFailureAt(ctx context.Context, tx pgx.Tx, sh *shard, 
 	}
 	wait := sh.proj.backoff(attempts, rand.Float64())
 	if _, err := tx.Exec(ctx, d.sql.fail, sh.id.Consumer, sh.id.Instance, cursor.TxID, cursor.Seq, status, attempts,
-		storedError(herr), failing.Position.TxID, failing.Position.Seq, [16]byte(failing.ID), wait.Seconds(), len(applied)); err != nil {
+		StoredError(herr), failing.Position.TxID, failing.Position.Seq, [16]byte(failing.ID), wait.Seconds(), len(applied)); err != nil {
 		return passResult{}, fmt.Errorf("record failure: %w", err)
 	}
 	res, err := d.commit(ctx, tx, sh, passRetryAt, applied, 1, 0, started)

@@ -18,14 +18,18 @@ func TestSagaPanicFollowsTheErrorMode(t *testing.T) {
 	e := newEnv(t)
 	s := newSLA(e.types, slaOptions{now: newClock().Now, remindAfter: time.Hour,
 		enter: func(key string) func() {
-			if key == "boom" {
+			switch key {
+			case "boom":
 				panic("boom")
+			case "huge":
+				panic(strings.Repeat("x", 100_000))
 			}
 			return func() {}
 		},
 		async: projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, MaxAttempts: 2, BatchSize: 1}})
 	e.dispatcher(s, projection.Config{})
 	e.append(projector.Stream("ticket", "boom"), testevents.TicketOpened{Title: "x"})
+	e.append(projector.Stream("ticket", "huge"), testevents.TicketOpened{Title: "z"})
 	e.append(projector.Stream("ticket", "fine"), testevents.TicketOpened{Title: "y"})
 	instances := `SELECT count(*) FROM ` + e.store.Table("projector_saga_instances") + ` WHERE key = 'fine'`
 	e.waitFor("the healthy instance after the panicking one", 30*time.Second, func() bool {
@@ -38,5 +42,14 @@ func TestSagaPanicFollowsTheErrorMode(t *testing.T) {
 	}
 	if n := e.count(`SELECT count(*) FROM ` + e.store.Table("projector_dead_letters") + ` WHERE error LIKE '%panic in handler: boom%'`); n != 1 {
 		t.Fatalf("%d dead letters for the panicking event, want 1 (%s)", n, strings.TrimSpace(msg))
+	}
+	// A saga records its failures cut as the dispatcher does
+	// (projection.StoredError): the 100 kB message is not stored whole.
+	var longest int
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT coalesce(max(length(error)), 0) FROM `+e.store.Table("projector_dead_letters")).Scan(&longest); err != nil {
+		t.Fatal(err)
+	}
+	if longest < 1000 || longest > projection.MaxErrorBytes+64 {
+		t.Fatalf("the longest dead letter error is %d characters, want the 100 kB panic cut at %d", longest, projection.MaxErrorBytes)
 	}
 }

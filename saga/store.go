@@ -732,7 +732,7 @@ func stepFault(err error) bool {
 func (s *Saga[S]) failStep(ctx context.Context, store *postgres.Store, q queries, tx pgx.Tx, tenant string, in *live[S], ev projector.Event, cause error) error {
 	cause = fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, cause)
 	in.snap.Status = Failed
-	in.failure = cause.Error()
+	in.failure = projection.StoredError(cause)
 	return s.deadLetter(ctx, store, q, tx, tenant, ev, cause)
 }
 
@@ -748,7 +748,7 @@ func (s *Saga[S]) deadLetter(ctx context.Context, store *postgres.Store, q queri
 			shard = id
 		}
 		if _, err := tx.Exec(ctx, q.deadLetter, s.name, shard.Instance, ev.ID, ev.Position.TxID, ev.Position.Seq, ev.Type,
-			ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID, ev.Version, cause.Error()); err != nil {
+			ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID, ev.Version, projection.StoredError(cause)); err != nil {
 			return fmt.Errorf("saga %q: dead-letter %s %s: %w", s.name, ev.Type, ev.ID, err)
 		}
 		s.deadLettered.Add(1)

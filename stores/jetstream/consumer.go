@@ -338,7 +338,7 @@ func (e *handlerError) Unwrap() error { return e.err }
 // there were: what MaxDeliver is compared with.
 func (c *Consumer) countFailure(ctx context.Context, ev projector.Event, cause error) (int64, error) {
 	var n int64
-	if err := c.cfg.Store.Pool().QueryRow(ctx, c.sql.fail, c.cfg.Subscription, ev.ID, cause.Error()).Scan(&n); err != nil {
+	if err := c.cfg.Store.Pool().QueryRow(ctx, c.sql.fail, c.cfg.Subscription, ev.ID, projection.StoredError(cause)).Scan(&n); err != nil {
 		return 0, fmt.Errorf("event %s: count the handler failure: %w", ev.ID, err)
 	}
 	return n, nil
@@ -484,7 +484,7 @@ func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, ev *projec
 				return err
 			}
 		}
-		_, err := tx.Exec(ctx, c.sql.dead, c.cfg.Subscription, id, storableText(msg.Subject()), headers, msg.Data(), storableText(cause.Error()), int64(deliveries))
+		_, err := tx.Exec(ctx, c.sql.dead, c.cfg.Subscription, id, storableText(msg.Subject()), headers, msg.Data(), storableText(projection.StoredError(cause)), int64(deliveries))
 		return err
 	})
 	if err != nil {

@@ -278,7 +278,7 @@ func (c *Consumer) retryDeadLetterTx(ctx context.Context, tx pgx.Tx, table strin
 	if err := sp.Rollback(ctx); err != nil {
 		return ev, nil, fmt.Errorf("retry dead letter %d: roll back the failed handler: %w", id, err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE `+table+` SET error = $2, last_retried_at = now() WHERE id = $1`, id, "retry: "+herr.Error()); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE `+table+` SET error = $2, last_retried_at = now() WHERE id = $1`, id, "retry: "+projection.StoredError(herr)); err != nil {
 		return ev, nil, fmt.Errorf("retry dead letter %d: record the failed retry: %w", id, err)
 	}
 	return ev, herr, nil

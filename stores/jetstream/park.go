@@ -176,7 +176,7 @@ func (c *Consumer) parkStream(ctx context.Context, msg jetstream.Msg, ev project
 		}
 		s := ev.Stream
 		if err := tx.QueryRow(ctx, c.park.park, c.cfg.Subscription, s.Tenant, s.Type, s.ID, ev.ID, ev.Type, ev.Version,
-			storableText(cause.Error()), failures).Scan(&parkID); err != nil {
+			storableText(projection.StoredError(cause)), failures).Scan(&parkID); err != nil {
 			return fmt.Errorf("park stream %s: %w", s, err)
 		}
 		if err := c.holdInPark(ctx, tx, parkID, msg, ev); err != nil {
