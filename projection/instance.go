@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,7 +47,7 @@ func (d *Dispatcher) heartbeat(ctx context.Context, db postgres.DBTX, start bool
 	names := make([]string, 0)
 	for _, sh := range d.allShards() {
 		if !slices.Contains(names, sh.id.Consumer) {
-			names = append(names, sh.id.Consumer)
+			names = append(names, sh.id.Consumer, versionMember(sh.id.Consumer, sh.proj.cfg.Version))
 		}
 	}
 	for _, b := range d.balancers {
@@ -57,6 +58,17 @@ func (d *Dispatcher) heartbeat(ctx context.Context, db postgres.DBTX, start bool
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	return nil
+}
+
+// versionMember is what the instances row lists, beside NAME, for the
+// model version of consumer NAME a process runs: NAME@vV, which no
+// consumer name can be (a name has no '@'). Status shows a shard live only
+// while a process of the shard's own version runs it
+// (dispatcherColumns): a process of another version stands aside
+// (superseded), and a blue/green rebuild's shadow, at the new version, is
+// run only by processes of the new version.
+func versionMember(consumer string, version int) string {
+	return consumer + "@v" + strconv.Itoa(version)
 }
 
 // register creates the state rows of this dispatcher's shards that do not

@@ -216,7 +216,12 @@ const shardColumns = `c.name, c.instance_id, c.cursor_tx_id, c.cursor_seq, c.sta
 // instance id is no process's.
 func dispatcherColumns(instances string) string {
 	anyOf := `(c.instance_id IN ('` + SharedInstance + `', '` + RebuildInstance + `') OR c.instance_id LIKE '` + PartitionPrefix + `%')`
-	runs := `c.name = ANY(i.consumers) AND (` + anyOf + ` OR i.instance_id = c.instance_id)`
+	// Of the shard's own model version (versionMember); a process of a
+	// release that lists no version is taken at its name, as before, and
+	// so is the fence row of a partitioned consumer, which no process runs.
+	ofVersion := `(c.name || '@v' || c.version::text = ANY(i.consumers) OR c.version = ` + fmt.Sprint(PartitionedVersion) + `
+		OR NOT EXISTS (SELECT 1 FROM unnest(i.consumers) m WHERE starts_with(m, c.name || '@v')))`
+	runs := `c.name = ANY(i.consumers) AND (` + anyOf + ` OR i.instance_id = c.instance_id) AND ` + ofVersion
 	return `CASE
 		WHEN EXISTS (SELECT 1 FROM ` + instances + ` i WHERE ` + runs + ` AND i.stopped_at IS NULL
 			AND i.last_seen_at > now() - ` + fmt.Sprint(LiveHeartbeats) + ` * i.heartbeat_every) THEN 'live'
