@@ -75,8 +75,19 @@ func startStep[S any](ctx context.Context, s *Saga[S], in *live[S], ev projector
 // timeout fires long after the trace that scheduled it ended, maybe in
 // another process) linked to the span of the step that scheduled it, whose
 // context the timeout row keeps. Like the dispatcher's batch span, it
-// reads no stored header when it does not record.
+// parses no stored header when it does not record.
+//
+// The returned context carries the stored context as headers either way,
+// as a handler step's carries the handled event's: what an untraced
+// runner's timeout appends then keeps the chain from the request through
+// the scheduling step, where it would otherwise carry no traceparent at
+// all; a recording span's appends replace it with their own (Store.Append).
 func startTimeout[S any](ctx context.Context, tracer trace.Tracer, s *Saga[S], c claimed[S]) (context.Context, trace.Span) {
+	for k, v := range c.traceCtx {
+		if v != "" { // a NULL trace_state is scanned as ""
+			ctx = projector.WithHeader(ctx, k, v)
+		}
+	}
 	ctx, span := tracer.Start(ctx, "timeout "+s.name, trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindConsumer))
 	if !span.IsRecording() {
 		return ctx, span

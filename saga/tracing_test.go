@@ -193,6 +193,55 @@ func TestSagaTracingOff(t *testing.T) {
 	}
 }
 
+// TestSagaTimeoutUntracedRunner: a runner without tracing fires a timeout
+// whose row keeps the handled event's context (an untraced dispatcher's
+// step); what the timeout appends carries that context unchanged, as an
+// untraced handler's appends carry the handled event's, so the chain from
+// the request does not break at the runner.
+func TestSagaTimeoutUntracedRunner(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ty := newTypes()
+	e := &env{t: t, ctx: context.Background(), types: ty, store: pgtest.Store(t, ty.Registry, postgres.Config{TracerProvider: tp})}
+	clk := newClock()
+	s := newSLA(ty, slaOptions{now: clk.Now, remindAfter: time.Hour})
+	d := e.dispatcher(s, projection.Config{TracerProvider: noop.NewTracerProvider()})
+	opened := e.appendUnder(tp.Tracer("test"), projector.Stream("ticket", "t-1"), testevents.TicketOpened{Title: "printer"})
+	e.catchUp(d)
+
+	var openedTP, stored string
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT headers->>'traceparent' FROM `+e.store.Table("projector_events")+` WHERE type = 'ticket.opened'`).Scan(&openedTP); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT trace_parent FROM `+e.store.Table("projector_saga_timeouts")).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != openedTP {
+		t.Fatalf("timeout row traceparent %q, want the opened event's own %q", stored, openedTP)
+	}
+
+	clk.Advance(2 * time.Hour)
+	r, err := saga.NewRunner(saga.RunnerConfig{Store: e.store, Sagas: []saga.Definition{s}, TracerProvider: noop.NewTracerProvider()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.fire(r); n != 1 {
+		t.Fatalf("fired %d timeouts, want 1", n)
+	}
+	var reminded *string
+	if err := e.store.Pool().QueryRow(e.ctx, `SELECT headers->>'traceparent' FROM `+e.store.Table("projector_events")+` WHERE type = 'sla.reminded'`).Scan(&reminded); err != nil {
+		t.Fatal(err)
+	}
+	if reminded == nil || *reminded != stored {
+		t.Fatalf("sla.reminded traceparent %v, want the timeout row's %q (trace %v)", reminded, stored, opened.TraceID())
+	}
+	if n := len(spansNamed(rec, "timeout sla")); n != 0 {
+		t.Fatalf("an untraced runner recorded %d timeout spans", n)
+	}
+}
+
 // TestPromise17_TraceSurvivesDispatcherKill: the trace context lives in the
 // event, not in a process's memory. A process running the saga is
 // SIGKILLed inside the step of a traced event, transaction open; the
