@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -226,12 +228,35 @@ type Redactor func(h *HistoryEvent) error
 // given paths, in every event that has them, with the zero value of the
 // same JSON kind ("" for a string, 0 for a number, false, {} or []), so the
 // payload still decodes into its Go type. A path is dot-separated field
-// names ("customer.email"); where it meets an array it applies to every
-// element. Paths name fields of payloads, not of metadata. This is the hook
-// that declared personal fields of event definitions feed: pass it their
-// paths.
+// names from the payload's top level ("email", "customer.email" for the
+// email of a customer object), never prefixed by a stream or event type;
+// where it meets an array it applies to every element. Paths name fields of
+// payloads, not of metadata. This is the hook that declared personal fields
+// of event definitions feed: pass it their paths. [NewFieldRedactor] is
+// the same with a count of what each path redacted.
 func RedactFields(paths []string) (Redactor, error) {
-	split := make([][]string, 0, len(paths))
+	r, err := NewFieldRedactor(paths)
+	if err != nil {
+		return nil, err
+	}
+	return r.Redact, nil
+}
+
+// FieldRedactor redacts payload fields as [RedactFields] does and counts,
+// per path, the events it found the field in. A path that found none
+// redacted nothing: a typo, or a stream type put before the field name,
+// leaves the field in clear in every event, and only the count shows it.
+// It is safe for concurrent use.
+type FieldRedactor struct {
+	paths   []string
+	split   [][]string
+	matched []atomic.Int64
+}
+
+// NewFieldRedactor returns a FieldRedactor of paths (see [RedactFields]);
+// a path that is not dot-separated field names is refused.
+func NewFieldRedactor(paths []string) (*FieldRedactor, error) {
+	r := &FieldRedactor{paths: slices.Clone(paths), split: make([][]string, 0, len(paths)), matched: make([]atomic.Int64, len(paths))}
 	for _, p := range paths {
 		parts := strings.Split(p, ".")
 		for _, part := range parts {
@@ -239,34 +264,58 @@ func RedactFields(paths []string) (Redactor, error) {
 				return nil, fmt.Errorf("redact path %s: want dot-separated field names such as customer.email", projector.Printable(p))
 			}
 		}
-		split = append(split, parts)
+		r.split = append(r.split, parts)
 	}
-	return func(h *HistoryEvent) error {
-		if len(split) == 0 {
-			return nil
-		}
-		var v any
-		dec := json.NewDecoder(bytes.NewReader(h.Payload))
-		dec.UseNumber()
-		if err := dec.Decode(&v); err != nil {
-			return err
-		}
-		changed := false
-		for _, path := range split {
-			changed = redactPath(v, path) || changed
-		}
-		if !changed {
-			return nil
-		}
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(v); err != nil {
-			return err
-		}
-		h.Payload = bytes.TrimSpace(buf.Bytes())
+	return r, nil
+}
+
+// Redact is the [Redactor]: it empties the fields of h's payload at the
+// redactor's paths.
+func (r *FieldRedactor) Redact(h *HistoryEvent) error {
+	if len(r.split) == 0 {
 		return nil
-	}, nil
+	}
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(h.Payload))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	changed := false
+	for i, path := range r.split {
+		if redactPath(v, path) {
+			r.matched[i].Add(1)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	h.Payload = bytes.TrimSpace(buf.Bytes())
+	return nil
+}
+
+// PathCount is how many events a redact path found its field in.
+type PathCount struct {
+	Path   string
+	Events int64
+}
+
+// Matched returns, for each path in the order given, the number of events
+// it found the field in so far (an already empty field counts: it was
+// there to redact).
+func (r *FieldRedactor) Matched() []PathCount {
+	out := make([]PathCount, len(r.paths))
+	for i, p := range r.paths {
+		out[i] = PathCount{Path: p, Events: r.matched[i].Load()}
+	}
+	return out
 }
 
 // redactPath zeroes the value at path under v and reports whether it found

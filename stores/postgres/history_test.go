@@ -541,3 +541,24 @@ func TestHistory_ImportNamesTheLineOfAPayloadNotUTF8(t *testing.T) {
 		t.Fatalf("%d events written, want none", got)
 	}
 }
+
+// TestFieldRedactorCounts: each path counts the events it found its field
+// in, an already empty field and an array's elements included, and a path
+// that found none counts zero, whatever the other paths redacted.
+func TestFieldRedactorCounts(t *testing.T) {
+	t.Parallel()
+	r, err := postgres.NewFieldRedactor([]string{"email", "ticket.email", "lines.sku"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{`{"email":"a@example.com"}`, `{"email":""}`, `{"lines":[{"sku":"x"},{"sku":"y"}]}`, `{"title":"t"}`} {
+		h := postgres.HistoryEvent{Payload: []byte(p)}
+		if err := r.Redact(&h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []postgres.PathCount{{Path: "email", Events: 2}, {Path: "ticket.email"}, {Path: "lines.sku", Events: 1}}
+	if got := r.Matched(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("matched %v, want %v", got, want)
+	}
+}
