@@ -34,9 +34,12 @@ newest event is still open, it waits for it to end first.
 --to. --after starts after a log position: the one an earlier export printed, so a
 series of exports holds every event once. --include-archived also writes the events of
 archived streams (` + "`streams archive`" + `), each at its place in log order. --redact replaces a payload field, in every event that has it, with an empty
-value of its kind ("" for a string, 0 for a number): dot-separated field names, such
-as customer.email, applied to each element of an array on the way. Without -o (or
-with -o -) the file goes to standard output and the summary to standard error.`,
+value of its kind ("" for a string, 0 for a number): dot-separated field names from
+the payload's top level, without a stream or event type (email, or customer.email for
+the email of a customer object), applied to each element of an array on the way. The
+summary counts the events each path redacted, and a path that redacted nothing is
+warned of on standard error. Without -o (or with -o -) the file goes to standard
+output and the summary to standard error.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -59,10 +62,12 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 					return usageError{fmt.Errorf("--stream-type or --tenant %s: not a name (valid UTF-8 without NUL, at most %d bytes)", projector.Printable(n), projector.MaxNameLength)}
 				}
 			}
+			var redactor *postgres.FieldRedactor
 			if len(redact) > 0 {
-				if opts.Redact, err = postgres.RedactFields(redact); err != nil {
+				if redactor, err = postgres.NewFieldRedactor(redact); err != nil {
 					return usageError{fmt.Errorf("--redact: %w", err)}
 				}
+				opts.Redact = redactor.Redact
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				w, summary := a.out, a.out
@@ -87,6 +92,9 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 				}
 				fmt.Fprintf(summary, "exported %d %s, up to log position %s (`%s events export --after %[3]s` exports what comes after)\n",
 					res.Events, plural(res.Events, "event"), cursor(res.Horizon), cmd.Root().Name())
+				if redactor != nil {
+					a.reportRedacted(summary, redactor.Matched(), res.Events)
+				}
 				return nil
 			})
 		},
@@ -97,9 +105,39 @@ with -o -) the file goes to standard output and the summary to standard error.`,
 	cmd.Flags().StringVar(&to, "to", "", "only events recorded before this time (RFC 3339)")
 	cmd.Flags().StringVar(&after, "after", "", "only events after this log position (txid/seq), the one an earlier export printed")
 	cmd.Flags().BoolVar(&opts.IncludeArchived, "include-archived", false, "also export the events of archived streams, in log order")
-	cmd.Flags().StringArrayVar(&redact, "redact", nil, "replace this payload field (dot path, e.g. customer.email) with an empty value (repeatable)")
+	cmd.Flags().StringArrayVar(&redact, "redact", nil, "replace this payload field (dot path from the payload's top level, e.g. email or customer.email) with an empty value (repeatable)")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the file here (default, or -: standard output)")
 	return cmd
+}
+
+// reportRedacted adds to an export's summary how many events each --redact
+// path redacted, and warns on standard error of each path that redacted
+// nothing although events were exported. It is a warning, not an error: a
+// list of every personal path of an application (what the docs suggest
+// feeding --redact) meets exports, increments after --after or of one
+// stream type, that hold none of some of them, and those must not fail;
+// but a misspelt path, or one that starts with the stream type, leaves
+// the field in clear in a file meant to be anonymised, so it must not pass
+// unseen either.
+func (a *App) reportRedacted(summary io.Writer, matched []postgres.PathCount, exported int64) {
+	fmt.Fprint(summary, "redacted:")
+	for i, m := range matched {
+		sep := ","
+		if i == 0 {
+			sep = ""
+		}
+		fmt.Fprintf(summary, "%s %s in %d %s", sep, projector.Printable(m.Path), m.Events, plural(m.Events, "event"))
+	}
+	fmt.Fprintln(summary)
+	if exported == 0 {
+		return
+	}
+	for _, m := range matched {
+		if m.Events == 0 {
+			fmt.Fprintf(a.errOut, "warning: --redact %s redacted nothing: no exported event has that payload field, and a value under another path is in the file in clear (a path starts at the payload's top level, without a stream or event type: email, customer.email)\n",
+				projector.Printable(m.Path))
+		}
+	}
 }
 
 // parseTimeFlag parses an RFC 3339 time; empty is the zero time.

@@ -78,3 +78,30 @@ func TestEventsExportImport(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsExportRedactCounts: the summary counts the events each --redact
+// path redacted, and a path that redacted nothing (here the stream type
+// put before the field, as an auditor did with ticket.email) is warned of
+// on standard error; an export without events warns of nothing.
+func TestEventsExportRedactCounts(t *testing.T) {
+	t.Parallel()
+	schema, _ := tailEnv(t)
+	writer := testevents.New()
+	if _, err := projector.Define[ticketArchived](writer.Registry, "ticket.archived"); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "history.jsonl")
+	r := runEvents(t, writer.Registry, schema, "export", "-o", file, "--redact", "ticket.body", "--redact", "body")
+	if r.code != ExitOK || !strings.Contains(r.out.String(), "redacted: ticket.body in 0 events, body in 2 events\n") {
+		t.Fatalf("export: exit %d, want %d with the count of each path\n%s%s", r.code, ExitOK, r.out.String(), r.errOut.String())
+	}
+	if !strings.Contains(r.errOut.String(), "warning: --redact ticket.body redacted nothing: no exported event has that payload field") ||
+		strings.Contains(r.errOut.String(), "--redact body ") {
+		t.Fatalf("export: want a warning of ticket.body alone on standard error, got\n%s", r.errOut.String())
+	}
+
+	r = runEvents(t, writer.Registry, schema, "export", "-o", file, "--stream-type", "nosuch", "--redact", "ticket.body")
+	if r.code != ExitOK || !strings.Contains(r.out.String(), "redacted: ticket.body in 0 events\n") || r.errOut.String() != "" {
+		t.Fatalf("empty export: exit %d, want %d, a count and no warning\n%s%s", r.code, ExitOK, r.out.String(), r.errOut.String())
+	}
+}
