@@ -41,7 +41,8 @@
 // Every spec has a [Clock]: the events' RecordedAt is its time, which
 // moves only when the test moves it ([Clock.Advance]). The same clock can
 // drive a saga fixture (sagatest.Fixture.UseClock) and the code under
-// test. Config.Deterministic makes event ids a function of the test's name
-// and the event's number, and starts the clock at [Start]; Config.Tenant
-// fixes the tenant of streams that name none.
+// test. Config.Deterministic makes event ids a function of the test's
+// package and name, the spec's number in the test and the event's number
+// in the spec, and starts the clock at [Start]; Config.Tenant fixes the
+// tenant of streams that name none.
 package projectiontest

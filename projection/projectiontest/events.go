@@ -16,20 +16,26 @@ var idSpace = uuid.MustParse("5b0f3a8e-6c1d-4b7e-9a52-7d3c1f0e2a64")
 // encoded by the registry (and decoded again by the apply path, as events
 // read from the log are), versions per stream, positions in order.
 type events struct {
-	t             testing.TB
-	reg           *projector.Registry
-	tenant        string
-	deterministic bool
-	clock         *Clock
-	n             int
-	versions      map[projector.StreamRef]int64
+	t      testing.TB
+	reg    *projector.Registry
+	tenant string
+	// key names the spec its ids derive from ([deterministicKey]); empty
+	// makes random ids.
+	key      string
+	clock    *Clock
+	n        int
+	versions map[projector.StreamRef]int64
 }
 
 func newEvents(t testing.TB, reg *projector.Registry, tenant string, deterministic bool, clock *Clock) events {
 	if tenant == "" {
 		tenant = projector.SystemTenant
 	}
-	return events{t: t, reg: reg, tenant: tenant, deterministic: deterministic, clock: clock, versions: map[projector.StreamRef]int64{}}
+	e := events{t: t, reg: reg, tenant: tenant, clock: clock, versions: map[projector.StreamRef]int64{}}
+	if deterministic {
+		e.key = deterministicKey(t)
+	}
+	return e
 }
 
 func (e *events) fromPayloads(stream projector.StreamRef, payloads []any) []projector.Event {
@@ -75,8 +81,8 @@ func (e *events) fill(ev projector.Event) projector.Event {
 		e.versions[ev.Stream] = max(e.versions[ev.Stream], ev.Version)
 	}
 	if ev.ID == uuid.Nil {
-		if e.deterministic {
-			ev.ID = uuid.NewSHA1(idSpace, []byte(e.t.Name()+"#"+strconv.Itoa(e.n)))
+		if e.key != "" {
+			ev.ID = uuid.NewSHA1(idSpace, []byte(e.key+"#"+strconv.Itoa(e.n)))
 		} else {
 			ev.ID = uuid.New()
 		}

@@ -218,19 +218,20 @@ func TestSpec_ThenFails(t *testing.T) {
 }
 
 // Deterministic ids are the same on every run of a spec and differ from
-// every other spec's; the clock starts at Start.
+// every other spec's, a second spec of the same test's included; the
+// clock starts at Start.
 func TestSpec_DeterministicIDs(t *testing.T) {
 	t.Parallel()
 	ty := testevents.New()
-	ids := func(name string, deterministic bool) []string {
-		f := &fakeT{TB: t, name: name}
-		return projectiontest.NewMemory(f, projectiontest.MemoryConfig[[]string]{Registry: ty.Registry, Deterministic: deterministic,
+	ids := func(t testing.TB, deterministic bool) []string {
+		return projectiontest.NewMemory(t, projectiontest.MemoryConfig[[]string]{Registry: ty.Registry, Deterministic: deterministic,
 			Fold: func(m []string, ev projector.Event) ([]string, error) {
 				return append(m, ev.ID.String()+" at "+ev.RecordedAt.Format(time.RFC3339)), nil
 			}}).
 			Given(projector.Stream("ticket", "1"), testevents.TicketOpened{Title: "x"}, testevents.TicketClosed{}).Model()
 	}
-	first, again, other, random := ids("spec-a", true), ids("spec-a", true), ids("spec-b", true), ids("spec-a", false)
+	named := func(name string) testing.TB { return &fakeT{TB: t, name: name} }
+	first, again, other, random := ids(named("spec-a"), true), ids(named("spec-a"), true), ids(named("spec-b"), true), ids(named("spec-a"), false)
 	if len(first) != 2 || first[0] == first[1] || !strings.HasSuffix(first[0], " at 2026-01-01T09:00:00Z") {
 		t.Fatalf("deterministic events = %v, want two ids at %v", first, projectiontest.Start)
 	}
@@ -242,6 +243,19 @@ func TestSpec_DeterministicIDs(t *testing.T) {
 	}
 	if random[0] == first[0] || strings.HasSuffix(random[0], " at 2026-01-01T09:00:00Z") {
 		t.Errorf("without Deterministic: %v, want random ids at the time the spec started", random)
+	}
+	// Two specs in one test: the second must not remake the first one's
+	// ids (on PostgreSQL it would wait on the first one's uncommitted rows).
+	twoSpecs := func() []string {
+		one := named("spec-c")
+		return append(ids(one, true), ids(one, true)...)
+	}
+	both := twoSpecs()
+	if len(slices.Compact(slices.Sorted(slices.Values(both)))) != 4 {
+		t.Errorf("two specs of one test share event ids: %v", both)
+	}
+	if bothAgain := twoSpecs(); !slices.Equal(both, bothAgain) {
+		t.Errorf("two runs of a test of two specs: %v, then %v", both, bothAgain)
 	}
 }
 
