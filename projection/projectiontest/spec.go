@@ -5,14 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
@@ -242,9 +238,13 @@ type Row []any
 
 // ThenRows applies what was given and checks that query returns exactly
 // want, in order (give the query an ORDER BY). Cells compare by their
-// printed form, so 3 matches an int4, an int8 or a numeric 3, and nil
-// matches NULL; a time compares in RFC 3339 in UTC. A difference fails
-// the test with the events applied, the rows wanted and the rows found.
+// printed form, so 3 matches an int4, an int8 or a numeric 3, and a time
+// compares in RFC 3339 in UTC; values that differ never print alike: nil
+// (or a nil pointer or slice) matches NULL and only NULL, so not the text
+// 'NULL', and an array matches a Go slice element by element, so
+// []string{"a", "b"} matches {a,b} but not {"a b"} or the text '[a b]'. A
+// difference fails the test with the events applied, the rows wanted and
+// the rows found.
 func (s *Spec) ThenRows(query string, want ...Row) *Spec {
 	s.t.Helper()
 	return s.thenRows(query, nil, want)
@@ -353,45 +353,6 @@ func firstDiff(want, found [][]string) string {
 		}
 	}
 	return ""
-}
-
-// cells prints a row's values the one way both sides of a comparison are
-// printed.
-func cells(values []any) []string {
-	out := make([]string, len(values))
-	for i, v := range values {
-		out[i] = cell(v)
-	}
-	return out
-}
-
-func cell(v any) string {
-	switch x := v.(type) {
-	case nil:
-		return "NULL"
-	case time.Time:
-		return x.UTC().Format(time.RFC3339Nano)
-	case string:
-		return printable([]byte(x))
-	case []byte:
-		return printable(x)
-	case [16]byte:
-		return uuid.UUID(x).String()
-	case fmt.Stringer:
-		return printable([]byte(x.String()))
-	}
-	return printable([]byte(fmt.Sprint(v)))
-}
-
-// printable makes text safe to print in a test log: text with control
-// characters or invalid UTF-8 is quoted, whole (two cells that differ must
-// not print alike).
-func printable(b []byte) string {
-	s := string(b)
-	if !utf8.ValidString(s) || strings.IndexFunc(s, unicode.IsControl) >= 0 {
-		return strconv.Quote(s)
-	}
-	return s
 }
 
 func oneLine(q string) string { return strings.Join(strings.Fields(q), " ") }

@@ -206,6 +206,46 @@ func TestSpec_TenantScoping(t *testing.T) {
 		})
 }
 
+// Cells that differ never match: SQL NULL and the text 'NULL', an array
+// and the text it would print as, arrays whose elements differ but whose
+// elements printed side by side look alike.
+func TestSpec_CellsKeepApartWhatDiffers(t *testing.T) {
+	t.Parallel()
+	k := setup(t)
+	cfg := projectiontest.Config{Store: k.store, Async: k.async}
+	var none []string
+	for _, tc := range []struct {
+		sql  string
+		same []any // each matches the cell
+		diff []any // none does
+	}{
+		{`'NULL'::text`, []any{"NULL"}, []any{nil, none, (*string)(nil)}},
+		{`NULL::text`, []any{nil, none, (*string)(nil)}, []any{"NULL", "", "<nil>"}},
+		{`ARRAY['a b']::text[]`, []any{[]string{"a b"}, []any{"a b"}}, []any{"[a b]", []string{"a", "b"}, "{\"a b\"}"}},
+		{`ARRAY['a','b']::text[]`, []any{[]string{"a", "b"}}, []any{[]string{"a b"}, "[a b]", []string{"a, b"}}},
+		{`ARRAY['a, b']::text[]`, []any{[]string{"a, b"}}, []any{[]string{"a", "b"}}},
+		{`'[a b]'::text`, []any{"[a b]"}, []any{[]string{"a b"}, []string{"a", "b"}}},
+		{`'"x"'::text`, []any{`"x"`}, []any{"x"}},
+		{`ARRAY[]::text[]`, []any{[]string{}, []int{}}, []any{nil, none, []string{""}, "[]"}},
+		{`ARRAY['', NULL]::text[]`, []any{[]any{"", nil}}, []any{[]string{"", "NULL"}, []any{nil, ""}}},
+		{`ARRAY[1, 2]::int[]`, []any{[]int{1, 2}, []int64{1, 2}}, []any{[]int{12}, "[1 2]"}},
+	} {
+		// A subtest each: a spec holds a connection until its test ends.
+		for _, want := range tc.same {
+			t.Run("", func(t *testing.T) {
+				projectiontest.New(t, cfg).ThenRows(`SELECT `+tc.sql, projectiontest.Row{want})
+			})
+		}
+		for _, want := range tc.diff {
+			if got := run(t, func(t testing.TB) {
+				projectiontest.New(t, cfg).ThenRows(`SELECT `+tc.sql, projectiontest.Row{want})
+			}); !strings.Contains(got, "row 1 differs") {
+				t.Errorf("SELECT %s matched %#v; want them to differ (%s)", tc.sql, want, got)
+			}
+		}
+	}
+}
+
 // A failing handler rolls back its own event only; ThenFails names it.
 func TestSpec_ThenFails(t *testing.T) {
 	t.Parallel()
