@@ -38,16 +38,17 @@ type MemoryConfig[M any] struct {
 // be specified event by event; the [Spec] on PostgreSQL then covers the
 // handler that stores the model. Build it with [NewMemory].
 type Memory[M any] struct {
-	t       testing.TB
-	cfg     MemoryConfig[M]
-	clock   *Clock
-	ev      events
-	model   M
-	pending []projector.Event
-	applied []projector.Event
+	t     testing.TB
+	cfg   MemoryConfig[M]
+	clock *Clock
+	ev    events
+	model M
+	eventLog
 }
 
-// NewMemory starts an in-memory spec. A bad config fails the test.
+// NewMemory starts an in-memory spec. A bad config fails the test, and so
+// does a spec that ends with events given and never folded, as with
+// [New].
 func NewMemory[M any](t testing.TB, cfg MemoryConfig[M]) *Memory[M] {
 	t.Helper()
 	if cfg.Registry == nil || cfg.Fold == nil {
@@ -56,6 +57,7 @@ func NewMemory[M any](t testing.TB, cfg MemoryConfig[M]) *Memory[M] {
 	m := &Memory[M]{t: t, cfg: cfg, model: cfg.Initial}
 	m.clock = clockFor(cfg.Clock, cfg.Deterministic)
 	m.ev = newEvents(t, cfg.Registry, cfg.Tenant, cfg.Deterministic, m.clock)
+	t.Cleanup(func() { m.checkApplied(t, "Model, ThenModel, Then, ThenFails") })
 	return m
 }
 
@@ -65,14 +67,14 @@ func (m *Memory[M]) Clock() *Clock { return m.clock }
 // Given adds events, as [Spec.Given] does.
 func (m *Memory[M]) Given(stream projector.StreamRef, payloads ...any) *Memory[M] {
 	m.t.Helper()
-	m.pending = append(m.pending, m.ev.fromPayloads(stream, payloads)...)
+	m.add(m.ev.fromPayloads(stream, payloads))
 	return m
 }
 
 // GivenEvents adds events as they are stored, as [Spec.GivenEvents] does.
 func (m *Memory[M]) GivenEvents(evs ...projector.Event) *Memory[M] {
 	m.t.Helper()
-	m.pending = append(m.pending, m.ev.fromEvents(evs)...)
+	m.add(m.ev.fromEvents(evs))
 	return m
 }
 
@@ -86,28 +88,37 @@ func (m *Memory[M]) When(stream projector.StreamRef, payloads ...any) *Memory[M]
 func (m *Memory[M]) flush() {
 	m.t.Helper()
 	if err := m.foldPending(); err != nil {
-		m.t.Fatalf("projectiontest: %v\n%s", err, describeEvents(m.applied))
+		m.t.Fatalf("projectiontest: %v\n%s", err, m.describe())
 	}
 }
 
-// foldPending folds the pending events; a failing event leaves the model
-// as it was before it, and the events after it are not folded.
+// foldPending folds the pending events. A failing event leaves the model
+// as it was before it, and the events after it stay pending for the next
+// check, as [Spec.ThenFails] leaves them.
 func (m *Memory[M]) foldPending() error {
 	evs := m.pending
 	m.pending = nil
-	for _, ev := range evs {
-		m.applied = append(m.applied, ev)
-		payload, data, err := m.cfg.Registry.Decode(ev.Type, ev.SchemaVersion, ev.Data)
-		if err != nil {
+	for i, ev := range evs {
+		if err := m.fold(ev); err != nil {
+			m.settle(evs, i, 1)
 			return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
 		}
-		ev.Payload, ev.Data = payload, data
-		next, err := m.cfg.Fold(m.model, ev)
-		if err != nil {
-			return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
-		}
-		m.model = next
 	}
+	m.settle(evs, len(evs), 0)
+	return nil
+}
+
+func (m *Memory[M]) fold(ev projector.Event) error {
+	payload, data, err := m.cfg.Registry.Decode(ev.Type, ev.SchemaVersion, ev.Data)
+	if err != nil {
+		return err
+	}
+	ev.Payload, ev.Data = payload, data
+	next, err := m.cfg.Fold(m.model, ev)
+	if err != nil {
+		return err
+	}
+	m.model = next
 	return nil
 }
 
@@ -125,7 +136,7 @@ func (m *Memory[M]) ThenModel(want M) *Memory[M] {
 	m.t.Helper()
 	got := m.Model()
 	if !reflect.DeepEqual(got, want) {
-		m.t.Errorf("projectiontest: model differs\n%s\nwant %+v\nfound %+v", describeEvents(m.applied), want, got)
+		m.t.Errorf("projectiontest: model differs\n%s\nwant %+v\nfound %+v", m.describe(), want, got)
 	}
 	return m
 }
@@ -135,21 +146,22 @@ func (m *Memory[M]) ThenModel(want M) *Memory[M] {
 func (m *Memory[M]) Then(check func(model M) error) *Memory[M] {
 	m.t.Helper()
 	if err := check(m.Model()); err != nil {
-		m.t.Errorf("projectiontest: check failed: %v\n%s", err, describeEvents(m.applied))
+		m.t.Errorf("projectiontest: check failed: %v\n%s", err, m.describe())
 	}
 	return m
 }
 
 // ThenFails folds what was given and expects an event to fail with an
-// error whose message contains want, as [Spec.ThenFails].
+// error whose message contains want, as [Spec.ThenFails]: the events
+// after the failing one are folded by the next check.
 func (m *Memory[M]) ThenFails(want string) *Memory[M] {
 	m.t.Helper()
 	err := m.foldPending()
 	switch {
 	case err == nil:
-		m.t.Errorf("projectiontest: the events applied, want a failure containing %q\n%s", want, describeEvents(m.applied))
+		m.t.Errorf("projectiontest: the events applied, want a failure containing %q\n%s", want, m.describe())
 	case !strings.Contains(err.Error(), want):
-		m.t.Errorf("projectiontest: failed with %v, want a failure containing %q\n%s", err, want, describeEvents(m.applied))
+		m.t.Errorf("projectiontest: failed with %v, want a failure containing %q\n%s", err, want, m.describe())
 	}
 	return m
 }

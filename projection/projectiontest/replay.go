@@ -127,7 +127,7 @@ func ReplayTest(t testing.TB, file string, p *projection.Async, cfg ReplayConfig
 		if err := spec.applyPending(); err != nil {
 			t.Fatalf("projectiontest: replay of %s: %v", file, err)
 		}
-		spec.applied = spec.applied[:0] // replays are long; failures name rows, not events
+		spec.eventLog.applied = spec.eventLog.applied[:0] // replays are long; failures name rows, not events
 	}
 	for {
 		var h postgres.HistoryEvent

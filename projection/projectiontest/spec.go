@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,15 +60,16 @@ type Spec struct {
 	tx    pgx.Tx
 	clock *Clock
 	ev    events
-	// pending are the events given and not applied yet, in batches: each
-	// Given/When call after a check starts a new one.
-	pending [][]projector.Event
-	// applied are all the events applied, for failure messages.
-	applied []projector.Event
+	// eventLog is what became of the events given, for failure messages
+	// and the check at the end of the test.
+	eventLog
 }
 
 // New starts a spec: it begins the spec's transaction on cfg.Store and
-// rolls it back when the test ends. A bad Config fails the test.
+// rolls it back when the test ends. A bad Config fails the test, and so
+// does a spec that ends with events given and never applied (a Given or
+// When with no check after it): they would pass whatever the projection
+// did with them.
 func New(t testing.TB, cfg Config) *Spec {
 	t.Helper()
 	if cfg.Store == nil {
@@ -101,6 +103,7 @@ func New(t testing.TB, cfg Config) *Spec {
 			t.Errorf("projectiontest: roll back the spec's transaction: %v", err)
 		}
 	})
+	t.Cleanup(func() { s.checkApplied(t, "Then, ThenRows, ThenRowsArgs, ThenFails") })
 	return s
 }
 
@@ -149,87 +152,102 @@ func (s *Spec) GivenEvents(evs ...projector.Event) *Spec {
 func (s *Spec) When(stream projector.StreamRef, payloads ...any) *Spec {
 	s.t.Helper()
 	s.flush()
-	s.pending = append(s.pending, nil)
 	s.add(s.ev.fromPayloads(stream, payloads))
 	return s
 }
 
-func (s *Spec) add(evs []projector.Event) {
-	if len(s.pending) == 0 {
-		s.pending = append(s.pending, nil)
-	}
-	last := len(s.pending) - 1
-	s.pending[last] = append(s.pending[last], evs...)
-}
-
-// flush applies the pending batches; a failure fails the test.
+// flush applies the pending events; a failure fails the test.
 func (s *Spec) flush() {
 	s.t.Helper()
 	if err := s.applyPending(); err != nil {
-		s.t.Fatalf("projectiontest: %s\n%s", err, s.describeEvents())
+		s.t.Fatalf("projectiontest: %s\n%s", err, s.describe())
 	}
 }
 
+// applyPending applies the pending events as one batch. On a failure the
+// events before the failing one stay applied, the failing one's effects
+// are rolled back, and the events after it stay pending for the next
+// check (see [Spec.ThenFails]).
 func (s *Spec) applyPending() error {
-	batches := s.pending
+	batch := s.pending
 	s.pending = nil
-	for _, b := range batches {
-		if len(b) == 0 {
-			continue
-		}
-		s.applied = append(s.applied, b...)
-		if err := s.apply(b); err != nil {
-			return err
-		}
+	if len(batch) == 0 {
+		return nil
 	}
-	return nil
+	// The apply path decodes (and upcasts) the events it is given in
+	// place; events carried over to the next check must be as given.
+	done, failed, err := s.apply(slices.Clone(batch))
+	s.settle(batch, done, failed)
+	return err
 }
 
-func (s *Spec) apply(batch []projector.Event) error {
-	if s.cfg.Async != nil {
-		return projection.ApplyTx(s.ctx, s.tx, s.cfg.Store, s.cfg.Async, batch, s.cfg.Logger)
+// apply applies batch and says how far it got: batch[:done] applied,
+// batch[done:done+failed] failed and rolled back, the rest not applied.
+// Failed is 0 when err is nil.
+func (s *Spec) apply(batch []projector.Event) (done, failed int, err error) {
+	if s.cfg.Inline != nil {
+		return s.applyInline(batch)
 	}
-	return s.applyInline(batch)
+	err = projection.ApplyTx(s.ctx, s.tx, s.cfg.Store, s.cfg.Async, batch, s.cfg.Logger)
+	if err == nil {
+		return len(batch), 0, nil
+	}
+	var ae *projection.ApplyError
+	if errors.As(err, &ae) {
+		for i, ev := range batch {
+			if ev.ID == ae.Event.ID && ev.Position == ae.Event.Position {
+				return i, 1, err
+			}
+		}
+	}
+	// A failure of the batch as a whole (a batch timeout, a broken
+	// transaction): which events took effect is not known.
+	return 0, len(batch), err
 }
 
 // applyInline applies an inline projection as appends would: one stream's
 // run of events at a time, scoped to its tenant, each under a savepoint so
 // a refused append leaves the spec's transaction usable, as the caller's
 // rollback would leave the database.
-func (s *Spec) applyInline(batch []projector.Event) error {
+func (s *Spec) applyInline(batch []projector.Event) (done, failed int, err error) {
 	reg := s.cfg.Store.Registry()
 	for start := 0; start < len(batch); {
 		end := start + 1
 		for end < len(batch) && batch[end].Stream == batch[start].Stream {
 			end++
 		}
-		run := batch[start:end]
-		for i := range run {
-			payload, data, err := reg.Decode(run[i].Type, run[i].SchemaVersion, run[i].Data)
-			if err != nil {
-				return &projection.ApplyError{Event: run[i], Err: err}
-			}
-			run[i].Payload, run[i].Data = payload, data
-		}
-		if _, err := s.tx.Exec(s.ctx, "SAVEPOINT projectiontest_append"); err != nil {
-			return fmt.Errorf("savepoint: %w", err)
-		}
-		err := s.cfg.Store.ScopeTx(s.ctx, s.tx, run[0].Stream.Tenant)
-		if err == nil {
-			err = s.cfg.Inline.ApplyInline(s.ctx, s.tx, run)
-		}
-		if err != nil {
-			if _, rerr := s.tx.Exec(s.ctx, "ROLLBACK TO SAVEPOINT projectiontest_append"); rerr != nil {
-				return fmt.Errorf("%w (and rolling back to the savepoint failed: %v)", err, rerr)
-			}
-			return &projection.ApplyError{Event: run[0], Err: err}
-		}
-		if err := s.cfg.Store.ScopeTx(s.ctx, s.tx, projector.SystemTenant); err != nil {
-			return err
+		if err := s.applyRun(reg, batch[start:end]); err != nil {
+			return start, end - start, err
 		}
 		start = end
 	}
-	return nil
+	return len(batch), 0, nil
+}
+
+// applyRun applies one stream's run of events as one append, all or
+// nothing.
+func (s *Spec) applyRun(reg *projector.Registry, run []projector.Event) error {
+	for i := range run {
+		payload, data, err := reg.Decode(run[i].Type, run[i].SchemaVersion, run[i].Data)
+		if err != nil {
+			return &projection.ApplyError{Event: run[i], Err: err}
+		}
+		run[i].Payload, run[i].Data = payload, data
+	}
+	if _, err := s.tx.Exec(s.ctx, "SAVEPOINT projectiontest_append"); err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	err := s.cfg.Store.ScopeTx(s.ctx, s.tx, run[0].Stream.Tenant)
+	if err == nil {
+		err = s.cfg.Inline.ApplyInline(s.ctx, s.tx, run)
+	}
+	if err != nil {
+		if _, rerr := s.tx.Exec(s.ctx, "ROLLBACK TO SAVEPOINT projectiontest_append"); rerr != nil {
+			return fmt.Errorf("%w (and rolling back to the savepoint failed: %v)", err, rerr)
+		}
+		return &projection.ApplyError{Event: run[0], Err: err}
+	}
+	return s.cfg.Store.ScopeTx(s.ctx, s.tx, projector.SystemTenant)
 }
 
 // Row is one row a check expects, its cells in the query's column order.
@@ -263,7 +281,7 @@ func (s *Spec) thenRows(query string, args []any, want []Row) *Spec {
 	s.flush()
 	found, err := s.query(query, args)
 	if err != nil {
-		s.t.Errorf("projectiontest: %s: %v\n%s", oneLine(query), err, s.describeEvents())
+		s.t.Errorf("projectiontest: %s: %v\n%s", oneLine(query), err, s.describe())
 		return s
 	}
 	wantText := make([][]string, len(want))
@@ -271,7 +289,7 @@ func (s *Spec) thenRows(query string, args []any, want []Row) *Spec {
 		wantText[i] = cells(r)
 	}
 	if diff := firstDiff(wantText, found); diff != "" {
-		s.t.Errorf("projectiontest: %s: %s\n%s\nwant %s\nfound %s", oneLine(query), diff, s.describeEvents(),
+		s.t.Errorf("projectiontest: %s: %s\n%s\nwant %s\nfound %s", oneLine(query), diff, s.describe(),
 			describeRows(wantText), describeRows(found))
 	}
 	return s
@@ -283,23 +301,27 @@ func (s *Spec) Then(check func(ctx context.Context, tx pgx.Tx) error) *Spec {
 	s.t.Helper()
 	s.flush()
 	if err := check(s.ctx, s.tx); err != nil {
-		s.t.Errorf("projectiontest: check failed: %v\n%s", err, s.describeEvents())
+		s.t.Errorf("projectiontest: check failed: %v\n%s", err, s.describe())
 	}
 	return s
 }
 
 // ThenFails applies what was given and expects it to fail: an event's
 // handler (or its decoding, or a queued write) returns an error whose
-// message contains want. The failing event's effects are rolled back, the
-// events before it stay applied, and the spec goes on from there.
+// message contains want. The failing event's effects are rolled back (an
+// inline projection's: its whole append, the stream's run of events in
+// the batch), the events before it stay applied, and the events after it
+// are not applied yet: they stay given, and the next check (or When)
+// applies them, as a dispatcher goes on past an event it dead-letters. So
+// the spec goes on from the failure, and nothing given is passed over.
 func (s *Spec) ThenFails(want string) *Spec {
 	s.t.Helper()
 	err := s.applyPending()
 	switch {
 	case err == nil:
-		s.t.Errorf("projectiontest: the events applied, want a failure containing %q\n%s", want, s.describeEvents())
+		s.t.Errorf("projectiontest: the events applied, want a failure containing %q\n%s", want, s.describe())
 	case !strings.Contains(err.Error(), want):
-		s.t.Errorf("projectiontest: failed with %v, want a failure containing %q\n%s", err, want, s.describeEvents())
+		s.t.Errorf("projectiontest: failed with %v, want a failure containing %q\n%s", err, want, s.describe())
 	}
 	return s
 }
@@ -313,22 +335,6 @@ func (s *Spec) query(query string, args []any) ([][]string, error) {
 		v, err := row.Values()
 		return cells(v), err
 	})
-}
-
-// describeEvents lists the events applied, one a line, for failure
-// messages.
-func (s *Spec) describeEvents() string {
-	return describeEvents(s.applied)
-}
-
-func describeEvents(evs []projector.Event) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "events (%d):", len(evs))
-	for i, ev := range evs {
-		fmt.Fprintf(&b, "\n  %d. %s v%d of %s at %s %s", i+1, ev.Type, ev.Version, ev.Stream,
-			ev.RecordedAt.UTC().Format(time.RFC3339Nano), printable(ev.Data))
-	}
-	return b.String()
 }
 
 func describeRows(rows [][]string) string {

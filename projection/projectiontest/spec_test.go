@@ -257,6 +257,32 @@ func TestSpec_ThenFails(t *testing.T) {
 		ThenRows(`SELECT comments FROM `+k.tickets+` WHERE id = 'fails'`, projectiontest.Row{1})
 }
 
+// The events after a failing one are not applied by ThenFails: they stay
+// given, and the next check applies them. An inline projection's failing
+// append is rolled back whole: the stream's run of events in the batch.
+func TestSpec_ThenFailsLeavesTheRestGiven(t *testing.T) {
+	t.Parallel()
+	k := setup(t)
+	for name, tc := range map[string]struct {
+		cfg  projectiontest.Config
+		want []projectiontest.Row
+	}{
+		"async":  {projectiontest.Config{Store: k.store, Async: k.async}, []projectiontest.Row{{"af1", 0}, {"af2", 1}}},
+		"inline": {projectiontest.Config{Store: k.store, Inline: k.inline}, []projectiontest.Row{{"af2", 1}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a, b := projector.Stream("ticket", "af1"), projector.Stream("ticket", "af2")
+			projectiontest.New(t, tc.cfg).
+				Given(a, testevents.TicketOpened{Title: "x"}, testevents.TicketCommented{Body: "boom"}).
+				Given(b, testevents.TicketOpened{Title: "y"}).
+				ThenFails("boom").
+				Given(b, testevents.TicketCommented{Body: "fine"}).
+				ThenRows(`SELECT id, comments FROM `+k.tickets+` ORDER BY id`, tc.want...)
+		})
+	}
+}
+
 // Deterministic ids are the same on every run of a spec and differ from
 // every other spec's, a second spec of the same test's included; the
 // clock starts at Start.
@@ -326,6 +352,11 @@ func (f *fakeT) Fatalf(format string, args ...any) {
 	f.Errorf(format, args...)
 	runtime.Goexit()
 }
+func (f *fakeT) Failed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.messages) > 0
+}
 func (f *fakeT) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
 
 // run runs spec with a fakeT, its clean-ups included, and returns what it
@@ -389,6 +420,38 @@ func TestSpec_FailureMessages(t *testing.T) {
 		{"fails but applied", func(t testing.TB) {
 			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w7"), testevents.TicketOpened{Title: "a"}).ThenFails("boom")
 		}, []string{`the events applied, want a failure containing "boom"`}},
+		{"events after the failing one", func(t testing.TB) {
+			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w10"), testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "boom"}).
+				Given(projector.Stream("ticket", "w11"), testevents.TicketOpened{Title: "b"}).
+				ThenRows(`SELECT id FROM ` + k.tickets)
+		}, []string{
+			"events (2):\n  1. ticket.opened v1 of __system__/ticket/w10",
+			"2. ticket.commented v2 of __system__/ticket/w10 at 2026-01-01T09:00:00Z {\"body\":\"boom\"} (failed, rolled back)\n" +
+				"given, not applied (1):\n  3. ticket.opened v1 of __system__/ticket/w11",
+		}},
+		{"wrong row after ThenFails", func(t testing.TB) {
+			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w12"), testevents.TicketOpened{Title: "a"}, testevents.TicketCommented{Body: "boom"}).
+				ThenFails("boom").
+				ThenRows(`SELECT id FROM `+k.tickets, projectiontest.Row{"w13"})
+		}, []string{"events (2):", "(failed, rolled back)"}},
+		{"events never applied", func(t testing.TB) {
+			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w14"), testevents.TicketOpened{Title: "a"}).
+				When(projector.Stream("ticket", "w14"), testevents.TicketCommented{Body: "boom"})
+		}, []string{
+			"the spec ended with 1 event(s) given and never applied",
+			"events (1):\n  1. ticket.opened v1 of __system__/ticket/w14",
+			"given, not applied (1):\n  2. ticket.commented v2 of __system__/ticket/w14",
+		}},
+		{"events after ThenFails never applied", func(t testing.TB) {
+			projectiontest.New(t, cfg).Given(projector.Stream("ticket", "w15"), testevents.TicketCommented{Body: "boom"}, testevents.TicketOpened{Title: "a"}).
+				ThenFails("boom")
+		}, []string{"1 event(s) given and never applied", "given, not applied (1):\n  2. ticket.opened v2 of __system__/ticket/w15"}},
+		{"memory events never folded", func(t testing.TB) {
+			projectiontest.NewMemory(t, projectiontest.MemoryConfig[int]{Registry: k.ty.Registry,
+				Fold: func(n int, _ projector.Event) (int, error) { return n + 1, nil }}).
+				Given(projector.Stream("ticket", "m"), testevents.TicketOpened{Title: "a"}).ThenModel(1).
+				Given(projector.Stream("ticket", "m"), testevents.TicketClosed{})
+		}, []string{"1 event(s) given and never applied", "(Model, ThenModel, Then, ThenFails)", "2. ticket.closed v2 of __system__/ticket/m"}},
 		{"memory model", func(t testing.TB) {
 			projectiontest.NewMemory(t, projectiontest.MemoryConfig[int]{Registry: k.ty.Registry, Deterministic: true,
 				Fold: func(n int, _ projector.Event) (int, error) { return n + 1, nil }}).
