@@ -165,6 +165,7 @@ func (d *Dispatcher) deadLetterOnce(ctx context.Context, tx pgx.Tx, sh *shard, f
 	if seen {
 		return nil
 	}
+	herr = RedactError(herr, OpenedEvents(d.store.Registry(), failing)...) // stored and logged (errortext.go)
 	if _, err := tx.Exec(ctx, d.sql.deadLetter, sh.id.Consumer, sh.id.Instance, [16]byte(failing.ID), failing.Position.TxID,
 		failing.Position.Seq, failing.Type, failing.Stream.Tenant, failing.Stream.Type, failing.Stream.ID, failing.Version,
 		"replay: "+StoredError(herr)); err != nil {

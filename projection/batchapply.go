@@ -68,6 +68,9 @@ func (d *Dispatcher) applyEvents(ctx context.Context, tx pgx.Tx, sh *shard, st s
 		}
 		ap.done = append(ap.done, rest[:k]...)
 		failing := rest[k]
+		// Whatever records, logs or traces the failure from here on gets a
+		// text without failing's personal values (errortext.go).
+		herr = RedactError(herr, OpenedEvents(d.store.Registry(), failing)...)
 		batchEventFailed(span, failing, herr)
 		if handlerLostConflict(herr) {
 			// A deadlock's victim or a serialization failure says nothing

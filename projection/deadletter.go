@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	sq "github.com/Masterminds/squirrel"
 	"github.com/google/uuid"
@@ -480,13 +478,14 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		}
 		// On a partition, a forget of the event's subject is guarded
 		// against (forgetguard.go).
-		_, herr, err := applyGuarded(ctx, tx, store, retryGuardsForgets(store, p, shardID), fmt.Sprintf("dead letter %d", id), read,
+		events, herr, err := applyGuarded(ctx, tx, store, retryGuardsForgets(store, p, shardID), fmt.Sprintf("dead letter %d", id), read,
 			func(events []projector.Event) (error, error) {
 				return applyLive(ctx, tx, store, p, shardID, events, logger)
 			})
 		if err != nil {
 			return err
 		}
+		herr = RedactError(herr, OpenedEvents(store.Registry(), events...)...)
 		if err := retryNotAboutEvent(fmt.Sprintf("dead letter %d", id), herr, requested); err != nil {
 			return err
 		}
@@ -744,25 +743,4 @@ func (d *Dispatcher) retryLoop(ctx context.Context) {
 		case <-d.retryKick: // a request was committed (layoutnotify.go)
 		}
 	}
-}
-
-// MaxErrorBytes bounds the handler error a shard, dead letter or park
-// records: past it the text is cut, its length noted. A handler may fail
-// with any text (a 500 kB driver message, a document echoed); stored whole,
-// it made every console page and state.json carry it, once a second.
-const MaxErrorBytes = 8 << 10
-
-// StoredError is err's text as a shard, a dead letter or a park records
-// it: whole up to MaxErrorBytes, else cut on a rune boundary with its
-// length. Sagas and the JetStream consumer record theirs through it too.
-func StoredError(err error) string {
-	s := err.Error()
-	if len(s) <= MaxErrorBytes {
-		return s
-	}
-	cut := MaxErrorBytes
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes)"
 }

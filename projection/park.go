@@ -199,7 +199,7 @@ func (d *Dispatcher) parkFailed(ctx context.Context, tx pgx.Tx, sh *shard, faili
 ) ([]projector.Event, int, error) {
 	var id int64
 	if err := tx.QueryRow(ctx, d.park.park, sh.id.Consumer, sh.id.Instance, failing.Stream.Tenant, failing.Stream.Type,
-		failing.Stream.ID, [16]byte(failing.ID), failing.Type, failing.Version, StoredError(herr), attempts).Scan(&id); err != nil {
+		failing.Stream.ID, [16]byte(failing.ID), failing.Type, failing.Version, StoredError(herr, OpenedEvents(d.store.Registry(), failing)...), attempts).Scan(&id); err != nil {
 		return nil, 0, fmt.Errorf("park stream %s: %w", failing.Stream, err)
 	}
 	key := keyOf(failing)
@@ -555,6 +555,7 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if err != nil {
 			return err
 		}
+		herr = RedactError(herr, OpenedEvents(store.Registry(), events...)...)
 		if err := retryNotAboutEvent(fmt.Sprintf("park %d", id), herr, requested); err != nil {
 			return err
 		}
@@ -708,7 +709,7 @@ func (d *Dispatcher) parkRetryRequests(ctx context.Context, byName map[string]*A
 			// Clear the request, so one that cannot be carried out is not
 			// tried on every poll; the error is kept on the park.
 			_, _ = d.store.Pool().Exec(context.WithoutCancel(ctx), `UPDATE `+d.store.Table("projector_parks")+`
-				SET retry_requested_at = NULL, error = $2 WHERE id = $1 AND status = 'parked'`, r.id, "retry request: "+err.Error())
+				SET retry_requested_at = NULL, error = $2 WHERE id = $1 AND status = 'parked'`, r.id, "retry request: "+StoredError(err))
 			d.logger.WarnContext(ctx, "projection dispatcher: a park retry request failed", slog.Int64("id", r.id), slog.Any("error", err))
 		}
 	}

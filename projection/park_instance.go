@@ -117,7 +117,7 @@ func ParkInstance(ctx context.Context, tx pgx.Tx, store *postgres.Store, consume
 		VALUES ($1, $2, $3, '', $4, $5, $6, $7, $8, $9, 'saga-instance')
 		ON CONFLICT (consumer, instance_id, tenant_id, stream_type, stream_id) WHERE status = 'parked'
 		DO UPDATE SET attempts = p.attempts RETURNING id`,
-		consumer, instance, tenant, key, [16]byte(failing.ID), failing.Type, failing.Version, StoredError(herr), attempts).Scan(&id)
+		consumer, instance, tenant, key, [16]byte(failing.ID), failing.Type, failing.Version, StoredError(herr, OpenedEvents(store.Registry(), failing)...), attempts).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("park instance %s of %s: %w", projector.Printable(key), projector.Printable(consumer), err)
 	}

@@ -700,6 +700,9 @@ func (d *Dispatcher) recordFailureAt(ctx context.Context, tx pgx.Tx, sh *shard, 
 	} else {
 		attempts = 1
 	}
+	// What is recorded and logged holds no personal value of failing
+	// (errortext.go).
+	herr = RedactError(herr, OpenedEvents(d.store.Registry(), failing)...)
 	cfg := sh.proj.cfg
 	status := StatusProcessing
 	systemic := IsSystemic(herr)
