@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/projection"
 	"github.com/projectorhq/projector/stores/postgres"
 )
 
@@ -98,4 +99,19 @@ func (s *Saga[S]) decodeState(ctx context.Context, store *postgres.Store, db pos
 	}
 	err := json.Unmarshal(data, &state)
 	return state, err
+}
+
+// redacted returns a step's failure with the personal values it may quote
+// replaced in its text (projection.StoredError): those of the events the
+// step handled, and those of the state it was given (Config.Personal), in
+// the clear to the handler. Its text is stored as a dead letter's, a park's,
+// the instance's or a timeout's error, which a forget does not reach.
+func (s *Saga[S]) redacted(store *postgres.Store, cause error, state S, events ...projector.Event) error {
+	opened := projection.OpenedEvents(store.Registry(), events...)
+	if len(s.cfg.Personal.Fields) > 0 {
+		if data, err := json.Marshal(state); err == nil {
+			opened = append(opened, projection.Opened{Personal: s.cfg.Personal, Data: data})
+		}
+	}
+	return projection.RedactError(cause, opened...)
 }

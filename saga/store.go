@@ -276,6 +276,9 @@ func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx
 		return s.parkStep(ctx, store, tx, tenant, parks, in, ev, err)
 	}
 	d, err := s.Decide(ctx, store.Registry(), in.snap, isNew, ev, now)
+	if err != nil {
+		err = s.redacted(store, err, in.snap.State, ev)
+	}
 	if err != nil && handled && ctx.Err() == nil && stepFault(err) {
 		// Nothing of the step was written: the handler only decides.
 		return fault(err)
@@ -624,6 +627,9 @@ func (s *Saga[S]) fireClaimed(ctx context.Context, store *postgres.Store, q quer
 	if snap.State, err = s.decodeState(ctx, store, tx, snap.Tenant, c.state); err != nil {
 		return false, fmt.Errorf("saga %q: decode state of %q: %w", s.name, snap.Key, err)
 	}
+	// The step's failure is recorded, returned and traced without the
+	// personal values of the state the handler was given.
+	defer func() { err = s.redacted(store, err, snap.State) }()
 	ctx = projector.WithActor(ctx, "saga:"+s.name)
 	d, err := s.DecideTimeout(ctx, store.Registry(), snap, c.t, now)
 	if err != nil {
@@ -674,9 +680,9 @@ func (s *Saga[S]) timeoutFailed(ctx context.Context, store *postgres.Store, q qu
 	}
 	backoff := time.Second << min(c.attempts, 8)
 	var n int
-	err := tx.QueryRow(ctx, q.failTimeout, c.t.ID, stepErr.Error(), s.cfg.Now().Add(backoff)).Scan(&n)
+	err := tx.QueryRow(ctx, q.failTimeout, c.t.ID, projection.StoredError(stepErr), s.cfg.Now().Add(backoff)).Scan(&n)
 	if err == nil && n >= s.cfg.TimeoutAttempts {
-		if _, err = tx.Exec(ctx, q.failInstance, c.snap.ID, stepErr.Error()); err == nil {
+		if _, err = tx.Exec(ctx, q.failInstance, c.snap.ID, projection.StoredError(stepErr)); err == nil {
 			_, err = tx.Exec(ctx, q.cancelAll, c.snap.ID)
 		}
 	}
