@@ -306,6 +306,9 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) (outcome Outco
 			"event_id", ev.ID, "deliveries", deliveries, "err", err)
 		return Retried, nil
 	case errors.As(err, new(*handlerError)):
+		// Counted, parked, dead-lettered and logged without the personal
+		// values of ev the handler may quote (projection.StoredError).
+		err = projection.RedactError(err, projection.OpenedEvents(c.cfg.Store.Registry(), ev)...)
 		failures, ferr := c.countFailure(ctx, ev, err)
 		if ferr != nil {
 			return "", ferr

@@ -278,6 +278,9 @@ func (c *Consumer) retryDeadLetterTx(ctx context.Context, tx pgx.Tx, table strin
 	if err := sp.Rollback(ctx); err != nil {
 		return ev, nil, fmt.Errorf("retry dead letter %d: roll back the failed handler: %w", id, err)
 	}
+	// Recorded and returned without the personal values of ev the handler
+	// may quote (projection.StoredError).
+	herr = projection.RedactError(herr, projection.OpenedEvents(c.cfg.Store.Registry(), ev)...)
 	if _, err := tx.Exec(ctx, `UPDATE `+table+` SET error = $2, last_retried_at = now() WHERE id = $1`, id, "retry: "+projection.StoredError(herr)); err != nil {
 		return ev, nil, fmt.Errorf("retry dead letter %d: record the failed retry: %w", id, err)
 	}

@@ -436,7 +436,9 @@ func (c *Consumer) retryParkTx(ctx context.Context, tx pgx.Tx, id int64, by stri
 			err = c.handle(ctx, sp, ev)
 		}
 		if err != nil {
-			herr, failed = err, m
+			// Recorded and returned without the personal values of ev the
+			// handler may quote (projection.StoredError).
+			herr, failed = projection.RedactError(err, projection.OpenedEvents(store.Registry(), ev)...), m
 			break
 		}
 	}
@@ -453,7 +455,7 @@ func (c *Consumer) retryParkTx(ctx context.Context, tx pgx.Tx, id int64, by stri
 		return n, failed, nil, fmt.Errorf("retry jetstream park %d: roll back the failed handler: %w", id, err)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE `+pt+` SET error = $2, failures = failures + 1, last_retried_at = now() WHERE id = $1`,
-		id, fmt.Sprintf("retry: v%d: %v", failed.Version, herr)); err != nil {
+		id, storableText(fmt.Sprintf("retry: v%d: %s", failed.Version, projection.StoredError(herr)))); err != nil {
 		return n, failed, nil, fmt.Errorf("retry jetstream park %d: record the failed retry: %w", id, err)
 	}
 	return n, failed, herr, nil
