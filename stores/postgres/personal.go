@@ -143,7 +143,7 @@ func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projecto
 	if !ok {
 		return enc.Data, nil, false, nil
 	}
-	id, err := p.SubjectOf(enc.Data)
+	id, err := sealSubject(p, enc.Data)
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("%s: %w", enc.Type, err)
 	}
@@ -164,6 +164,26 @@ func (s *Store) seal(ctx context.Context, tx pgx.Tx, tenant string, enc projecto
 	}
 	out, forgotten, err := p.SealPayload(enc.Data, id, c)
 	return out, nil, forgotten, err
+}
+
+// sealSubject is the subject whose key seals data's personal fields: p's
+// subject field, refused (matching [projector.ErrInvalidPayload]) when
+// [Store.Forget] could not forget it. projector.Personal.SubjectOf refuses
+// an empty id, a NUL or invalid UTF-8 but not a long one, and a forget
+// appends to the subject's stream, whose id is the subject's id and holds
+// at most [projector.MaxNameLength] bytes: sealed under a longer id, the
+// data would be kept for good. Reads do not check the length, so what was
+// stored before this check still opens.
+func sealSubject(p projector.Personal, data json.RawMessage) (string, error) {
+	id, err := p.SubjectOf(data)
+	if err != nil {
+		return "", err
+	}
+	if len(id) > projector.MaxNameLength {
+		return "", fmt.Errorf("%w: the subject field %q is %d bytes long, over the limit of %d: the id names the subject's stream, "+
+			"which forgetting it appends to", projector.ErrInvalidPayload, p.Subject, len(id), projector.MaxNameLength)
+	}
+	return id, nil
 }
 
 // dataKeyCipher reads or creates ref's key in tx: the key table's cached
@@ -447,7 +467,7 @@ func (s *Store) OpenEvents(ctx context.Context, db DBTX, events []projector.Even
 // too. A forgotten subject's fields are written as null. [Store.OpenData]
 // opens the result.
 func (s *Store) SealTx(ctx context.Context, tx pgx.Tx, tenant string, p projector.Personal, data json.RawMessage) (json.RawMessage, error) {
-	id, err := p.SubjectOf(data)
+	id, err := sealSubject(p, data)
 	if err != nil {
 		return nil, fmt.Errorf("seal: %w", err)
 	}

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -320,6 +321,67 @@ func TestForgetSubject(t *testing.T) {
 	}
 	if n := f.count(t, "projector_events"); n != events {
 		t.Fatalf("refused forgets wrote %d events", n-events)
+	}
+}
+
+// TestSubjectIDLimit: an append whose subject id Forget could not take —
+// over projector.MaxNameLength bytes, empty, with a NUL or invalid UTF-8 —
+// is refused whole with ErrInvalidPayload naming the field, the length and
+// the limit, and writes nothing (no key, no event); one at the limit is
+// forgotten like any other. SealTx (snapshots, sagas' state) refuses the
+// same ids.
+func TestSubjectIDLimit(t *testing.T) {
+	t.Parallel()
+	f := personalSetup(t)
+	atLimit := strings.Repeat("L", projector.MaxNameLength)
+	if err := f.register(t, f.store, "acme", testevents.CustomerRegistered{Customer: atLimit, Name: "Ada"}); err != nil {
+		t.Fatalf("append with a %d-byte subject id: %v", len(atLimit), err)
+	}
+	if _, err := f.store.Forget(f.ctx, postgres.SubjectRef{Tenant: "acme", ID: atLimit}); err != nil {
+		t.Fatalf("forget a %d-byte subject id: %v", len(atLimit), err)
+	}
+	events, keys := f.count(t, "projector_events"), f.count(t, "projector_subject_keys")
+	for _, tc := range []struct {
+		name, id, want string
+		sealed         bool // SealTx is checked too (json.Marshal turns invalid UTF-8 valid)
+	}{
+		{"256 bytes", strings.Repeat("L", 256), `the subject field "customer" is 256 bytes long, over the limit of 255`, true},
+		{"100k bytes", strings.Repeat("K", 100_000), `the subject field "customer" is 100000 bytes long, over the limit of 255`, true},
+		{"empty", "", `the subject field "customer" is empty`, true},
+		{"NUL", "c\x00", "NUL", true},
+		{"invalid UTF-8", "c\xff", `not valid UTF-8`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok := testevents.CustomerRegistered{Customer: "c-ok", Name: "Bob"}
+			bad := testevents.CustomerRegistered{Customer: tc.id, Name: "Eve"}
+			err := pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
+				_, err := f.store.Append(f.ctx, tx, projector.TenantStream("acme", "customer", "c-ok"), projector.AnyVersion, ok, bad)
+				return err
+			})
+			if !errors.Is(err, projector.ErrInvalidPayload) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("append: %v, want ErrInvalidPayload saying %q", err, tc.want)
+			}
+			if len(err.Error()) > 1000 {
+				t.Fatalf("the error carries the id: %d bytes", len(err.Error()))
+			}
+			err = pgx.BeginFunc(f.ctx, f.store.Pool(), func(tx pgx.Tx) error {
+				if !tc.sealed {
+					return projector.ErrInvalidPayload
+				}
+				data, err := json.Marshal(bad)
+				if err != nil {
+					return err
+				}
+				_, err = f.store.SealTx(f.ctx, tx, "acme", projector.Personal{Subject: "customer", Fields: []string{"name", "email"}}, data)
+				return err
+			})
+			if !errors.Is(err, projector.ErrInvalidPayload) || tc.sealed && !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("SealTx: %v, want ErrInvalidPayload saying %q", err, tc.want)
+			}
+			if n, k := f.count(t, "projector_events"), f.count(t, "projector_subject_keys"); n != events || k != keys {
+				t.Fatalf("a refused append wrote %d events and %d keys", n-events, k-keys)
+			}
+		})
 	}
 }
 
