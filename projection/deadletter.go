@@ -26,8 +26,9 @@ const (
 	DeadLetterDiscarded = "discarded"
 )
 
-// ErrEventPruned: a dead letter's event is no longer in the log (retention
-// pruned it after it was dead-lettered), so it cannot be retried; it can
+// ErrEventPruned: a dead letter's event is no longer in the log, hot or
+// archived (retention pruned it after it was dead-lettered), so it cannot
+// be retried; it can
 // only be discarded. It matches [projector.ErrInvalidTransition] too, so the
 // CLI reports it as a refusal.
 var ErrEventPruned = fmt.Errorf("%w: the dead letter's event was pruned from the log", projector.ErrInvalidTransition)
@@ -233,8 +234,8 @@ func ListDeadLetters(ctx context.Context, store *postgres.Store, f DeadLetterFil
 	return out, nil
 }
 
-// GetDeadLetter returns dead letter id and its event from the log, or a nil
-// event if the event was pruned since (dead letters are never pruned,
+// GetDeadLetter returns dead letter id and its event from the log, hot or
+// archived, or a nil event if the event was pruned since (dead letters are never pruned,
 // events may be). An unknown id matches [projector.ErrNotFound].
 func GetDeadLetter(ctx context.Context, store *postgres.Store, id int64) (DeadLetter, *projector.Event, error) {
 	return getDeadLetterWithEvent(ctx, store, id, false)
@@ -281,10 +282,15 @@ func getDeadLetter(ctx context.Context, db postgres.DBTX, store *postgres.Store,
 }
 
 // deadLetterEvent reads a dead letter's event through its stream (the
-// store's public read, decoding unless raw), nil if it is gone.
+// store's public read, decoding unless raw), nil if it is gone. The
+// archive is read too, in the same statement: a consumer registered or
+// rewound behind `streams archive` reads archived events and may fail on
+// one, and an archived event is still in the log — only a pruned one is
+// gone. (One statement, one snapshot: an unarchive moving the stream back
+// meanwhile shows the event in one table or the other, never neither.)
 func deadLetterEvent(ctx context.Context, db postgres.DBTX, store *postgres.Store, dl DeadLetter, raw bool) (*projector.Event, error) {
 	stream := projector.StreamRef{Tenant: dl.Tenant, Type: dl.StreamType, ID: dl.StreamID}
-	events, err := store.ReadStreamTx(ctx, db, stream, postgres.StreamQuery{FromVersion: dl.Version, ToVersion: dl.Version, Raw: raw})
+	events, err := store.ReadStreamTx(ctx, db, stream, postgres.StreamQuery{FromVersion: dl.Version, ToVersion: dl.Version, Raw: raw, IncludeArchived: true})
 	if err != nil {
 		return nil, fmt.Errorf("dead letter %d: read its event: %w", dl.ID, err)
 	}
@@ -469,7 +475,10 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 			}
 			return []projector.Event{*ev}, nil
 		}
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+store.Table("projector_events")+` e
+		// Later events of the stream may be archived (a consumer behind
+		// the archive read them there): both tables, in one statement.
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM (SELECT tenant_id, stream_type, stream_id, version, tx_id, seq FROM `+store.Table("projector_events")+`
+					UNION ALL SELECT tenant_id, stream_type, stream_id, version, tx_id, seq FROM `+store.Table("projector_events_archive")+`) e
 				JOIN `+store.Table("projector_consumers")+` c ON c.name = $4 AND c.instance_id = $5
 				WHERE e.tenant_id = $1 AND e.stream_type = $2 AND e.stream_id = $3 AND e.version > $6
 				  AND (e.tx_id, e.seq) <= (c.cursor_tx_id, c.cursor_seq))`,

@@ -233,7 +233,7 @@ func dispatcherColumns(instances string) string {
 }
 
 func buildAdminSQL(store *postgres.Store) adminSQL {
-	c, e := store.Table("projector_consumers"), store.Table("projector_events")
+	c, e, archive := store.Table("projector_consumers"), store.Table("projector_events"), store.Table("projector_events_archive")
 	// A partition's lag counts its own streams' events only: the buckets
 	// [p·64/n, (p+1)·64/n) of its instance id __partition__p/n. A
 	// partition by key (its fence note says so) reads every event after
@@ -254,7 +254,13 @@ func buildAdminSQL(store *postgres.Store) adminSQL {
 			ORDER BY c.name, c.instance_id`,
 		lock:     `SELECT ` + shardColumns + `, ` + disp + `, 0::bigint, 0::float8, 0::bigint FROM ` + c + ` c WHERE c.name = $1 AND c.instance_id = $2 FOR UPDATE OF c`,
 		waitLock: waitShardLockSQL,
-		between:  `SELECT EXISTS (SELECT 1 FROM ` + e + ` WHERE (tx_id, seq) > ($1::xid8, $2::bigint) AND (tx_id, seq) < ($3::xid8, $4::bigint))`,
+		// between and deadLetter read the hot log and the archive in one
+		// statement, so in one snapshot: a shard registered or rewound
+		// behind `streams archive` fails on archived events, and an
+		// unarchive moving them back meanwhile commits whole, so the event
+		// is in exactly one of the two tables (at the same position).
+		between: `SELECT EXISTS (SELECT 1 FROM ` + e + ` WHERE (tx_id, seq) > ($1::xid8, $2::bigint) AND (tx_id, seq) < ($3::xid8, $4::bigint))
+			OR EXISTS (SELECT 1 FROM ` + archive + ` WHERE (tx_id, seq) > ($1::xid8, $2::bigint) AND (tx_id, seq) < ($3::xid8, $4::bigint))`,
 		update: `UPDATE ` + c + ` SET status = $3, attempts = $4, cursor_tx_id = $5, cursor_seq = $6,
 			last_error = NULLIF($7, ''), last_error_at = CASE WHEN $7 = '' THEN NULL ELSE last_error_at END,
 			failed_tx_id = CASE WHEN $7 = '' THEN NULL ELSE failed_tx_id END,
@@ -265,7 +271,8 @@ func buildAdminSQL(store *postgres.Store) adminSQL {
 		deadLetter: `INSERT INTO ` + store.Table("projector_dead_letters") + `
 			(consumer, instance_id, event_id, event_tx_id, event_seq, event_type, tenant_id, stream_type, stream_id, version, error, attempts, reason)
 			SELECT $1, $2, e.id, e.tx_id, e.seq, e.type, e.tenant_id, e.stream_type, e.stream_id, e.version, $5, $6, $7
-			FROM ` + e + ` e WHERE e.tx_id = $3 AND e.seq = $4`,
+			FROM (SELECT id, tx_id, seq, type, tenant_id, stream_type, stream_id, version FROM ` + e + ` WHERE tx_id = $3 AND seq = $4
+				UNION ALL SELECT id, tx_id, seq, type, tenant_id, stream_type, stream_id, version FROM ` + archive + ` WHERE tx_id = $3 AND seq = $4) e`,
 		// SHARE ROW EXCLUSIVE waits for passes that have written and keeps
 		// dispatchers from registering or writing until the removal commits,
 		// so the liveness read after it is not overtaken by a start.
@@ -361,7 +368,9 @@ func (a *Admin) Restart(ctx context.Context, id ShardID) error {
 }
 
 // Skip moves a dead or failing shard past its failing event, recording the
-// event in the dead-letter table, and sets it idle. Only from dead, or from
+// event in the dead-letter table, and sets it idle. The event may be in the
+// archive: a shard behind `streams archive` reads and fails on archived
+// events as on hot ones. Only from dead, or from
 // processing while an event is failing.
 func (a *Admin) Skip(ctx context.Context, id ShardID) error {
 	return a.transition(ctx, id, "skip", []Status{StatusDead, StatusProcessing}, func(s *ShardState, exec txExec) (string, error) {
@@ -386,7 +395,7 @@ func (a *Admin) Skip(ctx context.Context, id ShardID) error {
 			return "", fmt.Errorf("record dead letter: %w", err)
 		}
 		if n == 0 {
-			return "", fmt.Errorf("failing event at %s is no longer in the log", s.FailedAt)
+			return "", fmt.Errorf("failing event at %s is no longer in the log or the archive", s.FailedAt)
 		}
 		s.Cursor, s.Status, s.Attempts = s.FailedAt, StatusIdle, 0
 		return "", nil
