@@ -97,8 +97,15 @@ they had, and makes the streams writable again. Name streams with --stream TYPE/
 --tenant). Consumers do not apply the events again: they had passed them before they were
 archived. --dry-run counts what would move.`
 	}
+	// The usage line says what the command accepts: archive by type needs
+	// --older-than, and unarchive has no such flag (restoring a type
+	// restores every archived stream of it).
+	selector := "(--stream TYPE/ID ... | --stream-type T --older-than DURATION)"
+	if unarchive {
+		selector = "(--stream TYPE/ID ... | --stream-type T)"
+	}
 	cmd := &cobra.Command{
-		Use:   use + " (--stream TYPE/ID ... | --stream-type T [--older-than DURATION]) [--tenant T] [--dry-run]",
+		Use:   use + " " + selector + " [--tenant T] [--dry-run] [--batch-size N]",
 		Short: short,
 		Long:  long,
 		Args:  noArgs,

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -190,6 +192,41 @@ func TestArchiveAdviceCountsOpenHolds(t *testing.T) {
 		got := archiveAdvice("projector", nil, c.dls, c.parks)
 		if !strings.Contains(got, c.want) || strings.Contains(got, c.not) {
 			t.Errorf("%d dead letters, %d parks: advice %q; want %q, not %q", c.dls, c.parks, got, c.want, c.not)
+		}
+	}
+}
+
+// The usage lines of `streams archive` and `unarchive` say what each
+// accepts: archive by type needs --older-than (shown as optional, though
+// refused without it), and unarchive has no --older-than (shown, though
+// an unknown flag there).
+func TestStreamsArchiveUsageLines(t *testing.T) {
+	for _, c := range []struct {
+		cmd, want string
+	}{
+		{"archive", "archive (--stream TYPE/ID ... | --stream-type T --older-than DURATION) [--tenant T] [--dry-run] [--batch-size N]"},
+		{"unarchive", "unarchive (--stream TYPE/ID ... | --stream-type T) [--tenant T] [--dry-run] [--batch-size N]"},
+	} {
+		root := New(Config{})
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs([]string{"streams", c.cmd, "--help"})
+		if err := root.Execute(); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), "Usage:\n  projector streams "+c.want+" [flags]\n") {
+			t.Errorf("streams %s --help: want the usage line %q in:\n%s", c.cmd, c.want, out.String())
+		}
+		// Each flag the line names is one the command has.
+		cmd, _, err := root.Find([]string{"streams", c.cmd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range regexp.MustCompile(`--[a-z-]+`).FindAllString(cmd.Use, -1) {
+			if cmd.Flags().Lookup(f[2:]) == nil {
+				t.Errorf("streams %s: the usage line names %s, which it does not accept", c.cmd, f)
+			}
 		}
 	}
 }
