@@ -300,8 +300,14 @@ func archiveAdvice(name string, shards []projection.ShardState, deadLetters, par
 			slowest = &shards[i]
 		}
 	}
+	// The slowest shard is advice only when it is behind (or dead, stuck on
+	// a failing event, which may be archived and so not counted in its
+	// lag): with every shard caught up, what held the streams back is a
+	// dead letter or a park, and "0 events behind ... archive again once it
+	// has caught up" sent the operator to wait for nothing.
+	behind := slowest != nil && (slowest.LagEvents > 0 || slowest.Status == projection.StatusDead)
 	var sb strings.Builder
-	if slowest != nil {
+	if behind {
 		b := slowest
 		id, partition := shardArgs(b.Consumer, b.Instance)
 		fmt.Fprintf(&sb, "slowest shard: consumer %s (instance %s, %s, dispatcher %s) at %s, %d events behind.\n",
@@ -327,8 +333,11 @@ func archiveAdvice(name string, shards []projection.ShardState, deadLetters, par
 	if parks > 0 {
 		holds = append(holds, fmt.Sprintf("%d %s (`%s parked list`)", parks, plural(parks, "park"), name))
 	}
-	if len(holds) > 0 {
+	switch {
+	case len(holds) > 0:
 		fmt.Fprintf(&sb, "Streams every shard has passed are held by an open dead letter or park of theirs; open now: %s.\n", strings.Join(holds, " and "))
+	case !behind:
+		fmt.Fprintf(&sb, "No shard is behind and no dead letter or park is open now: what held them back has cleared since; archive again.\n")
 	}
 	return sb.String()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
+	"github.com/projectorhq/projector/projection"
 )
 
 // `streams archive` and `unarchive` end to end: bad selectors and numbers
@@ -192,6 +193,44 @@ func TestArchiveAdviceCountsOpenHolds(t *testing.T) {
 		got := archiveAdvice("projector", nil, c.dls, c.parks)
 		if !strings.Contains(got, c.want) || strings.Contains(got, c.not) {
 			t.Errorf("%d dead letters, %d parks: advice %q; want %q, not %q", c.dls, c.parks, got, c.want, c.not)
+		}
+	}
+}
+
+// The slowest shard is archive advice only when it is behind: with every
+// shard caught up and streams held back by an open dead letter and a park,
+// the advice said the caught-up shard's live dispatcher was applying it,
+// "0 events behind", before the line naming the real reason. With nothing
+// behind and nothing open, it says the hold has cleared.
+func TestArchiveAdviceNamesLagOnlyWhenBehind(t *testing.T) {
+	caughtUp := projection.ShardState{ShardID: projection.ShardID{Consumer: "console_tail", Instance: "web-2"}, Status: projection.StatusIdle,
+		Dispatcher: projection.DispatcherLive, Cursor: projector.Position{TxID: 9, Seq: 1}}
+	behind := caughtUp
+	behind.LagEvents = 3
+	for _, c := range []struct {
+		name       string
+		shard      projection.ShardState
+		dls, parks int64
+		want, not  []string
+	}{
+		{"caught up, held by a dead letter and a park", caughtUp, 1, 1,
+			[]string{"open now: 1 dead letter (`projector dead-letters list`) and 1 park"}, []string{"slowest shard", "caught up", "events behind"}},
+		{"caught up, nothing open", caughtUp, 0, 0,
+			[]string{"No shard is behind and no dead letter or park is open now", "archive again"}, []string{"slowest shard"}},
+		{"behind", behind, 1, 0,
+			[]string{"slowest shard: consumer console_tail (instance web-2, idle, dispatcher live) at 9/1, 3 events behind.",
+				"A live dispatcher is applying it", "open now: 1 dead letter"}, []string{"No shard is behind"}},
+	} {
+		got := archiveAdvice("projector", []projection.ShardState{c.shard}, c.dls, c.parks)
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: advice %q; want %q", c.name, got, w)
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(got, n) {
+				t.Errorf("%s: advice %q; want no %q", c.name, got, n)
+			}
 		}
 	}
 }
