@@ -581,29 +581,50 @@ the registered ones.`
 
 	root.AddCommand(a.splitCmd(&partition), a.mergeCmd(&partition))
 
-	root.AddCommand(&cobra.Command{
+	var by string
+	remove := &cobra.Command{
 		Use:   "remove NAME",
-		Short: "Unregister a consumer no dispatcher runs: delete its shards (every one, or --instance's), keep its dead letters",
-		Args:  exactArgs(1),
+		Short: "Unregister a consumer no dispatcher runs: delete its shards (every one, or --instance's), discard its open parks, keep its dead letters",
+		Long: `Unregister a consumer no dispatcher runs: delete its shards (every one, or the one
+--instance names). Its open parks on those shards are discarded in the same transaction,
+recorded as discarded by --by "(consumer removed)", and their pending retry requests
+cancelled: a dispatcher that runs the projection again registers it afresh from its
+StartFrom and applies those events itself. Its dead letters are kept.`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			only := ""
 			if cmd.Flags().Changed("instance") {
 				only = instance
 			}
+			who, err := operatorName(by, a.getenv)
+			if err != nil {
+				return err
+			}
 			return a.withAdmin(cmd, func(admin *projection.Admin) error {
-				removed, err := admin.Remove(cmd.Context(), args[0], only)
+				r, err := admin.RemoveAs(cmd.Context(), args[0], only, who)
 				if err != nil {
 					return unknownConsumer(cmd.Context(), admin, args[0], err)
 				}
-				shards := make([]string, len(removed))
-				for i, id := range removed {
+				shards := make([]string, len(r.Shards))
+				for i, id := range r.Shards {
 					shards[i] = id.String()
 				}
-				fmt.Fprintf(a.out, "removed consumer %s: %d shards (%s); its dead letters are kept\n", projector.Printable(args[0]), len(removed), names(shards))
+				parks := "no open parks"
+				if r.ParksClosed > 0 {
+					parks = fmt.Sprintf("discarded its %d open %s (parked list --consumer %s --status discarded)",
+						r.ParksClosed, plural(int64(r.ParksClosed), "park"), projector.Printable(args[0]))
+					if r.RetriesCancelled > 0 {
+						parks += fmt.Sprintf(", cancelling %d pending retry %s", r.RetriesCancelled, plural(int64(r.RetriesCancelled), "request"))
+					}
+				}
+				fmt.Fprintf(a.out, "removed consumer %s: %d shards (%s); %s; its dead letters are kept\n",
+					projector.Printable(args[0]), len(r.Shards), names(shards), parks)
 				return nil
 			})
 		},
-	})
+	}
+	remove.Flags().StringVar(&by, "by", "", "who is removing it, recorded on the parks it discards (default $USER@host; without $USER the OS user, else the uid)")
+	root.AddCommand(remove)
 	return root
 }
 

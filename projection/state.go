@@ -503,22 +503,39 @@ func (e *InUseError) Error() string {
 // Is makes errors.Is(err, projector.ErrInvalidTransition) true.
 func (e *InUseError) Is(target error) bool { return target == projector.ErrInvalidTransition }
 
-// Remove unregisters a consumer: it deletes the state rows of its shards
-// (every shard when instance is "", else the one shard of that instance id;
-// [SharedInstance] names the shared one), so retention no longer waits for
-// it and status no longer lists it. Its dead letters are kept. A dispatcher
-// that runs the projection again later registers it afresh, from where its
-// StartFrom says.
-//
-// Remove refuses with an [*InUseError] while a dispatcher runs any of those
-// shards: a live heartbeat from an instance that runs the consumer, or a
-// shard lock held by a pass. It returns the shards it removed, or an error
-// matching [projector.ErrNotFound] when there are none.
+// Remove is [Admin.RemoveAs] recorded as by "Admin.Remove"; it returns the
+// shards it removed.
 func (a *Admin) Remove(ctx context.Context, consumer, instance string) ([]ShardID, error) {
-	if validName(consumer) != nil || (instance != "" && validInstance(instance) != nil) {
-		return nil, fmt.Errorf("consumer %s: %w", projector.Printable(ShardID{Consumer: consumer, Instance: instance}.String()), projector.ErrNotFound)
+	r, err := a.RemoveAs(ctx, consumer, instance, "Admin.Remove")
+	return r.Shards, err
+}
+
+// RemoveAs unregisters a consumer on behalf of by (who removes it, for the
+// record): it deletes the state rows of its shards (every shard when
+// instance is "", else the one shard of that instance id; [SharedInstance]
+// names the shared one), so retention no longer waits for it and status no
+// longer lists it. Its dead letters are kept. Its open parks on those
+// shards (every open park of the consumer when instance is "": a
+// rebuild's shadow and partitions included) are discarded in the same
+// transaction, recorded as by by+[RemovedBy], their pending retry requests
+// cancelled: a dispatcher that runs the projection again later registers
+// it afresh, from where its StartFrom says, and applies the parked events
+// itself (closeRemovedParks says why a park must not outlive its shard).
+//
+// RemoveAs refuses with an [*InUseError] while a dispatcher runs any of
+// those shards: a live heartbeat from an instance that runs the consumer,
+// or a shard lock held by a pass or a park retry. It returns what it
+// removed and closed, or an error matching [projector.ErrNotFound] when it
+// found neither a shard nor an open park (open parks with no shard left
+// are those a removal by an earlier release kept: they are closed alone).
+func (a *Admin) RemoveAs(ctx context.Context, consumer, instance, by string) (Removal, error) {
+	if err := validBy(by); err != nil {
+		return Removal{}, err
 	}
-	var removed []ShardID
+	if validName(consumer) != nil || (instance != "" && validInstance(instance) != nil) {
+		return Removal{}, fmt.Errorf("consumer %s: %w", projector.Printable(ShardID{Consumer: consumer, Instance: instance}.String()), projector.ErrNotFound)
+	}
+	var removed Removal
 	err := pgx.BeginFunc(ctx, a.store.Pool(), func(tx pgx.Tx) error {
 		// Removing a partition's row changes the consumer's layout, which
 		// every split, merge and partitioned start changes only under the
@@ -549,13 +566,6 @@ func (a *Admin) Remove(ctx context.Context, consumer, instance string) ([]ShardI
 		if err != nil {
 			return err
 		}
-		if len(shards) == 0 {
-			id := ShardID{Consumer: consumer, Instance: instance}
-			if instance == "" {
-				return fmt.Errorf("consumer %s: %w", consumer, projector.ErrNotFound)
-			}
-			return fmt.Errorf("consumer %s: %w", id, projector.ErrNotFound)
-		}
 		var reasons []string
 		for _, s := range shards {
 			if s.Dispatcher == DispatcherLive {
@@ -567,7 +577,7 @@ func (a *Admin) Remove(ctx context.Context, consumer, instance string) ([]ShardI
 				return err
 			}
 			if !free {
-				reasons = append(reasons, fmt.Sprintf("shard %s is locked by a pass or an operator transition in progress", s.ShardID))
+				reasons = append(reasons, fmt.Sprintf("shard %s is locked by a pass, a park retry or an operator transition in progress", s.ShardID))
 			}
 		}
 		if len(reasons) > 0 {
@@ -577,16 +587,29 @@ func (a *Admin) Remove(ctx context.Context, consumer, instance string) ([]ShardI
 			if _, err := tx.Exec(ctx, a.sql.remove, s.Consumer, s.Instance); err != nil {
 				return err
 			}
-			removed = append(removed, s.ShardID)
+			removed.Shards = append(removed.Shards, s.ShardID)
+		}
+		var instances []string // nil: every instance's parks
+		if instance != "" {
+			instances = []string{instance}
+		}
+		if removed.ParksClosed, removed.RetriesCancelled, err = closeRemovedParks(ctx, tx, a.store, consumer, instances, by); err != nil {
+			return err
+		}
+		if len(shards) == 0 && removed.ParksClosed == 0 {
+			if instance == "" {
+				return fmt.Errorf("consumer %s: %w", consumer, projector.ErrNotFound)
+			}
+			return fmt.Errorf("consumer %s: %w", ShardID{Consumer: consumer, Instance: instance}, projector.ErrNotFound)
 		}
 		return nil
 	})
 	if err != nil {
 		var inUse *InUseError
 		if errors.As(err, &inUse) || errors.Is(err, projector.ErrNotFound) {
-			return nil, err
+			return Removal{}, err
 		}
-		return nil, fmt.Errorf("remove consumer %s: %w", consumer, err)
+		return Removal{}, fmt.Errorf("remove consumer %s: %w", consumer, err)
 	}
 	return removed, nil
 }
