@@ -56,6 +56,9 @@ only be discarded; --model live those a retry may apply.`,
 					return usageError{fmt.Errorf("--since: %w", err)}
 				}
 			}
+			if err := textFlags(cmd, "consumer", "instance", "type", "tenant"); err != nil {
+				return err
+			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				dls, err := projection.ListDeadLetters(cmd.Context(), store, f)
 				if errors.Is(err, projection.ErrInvalidFilter) {
@@ -63,6 +66,11 @@ only be discarded; --model live those a retry may apply.`,
 				}
 				if err != nil {
 					return err
+				}
+				if len(dls) == 0 {
+					if err := knownConsumer(cmd.Context(), store, f.Consumer, "projector_dead_letters"); err != nil {
+						return err
+					}
 				}
 				return writeList(a.out, asJSON, dls, "no dead letters match", func(tw io.Writer) {
 					fmt.Fprintln(tw, "ID\tCONSUMER\tINSTANCE\tEVENT TYPE\tSTREAM\tVERSION\tSTATUS\tATTEMPTS\tRECORDED\tERROR")
@@ -95,7 +103,7 @@ func (a *App) deadLettersShowCmd() *cobra.Command {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				dl, ev, err := projection.GetDeadLetterRaw(cmd.Context(), store, id)
 				if err != nil {
-					return err
+					return deadLetterNotFound(cmd, err)
 				}
 				if asJSON {
 					out := struct {
@@ -193,13 +201,18 @@ others it left (` + "`dead-letters list --model superseded`" + `).`,
 							"discard them (dead-letters list --consumer %s --model superseded)\n", len(others), projector.Printable(consumer), projector.Printable(consumer))
 					}
 					if len(ids) == 0 {
+						if len(others) == 0 {
+							if err := knownConsumer(ctx, store, consumer, "projector_dead_letters"); err != nil {
+								return err
+							}
+						}
 						fmt.Fprintf(a.out, "no open dead letters of %s to retry\n", projector.Printable(consumer))
 						return nil
 					}
 				}
 				if !here {
 					if err := projection.RequestDeadLetterRetry(ctx, store, ids); err != nil {
-						return err
+						return deadLetterNotFound(cmd, err)
 					}
 					fmt.Fprintf(a.out, "retry requested for %d dead letters; a running dispatcher with the projection carries it out (or run with --here in your application's binary)\n", len(ids))
 					return nil
@@ -212,7 +225,7 @@ others it left (` + "`dead-letters list --model superseded`" + `).`,
 					if again {
 						return fmt.Errorf("the retry of dead letter %d failed; it stays open with the new error", ids[0])
 					}
-					return err
+					return deadLetterNotFound(cmd, err)
 				}
 				return retryEach(ctx, a.out, "dead letter", ids, r)
 			})
@@ -278,7 +291,7 @@ func (a *App) deadLettersDiscardCmd() *cobra.Command {
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				if err := projection.DiscardDeadLetters(cmd.Context(), store, ids); err != nil {
-					return err
+					return deadLetterNotFound(cmd, err)
 				}
 				fmt.Fprintf(a.out, "discarded %d dead letters (kept for the record)\n", len(ids))
 				return nil

@@ -92,7 +92,7 @@ func TestOutputOfStoredDataIsPrintable(t *testing.T) {
 		{"dead-letters list", []string{"dead-letters", "list"}, "open", false},
 		{"dead-letters show", []string{"dead-letters", "show", strconv.FormatInt(dlID, 10)}, "payload", false},
 		{"dead-letters show of a pruned event", []string{"dead-letters", "show", strconv.FormatInt(dlID+1, 10)}, "event pruned", false},
-		{"dead-letters retry of an unknown consumer", []string{"dead-letters", "retry", "--all", "--consumer", hostileLong}, "no open dead letters", false},
+		{"dead-letters retry of an unknown consumer", []string{"dead-letters", "retry", "--all", "--consumer", hostileLong}, "not found; registered consumers", false},
 		{"search verify of an unknown name", []string{"search", "verify", hostileLong}, "no search projection", false},
 		{"consumer restart of an unknown name", []string{"consumer", "restart", hostileLong}, "not found", false},
 		{"events tail", []string{"events", "tail", "--from-start", "--limit", "1"}, "ticket.opened", true},

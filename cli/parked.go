@@ -35,6 +35,9 @@ func (a *App) parkedListCmd() *cobra.Command {
 id shown as --after for the next page.`,
 		limit: &f.Limit, after: &f.AfterID, status: &f.Status, parks: true,
 		run: func(cmd *cobra.Command, asJSON bool) error {
+			if err := textFlags(cmd, "consumer", "instance", "tenant"); err != nil {
+				return err
+			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				parks, err := projection.ListParks(cmd.Context(), store, f)
 				if errors.Is(err, projection.ErrInvalidParkFilter) {
@@ -42,6 +45,11 @@ id shown as --after for the next page.`,
 				}
 				if err != nil {
 					return err
+				}
+				if len(parks) == 0 {
+					if err := knownConsumer(cmd.Context(), store, f.Consumer, "projector_parks"); err != nil {
+						return err
+					}
 				}
 				return writeList(a.out, asJSON, parks, "no parks match", func(tw io.Writer) {
 					fmt.Fprintln(tw, "ID\tCONSUMER\tINSTANCE\tSTREAM\tFROM\tEVENTS\tSTATUS\tATTEMPTS\tPARKED\tERROR")
@@ -72,7 +80,7 @@ func (a *App) parkedShowCmd() *cobra.Command {
 				// types too (it prints each event's stored data anyway).
 				p, events, err := projection.GetParkRaw(cmd.Context(), store, id)
 				if err != nil {
-					return err
+					return parkNotFound(cmd, err)
 				}
 				if asJSON {
 					if events == nil {
@@ -165,9 +173,9 @@ stays for a dispatcher that starts later).`,
 			}
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				if wait {
-					return a.retryParkAndWait(cmd, store, id, by, timeout)
+					return parkNotFound(cmd, a.retryParkAndWait(cmd, store, id, by, timeout))
 				}
-				return a.retryPark(cmd, store, id, by, here)
+				return parkNotFound(cmd, a.retryPark(cmd, store, id, by, here))
 			})
 		},
 	}
@@ -195,10 +203,16 @@ func (a *App) parkedDiscardCmd() *cobra.Command {
 			return a.withStore(cmd, func(store *postgres.Store) error {
 				p, err := projection.DiscardPark(cmd.Context(), store, id, by)
 				if err != nil {
-					return err
+					return parkNotFound(cmd, err)
 				}
 				fmt.Fprintf(a.out, "park %d: discarded %d events of %s (recorded as discarded by %s); the stream is live again from its next event\n",
 					id, p.Events, parkStream(p), projector.Printable(p.ResolvedBy))
+				if p.RetryRequestedAt != nil {
+					// Requested without --here, not yet carried out: the
+					// operator who asked for it is not told otherwise.
+					fmt.Fprintf(a.out, "park %d: this cancelled the retry requested at %s, which no dispatcher had carried out\n",
+						id, p.RetryRequestedAt.UTC().Format(time.RFC3339))
+				}
 				return nil
 			})
 		},

@@ -598,7 +598,10 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 // from its next event. It takes the consumer
 // shard's lock, so no pass adds to the sequence meanwhile; a park that is
 // not open is refused with [projector.ErrInvalidTransition], so of racing
-// retries and discards exactly one wins. It returns the park as discarded.
+// retries and discards exactly one wins; a retry only requested (not yet
+// carried out by a dispatcher) is cancelled. It returns the park as
+// discarded, its RetryRequestedAt (which a closed park does not keep) the
+// time of the request it cancelled, nil when none was pending.
 func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string) (Park, error) {
 	if err := validBy(by); err != nil {
 		return Park{}, err
@@ -607,6 +610,7 @@ func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string
 	if err != nil {
 		return Park{}, fmt.Errorf("discard: %w", err)
 	}
+	var cancelled *time.Time
 	err = pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 		locked := pk.Instance
 		if err := LockShard(ctx, tx, store, ShardID{Consumer: pk.Consumer, Instance: locked}); err != nil {
@@ -624,6 +628,7 @@ func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string
 		if pk.Status != ParkOpen {
 			return fmt.Errorf("discard park %d: it is %s already: %w", id, pk.Status, projector.ErrInvalidTransition)
 		}
+		cancelled = pk.RetryRequestedAt
 		if _, err := tx.Exec(ctx, `DELETE FROM `+store.Table("projector_parked_events")+` WHERE park_id = $1`, id); err != nil {
 			return fmt.Errorf("discard park %d: %w", id, err)
 		}
@@ -640,7 +645,11 @@ func DiscardPark(ctx context.Context, store *postgres.Store, id int64, by string
 	if err != nil {
 		return Park{}, err
 	}
-	return getPark(ctx, store.Pool(), store, id, false)
+	if pk, err = getPark(ctx, store.Pool(), store, id, false); err != nil {
+		return Park{}, err
+	}
+	pk.RetryRequestedAt = cancelled
+	return pk, nil
 }
 
 // RequestParkRetry records a retry request on an open park, for a
