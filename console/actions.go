@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -192,7 +193,11 @@ func (c *Console) plan(r *http.Request, kind, op string) (target string, run fun
 				if err != nil {
 					return "", err
 				}
-				return fmt.Sprintf("park %d discarded: %d events of %s dropped, kept for the record", id, p.Events, p.What()), nil
+				msg := fmt.Sprintf("park %d discarded: %d events of %s dropped, kept for the record", id, p.Events, p.What())
+				if p.RetryRequestedAt != nil {
+					msg += fmt.Sprintf("; this cancelled the retry requested at %s, which no dispatcher had carried out", p.RetryRequestedAt.UTC().Format(time.RFC3339))
+				}
+				return msg, nil
 			}
 			// A request, as `parked retry` without --here: the handlers are
 			// a dispatcher's code.

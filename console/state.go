@@ -249,15 +249,23 @@ type Tile struct {
 // StateNone is the display state of a tile that counts nothing.
 const StateNone = "none"
 
-// Tiles counts the shards by display state, the open dead letters and the
-// rebuilds in progress: the state of the system at a glance. A tile that
-// counts nothing is grey, whatever it counts ("0 dead" is good news). A
-// rebuild is one tile, "rebuilds", however many shards it runs on (the
-// live one and its shadow): their rows say "rebuilding".
+// Tiles counts the shards by display state, the open dead letters, the
+// parked streams and the rebuilds in progress: the state of the system at
+// a glance. A tile that counts nothing is grey, whatever it counts ("0
+// dead" is good news). A rebuild is one tile, "rebuilds", however many
+// shards it runs on (the live one and its shadow): their rows say
+// "rebuilding". Parked streams are amber: an idle consumer holding streams
+// back is not all well. A rebuild's shadow parks are not counted (as in
+// projector_parked_streams): they hold nothing of the live model back
+// until its switch hands them over; the shadow's row shows them.
 func (s State) Tiles() []Tile {
 	by := map[string]int{}
+	parked := 0
 	for _, sh := range s.Shards {
 		by[sh.State]++
+		if sh.Instance != projection.RebuildInstance {
+			parked += int(sh.Parked)
+		}
 	}
 	tile := func(state, label string, n int) Tile {
 		if n == 0 {
@@ -272,6 +280,7 @@ func (s State) Tiles() []Tile {
 		}
 	}
 	return append(out, tile(StateDead, plural(len(s.DeadLetters), "open dead letter"), len(s.DeadLetters)),
+		tile(StateFailing, plural(parked, "parked stream"), parked),
 		tile(StateRebuilding, plural(len(s.Rebuilds), "rebuild"), len(s.Rebuilds)))
 }
 
