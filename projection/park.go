@@ -327,7 +327,7 @@ func getPark(ctx context.Context, db postgres.DBTX, store *postgres.Store, id in
 }
 
 // GetPark returns park id and, while it is open, its parked sequence of
-// events in order, read from the log and decoded with the store's
+// events in order, read from the log (hot or archived) and decoded with the store's
 // registry. An unknown id matches [projector.ErrNotFound].
 func GetPark(ctx context.Context, store *postgres.Store, id int64) (Park, []projector.Event, error) {
 	return getParkWithEvents(ctx, store, id, false)
@@ -361,13 +361,20 @@ func getParkWithEvents(ctx context.Context, store *postgres.Store, id int64, raw
 	return p, events, err
 }
 
-// ErrParkedEventMissing: an event of a parked sequence is not in the log.
-// `events prune` keeps parked events, so only a manual delete gets here;
+// ErrParkedEventMissing: an event of a parked sequence is not in the log,
+// hot or archived. `events prune` keeps parked events, so only a manual
+// delete gets here;
 // the park can only be discarded. It matches
 // [projector.ErrInvalidTransition] too.
 var ErrParkedEventMissing = fmt.Errorf("%w: a parked event is missing from the log", projector.ErrInvalidTransition)
 
-// parkedEvents reads park p's sequence from the log in version order.
+// parkedEvents reads park p's sequence from the log in version order. The
+// archive is read too, in the same statement: a consumer registered or
+// rewound behind `streams archive` reads archived events and may park a
+// stream whose events are archived (the archive holds back only streams
+// parked before it ran). One statement, one snapshot: an unarchive moving
+// the stream back meanwhile shows each event in one table or the other,
+// never neither.
 func parkedEvents(ctx context.Context, db postgres.DBTX, store *postgres.Store, p Park, raw bool) ([]projector.Event, error) {
 	if p.Kind == ParkKindSagaInstance {
 		return instanceParkedEvents(ctx, db, store, p, raw)
@@ -390,7 +397,8 @@ func parkedEvents(ctx context.Context, db postgres.DBTX, store *postgres.Store, 
 	if len(seq) == 0 {
 		return nil, nil
 	}
-	log, err := store.ReadStreamTx(ctx, db, p.Stream(), postgres.StreamQuery{FromVersion: seq[0].version, ToVersion: seq[len(seq)-1].version, Raw: raw})
+	log, err := store.ReadStreamTx(ctx, db, p.Stream(), postgres.StreamQuery{FromVersion: seq[0].version, ToVersion: seq[len(seq)-1].version,
+		Raw: raw, IncludeArchived: true})
 	if err != nil {
 		return nil, fmt.Errorf("park %d: read its events: %w", p.ID, err)
 	}

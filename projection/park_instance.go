@@ -149,10 +149,15 @@ func HoldInstanceEvents(ctx context.Context, tx pgx.Tx, store *postgres.Store, i
 }
 
 // instanceParkedEvents reads the sequence of instance park p from the log,
-// in the order it was held (log order).
+// hot or archived (as [parkedEvents]), in the order it was held (log
+// order). Each read takes both tables in one statement: an unarchive
+// moving a stream back between the lookup of an event's stream and the
+// read of the event finds it in one table or the other.
 func instanceParkedEvents(ctx context.Context, db postgres.DBTX, store *postgres.Store, p Park, raw bool) ([]projector.Event, error) {
 	rows, err := db.Query(ctx, `SELECT h.event_id, coalesce(e.tenant_id, ''), coalesce(e.stream_type, ''), coalesce(e.stream_id, ''), coalesce(e.version, 0)
-		FROM `+store.Table("projector_parked_events")+` h LEFT JOIN `+store.Table("projector_events")+` e ON e.id = h.event_id
+		FROM `+store.Table("projector_parked_events")+` h LEFT JOIN (
+			SELECT id, tenant_id, stream_type, stream_id, version FROM `+store.Table("projector_events")+`
+			UNION ALL SELECT id, tenant_id, stream_type, stream_id, version FROM `+store.Table("projector_events_archive")+`) e ON e.id = h.event_id
 		WHERE h.park_id = $1 ORDER BY h.version`, p.ID)
 	if err != nil {
 		return nil, fmt.Errorf("park %d: read its events: %w", p.ID, err)
@@ -173,7 +178,8 @@ func instanceParkedEvents(ctx context.Context, db postgres.DBTX, store *postgres
 	for _, h := range seq {
 		var evs []projector.Event
 		if h.version > 0 {
-			if evs, err = store.ReadStreamTx(ctx, db, h.stream, postgres.StreamQuery{FromVersion: h.version, ToVersion: h.version, Raw: raw}); err != nil {
+			if evs, err = store.ReadStreamTx(ctx, db, h.stream, postgres.StreamQuery{FromVersion: h.version, ToVersion: h.version,
+				Raw: raw, IncludeArchived: true}); err != nil {
 				return nil, fmt.Errorf("park %d: read its events: %w", p.ID, err)
 			}
 		}

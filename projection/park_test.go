@@ -413,9 +413,10 @@ func TestParkStream_RetryWaitsForThePassInTheGap(t *testing.T) {
 	}
 }
 
-// Archiving passes over a parked stream: its retry reads the parked events
-// from the hot log, so the archive holds the stream back until the park is
-// resolved, and archives it after.
+// Archiving passes over a parked stream: the guard holds it back until the
+// park is resolved, and archives it after. (A park of a stream archived
+// before it was parked, by a consumer behind the archive, is
+// park_archive_test.go's.)
 func TestParkStream_ArchiveKeepsParkedStreams(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
