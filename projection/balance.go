@@ -76,15 +76,11 @@ type balancer struct {
 	// and its read rather than a cold one. Once taken from here a shard
 	// is its own loop's alone.
 	warm map[string]*shard
-	// warmConns holds, by a half's instance id, the connection its
-	// parent's splitting pass makes ready for it (warmHalves): the half's
-	// next pass takes it instead of one from the pool (takeWarmConn).
-	warmConns map[string]*warmConn
 }
 
 func newBalancer(p *Async) *balancer {
 	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}, sets: map[string]uint64{},
-		local: map[string]time.Time{}, warm: map[string]*shard{}, warmConns: map[string]*warmConn{}}
+		local: map[string]time.Time{}, warm: map[string]*shard{}}
 }
 
 // member is what the instances row lists for a process that balances the

@@ -220,9 +220,6 @@ type Dispatcher struct {
 	// waiting, when set (by tests), is told each time a shard's loop
 	// starts to wait after a pass that left it with kind.
 	waiting func(ShardID, passKind)
-	// warmTaken, when set (by tests), is told each time a half's pass
-	// takes the connection its parent's pass readied (warmHalves).
-	warmTaken func(ShardID)
 	// listened, when set (by tests), is called each time the dispatcher
 	// starts listening for layout changes and shard wakes.
 	listened func()

@@ -143,14 +143,9 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 	// advance and the COMMIT can go out in one round trip (advanceCommit),
 	// after which pgx's transaction is not ended but the server's is: the
 	// pool takes back a connection only when it is idle in no transaction.
-	conn := sh.takeWarmConn(ctx) // a split's half's first pass (splithandoff.go)
-	if conn != nil && d.warmTaken != nil {
-		d.warmTaken(sh.id)
-	}
-	if conn == nil {
-		if conn, err = d.store.Pool().Acquire(ctx); err != nil {
-			return passResult{}, fmt.Errorf("begin: %w", err)
-		}
+	conn, err := d.store.Pool().Acquire(ctx)
+	if err != nil {
+		return passResult{}, fmt.Errorf("begin: %w", err)
 	}
 	defer conn.Release()
 	tx, err := conn.Begin(ctx)
@@ -291,13 +286,6 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 	}
 	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.readSegment(),
 		IncludeArchived: st.archived}
-	switch {
-	case sh.shadow != nil:
-	case splitAtEnd(sh, st, sc):
-		d.warmHalves(ctx, sh, q) // while this pass runs its last batch (splithandoff.go)
-	case st.held:
-		d.warmParent(ctx, sh, q) // while it waits for its sibling (splithandoff.go)
-	}
 	var batch postgres.LogBatch
 	if !st.held || st.cursor != st.hold || sh.shadow != nil {
 		// (A half standing at its hold reads nothing: it only tries the merge.)

@@ -72,13 +72,10 @@ func (d *Dispatcher) launchRead(ctx context.Context, sh *shard, q postgres.LogQu
 	d.wg.Go(func() {
 		defer close(pf.done)
 		defer cancel()
-		conn := sh.takeWarmConn(ctx) // a merged partition's first read (splithandoff.go)
-		if conn == nil {
-			var err error
-			if conn, err = d.store.Pool().Acquire(ctx); err != nil {
-				pf.err = err
-				return
-			}
+		conn, err := d.store.Pool().Acquire(ctx)
+		if err != nil {
+			pf.err = err
+			return
 		}
 		defer conn.Release()
 		close(pf.reading)
