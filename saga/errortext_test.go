@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/aggregate"
 	"github.com/projectorhq/projector/internal/pgtest"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
@@ -54,6 +55,15 @@ func TestSagaStepErrorsKeepNoPersonalValues(t *testing.T) {
 			return st.LastError
 		}},
 		{"timeout", projection.HaltOnError, instanceError},
+		// The step decides, and a command it runs fails quoting the
+		// decided state (applied after the handler: its own path).
+		{"command", projection.SkipApplyErrors, func(e *env) string {
+			dls, err := projection.ListDeadLetters(e.ctx, e.store, projection.DeadLetterFilter{Consumer: "welcome"})
+			if err != nil || len(dls) == 0 {
+				return ""
+			}
+			return dls[0].Error + "\n" + instanceError(e)
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -78,9 +88,22 @@ func TestSagaStepErrorsKeepNoPersonalValues(t *testing.T) {
 					in.After("nudge", time.Millisecond)
 					return nil
 				}))
+			type account struct{}
+			repo, err := aggregate.New(store, aggregate.Config[account]{Name: "account", Folds: []aggregate.Fold[account]{
+				aggregate.On(ty.Plain, func(*account, testevents.CustomerPlain) {}),
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
 			must(saga.On(s, ty.Plain, func(_ projector.Event, e testevents.CustomerPlain) string { return e.Customer },
 				func(_ context.Context, in *saga.Instance[welcomeState], _ projector.Event, _ testevents.CustomerPlain) error {
-					return fail(in)
+					if c.name != "command" {
+						return fail(in)
+					}
+					saga.Command(in, repo, projector.TenantStream("acme", "account", in.Key()), func(context.Context, aggregate.Loaded[account]) ([]any, error) {
+						return nil, fail(in)
+					})
+					return nil
 				}))
 			must(saga.OnTimeout(s, "nudge", func(_ context.Context, in *saga.Instance[welcomeState], _ saga.Timeout) error {
 				return fail(in)

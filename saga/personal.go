@@ -107,6 +107,9 @@ func (s *Saga[S]) decodeState(ctx context.Context, store *postgres.Store, db pos
 // the clear to the handler. Its text is stored as a dead letter's, a park's,
 // the instance's or a timeout's error, which a forget does not reach.
 func (s *Saga[S]) redacted(store *postgres.Store, cause error, state S, events ...projector.Event) error {
+	if cause == nil {
+		return nil // (a timeout's deferred call on success: no state to marshal)
+	}
 	opened := projection.OpenedEvents(store.Registry(), events...)
 	if len(s.cfg.Personal.Fields) > 0 {
 		if data, err := json.Marshal(state); err == nil {

@@ -297,6 +297,8 @@ func (s *Saga[S]) step(ctx context.Context, store *postgres.Store, q queries, tx
 		}
 	}
 	if err := s.applyStep(mctx, store, q, tx, wb, &in.snap, d, ev.ID, "event", ev.Type); err != nil {
+		// A command or append that fails may quote the decided state.
+		err = s.redacted(store, err, d.State, ev)
 		if !guarded || ctx.Err() != nil || !stepFault(err) {
 			return fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err)
 		}
