@@ -494,7 +494,9 @@ func retryDeadLetter(ctx context.Context, store *postgres.Store, p *Async, id in
 		if err != nil {
 			return err
 		}
-		herr = RedactError(herr, OpenedEvents(store.Registry(), events...)...)
+		if herr != nil { // (a retry that succeeded collects nothing)
+			herr = RedactError(herr, OpenedEvents(store.Registry(), events...)...)
+		}
 		if err := retryNotAboutEvent(fmt.Sprintf("dead letter %d", id), herr, requested); err != nil {
 			return err
 		}

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/pgtest"
@@ -103,7 +106,13 @@ func TestHandlerErrorsKeepNoPersonalValues(t *testing.T) {
 		return p
 	}
 	deadLettering, parking := consumer("dead_lettering", projection.SkipApplyErrors, 1), consumer("parking", projection.ParkStream, 1)
-	e.dispatcher(projection.Config{Projections: []*projection.Async{deadLettering, parking, consumer("halting", projection.HaltOnError, 1000)}})
+	// Per-event spans record the handler's error and are exported: they
+	// hold markers too (they recorded the raw error).
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	e.dispatcher(projection.Config{Projections: []*projection.Async{deadLettering, parking, consumer("halting", projection.HaltOnError, 1000)},
+		TracerProvider: tp, EventSpans: true})
 	if err := pgx.BeginFunc(e.ctx, store.Pool(), func(tx pgx.Tx) error {
 		_, err := store.Append(e.ctx, tx, projector.TenantStream("acme", "customer", subject), projector.AnyVersion, c)
 		return err
@@ -149,6 +158,26 @@ func TestHandlerErrorsKeepNoPersonalValues(t *testing.T) {
 	}
 	for where, text := range got {
 		check(where, text)
+	}
+	spansWithError := 0
+	for _, sp := range rec.Ended() {
+		if sp.Status().Code == codes.Error {
+			spansWithError++
+		}
+		texts := []string{sp.Status().Description}
+		for _, ev := range sp.Events() {
+			for _, a := range ev.Attributes {
+				texts = append(texts, a.Value.Emit())
+			}
+		}
+		for _, text := range texts {
+			if strings.Contains(text, "SECRET") {
+				t.Errorf("span %s records a personal value: %s", sp.Name(), text)
+			}
+		}
+	}
+	if spansWithError == 0 {
+		t.Error("no span recorded the handlers' failures")
 	}
 	// An operator's retry that fails again records its error, and returns
 	// it, the same way.

@@ -192,13 +192,14 @@ func (d *Dispatcher) hold(ctx context.Context, tx pgx.Tx, parks map[streamKey]in
 // (MaxAttempts), with its error, and holds back the events of that stream
 // among rest (the events after failing in the batch). It returns the rest
 // to apply and how many events it parked, failing included. tx must be
-// unscoped.
+// unscoped. herr comes redacted (applyEvents replaces failing's personal
+// values, errortext.go).
 func (d *Dispatcher) parkFailed(ctx context.Context, tx pgx.Tx, sh *shard, failing projector.Event, herr error, attempts int,
 	rest []projector.Event,
 ) ([]projector.Event, int, error) {
 	var id int64
 	if err := tx.QueryRow(ctx, d.park.park, sh.id.Consumer, sh.id.Instance, failing.Stream.Tenant, failing.Stream.Type,
-		failing.Stream.ID, [16]byte(failing.ID), failing.Type, failing.Version, StoredError(herr, OpenedEvents(d.store.Registry(), failing)...), attempts).Scan(&id); err != nil {
+		failing.Stream.ID, [16]byte(failing.ID), failing.Type, failing.Version, StoredError(herr), attempts).Scan(&id); err != nil {
 		return nil, 0, fmt.Errorf("park stream %s: %w", failing.Stream, err)
 	}
 	key := keyOf(failing)
@@ -380,7 +381,9 @@ func retryPark(ctx context.Context, store *postgres.Store, p *Async, id int64, b
 		if err != nil {
 			return err
 		}
-		herr = RedactError(herr, OpenedEvents(store.Registry(), events...)...)
+		if herr != nil { // (a retry that succeeded collects nothing)
+			herr = RedactError(herr, OpenedEvents(store.Registry(), events...)...)
+		}
 		if err := retryNotAboutEvent(fmt.Sprintf("park %d", id), herr, requested); err != nil {
 			return err
 		}

@@ -488,7 +488,9 @@ func (d *Dispatcher) batchTimedOut(ctx context.Context, tx pgx.Tx, sh *shard, st
 	// the backend does not keep the shard's lock and the horizon.
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	timeout := sh.proj.cfg.BatchTimeout
-	herr = fmt.Errorf("batch timeout (%v) exceeded: %w", timeout, herr)
+	// Logged below, or recorded: without the failing event's personal
+	// values (errortext.go), as every other recorded failure.
+	herr = fmt.Errorf("batch timeout (%v) exceeded: %w", timeout, RedactError(herr, OpenedEvents(d.store.Registry(), failing)...))
 	if d.metrics != nil {
 		d.metrics.batch(sh.id, 0, 1, 0, time.Time{})
 	}

@@ -210,7 +210,13 @@ func (r *run) applyEach(ctx context.Context, events []projector.Event) (int, err
 			hctx, span = r.d.startEventSpan(hctx, r.sh, ev)
 		}
 		err := r.call(hctx, func(ctx context.Context) error { return h(ctx, r.htx, *ev) })
-		endEventSpan(span, err)
+		if span != nil && err != nil {
+			// A span's error is exported: without the event's personal
+			// values, as a stored one (errortext.go).
+			endEventSpan(span, RedactError(err, OpenedEvents(r.d.store.Registry(), *ev)...))
+		} else {
+			endEventSpan(span, err)
+		}
 		if err != nil {
 			return failed(i, fmt.Errorf("%s v%d of %s: %w", ev.Type, ev.Version, ev.Stream, err))
 		}
