@@ -55,6 +55,7 @@ func TestUnstorableStringsAreUsageErrors(t *testing.T) {
 			{"parked", "list", "--instance", bad},
 			{"parked", "discard", "1", "--by", bad},
 			{"parked", "retry", "1", "--by", bad},
+			{"consumer", "remove", "x", "--by", bad},
 			{"rebuild", "list", bad},
 			{"rebuild", "cancel", bad},
 			{"rebuild", "switch", bad},
@@ -81,5 +82,16 @@ func TestUnstorableStringsAreUsageErrors(t *testing.T) {
 	}
 	if out, code := runIn(t, store.Schema(), nil, "parked", "discard", "1", "--by", "\x1b[31mX"); code != ExitUsage || strings.Contains(out, "transition") || !strings.Contains(out, "want who acts") {
 		t.Errorf("parked discard --by with an escape: exit %d, want %d naming the flag's rule:\n%s", code, ExitUsage, out)
+	}
+	// consumer remove --by: an escape, 100 kB, and a name that fits alone
+	// but not with the " (consumer removed)" its closed parks record.
+	if out, code := runIn(t, store.Schema(), nil, "consumer", "remove", "x", "--by", "\x1b[2J"); code != ExitUsage || !strings.Contains(out, "want who acts") {
+		t.Errorf("consumer remove --by with an escape: exit %d, want %d naming the flag's rule:\n%s", code, ExitUsage, out)
+	}
+	if out, code := runIn(t, store.Schema(), nil, "consumer", "remove", "x", "--by", strings.Repeat("a", 100_000)); code != ExitUsage || !strings.Contains(out, "want who acts") || len(out) > 4096 {
+		t.Errorf("consumer remove --by of 100 kB: exit %d, want %d, briefly:\n%.300s", code, ExitUsage, out)
+	}
+	if out, code := runIn(t, store.Schema(), nil, "consumer", "remove", "x", "--by", strings.Repeat("a", 250)); code != ExitUsage || !strings.Contains(out, "(consumer removed)") {
+		t.Errorf("consumer remove --by of 250 bytes: exit %d, want %d:\n%.400s", code, ExitUsage, out)
 	}
 }

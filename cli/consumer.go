@@ -351,6 +351,12 @@ func unknownConsumer(ctx context.Context, admin *projection.Admin, consumer stri
 	if lerr != nil {
 		return err
 	}
+	return unknownConsumerIn(all, consumer, err)
+}
+
+// unknownConsumerIn is unknownConsumer's usage error for consumer, from
+// all, the shards registered.
+func unknownConsumerIn(all []projection.ShardState, consumer string, err error) error {
 	var consumers, instances []string
 	for _, s := range all {
 		if !slices.Contains(consumers, s.Consumer) {
@@ -599,6 +605,10 @@ StartFrom and applies those events itself. Its dead letters are kept.`,
 			who, err := operatorName(by, a.getenv)
 			if err != nil {
 				return err
+			}
+			if len(who)+len(projection.RemovedBy) > projector.MaxNameLength {
+				return usageError{fmt.Errorf("--by %s: at most %d bytes here (the parks it closes record it followed by %q)",
+					projector.Printable(who), projector.MaxNameLength-len(projection.RemovedBy), projection.RemovedBy)}
 			}
 			return a.withAdmin(cmd, func(admin *projection.Admin) error {
 				r, err := admin.RemoveAs(cmd.Context(), args[0], only, who)

@@ -3,6 +3,7 @@ package projection_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,5 +179,11 @@ func TestRemoveConsumerParksByInstance(t *testing.T) {
 	}
 	if _, err := admin.RemoveAs(context.Background(), "rm", "", ""); !errors.Is(err, projector.ErrInvalidTransition) {
 		t.Fatalf("remove by nobody: %v; want it refused", err)
+	}
+	// A name that fits alone but not with the suffix the closed parks
+	// record: refused, the reason would be cut where it is printed.
+	long := strings.Repeat("a", projector.MaxNameLength-len(projection.RemovedBy)+1)
+	if _, err := admin.RemoveAs(context.Background(), "rm", "", long); !errors.Is(err, projector.ErrInvalidTransition) {
+		t.Fatalf("remove by a %d-byte name: %v; want it refused", len(long), err)
 	}
 }

@@ -532,6 +532,12 @@ func (a *Admin) RemoveAs(ctx context.Context, consumer, instance, by string) (Re
 	if err := validBy(by); err != nil {
 		return Removal{}, err
 	}
+	if len(by)+len(RemovedBy) > projector.MaxNameLength {
+		// The parks record by+RemovedBy: a longer text is cut where it is
+		// printed, and the reason with it.
+		return Removal{}, fmt.Errorf("%w: who %s: longer than %d bytes (the closed parks record it with %q)",
+			projector.ErrInvalidTransition, projector.Printable(by), projector.MaxNameLength-len(RemovedBy), RemovedBy)
+	}
 	if validName(consumer) != nil || (instance != "" && validInstance(instance) != nil) {
 		return Removal{}, fmt.Errorf("consumer %s: %w", projector.Printable(ShardID{Consumer: consumer, Instance: instance}.String()), projector.ErrNotFound)
 	}
