@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/spf13/cobra"
 
@@ -55,7 +56,17 @@ func knownConsumer(ctx context.Context, store *postgres.Store, consumer, table s
 	if found {
 		return nil
 	}
-	return unknownConsumer(ctx, admin, consumer, fmt.Errorf("--consumer %s: %w", projector.Printable(consumer), projector.ErrNotFound))
+	// The registered consumers, for the message, read once: a consumer
+	// registered since the first look is known after all (not a consumer
+	// "with shards for instances" to choose from, as it would read).
+	all, err := admin.List(ctx, "")
+	if err != nil {
+		return err
+	}
+	if slices.ContainsFunc(all, func(s projection.ShardState) bool { return s.Consumer == consumer }) {
+		return nil
+	}
+	return unknownConsumerIn(all, consumer, fmt.Errorf("--consumer %s: %w", projector.Printable(consumer), projector.ErrNotFound))
 }
 
 // notFoundHint adds to a not-found error (exit 1, as for every id that
