@@ -167,7 +167,7 @@ func TestHandlerErrorsKeepNoPersonalValues(t *testing.T) {
 		texts := []string{sp.Status().Description}
 		for _, ev := range sp.Events() {
 			for _, a := range ev.Attributes {
-				texts = append(texts, a.Value.Emit())
+				texts = append(texts, a.Value.String())
 			}
 		}
 		for _, text := range texts {
