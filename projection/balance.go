@@ -76,10 +76,13 @@ type balancer struct {
 	// and its read rather than a cold one. Once taken from here a shard
 	// is its own loop's alone.
 	warm map[string]*shard
+	// planDelay is how long a new partition leaves its neighbouring
+	// reads unplanned (shard.planFrom): planDelay, or less in tests.
+	planDelay time.Duration
 }
 
 func newBalancer(p *Async) *balancer {
-	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}, sets: map[string]uint64{},
+	return &balancer{proj: p, consumer: p.name, shards: map[string]*shard{}, owned: map[string]bool{}, sets: map[string]uint64{}, planDelay: planDelay,
 		local: map[string]time.Time{}, warm: map[string]*shard{}}
 }
 
@@ -207,7 +210,8 @@ func (sh *shard) wake() {
 // newPartitionShard is the shard of one partition of p.
 func newPartitionShard(schema string, p *Async, b *balancer, seg postgres.Segment) *shard {
 	id := ShardID{Consumer: p.name, Instance: PartitionInstance(int(seg.Value), seg.Count())}
-	return &shard{id: id, proj: p, lockKey: shardLockKey(schema, id), gateKey: gateLockKey(schema, p.name), segment: seg, balancer: b, kick: make(chan struct{}, 1)}
+	return &shard{id: id, proj: p, lockKey: shardLockKey(schema, id), gateKey: gateLockKey(schema, p.name), segment: seg, balancer: b, kick: make(chan struct{}, 1),
+		planFrom: time.Now().Add(b.planDelay)}
 }
 
 // syncLayout makes b's partitions those of ids (every partition row of the

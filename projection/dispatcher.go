@@ -269,6 +269,11 @@ type shard struct {
 	// shard. balancer says whether this process works it.
 	segment  postgres.Segment
 	balancer *balancer
+	// planFrom is when a partition's passes start planning its
+	// neighbouring reads (readplan.go): not in the first moments of a
+	// partition a split or merge just made, when the change's own passes
+	// need the server.
+	planFrom time.Time
 	// kick wakes the shard's loop when this process takes the partition,
 	// when the partition is split or merged away, or when a shard wake
 	// (WakeShards) names the shard: an operator enabled or restarted it,

@@ -147,7 +147,14 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 	if err != nil {
 		return passResult{}, fmt.Errorf("begin: %w", err)
 	}
-	defer conn.Release()
+	var plan []postgres.LogQuery // reads to plan on conn once the pass is done (readplan.go)
+	defer func() {
+		if len(plan) == 0 || err != nil || res.kind == passGone {
+			conn.Release()
+			return
+		}
+		d.wg.Go(func() { d.planReads(ctx, conn, plan) })
+	}()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return passResult{}, fmt.Errorf("begin: %w", err)
@@ -286,6 +293,7 @@ func (d *Dispatcher) pass(ctx context.Context, sh *shard) (res passResult, err e
 	}
 	q := postgres.LogQuery{After: st.cursor, Limit: sh.batchLimit(size), EventTypes: sh.proj.t.types, Raw: true, Partition: sh.readSegment(),
 		IncludeArchived: st.archived}
+	plan = d.neighbourReads(conn, sh, q)
 	var batch postgres.LogBatch
 	if !st.held || st.cursor != st.hold || sh.shadow != nil {
 		// (A half standing at its hold reads nothing: it only tries the merge.)
