@@ -117,3 +117,34 @@ func TestMergeTryLooksForTheClaimUnderTheLocks(t *testing.T) {
 		t.Fatalf("no try found the sibling's lock taken in %d tries: the test did not run the race", tries.Load())
 	}
 }
+
+// TestHoldRetryUpperHalfDefers: two halves at their hold whose merge
+// tries found each other's lock taken used to look again after the same
+// jittered poll, and could collide again, poll after poll (five looks, 40
+// ms, in a traced merge). The lower half now looks again first, and the
+// upper half no sooner than upperDefers after the lower half's latest.
+func TestHoldRetryUpperHalfDefers(t *testing.T) {
+	p := NewAsync("defer", AsyncConfig{Partitions: 4})
+	b := newBalancer(p)
+	lower := newPartitionShard("s", p, b, postgres.Segment{Bits: 3, Value: 4})
+	upper := newPartitionShard("s", p, b, postgres.Segment{Bits: 3, Value: 5})
+	for range 200 {
+		start := time.Now()
+		var at [2]time.Duration
+		for i, sh := range []*shard{lower, upper} {
+			sh.holdBusy = true
+			res := holdRetry(sh, passResult{kind: passRetryAt})
+			at[i] = res.retryAt.Sub(start)
+		}
+		if at[0] >= holdPoll/2+holdPoll+time.Millisecond {
+			t.Fatalf("the lower half looks again after %s, want within holdPoll's jitter (%s)", at[0], holdPoll/2+holdPoll)
+		}
+		if at[1] < holdPoll/2+upperDefers {
+			t.Fatalf("the upper half looks again after %s, want at least %s: after the lower half", at[1], holdPoll/2+upperDefers)
+		}
+	}
+	upper.holdBusy = false
+	if res := holdRetry(upper, passResult{kind: passRetryAt, retryAt: time.Unix(1, 0)}); !res.retryAt.Equal(time.Unix(1, 0)) {
+		t.Fatalf("a retry that is not a busy sibling's changed to %s", res.retryAt)
+	}
+}
