@@ -66,3 +66,97 @@ func (d *Dispatcher) planReads(ctx context.Context, conn *pgxpool.Conn, qs []pos
 		}
 	}
 }
+
+// planEvery is how often the dispatcher plans, on the idle connections of
+// its pool, the reads its partitions would need after a split or merge
+// (planLoop).
+const planEvery = 2 * time.Second
+
+// planLoop plans, every planEvery, the neighbouring reads on the pool's
+// idle connections (planIdle): the passes plan them on the connections
+// they use, but a half's first pass may take any connection of the pool,
+// one the probe, a prefetch or the application's writers (a pool shared
+// with them) used until then.
+func (d *Dispatcher) planLoop(ctx context.Context) {
+	if len(d.balancers) == 0 {
+		return
+	}
+	ticker := time.NewTicker(planEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			d.planIdle(ctx)
+		}
+	}
+}
+
+// planIdle plans the reads of planShapes on every idle connection of the
+// pool that lacks one of them, one connection at a time; the others go
+// back to the pool at once.
+func (d *Dispatcher) planIdle(ctx context.Context) {
+	qs := d.planShapes()
+	if len(qs) == 0 {
+		return
+	}
+	var todo []*pgxpool.Conn
+	for _, c := range d.store.Pool().AcquireAllIdle(ctx) {
+		missing := false
+		for _, q := range qs {
+			missing = missing || !d.store.LogReadPlanned(c.Conn(), q)
+		}
+		if missing {
+			todo = append(todo, c)
+		} else {
+			c.Release()
+		}
+	}
+	for i, c := range todo {
+		if ctx.Err() != nil {
+			for _, rest := range todo[i:] {
+				rest.Release()
+			}
+			return
+		}
+		d.planReads(ctx, c, qs) // releases c
+	}
+}
+
+// planShapes returns the reads of every partition size the dispatcher's
+// partitioned consumers (by stream) have, and of the sizes they would
+// split and merge into, one per size: the shape of a plan. Partitions a
+// split or merge made less than their planDelay ago count for nothing
+// yet: the change's own passes need the server then.
+func (d *Dispatcher) planShapes() []postgres.LogQuery {
+	var out []postgres.LogQuery
+	now := time.Now()
+	for _, b := range d.balancers {
+		if b.proj.cfg.PartitionKey != nil {
+			continue
+		}
+		seen := map[uint8]bool{}
+		add := func(seg postgres.Segment) {
+			if !seen[seg.Bits] {
+				seen[seg.Bits] = true
+				out = append(out, postgres.LogQuery{Partition: seg, EventTypes: b.proj.t.types, Raw: true})
+			}
+		}
+		b.mu.Lock()
+		for _, sh := range b.shards {
+			if sh.removed.Load() || now.Before(sh.planFrom) {
+				continue
+			}
+			add(sh.segment)
+			if lo, _, ok := sh.segment.Children(); ok {
+				add(lo)
+			}
+			if parent, ok := sh.segment.Parent(); ok {
+				add(parent)
+			}
+		}
+		b.mu.Unlock()
+	}
+	return out
+}

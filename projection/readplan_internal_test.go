@@ -130,4 +130,39 @@ func TestPartitionPassesPlanNeighbouringReads(t *testing.T) {
 			t.Fatalf("a partition made moments ago plans %d neighbouring reads, want none until its planDelay passed", len(qs))
 		}
 	}
+
+	// A connection no pass used (here a new one; in production one the
+	// probe or the application's writers used) is planned by the sweep of
+	// the idle connections (planIdle), which plans the partitions' own
+	// size too.
+	extra, err := store.Pool().Acquire(ctx) // every idle one is held above: a new connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := extra.Conn().PgConn()
+	shapes := []postgres.Segment{{Bits: 2, Value: 1}, {Bits: 3, Value: 1}, {Bits: 1}}
+	for _, seg := range shapes {
+		if store.LogReadPlanned(extra.Conn(), postgres.LogQuery{Partition: seg, EventTypes: p.t.types, Raw: true}) {
+			t.Fatalf("a new connection reports the read of %s planned", seg)
+		}
+	}
+	extra.Release()
+	d.planIdle(ctx)
+	again := store.Pool().AcquireAllIdle(ctx)
+	found := false
+	for _, c := range again {
+		if c.Conn().PgConn() != pg {
+			continue
+		}
+		found = true
+		for _, seg := range shapes {
+			if !store.LogReadPlanned(c.Conn(), postgres.LogQuery{Partition: seg, EventTypes: p.t.types, Raw: true}) {
+				t.Errorf("the sweep of the idle connections left the read of %s unplanned on one", seg)
+			}
+		}
+	}
+	conns = append(conns, again...)
+	if !found {
+		t.Fatal("the new connection is no longer in the pool")
+	}
 }
