@@ -388,7 +388,7 @@ func (d *Dispatcher) balance(ctx context.Context, b *balancer) error {
 	if !slices.Contains(live, d.instance) {
 		live = append(live, d.instance) // this process runs, whatever its last heartbeat says
 	}
-	plan := planBalance(d.instance, owners, live)
+	plan := planBalance(d.instance, owners, partitionWeights(ids), live)
 	if len(plan.release) > 0 {
 		released := make([]string, len(plan.release))
 		for i, p := range plan.release {
@@ -458,51 +458,88 @@ type balancePlan struct {
 // planBalance decides me's round from owners (each partition's owner, ""
 // for none) and the live instances: pure, so every process reaching the
 // same view decides consistently, and tested on its own.
-func planBalance(me string, owners []string, live []string) balancePlan {
-	n, alive := len(owners), len(live)
+//
+// Shares are counted in weights (partitionWeights; nil: every partition
+// weighs one): a partition's share of the hash space, in units of the
+// layout's smallest partition. In a layout of one size that is the count
+// of partitions, as before. While a split or merge runs (or after a change
+// of some partitions) the layout mixes sizes, and a count took a process
+// whose parents had split for the most loaded: it gave halves up, the
+// other took them, and gave them back once its own parents split, each
+// move a half's pass refused and started again elsewhere in the change's
+// window (issue 21: a split under two dispatchers).
+func planBalance(me string, owners []string, weights []int, live []string) balancePlan {
+	w := func(p int) int {
+		if weights == nil {
+			return 1
+		}
+		return weights[p]
+	}
+	alive := len(live)
 	count := map[string]int{}
 	for _, l := range live {
 		count[l] = 0
 	}
 	var mine, free []int
+	total, have := 0, 0
 	for p, o := range owners {
+		total += w(p)
 		if _, ok := count[o]; ok {
-			count[o]++
+			count[o] += w(p)
 			if o == me {
 				mine = append(mine, p)
+				have += w(p)
 			}
 		} else {
 			free = append(free, p)
 		}
 	}
-	floor, ceil := n/alive, (n+alive-1)/alive
+	floor, ceil := total/alive, (total+alive-1)/alive
 	var plan balancePlan
 	switch {
-	case len(mine) > ceil:
-		plan.release = mine[ceil:] // keep the first: affinity, and the same choice every round
-	case len(mine) > floor:
-		// Give one up while someone is below its floor, if this process
-		// is the most loaded (ties: the greatest id), so only one does.
-		starving := false
-		top := me
+	case have > ceil:
+		// Keep the first (affinity, and the same choice every round) as
+		// far as the ceiling allows, and always one: a partition heavier
+		// than any share stays where it is.
+		kept := 0
+		for i, p := range mine {
+			if i == 0 || kept+w(p) <= ceil {
+				kept += w(p)
+			} else {
+				plan.release = append(plan.release, p)
+			}
+		}
+	case have > floor:
+		// Give one up while someone is below its floor and could take it
+		// within the ceiling, if this process is the most loaded (ties:
+		// the greatest id), so only one does; never below the floor.
+		least, top := -1, me
 		for l, c := range count {
-			starving = starving || c < floor
+			if least < 0 || c < least {
+				least = c
+			}
 			if c > count[top] || (c == count[top] && l > top) {
 				top = l
 			}
 		}
-		if starving && top == me && len(free) == 0 {
-			plan.release = mine[len(mine)-1:]
+		if least < floor && top == me && len(free) == 0 {
+			for i := len(mine) - 1; i >= 0; i-- {
+				if p := mine[i]; have-w(p) >= floor && least+w(p) <= ceil {
+					plan.release = []int{p}
+					break
+				}
+			}
 		}
 	}
 	if len(plan.release) > 0 {
 		return plan
 	}
 	// Claim free partitions up to the floor, and up to the ceiling while
-	// no live process owns fewer than this one.
+	// no live process owns less than this one; one at least while it owns
+	// nothing.
 	least := true
 	for l, c := range count {
-		if l != me && c < len(mine) {
+		if l != me && c < have {
 			least = false
 		}
 	}
@@ -510,13 +547,34 @@ func planBalance(me string, owners []string, live []string) balancePlan {
 	if least {
 		want = ceil
 	}
-	if k := want - len(mine); k > 0 && len(free) > 0 {
+	if have < want && len(free) > 0 {
 		free = slices.Clone(free)
 		rand.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] }) // processes claiming at once spread out
-		plan.claim = free[:min(k, len(free))]
+		for _, p := range free {
+			if have == 0 || have+w(p) <= want {
+				plan.claim = append(plan.claim, p)
+				have += w(p)
+			}
+		}
 		slices.Sort(plan.claim)
 	}
 	return plan
+}
+
+// partitionWeights returns each partition's weight for planBalance: its
+// share of the hash space in units of the smallest partition among ids.
+func partitionWeights(ids []string) []int {
+	segs := make([]postgres.Segment, len(ids))
+	most := uint8(0)
+	for i, id := range ids {
+		segs[i], _ = partitionSegment(id)
+		most = max(most, segs[i].Bits)
+	}
+	out := make([]int, len(ids))
+	for i, s := range segs {
+		out[i] = 1 << (most - s.Bits)
+	}
+	return out
 }
 
 // releasePartitions gives up every partition this process owns, at a

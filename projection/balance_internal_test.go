@@ -16,7 +16,7 @@ func simulateBalance(t *testing.T, owners []string, live []string) ([]string, in
 		changed := false
 		for _, me := range live {
 			seen := slices.Clone(owners)
-			plan := planBalance(me, seen, live)
+			plan := planBalance(me, seen, nil, live)
 			for _, p := range plan.release {
 				if owners[p] == me {
 					owners[p], changed = "", true
@@ -98,5 +98,90 @@ func TestPlanBalanceConverges(t *testing.T) {
 				t.Fatalf("dead process still owns partitions: %v", owners)
 			}
 		})
+	}
+}
+
+// TestPlanBalanceWeighsPartitionsBySize: while a split runs, the layout
+// mixes parents and halves. Counted, a process whose parents had split
+// (four halves) looked twice as loaded as one whose parents had not (two
+// partitions of 4): it gave halves up, and took them back once the other's
+// parents split, each move in the split's window. Weighed by their share
+// of the hash space, both hold half of it, and neither moves anything.
+// Mixed layouts (a change of some partitions) still settle with every
+// partition owned.
+func TestPlanBalanceWeighsPartitionsBySize(t *testing.T) {
+	ids := []string{PartitionInstance(0, 8), PartitionInstance(1, 8), PartitionInstance(2, 8), PartitionInstance(3, 8), PartitionInstance(2, 4), PartitionInstance(3, 4)}
+	weights := partitionWeights(ids)
+	if !slices.Equal(weights, []int{1, 1, 1, 1, 2, 2}) {
+		t.Fatalf("weights %v, want 1 for a partition of 8 and 2 for one of 4", weights)
+	}
+	owners := []string{"a", "a", "a", "a", "b", "b"}
+	live := []string{"a", "b"}
+	for _, me := range live {
+		if plan := planBalance(me, owners, weights, live); len(plan.release) > 0 || len(plan.claim) > 0 {
+			t.Fatalf("%s's round in a half-split layout, each process holding half the hash space: %+v, want nothing", me, plan)
+		}
+		// Counted, as before: a gave a half up.
+		if me == "a" {
+			if plan := planBalance(me, owners, nil, live); len(plan.release) == 0 {
+				t.Fatalf("counted, a (4 partitions against 2) releases nothing: the test no longer shows the old behaviour")
+			}
+		}
+	}
+
+	// Mixed layouts settle from nothing, every partition owned, each
+	// process within a partition's weight of its share.
+	layouts := [][]string{
+		ids,
+		{PartitionInstance(0, 2), PartitionInstance(2, 4), PartitionInstance(6, 8), PartitionInstance(7, 8)},
+		{PartitionInstance(0, 4), PartitionInstance(1, 4), PartitionInstance(4, 8), PartitionInstance(5, 8), PartitionInstance(6, 8), PartitionInstance(14, 16), PartitionInstance(15, 16)},
+	}
+	for _, layout := range layouts {
+		w := partitionWeights(layout)
+		for p := 1; p <= 4; p++ {
+			live := make([]string, p)
+			for i := range live {
+				live[i] = fmt.Sprintf("p%d", i)
+			}
+			owners := make([]string, len(layout))
+			for round := 1; ; round++ {
+				if round > 50 {
+					t.Fatalf("%v, %d processes: did not settle in 50 rounds: %v", layout, p, owners)
+				}
+				changed := false
+				for _, me := range live {
+					seen := slices.Clone(owners)
+					plan := planBalance(me, seen, w, live)
+					for _, i := range plan.release {
+						if owners[i] == me {
+							owners[i], changed = "", true
+						}
+					}
+					for _, i := range plan.claim {
+						if owners[i] == seen[i] {
+							owners[i], changed = me, true
+						}
+					}
+				}
+				if !changed {
+					break
+				}
+			}
+			total, heaviest := 0, 0
+			have := map[string]int{}
+			for i, o := range owners {
+				if o == "" {
+					t.Fatalf("%v, %d processes: partition %s unowned: %v", layout, p, layout[i], owners)
+				}
+				have[o] += w[i]
+				total += w[i]
+				heaviest = max(heaviest, w[i])
+			}
+			for _, l := range live {
+				if have[l] > (total+p-1)/p+heaviest-1 || (total >= p*heaviest && have[l] < total/p-heaviest+1) {
+					t.Errorf("%v, %d processes: %s holds %d of %d: %v", layout, p, l, have[l], total, have)
+				}
+			}
+		}
 	}
 }

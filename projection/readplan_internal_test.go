@@ -26,8 +26,15 @@ func TestPartitionPassesPlanNeighbouringReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	types := testevents.New()
-	store := pgtest.Store(t, types.Registry)
-	if err := store.CreatePartitionIndex(ctx); err != nil {
+	shared := pgtest.Store(t, types.Registry)
+	if err := shared.CreatePartitionIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A pool of its own: the connections the test looks at are the
+	// dispatcher's alone (the test binary's pool serves parallel tests).
+	// Room beyond what the dispatcher opens, for the new connection below.
+	store, err := postgres.New(ctx, pgtest.NewPool(t, 16), postgres.Config{Schema: shared.Schema(), Registry: types.Registry})
+	if err != nil {
 		t.Fatal(err)
 	}
 	p := NewAsync("plans", AsyncConfig{Partitions: 4})
@@ -135,7 +142,12 @@ func TestPartitionPassesPlanNeighbouringReads(t *testing.T) {
 	// probe or the application's writers used) is planned by the sweep of
 	// the idle connections (planIdle), which plans the partitions' own
 	// size too.
-	extra, err := store.Pool().Acquire(ctx) // every idle one is held above: a new connection
+	if st := store.Pool().Stat(); st.TotalConns() >= st.MaxConns() {
+		t.Fatalf("the dispatcher opened every connection of the pool (%d): no room for a new one", st.TotalConns())
+	}
+	opening, cancelOpen := context.WithTimeout(ctx, 20*time.Second)
+	defer cancelOpen()
+	extra, err := store.Pool().Acquire(opening) // every idle one is held above: a new connection
 	if err != nil {
 		t.Fatal(err)
 	}
