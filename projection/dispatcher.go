@@ -536,9 +536,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 
 	d.wg.Go(func() { d.probeLoop(soft) })
 	d.wg.Go(func() { d.rebuildLoop(soft, hard) })
-	d.wg.Go(func() { d.retryLoop(soft) })   // dead-letter retry requests (deadletter.go)
-	d.wg.Go(func() { d.balanceLoop(soft) }) // partitions (balance.go)
-	d.wg.Go(func() { d.planLoop(soft) })    // their neighbouring reads (readplan.go)
+	d.wg.Go(func() { d.retryLoop(soft) })      // dead-letter retry requests (deadletter.go)
+	d.wg.Go(func() { d.balanceLoop(soft) })    // partitions (balance.go)
+	d.wg.Go(func() { d.planLoop(soft, hard) }) // their neighbouring reads (readplan.go)
 	d.wg.Go(func() { d.layoutListenLoop(soft) })
 	if d.metrics != nil {
 		d.wg.Go(func() { d.metricsLoop(soft) })

@@ -76,8 +76,10 @@ const planEvery = 2 * time.Second
 // idle connections (planIdle): the passes plan them on the connections
 // they use, but a half's first pass may take any connection of the pool,
 // one the probe, a prefetch or the application's writers (a pool shared
-// with them) used until then.
-func (d *Dispatcher) planLoop(ctx context.Context) {
+// with them) used until then. It stops with soft; a statement under way
+// is cancelled only with hard, as a pass's is: a cancelled statement costs
+// its connection.
+func (d *Dispatcher) planLoop(soft, hard context.Context) {
 	if len(d.balancers) == 0 {
 		return
 	}
@@ -85,24 +87,24 @@ func (d *Dispatcher) planLoop(ctx context.Context) {
 	defer ticker.Stop()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-soft.Done():
 			return
 		case <-ticker.C:
-			d.planIdle(ctx)
+			d.planIdle(soft, hard)
 		}
 	}
 }
 
 // planIdle plans the reads of planShapes on every idle connection of the
-// pool that lacks one of them, one connection at a time; the others go
-// back to the pool at once.
-func (d *Dispatcher) planIdle(ctx context.Context) {
+// pool that lacks one of them, one connection at a time, until soft ends;
+// the others go back to the pool at once.
+func (d *Dispatcher) planIdle(soft, hard context.Context) {
 	qs := d.planShapes()
 	if len(qs) == 0 {
 		return
 	}
 	var todo []*pgxpool.Conn
-	for _, c := range d.store.Pool().AcquireAllIdle(ctx) {
+	for _, c := range d.store.Pool().AcquireAllIdle(soft) {
 		missing := false
 		for _, q := range qs {
 			missing = missing || !d.store.LogReadPlanned(c.Conn(), q)
@@ -114,13 +116,13 @@ func (d *Dispatcher) planIdle(ctx context.Context) {
 		}
 	}
 	for i, c := range todo {
-		if ctx.Err() != nil {
+		if soft.Err() != nil {
 			for _, rest := range todo[i:] {
 				rest.Release()
 			}
 			return
 		}
-		d.planReads(ctx, c, qs) // releases c
+		d.planReads(hard, c, qs) // releases c
 	}
 }
 

@@ -159,7 +159,7 @@ func TestPartitionPassesPlanNeighbouringReads(t *testing.T) {
 		}
 	}
 	extra.Release()
-	d.planIdle(ctx)
+	d.planIdle(ctx, ctx)
 	again := store.Pool().AcquireAllIdle(ctx)
 	found := false
 	for _, c := range again {
