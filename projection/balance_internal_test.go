@@ -12,11 +12,18 @@ import (
 // owners and the rounds it took.
 func simulateBalance(t *testing.T, owners []string, live []string) ([]string, int) {
 	t.Helper()
+	return simulateWeighted(t, owners, nil, live)
+}
+
+// simulateWeighted is simulateBalance with the partitions' weights
+// (partitionWeights; nil: one each).
+func simulateWeighted(t *testing.T, owners []string, weights []int, live []string) ([]string, int) {
+	t.Helper()
 	for round := 1; round <= 50; round++ {
 		changed := false
 		for _, me := range live {
 			seen := slices.Clone(owners)
-			plan := planBalance(me, seen, nil, live)
+			plan := planBalance(me, seen, weights, live)
 			for _, p := range plan.release {
 				if owners[p] == me {
 					owners[p], changed = "", true
@@ -143,30 +150,7 @@ func TestPlanBalanceWeighsPartitionsBySize(t *testing.T) {
 			for i := range live {
 				live[i] = fmt.Sprintf("p%d", i)
 			}
-			owners := make([]string, len(layout))
-			for round := 1; ; round++ {
-				if round > 50 {
-					t.Fatalf("%v, %d processes: did not settle in 50 rounds: %v", layout, p, owners)
-				}
-				changed := false
-				for _, me := range live {
-					seen := slices.Clone(owners)
-					plan := planBalance(me, seen, w, live)
-					for _, i := range plan.release {
-						if owners[i] == me {
-							owners[i], changed = "", true
-						}
-					}
-					for _, i := range plan.claim {
-						if owners[i] == seen[i] {
-							owners[i], changed = me, true
-						}
-					}
-				}
-				if !changed {
-					break
-				}
-			}
+			owners, _ := simulateWeighted(t, make([]string, len(layout)), w, live)
 			total, heaviest := 0, 0
 			have := map[string]int{}
 			for i, o := range owners {
