@@ -499,9 +499,11 @@ func planBalance(me string, owners []string, weights []int, live []string) balan
 	switch {
 	case have > ceil:
 		// Keep the first (affinity, and the same choice every round) as
-		// far as the ceiling allows, and always one: a partition heavier
-		// than any share stays where it is.
+		// far as the ceiling allows, the heaviest first and always one:
+		// a partition heavier than any share stays where it is, and the
+		// lighter ones go to the others.
 		kept := 0
+		slices.SortStableFunc(mine, func(x, y int) int { return w(y) - w(x) })
 		for i, p := range mine {
 			if i == 0 || kept+w(p) <= ceil {
 				kept += w(p)
@@ -555,6 +557,20 @@ func planBalance(me string, owners []string, weights []int, live []string) balan
 				plan.claim = append(plan.claim, p)
 				have += w(p)
 			}
+		}
+		if len(plan.claim) == 0 && least {
+			// Every free partition is heavier than this process's room
+			// (a dead owner's parent in a mixed layout): the least loaded
+			// takes the lightest all the same, or no one would, and
+			// releases what puts it over its ceiling next round. With
+			// partitions of one size this never happens.
+			lightest := free[0]
+			for _, p := range free {
+				if w(p) < w(lightest) {
+					lightest = p
+				}
+			}
+			plan.claim = []int{lightest}
 		}
 		slices.Sort(plan.claim)
 	}

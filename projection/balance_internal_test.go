@@ -136,6 +136,14 @@ func TestPlanBalanceWeighsPartitionsBySize(t *testing.T) {
 		}
 	}
 
+	// A dead process's partition heavier than the room any live process
+	// has is still taken (and the taker gives lighter ones up).
+	heavy := []string{PartitionInstance(2, 4), PartitionInstance(0, 2), PartitionInstance(6, 8), PartitionInstance(7, 8)}
+	settled, _ := simulateWeighted(t, []string{"b", "dead", "c", "c"}, partitionWeights(heavy), []string{"b", "c"})
+	if slices.Contains(settled, "dead") || slices.Contains(settled, "") {
+		t.Fatalf("the dead process's partition of 2 was left unowned: %v", settled)
+	}
+
 	// Mixed layouts settle from nothing, every partition owned, each
 	// process within a partition's weight of its share.
 	layouts := [][]string{
