@@ -35,18 +35,26 @@ func (d *Dispatcher) neighbourReads(conn *pgxpool.Conn, sh *shard, q postgres.Lo
 		return nil
 	}
 	var out []postgres.LogQuery
-	add := func(seg postgres.Segment) {
+	for _, seg := range neighbours(sh.segment) {
 		n := q
 		n.Partition = seg
 		if !d.store.LogReadPlanned(conn.Conn(), n) {
 			out = append(out, n)
 		}
 	}
-	if lo, _, ok := sh.segment.Children(); ok {
-		add(lo)
+	return out
+}
+
+// neighbours returns a segment of the size seg splits into and the segment
+// it merges into, those it has: a read's plan depends on the segment's
+// size only.
+func neighbours(seg postgres.Segment) []postgres.Segment {
+	var out []postgres.Segment
+	if lo, _, ok := seg.Children(); ok {
+		out = append(out, lo)
 	}
-	if parent, ok := sh.segment.Parent(); ok {
-		add(parent)
+	if parent, ok := seg.Parent(); ok {
+		out = append(out, parent)
 	}
 	return out
 }
@@ -151,11 +159,8 @@ func (d *Dispatcher) planShapes() []postgres.LogQuery {
 				continue
 			}
 			add(sh.segment)
-			if lo, _, ok := sh.segment.Children(); ok {
-				add(lo)
-			}
-			if parent, ok := sh.segment.Parent(); ok {
-				add(parent)
+			for _, seg := range neighbours(sh.segment) {
+				add(seg)
 			}
 		}
 		b.mu.Unlock()
