@@ -1,6 +1,12 @@
 package projection
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/projectorhq/projector"
+	"github.com/projectorhq/projector/stores/postgres"
+)
 
 // SetSplitHandOff sets how long a's Split waits for the passes to split the
 // partitions it marked before splitting the rest itself (splitHandOff by
@@ -13,3 +19,27 @@ var AliveLockKey = aliveLockKey
 
 // ShardLockKey is the key of a shard's transaction-scoped advisory lock.
 var ShardLockKey = shardLockKey
+
+// SetMergeLookHook has a's merge wait call f after each look, with whether
+// every half not merged stands at its hold and which pairs were merged,
+// before the wait decides on what it saw.
+func SetMergeLookHook(a *Admin, f func(ready bool, merged []bool)) { a.lookHook = f }
+
+// AwaitHoldsOf runs a merge's wait (awaitHolds), on a connection of its
+// own, for consumer's pair 0/2 and 1/2 held at hold, as a merge command
+// does once its hold committed, and returns whether the pair was merged
+// (by its passes) when the wait ended.
+func AwaitHoldsOf(ctx context.Context, a *Admin, consumer string, hold projector.Position, wait time.Duration) (bool, error) {
+	conn, err := a.store.Pool().Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Release()
+	parent := postgres.Segment{}
+	lo, hi, _ := parent.Children()
+	merged, err := a.awaitHolds(ctx, conn, consumer, []mergePair{{parent: parent, lo: lo, hi: hi, hold: hold}}, wait)
+	if err != nil {
+		return false, err
+	}
+	return merged[0], nil
+}

@@ -107,3 +107,70 @@ func TestMergeRetriedWhileTheSiblingAtTheHoldIsBusy(t *testing.T) {
 	e.catchUp(d)
 	e.checkCounts("busy", versions)
 }
+
+// A merge whose look finds both halves of a pair at their hold, the pair
+// not merged, leaves the swap to the halves' passes a moment longer
+// (passesGrace, mergewait.go) instead of swapping the pair itself at once:
+// a pass's swap starts the parent in its own process at once, where the
+// command's takes the fence and the halves' locks and the parent waits for
+// a balancing round. Here the half behind reached the hold while its
+// sibling's lock was taken (by the test, as a running pass of the sibling
+// would hold it); once a look has seen both there, the lock is given back
+// and the half behind's pass merges the pair, and the look after that
+// finds it merged. Before, the wait ended at the look that saw both at the
+// hold, and the command swapped the pair.
+func TestMergeLeavesAPairAtItsHoldToItsPasses(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	p := counting(e.schema, e.types, "grace", projection.AsyncConfig{Partitions: 2, BatchSize: 5})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
+	e.catchUp(d)
+	ids := []string{projection.PartitionInstance(0, 2), projection.PartitionInstance(1, 2)}
+	unlock := e.sessionShardLocks("grace", ids...)
+	s := e.partitionShards("grace")
+	ahead, behind := 0, 1
+	if s[0].Cursor.Less(s[1].Cursor) {
+		ahead, behind = 1, 0
+	}
+	// The hand's claim stands for a command's: the passes merge for it.
+	hold, _ := e.holdByHand("grace", ids...)
+	unlock(ids[behind])
+	maps.Copy(versions, appendWith(t, e.ctx, e.store, 2, 100, 20, "b"))
+	eventually(t, 30*time.Second, "the half behind reaches the hold", func() bool {
+		return e.partitionShards("grace")[behind].Cursor == hold
+	})
+	if got := e.layout("grace"); len(got) != 2 {
+		t.Fatalf("merged (%v) while the sibling's lock was taken", got)
+	}
+	admin := projection.NewAdmin(e.store)
+	var seen bool
+	projection.SetMergeLookHook(admin, func(ready bool, merged []bool) {
+		if !ready || merged[0] || seen {
+			return
+		}
+		seen = true
+		// Both halves at the hold, not merged: the sibling's pass ends,
+		// and the half behind looks again (woken, should it have stopped
+		// looking after holdBusyFor).
+		unlock(ids[ahead])
+		if err := projection.WakeShards(e.ctx, e.store, projection.ShardID{Consumer: "grace", Instance: ids[behind]}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "the half behind's pass merges the pair", func() bool {
+			return slices.Equal(e.layout("grace"), []string{"0/1"})
+		})
+	})
+	merged, err := projection.AwaitHoldsOf(e.ctx, admin, "grace", hold, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !seen {
+		t.Fatal("no look saw both halves at the hold")
+	}
+	if !merged {
+		t.Fatal("the wait ended with the pair not merged, its passes merging it: the command would have swapped it itself")
+	}
+	e.catchUp(d)
+	e.checkCounts("grace", versions)
+}

@@ -57,9 +57,10 @@ func graceful(ctx context.Context) (context.Context, context.CancelFunc) {
 	}
 }
 
-// awaitHolds polls until both halves of every pair stand at its hold, or
-// the pair was merged (its parent there, its halves gone: by the pass of
-// the half there second, mergehandoff.go). It returns which were merged.
+// awaitHolds polls until every pair was merged (its parent there, its
+// halves gone: by the pass of the half there second, mergehandoff.go), or
+// both halves of each pair not merged have stood at its hold for
+// passesGrace. It returns which were merged.
 func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer string, pairs []mergePair, wait time.Duration) ([]bool, error) {
 	// The wait's end and the caller's cancellation stop the wait between
 	// looks, never a look under way (see above): a statement cancelled
@@ -82,6 +83,7 @@ func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer str
 	}
 	tick := time.NewTicker(holdPoll)
 	defer tick.Stop()
+	var readySince time.Time // when every half was first seen at its hold, a pair unmerged
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, mergeCancelled(err)
@@ -138,8 +140,18 @@ func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer str
 				ready = false
 			}
 		}
-		if ready {
+		if a.lookHook != nil {
+			a.lookHook(ready, merged)
+		}
+		switch {
+		case ready && !slices.Contains(merged, false):
 			return merged, nil
+		case ready && readySince.IsZero():
+			readySince = time.Now()
+		case ready && time.Since(readySince) >= passesGrace:
+			return merged, nil
+		case !ready:
+			readySince = time.Time{}
 		}
 		select {
 		case <-waited.Done():
@@ -151,6 +163,20 @@ func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer str
 		}
 	}
 }
+
+// passesGrace is how long a merge leaves the swap of a pair whose halves
+// both stand at their hold to the pass of the half there second
+// (mergehandoff.go) before it swaps the pair itself. The pass's swap is the
+// quicker of the two: its dispatcher starts the parent at once, with its
+// first read begun, where the command's swap takes the fence and the
+// halves' locks (refusing their passes meanwhile), and the parent starts
+// at the balancing round its NOTIFY brings: 50–80 ms in a traced merge of
+// two dispatchers, against a few milliseconds. Two halves that reached the
+// hold at once refuse each other's lock and look again within holdRetry's
+// few polls; the grace covers those, so a command that looked just then no
+// longer takes the fence from under them. A pair its passes cannot swap (a
+// dispatcher of an older release, none running) waits this much longer.
+const passesGrace = 5 * holdPoll
 
 // waitErr says what a merge was waiting for when its wait ended.
 func waitErr(ctx context.Context, err error, behind string) error {

@@ -189,6 +189,10 @@ type Admin struct {
 	// handOffWait, when set, replaces splitHandOff (tests that must not
 	// depend on the passes splitting within its five seconds under load).
 	handOffWait time.Duration
+	// lookHook, when set, is called after each look of a merge's wait
+	// (awaitHolds) with what it saw, before the wait decides on it
+	// (tests that act between two looks).
+	lookHook func(ready bool, merged []bool)
 }
 
 // NewAdmin returns the ops functions for the consumers of store's schema.
