@@ -200,32 +200,9 @@ func TestMergeLeftToTheCommandWhenTheSiblingIsLocked(t *testing.T) {
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
 	e.catchUp(d)
-	// Both halves' locks are taken before the hold is set, and only the
-	// half behind's given back after: with the sibling's lock taken after
-	// the hold, the two caught-up halves could stand at the hold and merge
-	// in the gap (they did, once, under the whole suite's load), and the
-	// cursors of caught-up halves move on with the horizon, so which half
-	// is ahead is only known under both locks.
-	ids := []string{projection.PartitionInstance(0, 2), projection.PartitionInstance(1, 2)}
-	unlock := e.sessionShardLocks("locked", ids...)
-	s := e.partitionShards("locked")
-	ahead, behind := 0, 1
-	if s[0].Cursor.Less(s[1].Cursor) {
-		ahead, behind = 1, 0
-	}
-	hold, unclaim := e.holdByHand("locked", ids...)
-	if hold != s[ahead].Cursor {
-		t.Fatalf("held at %s, want the cursor of the half ahead, %s", hold, s[ahead].Cursor)
-	}
-	unlock(ids[behind])
-	release := func() { unlock(ids[ahead]) }
-	maps.Copy(versions, appendWith(t, e.ctx, e.store, 2, 100, 20, "b"))
-	eventually(t, 30*time.Second, "the half behind reaches the hold", func() bool {
-		return e.partitionShards("locked")[behind].Cursor == hold
-	})
-	if got := e.layout("locked"); len(got) != 2 {
-		t.Fatalf("merged (%v) while the sibling's lock was taken", got)
-	}
+	h := e.behindAtHoldBesideALockedSibling("locked", versions)
+	hold, ids, ahead, behind, unclaim := h.hold, h.ids, h.ahead, h.behind, h.unclaim
+	release := func() { h.unlock(ids[ahead]) }
 	if st := e.partitionShards("locked")[behind]; st.Status != projection.StatusIdle || st.Attempts != 0 {
 		t.Fatalf("the half behind is %s (attempts %d), want idle", st.Status, st.Attempts)
 	}
@@ -296,4 +273,50 @@ func TestMergeCommandRacingThePassesReportsItDone(t *testing.T) {
 	maps.Copy(versions, <-written)
 	e.catchUp(d)
 	e.checkCounts("racing", versions)
+}
+
+// heldBesideALockedSibling is a pair of consumer's halves 0/2 and 1/2 held
+// by hand (holdByHand, its claim standing for a command's), the half
+// behind at the hold and the half ahead's lock taken by the test, as a
+// running pass of it would hold it.
+type heldBesideALockedSibling struct {
+	hold          projector.Position
+	ids           []string // 0/2's and 1/2's instance ids
+	ahead, behind int      // indexes into ids
+	unlock        func(id string)
+	unclaim       func()
+}
+
+// behindAtHoldBesideALockedSibling holds consumer's two caught-up halves by
+// hand at the cursor of the half ahead, with the half ahead's lock taken,
+// and brings the half behind to the hold with new events (added to
+// versions); it fails the test should the pair merge meanwhile.
+//
+// Both halves' locks are taken before the hold is set, and only the half
+// behind's given back after: with the sibling's lock taken after the hold,
+// the two caught-up halves could stand at the hold and merge in the gap
+// (they did, once, under the whole suite's load), and the cursors of
+// caught-up halves move on with the horizon, so which half is ahead is
+// only known under both locks.
+func (e *env) behindAtHoldBesideALockedSibling(consumer string, versions map[string]int64) heldBesideALockedSibling {
+	e.t.Helper()
+	h := heldBesideALockedSibling{ids: []string{projection.PartitionInstance(0, 2), projection.PartitionInstance(1, 2)}, ahead: 0, behind: 1}
+	h.unlock = e.sessionShardLocks(consumer, h.ids...)
+	s := e.partitionShards(consumer)
+	if s[0].Cursor.Less(s[1].Cursor) {
+		h.ahead, h.behind = 1, 0
+	}
+	h.hold, h.unclaim = e.holdByHand(consumer, h.ids...)
+	if h.hold != s[h.ahead].Cursor {
+		e.t.Fatalf("held at %s, want the cursor of the half ahead, %s", h.hold, s[h.ahead].Cursor)
+	}
+	h.unlock(h.ids[h.behind])
+	maps.Copy(versions, appendWith(e.t, e.ctx, e.store, 2, 100, 20, "b"))
+	eventually(e.t, 30*time.Second, "the half behind reaches the hold", func() bool {
+		return e.partitionShards(consumer)[h.behind].Cursor == h.hold
+	})
+	if got := e.layout(consumer); len(got) != 2 {
+		e.t.Fatalf("merged (%v) while the sibling's lock was taken", got)
+	}
+	return h
 }

@@ -126,23 +126,9 @@ func TestMergeLeavesAPairAtItsHoldToItsPasses(t *testing.T) {
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
 	e.catchUp(d)
-	ids := []string{projection.PartitionInstance(0, 2), projection.PartitionInstance(1, 2)}
-	unlock := e.sessionShardLocks("grace", ids...)
-	s := e.partitionShards("grace")
-	ahead, behind := 0, 1
-	if s[0].Cursor.Less(s[1].Cursor) {
-		ahead, behind = 1, 0
-	}
 	// The hand's claim stands for a command's: the passes merge for it.
-	hold, _ := e.holdByHand("grace", ids...)
-	unlock(ids[behind])
-	maps.Copy(versions, appendWith(t, e.ctx, e.store, 2, 100, 20, "b"))
-	eventually(t, 30*time.Second, "the half behind reaches the hold", func() bool {
-		return e.partitionShards("grace")[behind].Cursor == hold
-	})
-	if got := e.layout("grace"); len(got) != 2 {
-		t.Fatalf("merged (%v) while the sibling's lock was taken", got)
-	}
+	h := e.behindAtHoldBesideALockedSibling("grace", versions)
+	hold, ids, ahead, behind, unlock := h.hold, h.ids, h.ahead, h.behind, h.unlock
 	admin := projection.NewAdmin(e.store)
 	var seen bool
 	projection.SetMergeLookHook(admin, func(ready bool, merged []bool) {
