@@ -166,6 +166,9 @@ type Feed struct {
 	tracer trace.Tracer
 	// streams counts the requests being streamed (Config.MaxClients).
 	streams atomic.Int64
+	// joining, when set, runs between a stream's catch-up read and its
+	// joining the fan-out (tests that commit a batch in that gap).
+	joining func()
 }
 
 // New validates cfg and returns a feed. Its consumer does nothing until

@@ -294,11 +294,24 @@ func (s *stream) run(ctx context.Context, reset string, resume *projector.Positi
 	if err := s.catchUp(ctx, nil); err != nil {
 		return err
 	}
+	if s.f.joining != nil {
+		s.f.joining()
+	}
 	c := &client{tenant: s.tenant, types: s.types, limit: s.f.cfg.BufferSize, notify: make(chan struct{}, 1)}
-	if !s.f.hub.add(c) {
+	last, known, ok := s.f.hub.add(c)
+	if !ok {
 		return s.shutdown()
 	}
 	defer s.f.hub.remove(c)
+	if known && s.cursor.Less(last) {
+		// A batch fanned out after the catch-up's read and before the
+		// client joined reached no queue of its; a later batch would have
+		// the client read the gap (deliver), but none may come, the
+		// writers done: read up to where the fan-out stood when it joined.
+		if err := s.catchUp(ctx, &last); err != nil {
+			return err
+		}
+	}
 	if err := s.flush(); err != nil {
 		return err
 	}

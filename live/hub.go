@@ -95,15 +95,17 @@ func (h *hub) count() int {
 	return len(h.clients)
 }
 
-// add registers c; false once the feed is closed.
-func (h *hub) add(c *client) bool {
+// add registers c and returns the last position the consumer fanned out
+// before it (known false before the first batch); ok is false once the
+// feed is closed. Every batch after that position is queued for c.
+func (h *hub) add(c *client) (last projector.Position, known, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return false
+		return projector.Position{}, false, false
 	}
 	h.clients[c] = struct{}{}
-	return true
+	return h.last, h.known, true
 }
 
 func (h *hub) remove(c *client) {
