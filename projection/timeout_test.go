@@ -137,17 +137,18 @@ func TestBatchTimeoutBlamesRunningEventAndSkipPassesOnlyIt(t *testing.T) {
 // retried, never dead-lettered, and events whose handlers succeeded are
 // never blamed. Before, all were dead-lettered and none applied. 120
 // events: three full batches, each of which outlasts the timeout (40 ×
-// 25 ms against 400 ms), without seconds of waiting that prove nothing more.
+// 10 ms against 200 ms: twice over, and one event is a twentieth of it),
+// without seconds of waiting that prove nothing more.
 func TestContinuousModeBatchTimeoutDeadLettersNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.traceTable()
 	trace := e.table("trace")
 	p := projection.NewAsync("patient", projection.AsyncConfig{ErrorMode: projection.SkipApplyErrors, BatchSize: 40,
-		BatchTimeout: 400 * time.Millisecond, RetryBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+		BatchTimeout: 200 * time.Millisecond, RetryBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
 	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
 		select {
-		case <-time.After(25 * time.Millisecond): // a call to a slow service
+		case <-time.After(10 * time.Millisecond): // a call to a slow service
 		case <-ctx.Done():
 			return ctx.Err()
 		}

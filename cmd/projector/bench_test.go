@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -59,10 +60,20 @@ func TestBenchTable(t *testing.T) {
 // its untraced baseline with the pairs its ratio is the median of, and
 // says so in the configuration. That a run without --tracing has no
 // tracing figures is TestBenchTable's: one whole bench run, not two, for
-// what used to be this test and cli's TestBenchTracing.
+// what used to be this test and cli's TestBenchTracing. Its logs are half
+// TestBenchTable's (a backlog and a rebuild log of 500 events: 5 batches
+// of 100, 2 shadow batches of 400): the tracing run repeats the catch-up
+// 18 times (3 pairs × 3 modes × 2 halves), and nothing here depends on
+// the size of a log.
 func TestBenchJSON(t *testing.T) {
 	t.Parallel()
-	r := run(t, benchEnv(t), append(tinyBench, "-o", "json", "--tracing", "--tracing-pairs", "3")...)
+	args := slices.Clone(tinyBench)
+	for i, a := range args {
+		if a == "--events" || a == "--rebuild-events" {
+			args[i+1] = "500"
+		}
+	}
+	r := run(t, benchEnv(t), append(args, "-o", "json", "--tracing", "--tracing-pairs", "3")...)
 	if r.code != 0 {
 		t.Fatalf("bench -o json: %+v", r)
 	}
@@ -70,8 +81,8 @@ func TestBenchJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("stdout is not JSON: %v\n%s", err, r.stdout)
 	}
-	if rb := out.Rebuild; rb.Events != 1500 || rb.RebuildBatchSize != 400 || rb.BatchSize != 100 || rb.RebuildRate <= 0 ||
-		rb.LiveRate <= 0 || rb.RawRate <= 0 || rb.SpeedupVsLive <= 0 || rb.SwitchLockMS <= 0 || out.Config.RebuildEvents != 1500 {
+	if rb := out.Rebuild; rb.Events != 500 || rb.RebuildBatchSize != 400 || rb.BatchSize != 100 || rb.RebuildRate <= 0 ||
+		rb.LiveRate <= 0 || rb.RawRate <= 0 || rb.SpeedupVsLive <= 0 || rb.SwitchLockMS <= 0 || out.Config.RebuildEvents != 500 {
 		t.Errorf("rebuild %+v, config %+v", rb, out.Config)
 	}
 	figs := out.Figures
@@ -85,7 +96,7 @@ func TestBenchJSON(t *testing.T) {
 	// Exactly 14 figures before the tracing ones, as a run without
 	// --tracing has: 2 sizes (the default 1,100) × raw and floor append,
 	// 4 catch-up, 4 latency, 2 rebuild.
-	if len(figs) != 14 || !out.Config.Tracing || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 1000 || out.Config.Rate != 200 || out.ServerVersion == "" {
+	if len(figs) != 14 || !out.Config.Tracing || len(out.Config.Writers) != 1 || out.Config.Writers[0] != 2 || out.Config.Backlog != 500 || out.Config.Rate != 200 || out.ServerVersion == "" {
 		t.Errorf("output %+v", out)
 	}
 	for _, f := range figs {

@@ -49,8 +49,8 @@ type Config struct {
 	Tracing bool
 	// TracingPairs is how many untraced/traced pairs of catch-ups each
 	// traced mode runs; default [TracingCatchUpPairs]. Odd, so the median
-	// is one pair's ratio; the suite's tests run the fewest a median of
-	// pairs needs (3).
+	// is one pair's ratio; the suite's tests of the median run the fewest
+	// a median of pairs needs (3), the others one.
 	TracingPairs int
 	// Progress, when set, is told what is about to be measured, so a
 	// person watching a long run knows where it is.
