@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -31,6 +32,29 @@ es.addEventListener("reset", () => { window.got.push("reset"); });
 es.onerror = () => { window.errors++; };
 </script>`
 
+// quickRetry tells the browser to reconnect after 200 ms instead of the
+// feed's 2 s: the reconnection delay is idle time in
+// TestPromise15_BrowserReconnectsWithoutGaps (five cuts, 10 s of it), and
+// at 200 ms the writer still commits dozens of events while the browser is
+// away. The browser still reconnects by itself, with Last-Event-ID.
+type quickRetry struct{ http.ResponseWriter }
+
+var retryField = regexp.MustCompile(`(?m)^retry: \d+$`)
+
+func (w quickRetry) Write(b []byte) (int, error) {
+	if !retryField.Match(b) {
+		return w.ResponseWriter.Write(b)
+	}
+	if _, err := w.ResponseWriter.Write(retryField.ReplaceAll(b, []byte("retry: 200"))); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// Unwrap lets the feed's http.ResponseController reach the connection
+// (flushes, write deadlines).
+func (w quickRetry) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // TestPromise15_BrowserReconnectsWithoutGaps: a page in real headless
 // Chromium receives events through EventSource while a writer appends and
 // its connections are cut five times mid-stream; the browser reconnects by itself with
@@ -50,7 +74,7 @@ func TestPromise15_BrowserReconnectsWithoutGaps(t *testing.T) {
 		if r.Header.Get("Last-Event-ID") != "" {
 			resumed.Add(1)
 		}
-		e.feed.ServeHTTP(w, r)
+		e.feed.ServeHTTP(quickRetry{w}, r)
 	}))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(func() { e.feed.Close(); srv.Close() })
