@@ -160,3 +160,27 @@ func TestMergeLeavesAPairAtItsHoldToItsPasses(t *testing.T) {
 	e.catchUp(d)
 	e.checkCounts("grace", versions)
 }
+
+// A merge's wait that ends while it leaves a pair standing at its hold to
+// its passes (passesGrace) hands the pair to the command, which swaps it,
+// instead of failing: every half stood at its hold. Here the passes cannot
+// swap (no claim: the hand's is released), and the wait is shorter than
+// the grace. Before, it ended in a timeout, the holds lifted, for a merge
+// whose halves were there.
+func TestMergeWaitEndingInTheGraceLeavesThePairToTheCommand(t *testing.T) {
+	t.Parallel()
+	e := partitioned(t)
+	p := counting(e.schema, e.types, "graceend", projection.AsyncConfig{Partitions: 2, BatchSize: 5})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
+	e.catchUp(d)
+	h := e.behindAtHoldBesideALockedSibling("graceend", versions)
+	h.unclaim()
+	merged, err := projection.AwaitHoldsOf(e.ctx, projection.NewAdmin(e.store), "graceend", h.hold, time.Millisecond)
+	if err != nil {
+		t.Fatalf("the wait ended in an error with both halves at the hold: %v", err)
+	}
+	if merged {
+		t.Fatal("merged with no claim on the pair")
+	}
+}

@@ -158,6 +158,12 @@ func (a *Admin) awaitHolds(ctx context.Context, conn *pgxpool.Conn, consumer str
 			if err := ctx.Err(); err != nil {
 				return nil, mergeCancelled(err)
 			}
+			if !readySince.IsZero() {
+				// Every half stood at its hold: the wait is over, the
+				// grace only waited for the passes' swaps; the command
+				// swaps the rest.
+				return merged, nil
+			}
 			return nil, waitErr(waited, waited.Err(), behind)
 		case <-tick.C:
 		}
