@@ -196,10 +196,7 @@ func (e *env) sessionShardLocks(consumer string, ids ...string) (unlock func(id 
 func TestMergeLeftToTheCommandWhenTheSiblingIsLocked(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	p := counting(e.schema, e.types, "locked", projection.AsyncConfig{Partitions: 2, BatchSize: 5})
-	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
-	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
-	e.catchUp(d)
+	d, versions := e.caughtUpHalves("locked")
 	h := e.behindAtHoldBesideALockedSibling("locked", versions)
 	hold, ids, ahead, behind, unclaim := h.hold, h.ids, h.ahead, h.behind, h.unclaim
 	release := func() { h.unlock(ids[ahead]) }
@@ -273,6 +270,18 @@ func TestMergeCommandRacingThePassesReportsItDone(t *testing.T) {
 	maps.Copy(versions, <-written)
 	e.catchUp(d)
 	e.checkCounts("racing", versions)
+}
+
+// caughtUpHalves starts a dispatcher of consumer, counting, in two
+// partitions, appends 100 events over 20 streams and waits until they are
+// applied; it returns the dispatcher and the streams' versions.
+func (e *env) caughtUpHalves(consumer string) (*projection.Dispatcher, map[string]int64) {
+	e.t.Helper()
+	p := counting(e.schema, e.types, consumer, projection.AsyncConfig{Partitions: 2, BatchSize: 5})
+	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
+	versions := appendWith(e.t, e.ctx, e.store, 2, 100, 20, "a")
+	e.catchUp(d)
+	return d, versions
 }
 
 // heldBesideALockedSibling is a pair of consumer's halves 0/2 and 1/2 held

@@ -122,10 +122,7 @@ func TestMergeRetriedWhileTheSiblingAtTheHoldIsBusy(t *testing.T) {
 func TestMergeLeavesAPairAtItsHoldToItsPasses(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	p := counting(e.schema, e.types, "grace", projection.AsyncConfig{Partitions: 2, BatchSize: 5})
-	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
-	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
-	e.catchUp(d)
+	d, versions := e.caughtUpHalves("grace")
 	// The hand's claim stands for a command's: the passes merge for it.
 	h := e.behindAtHoldBesideALockedSibling("grace", versions)
 	hold, ids, ahead, behind, unlock := h.hold, h.ids, h.ahead, h.behind, h.unlock
@@ -170,10 +167,7 @@ func TestMergeLeavesAPairAtItsHoldToItsPasses(t *testing.T) {
 func TestMergeWaitEndingInTheGraceLeavesThePairToTheCommand(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	p := counting(e.schema, e.types, "graceend", projection.AsyncConfig{Partitions: 2, BatchSize: 5})
-	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
-	versions := appendWith(t, e.ctx, e.store, 2, 100, 20, "a")
-	e.catchUp(d)
+	_, versions := e.caughtUpHalves("graceend")
 	h := e.behindAtHoldBesideALockedSibling("graceend", versions)
 	h.unclaim()
 	merged, err := projection.AwaitHoldsOf(e.ctx, projection.NewAdmin(e.store), "graceend", h.hold, time.Millisecond)
