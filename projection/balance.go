@@ -188,12 +188,13 @@ func (d *Dispatcher) logBalance(ctx context.Context, b *balancer, before map[str
 		slog.Any("took", took), slog.Any("gave_up", gaveUp), slog.Int("owns", len(after)))
 }
 
-// wakeOwned wakes the loop of every partition this process works.
+// wakeOwned wakes the loop of every partition this process works, but
+// an upper half standing at its merge hold (lowerLooks, mergehandoff.go).
 func (b *balancer) wakeOwned() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for id, sh := range b.shards {
-		if b.owned[id] {
+		if b.owned[id] && !sh.standing.Load() {
 			sh.wake()
 		}
 	}

@@ -282,6 +282,9 @@ type shard struct {
 	// removed is set once the partition was split or merged away: its
 	// loop ends.
 	removed atomic.Bool
+	// standing: an upper half standing at its merge hold, which the
+	// balancing round's wakes pass by (lowerLooks, mergehandoff.go).
+	standing atomic.Bool
 }
 
 // readKey is the shard's log filter for shared reads: its event types and,
@@ -606,6 +609,7 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		if soft.Err() != nil {
 			return
 		}
+		sh.standing.Store(err == nil && res.kind == passAtHold && upperHalf(sh))
 		if res.held && res.kind != passGone && sh.balancer != nil && !sh.balancer.owns(sh.id.Instance) {
 			// The partition was released (or taken) while this pass held
 			// its lock: its new owner's pass may have found the lock taken
@@ -660,6 +664,10 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 		if !wake {
 			woken = nil
 		}
+		kick := sh.kick
+		if res.quiet {
+			kick = nil // looking again at a merge hold (holdRetry)
+		}
 		if d.waiting != nil && err == nil {
 			d.waiting(sh.id, res.kind)
 		}
@@ -668,7 +676,7 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 			timer.Stop()
 			return
 		case <-woken:
-		case <-sh.kick: // this process took the partition, or a shard wake (layoutnotify.go)
+		case <-kick: // this process took the partition, or a shard wake (layoutnotify.go)
 		case <-timer.C:
 		}
 		timer.Stop()

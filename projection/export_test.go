@@ -43,3 +43,28 @@ func AwaitHoldsOf(ctx context.Context, a *Admin, consumer string, hold projector
 	}
 	return merged[0], nil
 }
+
+// UnholdOf lifts the holds of consumer's pair 0/2 and 1/2 at hold as a
+// merge command that gives up does (unholdFenced).
+func UnholdOf(ctx context.Context, a *Admin, consumer string, hold projector.Position) error {
+	conn, err := a.store.Pool().Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	parent := postgres.Segment{}
+	lo, hi, _ := parent.Children()
+	return a.unholdFenced(ctx, conn, consumer, []mergePair{{parent: parent, lo: lo, hi: hi, hold: hold}})
+}
+
+// StandingAtHold reports whether d's shard of consumer's partition
+// instance stands at its merge hold, passed by the balancing round's wakes
+// (lowerLooks).
+func StandingAtHold(d *Dispatcher, consumer, instance string) bool {
+	for _, sh := range d.allShards() {
+		if sh.id.Consumer == consumer && sh.id.Instance == instance {
+			return sh.standing.Load()
+		}
+	}
+	return false
+}

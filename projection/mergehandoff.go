@@ -86,12 +86,16 @@ type mergeAtEnd struct {
 // its hold after this batch, a lock taken, the sibling not at the hold, or
 // either not mergeable. An error is the database's.
 func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, next projector.Position, status Status, processed int) (*mergeAtEnd, error) {
-	if !sh.holdBusy {
+	retrying := sh.holdBusy // its last look found its sibling's lock taken
+	if !retrying {
 		sh.holdBusySince = time.Time{} // a new wait for a busy sibling starts at its first refusal
 	}
 	sh.holdBusy = false
 	if !st.held || next != st.hold || st.replayUntil != projector.Start || !sh.mayMerge() {
 		return nil, nil
+	}
+	if st.cursor == st.hold && upperHalf(sh) && !retrying {
+		return nil, nil // standing at the hold: its lower half looks (lowerLooks)
 	}
 	parent, _ := sh.segment.Parent()
 	lo, hi, _ := parent.Children()
@@ -115,7 +119,11 @@ func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st s
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("merge at the hold: %w", err)
 	}
-	sh.holdBusy = try == mergeTrySiblingBusy // look again soon (atHold)
+	// Look again soon (atHold, holdRetry): the sibling at the hold too,
+	// its lock taken; or, for the upper half just arriving, the sibling
+	// not seen there (it may be arriving at once, its look before this
+	// pass's commit: the upper half looks once more after it, lowerLooks).
+	sh.holdBusy = try == mergeTrySiblingBusy || (try == mergeTryNotYet && upperHalf(sh) && st.cursor != st.hold)
 	if try != mergeTryLocked {
 		return nil, nil // the sibling not there, the fence (a command) or the sibling's pass: a later pass or the command merges
 	}
@@ -203,6 +211,32 @@ const (
 // release) or a command, which swaps the pair itself.
 const holdBusyFor = 2 * time.Second
 
+// lowerLooks: of two halves standing at their hold, only the lower one
+// looks for the merge when woken. Every swap of another pair wakes every
+// partition of the consumer (its NOTIFY's balancing round), so the two
+// halves of a pair still standing there ran a pass each at the same
+// moment, each held its own lock and tried its sibling's, and both were
+// refused; woken again by the next pair's swap, they collided again (a
+// traced merge of one dispatcher: a pair refusing each other for 40 ms,
+// until the command's grace ran out and it swapped the pair itself, its
+// parent started at the next balancing round, 120 ms after the command's
+// start). Now the upper half looks only when its pass brings it to the
+// hold (the second to get there swaps), once more after that when it
+// found its sibling not there (the two may have arrived at once, each
+// look before the other's commit), and when its last look was refused
+// (holdRetry: these after the lower half's own retry). Standing there
+// otherwise, it is passed by the balancing round's wakes (standing,
+// wakeOwned): each of its passes would take its lock for a few round
+// trips, in the way of its lower half's look. A lifted hold wakes both
+// halves by name (unholdFenced), as their removal or a change of owner
+// does. Nothing waits on the upper half alone: the lower half, refused,
+// looks again after holdPoll; found not at the hold by the upper half's
+// looks, it arrives later and swaps itself; and the command swaps a pair
+// its passes leave (passesGrace).
+//
+// upperHalf reports whether sh is the upper half of its pair.
+func upperHalf(sh *shard) bool { return sh.segment.Value%2 == 1 }
+
 // holdRetry gives a pass of sh that atHold sent to look again soon
 // (passRetryAt) its time: the lower half of the pair after holdPoll,
 // jittered, the upper half upperDefers later. With the same jitter for
@@ -215,10 +249,13 @@ const holdBusyFor = 2 * time.Second
 func holdRetry(sh *shard, res passResult) passResult {
 	if res.kind == passRetryAt && sh.holdBusy {
 		wait := holdPoll/2 + rand.N(holdPoll)
-		if sh.segment.Value%2 == 1 {
+		if upperHalf(sh) {
 			wait += upperDefers
 		}
 		res.retryAt = time.Now().Add(wait)
+		// Not cut short by a wake: the swap of another pair wakes
+		// both halves at once, and their looks would collide again.
+		res.quiet = true
 	}
 	return res
 }
@@ -249,7 +286,10 @@ func atHold(sh *shard, st shardRow, next projector.Position, kind passKind) pass
 			return passRetryAt
 		}
 		return passAtHold
-	case st.cursor != st.hold:
+	case st.cursor != st.hold && !upperHalf(sh):
+		// Just arrived, its sibling not seen there: it may have arrived
+		// at once, its look run before this pass's commit. The lower
+		// half looks again at once (the upper one after it, holdBusy).
 		return passMore
 	default:
 		return passAtHold
@@ -438,11 +478,16 @@ func (a *Admin) unholdFenced(ctx context.Context, conn *pgxpool.Conn, consumer s
 			return err
 		}
 		b := &pgx.Batch{}
+		var wakes []string
 		for _, p := range pairs {
 			for _, id := range p.ids() {
 				b.Queue(a.split.unhold, consumer, id, p.hold.TxID, p.hold.Seq)
+				wakes = append(wakes, shardWakePayload(a.store.Schema(), ShardID{Consumer: consumer, Instance: id}))
 			}
 		}
+		// By name too: an upper half standing at its hold is passed by
+		// the balancing round's wakes (lowerLooks).
+		b.Queue(notifyShardsSQL, layoutChannel, wakes)
 		// The halves standing at the hold wait for a wake (atHold).
 		queueNotifyLayout(b, a.store, consumer)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {

@@ -122,7 +122,8 @@ func TestMergeTryLooksForTheClaimUnderTheLocks(t *testing.T) {
 // tries found each other's lock taken used to look again after the same
 // jittered poll, and could collide again, poll after poll (five looks, 40
 // ms, in a traced merge). The lower half now looks again first, and the
-// upper half no sooner than upperDefers after the lower half's latest.
+// upper half no sooner than upperDefers after the lower half's latest,
+// neither woken earlier by a shard wake.
 func TestHoldRetryUpperHalfDefers(t *testing.T) {
 	p := NewAsync("defer", AsyncConfig{Partitions: 4})
 	b := newBalancer(p)
@@ -143,8 +144,13 @@ func TestHoldRetryUpperHalfDefers(t *testing.T) {
 			t.Fatalf("the upper half looks again after %s, want at least %s: after the lower half", at[1], holdPoll/2+upperDefers)
 		}
 	}
+	// Its wait is not cut short by a wake: another pair's swap wakes both
+	// halves at once.
+	if res := holdRetry(lower, passResult{kind: passRetryAt}); !res.quiet {
+		t.Error("a look again at the hold can be cut short by a wake")
+	}
 	upper.holdBusy = false
-	if res := holdRetry(upper, passResult{kind: passRetryAt, retryAt: time.Unix(1, 0)}); !res.retryAt.Equal(time.Unix(1, 0)) {
-		t.Fatalf("a retry that is not a busy sibling's changed to %s", res.retryAt)
+	if res := holdRetry(upper, passResult{kind: passRetryAt, retryAt: time.Unix(1, 0)}); !res.retryAt.Equal(time.Unix(1, 0)) || res.quiet {
+		t.Fatalf("a retry that is not a busy sibling's changed to %s (quiet %v)", res.retryAt, res.quiet)
 	}
 }

@@ -38,6 +38,9 @@ type passResult struct {
 	// held: the pass took the shard's lock (a process that tried it
 	// meanwhile found it taken; see runShard).
 	held bool
+	// quiet: the wait until retryAt is not cut short by a shard wake
+	// (holdRetry).
+	quiet bool
 }
 
 type dispatchSQL struct {
