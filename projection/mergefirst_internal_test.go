@@ -29,30 +29,12 @@ func TestMergedParentFirstReadPrefetched(t *testing.T) {
 	if err := store.CreatePartitionIndex(ctx); err != nil {
 		t.Fatal(err)
 	}
-	applied := map[string]int{}
-	p := NewAsync("warm", AsyncConfig{Partitions: 2, BatchSize: 1000})
-	if err := OnEvent(p, types.Opened, func(_ context.Context, _ pgx.Tx, ev projector.Event) error {
-		applied[ev.Stream.ID]++
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	d := registered(t, Config{Store: store, Projections: []*Async{p}})
+	d, lower, upper, applied := ownedHalves(t, store, types, "warm")
 	b := d.balancers[0]
 	parent := postgres.Segment{}
-	lo, hi, _ := parent.Children()
-	ids := []string{segmentInstance(lo), segmentInstance(hi)}
-	halves := []*shard{b.shards[ids[0]], b.shards[ids[1]]}
-	// This process owns both halves, as a balancing round would decide.
-	b.mu.Lock()
-	for _, id := range ids {
-		b.owned[id] = true
-	}
-	b.mu.Unlock()
+	halves := []*shard{lower, upper}
+	ids := []string{lower.id.Instance, upper.id.Instance}
 	c := store.Table("projector_consumers")
-	if _, err := store.Pool().Exec(ctx, `UPDATE `+c+` SET owner = $2 WHERE name = $1 AND instance_id = ANY($3)`, "warm", d.instance, ids); err != nil {
-		t.Fatal(err)
-	}
 	appendSome := func(prefix string, n int) {
 		t.Helper()
 		for i := range n {

@@ -30,29 +30,9 @@ func newHeldPair(t *testing.T) heldPair {
 	ctx := context.Background()
 	types := testevents.New()
 	store := pgtest.Store(t, types.Registry)
-	applied := map[string]int{}
-	p := NewAsync("standing", AsyncConfig{Partitions: 2, BatchSize: 1000})
-	if err := OnEvent(p, types.Opened, func(_ context.Context, _ pgx.Tx, ev projector.Event) error {
-		applied[ev.Stream.ID]++
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	d := registered(t, Config{Store: store, Projections: []*Async{p}})
-	b := d.balancers[0]
-	parent := postgres.Segment{}
-	lo, hi, _ := parent.Children()
-	ids := []string{segmentInstance(lo), segmentInstance(hi)}
-	sp := heldPair{d: d, lower: b.shards[ids[0]], upper: b.shards[ids[1]], applied: applied}
-	b.mu.Lock()
-	for _, id := range ids {
-		b.owned[id] = true
-	}
-	b.mu.Unlock()
-	c := store.Table("projector_consumers")
-	if _, err := store.Pool().Exec(ctx, `UPDATE `+c+` SET owner = $2 WHERE name = $1 AND instance_id = ANY($3)`, "standing", d.instance, ids); err != nil {
-		t.Fatal(err)
-	}
+	d, lower, upper, applied := ownedHalves(t, store, types, "standing")
+	sp := heldPair{d: d, lower: lower, upper: upper, applied: applied}
+	ids := []string{lower.id.Instance, upper.id.Instance}
 	for i := range 20 {
 		if err := pgx.BeginFunc(ctx, store.Pool(), func(tx pgx.Tx) error {
 			_, err := store.Append(ctx, tx, projector.Stream("ticket", fmt.Sprintf("s-%d", i)), projector.ExactVersion(0), testevents.TicketOpened{Title: "t"})
@@ -78,6 +58,38 @@ func newHeldPair(t *testing.T) heldPair {
 		}
 	}
 	return sp
+}
+
+// ownedHalves registers with store a consumer name of two partitions that
+// counts, per stream, the TicketOpened events it applies, and makes the
+// dispatcher (not started: the test drives its passes) the owner of both
+// halves, as a balancing round would. It returns the dispatcher, the
+// halves' shards and the counts.
+func ownedHalves(t *testing.T, store *postgres.Store, types testevents.Types, name string) (d *Dispatcher, lower, upper *shard, applied map[string]int) {
+	t.Helper()
+	applied = map[string]int{}
+	p := NewAsync(name, AsyncConfig{Partitions: 2, BatchSize: 1000})
+	if err := OnEvent(p, types.Opened, func(_ context.Context, _ pgx.Tx, ev projector.Event) error {
+		applied[ev.Stream.ID]++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d = registered(t, Config{Store: store, Projections: []*Async{p}})
+	b := d.balancers[0]
+	lo, hi, _ := postgres.Segment{}.Children()
+	ids := []string{segmentInstance(lo), segmentInstance(hi)}
+	b.mu.Lock()
+	for _, id := range ids {
+		b.owned[id] = true
+	}
+	lower, upper = b.shards[ids[0]], b.shards[ids[1]]
+	b.mu.Unlock()
+	c := store.Table("projector_consumers")
+	if _, err := store.Pool().Exec(context.Background(), `UPDATE `+c+` SET owner = $2 WHERE name = $1 AND instance_id = ANY($3)`, name, d.instance, ids); err != nil {
+		t.Fatal(err)
+	}
+	return d, lower, upper, applied
 }
 
 // claim takes a merge command's claim on the pair until the test ends.
