@@ -37,8 +37,13 @@ build:
 
 ## test: vet, then the whole suite with the race detector against real PostgreSQL
 ## (the timeout covers a binary waiting for its turn in the connection budget)
+# vet runs with -race too: the dependencies it compiles to check a package
+# are then the ones the race-built tests link, so the suite finds them in the
+# build cache (on an empty cache, building projection's and rebuild's tests
+# after vet took 39 s instead of 150 s). A file only built without -race
+# (race_off_test.go) is vetted by `make lint`.
 test:
-	GOFLAGS="$(TEST_GOFLAGS)" $(GO) vet $(PKGS)
+	GOFLAGS="$(TEST_GOFLAGS)" $(GO) vet -race $(PKGS)
 	GOFLAGS="$(TEST_GOFLAGS)" PROJECTOR_TEST_DATABASE_URL="$(TEST_DB)" $(GO) test -race -count=1 -timeout 30m $(TEST_PKGS)
 
 ## test-soak: the suite with the race detector and the crash and concurrency
