@@ -258,9 +258,9 @@ type shard struct {
 	// is to split it (prefetchHalves), each with the read of its first
 	// batch under way; nil otherwise. Only the shard's own loop touches it.
 	halves []*shard
-	// holdBusy says the pass's merge try found its sibling at the hold
-	// with its lock taken, since holdBusySince (mergehandoff.go, atHold).
-	// Only the shard's own loop touches them.
+	// holdBusy: the merge try is to be made again soon (its sibling at
+	// the hold, its lock taken; or, for an upper half just arrived, not
+	// seen there), since holdBusySince (mergehandoff.go). Loop-owned.
 	holdBusy      bool
 	holdBusySince time.Time
 	// spanName is the name of the shard's batch spans (batchSpanName).
@@ -269,18 +269,15 @@ type shard struct {
 	// shard. balancer says whether this process works it.
 	segment  postgres.Segment
 	balancer *balancer
-	// planFrom is when a partition's passes start planning its
-	// neighbouring reads (readplan.go): not in the first moments of a
-	// partition a split or merge just made, when the change's own passes
-	// need the server.
+	// planFrom is when a partition's passes start planning its neighbouring
+	// reads (readplan.go): not in the first moments of a partition a split
+	// or merge just made, when the change's own passes need the server.
 	planFrom time.Time
-	// kick wakes the shard's loop when this process takes the partition,
-	// when the partition is split or merged away, or when a shard wake
-	// (WakeShards) names the shard: an operator enabled or restarted it,
-	// or released its lock.
+	// kick wakes the shard's loop when this process takes the partition, when
+	// it is split or merged away, or when a shard wake (WakeShards) names it:
+	// an operator enabled or restarted it, or released its lock.
 	kick chan struct{}
-	// removed is set once the partition was split or merged away: its
-	// loop ends.
+	// removed: the partition was split or merged away; its loop ends.
 	removed atomic.Bool
 	// standing: an upper half standing at its merge hold, which the
 	// balancing round's wakes pass by (lowerLooks, mergehandoff.go).
