@@ -86,7 +86,7 @@ type mergeAtEnd struct {
 // its hold after this batch, a lock taken, the sibling not at the hold, or
 // either not mergeable. An error is the database's.
 func (d *Dispatcher) mergeAtHold(ctx context.Context, tx pgx.Tx, sh *shard, st shardRow, next projector.Position, status Status, processed int) (*mergeAtEnd, error) {
-	retrying := sh.holdBusy // its last look found its sibling's lock taken
+	retrying := sh.holdBusy // its last look asked for another soon (see below)
 	if !retrying {
 		sh.holdBusySince = time.Time{} // a new wait for a busy sibling starts at its first refusal
 	}
