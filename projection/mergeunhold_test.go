@@ -8,16 +8,15 @@ import (
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/internal/testevents"
 	"github.com/projectorhq/projector/projection"
-	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // upperStream returns a stream id of type ticket (no tenant) in the upper
 // of two partitions.
 func upperStream(t *testing.T, prefix string) string {
 	t.Helper()
+	upper := segment(t, 1, 2)
 	for i := range 1000 {
-		id := fmt.Sprintf("%s-%d", prefix, i)
-		if postgres.StreamHash(projector.SystemTenant, "ticket", id)>>31 == 1 {
+		if id := fmt.Sprintf("%s-%d", prefix, i); upper.Contains(streamHash(id)) {
 			return id
 		}
 	}
