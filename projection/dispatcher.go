@@ -263,6 +263,7 @@ type shard struct {
 	// seen there), since holdBusySince (mergehandoff.go). Loop-owned.
 	holdBusy      bool
 	holdBusySince time.Time
+	crossedHold   bool // the last pass crossed a hold it had not seen (holdcheck.go)
 	// spanName is the name of the shard's batch spans (batchSpanName).
 	spanName string
 	// segment is a partition's hash segment; zero for an unpartitioned
@@ -273,12 +274,10 @@ type shard struct {
 	// reads (readplan.go): not in the first moments of a partition a split
 	// or merge just made, when the change's own passes need the server.
 	planFrom time.Time
-	// kick wakes the shard's loop when this process takes the partition, when
-	// it is split or merged away, or when a shard wake (WakeShards) names it:
-	// an operator enabled or restarted it, or released its lock.
-	kick chan struct{}
-	// removed: the partition was split or merged away; its loop ends.
-	removed atomic.Bool
+	// kick wakes the loop: this process took the partition, it was split or
+	// merged away, or a shard wake (WakeShards) names it.
+	kick    chan struct{}
+	removed atomic.Bool // split or merged away: its loop ends
 	// standing: an upper half standing at its merge hold, which the
 	// balancing round's wakes pass by (lowerLooks, mergehandoff.go).
 	standing atomic.Bool
@@ -602,6 +601,7 @@ func (d *Dispatcher) runShard(soft, hard context.Context, sh *shard) {
 			return
 		}
 		res, err := d.pass(hard, sh)
+		res, err = sh.againPastHold(soft, log, res, err)
 		<-d.sem
 		if soft.Err() != nil {
 			return

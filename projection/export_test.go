@@ -25,6 +25,10 @@ var ShardLockKey = shardLockKey
 // before the wait decides on what it saw.
 func SetMergeLookHook(a *Admin, f func(ready bool, merged []bool)) { a.lookHook = f }
 
+// SetMergeHoldHook has a's merge hold without the halves' locks call f
+// between its read of their rows and its write (holdUnlocked).
+func SetMergeHoldHook(a *Admin, f func()) { a.holdHook = f }
+
 // AwaitHoldsOf runs a merge's wait (awaitHolds), on a connection of its
 // own, for consumer's pair 0/2 and 1/2 held at hold, as a merge command
 // does once its hold committed, and returns whether the pair was merged

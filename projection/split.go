@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -395,8 +394,10 @@ func (p mergePair) ids() []string { return []string{segmentInstance(p.lo), segme
 // Merge merges pairs of sibling partitions of consumer into their parents:
 // the pair of each partition only names (with its sibling, which must
 // exist), or every pair whose two halves exist when none is named. It holds
-// each pair at a position of its own (holdPair); a pair whose halves stand
-// at one cursor already is swapped in the same transaction (mergeAtOnce).
+// each pair at a position of its own: without the halves' locks when every
+// pair is caught up (holdUnlocked), so it waits for no running batch;
+// otherwise under them (holdPair), and a pair whose halves stand at one
+// cursor already is swapped in the same transaction (mergeAtOnce).
 // For the others it waits up to wait for both halves to stand at their
 // hold (a dispatcher running the consumer brings them: nothing is applied
 // by Merge). The pass of the half there second swaps the pair
@@ -499,8 +500,9 @@ func (a *Admin) Merge(ctx context.Context, consumer string, wait time.Duration, 
 	return every(), nil
 }
 
-// holdPairs picks the pairs to merge and holds each at the cursor of the
-// one ahead, in one transaction, and claims each pair for this command
+// holdPairs picks the pairs to merge and holds each (holdUnlocked, or
+// holdPair under the halves' locks), in one transaction, and claims each
+// pair for this command
 // (claimPairs): a pair another merge command is merging is refused at
 // once, so of two operators merging at once one wins (promise 10).
 //
@@ -563,6 +565,14 @@ func (a *Admin) holdPairsIn(ctx context.Context, tx pgx.Tx, consumer string, onl
 		if err := a.claimPairs(ctx, tx, consumer, pairs); err != nil {
 			return err
 		}
+		writes := &pgx.Batch{}
+		if held, err := a.holdUnlocked(ctx, tx, consumer, pairs); err != nil || held {
+			if err == nil {
+				queueNotifyLayout(writes, a.store, consumer)
+				err = tx.SendBatch(ctx, writes).Close()
+			}
+			return err
+		}
 		halves := pairSegments(pairs)
 		rows, err := a.readPartitions(ctx, tx, consumer, everyPartition(layout, halves), halves...)
 		if err != nil {
@@ -572,7 +582,6 @@ func (a *Admin) holdPairsIn(ctx context.Context, tx pgx.Tx, consumer string, onl
 		if err != nil {
 			return err
 		}
-		writes := &pgx.Batch{}
 		for i := range pairs {
 			if err := a.holdPair(consumer, &pairs[i], rows, now, writes); err != nil {
 				return err
@@ -600,14 +609,10 @@ func (a *Admin) holdPairsIn(ctx context.Context, tx pgx.Tx, consumer string, onl
 // lies below it.
 func holdNow(ctx context.Context, tx pgx.Tx) (projector.Position, error) {
 	var xmin string
-	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`).Scan(&xmin); err != nil {
+	if err := tx.QueryRow(ctx, holdHorizonSQL).Scan(&xmin); err != nil {
 		return projector.Position{}, fmt.Errorf("merge hold: %w", err)
 	}
-	x, err := strconv.ParseUint(xmin, 10, 64)
-	if err != nil {
-		return projector.Position{}, fmt.Errorf("merge hold: horizon %q: %w", xmin, err)
-	}
-	return projector.Horizon(x), nil
+	return parseHorizon(xmin)
 }
 
 // holdPair picks p's hold from both halves' rows (read and locked) and

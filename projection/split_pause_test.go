@@ -454,14 +454,14 @@ func mustList(t *testing.T, admin *projection.Admin, consumer string) []projecti
 	return states
 }
 
-// A merge of two caught-up halves at different cursors holds them at the
-// horizon its hold sees, not at the cursor of the one ahead: the events
-// committed while it waited for a half's running batch are applied by the
-// halves, not left standing for the merged partition. Here 1/2's lock is
-// held by the test (a running batch) while 0/2 goes on ahead; the merge
-// then waits for 1/2 with 0/2's lock already its own, so neither half
-// applies anything meanwhile. Before, the merged partition started at 0/2's
-// cursor, behind every event appended during the wait (the test fails so).
+// A merge of two caught-up halves at different cursors holds them at once,
+// without their locks (holdUnlocked), at the horizon it sees: it does not
+// wait for a half's running batch, and every event committed before it
+// began lies below the hold, applied by the halves. Here 1/2's lock is
+// held by the test (a running batch) while 0/2 goes on ahead: the hold
+// must be in place while 1/2's batch still runs. Before, the merge waited
+// for that batch, behind the layout gate, and no partition started a batch
+// meanwhile (the test fails so: no hold until the release).
 func TestMergeHoldsCaughtUpHalvesAtTheHold(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
@@ -477,7 +477,6 @@ func TestMergeHoldsCaughtUpHalvesAtTheHold(t *testing.T) {
 		s := e.partitionShards("heldnow")
 		return !s[0].Cursor.Less(ahead) && s[0].Status == projection.StatusIdle && s[1].Status == projection.StatusIdle
 	})
-	before := e.advisoryWaiters()
 	type result struct {
 		changes []projection.PartitionChange
 		err     error
@@ -487,24 +486,23 @@ func TestMergeHoldsCaughtUpHalvesAtTheHold(t *testing.T) {
 		changes, err := projection.NewAdmin(e.store).Merge(e.ctx, "heldnow", time.Minute)
 		done <- result{changes, err}
 	}()
-	eventually(t, 30*time.Second, "the merge waits for 1/2's batch", func() bool { return e.advisoryWaiters() > before })
-	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 40, 20, "b"))
-	// Below the horizon now lie the appends of the wait (unless a
-	// transaction of another test, older than they are, is still open; the
-	// check is then weaker, never wrong): the hold, taken after the
-	// release, is no earlier.
-	var xmin uint64
-	if err := e.store.Pool().QueryRow(e.ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xmin); err != nil {
-		t.Fatal(err)
+	var hold projector.Position
+	eventually(t, 30*time.Second, "the merge holds both halves while 1/2's batch runs", func() bool {
+		s := e.partitionShards("heldnow")
+		hold = s[0].Hold
+		return hold != (projector.Position{}) && s[1].Hold == hold
+	})
+	if hold.Less(ahead) {
+		t.Errorf("held at %s, behind %s, the last event committed before the merge began", hold, ahead)
 	}
-	last := projector.Horizon(xmin)
+	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 40, 20, "b"))
 	release()
 	r := <-done
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if len(r.changes) != 1 || r.changes[0].Cursor.Less(last) {
-		t.Errorf("merged %v: the merged partition starts behind %s, where every event committed while the merge waited was final; the halves should have applied them", r.changes, last)
+	if len(r.changes) != 1 || r.changes[0].Cursor != hold {
+		t.Errorf("merged %v, want the merged partition to start at the hold, %s", r.changes, hold)
 	}
 	e.catchUp(d)
 	e.checkCounts("heldnow", versions)

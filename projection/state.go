@@ -193,6 +193,9 @@ type Admin struct {
 	// (awaitHolds) with what it saw, before the wait decides on it
 	// (tests that act between two looks).
 	lookHook func(ready bool, merged []bool)
+	// holdHook, when set, is called by a merge's hold without the halves'
+	// locks between its read of their rows and its write (holdUnlocked).
+	holdHook func()
 }
 
 // NewAdmin returns the ops functions for the consumers of store's schema.
