@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -28,11 +29,12 @@ import (
 // runs again, cut at the hold. A pass that moved a cursor past the hold
 // between this read and the hold's write makes the hold's own update fail
 // the same check: the hold rolls back to its savepoint and returns false.
+// A pair whose halves stand at one cursor with no batch running is held
+// there and swapped at once (lockAtOne).
 //
 // It returns false, having written nothing, unless every pair's halves are
 // caught up (their last pass read less than a batch, not failing), not held,
-// not marked to split, not replaying, at one model version and at two
-// cursors: the rest (halves at one cursor, which the hold swaps at once; a
+// not marked to split, not replaying and at one model version: the rest (a
 // half behind by a backlog, held at the cursor of the one ahead; a second
 // merge of the same pair) is held under the locks, as before (holdPair).
 // The caller holds the consumer's fence lock, so no layout change
@@ -59,13 +61,21 @@ func (a *Admin) holdUnlocked(ctx context.Context, tx pgx.Tx, consumer string, pa
 		return false, err
 	}
 	holds := make([]projector.Position, len(pairs))
+	var atOne []int // the pairs whose halves stand at one cursor
 	for i, p := range pairs {
 		lo, okLo := read[p.lo]
 		hi, okHi := read[p.hi]
-		if !okLo || !okHi || !holdableUnlocked(lo) || !holdableUnlocked(hi) || lo.version != hi.version || lo.cursor == hi.cursor {
+		if !okLo || !okHi || !holdableUnlocked(lo) || !holdableUnlocked(hi) || lo.version != hi.version {
 			return false, nil
 		}
 		holds[i] = latest(lo.cursor, hi.cursor, now)
+		if lo.cursor == hi.cursor {
+			atOne = append(atOne, i)
+		}
+	}
+	swap, err := a.lockAtOne(ctx, tx, consumer, pairs, atOne, holds, read)
+	if err != nil || swap == nil {
+		return false, err
 	}
 	if a.holdHook != nil {
 		a.holdHook()
@@ -82,6 +92,16 @@ func (a *Admin) holdUnlocked(ctx context.Context, tx pgx.Tx, consumer string, pa
 			})
 		}
 	}
+	atOnce := make([]bool, len(pairs))
+	for i := range pairs {
+		if swap[i] {
+			p := pairs[i]
+			p.hold = holds[i]
+			if atOnce[i], err = a.mergeAtOnce(consumer, p, read, writes); err != nil {
+				return false, err
+			}
+		}
+	}
 	if err := tx.SendBatch(ctx, writes).Close(); err != nil {
 		if !pastHold(err) {
 			return false, fmt.Errorf("merge hold: %w", err)
@@ -92,10 +112,83 @@ func (a *Admin) holdUnlocked(ctx context.Context, tx pgx.Tx, consumer string, pa
 		return false, nil // a pass got past the hold meanwhile: hold under the locks
 	}
 	for i := range pairs {
-		pairs[i].hold = holds[i]
+		pairs[i].hold, pairs[i].atOnce = holds[i], atOnce[i]
 	}
 	return true, nil
 }
+
+// lockAtOne tries, without waiting, both halves' shard locks of each pair
+// of atOne (its halves at one cursor): such a pair is held at that cursor
+// and swapped at once, in the hold's transaction, as under the locks
+// (mergeAtOnce), so no dispatcher need run. It re-reads those rows under
+// the locks into read (a pair a pass moved meanwhile is held with the
+// others), and returns which pairs to swap. It returns nil, having written
+// nothing, when it did not get a pair's locks (a pass runs; the hold under
+// the locks waits for it, as a pair whose halves are at one cursor is held
+// at it, and holding it there unlocked would roll back the running batch
+// past it) or a pair is no longer one holdUnlocked may hold.
+func (a *Admin) lockAtOne(ctx context.Context, tx pgx.Tx, consumer string, pairs []mergePair, atOne []int,
+	holds []projector.Position, read map[postgres.Segment]partRow) ([]bool, error) {
+	swap := make([]bool, len(pairs))
+	if len(atOne) == 0 {
+		return swap, nil
+	}
+	got := make([]bool, len(atOne))
+	var ids []string
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT merge_try") // its rollback lifts the locks taken after it
+	for j, i := range atOne {
+		p := pairs[i]
+		ids = append(ids, p.ids()...)
+		b.Queue(tryLockPairSQL, shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: segmentInstance(p.lo)}),
+			shardLockKey(a.store.Schema(), ShardID{Consumer: consumer, Instance: segmentInstance(p.hi)})).
+			QueryRow(func(row pgx.Row) error { return row.Scan(&got[j]) })
+	}
+	var locked map[postgres.Segment]partRow
+	var xmin string
+	b.Queue(a.split.peek, consumer, ids).Query(func(rows pgx.Rows) (err error) {
+		locked, err = scanPartRows(rows)
+		return err
+	})
+	b.Queue(holdHorizonSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&xmin) })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("merge hold: %w", err)
+	}
+	now, err := parseHorizon(xmin)
+	if err != nil {
+		return nil, err
+	}
+	// Giving up, it gives back the locks it got, so the hold under the
+	// locks takes them in PartitionOrder.
+	giveUp := func() ([]bool, error) {
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT merge_try"); err != nil {
+			return nil, fmt.Errorf("merge hold: %w", err)
+		}
+		return nil, nil
+	}
+	if slices.Contains(got, false) {
+		return giveUp()
+	}
+	for _, i := range atOne {
+		p := pairs[i]
+		lo, okLo := locked[p.lo]
+		hi, okHi := locked[p.hi]
+		if !okLo || !okHi || !holdableUnlocked(lo) || !holdableUnlocked(hi) || lo.version != hi.version {
+			return giveUp()
+		}
+		read[p.lo], read[p.hi] = lo, hi
+		holds[i] = latest(lo.cursor, hi.cursor, now)
+		if lo.cursor == hi.cursor {
+			holds[i], swap[i] = lo.cursor, true
+		}
+	}
+	return swap, nil
+}
+
+// tryLockPairSQL tries two halves' shard locks, the second only once the
+// first is held.
+const tryLockPairSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended($1::text, 0))
+	THEN pg_try_advisory_xact_lock(hashtextextended($2::text, 0)) ELSE false END`
 
 // holdableUnlocked reports whether a half may be held by holdUnlocked: caught
 // up and in none of the states a locked hold looks at (holdPair).
