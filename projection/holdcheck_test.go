@@ -146,15 +146,8 @@ func TestMergeHoldOvertakenByAPassHoldsUnderTheLocks(t *testing.T) {
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	versions := appendWith(t, e.ctx, e.store, 1, 40, 20, "a")
 	e.catchUp(d)
-	// Two cursors apart: 1/2 kept out while 0/2 applies more.
-	release := sync.OnceFunc(e.holdShardLock("overtaken", projection.PartitionInstance(1, 2)))
+	_, release := e.halvesApart("overtaken", versions)
 	defer release()
-	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 40, 20, "m"))
-	ahead := e.lastPosition()
-	eventually(t, 30*time.Second, "0/2 is caught up past 1/2", func() bool {
-		s := e.partitionShards("overtaken")
-		return !s[0].Cursor.Less(ahead) && s[0].Status == projection.StatusIdle && s[1].Status == projection.StatusIdle
-	})
 	admin := projection.NewAdmin(e.store)
 	var overtaken projector.Position
 	projection.SetMergeHoldHook(admin, func() {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
+	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // A split of every partition waits for their running batches at once
@@ -141,6 +142,8 @@ type passHold struct {
 	armed   atomic.Bool
 	entered chan struct{}
 	unblock chan struct{}
+	// in, when set, limits the hold to the events of its streams.
+	in *postgres.Segment
 	// release lets the held handlers go on; once, so a test may call it
 	// and defer it.
 	release func()
@@ -152,10 +155,18 @@ func newPassHold() *passHold {
 	return h
 }
 
+// newPassHoldIn is newPassHold for the events of seg's streams only: the
+// passes of one partition.
+func newPassHoldIn(seg postgres.Segment) *passHold {
+	h := newPassHold()
+	h.in = &seg
+	return h
+}
+
 // wrap holds next's events while h is armed (countingThrough).
 func (h *passHold) wrap(next projection.HandlerFunc) projection.HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-		if h.armed.Load() {
+		if h.armed.Load() && (h.in == nil || h.in.Contains(postgres.StreamHash(ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID))) {
 			select {
 			case h.entered <- struct{}{}:
 			default:

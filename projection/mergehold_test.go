@@ -1,19 +1,12 @@
 package projection_test
 
 import (
-	"context"
 	"maps"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
-	"github.com/projectorhq/projector/stores/postgres"
 )
 
 // A merge of every pair of a live, caught-up consumer waits for no running
@@ -25,44 +18,18 @@ import (
 func TestMergeOfEveryPairWaitsForNoRunningBatch(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	seg0 := segment(t, 0, 4)
-	var armed atomic.Bool
-	entered := make(chan struct{}, 1)
-	unblock := make(chan struct{})
-	count := countingHandler(e.schema, "nowait")
-	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-		if armed.Load() && seg0.Contains(postgres.StreamHash(ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID)) {
-			select {
-			case entered <- struct{}{}:
-			default:
-			}
-			select {
-			case <-unblock:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return count(ctx, tx, ev)
-	}
-	p := projection.NewAsync("nowait", projection.AsyncConfig{Partitions: 4, BatchSize: 20})
-	must(projection.OnEvent(p, e.types.Opened, h))
-	must(projection.OnEvent(p, e.types.Commented, h))
-	must(projection.OnEvent(p, e.types.Closed, h))
+	hold := newPassHoldIn(segment(t, 0, 4))
+	defer hold.release()
+	p := countingThrough(e.schema, e.types, "nowait", projection.AsyncConfig{Partitions: 4, BatchSize: 20}, hold.wrap)
 	// Passes run when woken only: none starts on its own while the merge
 	// tries the locks of a pair at one cursor.
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}, Recheck: time.Hour})
 	versions := appendWith(t, e.ctx, e.store, 1, 80, 20, "a")
 	e.catchUp(d)
 
-	let := sync.OnceFunc(func() { close(unblock) })
-	defer let()
-	armed.Store(true)
+	hold.armed.Store(true)
 	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 80, 20, "b"))
-	select {
-	case <-entered: // 0/4's pass runs, kept in its handler
-	case <-time.After(time.Minute):
-		t.Fatal("no pass of 0/4 ran")
-	}
+	hold.awaitEntered(t, "0/4") // 0/4's pass runs, kept in its handler
 	last := e.lastPosition()
 	eventually(t, time.Minute, "1/4, 2/4 and 3/4 catch up", func() bool {
 		s := e.partitionShards("nowait")
@@ -96,7 +63,7 @@ func TestMergeOfEveryPairWaitsForNoRunningBatch(t *testing.T) {
 		}
 		return false
 	})
-	let()
+	hold.release()
 	r := <-done
 	if r.err != nil {
 		t.Fatal(r.err)

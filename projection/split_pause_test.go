@@ -469,14 +469,8 @@ func TestMergeHoldsCaughtUpHalvesAtTheHold(t *testing.T) {
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	versions := appendWith(t, e.ctx, e.store, 1, 40, 20, "a")
 	e.catchUp(d)
-	release := sync.OnceFunc(e.holdShardLock("heldnow", projection.PartitionInstance(1, 2)))
+	ahead, release := e.halvesApart("heldnow", versions)
 	defer release()
-	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 40, 20, "m"))
-	ahead := e.lastPosition()
-	eventually(t, 30*time.Second, "0/2 is caught up past 1/2", func() bool {
-		s := e.partitionShards("heldnow")
-		return !s[0].Cursor.Less(ahead) && s[0].Status == projection.StatusIdle && s[1].Status == projection.StatusIdle
-	})
 	type result struct {
 		changes []projection.PartitionChange
 		err     error
@@ -506,6 +500,22 @@ func TestMergeHoldsCaughtUpHalvesAtTheHold(t *testing.T) {
 	}
 	e.catchUp(d)
 	e.checkCounts("heldnow", versions)
+}
+
+// halvesApart puts consumer's two partitions at two cursors: 1/2 kept out
+// (its lock held, as by a running batch) while 0/2 applies 40 more events,
+// whose versions it adds to versions. It returns once 0/2 is caught up past
+// them, both idle, with where they end and release, which lets 1/2 go on.
+func (e *env) halvesApart(consumer string, versions map[string]int64) (ahead projector.Position, release func()) {
+	e.t.Helper()
+	release = sync.OnceFunc(e.holdShardLock(consumer, projection.PartitionInstance(1, 2)))
+	maps.Copy(versions, appendWith(e.t, e.ctx, e.store, 1, 40, 20, "m"))
+	ahead = e.lastPosition()
+	eventually(e.t, 30*time.Second, "0/2 is caught up past 1/2", func() bool {
+		s := e.partitionShards(consumer)
+		return !s[0].Cursor.Less(ahead) && s[0].Status == projection.StatusIdle && s[1].Status == projection.StatusIdle
+	})
+	return ahead, release
 }
 
 // lastPosition returns the position of the log's last event.

@@ -5,12 +5,9 @@ import (
 	"errors"
 	"maps"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/projectorhq/projector"
 	"github.com/projectorhq/projector/projection"
@@ -27,50 +24,25 @@ import (
 func TestSplitHandedOffToThePassesWaitsForNoRunningBatch(t *testing.T) {
 	t.Parallel()
 	e := partitioned(t)
-	var armed atomic.Bool
-	entered := make(chan struct{}, 1)
-	unblock := make(chan struct{})
-	count := countingHandler(e.schema, "handoff")
 	one := projection.PartitionInstance(1, 2)
 	seg1 := segment(t, 1, 2)
-	h := func(ctx context.Context, tx pgx.Tx, ev projector.Event) error {
-		if armed.Load() && seg1.Contains(postgres.StreamHash(ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID)) {
-			select {
-			case entered <- struct{}{}:
-			default:
-			}
-			select {
-			case <-unblock:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return count(ctx, tx, ev)
-	}
+	hold := newPassHoldIn(seg1)
+	defer hold.release()
 	var applied0 atomic.Int64 // events of 0/2's streams committed
-	p := projection.NewAsync("handoff", projection.AsyncConfig{Partitions: 2, BatchSize: 5, AfterCommit: func(evs []projector.Event) {
+	p := countingThrough(e.schema, e.types, "handoff", projection.AsyncConfig{Partitions: 2, BatchSize: 5, AfterCommit: func(evs []projector.Event) {
 		for _, ev := range evs {
 			if !seg1.Contains(postgres.StreamHash(ev.Stream.Tenant, ev.Stream.Type, ev.Stream.ID)) {
 				applied0.Add(1)
 			}
 		}
-	}})
-	must(projection.OnEvent(p, e.types.Opened, h))
-	must(projection.OnEvent(p, e.types.Commented, h))
-	must(projection.OnEvent(p, e.types.Closed, h))
+	}}, hold.wrap)
 	d := e.dispatcher(projection.Config{Projections: []*projection.Async{p}})
 	versions := appendWith(t, e.ctx, e.store, 1, 40, 20, "a")
 	e.catchUp(d)
 
-	unblock1 := sync.OnceFunc(func() { close(unblock) })
-	defer unblock1()
-	armed.Store(true)
+	hold.armed.Store(true)
 	maps.Copy(versions, appendWith(t, e.ctx, e.store, 1, 40, 20, "b"))
-	select {
-	case <-entered: // 1/2's pass runs, held in its handler
-	case <-time.After(time.Minute):
-		t.Fatal("no pass of 1/2 ran")
-	}
+	hold.awaitEntered(t, "1/2") // 1/2's pass runs, held in its handler
 	// 0/2 caught up first, so what it applies once the split began is the
 	// events appended after.
 	last := e.lastPosition()
@@ -117,7 +89,7 @@ func TestSplitHandedOffToThePassesWaitsForNoRunningBatch(t *testing.T) {
 		t.Fatalf("the split returned (%v, %v) while 1/2's batch still ran", r.changes, r.err)
 	default:
 	}
-	unblock1()
+	hold.release()
 	r := <-done
 	if r.err != nil {
 		t.Fatal(r.err)
