@@ -40,6 +40,12 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := c.who(r)
+	if o.retry > 0 {
+		c.log.Warn("console: request refused", slog.String("remote", remote(r)), slog.String("method", r.Method),
+			slog.String("path", requestPath(r)), slog.Int("status", http.StatusTooManyRequests), slog.String("why", "too many wrong tokens"))
+		c.tooMany(w, r, o.retry)
+		return
+	}
 	if !o.ok() {
 		msg := "sign in with the operator token first"
 		if r.Header.Get("Authorization") != "" {

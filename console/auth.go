@@ -35,6 +35,9 @@ type operator struct {
 	name   string
 	bearer bool
 	cookie string // the session cookie's value, which the CSRF token is bound to
+	// retry: no operator, and the request's address must wait this long
+	// before its next token (loginguard.go).
+	retry time.Duration
 }
 
 func (o operator) ok() bool { return o.name != "" }
@@ -71,10 +74,15 @@ func (c *Console) who(r *http.Request) operator {
 		return operator{}
 	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
+		addr := clientAddress(r)
+		if wait := c.logins.wait(addr); wait > 0 {
+			return operator{retry: wait}
+		}
 		// The scheme's name is case-insensitive (RFC 9110, section 11.1).
 		if scheme, tok, ok := strings.Cut(auth, " "); ok && strings.EqualFold(scheme, "Bearer") && c.tokenMatches(tok) {
 			return operator{name: "bearer", bearer: true}
 		}
+		c.logins.failed(addr)
 		return operator{}
 	}
 	ck, err := r.Cookie(CookieName)
@@ -159,6 +167,14 @@ func requestPath(r *http.Request) string {
 	return projector.Printable(p)
 }
 
+// tooMany answers a request whose address tried too many wrong tokens
+// (loginguard.go): 429, and when to try again, in whole seconds.
+func (c *Console) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+	secs := int64((wait + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	c.reply(w, r, http.StatusTooManyRequests, "too many wrong tokens from this address: try again in "+strconv.FormatInt(secs, 10)+" s")
+}
+
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "login.html", c.page(r, "Sign in", nil))
 }
@@ -182,7 +198,14 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.deny(w, r, http.StatusBadRequest, "operator name: 1 to 64 printable characters")
 		return
 	}
+	addr := clientAddress(r)
+	if wait := c.logins.wait(addr); wait > 0 {
+		c.log.Warn("console: login refused", slog.String("who", name), slog.String("remote", remote(r)), slog.String("result", "too many wrong tokens"))
+		c.tooMany(w, r, wait)
+		return
+	}
 	if !c.tokenMatches(r.PostFormValue("token")) {
+		c.logins.failed(addr)
 		c.log.Warn("console: login refused", slog.String("who", name), slog.String("remote", remote(r)), slog.String("result", "wrong token"))
 		c.reply(w, r, http.StatusUnauthorized, "wrong token")
 		return

@@ -175,6 +175,8 @@ type Console struct {
 	// cookies' MACs, with their expiry), so a copy of a cookie kept past
 	// its logout no longer signs in.
 	ended endedSessions
+	// logins throttles wrong tokens per client address (loginguard.go).
+	logins loginGuard
 }
 
 //go:embed templates/*.html

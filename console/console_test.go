@@ -497,3 +497,46 @@ func TestLogSizesShown(t *testing.T) {
 		t.Fatalf("state.json: %d, want %s in\n%s", code, want, body)
 	}
 }
+
+// Wrong tokens are throttled per address, at the login form and in the
+// Authorization header alike (loginguard.go): after LoginBurst of them the
+// address is answered 429 with Retry-After, even with the right token,
+// which is then not compared; each refusal is logged.
+func TestWrongTokensThrottled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, options{token: testToken})
+	c := e.client()
+	for i := range console.LoginBurst {
+		wrong := url.Values{"name": {"mallory"}, "token": {fmt.Sprintf("not-the-token-%d-xxxxxx", i)}}
+		if code, _ := c.do(http.MethodPost, "/login", wrong, nil); code != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d, want 401", i+1, code)
+		}
+	}
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL+"/login", strings.NewReader(url.Values{"token": {testToken}}.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", e.srv.URL)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("the right token after %d wrong ones: %d, want 429", console.LoginBurst, resp.StatusCode)
+	}
+	if ra := resp.Header.Get("Retry-After"); ra != "1" && ra != "2" {
+		t.Errorf("Retry-After %q, want 1 or 2 (seconds)", ra)
+	}
+	code, body := c.do(http.MethodPost, "/actions/consumer/restart", url.Values{"consumer": {"tickets"}},
+		map[string]string{"Authorization": "Bearer " + testToken})
+	if code != http.StatusTooManyRequests || !strings.Contains(body, "too many wrong tokens") {
+		t.Errorf("a script with the right token from the throttled address: %d %s, want 429", code, body)
+	}
+	for _, want := range []string{`"result":"too many wrong tokens"`, `"why":"too many wrong tokens"`} {
+		if !strings.Contains(e.logs.String(), want) {
+			t.Errorf("the log has no %s", want)
+		}
+	}
+}
