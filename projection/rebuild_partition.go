@@ -200,10 +200,13 @@ func (d *Dispatcher) tryLockLive(ctx context.Context, tx pgx.Tx, sh *shard) (boo
 // A partition held for a merge (split.go) postpones the switch: the merge
 // waits for both halves to stand at their hold, which a switch moving
 // their cursors to the shadow's would spoil (the halves would stand
-// elsewhere, and the merge would never swap them). Holds are set under the
-// partitions' locks, which the switch holds, so none can be set between
-// this read and the switch; the merge finishes (or gives up, lifting its
-// holds) and a later pass switches.
+// elsewhere, and the merge would never swap them); the merge finishes (or
+// gives up, lifting its holds) and a later pass switches. A merge of
+// caught-up halves sets its holds without the partitions' locks
+// (mergehold.go), so one may land between this read and the switch: the
+// database then refuses the switch's cursor past the hold (holdcheck.go),
+// and the switch rolls back to be tried again; a cursor at or before it
+// stands, and the halves, at the new version, go on to their hold.
 func (d *Dispatcher) liveFits(ctx context.Context, tx pgx.Tx, sh *shard) (bool, error) {
 	rows, err := tx.Query(ctx, `SELECT instance_id, version, hold_tx_id IS NOT NULL FROM `+d.store.Table("projector_consumers")+`
 		WHERE name = $1 AND (instance_id = '`+SharedInstance+`' OR instance_id LIKE '`+PartitionPrefix+`%')`, sh.id.Consumer)

@@ -64,7 +64,7 @@ func lockPartitions(ctx context.Context, tx pgx.Tx, store *postgres.Store, name 
 		// A merge holds the partition and its sibling at one position
 		// until both stand there; rewinding them would spoil that (and the
 		// merged partition would not know where to replay to). Holds are
-		// set under the partitions' locks, held here.
+		// set under the consumer's fence lock, held here.
 		return "", fmt.Errorf("%w: partition %s of %s is held for a merge under way; let it finish (`projector consumer merge %s` finishes one that was interrupted), then rebuild",
 			ErrMergeUnderWay, held[len(projection.PartitionPrefix):], name, name)
 	}
