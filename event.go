@@ -125,14 +125,30 @@ func (s StreamRef) String() string {
 	return Printable(s.Tenant) + "/" + Printable(s.Type) + "/" + Printable(s.ID)
 }
 
+// MaxMetadataBytes is the most bytes an event's metadata may hold: its
+// actor and every header name and value together. Metadata is copied onto
+// every event of an append and into the headers of every message the relay
+// publishes, where NATS counts it against the message's size (1 MB by
+// default), so a large value belongs in the payload. An append over it is
+// refused before anything is sent.
+const MaxMetadataBytes = 64 << 10
+
 // Validate reports whether PostgreSQL can store the metadata exactly as
 // given: the actor and every header name and value must be valid UTF-8
-// without NUL bytes. encoding/json would silently turn invalid UTF-8 into
+// without NUL bytes, and together at most [MaxMetadataBytes]. encoding/json would silently turn invalid UTF-8 into
 // U+FFFD, and PostgreSQL refuses NUL in text and jsonb with an error that
 // aborts the caller's transaction; appends call Validate before sending
 // anything instead. The error matches [ErrInvalidPayload] and never carries
 // the raw bytes.
 func (m Metadata) Validate() error {
+	n := len(m.Actor)
+	for k, v := range m.Headers {
+		n += len(k) + len(v)
+	}
+	if n > MaxMetadataBytes {
+		return fmt.Errorf("%w: metadata: the actor and headers are %d bytes, over the limit of %d (projector.MaxMetadataBytes): keep large values in the payload",
+			ErrInvalidPayload, n, MaxMetadataBytes)
+	}
 	if problem := storable(m.Actor, 0); problem != "" {
 		return fmt.Errorf("%w: metadata: the actor %s %s", ErrInvalidPayload, Printable(m.Actor), problem)
 	}

@@ -59,6 +59,10 @@ func TestMetadataValidate(t *testing.T) {
 		{"empty", projector.Metadata{}, nil},
 		{"plain", projector.Metadata{Actor: "agent-7", Headers: map[string]string{"trace": "abc", "": "", "ü": "\ufffd"}}, nil},
 		{"long actor", projector.Metadata{Actor: strings.Repeat("a", 10_000)}, nil},
+		{"actor and headers at the limit", projector.Metadata{Actor: strings.Repeat("a", projector.MaxMetadataBytes-6), Headers: map[string]string{"k": "vvvvv"}}, nil},
+		{"actor over the limit", projector.Metadata{Actor: strings.Repeat("a", projector.MaxMetadataBytes+1)}, projector.ErrInvalidPayload},
+		{"headers over the limit together", projector.Metadata{Actor: "x", Headers: map[string]string{
+			"a": strings.Repeat("v", projector.MaxMetadataBytes/2), "b": strings.Repeat("v", projector.MaxMetadataBytes/2)}}, projector.ErrInvalidPayload},
 		{"NUL in actor", projector.Metadata{Actor: "a\x00"}, projector.ErrInvalidPayload},
 		{"invalid UTF-8 in actor", projector.Metadata{Actor: "\xff"}, projector.ErrInvalidPayload},
 		{"NUL in header name", projector.Metadata{Headers: map[string]string{"\x00": "v"}}, projector.ErrInvalidPayload},

@@ -58,6 +58,9 @@ func TestAppendRefusesStringsPostgresCannotStore(t *testing.T) {
 		{name: "NUL in header name", ctx: func(c context.Context) context.Context { return projector.WithHeader(c, "tr\x00ace", "ab") }, want: projector.ErrInvalidPayload},
 		{name: "invalid UTF-8 in header value", ctx: func(c context.Context) context.Context { return projector.WithHeader(c, "trace", "a\xffb") }, want: projector.ErrInvalidPayload},
 		{name: "invalid UTF-8 in header name", ctx: func(c context.Context) context.Context { return projector.WithHeader(c, "tr\xfface", "ab") }, want: projector.ErrInvalidPayload},
+		{name: "metadata over MaxMetadataBytes", ctx: func(c context.Context) context.Context {
+			return projector.WithHeader(c, "blob", strings.Repeat("b", projector.MaxMetadataBytes))
+		}, want: projector.ErrInvalidPayload},
 		{name: "NUL in payload string", payloads: []any{testevents.TicketOpened{Title: "printer\x00on fire"}}, want: projector.ErrInvalidPayload},
 		{name: "invalid UTF-8 in payload string", payloads: []any{testevents.TicketOpened{Title: "printer \xff on fire"}}, want: projector.ErrInvalidPayload},
 		{name: "invalid UTF-8 in a later payload", payloads: []any{opened, testevents.TicketCommented{Body: "\xfe"}}, want: projector.ErrInvalidPayload},
