@@ -106,7 +106,13 @@ func (a *Admin) holdUnlocked(ctx context.Context, tx pgx.Tx, consumer string, pa
 		if !pastHold(err) {
 			return false, fmt.Errorf("merge hold: %w", err)
 		}
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT merge_hold"); err != nil {
+		// Back to before the locks lockAtOne took, if it took any, so the
+		// hold under the locks takes them in PartitionOrder.
+		savepoint := "merge_hold"
+		if len(atOne) > 0 {
+			savepoint = "merge_try"
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
 			return false, fmt.Errorf("merge hold: %w", err)
 		}
 		return false, nil // a pass got past the hold meanwhile: hold under the locks
