@@ -304,15 +304,24 @@ func archiveAdvice(name string, shards []projection.ShardState, deadLetters, par
 	// a failing event, which may be archived and so not counted in its
 	// lag): with every shard caught up, what held the streams back is a
 	// dead letter or a park, and "0 events behind ... archive again once it
-	// has caught up" sent the operator to wait for nothing.
-	behind := slowest != nil && (slowest.LagEvents > 0 || slowest.Status == projection.StatusDead)
+	// has caught up" sent the operator to wait for nothing. Or when no live
+	// dispatcher runs it: its lag counts only its own events (its types,
+	// a partition's streams), of which there may be none, while the guard
+	// stops at its cursor, which nothing moves; "cleared since; archive
+	// again" then sent the operator round in a loop.
+	unattended := slowest != nil && slowest.Dispatcher != projection.DispatcherLive
+	behind := slowest != nil && (slowest.LagEvents > 0 || slowest.Status == projection.StatusDead || unattended)
 	var sb strings.Builder
 	if behind {
 		b := slowest
 		id, partition := shardArgs(b.Consumer, b.Instance)
-		fmt.Fprintf(&sb, "slowest shard: consumer %s (instance %s, %s, dispatcher %s) at %s, %d events behind.\n",
+		lag := fmt.Sprintf("%d events behind", b.LagEvents)
+		if b.LagEvents == 0 {
+			lag = "none of its own events behind, but the guard stops at its cursor"
+		}
+		fmt.Fprintf(&sb, "slowest shard: consumer %s (instance %s, %s, dispatcher %s) at %s, %s.\n",
 			projector.Printable(b.Consumer), projector.Printable(b.Instance), projector.Printable(string(b.Status)),
-			projector.Printable(string(b.Dispatcher)), cursor(b.Cursor), b.LagEvents)
+			projector.Printable(string(b.Dispatcher)), cursor(b.Cursor), lag)
 		switch {
 		case b.Status == projection.StatusDead:
 			fmt.Fprintf(&sb, "It is dead: see why with `%s consumer status %s`, then `%s consumer restart %s` or `%s consumer skip %s`.\n",

@@ -207,6 +207,10 @@ func TestArchiveAdviceNamesLagOnlyWhenBehind(t *testing.T) {
 		Dispatcher: projection.DispatcherLive, Cursor: projector.Position{TxID: 9, Seq: 1}}
 	behind := caughtUp
 	behind.LagEvents = 3
+	// A partition no live dispatcher runs, with no events of its own since
+	// its cursor: the guard still stops there.
+	unattended := projection.ShardState{ShardID: projection.ShardID{Consumer: "orders", Instance: projection.PartitionInstance(1, 4)},
+		Status: projection.StatusIdle, Dispatcher: projection.DispatcherNone, Cursor: projector.Position{TxID: 7, Seq: 2}, Partitions: 4}
 	for _, c := range []struct {
 		name       string
 		shard      projection.ShardState
@@ -217,6 +221,9 @@ func TestArchiveAdviceNamesLagOnlyWhenBehind(t *testing.T) {
 			[]string{"open now: 1 dead letter (`projector dead-letters list`) and 1 park"}, []string{"slowest shard", "caught up", "events behind"}},
 		{"caught up, nothing open", caughtUp, 0, 0,
 			[]string{"No shard is behind and no dead letter or park is open now", "archive again"}, []string{"slowest shard"}},
+		{"unattended, none of its own events behind", unattended, 0, 0,
+			[]string{"slowest shard: consumer orders (instance __partition__1/4, idle, dispatcher none) at 7/2, none of its own events behind, but the guard stops at its cursor."},
+			[]string{"No shard is behind", "archive again"}},
 		{"behind", behind, 1, 0,
 			[]string{"slowest shard: consumer console_tail (instance web-2, idle, dispatcher live) at 9/1, 3 events behind.",
 				"A live dispatcher is applying it", "open now: 1 dead letter"}, []string{"No shard is behind"}},
