@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -99,6 +100,11 @@ func (c *Console) who(r *http.Request) operator {
 	}
 	exp, err := strconv.ParseInt(parts[1], 10, 64)
 	if err != nil || time.Now().Unix() >= exp || c.ended.has(parts[2]) {
+		return operator{}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), sessionTimeout)
+	defer cancel()
+	if c.loggedOut(ctx, parts[2], exp) {
 		return operator{}
 	}
 	name, err := base64.RawURLEncoding.DecodeString(parts[0])
@@ -234,6 +240,9 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 		if parts := strings.Split(o.cookie, "."); len(parts) == 3 {
 			if exp, err := strconv.ParseInt(parts[1], 10, 64); err == nil {
 				c.ended.add(parts[2], exp)
+				ctx, cancel := context.WithTimeout(r.Context(), sessionTimeout)
+				c.recordLogout(ctx, parts[2], exp)
+				cancel()
 			}
 		}
 		c.log.Info("console: logout", slog.String("who", o.name), slog.String("remote", remote(r)))
@@ -244,8 +253,8 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 // endedSessions are sessions logged out before they expired, by their
 // cookie's MAC, until they expire: logging out cleared the browser's
 // cookie, but a copy of it (another tab's request in flight, a proxy's
-// log) still signed in. It is this process's: behind one address, another
-// console process accepts the session until it expires.
+// log) still signed in. It is this process's; the logouts of every
+// process are also in projector_console_logouts (logouts.go).
 type endedSessions struct {
 	mu  sync.Mutex
 	mac map[string]int64 // MAC → the session's expiry (Unix seconds)
