@@ -43,4 +43,15 @@ func TestActionRefusedByTheDatabaseRole(t *testing.T) {
 	if st := e.status(); st.Status == "disabled" {
 		t.Fatal("the refused action disabled the consumer")
 	}
+	// Its logout cannot be written for the other console processes: it
+	// ends the session here and says so.
+	if code, _ := c.do(http.MethodPost, "/logout", url.Values{"csrf": {csrf}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("logout through a read-only database role: %d", code)
+	}
+	if !strings.Contains(e.logs.String(), "logout recorded in this process only") {
+		t.Error("a logout the role could not share did not say so")
+	}
+	if code, _ := c.do(http.MethodPost, "/actions/consumer/disable", url.Values{"consumer": {"tickets"}, "csrf": {csrf}}, nil); code != http.StatusUnauthorized {
+		t.Errorf("an action after the logout: %d, want 401", code)
+	}
 }
