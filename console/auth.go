@@ -75,15 +75,17 @@ func (c *Console) who(r *http.Request) operator {
 		return operator{}
 	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		addr := clientAddress(r)
-		if wait := c.logins.wait(addr); wait > 0 {
+		wait, done := c.logins.attempt(clientAddress(r))
+		if wait > 0 {
 			return operator{retry: wait}
 		}
 		// The scheme's name is case-insensitive (RFC 9110, section 11.1).
-		if scheme, tok, ok := strings.Cut(auth, " "); ok && strings.EqualFold(scheme, "Bearer") && c.tokenMatches(tok) {
+		scheme, tok, ok := strings.Cut(auth, " ")
+		right := ok && strings.EqualFold(scheme, "Bearer") && c.tokenMatches(tok)
+		done(right)
+		if right {
 			return operator{name: "bearer", bearer: true}
 		}
-		c.logins.failed(addr)
 		return operator{}
 	}
 	ck, err := r.Cookie(CookieName)
@@ -204,14 +206,15 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.deny(w, r, http.StatusBadRequest, "operator name: 1 to 64 printable characters")
 		return
 	}
-	addr := clientAddress(r)
-	if wait := c.logins.wait(addr); wait > 0 {
+	wait, done := c.logins.attempt(clientAddress(r))
+	if wait > 0 {
 		c.log.Warn("console: login refused", slog.String("who", name), slog.String("remote", remote(r)), slog.String("result", "too many wrong tokens"))
 		c.tooMany(w, r, wait)
 		return
 	}
-	if !c.tokenMatches(r.PostFormValue("token")) {
-		c.logins.failed(addr)
+	right := c.tokenMatches(r.PostFormValue("token"))
+	done(right)
+	if !right {
 		c.log.Warn("console: login refused", slog.String("who", name), slog.String("remote", remote(r)), slog.String("result", "wrong token"))
 		c.reply(w, r, http.StatusUnauthorized, "wrong token")
 		return

@@ -44,24 +44,13 @@ func (g *loginGuard) clock() time.Time {
 	return time.Now()
 }
 
-// wait returns how long addr must wait before its next try: zero when it
-// may try now.
-func (g *loginGuard) wait(addr string) time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	l := g.byAddr[g.key(addr)]
-	if l == nil {
-		return 0
-	}
-	tokens := l.TokensAt(g.clock())
-	if tokens >= 1 {
-		return 0
-	}
-	return time.Duration((1 - tokens) * float64(LoginEvery))
-}
-
-// failed counts a wrong token from addr.
-func (g *loginGuard) failed(addr string) {
+// attempt takes one try for addr, before its token is compared: the try
+// is taken and the check made in one step, so requests racing from one
+// address get LoginBurst tries between them, not each its own. It returns
+// how long addr must wait (no try taken), or zero and done, which the
+// caller calls with whether the token was right: a right token's try is
+// given back.
+func (g *loginGuard) attempt(addr string) (wait time.Duration, done func(right bool)) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.clock()
@@ -77,22 +66,27 @@ func (g *loginGuard) failed(addr string) {
 			}
 		}
 	}
-	k := g.key(addr)
+	k := addr
+	if _, ok := g.byAddr[k]; !ok && len(g.byAddr) >= loginAddresses {
+		k = overflowAddress // full of recent wrong tries: new addresses share one bucket
+	}
 	l := g.byAddr[k]
 	if l == nil {
 		l = rate.NewLimiter(rate.Every(LoginEvery), LoginBurst)
 		g.byAddr[k] = l
 	}
-	l.AllowN(now, 1)
-}
-
-// key is the bucket addr counts in: its own, or the shared one once the
-// table is full.
-func (g *loginGuard) key(addr string) string {
-	if _, ok := g.byAddr[addr]; ok || len(g.byAddr) < loginAddresses {
-		return addr
+	r := l.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return d, nil
 	}
-	return overflowAddress
+	return 0, func(right bool) {
+		if right {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			r.CancelAt(g.clock())
+		}
+	}
 }
 
 // clientAddress is the request's client address without its port, the

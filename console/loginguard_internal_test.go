@@ -2,35 +2,80 @@ package console
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
 
+// wrong tries a wrong token from addr and returns the wait it was told
+// (zero: the try was taken).
+func (g *loginGuard) wrong(addr string) time.Duration {
+	wait, done := g.attempt(addr)
+	if wait == 0 {
+		done(false)
+	}
+	return wait
+}
+
 // An address may try LoginBurst wrong tokens at once, then one more every
-// LoginEvery; another address is not slowed by it.
+// LoginEvery; a right token costs no try; another address is not slowed.
 func TestLoginGuardThrottlesWrongTokens(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	g := loginGuard{now: func() time.Time { return now }}
-	for i := range LoginBurst {
-		if w := g.wait("10.0.0.1"); w != 0 {
-			t.Fatalf("wrong token %d: wait %v before it, want none", i+1, w)
+	for range 3 {
+		wait, done := g.attempt("10.0.0.1")
+		if wait != 0 {
+			t.Fatalf("a right token: wait %v, want none", wait)
 		}
-		g.failed("10.0.0.1")
+		done(true)
 	}
-	w := g.wait("10.0.0.1")
+	for i := range LoginBurst {
+		if w := g.wrong("10.0.0.1"); w != 0 {
+			t.Fatalf("wrong token %d: wait %v, want none (right tokens cost no try)", i+1, w)
+		}
+	}
+	w := g.wrong("10.0.0.1")
 	if w <= 0 || w > LoginEvery {
 		t.Fatalf("after %d wrong tokens: wait %v, want (0, %v]", LoginBurst, w, LoginEvery)
 	}
-	if w := g.wait("10.0.0.2"); w != 0 {
+	if w := g.wrong("10.0.0.2"); w != 0 {
 		t.Errorf("another address waits %v, want none", w)
 	}
 	now = now.Add(w)
-	if w := g.wait("10.0.0.1"); w != 0 {
+	if w := g.wrong("10.0.0.1"); w != 0 {
 		t.Fatalf("after the wait: wait %v, want none", w)
 	}
-	g.failed("10.0.0.1")
-	if w := g.wait("10.0.0.1"); w <= LoginEvery/2 {
+	if w := g.wrong("10.0.0.1"); w <= LoginEvery/2 {
 		t.Errorf("after one more wrong token: wait %v, want about %v", w, LoginEvery)
+	}
+}
+
+// Requests racing from one address share its tries: of many wrong tokens
+// sent at once, LoginBurst are compared. A check of the bucket apart from
+// taking the try let every racing request through.
+func TestLoginGuardRacingTries(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	g := loginGuard{now: func() time.Time { return now }}
+	var mu sync.Mutex
+	taken := 0
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 50 {
+		wg.Go(func() {
+			<-start
+			wait, done := g.attempt("10.0.0.1")
+			if wait == 0 {
+				mu.Lock()
+				taken++
+				mu.Unlock()
+				done(false)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if taken != LoginBurst {
+		t.Errorf("%d of 50 racing wrong tokens were compared, want %d", taken, LoginBurst)
 	}
 }
 
@@ -40,19 +85,19 @@ func TestLoginGuardBounded(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	g := loginGuard{now: func() time.Time { return now }}
 	for i := range loginAddresses {
-		g.failed(fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255))
+		g.wrong(fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255))
 	}
 	for range LoginBurst {
-		g.failed("192.0.2.1")
+		g.wrong("192.0.2.1")
 	}
-	if w := g.wait("192.0.2.2"); w <= 0 {
+	if w := g.wrong("192.0.2.2"); w <= 0 {
 		t.Errorf("a new address after the table filled up: wait %v, want the shared bucket's", w)
 	}
 	if n := len(g.byAddr); n > loginAddresses+1 {
 		t.Errorf("%d addresses tracked, want at most %d", n, loginAddresses+1)
 	}
 	now = now.Add(LoginBurst * LoginEvery)
-	g.failed("192.0.2.3")
+	g.wrong("192.0.2.3")
 	if _, ok := g.byAddr["192.0.2.3"]; !ok {
 		t.Errorf("an address after the idle ones aged out has no bucket of its own")
 	}
