@@ -39,7 +39,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	if !c.readForm(w, r) {
 		return
 	}
-	o := c.who(r)
+	o, r := c.whoOnce(r)
 	if o.retry > 0 {
 		c.log.Warn("console: request refused", slog.String("remote", remote(r)), slog.String("method", r.Method),
 			slog.String("path", requestPath(r)), slog.Int("status", http.StatusTooManyRequests), slog.String("why", "too many wrong tokens"))

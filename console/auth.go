@@ -68,9 +68,26 @@ func (c *Console) sessionValue(name string, expiry time.Time) string {
 	return msg + "." + c.mac(msg)
 }
 
+// operatorKey carries a request's operator once identified (whoOnce).
+type operatorKey struct{}
+
+// whoOnce identifies the request's operator and returns the request
+// carrying it, so the who of the handlers it reaches answers from it: an
+// action asks who acted two or three times (to authorise, to record, to
+// render the result), and each asking would take another try from the
+// address's throttle and read the shared logouts again.
+func (c *Console) whoOnce(r *http.Request) (operator, *http.Request) {
+	o := c.who(r)
+	return o, r.WithContext(context.WithValue(r.Context(), operatorKey{}, o))
+}
+
 // who identifies the request's operator: a bearer token in the
-// Authorization header, or a valid, unexpired session cookie.
+// Authorization header, or a valid, unexpired session cookie (or the one
+// whoOnce identified).
 func (c *Console) who(r *http.Request) operator {
+	if o, ok := r.Context().Value(operatorKey{}).(operator); ok {
+		return o
+	}
 	if c.ReadOnly() {
 		return operator{}
 	}

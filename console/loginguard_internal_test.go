@@ -2,6 +2,9 @@ package console
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -103,5 +106,35 @@ func TestLoginGuardBounded(t *testing.T) {
 	}
 	if n := len(g.byAddr); n > 2 {
 		t.Errorf("%d addresses tracked after every one aged out, want at most 2", n)
+	}
+}
+
+// An action asks who acted more than once (to authorise, to record, to
+// render the result): whoOnce's request answers them all from the one
+// identification, so a wrong bearer token costs its address one try, not
+// one per asking.
+func TestWhoOnceTakesOneTry(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	c := &Console{cfg: Config{Token: strings.Repeat("t", 20)}}
+	c.logins.now = func() time.Time { return now }
+	r := httptest.NewRequest(http.MethodPost, "/actions/consumer/restart", nil)
+	r.RemoteAddr = "192.0.2.7:41000"
+	r.Header.Set("Authorization", "Bearer not-the-token-at-all")
+	o, r := c.whoOnce(r)
+	if o.ok() {
+		t.Fatal("a wrong bearer token identified an operator")
+	}
+	for range 3 {
+		if c.who(r).ok() {
+			t.Fatal("a wrong bearer token identified an operator")
+		}
+	}
+	for i := range LoginBurst - 1 {
+		if w := c.logins.wrong("192.0.2.7"); w != 0 {
+			t.Fatalf("try %d after the action: wait %v; the action took more than one try", i+2, w)
+		}
+	}
+	if w := c.logins.wrong("192.0.2.7"); w == 0 {
+		t.Error("the address had more than LoginBurst tries")
 	}
 }
